@@ -1,0 +1,412 @@
+//! ABI v1: the only contract between the switchyard router and a plugin.
+//!
+//! Everything here is plain `repr(C)` data with fixed-width fields, function pointers and
+//! opaque handles. cbindgen turns this file into `include/switchyard/plugin.h`; the Rust,
+//! C and C++ SDKs all go through it, and the host loads all three the same way.
+//!
+//! Conventions (see docs/ABI.md for the full text):
+//! - `on_*` callbacks are implemented by the plugin and called by the host;
+//!   `callback_*` functions are implemented by the host and called by the plugin.
+//! - Every callback returns a `SWITCHYARD_STATUS_*` code. Out-parameters are written only
+//!   when it returns `SWITCHYARD_STATUS_OK`. On failure the plugin writes a message into
+//!   the host's `switchyard_error` buffer.
+//! - Structs that the plugin hands to the host start with `struct_size`, which the plugin
+//!   sets to `sizeof` the struct it was compiled with; the host copies that many bytes into
+//!   a zeroed struct of its own, so a plugin built for ABI 1.k loads in a router of 1.m,
+//!   m >= k. Fields are only ever appended within a major version.
+//! - Structs that the host hands to the plugin also start with `struct_size`, set by the
+//!   host; a plugin must not read fields past it.
+#![allow(non_camel_case_types)]
+
+use core::ffi::{c_char, c_void};
+
+#[cfg(feature = "layout")]
+use abi_stable::StableAbi;
+
+/// Major version of the plugin ABI. Changes only when existing fields change; the host
+/// refuses a plugin of any other major.
+pub const SWITCHYARD_ABI_MAJOR: u16 = 1;
+/// Minor version of the plugin ABI. Grows when fields or callbacks are appended; the host
+/// accepts plugins of any minor up to its own.
+pub const SWITCHYARD_ABI_MINOR: u16 = 0;
+/// Revision of the SDK that produced this header (the `switchyard-plugin-sdk` crate
+/// version). Informational by default; `revision: exact` in the router config demands an
+/// exact match.
+/// (The header's `#define` is written by the generator from the same crate version.)
+pub const SWITCHYARD_SDK_REVISION: &str = env!("CARGO_PKG_VERSION");
+/// Fingerprint of the ABI 1.0 layout (every struct's fields, sizes and alignments, every
+/// callback's signature). A plugin compiled against a hand-edited or stale header reports
+/// a different value and is refused.
+pub const SWITCHYARD_LAYOUT_FINGERPRINT: u64 = 0x260e_a2ef_56f0_67f2;
+/// Name of the one symbol a v1 plugin exports. Its type is `switchyard_entry_fn`.
+pub const SWITCHYARD_ENTRY_SYMBOL: &str = "switchyard_plugin_entry_v1";
+
+/// The call succeeded; out-parameters are written.
+pub const SWITCHYARD_STATUS_OK: i32 = 0;
+/// The call failed; the message is in the error buffer.
+pub const SWITCHYARD_STATUS_ERROR: i32 = 1;
+/// Parameters are missing, of the wrong type, out of range or unknown.
+pub const SWITCHYARD_STATUS_INVALID_PARAMETERS: i32 = 2;
+/// A panic or exception escaped the component in this call; the SDK caught it at the
+/// boundary and poisoned the instance.
+pub const SWITCHYARD_STATUS_PANIC: i32 = 3;
+/// The instance panicked or threw in an earlier call and refuses all further calls.
+pub const SWITCHYARD_STATUS_POISONED: i32 = 4;
+/// Parameter accessor: no such key.
+pub const SWITCHYARD_STATUS_NOT_FOUND: i32 = 5;
+/// Parameter accessor: the key exists but holds another type.
+pub const SWITCHYARD_STATUS_WRONG_TYPE: i32 = 6;
+/// An index is out of range.
+pub const SWITCHYARD_STATUS_OUT_OF_RANGE: i32 = 7;
+/// Registrar: an argument is invalid (empty name, missing callback, bad size).
+pub const SWITCHYARD_STATUS_INVALID_ARGUMENT: i32 = 8;
+/// Registrar: the type name is already registered.
+pub const SWITCHYARD_STATUS_DUPLICATE: i32 = 9;
+
+/// Input group bit: prefix-cache overlap per tier.
+pub const SWITCHYARD_INPUT_CACHE: u32 = 1;
+/// Input group bit: active load on the worker.
+pub const SWITCHYARD_INPUT_LOAD: u32 = 2;
+/// Input group bit: routing constraints.
+pub const SWITCHYARD_INPUT_ROUTING: u32 = 4;
+/// Every input group this ABI version defines.
+pub const SWITCHYARD_INPUT_ALL: u32 = 7;
+
+/// Worker type of a partition: prefill workers of a disaggregated deployment.
+pub const SWITCHYARD_WORKER_TYPE_PREFILL: u32 = 0;
+/// Worker type of a partition: decode workers of a disaggregated deployment.
+pub const SWITCHYARD_WORKER_TYPE_DECODE: u32 = 1;
+/// Worker type of a partition: one pool of aggregated workers.
+pub const SWITCHYARD_WORKER_TYPE_SELECT: u32 = 2;
+
+/// Component kind: keeps or rejects each candidate (`on_filter`).
+pub const SWITCHYARD_COMPONENT_FILTER: u32 = 0;
+/// Component kind: one finite cost per candidate (`on_score`).
+pub const SWITCHYARD_COMPONENT_SCORER: u32 = 1;
+/// Component kind: picks one row (`on_pick`).
+pub const SWITCHYARD_COMPONENT_PICKER: u32 = 2;
+
+/// Session input trigger: not given.
+pub const SWITCHYARD_TRIGGER_NONE: u32 = 0;
+/// Session input trigger: a user message.
+pub const SWITCHYARD_TRIGGER_USER_MESSAGE: u32 = 1;
+/// Session input trigger: a tool result.
+pub const SWITCHYARD_TRIGGER_TOOL_RESULT: u32 = 2;
+/// Session input trigger: something else.
+pub const SWITCHYARD_TRIGGER_OTHER: u32 = 3;
+
+/// A borrowed UTF-8 string: `len` bytes at `ptr`, not NUL-terminated.
+/// `ptr == NULL` means absent (as opposed to empty). Valid only as long as the struct or
+/// call that handed it out says.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+#[cfg_attr(feature = "layout", derive(StableAbi))]
+pub struct switchyard_str {
+    pub ptr: *const c_char,
+    pub len: usize,
+}
+
+/// A host-owned buffer for an error message. The plugin writes at most `capacity - 1`
+/// bytes of UTF-8 at `buffer` followed by a NUL (`switchyard_error_printf` does this).
+/// Valid for the duration of the call it is passed to; never NULL.
+#[repr(C)]
+#[cfg_attr(feature = "layout", derive(StableAbi))]
+pub struct switchyard_error {
+    pub buffer: *mut c_char,
+    pub capacity: usize,
+}
+
+/// A routing partition: one model and one worker type. Host-owned, valid for the call.
+#[repr(C)]
+#[cfg_attr(feature = "layout", derive(StableAbi))]
+pub struct switchyard_partition {
+    pub struct_size: u32,
+    /// `SWITCHYARD_WORKER_TYPE_*`.
+    pub worker_type: u32,
+    /// The model served by the partition.
+    pub model: switchyard_str,
+}
+
+/// Session metadata of a request. Host-owned, valid for the call it is reached from.
+#[repr(C)]
+#[cfg_attr(feature = "layout", derive(StableAbi))]
+pub struct switchyard_session {
+    /// Stable reasoning or tool-session identifier.
+    pub session_id: switchyard_str,
+    /// Parent session for subagents; `ptr == NULL` when absent.
+    pub parent_session_id: switchyard_str,
+    /// `SWITCHYARD_TRIGGER_*`.
+    pub input_trigger: u32,
+    /// 1 if `session_final` is given.
+    pub has_session_final: u8,
+    /// Terminal marker for lifecycle-aware policies (0 or 1).
+    pub session_final: u8,
+    /// 1 if the request carries KV lifecycle hints.
+    pub has_kv_hints: u8,
+    /// KV hint: the request asks consumers to evict session state (0 or 1).
+    pub evict_session: u8,
+}
+
+/// The request being routed. Host-owned, valid for the call it is passed to.
+#[repr(C)]
+#[cfg_attr(feature = "layout", derive(StableAbi))]
+pub struct switchyard_request {
+    pub struct_size: u32,
+    /// Tokens in one KV block.
+    pub block_size: u32,
+    /// Incoming prompt size in KV blocks.
+    pub request_blocks: u64,
+    /// Expected output length in tokens; meaningful when `has_expected_output_tokens`.
+    pub expected_output_tokens: u64,
+    /// Scheduler priority boost; queue policies treat negative values as zero.
+    pub priority_jump: f64,
+    /// Per-request router temperature; meaningful when `has_router_temperature_override`.
+    pub router_temperature_override: f64,
+    /// Strict integer priority; larger values first.
+    pub strict_priority: i32,
+    /// 1 if the request contributes to prefill-load tracking.
+    pub tracks_prefill_tokens: u8,
+    pub has_expected_output_tokens: u8,
+    pub has_router_temperature_override: u8,
+    pub reserved0: u8,
+    /// Session metadata; NULL when the request has none.
+    pub session: *const switchyard_session,
+}
+
+/// The candidates of one call, as index-aligned arrays of `count` elements
+/// (structure of arrays). Host-owned, valid for the call. Candidate order is unspecified.
+///
+/// Identity arrays are always present. The arrays of an input group are non-NULL exactly
+/// when the component declared that group; an undeclared group is NULL even if another
+/// component asked for it. `costs` is non-NULL only in `on_pick`.
+#[repr(C)]
+#[cfg_attr(feature = "layout", derive(StableAbi))]
+pub struct switchyard_candidates {
+    pub struct_size: u32,
+    /// The `SWITCHYARD_INPUT_*` groups present in this view.
+    pub inputs: u32,
+    pub count: usize,
+    pub worker_id: *const u64,
+    pub dp_rank: *const u32,
+    /// CACHE: device-resident prefix overlap in blocks.
+    pub device_overlap_blocks: *const u32,
+    /// CACHE: host-pinned prefix overlap in blocks.
+    pub host_overlap_blocks: *const u32,
+    /// CACHE: disk prefix overlap in blocks.
+    pub disk_overlap_blocks: *const u32,
+    /// CACHE: shared-cache hits beyond the device-resident prefix, in blocks.
+    pub shared_beyond_device_blocks: *const u32,
+    /// LOAD: tokens active in the worker's prefill stage.
+    pub active_prefill_tokens: *const u64,
+    /// LOAD: projected decode footprint including this request's additional blocks.
+    pub decode_cost_blocks: *const u64,
+    /// LOAD: requests active on the worker.
+    pub active_requests: *const u32,
+    /// ROUTING: cost multiplier from preferred routing constraints; NaN when none.
+    pub preferred_taint_multiplier: *const f64,
+    /// Picker only: the sum of all weighted scorer costs per row.
+    pub costs: *const f64,
+}
+
+/// Parameters of a component or policy, as given in the config. Host-owned, valid for the
+/// call it is passed to; strings it hands out are valid as long as the params are.
+#[repr(C)]
+#[cfg_attr(feature = "layout", derive(StableAbi))]
+pub struct switchyard_params {
+    pub struct_size: u32,
+    /// The parameters object as JSON text (`{}` when the config gives none).
+    pub json: switchyard_str,
+    /// Host-private; pass the params pointer back to the callbacks.
+    pub host_data: *const c_void,
+    /// Reads a top-level number. NOT_FOUND or WRONG_TYPE leave `out` untouched.
+    pub callback_get_number:
+        extern "C" fn(params: *const switchyard_params, key: switchyard_str, out: *mut f64) -> i32,
+    /// Reads a top-level boolean into `out` as 0 or 1.
+    pub callback_get_bool:
+        extern "C" fn(params: *const switchyard_params, key: switchyard_str, out: *mut u8) -> i32,
+    /// Reads a top-level string; `out` borrows from the params.
+    pub callback_get_string: extern "C" fn(
+        params: *const switchyard_params,
+        key: switchyard_str,
+        out: *mut switchyard_str,
+    ) -> i32,
+    /// Number of top-level keys.
+    pub callback_key_count: extern "C" fn(params: *const switchyard_params) -> usize,
+    /// The key at `index` (0-based, config order); OUT_OF_RANGE past the end.
+    pub callback_key_at: extern "C" fn(
+        params: *const switchyard_params,
+        index: usize,
+        out: *mut switchyard_str,
+    ) -> i32,
+}
+
+/// A component type: a filter, a scorer or a picker. Plugin-owned; the host copies
+/// `struct_size` bytes during the call that receives it, and `type_name` with them.
+/// `user_data` must stay valid as long as the library is loaded.
+#[repr(C)]
+#[cfg_attr(feature = "layout", derive(StableAbi))]
+pub struct switchyard_component_def {
+    pub struct_size: u32,
+    /// `SWITCHYARD_COMPONENT_*`.
+    pub kind: u32,
+    /// The `SWITCHYARD_INPUT_*` groups the component reads.
+    pub inputs: u32,
+    pub reserved0: u32,
+    /// NUL-terminated, non-empty type name, e.g. `acme.min-device-overlap`.
+    pub type_name: *const c_char,
+    pub user_data: *mut c_void,
+    /// Creates one instance for a partition; on OK writes `*out_instance` (plugin-owned,
+    /// released by `on_destroy`; may be NULL for stateless components). Required when
+    /// registered with the registrar; unused (may be NULL) for components a policy adds
+    /// to its builder, which arrive already created.
+    pub on_create: Option<
+        extern "C" fn(
+            user_data: *mut c_void,
+            params: *const switchyard_params,
+            partition: *const switchyard_partition,
+            out_instance: *mut *mut c_void,
+            error: *const switchyard_error,
+        ) -> i32,
+    >,
+    /// Releases an instance; called once, after the last call on it. May be NULL.
+    pub on_destroy: Option<extern "C" fn(instance: *mut c_void)>,
+    /// Filters: `keep` has `candidates->count` bytes, all 1 on entry; set a byte to 0 to
+    /// reject that row. Required for filters.
+    pub on_filter: Option<
+        extern "C" fn(
+            instance: *mut c_void,
+            request: *const switchyard_request,
+            candidates: *const switchyard_candidates,
+            keep: *mut u8,
+            error: *const switchyard_error,
+        ) -> i32,
+    >,
+    /// Scorers: `costs` has `candidates->count` doubles, NaN on entry; write one finite
+    /// cost per row, lower is better. Required for scorers.
+    pub on_score: Option<
+        extern "C" fn(
+            instance: *mut c_void,
+            request: *const switchyard_request,
+            candidates: *const switchyard_candidates,
+            costs: *mut f64,
+            error: *const switchyard_error,
+        ) -> i32,
+    >,
+    /// Pickers: `candidates->costs` holds each row's total cost; on OK write the chosen
+    /// row to `*out_row`. Required for pickers.
+    pub on_pick: Option<
+        extern "C" fn(
+            instance: *mut c_void,
+            request: *const switchyard_request,
+            candidates: *const switchyard_candidates,
+            out_row: *mut usize,
+            error: *const switchyard_error,
+        ) -> i32,
+    >,
+}
+
+/// Handed to `on_build`: the policy adds its components here. Host-owned, valid for the
+/// call.
+#[repr(C)]
+#[cfg_attr(feature = "layout", derive(StableAbi))]
+pub struct switchyard_policy_builder {
+    pub struct_size: u32,
+    pub host_data: *mut c_void,
+    /// Adds one created component instance (with its def) to the policy being built:
+    /// filters and scorers in call order, exactly one picker. `weight` applies to
+    /// scorers (use 1.0). The host owns `instance` from this call on, whatever the
+    /// status, and releases it with `def->on_destroy`.
+    pub callback_add_component: extern "C" fn(
+        builder: *const switchyard_policy_builder,
+        def: *const switchyard_component_def,
+        instance: *mut c_void,
+        weight: f64,
+        error: *const switchyard_error,
+    ) -> i32,
+}
+
+/// A policy type: validates its parameters once and builds its own components for each
+/// partition. Plugin-owned; copied by the host like `switchyard_component_def`.
+#[repr(C)]
+#[cfg_attr(feature = "layout", derive(StableAbi))]
+pub struct switchyard_policy_def {
+    pub struct_size: u32,
+    pub reserved0: u32,
+    /// NUL-terminated, non-empty type name, e.g. `least-busy`.
+    pub type_name: *const c_char,
+    pub user_data: *mut c_void,
+    /// Parses and validates the parameters once at startup. On OK writes
+    /// `*out_factory` (plugin-owned, released by `on_destroy_factory`).
+    pub on_validate: Option<
+        extern "C" fn(
+            user_data: *mut c_void,
+            params: *const switchyard_params,
+            out_factory: *mut *mut c_void,
+            error: *const switchyard_error,
+        ) -> i32,
+    >,
+    pub on_destroy_factory: Option<extern "C" fn(factory: *mut c_void)>,
+    /// Builds the components for one partition through `builder`. Called once per
+    /// partition, possibly from different threads, never concurrently for one factory.
+    pub on_build: Option<
+        extern "C" fn(
+            factory: *mut c_void,
+            partition: *const switchyard_partition,
+            builder: *const switchyard_policy_builder,
+            error: *const switchyard_error,
+        ) -> i32,
+    >,
+}
+
+/// Handed to `on_register`. Host-owned, valid for the call.
+#[repr(C)]
+#[cfg_attr(feature = "layout", derive(StableAbi))]
+pub struct switchyard_registrar {
+    pub struct_size: u32,
+    /// The host's ABI minor version.
+    pub host_abi_minor: u32,
+    pub host_data: *mut c_void,
+    /// Registers a component type. DUPLICATE if the name is taken, INVALID_ARGUMENT if the
+    /// def is malformed; the message is written to `error`.
+    pub callback_register_component: extern "C" fn(
+        registrar: *const switchyard_registrar,
+        def: *const switchyard_component_def,
+        error: *const switchyard_error,
+    ) -> i32,
+    /// Registers a policy type, with the same rules.
+    pub callback_register_policy: extern "C" fn(
+        registrar: *const switchyard_registrar,
+        def: *const switchyard_policy_def,
+        error: *const switchyard_error,
+    ) -> i32,
+}
+
+/// What a plugin is and what it was built against. Returned by the entry symbol; static,
+/// valid as long as the library is loaded. Strings are NUL-terminated.
+#[repr(C)]
+#[cfg_attr(feature = "layout", derive(StableAbi))]
+pub struct switchyard_plugin_descriptor {
+    /// `sizeof(switchyard_plugin_descriptor)` as the plugin was compiled.
+    pub struct_size: u32,
+    pub abi_major: u16,
+    pub abi_minor: u16,
+    /// `SWITCHYARD_LAYOUT_FINGERPRINT` of the header the plugin was compiled with.
+    pub layout_fingerprint: u64,
+    /// `sizeof` the plugin-to-host structs, as the plugin was compiled.
+    pub component_def_size: u32,
+    pub policy_def_size: u32,
+    /// `SWITCHYARD_SDK_REVISION` of the header the plugin was compiled with.
+    pub sdk_revision: *const c_char,
+    pub plugin_name: *const c_char,
+    pub plugin_version: *const c_char,
+    pub plugin_vendor: *const c_char,
+    pub on_register: Option<
+        extern "C" fn(
+            registrar: *const switchyard_registrar,
+            error: *const switchyard_error,
+        ) -> i32,
+    >,
+}
+
+/// Type of the entry symbol `switchyard_plugin_entry_v1`.
+pub type switchyard_entry_fn = extern "C" fn() -> *const switchyard_plugin_descriptor;

@@ -1,0 +1,3 @@
+pub mod abi;
+#[cfg(feature = "layout")]
+pub mod layout;
