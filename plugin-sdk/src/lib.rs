@@ -1,3 +1,28 @@
+//! The switchyard plugin SDK for Rust.
+//!
+//! - [`abi`]: the C ABI v1 (the only contract; `include/switchyard/plugin.h` is generated
+//!   from it).
+//! - [`WorkerFilter`], [`WorkerScorer`], [`WorkerPicker`]: the safe component traits.
+//! - [`Registrar`]: registers component and policy types.
+//! - [`export_plugin!`]: exports the entry symbol.
+//!
+//! A Rust plugin goes through exactly the same C ABI as a C or C++ plugin.
+
 pub mod abi;
+mod component;
+pub mod export;
 #[cfg(feature = "layout")]
 pub mod layout;
+mod params;
+mod view;
+
+pub use component::{
+    PolicyError, PolicyParts, WorkerFilter, WorkerInputs, WorkerPicker, WorkerScorer,
+};
+pub use export::{write_error, Registrar};
+pub use params::Params;
+pub use view::{
+    str_from_abi, str_to_abi, CacheInputs, CandidateCache, CandidateLoad, InputTrigger, LoadInputs,
+    Partition, RoutingInputs, SessionContext, WorkerCandidate, WorkerCandidates, WorkerId,
+    WorkerSelectionContext, WorkerType,
+};

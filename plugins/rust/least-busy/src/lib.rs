@@ -1,0 +1,137 @@
+//! The reference's `least-busy` policy as a switchyard plugin: keep workers with at least
+//! N device-resident overlap blocks, cost = active requests, pick the lowest cost (ties
+//! to the lowest worker id, so the choice does not depend on candidate order).
+//!
+//! Registers the policy type `least-busy` and its components standalone as
+//! `acme.min-device-overlap`, `acme.active-requests` and `acme.lowest-cost`.
+
+use serde::Deserialize;
+use switchyard_plugin_sdk::{
+    export_plugin, Params, Partition, PolicyError, PolicyParts, Registrar, WorkerCandidate,
+    WorkerCandidates, WorkerFilter, WorkerInputs, WorkerPicker, WorkerScorer,
+    WorkerSelectionContext,
+};
+
+struct MinimumDeviceOverlapFilter {
+    minimum_blocks: f64,
+}
+
+impl WorkerFilter for MinimumDeviceOverlapFilter {
+    fn required_worker_inputs(&self) -> WorkerInputs {
+        WorkerInputs::CACHE
+    }
+    fn keep(
+        &mut self,
+        _context: &WorkerSelectionContext<'_>,
+        candidate: &WorkerCandidate<'_>,
+    ) -> Result<bool, PolicyError> {
+        let cache = candidate.cache().ok_or("cache input unavailable")?;
+        Ok(f64::from(cache.device_overlap_blocks) >= self.minimum_blocks)
+    }
+}
+
+struct ActiveRequestsScorer;
+
+impl WorkerScorer for ActiveRequestsScorer {
+    fn required_worker_inputs(&self) -> WorkerInputs {
+        WorkerInputs::LOAD
+    }
+    fn score(
+        &mut self,
+        _context: &WorkerSelectionContext<'_>,
+        candidate: &WorkerCandidate<'_>,
+    ) -> Result<f64, PolicyError> {
+        let load = candidate.load().ok_or("load input unavailable")?;
+        Ok(f64::from(load.active_requests))
+    }
+}
+
+struct LowestCostPicker;
+
+impl WorkerPicker for LowestCostPicker {
+    fn pick(
+        &mut self,
+        _context: &WorkerSelectionContext<'_>,
+        candidates: &WorkerCandidates<'_>,
+    ) -> Result<usize, PolicyError> {
+        let costs = candidates.costs().ok_or("costs unavailable")?;
+        (0..candidates.len())
+            .min_by(|&a, &b| {
+                costs[a].total_cmp(&costs[b]).then_with(|| {
+                    let (wa, wb) = (candidates.worker(a), candidates.worker(b));
+                    (wa.worker_id, wa.dp_rank).cmp(&(wb.worker_id, wb.dp_rank))
+                })
+            })
+            .ok_or_else(|| PolicyError::failed("no eligible worker"))
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PolicyParameters {
+    #[serde(default)]
+    min_device_overlap_blocks: f64,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FilterParameters {
+    #[serde(default)]
+    min_blocks: f64,
+}
+
+fn non_negative(name: &str, value: f64) -> Result<f64, PolicyError> {
+    if value.is_finite() && value >= 0.0 {
+        Ok(value)
+    } else {
+        Err(PolicyError::failed(format!(
+            "{name} must be a finite non-negative number, got {value}"
+        )))
+    }
+}
+
+fn no_parameters(params: &Params<'_>) -> Result<(), PolicyError> {
+    params.reject_unknown_keys(&[])
+}
+
+fn register(registrar: &mut Registrar<'_>) -> Result<(), PolicyError> {
+    registrar.policy("least-busy", |params| {
+        let parameters: PolicyParameters = params.deserialize()?;
+        let minimum_blocks = non_negative(
+            "min_device_overlap_blocks",
+            parameters.min_device_overlap_blocks,
+        )?;
+        Ok(move |_partition: &Partition<'_>| {
+            Ok(PolicyParts::new(
+                vec![Box::new(MinimumDeviceOverlapFilter { minimum_blocks })],
+                vec![Box::new(ActiveRequestsScorer)],
+                Box::new(LowestCostPicker),
+            ))
+        })
+    })?;
+    registrar.filter(
+        "acme.min-device-overlap",
+        WorkerInputs::CACHE,
+        |params, _| {
+            let parameters: FilterParameters = params.deserialize()?;
+            Ok(MinimumDeviceOverlapFilter {
+                minimum_blocks: non_negative("min_blocks", parameters.min_blocks)?,
+            })
+        },
+    )?;
+    registrar.scorer("acme.active-requests", WorkerInputs::LOAD, |params, _| {
+        no_parameters(params)?;
+        Ok(ActiveRequestsScorer)
+    })?;
+    registrar.picker("acme.lowest-cost", WorkerInputs::NONE, |params, _| {
+        no_parameters(params)?;
+        Ok(LowestCostPicker)
+    })
+}
+
+export_plugin! {
+    name: "acme-least-busy",
+    version: env!("CARGO_PKG_VERSION"),
+    vendor: "Acme Corp (switchyard example)",
+    register: register,
+}

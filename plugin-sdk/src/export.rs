@@ -1,0 +1,550 @@
+//! The boundary: trampolines from the C ABI to the safe traits, the registrar, and the
+//! `export_plugin!` macro. Every callback body runs inside `guard`, the one place where
+//! panics are caught, turned into a status code and a message, and poison the instance.
+
+use core::ffi::{c_char, c_void, CStr};
+use std::ffi::CString;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use crate::abi::*;
+use crate::component::{PolicyParts, WorkerFilter, WorkerInputs, WorkerPicker, WorkerScorer};
+use crate::params::Params;
+use crate::view::{Partition, WorkerCandidates, WorkerSelectionContext};
+use crate::PolicyError;
+
+/// Writes `message` into a host error buffer, truncated on a UTF-8 boundary.
+pub fn write_error(error: *const switchyard_error, message: &str) {
+    // SAFETY: the host passes a valid buffer of `capacity` bytes (or NULL).
+    let Some(error) = (unsafe { error.as_ref() }) else {
+        return;
+    };
+    if error.buffer.is_null() || error.capacity == 0 {
+        return;
+    }
+    let mut len = message.len().min(error.capacity - 1);
+    while !message.is_char_boundary(len) {
+        len -= 1;
+    }
+    unsafe {
+        core::ptr::copy_nonoverlapping(message.as_ptr(), error.buffer.cast::<u8>(), len);
+        *error.buffer.add(len) = 0;
+    }
+}
+
+fn read_error(error: *const switchyard_error) -> String {
+    match unsafe { error.as_ref() } {
+        Some(e) if !e.buffer.is_null() && e.capacity > 0 => unsafe { CStr::from_ptr(e.buffer) }
+            .to_string_lossy()
+            .into_owned(),
+        _ => String::new(),
+    }
+}
+
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> &str {
+    payload
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| payload.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("non-string panic payload")
+}
+
+/// Runs `body` at the boundary: a poisoned instance refuses the call; an error becomes
+/// `status_on_error`; a panic becomes `SWITCHYARD_STATUS_PANIC` and poisons the instance.
+fn guard(
+    error: *const switchyard_error,
+    poisoned: Option<&mut bool>,
+    status_on_error: i32,
+    body: impl FnOnce() -> Result<(), PolicyError>,
+) -> i32 {
+    if poisoned.as_deref() == Some(&true) {
+        write_error(
+            error,
+            "instance is poisoned: it panicked in an earlier call",
+        );
+        return SWITCHYARD_STATUS_POISONED;
+    }
+    match catch_unwind(AssertUnwindSafe(body)) {
+        Ok(Ok(())) => SWITCHYARD_STATUS_OK,
+        Ok(Err(e)) => {
+            write_error(error, e.message());
+            status_on_error
+        }
+        Err(payload) => {
+            if let Some(flag) = poisoned {
+                *flag = true;
+            }
+            write_error(error, &format!("panicked: {}", panic_message(&*payload)));
+            SWITCHYARD_STATUS_PANIC
+        }
+    }
+}
+
+/// An instance behind the ABI: the component and its poison flag.
+struct Slot<C> {
+    component: C,
+    poisoned: bool,
+}
+
+/// Creates a component of one kind from params and a partition.
+type CreateFn<C> = dyn Fn(&Params<'_>, &Partition<'_>) -> Result<C, PolicyError> + Send + Sync;
+
+/// What distinguishes the three component kinds at the boundary.
+trait Kind: Send + Sized + 'static {
+    const KIND: u32;
+    fn inputs(&self) -> WorkerInputs;
+    fn install(def: &mut switchyard_component_def);
+}
+
+impl Kind for Box<dyn WorkerFilter> {
+    const KIND: u32 = SWITCHYARD_COMPONENT_FILTER;
+    fn inputs(&self) -> WorkerInputs {
+        self.required_worker_inputs()
+    }
+    fn install(def: &mut switchyard_component_def) {
+        def.on_filter = Some(on_filter);
+    }
+}
+
+impl Kind for Box<dyn WorkerScorer> {
+    const KIND: u32 = SWITCHYARD_COMPONENT_SCORER;
+    fn inputs(&self) -> WorkerInputs {
+        self.required_worker_inputs()
+    }
+    fn install(def: &mut switchyard_component_def) {
+        def.on_score = Some(on_score);
+    }
+}
+
+impl Kind for Box<dyn WorkerPicker> {
+    const KIND: u32 = SWITCHYARD_COMPONENT_PICKER;
+    fn inputs(&self) -> WorkerInputs {
+        self.required_worker_inputs()
+    }
+    fn install(def: &mut switchyard_component_def) {
+        def.on_pick = Some(on_pick);
+    }
+}
+
+fn component_def<C: Kind>(
+    type_name: &CStr,
+    inputs: WorkerInputs,
+    user_data: *mut c_void,
+) -> switchyard_component_def {
+    let mut def = switchyard_component_def {
+        struct_size: core::mem::size_of::<switchyard_component_def>() as u32,
+        kind: C::KIND,
+        inputs: inputs.bits(),
+        reserved0: 0,
+        type_name: type_name.as_ptr(),
+        user_data,
+        on_create: None,
+        on_destroy: Some(on_destroy::<C>),
+        on_filter: None,
+        on_score: None,
+        on_pick: None,
+    };
+    C::install(&mut def);
+    def
+}
+
+fn into_instance<C: Kind>(component: C) -> *mut c_void {
+    Box::into_raw(Box::new(Slot {
+        component,
+        poisoned: false,
+    }))
+    .cast()
+}
+
+/// # Safety
+/// `instance` must come from `into_instance::<C>` and not be in use elsewhere.
+unsafe fn slot<'a, C>(instance: *mut c_void) -> &'a mut Slot<C> {
+    &mut *instance.cast::<Slot<C>>()
+}
+
+extern "C" fn on_create<C: Kind>(
+    user_data: *mut c_void,
+    params: *const switchyard_params,
+    partition: *const switchyard_partition,
+    out_instance: *mut *mut c_void,
+    error: *const switchyard_error,
+) -> i32 {
+    guard(error, None, SWITCHYARD_STATUS_INVALID_PARAMETERS, || {
+        // SAFETY: user_data is the leaked CreateFn registered with this def; the host
+        // passes valid params and partition for the call.
+        let create = unsafe { &*user_data.cast::<Box<CreateFn<C>>>() };
+        let (params, partition) =
+            unsafe { (Params::from_abi(&*params), Partition::from_abi(&*partition)) };
+        let component = create(&params, &partition)?;
+        unsafe { *out_instance = into_instance(component) };
+        Ok(())
+    })
+}
+
+extern "C" fn on_destroy<C: Kind>(instance: *mut c_void) {
+    if !instance.is_null() {
+        // A panicking Drop must not unwind into the host.
+        let _ = catch_unwind(AssertUnwindSafe(|| {
+            drop(unsafe { Box::from_raw(instance.cast::<Slot<C>>()) })
+        }));
+    }
+}
+
+extern "C" fn on_filter(
+    instance: *mut c_void,
+    request: *const switchyard_request,
+    candidates: *const switchyard_candidates,
+    keep: *mut u8,
+    error: *const switchyard_error,
+) -> i32 {
+    let slot = unsafe { slot::<Box<dyn WorkerFilter>>(instance) };
+    guard(
+        error,
+        Some(&mut slot.poisoned),
+        SWITCHYARD_STATUS_ERROR,
+        || {
+            let (context, candidates) = unsafe {
+                (
+                    WorkerSelectionContext::from_abi(&*request),
+                    WorkerCandidates::from_abi(&*candidates),
+                )
+            };
+            // SAFETY: the host fills `keep` with 1s (valid bools) for `count` rows.
+            let keep =
+                unsafe { core::slice::from_raw_parts_mut(keep.cast::<bool>(), candidates.len()) };
+            slot.component.keep_batch(&context, &candidates, keep)
+        },
+    )
+}
+
+extern "C" fn on_score(
+    instance: *mut c_void,
+    request: *const switchyard_request,
+    candidates: *const switchyard_candidates,
+    costs: *mut f64,
+    error: *const switchyard_error,
+) -> i32 {
+    let slot = unsafe { slot::<Box<dyn WorkerScorer>>(instance) };
+    guard(
+        error,
+        Some(&mut slot.poisoned),
+        SWITCHYARD_STATUS_ERROR,
+        || {
+            let (context, candidates) = unsafe {
+                (
+                    WorkerSelectionContext::from_abi(&*request),
+                    WorkerCandidates::from_abi(&*candidates),
+                )
+            };
+            let costs = unsafe { core::slice::from_raw_parts_mut(costs, candidates.len()) };
+            slot.component.score_batch(&context, &candidates, costs)
+        },
+    )
+}
+
+extern "C" fn on_pick(
+    instance: *mut c_void,
+    request: *const switchyard_request,
+    candidates: *const switchyard_candidates,
+    out_row: *mut usize,
+    error: *const switchyard_error,
+) -> i32 {
+    let slot = unsafe { slot::<Box<dyn WorkerPicker>>(instance) };
+    guard(
+        error,
+        Some(&mut slot.poisoned),
+        SWITCHYARD_STATUS_ERROR,
+        || {
+            let (context, candidates) = unsafe {
+                (
+                    WorkerSelectionContext::from_abi(&*request),
+                    WorkerCandidates::from_abi(&*candidates),
+                )
+            };
+            let row = slot.component.pick(&context, &candidates)?;
+            unsafe { *out_row = row };
+            Ok(())
+        },
+    )
+}
+
+/// Validates a policy's parameters once; yields the per-partition builder.
+type ValidateFn = dyn Fn(&Params<'_>) -> Result<Box<BuildFn>, PolicyError> + Send + Sync;
+/// Builds a policy's components for one partition.
+type BuildFn = dyn FnMut(&Partition<'_>) -> Result<PolicyParts, PolicyError> + Send;
+
+struct Factory {
+    type_name: String,
+    build: Box<BuildFn>,
+}
+
+extern "C" fn on_validate(
+    user_data: *mut c_void,
+    params: *const switchyard_params,
+    out_factory: *mut *mut c_void,
+    error: *const switchyard_error,
+) -> i32 {
+    guard(error, None, SWITCHYARD_STATUS_INVALID_PARAMETERS, || {
+        let (validate, type_name) = unsafe { &*user_data.cast::<(Box<ValidateFn>, String)>() };
+        let build = validate(unsafe { &Params::from_abi(&*params) })?;
+        let factory = Box::new(Factory {
+            type_name: type_name.clone(),
+            build,
+        });
+        unsafe { *out_factory = Box::into_raw(factory).cast() };
+        Ok(())
+    })
+}
+
+extern "C" fn on_destroy_factory(factory: *mut c_void) {
+    if !factory.is_null() {
+        let _ = catch_unwind(AssertUnwindSafe(|| {
+            drop(unsafe { Box::from_raw(factory.cast::<Factory>()) })
+        }));
+    }
+}
+
+fn add_part<C: Kind>(
+    builder: &switchyard_policy_builder,
+    name: String,
+    component: C,
+    weight: f64,
+    error: *const switchyard_error,
+) -> Result<(), PolicyError> {
+    let name =
+        CString::new(name).map_err(|_| PolicyError::failed("component name contains NUL"))?;
+    let def = component_def::<C>(&name, component.inputs(), core::ptr::null_mut());
+    let status =
+        (builder.callback_add_component)(builder, &def, into_instance(component), weight, error);
+    if status == SWITCHYARD_STATUS_OK {
+        Ok(())
+    } else {
+        Err(PolicyError::failed(read_error(error)))
+    }
+}
+
+extern "C" fn on_build(
+    factory: *mut c_void,
+    partition: *const switchyard_partition,
+    builder: *const switchyard_policy_builder,
+    error: *const switchyard_error,
+) -> i32 {
+    guard(error, None, SWITCHYARD_STATUS_ERROR, || {
+        let factory = unsafe { &mut *factory.cast::<Factory>() };
+        let builder = unsafe { &*builder };
+        let parts = (factory.build)(unsafe { &Partition::from_abi(&*partition) })?;
+        let name = &factory.type_name;
+        for (i, filter) in parts.filters.into_iter().enumerate() {
+            add_part(builder, format!("{name}/filter.{i}"), filter, 1.0, error)?;
+        }
+        for (i, (scorer, weight)) in parts.scorers.into_iter().enumerate() {
+            add_part(builder, format!("{name}/scorer.{i}"), scorer, weight, error)?;
+        }
+        add_part(builder, format!("{name}/picker"), parts.picker, 1.0, error)
+    })
+}
+
+/// Handed to the plugin's register function: registers component and policy types.
+pub struct Registrar<'a> {
+    raw: &'a switchyard_registrar,
+    error: *const switchyard_error,
+}
+
+impl Registrar<'_> {
+    /// The host's ABI minor version.
+    pub fn host_abi_minor(&self) -> u32 {
+        self.raw.host_abi_minor
+    }
+
+    fn component<C: Kind>(
+        &mut self,
+        type_name: &str,
+        inputs: WorkerInputs,
+        create: Box<CreateFn<C>>,
+    ) -> Result<(), PolicyError> {
+        let name =
+            CString::new(type_name).map_err(|_| PolicyError::failed("type name contains NUL"))?;
+        let user_data = Box::into_raw(Box::new(create));
+        let mut def = component_def::<C>(&name, inputs, user_data.cast());
+        def.on_create = Some(on_create::<C>);
+        let status = (self.raw.callback_register_component)(self.raw, &def, self.error);
+        if status == SWITCHYARD_STATUS_OK {
+            Ok(()) // user_data now lives as long as the library.
+        } else {
+            drop(unsafe { Box::from_raw(user_data) });
+            Err(PolicyError::failed(read_error(self.error)))
+        }
+    }
+
+    /// Registers a filter type. `inputs` must cover what its instances declare.
+    pub fn filter<F: WorkerFilter + 'static>(
+        &mut self,
+        type_name: &str,
+        inputs: WorkerInputs,
+        create: impl Fn(&Params<'_>, &Partition<'_>) -> Result<F, PolicyError> + Send + Sync + 'static,
+    ) -> Result<(), PolicyError> {
+        self.component::<Box<dyn WorkerFilter>>(
+            type_name,
+            inputs,
+            Box::new(move |p, part| {
+                checked(inputs, Box::new(create(p, part)?) as Box<dyn WorkerFilter>)
+            }),
+        )
+    }
+
+    /// Registers a scorer type. `inputs` must cover what its instances declare.
+    pub fn scorer<S: WorkerScorer + 'static>(
+        &mut self,
+        type_name: &str,
+        inputs: WorkerInputs,
+        create: impl Fn(&Params<'_>, &Partition<'_>) -> Result<S, PolicyError> + Send + Sync + 'static,
+    ) -> Result<(), PolicyError> {
+        self.component::<Box<dyn WorkerScorer>>(
+            type_name,
+            inputs,
+            Box::new(move |p, part| {
+                checked(inputs, Box::new(create(p, part)?) as Box<dyn WorkerScorer>)
+            }),
+        )
+    }
+
+    /// Registers a picker type. `inputs` must cover what its instances declare.
+    pub fn picker<P: WorkerPicker + 'static>(
+        &mut self,
+        type_name: &str,
+        inputs: WorkerInputs,
+        create: impl Fn(&Params<'_>, &Partition<'_>) -> Result<P, PolicyError> + Send + Sync + 'static,
+    ) -> Result<(), PolicyError> {
+        self.component::<Box<dyn WorkerPicker>>(
+            type_name,
+            inputs,
+            Box::new(move |p, part| {
+                checked(inputs, Box::new(create(p, part)?) as Box<dyn WorkerPicker>)
+            }),
+        )
+    }
+
+    /// Registers a policy type: `provider` parses and validates the parameters once and
+    /// returns the factory that builds the components of each partition.
+    pub fn policy<B>(
+        &mut self,
+        type_name: &str,
+        provider: impl Fn(&Params<'_>) -> Result<B, PolicyError> + Send + Sync + 'static,
+    ) -> Result<(), PolicyError>
+    where
+        B: FnMut(&Partition<'_>) -> Result<PolicyParts, PolicyError> + Send + 'static,
+    {
+        let name =
+            CString::new(type_name).map_err(|_| PolicyError::failed("type name contains NUL"))?;
+        let validate: Box<ValidateFn> =
+            Box::new(move |p| Ok(Box::new(provider(p)?) as Box<BuildFn>));
+        let user_data = Box::into_raw(Box::new((validate, type_name.to_owned())));
+        let def = switchyard_policy_def {
+            struct_size: core::mem::size_of::<switchyard_policy_def>() as u32,
+            reserved0: 0,
+            type_name: name.as_ptr(),
+            user_data: user_data.cast(),
+            on_validate: Some(on_validate),
+            on_destroy_factory: Some(on_destroy_factory),
+            on_build: Some(on_build),
+        };
+        let status = (self.raw.callback_register_policy)(self.raw, &def, self.error);
+        if status == SWITCHYARD_STATUS_OK {
+            Ok(())
+        } else {
+            drop(unsafe { Box::from_raw(user_data) });
+            Err(PolicyError::failed(read_error(self.error)))
+        }
+    }
+}
+
+/// Refuses a component that reads more groups than its type declared (the host computes
+/// only declared groups, so it would find them missing).
+fn checked<C: Kind>(declared: WorkerInputs, component: C) -> Result<C, PolicyError> {
+    let wanted = component.inputs();
+    if declared.contains(wanted) {
+        Ok(component)
+    } else {
+        Err(PolicyError::failed(format!(
+            "component reads input groups {wanted:?} but its type was registered with {declared:?}"
+        )))
+    }
+}
+
+/// Runs the plugin's register function behind the boundary. Used by `export_plugin!`.
+pub fn run_register(
+    registrar: *const switchyard_registrar,
+    error: *const switchyard_error,
+    register: fn(&mut Registrar<'_>) -> Result<(), PolicyError>,
+) -> i32 {
+    guard(error, None, SWITCHYARD_STATUS_ERROR, || {
+        let raw =
+            unsafe { registrar.as_ref() }.ok_or_else(|| PolicyError::failed("NULL registrar"))?;
+        register(&mut Registrar { raw, error })
+    })
+}
+
+/// The static descriptor `export_plugin!` defines. Holds only pointers to static data.
+#[repr(transparent)]
+pub struct Descriptor(pub switchyard_plugin_descriptor);
+
+// SAFETY: every pointer in it refers to immutable static data.
+unsafe impl Sync for Descriptor {}
+
+/// `SWITCHYARD_SDK_REVISION`, NUL-terminated.
+pub const SDK_REVISION_NUL: &str = concat!(env!("CARGO_PKG_VERSION"), "\0");
+
+impl Descriptor {
+    pub const fn new(
+        name_nul: &'static str,
+        version_nul: &'static str,
+        vendor_nul: &'static str,
+        on_register: extern "C" fn(*const switchyard_registrar, *const switchyard_error) -> i32,
+    ) -> Self {
+        Descriptor(switchyard_plugin_descriptor {
+            struct_size: core::mem::size_of::<switchyard_plugin_descriptor>() as u32,
+            abi_major: SWITCHYARD_ABI_MAJOR,
+            abi_minor: SWITCHYARD_ABI_MINOR,
+            layout_fingerprint: SWITCHYARD_LAYOUT_FINGERPRINT,
+            component_def_size: core::mem::size_of::<switchyard_component_def>() as u32,
+            policy_def_size: core::mem::size_of::<switchyard_policy_def>() as u32,
+            sdk_revision: SDK_REVISION_NUL.as_ptr() as *const c_char,
+            plugin_name: name_nul.as_ptr() as *const c_char,
+            plugin_version: version_nul.as_ptr() as *const c_char,
+            plugin_vendor: vendor_nul.as_ptr() as *const c_char,
+            on_register: Some(on_register),
+        })
+    }
+}
+
+/// Exports the entry symbol `switchyard_plugin_entry_v1` of a Rust plugin.
+///
+/// ```ignore
+/// switchyard_plugin_sdk::export_plugin! {
+///     name: "acme-routing",
+///     version: env!("CARGO_PKG_VERSION"),
+///     vendor: "Acme Corp",
+///     register: register,   // fn(&mut Registrar) -> Result<(), PolicyError>
+/// }
+/// ```
+#[macro_export]
+macro_rules! export_plugin {
+    (name: $name:expr, version: $version:expr, vendor: $vendor:expr, register: $register:path $(,)?) => {
+        #[no_mangle]
+        pub extern "C" fn switchyard_plugin_entry_v1(
+        ) -> *const $crate::abi::switchyard_plugin_descriptor {
+            extern "C" fn on_register(
+                registrar: *const $crate::abi::switchyard_registrar,
+                error: *const $crate::abi::switchyard_error,
+            ) -> i32 {
+                $crate::export::run_register(registrar, error, $register)
+            }
+            static DESCRIPTOR: $crate::export::Descriptor = $crate::export::Descriptor::new(
+                concat!($name, "\0"),
+                concat!($version, "\0"),
+                concat!($vendor, "\0"),
+                on_register,
+            );
+            &DESCRIPTOR.0
+        }
+    };
+}

@@ -1,0 +1,93 @@
+//! Component and policy parameters, as the host hands them over.
+
+use serde::de::DeserializeOwned;
+
+use crate::abi::*;
+use crate::view::{str_from_abi, str_to_abi};
+use crate::PolicyError;
+
+/// The parameters of one component or policy instance: JSON text plus typed accessors.
+#[derive(Clone, Copy)]
+pub struct Params<'a> {
+    raw: &'a switchyard_params,
+}
+
+impl<'a> Params<'a> {
+    /// # Safety
+    /// `raw` must be valid host-provided params for `'a`.
+    pub unsafe fn from_abi(raw: &'a switchyard_params) -> Self {
+        Params { raw }
+    }
+
+    /// The parameters object as JSON text.
+    pub fn json(&self) -> &'a str {
+        unsafe { str_from_abi(self.raw.json) }.unwrap_or("{}")
+    }
+
+    /// Deserializes the parameters. Use `#[serde(deny_unknown_fields)]` on `T` so unknown
+    /// keys are rejected at startup.
+    pub fn deserialize<T: DeserializeOwned>(&self) -> Result<T, PolicyError> {
+        serde_json::from_str(self.json())
+            .map_err(|e| PolicyError::failed(format!("invalid parameters: {e}")))
+    }
+
+    pub fn get_number(&self, key: &str) -> Result<Option<f64>, PolicyError> {
+        let mut out = 0.0;
+        let status = (self.raw.callback_get_number)(self.raw, str_to_abi(key), &mut out);
+        lookup(status, key, "a number").map(|found| found.then_some(out))
+    }
+
+    pub fn get_bool(&self, key: &str) -> Result<Option<bool>, PolicyError> {
+        let mut out = 0u8;
+        let status = (self.raw.callback_get_bool)(self.raw, str_to_abi(key), &mut out);
+        lookup(status, key, "a boolean").map(|found| found.then_some(out != 0))
+    }
+
+    pub fn get_string(&self, key: &str) -> Result<Option<&'a str>, PolicyError> {
+        let mut out = switchyard_str {
+            ptr: core::ptr::null(),
+            len: 0,
+        };
+        let status = (self.raw.callback_get_string)(self.raw, str_to_abi(key), &mut out);
+        lookup(status, key, "a string")
+            .map(|found| found.then(|| unsafe { str_from_abi(out) }.unwrap_or("")))
+    }
+
+    /// The top-level keys, in config order.
+    pub fn keys(&self) -> impl Iterator<Item = &'a str> + 'a {
+        let raw = self.raw;
+        (0..(raw.callback_key_count)(raw)).filter_map(move |index| {
+            let mut out = switchyard_str {
+                ptr: core::ptr::null(),
+                len: 0,
+            };
+            ((raw.callback_key_at)(raw, index, &mut out) == SWITCHYARD_STATUS_OK)
+                .then(|| unsafe { str_from_abi(out) })
+                .flatten()
+        })
+    }
+
+    /// Fails naming the first key not in `allowed`.
+    pub fn reject_unknown_keys(&self, allowed: &[&str]) -> Result<(), PolicyError> {
+        match self.keys().find(|key| !allowed.contains(key)) {
+            Some(key) => Err(PolicyError::failed(format!(
+                "unknown parameter `{key}`; expected one of: {}",
+                allowed.join(", ")
+            ))),
+            None => Ok(()),
+        }
+    }
+}
+
+fn lookup(status: i32, key: &str, expected: &str) -> Result<bool, PolicyError> {
+    match status {
+        SWITCHYARD_STATUS_OK => Ok(true),
+        SWITCHYARD_STATUS_NOT_FOUND => Ok(false),
+        SWITCHYARD_STATUS_WRONG_TYPE => Err(PolicyError::failed(format!(
+            "parameter `{key}` must be {expected}"
+        ))),
+        other => Err(PolicyError::failed(format!(
+            "reading parameter `{key}` failed with status {other}"
+        ))),
+    }
+}

@@ -1,0 +1,340 @@
+//! Safe, borrowed views of the ABI's request and candidate structs.
+//!
+//! The host builds `switchyard_request` / `switchyard_candidates` once per call; these
+//! views read them without copying. Built-in components in the host read the very same
+//! views, so a plugin and a built-in see identical data.
+
+use core::slice;
+
+use crate::abi::*;
+use crate::WorkerInputs;
+
+/// Reads a `switchyard_str` as `&str`; `None` when absent (NULL) or not UTF-8.
+///
+/// # Safety
+/// `s.ptr` must be NULL or point to `s.len` readable bytes that outlive `'a`.
+pub unsafe fn str_from_abi<'a>(s: switchyard_str) -> Option<&'a str> {
+    if s.ptr.is_null() {
+        return None;
+    }
+    core::str::from_utf8(slice::from_raw_parts(s.ptr.cast::<u8>(), s.len)).ok()
+}
+
+/// A `switchyard_str` borrowing `s`.
+pub fn str_to_abi(s: &str) -> switchyard_str {
+    switchyard_str {
+        ptr: s.as_ptr().cast(),
+        len: s.len(),
+    }
+}
+
+/// The worker type of a partition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WorkerType {
+    Prefill,
+    Decode,
+    /// One pool of aggregated workers.
+    Select,
+}
+
+impl WorkerType {
+    pub fn from_abi(value: u32) -> Option<Self> {
+        match value {
+            SWITCHYARD_WORKER_TYPE_PREFILL => Some(Self::Prefill),
+            SWITCHYARD_WORKER_TYPE_DECODE => Some(Self::Decode),
+            SWITCHYARD_WORKER_TYPE_SELECT => Some(Self::Select),
+            _ => None,
+        }
+    }
+    pub fn to_abi(self) -> u32 {
+        match self {
+            Self::Prefill => SWITCHYARD_WORKER_TYPE_PREFILL,
+            Self::Decode => SWITCHYARD_WORKER_TYPE_DECODE,
+            Self::Select => SWITCHYARD_WORKER_TYPE_SELECT,
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Prefill => "prefill",
+            Self::Decode => "decode",
+            Self::Select => "select",
+        }
+    }
+    pub const ALL: [WorkerType; 3] = [Self::Prefill, Self::Decode, Self::Select];
+}
+
+/// A routing partition (model x worker type), as handed to `create` and `build`.
+#[derive(Clone, Copy, Debug)]
+pub struct Partition<'a> {
+    pub worker_type: WorkerType,
+    pub model: &'a str,
+}
+
+impl<'a> Partition<'a> {
+    /// # Safety
+    /// `raw` must be a valid host-provided partition for `'a`.
+    pub unsafe fn from_abi(raw: &'a switchyard_partition) -> Self {
+        Partition {
+            worker_type: WorkerType::from_abi(raw.worker_type).unwrap_or(WorkerType::Select),
+            model: str_from_abi(raw.model).unwrap_or(""),
+        }
+    }
+}
+
+/// What triggered a session turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum InputTrigger {
+    UserMessage,
+    ToolResult,
+    Other,
+}
+
+/// Session metadata of a request.
+#[derive(Clone, Copy)]
+pub struct SessionContext<'a> {
+    raw: &'a switchyard_session,
+}
+
+impl<'a> SessionContext<'a> {
+    pub fn session_id(&self) -> &'a str {
+        unsafe { str_from_abi(self.raw.session_id) }.unwrap_or("")
+    }
+    pub fn parent_session_id(&self) -> Option<&'a str> {
+        unsafe { str_from_abi(self.raw.parent_session_id) }
+    }
+    pub fn session_final(&self) -> Option<bool> {
+        (self.raw.has_session_final != 0).then_some(self.raw.session_final != 0)
+    }
+    /// `Some(evict_session)` when the request carries KV lifecycle hints.
+    pub fn evict_session(&self) -> Option<bool> {
+        (self.raw.has_kv_hints != 0).then_some(self.raw.evict_session != 0)
+    }
+    pub fn input_trigger(&self) -> Option<InputTrigger> {
+        match self.raw.input_trigger {
+            SWITCHYARD_TRIGGER_USER_MESSAGE => Some(InputTrigger::UserMessage),
+            SWITCHYARD_TRIGGER_TOOL_RESULT => Some(InputTrigger::ToolResult),
+            SWITCHYARD_TRIGGER_OTHER => Some(InputTrigger::Other),
+            _ => None,
+        }
+    }
+}
+
+/// The request context every component sees.
+#[derive(Clone, Copy)]
+pub struct WorkerSelectionContext<'a> {
+    raw: &'a switchyard_request,
+}
+
+impl<'a> WorkerSelectionContext<'a> {
+    /// # Safety
+    /// `raw` must be a valid host-provided request (and session, if any) for `'a`.
+    pub unsafe fn from_abi(raw: &'a switchyard_request) -> Self {
+        WorkerSelectionContext { raw }
+    }
+    pub fn request_blocks(&self) -> u64 {
+        self.raw.request_blocks
+    }
+    pub fn block_size(&self) -> u32 {
+        self.raw.block_size
+    }
+    pub fn tracks_prefill_tokens(&self) -> bool {
+        self.raw.tracks_prefill_tokens != 0
+    }
+    pub fn expected_output_tokens(&self) -> Option<u64> {
+        (self.raw.has_expected_output_tokens != 0).then_some(self.raw.expected_output_tokens)
+    }
+    pub fn priority_jump(&self) -> f64 {
+        self.raw.priority_jump
+    }
+    pub fn strict_priority(&self) -> i32 {
+        self.raw.strict_priority
+    }
+    pub fn router_temperature_override(&self) -> Option<f64> {
+        (self.raw.has_router_temperature_override != 0)
+            .then_some(self.raw.router_temperature_override)
+    }
+    pub fn session_context(&self) -> Option<SessionContext<'a>> {
+        // SAFETY: the host guarantees `session` is NULL or valid for the call.
+        unsafe { self.raw.session.as_ref() }.map(|raw| SessionContext { raw })
+    }
+}
+
+/// Worker identity: ID and data-parallel rank.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct WorkerId {
+    pub worker_id: u64,
+    pub dp_rank: u32,
+}
+
+/// CACHE group, index-aligned with the candidates.
+#[derive(Clone, Copy)]
+pub struct CacheInputs<'a> {
+    pub device_overlap_blocks: &'a [u32],
+    pub host_overlap_blocks: &'a [u32],
+    pub disk_overlap_blocks: &'a [u32],
+    pub shared_beyond_device_blocks: &'a [u32],
+}
+
+/// LOAD group, index-aligned with the candidates.
+#[derive(Clone, Copy)]
+pub struct LoadInputs<'a> {
+    pub active_prefill_tokens: &'a [u64],
+    pub decode_cost_blocks: &'a [u64],
+    pub active_requests: &'a [u32],
+}
+
+/// ROUTING group, index-aligned with the candidates. NaN means "no multiplier".
+#[derive(Clone, Copy)]
+pub struct RoutingInputs<'a> {
+    pub preferred_taint_multiplier: &'a [f64],
+}
+
+/// All candidates of one call, as index-aligned arrays. Candidate order is unspecified.
+#[derive(Clone, Copy)]
+pub struct WorkerCandidates<'a> {
+    raw: &'a switchyard_candidates,
+}
+
+/// # Safety
+/// `ptr` must be NULL or valid for `len` reads for `'a`.
+unsafe fn array<'a, T>(ptr: *const T, len: usize) -> Option<&'a [T]> {
+    if ptr.is_null() {
+        None
+    } else if len == 0 {
+        Some(&[])
+    } else {
+        Some(slice::from_raw_parts(ptr, len))
+    }
+}
+
+impl<'a> WorkerCandidates<'a> {
+    /// # Safety
+    /// `raw` must be a valid host-provided candidate set for `'a`: every non-NULL array
+    /// holds `count` elements.
+    pub unsafe fn from_abi(raw: &'a switchyard_candidates) -> Self {
+        WorkerCandidates { raw }
+    }
+    pub fn len(&self) -> usize {
+        self.raw.count
+    }
+    pub fn is_empty(&self) -> bool {
+        self.raw.count == 0
+    }
+    /// The input groups present in this view (those the component declared).
+    pub fn inputs(&self) -> WorkerInputs {
+        WorkerInputs::from_bits(self.raw.inputs)
+    }
+    pub fn worker_ids(&self) -> &'a [u64] {
+        unsafe { array(self.raw.worker_id, self.raw.count) }.unwrap_or(&[])
+    }
+    pub fn dp_ranks(&self) -> &'a [u32] {
+        unsafe { array(self.raw.dp_rank, self.raw.count) }.unwrap_or(&[])
+    }
+    pub fn worker(&self, row: usize) -> WorkerId {
+        WorkerId {
+            worker_id: self.worker_ids()[row],
+            dp_rank: self.dp_ranks()[row],
+        }
+    }
+    /// `None` unless the component declared `WorkerInputs::CACHE`.
+    pub fn cache(&self) -> Option<CacheInputs<'a>> {
+        let n = self.raw.count;
+        unsafe {
+            Some(CacheInputs {
+                device_overlap_blocks: array(self.raw.device_overlap_blocks, n)?,
+                host_overlap_blocks: array(self.raw.host_overlap_blocks, n)?,
+                disk_overlap_blocks: array(self.raw.disk_overlap_blocks, n)?,
+                shared_beyond_device_blocks: array(self.raw.shared_beyond_device_blocks, n)?,
+            })
+        }
+    }
+    /// `None` unless the component declared `WorkerInputs::LOAD`.
+    pub fn load(&self) -> Option<LoadInputs<'a>> {
+        let n = self.raw.count;
+        unsafe {
+            Some(LoadInputs {
+                active_prefill_tokens: array(self.raw.active_prefill_tokens, n)?,
+                decode_cost_blocks: array(self.raw.decode_cost_blocks, n)?,
+                active_requests: array(self.raw.active_requests, n)?,
+            })
+        }
+    }
+    /// `None` unless the component declared `WorkerInputs::ROUTING`.
+    pub fn routing(&self) -> Option<RoutingInputs<'a>> {
+        let n = self.raw.count;
+        unsafe {
+            Some(RoutingInputs {
+                preferred_taint_multiplier: array(self.raw.preferred_taint_multiplier, n)?,
+            })
+        }
+    }
+    /// Total costs per row; present in picker calls only.
+    pub fn costs(&self) -> Option<&'a [f64]> {
+        unsafe { array(self.raw.costs, self.raw.count) }
+    }
+    /// One row, for per-candidate component methods.
+    pub fn row(&self, row: usize) -> WorkerCandidate<'a> {
+        WorkerCandidate { all: *self, row }
+    }
+}
+
+/// One candidate row, read through its candidate set.
+#[derive(Clone, Copy)]
+pub struct WorkerCandidate<'a> {
+    all: WorkerCandidates<'a>,
+    row: usize,
+}
+
+/// One row's CACHE inputs.
+#[derive(Clone, Copy, Debug)]
+pub struct CandidateCache {
+    pub device_overlap_blocks: u32,
+    pub host_overlap_blocks: u32,
+    pub disk_overlap_blocks: u32,
+    pub shared_beyond_device_blocks: u32,
+}
+
+/// One row's LOAD inputs.
+#[derive(Clone, Copy, Debug)]
+pub struct CandidateLoad {
+    pub active_prefill_tokens: u64,
+    pub decode_cost_blocks: u64,
+    pub active_requests: u32,
+}
+
+impl<'a> WorkerCandidate<'a> {
+    pub fn row(&self) -> usize {
+        self.row
+    }
+    pub fn worker(&self) -> WorkerId {
+        self.all.worker(self.row)
+    }
+    pub fn cache(&self) -> Option<CandidateCache> {
+        let c = self.all.cache()?;
+        let r = self.row;
+        Some(CandidateCache {
+            device_overlap_blocks: c.device_overlap_blocks[r],
+            host_overlap_blocks: c.host_overlap_blocks[r],
+            disk_overlap_blocks: c.disk_overlap_blocks[r],
+            shared_beyond_device_blocks: c.shared_beyond_device_blocks[r],
+        })
+    }
+    pub fn load(&self) -> Option<CandidateLoad> {
+        let l = self.all.load()?;
+        let r = self.row;
+        Some(CandidateLoad {
+            active_prefill_tokens: l.active_prefill_tokens[r],
+            decode_cost_blocks: l.decode_cost_blocks[r],
+            active_requests: l.active_requests[r],
+        })
+    }
+    /// `Some(None)` when ROUTING was declared but the worker has no multiplier.
+    pub fn preferred_taint_multiplier(&self) -> Option<Option<f64>> {
+        let m = self.all.routing()?.preferred_taint_multiplier[self.row];
+        Some((!m.is_nan()).then_some(m))
+    }
+    /// The row's total cost; picker calls only.
+    pub fn cost(&self) -> Option<f64> {
+        Some(self.all.costs()?[self.row])
+    }
+}
