@@ -244,6 +244,7 @@ pub struct switchyard_params {
 /// `struct_size` bytes during the call that receives it, and `type_name` with them.
 /// `user_data` must stay valid as long as the library is loaded.
 #[repr(C)]
+#[derive(Clone, Copy)]
 #[cfg_attr(feature = "layout", derive(StableAbi))]
 pub struct switchyard_component_def {
     pub struct_size: u32,
@@ -328,6 +329,7 @@ pub struct switchyard_policy_builder {
 /// A policy type: validates its parameters once and builds its own components for each
 /// partition. Plugin-owned; copied by the host like `switchyard_component_def`.
 #[repr(C)]
+#[derive(Clone, Copy)]
 #[cfg_attr(feature = "layout", derive(StableAbi))]
 pub struct switchyard_policy_def {
     pub struct_size: u32,

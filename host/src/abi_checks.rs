@@ -1,0 +1,221 @@
+//! The ABI checks a plugin's descriptor must pass before any of its code but the entry
+//! symbol runs: major, minor, struct sizes, layout fingerprint, SDK revision, and the
+//! descriptor's own fields. Each failed check is its own `LoadError` variant.
+
+use std::ffi::CStr;
+use std::mem::size_of;
+use std::os::raw::c_char;
+use std::path::Path;
+
+use switchyard_plugin_sdk::abi::*;
+
+use crate::loader::LoadError;
+
+/// The highest ABI 1.x minor this host knows.
+pub const HOST_ABI_MINOR: u16 = SWITCHYARD_ABI_MINOR;
+
+/// Per ABI 1.x minor (index = minor): the layout fingerprint and the smallest size of
+/// each plugin-to-host struct. Appending a field in 1.(k+1) appends a row.
+const MINORS: [MinorLayout; 1] = [MinorLayout {
+    fingerprint: SWITCHYARD_LAYOUT_FINGERPRINT,
+    descriptor_size: size_of::<switchyard_plugin_descriptor>(),
+    component_def_size: size_of::<switchyard_component_def>(),
+    policy_def_size: size_of::<switchyard_policy_def>(),
+}];
+
+struct MinorLayout {
+    fingerprint: u64,
+    descriptor_size: usize,
+    component_def_size: usize,
+    policy_def_size: usize,
+}
+
+/// How strictly the plugin's SDK revision must match the host's (`revision:` in config).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RevisionRule {
+    /// Any revision of the same ABI major whose other checks pass.
+    #[default]
+    Compatible,
+    /// Exactly the host's `SWITCHYARD_SDK_REVISION`, for teams that build in lockstep.
+    Exact,
+}
+
+/// What a plugin declared, after every check passed.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PluginInfo {
+    pub name: String,
+    pub version: String,
+    pub vendor: String,
+    pub abi_major: u16,
+    pub abi_minor: u16,
+    pub sdk_revision: String,
+    pub layout_fingerprint: String,
+    #[serde(skip)]
+    pub component_def_size: usize,
+    #[serde(skip)]
+    pub policy_def_size: usize,
+    #[serde(skip)]
+    pub on_register:
+        Option<extern "C" fn(*const switchyard_registrar, *const switchyard_error) -> i32>,
+}
+
+/// The descriptor fields every ABI version has, in this order, at these offsets: enough to
+/// read the version of a descriptor of any minor (and any major built by this project).
+#[repr(C)]
+struct DescriptorHead {
+    struct_size: u32,
+    abi_major: u16,
+    abi_minor: u16,
+}
+
+/// Reads a NUL-terminated descriptor string; NULL, empty and non-UTF-8 are refused.
+fn descriptor_string(
+    path: &Path,
+    field: &'static str,
+    ptr: *const c_char,
+) -> Result<String, LoadError> {
+    let problem = if ptr.is_null() {
+        "is NULL"
+    } else {
+        // SAFETY: the plugin promises NUL-terminated static strings.
+        match unsafe { CStr::from_ptr(ptr) }.to_str() {
+            Ok("") => "is empty",
+            Ok(s) => return Ok(s.to_owned()),
+            Err(_) => "is not UTF-8",
+        }
+    };
+    Err(LoadError::InvalidDescriptor {
+        path: path.to_owned(),
+        field,
+        problem,
+    })
+}
+
+/// Runs every check on the descriptor the entry symbol returned.
+///
+/// # Safety
+/// `descriptor` must be what the library's entry symbol returned (non-NULL checked here);
+/// it must point to at least `struct_size` readable bytes.
+pub unsafe fn check_descriptor(
+    path: &Path,
+    descriptor: *const switchyard_plugin_descriptor,
+    rule: RevisionRule,
+) -> Result<PluginInfo, LoadError> {
+    if descriptor.is_null() {
+        return Err(LoadError::NullDescriptor {
+            path: path.to_owned(),
+        });
+    }
+    let head = &*descriptor.cast::<DescriptorHead>();
+    if head.abi_major != SWITCHYARD_ABI_MAJOR {
+        return Err(LoadError::AbiMajorMismatch {
+            path: path.to_owned(),
+            found: head.abi_major,
+            expected: SWITCHYARD_ABI_MAJOR,
+        });
+    }
+    if head.abi_minor > HOST_ABI_MINOR {
+        return Err(LoadError::NewerMinor {
+            path: path.to_owned(),
+            found: head.abi_minor,
+            host: HOST_ABI_MINOR,
+        });
+    }
+    let minor = &MINORS[usize::from(head.abi_minor)];
+    let truncated =
+        |what: &'static str, found: usize, required: usize| LoadError::TruncatedStruct {
+            path: path.to_owned(),
+            what,
+            found,
+            required,
+            minor: head.abi_minor,
+        };
+    if (head.struct_size as usize) < minor.descriptor_size {
+        return Err(truncated(
+            "switchyard_plugin_descriptor",
+            head.struct_size as usize,
+            minor.descriptor_size,
+        ));
+    }
+    // Fields a 1.k plugin does not have stay zero in a 1.m host.
+    let copy = copy_sized(descriptor, head.struct_size as usize);
+
+    for (what, found, required) in [
+        (
+            "switchyard_component_def",
+            copy.component_def_size as usize,
+            minor.component_def_size,
+        ),
+        (
+            "switchyard_policy_def",
+            copy.policy_def_size as usize,
+            minor.policy_def_size,
+        ),
+    ] {
+        if found < required {
+            return Err(truncated(what, found, required));
+        }
+    }
+    if copy.layout_fingerprint != minor.fingerprint {
+        return Err(LoadError::LayoutMismatch {
+            path: path.to_owned(),
+            found: copy.layout_fingerprint,
+            expected: minor.fingerprint,
+            minor: head.abi_minor,
+        });
+    }
+    let sdk_revision = descriptor_string(path, "sdk_revision", copy.sdk_revision)?;
+    if rule == RevisionRule::Exact && sdk_revision != SWITCHYARD_SDK_REVISION {
+        return Err(LoadError::RevisionMismatch {
+            path: path.to_owned(),
+            found: sdk_revision,
+            expected: SWITCHYARD_SDK_REVISION.to_owned(),
+        });
+    }
+    if copy.on_register.is_none() {
+        return Err(LoadError::InvalidDescriptor {
+            path: path.to_owned(),
+            field: "on_register",
+            problem: "is NULL",
+        });
+    }
+    Ok(PluginInfo {
+        name: descriptor_string(path, "plugin_name", copy.plugin_name)?,
+        version: descriptor_string(path, "plugin_version", copy.plugin_version)?,
+        vendor: descriptor_string(path, "plugin_vendor", copy.plugin_vendor)?,
+        abi_major: head.abi_major,
+        abi_minor: head.abi_minor,
+        sdk_revision,
+        layout_fingerprint: format!("{:#018x}", copy.layout_fingerprint),
+        component_def_size: copy.component_def_size as usize,
+        policy_def_size: copy.policy_def_size as usize,
+        on_register: copy.on_register,
+    })
+}
+
+/// Copies a plugin-to-host struct of `declared` bytes into a zeroed host struct (true
+/// size negotiation: the host reads no byte the plugin did not declare).
+///
+/// # Safety
+/// `ptr` must point to at least `declared` readable bytes.
+pub unsafe fn copy_sized<T>(ptr: *const T, declared: usize) -> T {
+    let mut out: T = std::mem::zeroed();
+    let len = declared.min(size_of::<T>());
+    std::ptr::copy_nonoverlapping(
+        ptr.cast::<u8>(),
+        std::ptr::from_mut(&mut out).cast::<u8>(),
+        len,
+    );
+    out
+}
+
+/// The smallest `struct_size` of a component def at `minor`.
+pub fn min_component_def_size(minor: u16) -> usize {
+    MINORS[usize::from(minor)].component_def_size
+}
+
+/// The smallest `struct_size` of a policy def at `minor`.
+pub fn min_policy_def_size(minor: u16) -> usize {
+    MINORS[usize::from(minor)].policy_def_size
+}

@@ -1,0 +1,273 @@
+//! The YAML config: plugins to load, policy instances, router knobs, static workers.
+//! Unknown keys are rejected; every error names the file and, where it can, the line.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use crate::abi_checks::RevisionRule;
+
+/// The config shipped inside the binary: the example plugins of all three languages,
+/// with paths relative to the folder of the `switchyard` executable.
+pub const EMBEDDED_DEFAULT: &str = include_str!("../default-config.yaml");
+/// How the embedded config is named in messages.
+pub const EMBEDDED_NAME: &str = "<embedded default config>";
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    #[serde(default)]
+    pub plugins: Vec<PluginEntry>,
+    #[serde(default)]
+    pub worker_selection: WorkerSelection,
+    #[serde(default)]
+    pub router: RouterSettings,
+    #[serde(default)]
+    pub workers: Vec<WorkerEntry>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PluginEntry {
+    pub path: PathBuf,
+    pub sha256: Option<String>,
+    #[serde(default)]
+    pub revision: RevisionRule,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerSelection {
+    /// Instance used when a request names none; `default` is the built-in policy.
+    #[serde(default = "default_name")]
+    pub default: String,
+    /// Knobs of the built-in `default` policy (docs/default-policy.md).
+    #[serde(default)]
+    pub builtin_default: Map<String, Value>,
+    #[serde(default)]
+    pub instances: Vec<InstanceEntry>,
+}
+
+impl Default for WorkerSelection {
+    fn default() -> Self {
+        WorkerSelection {
+            default: default_name(),
+            builtin_default: Map::new(),
+            instances: Vec::new(),
+        }
+    }
+}
+
+fn default_name() -> String {
+    "default".to_owned()
+}
+
+/// What a request gets when its policy fails.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnError {
+    /// The request fails with a 500 naming the component.
+    #[default]
+    Fail,
+    /// The request is routed by the built-in default policy, and the fallback counted.
+    Fallback,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InstanceEntry {
+    pub name: String,
+    /// A policy type (the reference's form); exclusive with filters/scorers/picker.
+    #[serde(rename = "type")]
+    pub policy_type: Option<String>,
+    #[serde(default)]
+    pub parameters: Map<String, Value>,
+    #[serde(default)]
+    pub filters: Vec<ComponentEntry>,
+    #[serde(default)]
+    pub scorers: Vec<ComponentEntry>,
+    pub picker: Option<ComponentEntry>,
+    #[serde(default)]
+    pub on_error: OnError,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ComponentEntry {
+    #[serde(rename = "type")]
+    pub component_type: String,
+    #[serde(default)]
+    pub parameters: Map<String, Value>,
+    /// Scorers only: the weight of this scorer's cost in the sum.
+    pub weight: Option<f64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RouterSettings {
+    /// Tokens per KV block, for requests that carry token ids.
+    pub block_size: u32,
+    /// Seconds after which a reserved request that was never freed is released.
+    pub request_expiry_secs: u64,
+}
+
+impl Default for RouterSettings {
+    fn default() -> Self {
+        RouterSettings {
+            block_size: 16,
+            request_expiry_secs: 600,
+        }
+    }
+}
+
+/// A worker known at startup (more can be added over HTTP).
+#[derive(Clone, Debug, Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerEntry {
+    pub model: String,
+    pub worker_id: u64,
+    #[serde(default)]
+    pub dp_rank: u32,
+    /// `prefill`, `decode` or `aggregated`.
+    #[serde(default = "aggregated")]
+    pub worker_type: String,
+    #[serde(default = "default_kv_blocks")]
+    pub total_kv_blocks: u64,
+    #[serde(default = "default_batched_tokens")]
+    pub max_batched_tokens: u64,
+    #[serde(default)]
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// Label keys the worker prefers requests to avoid, with a cost multiplier.
+    #[serde(default)]
+    pub preferred_taint_multiplier: Option<f64>,
+}
+
+fn aggregated() -> String {
+    "aggregated".to_owned()
+}
+fn default_kv_blocks() -> u64 {
+    16_384
+}
+fn default_batched_tokens() -> u64 {
+    8_192
+}
+
+/// A config error: file, line (1-based) when known, and what to do.
+#[derive(Debug, thiserror::Error)]
+pub struct ConfigError {
+    pub file: String,
+    pub line: Option<usize>,
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(line) => write!(f, "{}:{line}: {}", self.file, self.message),
+            None => write!(f, "{}: {}", self.file, self.message),
+        }
+    }
+}
+
+/// A parsed config and where it came from.
+pub struct ConfigSource {
+    pub config: Config,
+    /// How to name the config in messages.
+    pub name: String,
+    /// The text, for locating lines in later (semantic) errors.
+    pub text: String,
+    /// Relative plugin paths are resolved against this folder.
+    pub base_dir: PathBuf,
+}
+
+impl ConfigSource {
+    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
+        let name = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+            file: name.clone(),
+            line: None,
+            message: format!("cannot read the config: {e}. Check the --config path"),
+        })?;
+        let base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
+        Self::parse(text, name, base_dir)
+    }
+
+    /// The embedded default config; its plugin paths resolve against the executable's folder.
+    pub fn embedded() -> Result<Self, ConfigError> {
+        let base_dir = std::env::current_exe()
+            .ok()
+            .and_then(|exe| exe.parent().map(Path::to_path_buf))
+            .unwrap_or_default();
+        Self::parse(
+            EMBEDDED_DEFAULT.to_owned(),
+            EMBEDDED_NAME.to_owned(),
+            base_dir,
+        )
+    }
+
+    pub fn parse(text: String, name: String, base_dir: PathBuf) -> Result<Self, ConfigError> {
+        let config: Config = serde_yaml::from_str(&text).map_err(|e| ConfigError {
+            file: name.clone(),
+            line: e.location().map(|l| l.line()),
+            message: format!(
+                "{}. See docs/configuration.md for the schema",
+                // serde_yaml appends "at line L column C"; the prefix already says where.
+                e.to_string().split(" at line ").next().unwrap_or_default()
+            ),
+        })?;
+        Ok(ConfigSource {
+            config,
+            name,
+            text,
+            base_dir,
+        })
+    }
+
+    /// Resolves a plugin path: absolute as is, otherwise against the config's folder.
+    pub fn resolve(&self, path: &Path) -> PathBuf {
+        if path.is_absolute() {
+            path.to_owned()
+        } else {
+            self.base_dir.join(path)
+        }
+    }
+
+    /// The 1-based line of the `nth` (0-based) `key: value` in the text, block or flow
+    /// style (`{key: value, ...}`), if any.
+    pub fn line_of(&self, key: &str, value: &str, nth: usize) -> Option<usize> {
+        let pattern = format!("{key}:");
+        let holds = |line: &str| {
+            let line = line.split(" #").next().unwrap_or(line);
+            line.match_indices(&pattern).any(|(at, _)| {
+                let before = line[..at].chars().next_back();
+                let starts_key =
+                    before.is_none_or(|c| c.is_whitespace() || matches!(c, '{' | ',' | '-'));
+                let rest = &line[at + pattern.len()..];
+                let token = rest
+                    .split([',', '}'])
+                    .next()
+                    .unwrap_or("")
+                    .trim()
+                    .trim_matches(['"', '\'']);
+                starts_key && token == value
+            })
+        };
+        self.text
+            .lines()
+            .enumerate()
+            .filter(|(_, line)| holds(line))
+            .nth(nth)
+            .map(|(i, _)| i + 1)
+    }
+
+    /// A config error at the line of `key: value`.
+    pub fn error_at(&self, key: &str, value: &str, nth: usize, message: String) -> ConfigError {
+        ConfigError {
+            file: self.name.clone(),
+            line: self.line_of(key, value, nth),
+            message,
+        }
+    }
+}

@@ -1,0 +1,64 @@
+//! Configured policy instances: a policy type with validated parameters, or a composition
+//! of component types. Each builds one `Policy` per partition.
+
+use std::sync::Arc;
+
+use crate::config::OnError;
+use crate::params::OwnedParams;
+use crate::pipeline::Policy;
+use crate::registry::{ComponentType, PartitionKey, PolicyFactory};
+
+/// One component of a composition, with its parameters.
+pub struct ComponentUse {
+    pub component: Arc<ComponentType>,
+    pub params: OwnedParams,
+    pub weight: f64,
+}
+
+pub enum InstanceKind {
+    Policy {
+        policy_type: String,
+        factory: PolicyFactory,
+    },
+    Composition {
+        components: Vec<ComponentUse>,
+    },
+}
+
+/// A configured instance: what `worker_selection.instances[]` names.
+pub struct InstanceFactory {
+    pub name: String,
+    pub on_error: OnError,
+    pub kind: InstanceKind,
+}
+
+impl InstanceFactory {
+    /// Builds this instance's policy for `partition`.
+    pub fn build(&self, partition: &PartitionKey) -> Result<Policy, String> {
+        let stages = match &self.kind {
+            InstanceKind::Policy { factory, .. } => factory.build(partition)?,
+            InstanceKind::Composition { components } => components
+                .iter()
+                .map(|c| {
+                    c.component
+                        .create(&c.params, partition)
+                        .map(|stage| (stage, c.weight))
+                        .map_err(|e| format!("component `{}`: {e}", c.component.name))
+                })
+                .collect::<Result<_, _>>()?,
+        };
+        Policy::new(stages)
+    }
+
+    /// A one-line description for summaries.
+    pub fn describe(&self) -> String {
+        match &self.kind {
+            InstanceKind::Policy { policy_type, .. } => format!("policy type `{policy_type}`"),
+            InstanceKind::Composition { components } => components
+                .iter()
+                .map(|c| format!("{} {}", c.component.kind.as_str(), c.component.name))
+                .collect::<Vec<_>>()
+                .join(" -> "),
+        }
+    }
+}

@@ -1,0 +1,22 @@
+//! switchyard: an LLM inference request router whose worker-selection policies are
+//! plugins loaded from shared libraries at startup.
+//!
+//! Layers, each in a module named after it:
+//! - [`config`]: the YAML config.
+//! - [`loader`] and [`abi_checks`]: opening plugins and checking them before they run.
+//! - [`registry`]: component and policy types, built-in and from plugins.
+//! - [`startup`] and [`instances`]: from config to validated policy instances.
+//! - [`pipeline`]: filter -> score -> pick for one policy instance.
+//! - [`builtin`]: built-in components and the `default` policy.
+//! - [`summary`]: what `check` and `plugin inspect` print.
+
+pub mod abi_checks;
+pub mod builtin;
+pub mod config;
+pub mod instances;
+pub mod loader;
+pub mod params;
+pub mod pipeline;
+pub mod registry;
+pub mod startup;
+pub mod summary;

@@ -1,0 +1,143 @@
+//! What `switchyard check` and `switchyard plugin inspect` print.
+
+use std::fmt::Write;
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::loader::{load_into, LoadError, LoadedPlugin, PluginSpec};
+use crate::registry::{PartitionKey, Registry};
+use crate::startup::Startup;
+
+/// One registered type, as summaries show it.
+#[derive(Serialize)]
+pub struct TypeSummary {
+    pub name: String,
+    /// `policy`, `filter`, `scorer` or `picker`.
+    pub kind: &'static str,
+    /// Input groups (components only).
+    pub inputs: Vec<&'static str>,
+}
+
+fn types_of(registry: &Registry, plugin: &LoadedPlugin) -> Vec<TypeSummary> {
+    plugin
+        .types
+        .iter()
+        .map(|name| match registry.component(name) {
+            Some(c) => TypeSummary {
+                name: name.clone(),
+                kind: c.kind.as_str(),
+                inputs: c.inputs.names(),
+            },
+            None => TypeSummary {
+                name: name.clone(),
+                kind: "policy",
+                inputs: Vec::new(),
+            },
+        })
+        .collect()
+}
+
+fn write_plugin(out: &mut String, registry: &Registry, plugin: &LoadedPlugin) {
+    let info = &plugin.info;
+    let _ = writeln!(out, "  {} {} ({})", info.name, info.version, info.vendor);
+    let _ = writeln!(out, "    path:     {}", plugin.path.display());
+    let _ = writeln!(
+        out,
+        "    ABI:      {}.{}, SDK revision {}, layout {}",
+        info.abi_major, info.abi_minor, info.sdk_revision, info.layout_fingerprint
+    );
+    for t in types_of(registry, plugin) {
+        let inputs = if t.kind == "policy" {
+            String::new()
+        } else if t.inputs.is_empty() {
+            "  reads: -".to_owned()
+        } else {
+            format!("  reads: {}", t.inputs.join("|"))
+        };
+        let _ = writeln!(out, "    {:<7} {}{inputs}", t.kind, t.name);
+    }
+}
+
+/// The `check` summary: plugins, their types, and each instance's components.
+pub fn check_summary(startup: &Startup) -> String {
+    let mut out = String::new();
+    let registry = &startup.registry;
+    let _ = writeln!(out, "config: {}", startup.source.name);
+    let _ = writeln!(out, "plugins ({}):", registry.plugins().len());
+    for plugin in registry.plugins() {
+        write_plugin(&mut out, registry, plugin);
+    }
+    let _ = writeln!(
+        out,
+        "instances ({}), default: {}",
+        startup.instances.len(),
+        startup.default_instance
+    );
+    for instance in &startup.instances {
+        let _ = writeln!(
+            out,
+            "  {} ({}; on_error: {:?})",
+            instance.name,
+            instance.describe(),
+            instance.on_error
+        );
+        // Startup built every instance for every worker type; show the select pipeline.
+        if let Ok(policy) = instance.build(&PartitionKey::new(
+            "<check>",
+            switchyard_plugin_sdk::WorkerType::Select,
+        )) {
+            let weights: Vec<_> = policy.weights().collect();
+            for stage in policy.stages() {
+                let weight = weights
+                    .iter()
+                    .find(|(name, _)| *name == &*stage.name)
+                    .map(|(_, w)| format!(" x{w}"))
+                    .unwrap_or_default();
+                let inputs = stage.inputs.names();
+                let inputs = if inputs.is_empty() {
+                    "-".to_owned()
+                } else {
+                    inputs.join("|")
+                };
+                let _ = writeln!(
+                    out,
+                    "    {:<7} {}{weight}  reads: {inputs}",
+                    stage.kind.as_str(),
+                    stage.name
+                );
+            }
+        }
+    }
+    let types: usize = registry.plugins().iter().map(|p| p.types.len()).sum();
+    let _ = writeln!(
+        out,
+        "ok: {} plugin(s), {types} plugin type(s), {} instance(s), each built for prefill, decode and select",
+        registry.plugins().len(),
+        startup.instances.len()
+    );
+    out
+}
+
+/// `plugin inspect` output for one library.
+#[derive(Serialize)]
+pub struct Inspection {
+    #[serde(flatten)]
+    pub plugin: LoadedPlugin,
+    pub registered: Vec<TypeSummary>,
+}
+
+pub fn inspect(path: &Path) -> Result<(Inspection, String), LoadError> {
+    let mut registry = Registry::default();
+    let spec = PluginSpec {
+        path: path.to_owned(),
+        sha256: None,
+        revision: Default::default(),
+    };
+    load_into(&mut registry, &spec)?;
+    let plugin = registry.plugins()[0].clone();
+    let mut text = String::new();
+    write_plugin(&mut text, &registry, &plugin);
+    let registered = types_of(&registry, &plugin);
+    Ok((Inspection { plugin, registered }, text))
+}
