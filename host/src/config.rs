@@ -75,6 +75,15 @@ pub enum OnError {
     Fallback,
 }
 
+impl OnError {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnError::Fail => "fail",
+            OnError::Fallback => "fallback",
+        }
+    }
+}
+
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct InstanceEntry {

@@ -18,5 +18,6 @@ pub mod loader;
 pub mod params;
 pub mod pipeline;
 pub mod registry;
+pub mod request;
 pub mod startup;
 pub mod summary;

@@ -1,0 +1,30 @@
+# The two commands: `make run` (the router with the example plugins of all three
+# languages, on the embedded default config) and `make test` (every test).
+CARGO ?= cargo
+CMAKE_BUILD := target/cmake
+
+.PHONY: run test build plugins check-tools bench clean
+
+check-tools:
+	@./scripts/check-tools
+
+plugins: check-tools
+	cmake -S . -B $(CMAKE_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+	cmake --build $(CMAKE_BUILD)
+
+build: plugins
+	$(CARGO) build --release --workspace
+
+run: build
+	./target/release/switchyard serve
+
+test: plugins
+	$(CARGO) build --workspace
+	ctest --test-dir $(CMAKE_BUILD) --output-on-failure
+	$(CARGO) test --workspace --no-fail-fast
+
+bench: build
+	$(CARGO) bench -p switchyard --bench selection
+
+clean:
+	rm -rf target

@@ -1,0 +1,29 @@
+# switchyard_add_plugin(<name> SOURCES <file>...)
+#
+# Builds a switchyard policy plugin: a MODULE library (lib<name>.so) with hidden
+# visibility (only the entry symbol is exported), C11 / C++17, strict warnings as errors,
+# and undefined symbols refused at link time rather than at router startup.
+# Needs the target Switchyard::headers (defined by find_package(Switchyard) or the
+# switchyard source tree). If SWITCHYARD_PLUGIN_OUTPUT_DIR is set, the library goes there.
+function(switchyard_add_plugin name)
+  cmake_parse_arguments(ARG "" "" "SOURCES" ${ARGN})
+  if(NOT ARG_SOURCES)
+    message(FATAL_ERROR "switchyard_add_plugin(${name}): give the plugin's SOURCES")
+  endif()
+  add_library(${name} MODULE ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE Switchyard::headers)
+  set_target_properties(${name} PROPERTIES
+    PREFIX "lib"
+    C_STANDARD 11 C_STANDARD_REQUIRED ON C_EXTENSIONS OFF
+    CXX_STANDARD 17 CXX_STANDARD_REQUIRED ON CXX_EXTENSIONS OFF
+    C_VISIBILITY_PRESET hidden CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON)
+  if(CMAKE_C_COMPILER_ID MATCHES "GNU|Clang" OR CMAKE_CXX_COMPILER_ID MATCHES "GNU|Clang")
+    target_compile_options(${name} PRIVATE -Wall -Wextra -Wpedantic -Werror)
+  endif()
+  if(CMAKE_SYSTEM_NAME STREQUAL "Linux")
+    target_link_options(${name} PRIVATE "LINKER:-z,defs")
+  endif()
+  if(SWITCHYARD_PLUGIN_OUTPUT_DIR)
+    set_target_properties(${name} PROPERTIES LIBRARY_OUTPUT_DIRECTORY "${SWITCHYARD_PLUGIN_OUTPUT_DIR}")
+  endif()
+endfunction()

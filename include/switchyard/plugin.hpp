@@ -1,0 +1,562 @@
+// switchyard plugin API for C++17: a header-only layer on top of plugin.h.
+//
+// It adds types and adaptation only: base classes for filters, scorers, pickers and
+// policy factories; read-only views of the request, session and candidates; typed
+// parameter access; and noexcept trampolines that turn exceptions into status codes.
+//
+// Errors: throw switchyard::Error (or InvalidParameters) to fail one call with
+// SWITCHYARD_STATUS_ERROR (INVALID_PARAMETERS); the instance stays usable. Any other
+// exception escaping a component returns SWITCHYARD_STATUS_PANIC with its what() and
+// poisons the instance: every later call answers SWITCHYARD_STATUS_POISONED.
+//
+// Threading: the host calls one instance from one thread at a time.
+#ifndef SWITCHYARD_PLUGIN_HPP
+#define SWITCHYARD_PLUGIN_HPP
+
+#include <switchyard/plugin.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace switchyard {
+
+// Input groups a component reads (bit set of SWITCHYARD_INPUT_*).
+namespace inputs {
+inline constexpr uint32_t none = 0;
+inline constexpr uint32_t cache = SWITCHYARD_INPUT_CACHE;
+inline constexpr uint32_t load = SWITCHYARD_INPUT_LOAD;
+inline constexpr uint32_t routing = SWITCHYARD_INPUT_ROUTING;
+}  // namespace inputs
+
+// Fails one call with SWITCHYARD_STATUS_ERROR; does not poison the instance.
+class Error : public std::runtime_error {
+public:
+    using std::runtime_error::runtime_error;
+    virtual int32_t status() const noexcept { return SWITCHYARD_STATUS_ERROR; }
+};
+
+// Invalid parameters at create/validate time: SWITCHYARD_STATUS_INVALID_PARAMETERS.
+class InvalidParameters : public Error {
+public:
+    using Error::Error;
+    int32_t status() const noexcept override { return SWITCHYARD_STATUS_INVALID_PARAMETERS; }
+};
+
+enum class WorkerType : uint32_t {
+    prefill = SWITCHYARD_WORKER_TYPE_PREFILL,
+    decode = SWITCHYARD_WORKER_TYPE_DECODE,
+    select = SWITCHYARD_WORKER_TYPE_SELECT,
+};
+
+enum class InputTrigger : uint32_t {
+    none = SWITCHYARD_TRIGGER_NONE,
+    user_message = SWITCHYARD_TRIGGER_USER_MESSAGE,
+    tool_result = SWITCHYARD_TRIGGER_TOOL_RESULT,
+    other = SWITCHYARD_TRIGGER_OTHER,
+};
+
+namespace detail {
+inline std::string_view view(switchyard_str s) noexcept {
+    return s.ptr == nullptr ? std::string_view() : std::string_view(s.ptr, s.len);
+}
+inline switchyard_str abi(std::string_view s) noexcept { return switchyard_str{s.data(), s.size()}; }
+}  // namespace detail
+
+// Parameters of a component or policy. Borrowed: valid during create/validate only.
+class Params {
+public:
+    explicit Params(const switchyard_params *raw) noexcept : raw_(raw) {}
+
+    std::string_view json() const noexcept { return detail::view(raw_->json); }
+
+    std::vector<std::string_view> keys() const {
+        std::vector<std::string_view> out;
+        size_t count = raw_->callback_key_count(raw_);
+        for (size_t i = 0; i < count; i++) {
+            switchyard_str key{nullptr, 0};
+            if (raw_->callback_key_at(raw_, i, &key) == SWITCHYARD_STATUS_OK) {
+                out.push_back(detail::view(key));
+            }
+        }
+        return out;
+    }
+
+    // Throws InvalidParameters naming the first key not in `allowed`.
+    void allow_only(std::initializer_list<std::string_view> allowed) const {
+        for (std::string_view key : keys()) {
+            bool known = false;
+            for (std::string_view a : allowed) {
+                known = known || a == key;
+            }
+            if (!known) {
+                std::string list;
+                for (std::string_view a : allowed) {
+                    list += (list.empty() ? "" : ", ") + std::string(a);
+                }
+                throw InvalidParameters("unknown parameter `" + std::string(key) + "`; expected " +
+                                        (list.empty() ? std::string("none") : "one of: " + list));
+            }
+        }
+    }
+
+    // Empty when absent; throws InvalidParameters when present with another type.
+    std::optional<double> number(std::string_view key) const {
+        double out = 0.0;
+        return get(raw_->callback_get_number(raw_, detail::abi(key), &out), key, "a number", out);
+    }
+    std::optional<bool> boolean(std::string_view key) const {
+        uint8_t out = 0;
+        auto v = get(raw_->callback_get_bool(raw_, detail::abi(key), &out), key, "a boolean", out);
+        return v ? std::optional<bool>(*v != 0) : std::nullopt;
+    }
+    std::optional<std::string> string(std::string_view key) const {
+        switchyard_str out{nullptr, 0};
+        auto v = get(raw_->callback_get_string(raw_, detail::abi(key), &out), key, "a string", out);
+        return v ? std::optional<std::string>(std::string(detail::view(*v))) : std::nullopt;
+    }
+
+private:
+    template <class T>
+    static std::optional<T> get(int32_t status, std::string_view key, const char *expected, T value) {
+        if (status == SWITCHYARD_STATUS_OK) {
+            return value;
+        }
+        if (status == SWITCHYARD_STATUS_NOT_FOUND) {
+            return std::nullopt;
+        }
+        throw InvalidParameters("parameter `" + std::string(key) + "` must be " + expected);
+    }
+    const switchyard_params *raw_;
+};
+
+// The partition an instance is created for. Borrowed: valid during the call.
+class Partition {
+public:
+    explicit Partition(const switchyard_partition *raw) noexcept : raw_(raw) {}
+    WorkerType worker_type() const noexcept { return static_cast<WorkerType>(raw_->worker_type); }
+    std::string_view model() const noexcept { return detail::view(raw_->model); }
+
+private:
+    const switchyard_partition *raw_;
+};
+
+// Session metadata of a request.
+class Session {
+public:
+    explicit Session(const switchyard_session *raw) noexcept : raw_(raw) {}
+    std::string_view session_id() const noexcept { return detail::view(raw_->session_id); }
+    std::optional<std::string_view> parent_session_id() const noexcept {
+        if (raw_->parent_session_id.ptr == nullptr) return std::nullopt;
+        return detail::view(raw_->parent_session_id);
+    }
+    std::optional<bool> session_final() const noexcept {
+        if (raw_->has_session_final == 0) return std::nullopt;
+        return raw_->session_final != 0;
+    }
+    // Present when the request carries KV hints.
+    std::optional<bool> evict_session() const noexcept {
+        if (raw_->has_kv_hints == 0) return std::nullopt;
+        return raw_->evict_session != 0;
+    }
+    InputTrigger input_trigger() const noexcept { return static_cast<InputTrigger>(raw_->input_trigger); }
+
+private:
+    const switchyard_session *raw_;
+};
+
+// The request being routed. Borrowed: valid during the call.
+class Request {
+public:
+    explicit Request(const switchyard_request *raw) noexcept : raw_(raw) {}
+    uint64_t request_blocks() const noexcept { return raw_->request_blocks; }
+    uint32_t block_size() const noexcept { return raw_->block_size; }
+    bool tracks_prefill_tokens() const noexcept { return raw_->tracks_prefill_tokens != 0; }
+    std::optional<uint64_t> expected_output_tokens() const noexcept {
+        if (raw_->has_expected_output_tokens == 0) return std::nullopt;
+        return raw_->expected_output_tokens;
+    }
+    double priority_jump() const noexcept { return raw_->priority_jump; }
+    int32_t strict_priority() const noexcept { return raw_->strict_priority; }
+    std::optional<double> router_temperature_override() const noexcept {
+        if (raw_->has_router_temperature_override == 0) return std::nullopt;
+        return raw_->router_temperature_override;
+    }
+    std::optional<Session> session() const noexcept {
+        if (raw_->session == nullptr) return std::nullopt;
+        return Session(raw_->session);
+    }
+
+private:
+    const switchyard_request *raw_;
+};
+
+// All candidates of one call. Reading a group the component did not declare throws
+// std::logic_error (which poisons the instance: it is a bug in the component).
+class Candidates {
+public:
+    explicit Candidates(const switchyard_candidates *raw) noexcept : raw_(raw) {}
+    size_t size() const noexcept { return raw_->count; }
+    uint64_t worker_id(size_t row) const noexcept { return raw_->worker_id[row]; }
+    uint32_t dp_rank(size_t row) const noexcept { return raw_->dp_rank[row]; }
+
+    uint32_t device_overlap_blocks(size_t row) const { return at(raw_->device_overlap_blocks, "CACHE", row); }
+    uint32_t host_overlap_blocks(size_t row) const { return at(raw_->host_overlap_blocks, "CACHE", row); }
+    uint32_t disk_overlap_blocks(size_t row) const { return at(raw_->disk_overlap_blocks, "CACHE", row); }
+    uint32_t shared_beyond_device_blocks(size_t row) const {
+        return at(raw_->shared_beyond_device_blocks, "CACHE", row);
+    }
+    uint64_t active_prefill_tokens(size_t row) const { return at(raw_->active_prefill_tokens, "LOAD", row); }
+    uint64_t decode_cost_blocks(size_t row) const { return at(raw_->decode_cost_blocks, "LOAD", row); }
+    uint32_t active_requests(size_t row) const { return at(raw_->active_requests, "LOAD", row); }
+    // Empty when the worker has no multiplier.
+    std::optional<double> preferred_taint_multiplier(size_t row) const {
+        double m = at(raw_->preferred_taint_multiplier, "ROUTING", row);
+        return m != m ? std::nullopt : std::optional<double>(m);
+    }
+    // Picker calls only: the row's total cost.
+    double cost(size_t row) const {
+        if (raw_->costs == nullptr) throw std::logic_error("costs are available to pickers only");
+        return raw_->costs[row];
+    }
+
+private:
+    template <class T>
+    static T at(const T *values, const char *group, size_t row) {
+        if (values == nullptr) {
+            throw std::logic_error(std::string("the component did not declare the ") + group +
+                                   " input group");
+        }
+        return values[row];
+    }
+    const switchyard_candidates *raw_;
+};
+
+// One candidate row, for the per-candidate methods.
+class Candidate {
+public:
+    Candidate(const Candidates &all, size_t row) noexcept : all_(all), row_(row) {}
+    size_t row() const noexcept { return row_; }
+    const Candidates &all() const noexcept { return all_; }
+    uint64_t worker_id() const noexcept { return all_.worker_id(row_); }
+    uint32_t dp_rank() const noexcept { return all_.dp_rank(row_); }
+    uint32_t device_overlap_blocks() const { return all_.device_overlap_blocks(row_); }
+    uint32_t host_overlap_blocks() const { return all_.host_overlap_blocks(row_); }
+    uint32_t disk_overlap_blocks() const { return all_.disk_overlap_blocks(row_); }
+    uint32_t shared_beyond_device_blocks() const { return all_.shared_beyond_device_blocks(row_); }
+    uint64_t active_prefill_tokens() const { return all_.active_prefill_tokens(row_); }
+    uint64_t decode_cost_blocks() const { return all_.decode_cost_blocks(row_); }
+    uint32_t active_requests() const { return all_.active_requests(row_); }
+    std::optional<double> preferred_taint_multiplier() const { return all_.preferred_taint_multiplier(row_); }
+
+private:
+    const Candidates &all_;
+    size_t row_;
+};
+
+// A hard requirement: keep or reject each worker.
+class Filter {
+public:
+    virtual ~Filter() = default;
+    virtual uint32_t required_inputs() const { return inputs::none; }
+    virtual bool keep(const Request &request, const Candidate &candidate) = 0;
+    // `out` has candidates.size() entries, all 1 on entry; set 0 to reject a row.
+    virtual void keep_batch(const Request &request, const Candidates &candidates, uint8_t *out) {
+        for (size_t row = 0; row < candidates.size(); row++) {
+            out[row] = keep(request, Candidate(candidates, row)) ? 1 : 0;
+        }
+    }
+};
+
+// A preference: one finite cost per worker, lower is better.
+class Scorer {
+public:
+    virtual ~Scorer() = default;
+    virtual uint32_t required_inputs() const { return inputs::none; }
+    virtual double score(const Request &request, const Candidate &candidate) = 0;
+    // `costs` has candidates.size() entries, NaN on entry.
+    virtual void score_batch(const Request &request, const Candidates &candidates, double *costs) {
+        for (size_t row = 0; row < candidates.size(); row++) {
+            costs[row] = score(request, Candidate(candidates, row));
+        }
+    }
+};
+
+// The final choice: one row of the scored candidates (candidates.cost(row) is available).
+class Picker {
+public:
+    virtual ~Picker() = default;
+    virtual uint32_t required_inputs() const { return inputs::none; }
+    virtual size_t pick(const Request &request, const Candidates &candidates) = 0;
+};
+
+namespace detail {
+
+inline void write_error(const switchyard_error *error, const char *message) noexcept {
+    switchyard_error_printf(error, "%s", message);
+}
+
+// The instance behind the ABI: the component and its poison flag.
+template <class Base>
+struct Slot {
+    std::unique_ptr<Base> component;
+    bool poisoned = false;
+};
+
+// Runs `body` at the boundary. switchyard::Error -> its status; any other exception ->
+// SWITCHYARD_STATUS_PANIC and, when `poisoned` is given, the instance is poisoned.
+template <class Body>
+int32_t guard(const switchyard_error *error, bool *poisoned, Body &&body) noexcept {
+    if (poisoned != nullptr && *poisoned) {
+        write_error(error, "instance is poisoned: it threw in an earlier call");
+        return SWITCHYARD_STATUS_POISONED;
+    }
+    try {
+        body();
+        return SWITCHYARD_STATUS_OK;
+    } catch (const Error &e) {
+        write_error(error, e.what());
+        return e.status();
+    } catch (const std::exception &e) {
+        if (poisoned != nullptr) *poisoned = true;
+        switchyard_error_printf(error, "threw: %s", e.what());
+        return SWITCHYARD_STATUS_PANIC;
+    } catch (...) {
+        if (poisoned != nullptr) *poisoned = true;
+        write_error(error, "threw a non-standard exception");
+        return SWITCHYARD_STATUS_PANIC;
+    }
+}
+
+template <class Base>
+inline void destroy(void *instance) noexcept {
+    delete static_cast<Slot<Base> *>(instance);
+}
+
+inline int32_t on_filter(void *instance, const switchyard_request *request,
+                         const switchyard_candidates *candidates, uint8_t *keep,
+                         const switchyard_error *error) noexcept {
+    auto *slot = static_cast<Slot<Filter> *>(instance);
+    return guard(error, &slot->poisoned,
+                 [&] { slot->component->keep_batch(Request(request), Candidates(candidates), keep); });
+}
+
+inline int32_t on_score(void *instance, const switchyard_request *request,
+                        const switchyard_candidates *candidates, double *costs,
+                        const switchyard_error *error) noexcept {
+    auto *slot = static_cast<Slot<Scorer> *>(instance);
+    return guard(error, &slot->poisoned,
+                 [&] { slot->component->score_batch(Request(request), Candidates(candidates), costs); });
+}
+
+inline int32_t on_pick(void *instance, const switchyard_request *request,
+                       const switchyard_candidates *candidates, size_t *out_row,
+                       const switchyard_error *error) noexcept {
+    auto *slot = static_cast<Slot<Picker> *>(instance);
+    return guard(error, &slot->poisoned, [&] {
+        size_t row = slot->component->pick(Request(request), Candidates(candidates));
+        *out_row = row;
+    });
+}
+
+template <class Base>
+struct Kind;
+template <>
+struct Kind<Filter> {
+    static constexpr uint32_t value = SWITCHYARD_COMPONENT_FILTER;
+    static void install(switchyard_component_def &def) noexcept { def.on_filter = on_filter; }
+};
+template <>
+struct Kind<Scorer> {
+    static constexpr uint32_t value = SWITCHYARD_COMPONENT_SCORER;
+    static void install(switchyard_component_def &def) noexcept { def.on_score = on_score; }
+};
+template <>
+struct Kind<Picker> {
+    static constexpr uint32_t value = SWITCHYARD_COMPONENT_PICKER;
+    static void install(switchyard_component_def &def) noexcept { def.on_pick = on_pick; }
+};
+
+template <class Base>
+switchyard_component_def component_def(const char *type_name, uint32_t inputs) noexcept {
+    switchyard_component_def def;
+    std::memset(&def, 0, sizeof def);
+    def.struct_size = sizeof(switchyard_component_def);
+    def.kind = Kind<Base>::value;
+    def.inputs = inputs;
+    def.type_name = type_name;
+    def.on_destroy = destroy<Base>;
+    Kind<Base>::install(def);
+    return def;
+}
+
+template <class Base>
+void check_inputs(const Base &component, uint32_t declared) {
+    if ((component.required_inputs() & ~declared) != 0) {
+        throw InvalidParameters("component reads input groups its type did not declare at registration");
+    }
+}
+
+// Creates a T from (Params, Partition) for a registered type; `user_data` holds the
+// declared input groups.
+template <class Base, class T>
+int32_t on_create(void *user_data, const switchyard_params *params, const switchyard_partition *partition,
+                  void **out_instance, const switchyard_error *error) noexcept {
+    return guard(error, nullptr, [&] {
+        auto slot = std::make_unique<Slot<Base>>();
+        slot->component = std::make_unique<T>(Params(params), Partition(partition));
+        check_inputs(*slot->component, static_cast<uint32_t>(reinterpret_cast<uintptr_t>(user_data)));
+        *out_instance = slot.release();
+    });
+}
+
+}  // namespace detail
+
+// Handed to PolicyFactory::build: add the partition's components here, filters and
+// scorers in order, then exactly one picker.
+class PolicyBuilder {
+public:
+    PolicyBuilder(const switchyard_policy_builder *raw, const switchyard_error *error, std::string prefix) noexcept
+        : raw_(raw), error_(error), prefix_(std::move(prefix)) {}
+
+    void add_filter(std::unique_ptr<Filter> filter) { add(std::move(filter), "filter." + std::to_string(filters_++), 1.0); }
+    void add_scorer(std::unique_ptr<Scorer> scorer, double weight = 1.0) {
+        add(std::move(scorer), "scorer." + std::to_string(scorers_++), weight);
+    }
+    void set_picker(std::unique_ptr<Picker> picker) { add(std::move(picker), "picker", 1.0); }
+
+private:
+    template <class Base>
+    void add(std::unique_ptr<Base> component, const std::string &part, double weight) {
+        std::string name = prefix_ + "/" + part;
+        switchyard_component_def def = detail::component_def<Base>(name.c_str(), component->required_inputs());
+        auto slot = std::make_unique<detail::Slot<Base>>();
+        slot->component = std::move(component);
+        // The host owns the instance from this call on, whatever the status.
+        int32_t status = raw_->callback_add_component(raw_, &def, slot.release(), weight, error_);
+        if (status != SWITCHYARD_STATUS_OK) {
+            throw Error(error_->buffer);
+        }
+    }
+    const switchyard_policy_builder *raw_;
+    const switchyard_error *error_;
+    std::string prefix_;
+    int filters_ = 0;
+    int scorers_ = 0;
+};
+
+// A validated policy: constructed once from its parameters (throw InvalidParameters to
+// refuse them), then asked to build the components of each partition.
+class PolicyFactory {
+public:
+    virtual ~PolicyFactory() = default;
+    virtual void build(const Partition &partition, PolicyBuilder &builder) = 0;
+};
+
+namespace detail {
+
+struct FactorySlot {
+    std::unique_ptr<PolicyFactory> factory;
+    std::string type_name;
+};
+
+template <class T>
+int32_t on_validate(void *user_data, const switchyard_params *params, void **out_factory,
+                    const switchyard_error *error) noexcept {
+    return guard(error, nullptr, [&] {
+        auto slot = std::make_unique<FactorySlot>();
+        slot->factory = std::make_unique<T>(Params(params));
+        slot->type_name = static_cast<const char *>(user_data);
+        *out_factory = slot.release();
+    });
+}
+
+inline void on_destroy_factory(void *factory) noexcept { delete static_cast<FactorySlot *>(factory); }
+
+inline int32_t on_build(void *factory, const switchyard_partition *partition, const switchyard_policy_builder *builder,
+                        const switchyard_error *error) noexcept {
+    auto *slot = static_cast<FactorySlot *>(factory);
+    return guard(error, nullptr, [&] {
+        PolicyBuilder b(builder, error, slot->type_name);
+        slot->factory->build(Partition(partition), b);
+    });
+}
+
+}  // namespace detail
+
+// Handed to the plugin's register function.
+class Registrar {
+public:
+    Registrar(const switchyard_registrar *raw, const switchyard_error *error) noexcept : raw_(raw), error_(error) {}
+
+    uint32_t host_abi_minor() const noexcept { return raw_->host_abi_minor; }
+
+    // T must be constructible from (const Params&, const Partition&) and read only the
+    // groups in `inputs`.
+    template <class T>
+    void filter(const char *type_name, uint32_t inputs) { component<Filter, T>(type_name, inputs); }
+    template <class T>
+    void scorer(const char *type_name, uint32_t inputs) { component<Scorer, T>(type_name, inputs); }
+    template <class T>
+    void picker(const char *type_name, uint32_t inputs) { component<Picker, T>(type_name, inputs); }
+
+    // T derives from PolicyFactory and is constructible from (const Params&).
+    // `type_name` must be a string literal (it is kept for naming the built components).
+    template <class T>
+    void policy(const char *type_name) {
+        switchyard_policy_def def;
+        std::memset(&def, 0, sizeof def);
+        def.struct_size = sizeof(switchyard_policy_def);
+        def.type_name = type_name;
+        def.user_data = const_cast<char *>(type_name);
+        def.on_validate = detail::on_validate<T>;
+        def.on_destroy_factory = detail::on_destroy_factory;
+        def.on_build = detail::on_build;
+        check(raw_->callback_register_policy(raw_, &def, error_));
+    }
+
+private:
+    template <class Base, class T>
+    void component(const char *type_name, uint32_t inputs) {
+        switchyard_component_def def = detail::component_def<Base>(type_name, inputs);
+        def.user_data = reinterpret_cast<void *>(static_cast<uintptr_t>(inputs));
+        def.on_create = detail::on_create<Base, T>;
+        check(raw_->callback_register_component(raw_, &def, error_));
+    }
+    void check(int32_t status) const {
+        if (status != SWITCHYARD_STATUS_OK) throw Error(error_->buffer);
+    }
+    const switchyard_registrar *raw_;
+    const switchyard_error *error_;
+};
+
+namespace detail {
+inline int32_t run_register(const switchyard_registrar *registrar, const switchyard_error *error,
+                            void (*register_fn)(Registrar &)) noexcept {
+    return guard(error, nullptr, [&] {
+        Registrar r(registrar, error);
+        register_fn(r);
+    });
+}
+}  // namespace detail
+
+}  // namespace switchyard
+
+// Defines the descriptor and exports `switchyard_plugin_entry_v1`; use once per library.
+// `register_fn` is a `void(switchyard::Registrar&)`.
+#define SWITCHYARD_CPP_PLUGIN(name, version, vendor, register_fn)                                   \
+    static int32_t switchyard_cpp_on_register_(const switchyard_registrar *registrar,            \
+                                               const switchyard_error *error) {                  \
+        return ::switchyard::detail::run_register(registrar, error, register_fn);                 \
+    }                                                                                             \
+    SWITCHYARD_PLUGIN(name, version, vendor, switchyard_cpp_on_register_)
+
+#endif  // SWITCHYARD_PLUGIN_HPP

@@ -1,0 +1,93 @@
+// The reference's `least-busy` policy as a C++ plugin: keep workers with at least N
+// device-resident overlap blocks, cost = active requests, pick the lowest cost (ties to
+// the lowest worker id, so the choice does not depend on candidate order).
+//
+// Registers the policy type `cpp.least-busy` and its components standalone as
+// `cpp.min-device-overlap`, `cpp.active-requests` and `cpp.lowest-cost`.
+#include <cmath>
+#include <memory>
+#include <string>
+#include <tuple>
+
+#include <switchyard/plugin.hpp>
+
+namespace {
+
+using namespace switchyard;
+
+double non_negative(const Params &params, const char *key) {
+    double value = params.number(key).value_or(0.0);
+    if (!std::isfinite(value) || value < 0.0) {
+        throw InvalidParameters(std::string(key) + " must be a finite non-negative number, got " +
+                                std::to_string(value));
+    }
+    return value;
+}
+
+class MinDeviceOverlap final : public Filter {
+public:
+    explicit MinDeviceOverlap(double min_blocks) : min_blocks_(min_blocks) {}
+    MinDeviceOverlap(const Params &params, const Partition &) {
+        params.allow_only({"min_blocks"});
+        min_blocks_ = non_negative(params, "min_blocks");
+    }
+    uint32_t required_inputs() const override { return inputs::cache; }
+    bool keep(const Request &, const Candidate &c) override {
+        return static_cast<double>(c.device_overlap_blocks()) >= min_blocks_;
+    }
+
+private:
+    double min_blocks_ = 0.0;
+};
+
+class ActiveRequests final : public Scorer {
+public:
+    ActiveRequests() = default;
+    ActiveRequests(const Params &params, const Partition &) { params.allow_only({}); }
+    uint32_t required_inputs() const override { return inputs::load; }
+    double score(const Request &, const Candidate &c) override { return c.active_requests(); }
+};
+
+class LowestCost final : public Picker {
+public:
+    LowestCost() = default;
+    LowestCost(const Params &params, const Partition &) { params.allow_only({}); }
+    size_t pick(const Request &, const Candidates &c) override {
+        if (c.size() == 0) throw Error("no eligible worker");
+        size_t best = 0;
+        for (size_t row = 1; row < c.size(); row++) {
+            if (std::make_tuple(c.cost(row), c.worker_id(row), c.dp_rank(row)) <
+                std::make_tuple(c.cost(best), c.worker_id(best), c.dp_rank(best))) {
+                best = row;
+            }
+        }
+        return best;
+    }
+};
+
+class LeastBusy final : public PolicyFactory {
+public:
+    explicit LeastBusy(const Params &params) {
+        params.allow_only({"min_device_overlap_blocks"});
+        min_blocks_ = non_negative(params, "min_device_overlap_blocks");
+    }
+    void build(const Partition &, PolicyBuilder &builder) override {
+        builder.add_filter(std::make_unique<MinDeviceOverlap>(min_blocks_));
+        builder.add_scorer(std::make_unique<ActiveRequests>());
+        builder.set_picker(std::make_unique<LowestCost>());
+    }
+
+private:
+    double min_blocks_;
+};
+
+void register_types(Registrar &registrar) {
+    registrar.policy<LeastBusy>("cpp.least-busy");
+    registrar.filter<MinDeviceOverlap>("cpp.min-device-overlap", inputs::cache);
+    registrar.scorer<ActiveRequests>("cpp.active-requests", inputs::load);
+    registrar.picker<LowestCost>("cpp.lowest-cost", inputs::none);
+}
+
+}  // namespace
+
+SWITCHYARD_CPP_PLUGIN("acme-least-busy-cpp", "0.1.0", "Acme Corp (switchyard example)", register_types)
