@@ -1,0 +1,136 @@
+//! Shared helpers of the integration tests: where the built plugins are, compiling the
+//! broken C fixtures, writing configs, running selections.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use switchyard::config::ConfigSource;
+use switchyard::pipeline::{CandidateRow, Candidates, SelectError};
+use switchyard::registry::PartitionKey;
+use switchyard::request::RequestContext;
+use switchyard::startup::{start, Startup};
+use switchyard_plugin_sdk::{WorkerId, WorkerType};
+
+pub fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned()
+}
+
+/// target/debug (or release): where cargo wrote this test binary's crates.
+pub fn cargo_out_dir() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().unwrap().parent().unwrap().to_owned()
+}
+
+fn must_exist(path: PathBuf, how: &str) -> PathBuf {
+    assert!(path.exists(), "{} is missing: {how} (`make test` does both)", path.display());
+    path
+}
+
+/// A Rust plugin of the workspace (cdylib), built by `cargo build --workspace`.
+pub fn rust_plugin(lib: &str) -> PathBuf {
+    must_exist(cargo_out_dir().join(format!("lib{lib}.so")), "run `cargo build --workspace` first")
+}
+
+/// A C or C++ example plugin, built by CMake into target/plugins.
+pub fn cmake_plugin(lib: &str) -> PathBuf {
+    must_exist(
+        repo().join("target/plugins").join(format!("lib{lib}.so")),
+        "run `cmake -S . -B target/cmake -G Ninja && cmake --build target/cmake` first",
+    )
+}
+
+pub fn switchyard_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_switchyard"))
+}
+
+/// Compiles tests/fixtures/broken_plugin.c with `defines` into `dir/name.so`.
+pub fn broken_plugin(dir: &Path, name: &str, defines: &[&str]) -> PathBuf {
+    let out = dir.join(format!("{name}.so"));
+    let status = Command::new("cc")
+        .args(["-std=c11", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror", "-Wno-unused-function"])
+        .arg("-I")
+        .arg(repo().join("include"))
+        .args(defines.iter().map(|d| format!("-D{d}")))
+        .arg(repo().join("tests/fixtures/broken_plugin.c"))
+        .arg("-o")
+        .arg(&out)
+        .arg("-lm")
+        .status()
+        .expect("cc runs");
+    assert!(status.success(), "compiling the fixture {name} with {defines:?} failed");
+    out
+}
+
+/// Writes `yaml` as `dir/config.yaml`.
+pub fn write_config(dir: &Path, yaml: &str) -> PathBuf {
+    let path = dir.join("config.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    path
+}
+
+/// Starts from a config text written in `dir`.
+pub fn start_yaml(dir: &Path, yaml: &str) -> Result<Startup, Vec<String>> {
+    let path = write_config(dir, yaml);
+    let source = ConfigSource::from_file(&path).map_err(|e| vec![e.to_string()])?;
+    start(source).map_err(|errors| errors.iter().map(ToString::to_string).collect())
+}
+
+/// The single error of a config that must fail.
+pub fn start_error(dir: &Path, yaml: &str) -> String {
+    match start_yaml(dir, yaml) {
+        Ok(_) => panic!("startup succeeded, but an error was expected for:\n{yaml}"),
+        Err(errors) => {
+            assert_eq!(errors.len(), 1, "expected one error, got {errors:#?}");
+            errors.into_iter().next().unwrap()
+        }
+    }
+}
+
+/// A worker in a test fleet: id, device overlap blocks, active requests.
+#[derive(Clone, Copy)]
+pub struct W {
+    pub id: u64,
+    pub device: u32,
+    pub active: u32,
+}
+
+pub fn rows(workers: &[W]) -> Vec<CandidateRow> {
+    workers
+        .iter()
+        .map(|w| {
+            let mut row = CandidateRow::new(WorkerId { worker_id: w.id, dp_rank: 0 });
+            row.cache.device_overlap_blocks = w.device;
+            row.cache.host_overlap_blocks = w.device;
+            row.cache.disk_overlap_blocks = w.device;
+            row.load.active_requests = w.active;
+            row.load.decode_cost_blocks = u64::from(w.active) * 4;
+            row
+        })
+        .collect()
+}
+
+/// A policy built from a started config, with its candidate buffers.
+pub struct Selector {
+    pub policy: switchyard::pipeline::Policy,
+    candidates: Candidates,
+}
+
+impl Selector {
+    pub fn new(startup: &Startup, instance: &str) -> Self {
+        let factory = startup.instance(instance).unwrap_or_else(|| panic!("no instance {instance}"));
+        let policy = factory.build(&PartitionKey::new("m", WorkerType::Select)).expect("builds");
+        Selector { policy, candidates: Candidates::default() }
+    }
+
+    pub fn select(&mut self, request_blocks: u64, workers: &[W]) -> Result<u64, SelectError> {
+        self.candidates.reset(self.policy.inputs());
+        for row in rows(workers) {
+            self.candidates.push(&row);
+        }
+        let request = RequestContext::new(16, request_blocks);
+        let candidates = &mut self.candidates;
+        let policy = &mut self.policy;
+        request.with_abi(|req| policy.select(req, candidates)).map(|row| candidates.worker(row).worker_id)
+    }
+}
