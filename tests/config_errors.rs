@@ -1,1 +1,130 @@
+//! Config checks: unknown keys and types, duplicate names, invalid parameters. Each error
+//! names the file and line and says what to do.
+
 mod support;
+
+use support::*;
+
+fn with_rust_plugin(rest: &str) -> String {
+    format!("plugins:\n  - path: {}\n{rest}", rust_plugin("least_busy").display())
+}
+
+#[test]
+fn unknown_key_names_line_and_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let error = start_error(dir.path(), "worker_selection:\n  default: default\n  instancez: []\n");
+    assert!(error.contains("config.yaml:3:"), "{error}");
+    assert!(error.contains("unknown field `instancez`"), "{error}");
+}
+
+#[test]
+fn malformed_yaml_names_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let error = start_error(dir.path(), "plugins:\n  - path: [unclosed\n");
+    assert!(error.contains("config.yaml:"), "{error}");
+}
+
+#[test]
+fn unknown_policy_type_lists_registered_types() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = with_rust_plugin("worker_selection:\n  instances:\n    - name: a\n      type: least-bussy\n");
+    let error = start_error(dir.path(), &config);
+    assert!(error.contains("config.yaml:6:"), "{error}");
+    assert!(error.contains("unknown policy type `least-bussy`"), "{error}");
+    assert!(error.contains("Registered policy types: builtin.least-busy, default, least-busy"), "{error}");
+}
+
+#[test]
+fn unknown_component_type_lists_registered_components_of_that_kind() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = with_rust_plugin(
+        "worker_selection:\n  instances:\n    - name: c\n      scorers: [{type: acme.nope}]\n      picker: {type: builtin.lowest-cost}\n",
+    );
+    let error = start_error(dir.path(), &config);
+    assert!(error.contains("config.yaml:6:"), "{error}");
+    assert!(error.contains("unknown scorer type `acme.nope`"), "{error}");
+    assert!(error.contains("acme.active-requests"), "{error}");
+    assert!(!error.contains("acme.lowest-cost"), "pickers are not scorers: {error}");
+}
+
+#[test]
+fn component_in_the_wrong_section() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = with_rust_plugin(
+        "worker_selection:\n  instances:\n    - name: c\n      filters: [{type: acme.active-requests}]\n      picker: {type: builtin.lowest-cost}\n",
+    );
+    let error = start_error(dir.path(), &config);
+    assert!(error.contains("`acme.active-requests` is a scorer, but it is listed as a filter"), "{error}");
+}
+
+#[test]
+fn duplicate_instance_names_point_at_the_second() {
+    let dir = tempfile::tempdir().unwrap();
+    let error = start_error(
+        dir.path(),
+        "worker_selection:\n  instances:\n    - name: twin\n      type: default\n    - name: twin\n      type: default\n",
+    );
+    assert!(error.contains("config.yaml:5:"), "{error}");
+    assert!(error.contains("duplicate instance name `twin`"), "{error}");
+}
+
+#[test]
+fn invalid_policy_parameters_carry_the_plugins_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = with_rust_plugin(
+        "worker_selection:\n  instances:\n    - name: lb\n      type: least-busy\n      parameters: {min_device_overlap_blocks: -1}\n",
+    );
+    let error = start_error(dir.path(), &config);
+    assert!(error.contains("config.yaml:6:"), "{error}");
+    assert!(error.contains("invalid parameters for policy type `least-busy`"), "{error}");
+    assert!(error.contains("min_device_overlap_blocks must be a finite non-negative number, got -1"), "{error}");
+}
+
+#[test]
+fn unknown_parameter_of_a_plugin_component() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = with_rust_plugin(
+        "worker_selection:\n  instances:\n    - name: c\n      filters: [{type: acme.min-device-overlap, parameters: {min_blokcs: 2}}]\n      scorers: [{type: acme.active-requests}]\n      picker: {type: acme.lowest-cost}\n",
+    );
+    let error = start_error(dir.path(), &config);
+    assert!(error.contains("instance `c` cannot be built"), "{error}");
+    assert!(error.contains("unknown field `min_blokcs`"), "{error}");
+}
+
+#[test]
+fn invalid_builtin_default_knob() {
+    let dir = tempfile::tempdir().unwrap();
+    let error = start_error(dir.path(), "worker_selection:\n  builtin_default: {temperature: -2}\n");
+    assert!(error.contains("config.yaml:2:"), "{error}");
+    assert!(error.contains("`temperature` must be a finite number >= 0, got -2"), "{error}");
+}
+
+#[test]
+fn default_names_an_instance_or_the_builtin() {
+    let dir = tempfile::tempdir().unwrap();
+    let error = start_error(dir.path(), "worker_selection:\n  default: missing\n");
+    assert!(error.contains("config.yaml:2:"), "{error}");
+    assert!(error.contains("`worker_selection.default: missing` names no instance; use one of: default"), "{error}");
+    let startup = start_yaml(dir.path(), "worker_selection:\n  default: default\n").unwrap();
+    assert_eq!(startup.default_instance, "default");
+}
+
+#[test]
+fn default_is_reserved() {
+    let dir = tempfile::tempdir().unwrap();
+    let error = start_error(dir.path(), "worker_selection:\n  instances:\n    - name: default\n      type: default\n");
+    assert!(error.contains("instance name `default` is reserved"), "{error}");
+}
+
+#[test]
+fn every_error_is_reported_not_just_the_first() {
+    let dir = tempfile::tempdir().unwrap();
+    let errors = match start_yaml(
+        dir.path(),
+        "plugins:\n  - path: a.so\n  - path: b.so\nworker_selection:\n  default: nope\n",
+    ) {
+        Ok(_) => panic!("must fail"),
+        Err(errors) => errors,
+    };
+    assert_eq!(errors.len(), 3, "{errors:#?}");
+}

@@ -1,1 +1,87 @@
+//! Pipeline failures: every worker filtered, a NaN cost, an out-of-range row, a panicking
+//! Rust plugin (error status, instance poisoned, router still answering).
+
 mod support;
+
+use support::*;
+use switchyard::pipeline::SelectError;
+use switchyard_plugin_sdk::abi::{SWITCHYARD_STATUS_PANIC, SWITCHYARD_STATUS_POISONED};
+
+const FLEET: [W; 3] = [W { id: 1, device: 0, active: 2 }, W { id: 2, device: 3, active: 1 }, W { id: 3, device: 5, active: 4 }];
+
+fn fixture_startup(dir: &std::path::Path, instance: &str) -> switchyard::startup::Startup {
+    let lib = broken_plugin(dir, "fixture", &[]);
+    start_yaml(dir, &format!("plugins:\n  - path: {}\nworker_selection:\n  instances:\n    - name: x\n{instance}", lib.display()))
+        .expect("starts")
+}
+
+#[test]
+fn every_worker_filtered_is_an_error_naming_the_filter() {
+    let dir = tempfile::tempdir().unwrap();
+    let startup = fixture_startup(dir.path(), "      filters: [{type: fixture.keep-all}, {type: fixture.reject-all}]\n      scorers: [{type: builtin.active-requests}]\n      picker: {type: builtin.lowest-cost}\n");
+    let error = Selector::new(&startup, "x").select(4, &FLEET).unwrap_err();
+    assert!(matches!(&error, SelectError::AllFiltered { component } if &**component == "fixture.reject-all"), "{error}");
+    assert_eq!(error.to_string(), "filter `fixture.reject-all` rejected every worker");
+}
+
+#[test]
+fn nan_cost_is_an_error_naming_scorer_and_worker() {
+    let dir = tempfile::tempdir().unwrap();
+    let startup = fixture_startup(dir.path(), "      scorers: [{type: builtin.active-requests}, {type: fixture.nan}]\n      picker: {type: builtin.lowest-cost}\n");
+    let error = Selector::new(&startup, "x").select(4, &FLEET).unwrap_err();
+    assert_eq!(error.to_string(), "scorer `fixture.nan` gave a non-finite cost NaN for worker 2 (dp_rank 0); scorers must return finite costs");
+    // Without worker 2 the same scorer is fine.
+    let fleet = [FLEET[0], FLEET[2]];
+    assert_eq!(Selector::new(&startup, "x").select(4, &fleet).unwrap(), 1);
+}
+
+#[test]
+fn out_of_range_row_is_an_error_naming_the_picker() {
+    let dir = tempfile::tempdir().unwrap();
+    let startup = fixture_startup(dir.path(), "      scorers: [{type: builtin.active-requests}]\n      picker: {type: fixture.out-of-range}\n");
+    let error = Selector::new(&startup, "x").select(4, &FLEET).unwrap_err();
+    assert_eq!(error.to_string(), "picker `fixture.out-of-range` returned row 3, but there are 3 candidates");
+}
+
+#[test]
+fn weighted_scores_are_summed() {
+    let dir = tempfile::tempdir().unwrap();
+    // cost = 1 * active + 3 * max(0, 4 - device): worker 1: 2 + 12, worker 2: 1 + 3, worker 3: 4 + 0.
+    let startup = fixture_startup(dir.path(), "      scorers: [{type: builtin.active-requests}, {type: builtin.kv-overlap, weight: 3}]\n      picker: {type: builtin.lowest-cost}\n");
+    let mut selector = Selector::new(&startup, "x");
+    assert_eq!(selector.select(4, &FLEET).unwrap(), 2);
+    let mut costs = selector.policy.last_costs().to_vec();
+    costs.sort_by(f64::total_cmp);
+    assert_eq!(costs, vec![4.0, 4.0, 14.0]);
+}
+
+#[test]
+fn panicking_rust_plugin_is_contained_and_poisoned() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "plugins:\n  - path: {}\nworker_selection:\n  instances:\n    - name: p\n      scorers: [{{type: panicky.scorer, parameters: {{panic_on_blocks: 13}}}}]\n      picker: {{type: builtin.lowest-cost}}\n",
+        rust_plugin("panicky").display()
+    );
+    let startup = start_yaml(dir.path(), &config).unwrap();
+    let mut selector = Selector::new(&startup, "p");
+    assert_eq!(selector.select(12, &FLEET).unwrap(), 2, "fewest active requests");
+
+    match selector.select(13, &FLEET).unwrap_err() {
+        SelectError::ComponentFailed { component, status, message, .. } => {
+            assert_eq!(&*component, "panicky.scorer");
+            assert_eq!(status, SWITCHYARD_STATUS_PANIC);
+            assert_eq!(message, "panicked: deliberate panic on a request of 13 blocks");
+        }
+        other => panic!("expected a component failure, got {other}"),
+    }
+    match selector.select(12, &FLEET).unwrap_err() {
+        SelectError::ComponentFailed { status, message, .. } => {
+            assert_eq!(status, SWITCHYARD_STATUS_POISONED);
+            assert!(message.contains("poisoned"), "{message}");
+        }
+        other => panic!("expected the poisoned instance to refuse, got {other}"),
+    }
+    // The router keeps answering: a fresh instance of the same type, and other policies.
+    assert_eq!(Selector::new(&startup, "p").select(12, &FLEET).unwrap(), 2);
+    assert!(Selector::new(&startup, "default").select(12, &FLEET).is_ok());
+}

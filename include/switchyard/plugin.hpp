@@ -111,16 +111,19 @@ public:
     // Empty when absent; throws InvalidParameters when present with another type.
     std::optional<double> number(std::string_view key) const {
         double out = 0.0;
-        return get(raw_->callback_get_number(raw_, detail::abi(key), &out), key, "a number", out);
+        int32_t status = raw_->callback_get_number(raw_, detail::abi(key), &out);
+        return get(status, key, "a number", out);
     }
     std::optional<bool> boolean(std::string_view key) const {
         uint8_t out = 0;
-        auto v = get(raw_->callback_get_bool(raw_, detail::abi(key), &out), key, "a boolean", out);
+        int32_t status = raw_->callback_get_bool(raw_, detail::abi(key), &out);
+        auto v = get(status, key, "a boolean", out);
         return v ? std::optional<bool>(*v != 0) : std::nullopt;
     }
     std::optional<std::string> string(std::string_view key) const {
         switchyard_str out{nullptr, 0};
-        auto v = get(raw_->callback_get_string(raw_, detail::abi(key), &out), key, "a string", out);
+        int32_t status = raw_->callback_get_string(raw_, detail::abi(key), &out);
+        auto v = get(status, key, "a string", out);
         return v ? std::optional<std::string>(std::string(detail::view(*v))) : std::nullopt;
     }
 
