@@ -47,7 +47,7 @@ fn out_of_range_row_is_an_error_naming_the_picker() {
 fn weighted_scores_are_summed() {
     let dir = tempfile::tempdir().unwrap();
     // cost = 1 * active + 3 * max(0, 4 - device): worker 1: 2 + 12, worker 2: 1 + 3, worker 3: 4 + 0.
-    let startup = fixture_startup(dir.path(), "      scorers: [{type: builtin.active-requests}, {type: builtin.kv-overlap, weight: 3}]\n      picker: {type: builtin.lowest-cost}\n");
+    let startup = fixture_startup(dir.path(), "      scorers: [{type: builtin.active-requests}, {type: builtin.kv-overlap, weight: 3}]\n      picker: {type: builtin.lowest-cost, parameters: {tie_break: worker-id}}\n");
     let mut selector = Selector::new(&startup, "x");
     assert_eq!(selector.select(4, &FLEET).unwrap(), 2);
     let mut costs = selector.policy.last_costs().to_vec();
