@@ -14,12 +14,14 @@ plugins: check-tools
 
 build: plugins
 	$(CARGO) build --release --workspace
+	cp target/release/libleast_busy.so target/plugins/
 
 run: build
 	./target/release/switchyard serve
 
 test: plugins
 	$(CARGO) build --workspace
+	cp target/debug/libleast_busy.so target/plugins/
 	ctest --test-dir $(CMAKE_BUILD) --output-on-failure
 	$(CARGO) test --workspace --no-fail-fast
 

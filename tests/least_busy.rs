@@ -62,14 +62,14 @@ fn decisions_match_hand_computed_values_in_every_language() {
     for (min, expected) in [(0, 4), (3, 2), (5, 3)] {
         let (startup, names) = startup(dir.path(), min);
         for name in &names {
-            let got = Selector::new(&startup, name).select(8, &FLEET).unwrap();
+            let got = select(&mut selector(&startup, name), 8, &FLEET).unwrap();
             assert_eq!(got, expected, "{name} at min_device_overlap_blocks={min}");
         }
     }
     // min 9: every worker filtered, in every language, naming the filter.
     let (startup, names) = startup(dir.path(), 9);
     for name in &names {
-        let error = Selector::new(&startup, name).select(8, &FLEET).unwrap_err();
+        let error = select(&mut selector(&startup, name), 8, &FLEET).unwrap_err();
         assert!(matches!(error, SelectError::AllFiltered { .. }), "{name}: {error}");
     }
 }
@@ -78,7 +78,7 @@ fn decisions_match_hand_computed_values_in_every_language() {
 fn three_languages_and_builtin_agree_on_random_fleets() {
     let dir = tempfile::tempdir().unwrap();
     let (startup, names) = startup(dir.path(), 2);
-    let mut selectors: Vec<_> = names.iter().map(|n| (n.clone(), Selector::new(&startup, n))).collect();
+    let mut selectors: Vec<_> = names.iter().map(|n| (n.clone(), selector(&startup, n))).collect();
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let mut decided = 0;
     for _ in 0..500 {
@@ -90,7 +90,7 @@ fn three_languages_and_builtin_agree_on_random_fleets() {
         for i in (1..fleet.len()).rev() {
             fleet.swap(i, rng.gen_range(0..=i));
         }
-        let answers: Vec<_> = selectors.iter_mut().map(|(n, s)| (n.clone(), s.select(8, &fleet).map_err(|e| match e {
+        let answers: Vec<_> = selectors.iter_mut().map(|(n, s)| (n.clone(), select(s, 8, &fleet).map_err(|e| match e {
                 // Filters are named per implementation; what matters is that all rejected.
                 SelectError::AllFiltered { .. } => "every worker filtered".to_owned(),
                 other => other.to_string(),

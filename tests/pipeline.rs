@@ -19,7 +19,7 @@ fn fixture_startup(dir: &std::path::Path, instance: &str) -> switchyard::startup
 fn every_worker_filtered_is_an_error_naming_the_filter() {
     let dir = tempfile::tempdir().unwrap();
     let startup = fixture_startup(dir.path(), "      filters: [{type: fixture.keep-all}, {type: fixture.reject-all}]\n      scorers: [{type: builtin.active-requests}]\n      picker: {type: builtin.lowest-cost}\n");
-    let error = Selector::new(&startup, "x").select(4, &FLEET).unwrap_err();
+    let error = select(&mut selector(&startup, "x"), 4, &FLEET).unwrap_err();
     assert!(matches!(&error, SelectError::AllFiltered { component } if &**component == "fixture.reject-all"), "{error}");
     assert_eq!(error.to_string(), "filter `fixture.reject-all` rejected every worker");
 }
@@ -28,18 +28,18 @@ fn every_worker_filtered_is_an_error_naming_the_filter() {
 fn nan_cost_is_an_error_naming_scorer_and_worker() {
     let dir = tempfile::tempdir().unwrap();
     let startup = fixture_startup(dir.path(), "      scorers: [{type: builtin.active-requests}, {type: fixture.nan}]\n      picker: {type: builtin.lowest-cost}\n");
-    let error = Selector::new(&startup, "x").select(4, &FLEET).unwrap_err();
+    let error = select(&mut selector(&startup, "x"), 4, &FLEET).unwrap_err();
     assert_eq!(error.to_string(), "scorer `fixture.nan` gave a non-finite cost NaN for worker 2 (dp_rank 0); scorers must return finite costs");
     // Without worker 2 the same scorer is fine.
     let fleet = [FLEET[0], FLEET[2]];
-    assert_eq!(Selector::new(&startup, "x").select(4, &fleet).unwrap(), 1);
+    assert_eq!(select(&mut selector(&startup, "x"), 4, &fleet).unwrap(), 1);
 }
 
 #[test]
 fn out_of_range_row_is_an_error_naming_the_picker() {
     let dir = tempfile::tempdir().unwrap();
     let startup = fixture_startup(dir.path(), "      scorers: [{type: builtin.active-requests}]\n      picker: {type: fixture.out-of-range}\n");
-    let error = Selector::new(&startup, "x").select(4, &FLEET).unwrap_err();
+    let error = select(&mut selector(&startup, "x"), 4, &FLEET).unwrap_err();
     assert_eq!(error.to_string(), "picker `fixture.out-of-range` returned row 3, but there are 3 candidates");
 }
 
@@ -48,8 +48,8 @@ fn weighted_scores_are_summed() {
     let dir = tempfile::tempdir().unwrap();
     // cost = 1 * active + 3 * max(0, 4 - device): worker 1: 2 + 12, worker 2: 1 + 3, worker 3: 4 + 0.
     let startup = fixture_startup(dir.path(), "      scorers: [{type: builtin.active-requests}, {type: builtin.kv-overlap, weight: 3}]\n      picker: {type: builtin.lowest-cost, parameters: {tie_break: worker-id}}\n");
-    let mut selector = Selector::new(&startup, "x");
-    assert_eq!(selector.select(4, &FLEET).unwrap(), 2);
+    let mut selector = selector(&startup, "x");
+    assert_eq!(select(&mut selector, 4, &FLEET).unwrap(), 2);
     let mut costs = selector.policy.last_costs().to_vec();
     costs.sort_by(f64::total_cmp);
     assert_eq!(costs, vec![4.0, 4.0, 14.0]);
@@ -63,10 +63,10 @@ fn panicking_rust_plugin_is_contained_and_poisoned() {
         rust_plugin("panicky").display()
     );
     let startup = start_yaml(dir.path(), &config).unwrap();
-    let mut selector = Selector::new(&startup, "p");
-    assert_eq!(selector.select(12, &FLEET).unwrap(), 2, "fewest active requests");
+    let mut poisoned = selector(&startup, "p");
+    assert_eq!(select(&mut poisoned, 12, &FLEET).unwrap(), 2, "fewest active requests");
 
-    match selector.select(13, &FLEET).unwrap_err() {
+    match select(&mut poisoned, 13, &FLEET).unwrap_err() {
         SelectError::ComponentFailed { component, status, message, .. } => {
             assert_eq!(&*component, "panicky.scorer");
             assert_eq!(status, SWITCHYARD_STATUS_PANIC);
@@ -74,7 +74,7 @@ fn panicking_rust_plugin_is_contained_and_poisoned() {
         }
         other => panic!("expected a component failure, got {other}"),
     }
-    match selector.select(12, &FLEET).unwrap_err() {
+    match select(&mut poisoned, 12, &FLEET).unwrap_err() {
         SelectError::ComponentFailed { status, message, .. } => {
             assert_eq!(status, SWITCHYARD_STATUS_POISONED);
             assert!(message.contains("poisoned"), "{message}");
@@ -82,6 +82,6 @@ fn panicking_rust_plugin_is_contained_and_poisoned() {
         other => panic!("expected the poisoned instance to refuse, got {other}"),
     }
     // The router keeps answering: a fresh instance of the same type, and other policies.
-    assert_eq!(Selector::new(&startup, "p").select(12, &FLEET).unwrap(), 2);
-    assert!(Selector::new(&startup, "default").select(12, &FLEET).is_ok());
+    assert_eq!(select(&mut selector(&startup, "p"), 12, &FLEET).unwrap(), 2);
+    assert!(select(&mut selector(&startup, "default"), 12, &FLEET).is_ok());
 }

@@ -632,3 +632,35 @@ fn failed(stage: &mut Stage, failure: Failure) -> SelectError {
         message: failure.message,
     }
 }
+
+/// A policy with its candidate buffers: what one partition holds, and the unit of
+/// selection for the router, `switchyard select` and tests.
+pub struct Selector {
+    pub policy: Policy,
+    candidates: Candidates,
+}
+
+impl Selector {
+    pub fn new(policy: Policy) -> Self {
+        Selector { policy, candidates: Candidates::default() }
+    }
+
+    /// The groups the router must compute for this policy.
+    pub fn inputs(&self) -> WorkerInputs {
+        self.policy.inputs()
+    }
+
+    /// Runs the pipeline over `rows` for `request`; returns the chosen worker.
+    pub fn select(
+        &mut self,
+        request: &crate::request::RequestContext,
+        rows: impl IntoIterator<Item = CandidateRow>,
+    ) -> Result<WorkerId, SelectError> {
+        self.candidates.reset(self.policy.inputs());
+        for row in rows {
+            self.candidates.push(&row);
+        }
+        let (policy, candidates) = (&mut self.policy, &mut self.candidates);
+        request.with_abi(|raw| policy.select(raw, candidates)).map(|row| candidates.worker(row))
+    }
+}

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use switchyard::config::ConfigSource;
-use switchyard::pipeline::{CandidateRow, Candidates, SelectError};
+use switchyard::pipeline::{CandidateRow, SelectError, Selector};
 use switchyard::registry::PartitionKey;
 use switchyard::request::RequestContext;
 use switchyard::startup::{start, Startup};
@@ -110,27 +110,13 @@ pub fn rows(workers: &[W]) -> Vec<CandidateRow> {
         .collect()
 }
 
-/// A policy built from a started config, with its candidate buffers.
-pub struct Selector {
-    pub policy: switchyard::pipeline::Policy,
-    candidates: Candidates,
+/// A selector for `instance` of a started config, partition `m`/select.
+pub fn selector(startup: &Startup, instance: &str) -> Selector {
+    let factory = startup.instance(instance).unwrap_or_else(|| panic!("no instance {instance}"));
+    Selector::new(factory.build(&PartitionKey::new("m", WorkerType::Select)).expect("builds"))
 }
 
-impl Selector {
-    pub fn new(startup: &Startup, instance: &str) -> Self {
-        let factory = startup.instance(instance).unwrap_or_else(|| panic!("no instance {instance}"));
-        let policy = factory.build(&PartitionKey::new("m", WorkerType::Select)).expect("builds");
-        Selector { policy, candidates: Candidates::default() }
-    }
-
-    pub fn select(&mut self, request_blocks: u64, workers: &[W]) -> Result<u64, SelectError> {
-        self.candidates.reset(self.policy.inputs());
-        for row in rows(workers) {
-            self.candidates.push(&row);
-        }
-        let request = RequestContext::new(16, request_blocks);
-        let candidates = &mut self.candidates;
-        let policy = &mut self.policy;
-        request.with_abi(|req| policy.select(req, candidates)).map(|row| candidates.worker(row).worker_id)
-    }
+/// One selection of a request of `request_blocks` over `workers`; the chosen worker id.
+pub fn select(selector: &mut Selector, request_blocks: u64, workers: &[W]) -> Result<u64, SelectError> {
+    selector.select(&RequestContext::new(16, request_blocks), rows(workers)).map(|w| w.worker_id)
 }
