@@ -1,1 +1,114 @@
+//! The `switchyard` binary: `check` on good and broken configs, `plugin inspect`, the
+//! policy override from the environment.
+
 mod support;
+
+use std::process::{Command, Output};
+
+use support::*;
+
+fn switchyard(args: &[&str], env: &[(&str, &str)]) -> Output {
+    let mut command = Command::new(switchyard_bin());
+    command.args(args).env_remove("SWITCHYARD_WORKER_SELECTION_POLICY").env("RUST_LOG", "warn");
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    command.output().unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The example config, with every example plugin, from `make test`'s target/plugins.
+fn example_config() -> String {
+    for lib in ["least_busy_c", "least_busy_cpp", "session_affinity_cpp"] {
+        cmake_plugin(lib);
+    }
+    let rust = repo().join("target/plugins/libleast_busy.so");
+    assert!(rust.exists(), "{} is missing: `make test` copies it there", rust.display());
+    repo().join("examples/switchyard.yaml").display().to_string()
+}
+
+#[test]
+fn check_on_the_example_config_prints_the_summary() {
+    let config = example_config();
+    let output = switchyard(&["check", "--config", &config], &[]);
+    let stdout = text(&output.stdout);
+    assert!(output.status.success(), "{stdout}{}", text(&output.stderr));
+    for expected in [
+        "acme-least-busy 0.1.0",
+        "acme-least-busy-c 0.1.0",
+        "acme-least-busy-cpp 0.1.0",
+        "ABI:      1.0, SDK revision 0.1.0",
+        "policy  least-busy",
+        "filter  acme.min-device-overlap  reads: CACHE",
+        "scorer  cpp.active-requests  reads: LOAD",
+        "instances (4), default: least-busy",
+        "filter  c.min-device-overlap  reads: CACHE",
+        "scorer  builtin.kv-overlap x2  reads: CACHE",
+        "ok: 4 plugin(s)",
+    ] {
+        assert!(stdout.contains(expected), "missing `{expected}` in:\n{stdout}");
+    }
+}
+
+#[test]
+fn check_on_broken_configs_exits_non_zero_with_every_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases = [
+        ("worker_selection:\n  defualt: x\n", "config.yaml:2: worker_selection: unknown field `defualt`"),
+        ("plugins:\n  - path: missing.so\n", "config.yaml:2: "),
+        ("worker_selection:\n  instances:\n    - name: a\n      type: nope\n", "unknown policy type `nope`"),
+    ];
+    for (yaml, expected) in cases {
+        let config = write_config(dir.path(), yaml);
+        let output = switchyard(&["check", "--config", config.to_str().unwrap()], &[]);
+        let stderr = text(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{yaml}: {stderr}");
+        assert!(stderr.contains(expected), "`{expected}` not in:\n{stderr}");
+        assert!(output.stdout.is_empty(), "no summary on failure");
+    }
+    let output = switchyard(&["check", "--config", "/nonexistent/switchyard.yaml"], &[]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(text(&output.stderr).contains("/nonexistent/switchyard.yaml: cannot read the config"));
+}
+
+#[test]
+fn policy_override_from_the_environment() {
+    let config = example_config();
+    let env = [("SWITCHYARD_WORKER_SELECTION_POLICY", "sticky")];
+    let output = switchyard(&["check", "--config", &config], &env);
+    assert!(text(&output.stdout).contains("default: sticky"), "{}", text(&output.stdout));
+
+    let output = switchyard(&["check", "--config", &config], &[("SWITCHYARD_WORKER_SELECTION_POLICY", "nope")]);
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = text(&output.stderr);
+    assert!(stderr.contains("SWITCHYARD_WORKER_SELECTION_POLICY=nope names no instance; set it to one of: default, least-busy, sticky, composed"), "{stderr}");
+
+    // `default` selects the built-in policy.
+    let output = switchyard(&["check", "--config", &config], &[("SWITCHYARD_WORKER_SELECTION_POLICY", "default")]);
+    assert!(text(&output.stdout).contains("default: default"));
+}
+
+#[test]
+fn inspect_prints_descriptor_and_types_as_json() {
+    let lib = rust_plugin("least_busy");
+    let output = switchyard(&["plugin", "inspect", lib.to_str().unwrap(), "--json"], &[]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(json["name"], "acme-least-busy");
+    assert_eq!(json["abi_major"], 1);
+    assert_eq!(json["sdk_revision"], "0.1.0");
+    let registered = json["registered"].as_array().unwrap();
+    assert_eq!(registered.len(), 4);
+    assert_eq!(registered[1]["name"], "acme.min-device-overlap");
+    assert_eq!(registered[1]["kind"], "filter");
+    assert_eq!(registered[1]["inputs"], serde_json::json!(["CACHE"]));
+
+    let dir = tempfile::tempdir().unwrap();
+    let broken = broken_plugin(dir.path(), "major", &["DESC_MAJOR=3"]);
+    let output = switchyard(&["plugin", "inspect", broken.to_str().unwrap()], &[]);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(text(&output.stderr).contains("ABI major mismatch"), "{}", text(&output.stderr));
+}
