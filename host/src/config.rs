@@ -25,7 +25,8 @@ pub struct Config {
     #[serde(default)]
     pub router: RouterSettings,
     #[serde(default)]
-    pub workers: Vec<WorkerEntry>,
+    /// Workers known at startup (more can be added over HTTP).
+    pub workers: Vec<crate::workers::WorkerSpec>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -129,38 +130,6 @@ impl Default for RouterSettings {
             request_expiry_secs: 600,
         }
     }
-}
-
-/// A worker known at startup (more can be added over HTTP).
-#[derive(Clone, Debug, Deserialize, serde::Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct WorkerEntry {
-    pub model: String,
-    pub worker_id: u64,
-    #[serde(default)]
-    pub dp_rank: u32,
-    /// `prefill`, `decode` or `aggregated`.
-    #[serde(default = "aggregated")]
-    pub worker_type: String,
-    #[serde(default = "default_kv_blocks")]
-    pub total_kv_blocks: u64,
-    #[serde(default = "default_batched_tokens")]
-    pub max_batched_tokens: u64,
-    #[serde(default)]
-    pub labels: std::collections::BTreeMap<String, String>,
-    /// Label keys the worker prefers requests to avoid, with a cost multiplier.
-    #[serde(default)]
-    pub preferred_taint_multiplier: Option<f64>,
-}
-
-fn aggregated() -> String {
-    "aggregated".to_owned()
-}
-fn default_kv_blocks() -> u64 {
-    16_384
-}
-fn default_batched_tokens() -> u64 {
-    8_192
 }
 
 /// A config error: file, line (1-based) when known, and what to do.

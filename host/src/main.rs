@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 use switchyard::config::ConfigSource;
 use switchyard::pipeline::{CandidateRow, Selector};
 use switchyard::registry::PartitionKey;
+use switchyard::router::Router;
 use switchyard::request::RequestContext;
 use switchyard::startup::{start, Startup};
 use switchyard_plugin_sdk::{WorkerId, WorkerType};
@@ -24,6 +25,14 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run the router's HTTP service (the embedded default config without --config).
+    Serve {
+        #[arg(long)]
+        config: Option<PathBuf>,
+        /// Address to listen on; loopback by default.
+        #[arg(long, default_value = "127.0.0.1:8080")]
+        listen: std::net::SocketAddr,
+    },
     /// Load every plugin, run every check, build every instance; print a summary.
     Check {
         /// The config file; the embedded default config when omitted.
@@ -108,6 +117,31 @@ fn main() -> ExitCode {
         .init();
     let cli = Cli::parse();
     match cli.command {
+        Command::Serve { config, listen } => {
+            let Some(startup) = startup(config.as_ref()) else { return ExitCode::FAILURE };
+            print!("{}", switchyard::summary::check_summary(&startup));
+            let router = match Router::new(startup) {
+                Ok(router) => std::sync::Arc::new(router),
+                Err(e) => {
+                    eprintln!("error: in `workers:` of the config: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+                Ok(runtime) => runtime,
+                Err(e) => {
+                    eprintln!("error: cannot start the async runtime: {e}");
+                    return ExitCode::FAILURE;
+                }
+            };
+            match runtime.block_on(switchyard::http_service::serve(router, listen)) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Check { config } => match startup(config.as_ref()) {
             Some(startup) => {
                 print!("{}", switchyard::summary::check_summary(&startup));

@@ -1,0 +1,263 @@
+//! The HTTP service: routing, reservations, workers, KV events, policies, metrics and
+//! health, as JSON over HTTP. Every error is a JSON `{"error": ...}` with a status that
+//! says whose fault it is; nothing a client sends can panic the router.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::{Json, Router as HttpRouter};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use switchyard_plugin_sdk::WorkerId;
+
+use crate::kv_index::KvEvent;
+use crate::load_accounting::AccountingError;
+use crate::router::{RouteError, RouteRequest, Router};
+use crate::workers::{WorkerError, WorkerSpec};
+
+type Shared = State<Arc<Router>>;
+
+/// An error response: status and a JSON body naming what is wrong.
+pub struct ApiError {
+    status: StatusCode,
+    body: serde_json::Value,
+}
+
+impl ApiError {
+    fn bad_request(message: impl Into<String>) -> Self {
+        ApiError { status: StatusCode::BAD_REQUEST, body: json!({ "error": message.into() }) }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.body)).into_response()
+    }
+}
+
+impl From<RouteError> for ApiError {
+    fn from(error: RouteError) -> Self {
+        let status = match &error {
+            RouteError::BadRequest(_) | RouteError::Worker(WorkerError::Invalid(_)) => StatusCode::BAD_REQUEST,
+            RouteError::UnknownModel(_)
+            | RouteError::UnknownInstance { .. }
+            | RouteError::Worker(WorkerError::Unknown(_))
+            | RouteError::Accounting(AccountingError::UnknownRequest(_)) => StatusCode::NOT_FOUND,
+            RouteError::Worker(WorkerError::AlreadyRegistered(..)) | RouteError::Accounting(AccountingError::AlreadyReserved(_)) => {
+                StatusCode::CONFLICT
+            }
+            RouteError::NoWorker(_) => StatusCode::SERVICE_UNAVAILABLE,
+            RouteError::PolicyFailed { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        let mut body = json!({ "error": error.to_string() });
+        if let RouteError::PolicyFailed { instance, error } = &error {
+            body["instance"] = json!(instance);
+            if let Some(component) = error.component() {
+                body["component"] = json!(component);
+            }
+        }
+        ApiError { status, body }
+    }
+}
+
+/// Parses a JSON body; a 400 says which field is wrong, where.
+fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    if body.is_empty() {
+        return Err(ApiError::bad_request("the request body is empty; send a JSON object"));
+    }
+    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+}
+
+async fn select(State(router): Shared, body: Bytes) -> Result<Response, ApiError> {
+    let request: RouteRequest = parse(&body)?;
+    Ok(Json(router.select(&request)?).into_response())
+}
+
+async fn reserve(State(router): Shared, body: Bytes) -> Result<Response, ApiError> {
+    let request: RouteRequest = parse(&body)?;
+    Ok(Json(router.select_and_reserve(&request)?).into_response())
+}
+
+async fn prefill_complete(State(router): Shared, Path(id): Path<String>) -> Result<Response, ApiError> {
+    router.prefill_complete(&id)?;
+    Ok(Json(json!({ "request_id": id, "phase": "decode" })).into_response())
+}
+
+async fn free(State(router): Shared, Path(id): Path<String>) -> Result<Response, ApiError> {
+    router.free(&id)?;
+    Ok(Json(json!({ "request_id": id, "freed": true })).into_response())
+}
+
+async fn add_worker(State(router): Shared, body: Bytes) -> Result<Response, ApiError> {
+    let spec: WorkerSpec = parse(&body)?;
+    router.add_worker(spec.clone())?;
+    Ok((StatusCode::CREATED, Json(spec)).into_response())
+}
+
+/// Every worker with its booked load.
+async fn list_workers(State(router): Shared) -> Json<Vec<serde_json::Value>> {
+    let loads: std::collections::HashMap<_, _> = router.loads().into_iter().collect();
+    let mut workers = router.workers();
+    workers.sort_by_key(|w| (w.worker_id, w.dp_rank));
+    Json(
+        workers
+            .into_iter()
+            .map(|w| {
+                let load = loads.get(&w.id()).copied().unwrap_or_default();
+                let mut value = json!(w);
+                value["load"] = json!({
+                    "active_requests": load.active_requests,
+                    "active_prefill_tokens": load.active_prefill_tokens,
+                    "active_decode_blocks": load.active_decode_blocks,
+                });
+                value
+            })
+            .collect(),
+    )
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DpRank {
+    #[serde(default)]
+    dp_rank: u32,
+}
+
+fn worker_id(text: &str) -> Result<u64, ApiError> {
+    text.parse().map_err(|_| ApiError::bad_request(format!("worker id must be a whole number, got `{text}`")))
+}
+
+async fn remove_worker(State(router): Shared, Path(id): Path<String>, rank: Result<Query<DpRank>, axum::extract::rejection::QueryRejection>) -> Result<Response, ApiError> {
+    let Query(rank) = rank.map_err(|e| ApiError::bad_request(format!("invalid query: {e}")))?;
+    let spec = router.remove_worker(WorkerId { worker_id: worker_id(&id)?, dp_rank: rank.dp_rank })?;
+    Ok(Json(spec).into_response())
+}
+
+#[derive(Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct KvEventBatch {
+    pub worker_id: u64,
+    #[serde(default)]
+    pub dp_rank: u32,
+    pub events: Vec<KvEvent>,
+}
+
+async fn kv_events(State(router): Shared, body: Bytes) -> Result<Response, ApiError> {
+    let batch: KvEventBatch = parse(&body)?;
+    router.kv_events(WorkerId { worker_id: batch.worker_id, dp_rank: batch.dp_rank }, &batch.events)?;
+    Ok(Json(json!({ "applied": batch.events.len() })).into_response())
+}
+
+async fn policies(State(router): Shared) -> Json<serde_json::Value> {
+    let startup = router.startup();
+    let registry = &startup.registry;
+    let components: Vec<_> = registry
+        .components()
+        .map(|c| json!({ "name": c.name, "kind": c.kind.as_str(), "inputs": c.inputs.names(), "origin": c.origin.to_string() }))
+        .collect();
+    let policies: Vec<_> = registry.policies().map(|p| json!({ "name": p.name, "origin": p.origin.to_string() })).collect();
+    let instances: Vec<_> = startup
+        .instances
+        .iter()
+        .map(|i| json!({ "name": i.name, "pipeline": i.describe(), "on_error": i.on_error.as_str() }))
+        .collect();
+    let plugins: Vec<_> = registry.plugins().iter().map(|p| json!(p)).collect();
+    Json(json!({
+        "default": startup.default_instance,
+        "instances": instances,
+        "policy_types": policies,
+        "component_types": components,
+        "plugins": plugins,
+    }))
+}
+
+async fn metrics(State(router): Shared) -> Response {
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], router.render_metrics()).into_response()
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(router): Shared) -> Response {
+    if router.workers().is_empty() {
+        (StatusCode::SERVICE_UNAVAILABLE, "no workers registered\n").into_response()
+    } else {
+        "ready\n".into_response()
+    }
+}
+
+async fn not_found() -> ApiError {
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        body: json!({ "error": "no such endpoint; see docs/http-api.md" }),
+    }
+}
+
+pub fn app(router: Arc<Router>) -> HttpRouter {
+    HttpRouter::new()
+        .route("/v1/select", post(select))
+        .route("/v1/reserve", post(reserve))
+        .route("/v1/requests/{id}/prefill_complete", post(prefill_complete))
+        .route("/v1/requests/{id}/free", post(free))
+        .route("/v1/requests/{id}", delete(free))
+        .route("/v1/workers", post(add_worker).get(list_workers))
+        .route("/v1/workers/{id}", delete(remove_worker))
+        .route("/v1/kv_events", post(kv_events))
+        .route("/v1/policies", get(policies))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .fallback(not_found)
+        .with_state(router)
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+    tracing::info!("shutting down: finishing requests in flight");
+}
+
+/// Serves until SIGINT or SIGTERM. Prints `switchyard listening on http://ADDR` once bound.
+pub async fn serve(router: Arc<Router>, listen: SocketAddr) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
+        std::io::Error::new(e.kind(), format!("cannot listen on {listen}: {e}; pick another --listen address"))
+    })?;
+    let address = listener.local_addr()?;
+    println!("switchyard listening on http://{address}");
+    let expiry = router.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            let expired = expiry.expire();
+            if expired > 0 {
+                tracing::warn!(expired, "released reservations that were never freed");
+            }
+        }
+    });
+    axum::serve(listener, app(router)).with_graceful_shutdown(shutdown_signal()).await
+}

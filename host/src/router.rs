@@ -1,0 +1,382 @@
+//! The router: workers, KV index, load accounting and one policy instance per partition,
+//! tied together into select, select-and-reserve, prefill-complete and free.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+use serde::{Deserialize, Serialize};
+use switchyard_plugin_sdk::{WorkerId, WorkerInputs, WorkerType};
+
+use crate::config::OnError;
+use crate::instances::InstanceFactory;
+use crate::kv_index::{hash_tokens, KvEvent, KvIndex, QueryScratch, Tier};
+use crate::load_accounting::{AccountingError, LoadAccounting};
+use crate::metrics::Metrics;
+use crate::pipeline::{CandidateRow, SelectError, Selector};
+use crate::registry::PartitionKey;
+use crate::request::{RequestContext, SessionInfo};
+use crate::startup::{Startup, BUILTIN_DEFAULT};
+use crate::workers::{WorkerError, WorkerSpec, Workers};
+
+/// The worker type a request asks for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RequestWorkerType {
+    Prefill,
+    Decode,
+    #[default]
+    Select,
+}
+
+impl RequestWorkerType {
+    fn worker_type(self) -> WorkerType {
+        match self {
+            Self::Prefill => WorkerType::Prefill,
+            Self::Decode => WorkerType::Decode,
+            Self::Select => WorkerType::Select,
+        }
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// A routing request.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteRequest {
+    pub model: String,
+    #[serde(default)]
+    pub worker_type: RequestWorkerType,
+    /// Instance to use instead of the default.
+    #[serde(default)]
+    pub instance: Option<String>,
+    #[serde(default)]
+    pub router_temperature: Option<f64>,
+    /// The prompt as token ids (hashed into blocks by the router) ...
+    #[serde(default)]
+    pub token_ids: Option<Vec<u32>>,
+    /// ... or as chained block hashes.
+    #[serde(default)]
+    pub block_hashes: Option<Vec<u64>>,
+    /// Required for select-and-reserve: the id later passed to prefill-complete and free.
+    #[serde(default)]
+    pub request_id: Option<String>,
+    #[serde(default)]
+    pub expected_output_tokens: Option<u64>,
+    #[serde(default)]
+    pub priority_jump: f64,
+    #[serde(default)]
+    pub strict_priority: i32,
+    #[serde(default = "yes")]
+    pub tracks_prefill_tokens: bool,
+    #[serde(default)]
+    pub session: Option<SessionInfo>,
+}
+
+/// Where a request goes.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct RouteDecision {
+    pub worker_id: u64,
+    pub dp_rank: u32,
+    pub instance: String,
+    /// True when the instance failed and the built-in policy routed the request.
+    pub fallback: bool,
+    pub request_blocks: u64,
+    pub device_overlap_blocks: u32,
+    /// Set for select-and-reserve.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RouteError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("unknown model `{0}`: no worker serves it; add workers with POST /v1/workers")]
+    UnknownModel(String),
+    #[error("unknown instance `{name}`; configured instances: {known}")]
+    UnknownInstance { name: String, known: String },
+    #[error("no eligible worker: {0}")]
+    NoWorker(String),
+    #[error("instance `{instance}` failed: {error}")]
+    PolicyFailed { instance: String, error: SelectError },
+    #[error(transparent)]
+    Accounting(#[from] AccountingError),
+    #[error(transparent)]
+    Worker(#[from] WorkerError),
+}
+
+/// Per-partition state: one selector per instance, each behind its own lock (an instance
+/// is called by one thread at a time).
+type Selectors = HashMap<String, Arc<Mutex<Selector>>>;
+
+struct State {
+    workers: Workers,
+    partitions: HashMap<PartitionKey, Selectors>,
+}
+
+pub struct Router {
+    startup: Startup,
+    state: RwLock<State>,
+    kv: RwLock<KvIndex>,
+    load: RwLock<LoadAccounting>,
+    pub metrics: Metrics,
+}
+
+thread_local! {
+    /// Per-thread query buffers: the KV lookup allocates nothing once warm.
+    static SCRATCH: std::cell::RefCell<(QueryScratch, Vec<u64>)> = Default::default();
+}
+
+impl Router {
+    /// A router over a started config, with the config's static workers.
+    pub fn new(startup: Startup) -> Result<Self, RouteError> {
+        let expiry = Duration::from_secs(startup.source.config.router.request_expiry_secs);
+        let workers = startup.source.config.workers.clone();
+        let router = Router {
+            startup,
+            state: RwLock::new(State { workers: Workers::default(), partitions: HashMap::new() }),
+            kv: RwLock::new(KvIndex::default()),
+            load: RwLock::new(LoadAccounting::new(expiry)),
+            metrics: Metrics::default(),
+        };
+        for spec in workers {
+            router.add_worker(spec)?;
+        }
+        Ok(router)
+    }
+
+    pub fn startup(&self) -> &Startup {
+        &self.startup
+    }
+
+    pub fn block_size(&self) -> u32 {
+        self.startup.source.config.router.block_size
+    }
+
+    /// Registers a worker; a new partition gets one policy instance per configured
+    /// instance, built now.
+    pub fn add_worker(&self, spec: WorkerSpec) -> Result<(), RouteError> {
+        let partition = spec.partition();
+        let mut state = self.state.write();
+        let new_partition = !state.partitions.contains_key(&partition);
+        if new_partition {
+            let mut selectors = Selectors::new();
+            for instance in &self.startup.instances {
+                let policy = instance
+                    .build(&partition)
+                    .map_err(|e| RouteError::BadRequest(format!("instance `{}` cannot be built for partition {partition}: {e}", instance.name)))?;
+                selectors.insert(instance.name.clone(), Arc::new(Mutex::new(Selector::new(policy))));
+            }
+            state.partitions.insert(partition, selectors);
+        }
+        state.workers.add(spec)?;
+        Ok(())
+    }
+
+    /// Removes a worker, its cached blocks and its bookings.
+    pub fn remove_worker(&self, id: WorkerId) -> Result<WorkerSpec, RouteError> {
+        let spec = self.state.write().workers.remove(id)?;
+        self.kv.write().remove_worker(id);
+        self.load.write().remove_worker(id);
+        Ok(spec)
+    }
+
+    pub fn workers(&self) -> Vec<WorkerSpec> {
+        self.state.read().workers.all().cloned().collect()
+    }
+
+    /// Applies KV events of one worker.
+    pub fn kv_events(&self, worker: WorkerId, events: &[KvEvent]) -> Result<(), RouteError> {
+        if self.state.read().workers.get(worker).is_none() {
+            return Err(WorkerError::Unknown(worker).into());
+        }
+        let mut kv = self.kv.write();
+        for event in events {
+            kv.apply(worker, event);
+        }
+        Ok(())
+    }
+
+    pub fn kv_blocks(&self) -> [usize; 3] {
+        self.kv.read().blocks()
+    }
+
+    /// Select only: where the request would go; nothing is booked.
+    pub fn select(&self, request: &RouteRequest) -> Result<RouteDecision, RouteError> {
+        self.route(request, false)
+    }
+
+    /// Select and book the request's load on the chosen worker.
+    pub fn select_and_reserve(&self, request: &RouteRequest) -> Result<RouteDecision, RouteError> {
+        self.route(request, true)
+    }
+
+    pub fn prefill_complete(&self, request_id: &str) -> Result<(), RouteError> {
+        self.load.write().prefill_complete(request_id)?;
+        Ok(())
+    }
+
+    pub fn free(&self, request_id: &str) -> Result<(), RouteError> {
+        self.load.write().free(request_id)?;
+        Ok(())
+    }
+
+    /// Releases reservations older than the configured expiry.
+    pub fn expire(&self) -> usize {
+        self.load.write().expire(Instant::now())
+    }
+
+    /// (worker, load) of every registered worker, for metrics and tests.
+    pub fn loads(&self) -> Vec<(WorkerId, crate::load_accounting::WorkerLoad)> {
+        let state = self.state.read();
+        let load = self.load.read();
+        state.workers.all().map(|w| (w.id(), load.load(w.id()))).collect()
+    }
+
+    pub fn active_bookings(&self) -> usize {
+        self.load.read().active_bookings()
+    }
+
+    fn instance(&self, name: &str) -> Result<&Arc<InstanceFactory>, RouteError> {
+        self.startup.instance(name).ok_or_else(|| RouteError::UnknownInstance {
+            name: name.to_owned(),
+            known: self.startup.instances.iter().map(|i| i.name.as_str()).collect::<Vec<_>>().join(", "),
+        })
+    }
+
+    fn route(&self, request: &RouteRequest, reserve: bool) -> Result<RouteDecision, RouteError> {
+        let request_id = match (&request.request_id, reserve) {
+            (Some(id), _) if id.is_empty() => return Err(RouteError::BadRequest("`request_id` must not be empty".into())),
+            (None, true) => return Err(RouteError::BadRequest("select-and-reserve needs a `request_id`".into())),
+            (id, _) => id.clone(),
+        };
+        if let Some(t) = request.router_temperature {
+            if !t.is_finite() || t < 0.0 {
+                return Err(RouteError::BadRequest(format!("`router_temperature` must be a finite number >= 0, got {t}")));
+            }
+        }
+        let instance_name = request.instance.as_deref().unwrap_or(&self.startup.default_instance);
+        let instance = self.instance(instance_name)?;
+        let partition = PartitionKey::new(request.model.clone(), request.worker_type.worker_type());
+        let block_size = self.block_size();
+
+        SCRATCH.with(|scratch| {
+            let (query, hashes) = &mut *scratch.borrow_mut();
+            let request_blocks = match (&request.token_ids, &request.block_hashes) {
+                (Some(_), Some(_)) => return Err(RouteError::BadRequest("give `token_ids` or `block_hashes`, not both".into())),
+                (None, None) => return Err(RouteError::BadRequest("give the prompt as `token_ids` or `block_hashes`".into())),
+                (Some(tokens), None) => {
+                    hash_tokens(tokens, block_size, hashes);
+                    (tokens.len() as u64).div_ceil(u64::from(block_size))
+                }
+                (None, Some(given)) => {
+                    hashes.clear();
+                    hashes.extend_from_slice(given);
+                    given.len() as u64
+                }
+            };
+            let mut context = RequestContext::new(block_size, request_blocks);
+            context.tracks_prefill_tokens = request.tracks_prefill_tokens;
+            context.expected_output_tokens = request.expected_output_tokens;
+            context.priority_jump = request.priority_jump;
+            context.strict_priority = request.strict_priority;
+            context.router_temperature_override = request.router_temperature;
+            context.session = request.session.clone();
+
+            let state = self.state.read();
+            let members = state.workers.members(&partition);
+            let Some(selectors) = state.partitions.get(&partition).filter(|_| !members.is_empty()) else {
+                return Err(if state.workers.has_model(&request.model) {
+                    RouteError::NoWorker(format!("model `{}` has no {} workers", request.model, request.worker_type.worker_type().as_str()))
+                } else {
+                    RouteError::UnknownModel(request.model.clone())
+                });
+            };
+
+            let kv = self.kv.read();
+            let overlaps = kv.query(hashes, query);
+            let load = self.load.read();
+            let row_of = |id: &WorkerId, inputs: WorkerInputs| {
+                let mut row = CandidateRow::new(*id);
+                let overlap = overlaps.overlap(*id);
+                let new_blocks = request_blocks.saturating_sub(u64::from(overlap.tier(Tier::Device)));
+                if inputs.contains(WorkerInputs::CACHE) {
+                    row.cache.device_overlap_blocks = overlap.tier(Tier::Device);
+                    row.cache.host_overlap_blocks = overlap.tier(Tier::Host);
+                    row.cache.disk_overlap_blocks = overlap.tier(Tier::Disk);
+                    row.cache.shared_beyond_device_blocks = overlaps.shared_beyond_device(*id);
+                }
+                if inputs.contains(WorkerInputs::LOAD) {
+                    let l = load.load(*id);
+                    row.load.active_prefill_tokens = l.active_prefill_tokens;
+                    row.load.decode_cost_blocks = l.active_decode_blocks + new_blocks;
+                    row.load.active_requests = l.active_requests;
+                }
+                if inputs.contains(WorkerInputs::ROUTING) {
+                    row.preferred_taint_multiplier =
+                        state.workers.get(*id).and_then(|w| w.preferred_taint_multiplier).unwrap_or(f64::NAN);
+                }
+                row
+            };
+            let run = |name: &str| -> Result<WorkerId, SelectError> {
+                let selector = selectors.get(name).expect("every instance has a selector per partition");
+                let mut selector = selector.lock();
+                let inputs = selector.inputs();
+                let started = Instant::now();
+                let result = selector.select(&context, members.iter().map(|id| row_of(id, inputs)));
+                self.metrics.record_selection(name, started.elapsed());
+                result
+            };
+            let (chosen, fallback) = match run(&instance.name) {
+                Ok(worker) => (worker, false),
+                Err(error) if error.is_no_worker() => {
+                    self.metrics.record_error(&instance.name, error.component().unwrap_or("-"));
+                    return Err(RouteError::NoWorker(error.to_string()));
+                }
+                Err(error) => {
+                    self.metrics.record_error(&instance.name, error.component().unwrap_or("-"));
+                    tracing::warn!(instance = %instance.name, %error, "policy failed");
+                    if instance.on_error == OnError::Fallback && instance.name != BUILTIN_DEFAULT {
+                        self.metrics.record_fallback(&instance.name);
+                        let worker = run(BUILTIN_DEFAULT).map_err(|e| RouteError::PolicyFailed { instance: BUILTIN_DEFAULT.into(), error: e })?;
+                        (worker, true)
+                    } else {
+                        return Err(RouteError::PolicyFailed { instance: instance.name.clone(), error });
+                    }
+                }
+            };
+            let device_overlap = overlaps.overlap(chosen).tier(Tier::Device);
+            drop(load);
+            if let (true, Some(id)) = (reserve, &request_id) {
+                let new_blocks = request_blocks.saturating_sub(u64::from(device_overlap));
+                let prefill_tokens = if request.tracks_prefill_tokens { new_blocks * u64::from(block_size) } else { 0 };
+                let output_blocks = request.expected_output_tokens.unwrap_or(0).div_ceil(u64::from(block_size));
+                self.load.write().reserve(id, chosen, prefill_tokens, new_blocks + output_blocks)?;
+            }
+            Ok(RouteDecision {
+                worker_id: chosen.worker_id,
+                dp_rank: chosen.dp_rank,
+                instance: instance.name.clone(),
+                fallback,
+                request_blocks,
+                device_overlap_blocks: device_overlap,
+                request_id,
+            })
+        })
+    }
+
+    /// Renders Prometheus metrics.
+    pub fn render_metrics(&self) -> String {
+        let loads = self.loads();
+        let state = self.state.read();
+        let selectors = state.partitions.iter().flat_map(|(partition, selectors)| {
+            selectors.iter().map(move |(instance, selector)| (partition, instance.as_str(), selector))
+        });
+        self.metrics.render(selectors, &loads, self.kv_blocks())
+    }
+}
