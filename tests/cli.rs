@@ -9,7 +9,10 @@ use support::*;
 
 fn switchyard(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut command = Command::new(switchyard_bin());
-    command.args(args).env_remove("SWITCHYARD_WORKER_SELECTION_POLICY").env("RUST_LOG", "warn");
+    command
+        .args(args)
+        .env_remove("SWITCHYARD_WORKER_SELECTION_POLICY")
+        .env("RUST_LOG", "warn");
     for (k, v) in env {
         command.env(k, v);
     }
@@ -26,8 +29,15 @@ fn example_config() -> String {
         cmake_plugin(lib);
     }
     let rust = repo().join("target/plugins/libleast_busy.so");
-    assert!(rust.exists(), "{} is missing: `make test` copies it there", rust.display());
-    repo().join("examples/switchyard.yaml").display().to_string()
+    assert!(
+        rust.exists(),
+        "{} is missing: `make test` copies it there",
+        rust.display()
+    );
+    repo()
+        .join("examples/switchyard.yaml")
+        .display()
+        .to_string()
 }
 
 #[test]
@@ -49,7 +59,10 @@ fn check_on_the_example_config_prints_the_summary() {
         "scorer  builtin.kv-overlap x2  reads: CACHE",
         "ok: 4 plugin(s)",
     ] {
-        assert!(stdout.contains(expected), "missing `{expected}` in:\n{stdout}");
+        assert!(
+            stdout.contains(expected),
+            "missing `{expected}` in:\n{stdout}"
+        );
     }
 }
 
@@ -57,9 +70,15 @@ fn check_on_the_example_config_prints_the_summary() {
 fn check_on_broken_configs_exits_non_zero_with_every_error() {
     let dir = tempfile::tempdir().unwrap();
     let cases = [
-        ("worker_selection:\n  defualt: x\n", "config.yaml:2: worker_selection: unknown field `defualt`"),
+        (
+            "worker_selection:\n  defualt: x\n",
+            "config.yaml:2: worker_selection: unknown field `defualt`",
+        ),
         ("plugins:\n  - path: missing.so\n", "config.yaml:2: "),
-        ("worker_selection:\n  instances:\n    - name: a\n      type: nope\n", "unknown policy type `nope`"),
+        (
+            "worker_selection:\n  instances:\n    - name: a\n      type: nope\n",
+            "unknown policy type `nope`",
+        ),
     ];
     for (yaml, expected) in cases {
         let config = write_config(dir.path(), yaml);
@@ -79,15 +98,25 @@ fn policy_override_from_the_environment() {
     let config = example_config();
     let env = [("SWITCHYARD_WORKER_SELECTION_POLICY", "sticky")];
     let output = switchyard(&["check", "--config", &config], &env);
-    assert!(text(&output.stdout).contains("default: sticky"), "{}", text(&output.stdout));
+    assert!(
+        text(&output.stdout).contains("default: sticky"),
+        "{}",
+        text(&output.stdout)
+    );
 
-    let output = switchyard(&["check", "--config", &config], &[("SWITCHYARD_WORKER_SELECTION_POLICY", "nope")]);
+    let output = switchyard(
+        &["check", "--config", &config],
+        &[("SWITCHYARD_WORKER_SELECTION_POLICY", "nope")],
+    );
     assert_eq!(output.status.code(), Some(1));
     let stderr = text(&output.stderr);
     assert!(stderr.contains("SWITCHYARD_WORKER_SELECTION_POLICY=nope names no instance; set it to one of: default, least-busy, sticky, composed"), "{stderr}");
 
     // `default` selects the built-in policy.
-    let output = switchyard(&["check", "--config", &config], &[("SWITCHYARD_WORKER_SELECTION_POLICY", "default")]);
+    let output = switchyard(
+        &["check", "--config", &config],
+        &[("SWITCHYARD_WORKER_SELECTION_POLICY", "default")],
+    );
     assert!(text(&output.stdout).contains("default: default"));
 }
 
@@ -110,5 +139,9 @@ fn inspect_prints_descriptor_and_types_as_json() {
     let broken = broken_plugin(dir.path(), "major", &["DESC_MAJOR=3"]);
     let output = switchyard(&["plugin", "inspect", broken.to_str().unwrap()], &[]);
     assert_eq!(output.status.code(), Some(1));
-    assert!(text(&output.stderr).contains("ABI major mismatch"), "{}", text(&output.stderr));
+    assert!(
+        text(&output.stderr).contains("ABI major mismatch"),
+        "{}",
+        text(&output.stderr)
+    );
 }

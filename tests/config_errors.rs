@@ -6,13 +6,19 @@ mod support;
 use support::*;
 
 fn with_rust_plugin(rest: &str) -> String {
-    format!("plugins:\n  - path: {}\n{rest}", rust_plugin("least_busy").display())
+    format!(
+        "plugins:\n  - path: {}\n{rest}",
+        rust_plugin("least_busy").display()
+    )
 }
 
 #[test]
 fn unknown_key_names_line_and_key() {
     let dir = tempfile::tempdir().unwrap();
-    let error = start_error(dir.path(), "worker_selection:\n  default: default\n  instancez: []\n");
+    let error = start_error(
+        dir.path(),
+        "worker_selection:\n  default: default\n  instancez: []\n",
+    );
     assert!(error.contains("config.yaml:3:"), "{error}");
     assert!(error.contains("unknown field `instancez`"), "{error}");
 }
@@ -27,11 +33,19 @@ fn malformed_yaml_names_line() {
 #[test]
 fn unknown_policy_type_lists_registered_types() {
     let dir = tempfile::tempdir().unwrap();
-    let config = with_rust_plugin("worker_selection:\n  instances:\n    - name: a\n      type: least-bussy\n");
+    let config = with_rust_plugin(
+        "worker_selection:\n  instances:\n    - name: a\n      type: least-bussy\n",
+    );
     let error = start_error(dir.path(), &config);
     assert!(error.contains("config.yaml:6:"), "{error}");
-    assert!(error.contains("unknown policy type `least-bussy`"), "{error}");
-    assert!(error.contains("Registered policy types: builtin.least-busy, default, least-busy"), "{error}");
+    assert!(
+        error.contains("unknown policy type `least-bussy`"),
+        "{error}"
+    );
+    assert!(
+        error.contains("Registered policy types: builtin.least-busy, default, least-busy"),
+        "{error}"
+    );
 }
 
 #[test]
@@ -44,7 +58,10 @@ fn unknown_component_type_lists_registered_components_of_that_kind() {
     assert!(error.contains("config.yaml:6:"), "{error}");
     assert!(error.contains("unknown scorer type `acme.nope`"), "{error}");
     assert!(error.contains("acme.active-requests"), "{error}");
-    assert!(!error.contains("acme.lowest-cost"), "pickers are not scorers: {error}");
+    assert!(
+        !error.contains("acme.lowest-cost"),
+        "pickers are not scorers: {error}"
+    );
 }
 
 #[test]
@@ -54,7 +71,10 @@ fn component_in_the_wrong_section() {
         "worker_selection:\n  instances:\n    - name: c\n      filters: [{type: acme.active-requests}]\n      picker: {type: builtin.lowest-cost}\n",
     );
     let error = start_error(dir.path(), &config);
-    assert!(error.contains("`acme.active-requests` is a scorer, but it is listed as a filter"), "{error}");
+    assert!(
+        error.contains("`acme.active-requests` is a scorer, but it is listed as a filter"),
+        "{error}"
+    );
 }
 
 #[test]
@@ -76,8 +96,14 @@ fn invalid_policy_parameters_carry_the_plugins_message() {
     );
     let error = start_error(dir.path(), &config);
     assert!(error.contains("config.yaml:6:"), "{error}");
-    assert!(error.contains("invalid parameters for policy type `least-busy`"), "{error}");
-    assert!(error.contains("min_device_overlap_blocks must be a finite non-negative number, got -1"), "{error}");
+    assert!(
+        error.contains("invalid parameters for policy type `least-busy`"),
+        "{error}"
+    );
+    assert!(
+        error.contains("min_device_overlap_blocks must be a finite non-negative number, got -1"),
+        "{error}"
+    );
 }
 
 #[test]
@@ -94,9 +120,15 @@ fn unknown_parameter_of_a_plugin_component() {
 #[test]
 fn invalid_builtin_default_knob() {
     let dir = tempfile::tempdir().unwrap();
-    let error = start_error(dir.path(), "worker_selection:\n  builtin_default: {temperature: -2}\n");
+    let error = start_error(
+        dir.path(),
+        "worker_selection:\n  builtin_default: {temperature: -2}\n",
+    );
     assert!(error.contains("config.yaml:2:"), "{error}");
-    assert!(error.contains("`temperature` must be a finite number >= 0, got -2"), "{error}");
+    assert!(
+        error.contains("`temperature` must be a finite number >= 0, got -2"),
+        "{error}"
+    );
 }
 
 #[test]
@@ -104,7 +136,11 @@ fn default_names_an_instance_or_the_builtin() {
     let dir = tempfile::tempdir().unwrap();
     let error = start_error(dir.path(), "worker_selection:\n  default: missing\n");
     assert!(error.contains("config.yaml:2:"), "{error}");
-    assert!(error.contains("`worker_selection.default: missing` names no instance; use one of: default"), "{error}");
+    assert!(
+        error
+            .contains("`worker_selection.default: missing` names no instance; use one of: default"),
+        "{error}"
+    );
     let startup = start_yaml(dir.path(), "worker_selection:\n  default: default\n").unwrap();
     assert_eq!(startup.default_instance, "default");
 }
@@ -112,8 +148,14 @@ fn default_names_an_instance_or_the_builtin() {
 #[test]
 fn default_is_reserved() {
     let dir = tempfile::tempdir().unwrap();
-    let error = start_error(dir.path(), "worker_selection:\n  instances:\n    - name: default\n      type: default\n");
-    assert!(error.contains("instance name `default` is reserved"), "{error}");
+    let error = start_error(
+        dir.path(),
+        "worker_selection:\n  instances:\n    - name: default\n      type: default\n",
+    );
+    assert!(
+        error.contains("instance name `default` is reserved"),
+        "{error}"
+    );
 }
 
 #[test]

@@ -11,7 +11,23 @@ use switchyard::pipeline::SelectError;
 use switchyard::request::{RequestContext, SessionInfo};
 use switchyard_plugin_sdk::abi::{SWITCHYARD_STATUS_PANIC, SWITCHYARD_STATUS_POISONED};
 
-const FLEET: [W; 3] = [W { id: 1, device: 0, active: 2 }, W { id: 2, device: 3, active: 1 }, W { id: 3, device: 5, active: 4 }];
+const FLEET: [W; 3] = [
+    W {
+        id: 1,
+        device: 0,
+        active: 2,
+    },
+    W {
+        id: 2,
+        device: 3,
+        active: 1,
+    },
+    W {
+        id: 3,
+        device: 5,
+        active: 4,
+    },
+];
 
 fn cpp_config(instances: &str) -> String {
     format!(
@@ -27,30 +43,56 @@ fn a_throwing_cpp_component_is_contained_and_poisoned() {
     let config = cpp_config("    - name: t\n      scorers: [{type: cpp.throwing-scorer, parameters: {throw_after: 1}}]\n      picker: {type: cpp.lowest-cost}\n");
     let startup = start_yaml(dir.path(), &config).unwrap();
     let mut throwing = selector(&startup, "t");
-    assert_eq!(select(&mut throwing, 4, &FLEET).unwrap(), 1, "all costs equal: lowest id");
+    assert_eq!(
+        select(&mut throwing, 4, &FLEET).unwrap(),
+        1,
+        "all costs equal: lowest id"
+    );
     match select(&mut throwing, 4, &FLEET).unwrap_err() {
-        SelectError::ComponentFailed { component, status, message, .. } => {
+        SelectError::ComponentFailed {
+            component,
+            status,
+            message,
+            ..
+        } => {
             assert_eq!(&*component, "cpp.throwing-scorer");
             assert_eq!(status, SWITCHYARD_STATUS_PANIC);
-            assert_eq!(message, "threw: scorer state corrupted (deliberate test exception)");
+            assert_eq!(
+                message,
+                "threw: scorer state corrupted (deliberate test exception)"
+            );
         }
         other => panic!("expected a component failure, got {other}"),
     }
     match select(&mut throwing, 4, &FLEET).unwrap_err() {
-        SelectError::ComponentFailed { status, .. } => assert_eq!(status, SWITCHYARD_STATUS_POISONED),
+        SelectError::ComponentFailed { status, .. } => {
+            assert_eq!(status, SWITCHYARD_STATUS_POISONED)
+        }
         other => panic!("expected poisoned, got {other}"),
     }
-    assert!(select(&mut selector(&startup, "default"), 4, &FLEET).is_ok(), "the router keeps answering");
+    assert!(
+        select(&mut selector(&startup, "default"), 4, &FLEET).is_ok(),
+        "the router keeps answering"
+    );
 }
 
 #[test]
 fn cpp_parameter_errors_reach_the_operator() {
     let dir = tempfile::tempdir().unwrap();
     let error = start_error(dir.path(), &cpp_config("    - name: lb\n      type: cpp.least-busy\n      parameters: {min_device_overlap_blocks: 1, colour: red}\n"));
-    assert!(error.contains("unknown parameter `colour`; expected one of: min_device_overlap_blocks"), "{error}");
-    assert!(error.contains("(status 2)"), "invalid parameters status: {error}");
+    assert!(
+        error.contains("unknown parameter `colour`; expected one of: min_device_overlap_blocks"),
+        "{error}"
+    );
+    assert!(
+        error.contains("(status 2)"),
+        "invalid parameters status: {error}"
+    );
     let error = start_error(dir.path(), &cpp_config("    - name: lb\n      type: cpp.least-busy\n      parameters: {min_device_overlap_blocks: many}\n"));
-    assert!(error.contains("parameter `min_device_overlap_blocks` must be a number"), "{error}");
+    assert!(
+        error.contains("parameter `min_device_overlap_blocks` must be a number"),
+        "{error}"
+    );
 }
 
 #[test]
@@ -60,26 +102,70 @@ fn session_affinity_sticks_and_forgets() {
     let mut sticky = selector(&startup, "sticky");
     let request = |id: &str, last: bool| {
         let mut r = RequestContext::new(16, 4);
-        r.session = Some(SessionInfo { session_id: id.into(), session_final: last.then_some(true), ..Default::default() });
+        r.session = Some(SessionInfo {
+            session_id: id.into(),
+            session_final: last.then_some(true),
+            ..Default::default()
+        });
         r
     };
-    let pick = |s: &mut switchyard::pipeline::Selector, r: &RequestContext, fleet: &[W]| s.select(r, rows(fleet)).unwrap().worker_id;
+    let pick = |s: &mut switchyard::pipeline::Selector, r: &RequestContext, fleet: &[W]| {
+        s.select(r, rows(fleet)).unwrap().worker_id
+    };
     // First turn: least busy (worker 2, 1 active).
     assert_eq!(pick(&mut sticky, &request("s1", false), &FLEET), 2);
     // Worker 2 is now busier than worker 1 by 2 < affinity weight 3: the session stays.
-    let busier = [W { id: 1, device: 0, active: 1 }, W { id: 2, device: 0, active: 3 }, W { id: 3, device: 0, active: 5 }];
+    let busier = [
+        W {
+            id: 1,
+            device: 0,
+            active: 1,
+        },
+        W {
+            id: 2,
+            device: 0,
+            active: 3,
+        },
+        W {
+            id: 3,
+            device: 0,
+            active: 5,
+        },
+    ];
     assert_eq!(pick(&mut sticky, &request("s1", false), &busier), 2);
     // Another session has no affinity and goes to the least busy.
     assert_eq!(pick(&mut sticky, &request("s2", false), &busier), 1);
     // The final turn routes without preference and forgets the session.
     assert_eq!(pick(&mut sticky, &request("s1", true), &busier), 1);
-    let even = [W { id: 1, device: 0, active: 2 }, W { id: 2, device: 0, active: 1 }];
-    assert_eq!(pick(&mut sticky, &request("s1", false), &even), 2, "no stale affinity to worker 1");
+    let even = [
+        W {
+            id: 1,
+            device: 0,
+            active: 2,
+        },
+        W {
+            id: 2,
+            device: 0,
+            active: 1,
+        },
+    ];
+    assert_eq!(
+        pick(&mut sticky, &request("s1", false), &even),
+        2,
+        "no stale affinity to worker 1"
+    );
 }
 
 fn run(command: &mut Command) {
-    let output = command.output().unwrap_or_else(|e| panic!("{command:?}: {e}"));
-    assert!(output.status.success(), "{command:?} failed:\n{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+    let output = command
+        .output()
+        .unwrap_or_else(|e| panic!("{command:?}: {e}"));
+    assert!(
+        output.status.success(),
+        "{command:?} failed:\n{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
 }
 
 #[test]
@@ -88,9 +174,16 @@ fn out_of_tree_project_builds_against_the_installed_package_and_loads() {
     let prefix = dir.path().join("prefix");
     let build = dir.path().join("build");
     // The in-tree CMake build dir is configured by `make test`; install it to a prefix.
-    run(Command::new("cmake").arg("--install").arg(repo().join("target/cmake")).arg("--prefix").arg(&prefix));
+    run(Command::new("cmake")
+        .arg("--install")
+        .arg(repo().join("target/cmake"))
+        .arg("--prefix")
+        .arg(&prefix));
     assert!(prefix.join("include/switchyard/plugin.hpp").exists());
-    assert!(prefix.join("lib/pkgconfig/switchyard-plugin.pc").exists() || prefix.join("lib64/pkgconfig/switchyard-plugin.pc").exists());
+    assert!(
+        prefix.join("lib/pkgconfig/switchyard-plugin.pc").exists()
+            || prefix.join("lib64/pkgconfig/switchyard-plugin.pc").exists()
+    );
     run(Command::new("cmake")
         .arg("-S")
         .arg(repo().join("tests/out-of-tree"))
@@ -104,17 +197,39 @@ fn out_of_tree_project_builds_against_the_installed_package_and_loads() {
         dir.path(),
         "plugins:\n  - path: build/libqueue_depth.so\n  - path: build/libidle_only.so\nworker_selection:\n  default: oot\n  instances:\n    - name: oot\n      filters: [{type: oot.idle-only}]\n      scorers: [{type: oot.queue-depth, parameters: {decode_weight: 2}}]\n      picker: {type: builtin.lowest-cost}\n",
     );
-    let output = Command::new(switchyard_bin()).arg("check").arg("--config").arg(&config).output().unwrap();
+    let output = Command::new(switchyard_bin())
+        .arg("check")
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
     let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "check failed: {stdout}{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "check failed: {stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     assert!(stdout.contains("oot-queue-depth 1.0.0"), "{stdout}");
-    assert!(stdout.contains("scorer  oot.queue-depth  reads: LOAD"), "{stdout}");
-    assert!(stdout.contains("filter  oot.idle-only  reads: LOAD"), "{stdout}");
+    assert!(
+        stdout.contains("scorer  oot.queue-depth  reads: LOAD"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("filter  oot.idle-only  reads: LOAD"),
+        "{stdout}"
+    );
     let output = Command::new(switchyard_bin())
         .args(["select", "--config"])
         .arg(&config)
-        .args(["--worker", "1:0:2", "--worker", "2:0:0", "--worker", "3:0:1"])
+        .args([
+            "--worker", "1:0:2", "--worker", "2:0:0", "--worker", "3:0:1",
+        ])
         .output()
         .unwrap();
-    assert_eq!(String::from_utf8_lossy(&output.stdout), "worker 2 dp_rank 0\n", "{}", String::from_utf8_lossy(&output.stderr));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stdout),
+        "worker 2 dp_rank 0\n",
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
 }

@@ -28,7 +28,11 @@ fn implementations(min: u32) -> Vec<(String, String)> {
         composed("rust-composed", "acme", ""),
         composed("c-composed", "c", ""),
         composed("cpp-composed", "cpp", ""),
-        composed("builtin-composed", "builtin", ", parameters: {tie_break: worker-id}"),
+        composed(
+            "builtin-composed",
+            "builtin",
+            ", parameters: {tie_break: worker-id}",
+        ),
     ]
 }
 
@@ -43,14 +47,33 @@ fn startup(dir: &std::path::Path, min: u32) -> (switchyard::startup::Startup, Ve
     for (_, instance) in &implementations {
         config.push_str(instance);
     }
-    (start_yaml(dir, &config).expect("starts"), implementations.into_iter().map(|(n, _)| n).collect())
+    (
+        start_yaml(dir, &config).expect("starts"),
+        implementations.into_iter().map(|(n, _)| n).collect(),
+    )
 }
 
 const FLEET: [W; 4] = [
-    W { id: 1, device: 0, active: 3 },
-    W { id: 2, device: 4, active: 1 },
-    W { id: 3, device: 8, active: 1 },
-    W { id: 4, device: 2, active: 0 },
+    W {
+        id: 1,
+        device: 0,
+        active: 3,
+    },
+    W {
+        id: 2,
+        device: 4,
+        active: 1,
+    },
+    W {
+        id: 3,
+        device: 8,
+        active: 1,
+    },
+    W {
+        id: 4,
+        device: 2,
+        active: 0,
+    },
 ];
 
 #[test]
@@ -70,7 +93,10 @@ fn decisions_match_hand_computed_values_in_every_language() {
     let (startup, names) = startup(dir.path(), 9);
     for name in &names {
         let error = select(&mut selector(&startup, name), 8, &FLEET).unwrap_err();
-        assert!(matches!(error, SelectError::AllFiltered { .. }), "{name}: {error}");
+        assert!(
+            matches!(error, SelectError::AllFiltered { .. }),
+            "{name}: {error}"
+        );
     }
 }
 
@@ -78,27 +104,54 @@ fn decisions_match_hand_computed_values_in_every_language() {
 fn three_languages_and_builtin_agree_on_random_fleets() {
     let dir = tempfile::tempdir().unwrap();
     let (startup, names) = startup(dir.path(), 2);
-    let mut selectors: Vec<_> = names.iter().map(|n| (n.clone(), selector(&startup, n))).collect();
+    let mut selectors: Vec<_> = names
+        .iter()
+        .map(|n| (n.clone(), selector(&startup, n)))
+        .collect();
     let mut rng = rand::rngs::StdRng::seed_from_u64(7);
     let mut decided = 0;
     for _ in 0..500 {
         let size = rng.gen_range(1..40);
         let mut fleet: Vec<W> = (0..size)
-            .map(|i| W { id: 100 + i, device: rng.gen_range(0..6), active: rng.gen_range(0..5) })
+            .map(|i| W {
+                id: 100 + i,
+                device: rng.gen_range(0..6),
+                active: rng.gen_range(0..5),
+            })
             .collect();
         // Candidate order is unspecified: shuffle it.
         for i in (1..fleet.len()).rev() {
             fleet.swap(i, rng.gen_range(0..=i));
         }
-        let answers: Vec<_> = selectors.iter_mut().map(|(n, s)| (n.clone(), select(s, 8, &fleet).map_err(|e| match e {
-                // Filters are named per implementation; what matters is that all rejected.
-                SelectError::AllFiltered { .. } => "every worker filtered".to_owned(),
-                other => other.to_string(),
-            }))).collect();
+        let answers: Vec<_> = selectors
+            .iter_mut()
+            .map(|(n, s)| {
+                (
+                    n.clone(),
+                    select(s, 8, &fleet).map_err(|e| match e {
+                        // Filters are named per implementation; what matters is that all rejected.
+                        SelectError::AllFiltered { .. } => "every worker filtered".to_owned(),
+                        other => other.to_string(),
+                    }),
+                )
+            })
+            .collect();
         for (name, answer) in &answers[1..] {
-            assert_eq!(answer, &answers[0].1, "{name} disagrees with {} on {:?}", answers[0].0, fleet.iter().map(|w| (w.id, w.device, w.active)).collect::<Vec<_>>());
+            assert_eq!(
+                answer,
+                &answers[0].1,
+                "{name} disagrees with {} on {:?}",
+                answers[0].0,
+                fleet
+                    .iter()
+                    .map(|w| (w.id, w.device, w.active))
+                    .collect::<Vec<_>>()
+            );
         }
         decided += usize::from(answers[0].1.is_ok());
     }
-    assert!(decided > 300, "most fleets must have an eligible worker, got {decided}");
+    assert!(
+        decided > 300,
+        "most fleets must have an eligible worker, got {decided}"
+    );
 }

@@ -12,8 +12,15 @@ fn plugin_config(path: &std::path::Path, extra: &str) -> String {
 /// Loads `lib` from a config and returns the one error, checking it names the file.
 fn load_error(dir: &std::path::Path, lib: &std::path::Path, extra: &str) -> String {
     let error = start_error(dir, &plugin_config(lib, extra));
-    assert!(error.contains(&lib.display().to_string()), "error does not name the file {}: {error}", lib.display());
-    assert!(error.contains("config.yaml:2"), "error does not name the config line: {error}");
+    assert!(
+        error.contains(&lib.display().to_string()),
+        "error does not name the file {}: {error}",
+        lib.display()
+    );
+    assert!(
+        error.contains("config.yaml:2"),
+        "error does not name the config line: {error}"
+    );
     error
 }
 
@@ -21,7 +28,8 @@ fn load_error(dir: &std::path::Path, lib: &std::path::Path, extra: &str) -> Stri
 fn valid_fixture_loads() {
     let dir = tempfile::tempdir().unwrap();
     let lib = broken_plugin(dir.path(), "valid", &[]);
-    let startup = start_yaml(dir.path(), &plugin_config(&lib, "")).expect("the valid fixture loads");
+    let startup =
+        start_yaml(dir.path(), &plugin_config(&lib, "")).expect("the valid fixture loads");
     assert_eq!(startup.registry.plugins()[0].info.name, "broken-fixture");
     assert!(startup.registry.component("fixture.keep-all").is_some());
 }
@@ -47,7 +55,10 @@ fn unresolved_symbol_is_named() {
     let dir = tempfile::tempdir().unwrap();
     let lib = broken_plugin(dir.path(), "unresolved", &["UNRESOLVED"]);
     let error = load_error(dir.path(), &lib, "");
-    assert!(error.contains("unresolved symbol `switchyard_fixture_symbol_nobody_defines`"), "{error}");
+    assert!(
+        error.contains("unresolved symbol `switchyard_fixture_symbol_nobody_defines`"),
+        "{error}"
+    );
 }
 
 #[test]
@@ -55,16 +66,26 @@ fn missing_entry_symbol() {
     let dir = tempfile::tempdir().unwrap();
     let lib = broken_plugin(dir.path(), "no_entry", &["NO_ENTRY"]);
     let error = load_error(dir.path(), &lib, "");
-    assert!(error.contains("missing entry symbol `switchyard_plugin_entry_v1`"), "{error}");
+    assert!(
+        error.contains("missing entry symbol `switchyard_plugin_entry_v1`"),
+        "{error}"
+    );
     assert!(error.contains("not a switchyard plugin"), "{error}");
 }
 
 #[test]
 fn entry_symbol_of_another_major_is_reported() {
     let dir = tempfile::tempdir().unwrap();
-    let lib = broken_plugin(dir.path(), "entry_v2", &["ENTRY_NAME=switchyard_plugin_entry_v2"]);
+    let lib = broken_plugin(
+        dir.path(),
+        "entry_v2",
+        &["ENTRY_NAME=switchyard_plugin_entry_v2"],
+    );
     let error = load_error(dir.path(), &lib, "");
-    assert!(error.contains("exports `switchyard_plugin_entry_v2`, so it was built for ABI 2.x"), "{error}");
+    assert!(
+        error.contains("exports `switchyard_plugin_entry_v2`, so it was built for ABI 2.x"),
+        "{error}"
+    );
 }
 
 #[test]
@@ -79,7 +100,11 @@ fn abi_major_mismatch() {
     let dir = tempfile::tempdir().unwrap();
     let lib = broken_plugin(dir.path(), "major", &["DESC_MAJOR=2"]);
     let error = load_error(dir.path(), &lib, "");
-    assert!(error.contains("ABI major mismatch: the router speaks ABI 1.x, the plugin declares ABI 2.x"), "{error}");
+    assert!(
+        error
+            .contains("ABI major mismatch: the router speaks ABI 1.x, the plugin declares ABI 2.x"),
+        "{error}"
+    );
 }
 
 #[test]
@@ -87,7 +112,10 @@ fn newer_minor_than_host() {
     let dir = tempfile::tempdir().unwrap();
     let lib = broken_plugin(dir.path(), "minor", &["DESC_MINOR=7"]);
     let error = load_error(dir.path(), &lib, "");
-    assert!(error.contains("built for ABI 1.7, newer than this router's ABI 1.0"), "{error}");
+    assert!(
+        error.contains("built for ABI 1.7, newer than this router's ABI 1.0"),
+        "{error}"
+    );
 }
 
 #[test]
@@ -95,7 +123,10 @@ fn truncated_descriptor() {
     let dir = tempfile::tempdir().unwrap();
     let lib = broken_plugin(dir.path(), "short", &["DESC_SIZE=24"]);
     let error = load_error(dir.path(), &lib, "");
-    assert!(error.contains("switchyard_plugin_descriptor is 24 bytes, but ABI 1.0 requires at least"), "{error}");
+    assert!(
+        error.contains("switchyard_plugin_descriptor is 24 bytes, but ABI 1.0 requires at least"),
+        "{error}"
+    );
 }
 
 #[test]
@@ -103,7 +134,10 @@ fn truncated_component_def() {
     let dir = tempfile::tempdir().unwrap();
     let lib = broken_plugin(dir.path(), "short_def", &["DEF_SIZE=16"]);
     let error = load_error(dir.path(), &lib, "");
-    assert!(error.contains("switchyard_component_def is 16 bytes, but ABI 1.0 requires at least"), "{error}");
+    assert!(
+        error.contains("switchyard_component_def is 16 bytes, but ABI 1.0 requires at least"),
+        "{error}"
+    );
 }
 
 #[test]
@@ -111,7 +145,10 @@ fn layout_fingerprint_mismatch() {
     let dir = tempfile::tempdir().unwrap();
     let lib = broken_plugin(dir.path(), "fingerprint", &["DESC_FINGERPRINT=0x1234ull"]);
     let error = load_error(dir.path(), &lib, "");
-    assert!(error.contains("layout fingerprint mismatch for ABI 1.0"), "{error}");
+    assert!(
+        error.contains("layout fingerprint mismatch for ABI 1.0"),
+        "{error}"
+    );
     assert!(error.contains("found 0x0000000000001234"), "{error}");
 }
 
@@ -119,8 +156,12 @@ fn layout_fingerprint_mismatch() {
 fn sdk_revision_compatible_by_default_exact_on_request() {
     let dir = tempfile::tempdir().unwrap();
     let lib = broken_plugin(dir.path(), "revision", &["DESC_REVISION=\"0.0.1\""]);
-    start_yaml(dir.path(), &plugin_config(&lib, "")).expect("another revision is compatible by default");
-    let config = format!("plugins:\n  - path: {}\n    revision: exact\n", lib.display());
+    start_yaml(dir.path(), &plugin_config(&lib, ""))
+        .expect("another revision is compatible by default");
+    let config = format!(
+        "plugins:\n  - path: {}\n    revision: exact\n",
+        lib.display()
+    );
     let error = start_error(dir.path(), &config);
     assert!(error.contains("SDK revision mismatch: `revision: exact` requires 0.1.0, the plugin was built with 0.0.1"), "{error}");
     assert!(error.contains(&lib.display().to_string()), "{error}");
@@ -131,7 +172,10 @@ fn registration_failure_carries_the_plugins_message() {
     let dir = tempfile::tempdir().unwrap();
     let lib = broken_plugin(dir.path(), "regfail", &["REGISTER_FAIL"]);
     let error = load_error(dir.path(), &lib, "");
-    assert!(error.contains("registration failed (status 1): license file /etc/acme/license not found"), "{error}");
+    assert!(
+        error.contains("registration failed (status 1): license file /etc/acme/license not found"),
+        "{error}"
+    );
 }
 
 #[test]
@@ -139,7 +183,12 @@ fn duplicate_type_within_one_library() {
     let dir = tempfile::tempdir().unwrap();
     let lib = broken_plugin(dir.path(), "twice", &["REGISTER_TWICE"]);
     let error = load_error(dir.path(), &lib, "");
-    assert!(error.contains("duplicate type name `fixture.keep-all`: already registered by plugin `broken-fixture`"), "{error}");
+    assert!(
+        error.contains(
+            "duplicate type name `fixture.keep-all`: already registered by plugin `broken-fixture`"
+        ),
+        "{error}"
+    );
 }
 
 #[test]
@@ -147,14 +196,29 @@ fn duplicate_type_across_libraries_and_with_builtins() {
     let dir = tempfile::tempdir().unwrap();
     let first = broken_plugin(dir.path(), "first", &[]);
     let second = broken_plugin(dir.path(), "second", &[]);
-    let config = format!("plugins:\n  - path: {}\n  - path: {}\n", first.display(), second.display());
+    let config = format!(
+        "plugins:\n  - path: {}\n  - path: {}\n",
+        first.display(),
+        second.display()
+    );
     let error = start_error(dir.path(), &config);
     assert!(error.contains(&second.display().to_string()), "{error}");
-    assert!(error.contains(&format!("already registered by plugin `broken-fixture` ({})", first.display())), "{error}");
+    assert!(
+        error.contains(&format!(
+            "already registered by plugin `broken-fixture` ({})",
+            first.display()
+        )),
+        "{error}"
+    );
 
     let shadow = broken_plugin(dir.path(), "shadow", &["TYPE_NAME=\"builtin.softmax\""]);
     let error = load_error(dir.path(), &shadow, "");
-    assert!(error.contains("duplicate type name `builtin.softmax`: already registered by the router (built-in)"), "{error}");
+    assert!(
+        error.contains(
+            "duplicate type name `builtin.softmax`: already registered by the router (built-in)"
+        ),
+        "{error}"
+    );
 }
 
 #[test]
@@ -162,14 +226,20 @@ fn empty_type_name() {
     let dir = tempfile::tempdir().unwrap();
     let lib = broken_plugin(dir.path(), "empty", &["TYPE_NAME=\"\""]);
     let error = load_error(dir.path(), &lib, "");
-    assert!(error.contains("a filter was registered with an empty type name"), "{error}");
+    assert!(
+        error.contains("a filter was registered with an empty type name"),
+        "{error}"
+    );
 }
 
 #[test]
 fn same_file_listed_twice_loads_once() {
     let dir = tempfile::tempdir().unwrap();
     let lib = broken_plugin(dir.path(), "once", &[]);
-    let config = format!("plugins:\n  - path: {}\n  - path: ./once.so\n", lib.display());
+    let config = format!(
+        "plugins:\n  - path: {}\n  - path: ./once.so\n",
+        lib.display()
+    );
     let startup = start_yaml(dir.path(), &config).expect("a file listed twice is loaded once");
     assert_eq!(startup.registry.plugins().len(), 1);
 }
@@ -181,7 +251,10 @@ fn sha256_is_checked_before_the_library_is_opened() {
     let bytes = std::fs::read(&lib).unwrap();
     let good = {
         use sha2::Digest;
-        sha2::Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect::<String>()
+        sha2::Sha256::digest(&bytes)
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
     };
     let config = |sha: &str| format!("plugins:\n  - path: pinned.so\n    sha256: {sha}\n");
     start_yaml(dir.path(), &config(&good)).expect("the right checksum loads");
@@ -190,7 +263,10 @@ fn sha256_is_checked_before_the_library_is_opened() {
     let text = dir.path().join("pinned.so");
     std::fs::write(&text, "not a library").unwrap();
     let error = start_error(dir.path(), &config(&good));
-    assert!(error.contains("sha256 mismatch: the config expects"), "{error}");
+    assert!(
+        error.contains("sha256 mismatch: the config expects"),
+        "{error}"
+    );
     assert!(error.contains("pinned.so"), "{error}");
 }
 
@@ -200,5 +276,6 @@ fn relative_paths_resolve_against_the_config_folder() {
     broken_plugin(dir.path(), "relative", &[]);
     // The working directory (the crate's folder) does not hold relative.so.
     assert!(!std::path::Path::new("relative.so").exists());
-    start_yaml(dir.path(), "plugins:\n  - path: relative.so\n").expect("resolved against the config's folder");
+    start_yaml(dir.path(), "plugins:\n  - path: relative.so\n")
+        .expect("resolved against the config's folder");
 }

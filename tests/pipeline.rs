@@ -7,12 +7,34 @@ use support::*;
 use switchyard::pipeline::SelectError;
 use switchyard_plugin_sdk::abi::{SWITCHYARD_STATUS_PANIC, SWITCHYARD_STATUS_POISONED};
 
-const FLEET: [W; 3] = [W { id: 1, device: 0, active: 2 }, W { id: 2, device: 3, active: 1 }, W { id: 3, device: 5, active: 4 }];
+const FLEET: [W; 3] = [
+    W {
+        id: 1,
+        device: 0,
+        active: 2,
+    },
+    W {
+        id: 2,
+        device: 3,
+        active: 1,
+    },
+    W {
+        id: 3,
+        device: 5,
+        active: 4,
+    },
+];
 
 fn fixture_startup(dir: &std::path::Path, instance: &str) -> switchyard::startup::Startup {
     let lib = broken_plugin(dir, "fixture", &[]);
-    start_yaml(dir, &format!("plugins:\n  - path: {}\nworker_selection:\n  instances:\n    - name: x\n{instance}", lib.display()))
-        .expect("starts")
+    start_yaml(
+        dir,
+        &format!(
+            "plugins:\n  - path: {}\nworker_selection:\n  instances:\n    - name: x\n{instance}",
+            lib.display()
+        ),
+    )
+    .expect("starts")
 }
 
 #[test]
@@ -20,8 +42,14 @@ fn every_worker_filtered_is_an_error_naming_the_filter() {
     let dir = tempfile::tempdir().unwrap();
     let startup = fixture_startup(dir.path(), "      filters: [{type: fixture.keep-all}, {type: fixture.reject-all}]\n      scorers: [{type: builtin.active-requests}]\n      picker: {type: builtin.lowest-cost}\n");
     let error = select(&mut selector(&startup, "x"), 4, &FLEET).unwrap_err();
-    assert!(matches!(&error, SelectError::AllFiltered { component } if &**component == "fixture.reject-all"), "{error}");
-    assert_eq!(error.to_string(), "filter `fixture.reject-all` rejected every worker");
+    assert!(
+        matches!(&error, SelectError::AllFiltered { component } if &**component == "fixture.reject-all"),
+        "{error}"
+    );
+    assert_eq!(
+        error.to_string(),
+        "filter `fixture.reject-all` rejected every worker"
+    );
 }
 
 #[test]
@@ -40,7 +68,10 @@ fn out_of_range_row_is_an_error_naming_the_picker() {
     let dir = tempfile::tempdir().unwrap();
     let startup = fixture_startup(dir.path(), "      scorers: [{type: builtin.active-requests}]\n      picker: {type: fixture.out-of-range}\n");
     let error = select(&mut selector(&startup, "x"), 4, &FLEET).unwrap_err();
-    assert_eq!(error.to_string(), "picker `fixture.out-of-range` returned row 3, but there are 3 candidates");
+    assert_eq!(
+        error.to_string(),
+        "picker `fixture.out-of-range` returned row 3, but there are 3 candidates"
+    );
 }
 
 #[test]
@@ -64,18 +95,32 @@ fn panicking_rust_plugin_is_contained_and_poisoned() {
     );
     let startup = start_yaml(dir.path(), &config).unwrap();
     let mut poisoned = selector(&startup, "p");
-    assert_eq!(select(&mut poisoned, 12, &FLEET).unwrap(), 2, "fewest active requests");
+    assert_eq!(
+        select(&mut poisoned, 12, &FLEET).unwrap(),
+        2,
+        "fewest active requests"
+    );
 
     match select(&mut poisoned, 13, &FLEET).unwrap_err() {
-        SelectError::ComponentFailed { component, status, message, .. } => {
+        SelectError::ComponentFailed {
+            component,
+            status,
+            message,
+            ..
+        } => {
             assert_eq!(&*component, "panicky.scorer");
             assert_eq!(status, SWITCHYARD_STATUS_PANIC);
-            assert_eq!(message, "panicked: deliberate panic on a request of 13 blocks");
+            assert_eq!(
+                message,
+                "panicked: deliberate panic on a request of 13 blocks"
+            );
         }
         other => panic!("expected a component failure, got {other}"),
     }
     match select(&mut poisoned, 12, &FLEET).unwrap_err() {
-        SelectError::ComponentFailed { status, message, .. } => {
+        SelectError::ComponentFailed {
+            status, message, ..
+        } => {
             assert_eq!(status, SWITCHYARD_STATUS_POISONED);
             assert!(message.contains("poisoned"), "{message}");
         }

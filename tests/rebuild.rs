@@ -23,7 +23,11 @@ fn build_plugin(dir: &Path) -> std::path::PathBuf {
         .env("CARGO_TARGET_DIR", &target)
         .output()
         .unwrap();
-    assert!(output.status.success(), "plugin build failed:\n{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "plugin build failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     target.join("debug/libleast_busy.so")
 }
 
@@ -31,10 +35,16 @@ fn decide(config: &Path) -> String {
     let output = Command::new(switchyard_bin())
         .args(["select", "--config"])
         .arg(config)
-        .args(["--blocks", "8", "--worker", "1:0:3", "--worker", "2:4:1", "--worker", "4:2:0"])
+        .args([
+            "--blocks", "8", "--worker", "1:0:3", "--worker", "2:4:1", "--worker", "4:2:0",
+        ])
         .output()
         .unwrap();
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
     String::from_utf8(output.stdout).unwrap()
 }
 
@@ -53,7 +63,8 @@ fn rebuilding_the_plugin_alone_changes_the_decision_not_the_router() {
     )
     .unwrap();
     std::fs::copy(repo().join("Cargo.lock"), krate.join("Cargo.lock")).unwrap();
-    let source = std::fs::read_to_string(repo().join("plugins/rust/least-busy/src/lib.rs")).unwrap();
+    let source =
+        std::fs::read_to_string(repo().join("plugins/rust/least-busy/src/lib.rs")).unwrap();
     std::fs::write(krate.join("src/lib.rs"), &source).unwrap();
 
     let config = write_config(dir.path(), "plugins:\n  - path: plugin.so\nworker_selection:\n  default: lb\n  instances:\n    - name: lb\n      type: least-busy\n");
@@ -61,15 +72,30 @@ fn rebuilding_the_plugin_alone_changes_the_decision_not_the_router() {
     let router_before = sha256(&router);
 
     std::fs::copy(build_plugin(&krate), dir.path().join("plugin.so")).unwrap();
-    assert_eq!(decide(&config), "worker 4 dp_rank 0\n", "least busy: worker 4 has no active request");
+    assert_eq!(
+        decide(&config),
+        "worker 4 dp_rank 0\n",
+        "least busy: worker 4 has no active request"
+    );
 
     // The plugin author changes the scorer to prefer the busiest worker, and rebuilds
     // the plugin alone.
-    let changed = source.replace("Ok(f64::from(load.active_requests))", "Ok(-f64::from(load.active_requests))");
+    let changed = source.replace(
+        "Ok(f64::from(load.active_requests))",
+        "Ok(-f64::from(load.active_requests))",
+    );
     assert_ne!(changed, source, "the scorer line to change was not found");
     std::fs::write(krate.join("src/lib.rs"), changed).unwrap();
     std::fs::copy(build_plugin(&krate), dir.path().join("plugin.so")).unwrap();
-    assert_eq!(decide(&config), "worker 1 dp_rank 0\n", "busiest: worker 1 has 3 active requests");
+    assert_eq!(
+        decide(&config),
+        "worker 1 dp_rank 0\n",
+        "busiest: worker 1 has 3 active requests"
+    );
 
-    assert_eq!(sha256(&router), router_before, "the router binary must not change");
+    assert_eq!(
+        sha256(&router),
+        router_before,
+        "the router binary must not change"
+    );
 }

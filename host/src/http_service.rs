@@ -32,7 +32,10 @@ pub struct ApiError {
 
 impl ApiError {
     fn bad_request(message: impl Into<String>) -> Self {
-        ApiError { status: StatusCode::BAD_REQUEST, body: json!({ "error": message.into() }) }
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            body: json!({ "error": message.into() }),
+        }
     }
 }
 
@@ -45,14 +48,15 @@ impl IntoResponse for ApiError {
 impl From<RouteError> for ApiError {
     fn from(error: RouteError) -> Self {
         let status = match &error {
-            RouteError::BadRequest(_) | RouteError::Worker(WorkerError::Invalid(_)) => StatusCode::BAD_REQUEST,
+            RouteError::BadRequest(_) | RouteError::Worker(WorkerError::Invalid(_)) => {
+                StatusCode::BAD_REQUEST
+            }
             RouteError::UnknownModel(_)
             | RouteError::UnknownInstance { .. }
             | RouteError::Worker(WorkerError::Unknown(_))
             | RouteError::Accounting(AccountingError::UnknownRequest(_)) => StatusCode::NOT_FOUND,
-            RouteError::Worker(WorkerError::AlreadyRegistered(..)) | RouteError::Accounting(AccountingError::AlreadyReserved(_)) => {
-                StatusCode::CONFLICT
-            }
+            RouteError::Worker(WorkerError::AlreadyRegistered(..))
+            | RouteError::Accounting(AccountingError::AlreadyReserved(_)) => StatusCode::CONFLICT,
             RouteError::NoWorker(_) => StatusCode::SERVICE_UNAVAILABLE,
             RouteError::PolicyFailed { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         };
@@ -70,9 +74,12 @@ impl From<RouteError> for ApiError {
 /// Parses a JSON body; a 400 says which field is wrong, where.
 fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
     if body.is_empty() {
-        return Err(ApiError::bad_request("the request body is empty; send a JSON object"));
+        return Err(ApiError::bad_request(
+            "the request body is empty; send a JSON object",
+        ));
     }
-    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
 }
 
 async fn select(State(router): Shared, body: Bytes) -> Result<Response, ApiError> {
@@ -85,7 +92,10 @@ async fn reserve(State(router): Shared, body: Bytes) -> Result<Response, ApiErro
     Ok(Json(router.select_and_reserve(&request)?).into_response())
 }
 
-async fn prefill_complete(State(router): Shared, Path(id): Path<String>) -> Result<Response, ApiError> {
+async fn prefill_complete(
+    State(router): Shared,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
     router.prefill_complete(&id)?;
     Ok(Json(json!({ "request_id": id, "phase": "decode" })).into_response())
 }
@@ -131,12 +141,21 @@ struct DpRank {
 }
 
 fn worker_id(text: &str) -> Result<u64, ApiError> {
-    text.parse().map_err(|_| ApiError::bad_request(format!("worker id must be a whole number, got `{text}`")))
+    text.parse().map_err(|_| {
+        ApiError::bad_request(format!("worker id must be a whole number, got `{text}`"))
+    })
 }
 
-async fn remove_worker(State(router): Shared, Path(id): Path<String>, rank: Result<Query<DpRank>, axum::extract::rejection::QueryRejection>) -> Result<Response, ApiError> {
+async fn remove_worker(
+    State(router): Shared,
+    Path(id): Path<String>,
+    rank: Result<Query<DpRank>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
     let Query(rank) = rank.map_err(|e| ApiError::bad_request(format!("invalid query: {e}")))?;
-    let spec = router.remove_worker(WorkerId { worker_id: worker_id(&id)?, dp_rank: rank.dp_rank })?;
+    let spec = router.remove_worker(WorkerId {
+        worker_id: worker_id(&id)?,
+        dp_rank: rank.dp_rank,
+    })?;
     Ok(Json(spec).into_response())
 }
 
@@ -151,7 +170,13 @@ pub struct KvEventBatch {
 
 async fn kv_events(State(router): Shared, body: Bytes) -> Result<Response, ApiError> {
     let batch: KvEventBatch = parse(&body)?;
-    router.kv_events(WorkerId { worker_id: batch.worker_id, dp_rank: batch.dp_rank }, &batch.events)?;
+    router.kv_events(
+        WorkerId {
+            worker_id: batch.worker_id,
+            dp_rank: batch.dp_rank,
+        },
+        &batch.events,
+    )?;
     Ok(Json(json!({ "applied": batch.events.len() })).into_response())
 }
 
@@ -162,7 +187,10 @@ async fn policies(State(router): Shared) -> Json<serde_json::Value> {
         .components()
         .map(|c| json!({ "name": c.name, "kind": c.kind.as_str(), "inputs": c.inputs.names(), "origin": c.origin.to_string() }))
         .collect();
-    let policies: Vec<_> = registry.policies().map(|p| json!({ "name": p.name, "origin": p.origin.to_string() })).collect();
+    let policies: Vec<_> = registry
+        .policies()
+        .map(|p| json!({ "name": p.name, "origin": p.origin.to_string() }))
+        .collect();
     let instances: Vec<_> = startup
         .instances
         .iter()
@@ -179,7 +207,11 @@ async fn policies(State(router): Shared) -> Json<serde_json::Value> {
 }
 
 async fn metrics(State(router): Shared) -> Response {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], router.render_metrics()).into_response()
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        router.render_metrics(),
+    )
+        .into_response()
 }
 
 async fn healthz() -> &'static str {
@@ -244,7 +276,10 @@ async fn shutdown_signal() {
 /// Serves until SIGINT or SIGTERM. Prints `switchyard listening on http://ADDR` once bound.
 pub async fn serve(router: Arc<Router>, listen: SocketAddr) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
-        std::io::Error::new(e.kind(), format!("cannot listen on {listen}: {e}; pick another --listen address"))
+        std::io::Error::new(
+            e.kind(),
+            format!("cannot listen on {listen}: {e}; pick another --listen address"),
+        )
     })?;
     let address = listener.local_addr()?;
     println!("switchyard listening on http://{address}");
@@ -259,5 +294,7 @@ pub async fn serve(router: Arc<Router>, listen: SocketAddr) -> std::io::Result<(
             }
         }
     });
-    axum::serve(listener, app(router)).with_graceful_shutdown(shutdown_signal()).await
+    axum::serve(listener, app(router))
+        .with_graceful_shutdown(shutdown_signal())
+        .await
 }

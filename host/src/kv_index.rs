@@ -114,7 +114,13 @@ impl TierIndex {
 
     /// Walks the request's hashes keeping the set of workers that matched every block so
     /// far; a worker's prefix ends where it drops out. `out` gets each worker's length.
-    fn prefixes(&self, hashes: &[u64], active: &mut Vec<WorkerId>, next: &mut Vec<WorkerId>, mut out: impl FnMut(WorkerId, u32)) -> u32 {
+    fn prefixes(
+        &self,
+        hashes: &[u64],
+        active: &mut Vec<WorkerId>,
+        next: &mut Vec<WorkerId>,
+        mut out: impl FnMut(WorkerId, u32),
+    ) -> u32 {
         active.clear();
         let Some(first) = hashes.first().and_then(|h| self.holders.get(h)) else {
             return 0;
@@ -122,7 +128,9 @@ impl TierIndex {
         active.extend(first.iter().copied());
         let mut depth = 1u32;
         for hash in &hashes[1..] {
-            let Some(holders) = self.holders.get(hash) else { break };
+            let Some(holders) = self.holders.get(hash) else {
+                break;
+            };
             next.clear();
             for &worker in active.iter() {
                 if holders.contains(&worker) {
@@ -171,7 +179,8 @@ impl QueryResult<'_> {
     /// Blocks of the request beyond the worker's device prefix that are cached somewhere
     /// in the fleet (and could be fetched instead of recomputed).
     pub fn shared_beyond_device(&self, worker: WorkerId) -> u32 {
-        self.fleet_prefix.saturating_sub(self.overlap(worker).tier(Tier::Device))
+        self.fleet_prefix
+            .saturating_sub(self.overlap(worker).tier(Tier::Device))
     }
 }
 
@@ -183,8 +192,12 @@ pub struct KvIndex {
 impl KvIndex {
     pub fn apply(&mut self, worker: WorkerId, event: &KvEvent) {
         match event {
-            KvEvent::Stored { tier, block_hashes, .. } => self.tiers[tier.index()].store(worker, block_hashes),
-            KvEvent::Removed { tier, block_hashes } => self.tiers[tier.index()].remove(worker, block_hashes.iter().copied()),
+            KvEvent::Stored {
+                tier, block_hashes, ..
+            } => self.tiers[tier.index()].store(worker, block_hashes),
+            KvEvent::Removed { tier, block_hashes } => {
+                self.tiers[tier.index()].remove(worker, block_hashes.iter().copied())
+            }
             KvEvent::Cleared { tier: Some(tier) } => self.tiers[tier.index()].clear(worker),
             KvEvent::Cleared { tier: None } => self.remove_worker(worker),
         }
@@ -203,17 +216,29 @@ impl KvIndex {
         let mut fleet_prefix = 0;
         for tier in Tier::ALL {
             let overlaps = &mut scratch.overlaps;
-            let depth = self.tiers[tier.index()].prefixes(hashes, &mut scratch.active, &mut scratch.next, |worker, len| {
-                overlaps.entry(worker).or_default().tiers[tier.index()] = len;
-            });
+            let depth = self.tiers[tier.index()].prefixes(
+                hashes,
+                &mut scratch.active,
+                &mut scratch.next,
+                |worker, len| {
+                    overlaps.entry(worker).or_default().tiers[tier.index()] = len;
+                },
+            );
             fleet_prefix = fleet_prefix.max(depth);
         }
-        QueryResult { overlaps: &scratch.overlaps, fleet_prefix }
+        QueryResult {
+            overlaps: &scratch.overlaps,
+            fleet_prefix,
+        }
     }
 
     /// Blocks held per tier, for metrics.
     pub fn blocks(&self) -> [usize; 3] {
-        [self.tiers[0].blocks(), self.tiers[1].blocks(), self.tiers[2].blocks()]
+        [
+            self.tiers[0].blocks(),
+            self.tiers[1].blocks(),
+            self.tiers[2].blocks(),
+        ]
     }
 }
 

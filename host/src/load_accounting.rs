@@ -45,7 +45,11 @@ pub struct LoadAccounting {
 
 impl LoadAccounting {
     pub fn new(expiry: Duration) -> Self {
-        LoadAccounting { workers: HashMap::new(), bookings: HashMap::new(), expiry }
+        LoadAccounting {
+            workers: HashMap::new(),
+            bookings: HashMap::new(),
+            expiry,
+        }
     }
 
     pub fn load(&self, worker: WorkerId) -> WorkerLoad {
@@ -53,7 +57,13 @@ impl LoadAccounting {
     }
 
     /// Books `request_id` on `worker`.
-    pub fn reserve(&mut self, request_id: &str, worker: WorkerId, prefill_tokens: u64, decode_blocks: u64) -> Result<(), AccountingError> {
+    pub fn reserve(
+        &mut self,
+        request_id: &str,
+        worker: WorkerId,
+        prefill_tokens: u64,
+        decode_blocks: u64,
+    ) -> Result<(), AccountingError> {
         if self.bookings.contains_key(request_id) {
             return Err(AccountingError::AlreadyReserved(request_id.to_owned()));
         }
@@ -63,25 +73,39 @@ impl LoadAccounting {
         load.active_requests += 1;
         self.bookings.insert(
             request_id.to_owned(),
-            Booking { worker, prefill_tokens, decode_blocks, prefill_done: false, booked_at: Instant::now() },
+            Booking {
+                worker,
+                prefill_tokens,
+                decode_blocks,
+                prefill_done: false,
+                booked_at: Instant::now(),
+            },
         );
         Ok(())
     }
 
     /// Moves the request from prefill to decode: its prefill tokens are released.
     pub fn prefill_complete(&mut self, request_id: &str) -> Result<Booking, AccountingError> {
-        let booking = self.bookings.get_mut(request_id).ok_or_else(|| AccountingError::UnknownRequest(request_id.to_owned()))?;
+        let booking = self
+            .bookings
+            .get_mut(request_id)
+            .ok_or_else(|| AccountingError::UnknownRequest(request_id.to_owned()))?;
         if !booking.prefill_done {
             booking.prefill_done = true;
             let load = self.workers.entry(booking.worker).or_default();
-            load.active_prefill_tokens = load.active_prefill_tokens.saturating_sub(booking.prefill_tokens);
+            load.active_prefill_tokens = load
+                .active_prefill_tokens
+                .saturating_sub(booking.prefill_tokens);
         }
         Ok(*booking)
     }
 
     /// Releases everything the request holds.
     pub fn free(&mut self, request_id: &str) -> Result<Booking, AccountingError> {
-        let booking = self.bookings.remove(request_id).ok_or_else(|| AccountingError::UnknownRequest(request_id.to_owned()))?;
+        let booking = self
+            .bookings
+            .remove(request_id)
+            .ok_or_else(|| AccountingError::UnknownRequest(request_id.to_owned()))?;
         self.release(&booking);
         Ok(booking)
     }
@@ -89,9 +113,13 @@ impl LoadAccounting {
     fn release(&mut self, booking: &Booking) {
         let load = self.workers.entry(booking.worker).or_default();
         if !booking.prefill_done {
-            load.active_prefill_tokens = load.active_prefill_tokens.saturating_sub(booking.prefill_tokens);
+            load.active_prefill_tokens = load
+                .active_prefill_tokens
+                .saturating_sub(booking.prefill_tokens);
         }
-        load.active_decode_blocks = load.active_decode_blocks.saturating_sub(booking.decode_blocks);
+        load.active_decode_blocks = load
+            .active_decode_blocks
+            .saturating_sub(booking.decode_blocks);
         load.active_requests = load.active_requests.saturating_sub(1);
     }
 
@@ -131,18 +159,35 @@ impl LoadAccounting {
 mod tests {
     use super::*;
 
-    const W: WorkerId = WorkerId { worker_id: 1, dp_rank: 0 };
+    const W: WorkerId = WorkerId {
+        worker_id: 1,
+        dp_rank: 0,
+    };
 
     #[test]
     fn reserve_prefill_free_returns_to_zero_in_any_order() {
         let mut a = LoadAccounting::new(Duration::from_secs(60));
         a.reserve("r1", W, 100, 10).unwrap();
         a.reserve("r2", W, 50, 5).unwrap();
-        assert_eq!(a.load(W), WorkerLoad { active_prefill_tokens: 150, active_decode_blocks: 15, active_requests: 2 });
-        assert_eq!(a.reserve("r1", W, 1, 1), Err(AccountingError::AlreadyReserved("r1".into())));
+        assert_eq!(
+            a.load(W),
+            WorkerLoad {
+                active_prefill_tokens: 150,
+                active_decode_blocks: 15,
+                active_requests: 2
+            }
+        );
+        assert_eq!(
+            a.reserve("r1", W, 1, 1),
+            Err(AccountingError::AlreadyReserved("r1".into()))
+        );
         a.prefill_complete("r1").unwrap();
         a.prefill_complete("r1").unwrap();
-        assert_eq!(a.load(W).active_prefill_tokens, 50, "a second prefill-complete releases nothing more");
+        assert_eq!(
+            a.load(W).active_prefill_tokens,
+            50,
+            "a second prefill-complete releases nothing more"
+        );
         a.free("r2").unwrap(); // freed before its prefill completed
         assert!(a.prefill_complete("r2").is_err());
         assert!(a.free("r2").is_err());

@@ -7,8 +7,8 @@ use clap::{Parser, Subcommand};
 use switchyard::config::ConfigSource;
 use switchyard::pipeline::{CandidateRow, Selector};
 use switchyard::registry::PartitionKey;
-use switchyard::router::Router;
 use switchyard::request::RequestContext;
+use switchyard::router::Router;
 use switchyard::startup::{start, Startup};
 use switchyard_plugin_sdk::{WorkerId, WorkerType};
 
@@ -74,10 +74,18 @@ enum PluginCommand {
 fn parse_worker(text: &str) -> Result<CandidateRow, String> {
     let fields: Vec<&str> = text.split(':').collect();
     let [id, device, active] = fields[..] else {
-        return Err(format!("expected ID:DEVICE_OVERLAP_BLOCKS:ACTIVE_REQUESTS, found `{text}`"));
+        return Err(format!(
+            "expected ID:DEVICE_OVERLAP_BLOCKS:ACTIVE_REQUESTS, found `{text}`"
+        ));
     };
-    let number = |what: &str, s: &str| s.parse::<u64>().map_err(|_| format!("{what} must be a whole number, found `{s}` in `{text}`"));
-    let mut row = CandidateRow::new(WorkerId { worker_id: number("ID", id)?, dp_rank: 0 });
+    let number = |what: &str, s: &str| {
+        s.parse::<u64>()
+            .map_err(|_| format!("{what} must be a whole number, found `{s}` in `{text}`"))
+    };
+    let mut row = CandidateRow::new(WorkerId {
+        worker_id: number("ID", id)?,
+        dp_rank: 0,
+    });
     row.cache.device_overlap_blocks = number("DEVICE_OVERLAP_BLOCKS", device)? as u32;
     row.load.active_requests = number("ACTIVE_REQUESTS", active)? as u32;
     Ok(row)
@@ -118,7 +126,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
         Command::Serve { config, listen } => {
-            let Some(startup) = startup(config.as_ref()) else { return ExitCode::FAILURE };
+            let Some(startup) = startup(config.as_ref()) else {
+                return ExitCode::FAILURE;
+            };
             print!("{}", switchyard::summary::check_summary(&startup));
             let router = match Router::new(startup) {
                 Ok(router) => std::sync::Arc::new(router),
@@ -127,7 +137,10 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+            let runtime = match tokio::runtime::Builder::new_multi_thread()
+                .enable_all()
+                .build()
+            {
                 Ok(runtime) => runtime,
                 Err(e) => {
                     eprintln!("error: cannot start the async runtime: {e}");
@@ -149,12 +162,22 @@ fn main() -> ExitCode {
             }
             None => ExitCode::FAILURE,
         },
-        Command::Select { config, instance, blocks, workers } => {
-            let Some(startup) = startup(config.as_ref()) else { return ExitCode::FAILURE };
+        Command::Select {
+            config,
+            instance,
+            blocks,
+            workers,
+        } => {
+            let Some(startup) = startup(config.as_ref()) else {
+                return ExitCode::FAILURE;
+            };
             let name = instance.unwrap_or_else(|| startup.default_instance.clone());
             let Some(factory) = startup.instance(&name) else {
                 let names: Vec<_> = startup.instances.iter().map(|i| i.name.as_str()).collect();
-                eprintln!("error: no instance `{name}`; the config has: {}", names.join(", "));
+                eprintln!(
+                    "error: no instance `{name}`; the config has: {}",
+                    names.join(", ")
+                );
                 return ExitCode::FAILURE;
             };
             let policy = match factory.build(&PartitionKey::new("dry-run", WorkerType::Select)) {

@@ -40,7 +40,10 @@ fn bump<K: Ord + Clone>(map: &mut BTreeMap<K, u64>, key: &K) {
 
 /// Escapes a Prometheus label value.
 fn label(value: &str) -> String {
-    value.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
 }
 
 impl Metrics {
@@ -52,13 +55,17 @@ impl Metrics {
                 *s += elapsed.as_secs_f64();
             }
             None => {
-                c.selections.insert(instance.to_owned(), (1, elapsed.as_secs_f64()));
+                c.selections
+                    .insert(instance.to_owned(), (1, elapsed.as_secs_f64()));
             }
         }
     }
 
     pub fn record_error(&self, instance: &str, component: &str) {
-        bump(&mut self.counters.lock().errors, &(instance.to_owned(), component.to_owned()));
+        bump(
+            &mut self.counters.lock().errors,
+            &(instance.to_owned(), component.to_owned()),
+        );
     }
 
     pub fn record_fallback(&self, instance: &str) {
@@ -66,7 +73,12 @@ impl Metrics {
     }
 
     pub fn fallbacks(&self, instance: &str) -> u64 {
-        self.counters.lock().fallbacks.get(instance).copied().unwrap_or(0)
+        self.counters
+            .lock()
+            .fallbacks
+            .get(instance)
+            .copied()
+            .unwrap_or(0)
     }
 
     pub fn render<'a>(
@@ -80,25 +92,48 @@ impl Metrics {
         let _ = writeln!(out, "# HELP switchyard_selections_total Selections run, per instance (fallback runs count for `default`).");
         let _ = writeln!(out, "# TYPE switchyard_selections_total counter");
         for (instance, (n, _)) in &c.selections {
-            let _ = writeln!(out, "switchyard_selections_total{{instance=\"{}\"}} {n}", label(instance));
+            let _ = writeln!(
+                out,
+                "switchyard_selections_total{{instance=\"{}\"}} {n}",
+                label(instance)
+            );
         }
-        let _ = writeln!(out, "# HELP switchyard_selection_seconds_total Time spent in selections, per instance.");
+        let _ = writeln!(
+            out,
+            "# HELP switchyard_selection_seconds_total Time spent in selections, per instance."
+        );
         let _ = writeln!(out, "# TYPE switchyard_selection_seconds_total counter");
         for (instance, (_, s)) in &c.selections {
-            let _ = writeln!(out, "switchyard_selection_seconds_total{{instance=\"{}\"}} {s}", label(instance));
+            let _ = writeln!(
+                out,
+                "switchyard_selection_seconds_total{{instance=\"{}\"}} {s}",
+                label(instance)
+            );
         }
         let _ = writeln!(out, "# HELP switchyard_selection_errors_total Failed selections, per instance and component at fault.");
         let _ = writeln!(out, "# TYPE switchyard_selection_errors_total counter");
         for ((instance, component), n) in &c.errors {
-            let _ = writeln!(out, "switchyard_selection_errors_total{{instance=\"{}\",component=\"{}\"}} {n}", label(instance), label(component));
+            let _ = writeln!(
+                out,
+                "switchyard_selection_errors_total{{instance=\"{}\",component=\"{}\"}} {n}",
+                label(instance),
+                label(component)
+            );
         }
         let _ = writeln!(out, "# HELP switchyard_fallbacks_total Requests routed by the built-in policy after the instance failed.");
         let _ = writeln!(out, "# TYPE switchyard_fallbacks_total counter");
         for (instance, n) in &c.fallbacks {
-            let _ = writeln!(out, "switchyard_fallbacks_total{{instance=\"{}\"}} {n}", label(instance));
+            let _ = writeln!(
+                out,
+                "switchyard_fallbacks_total{{instance=\"{}\"}} {n}",
+                label(instance)
+            );
         }
         drop(c);
-        let _ = writeln!(out, "# HELP switchyard_component_calls_total Calls per component instance.");
+        let _ = writeln!(
+            out,
+            "# HELP switchyard_component_calls_total Calls per component instance."
+        );
         let _ = writeln!(out, "# TYPE switchyard_component_calls_total counter");
         let mut latency = String::new();
         let mut errors = String::new();
@@ -112,32 +147,76 @@ impl Metrics {
                     label(&stage.name),
                     stage.kind.as_str()
                 );
-                let _ = writeln!(out, "switchyard_component_calls_total{{{labels}}} {}", stage.stats.calls);
-                let _ = writeln!(latency, "switchyard_component_seconds_total{{{labels}}} {}", stage.stats.nanos as f64 / 1e9);
-                let _ = writeln!(errors, "switchyard_component_errors_total{{{labels}}} {}", stage.stats.errors);
+                let _ = writeln!(
+                    out,
+                    "switchyard_component_calls_total{{{labels}}} {}",
+                    stage.stats.calls
+                );
+                let _ = writeln!(
+                    latency,
+                    "switchyard_component_seconds_total{{{labels}}} {}",
+                    stage.stats.nanos as f64 / 1e9
+                );
+                let _ = writeln!(
+                    errors,
+                    "switchyard_component_errors_total{{{labels}}} {}",
+                    stage.stats.errors
+                );
             }
         }
-        let _ = writeln!(out, "# HELP switchyard_component_seconds_total Time spent in each component instance.");
+        let _ = writeln!(
+            out,
+            "# HELP switchyard_component_seconds_total Time spent in each component instance."
+        );
         let _ = writeln!(out, "# TYPE switchyard_component_seconds_total counter");
         out.push_str(&latency);
-        let _ = writeln!(out, "# HELP switchyard_component_errors_total Errors per component instance.");
+        let _ = writeln!(
+            out,
+            "# HELP switchyard_component_errors_total Errors per component instance."
+        );
         let _ = writeln!(out, "# TYPE switchyard_component_errors_total counter");
         out.push_str(&errors);
         for (name, help, value) in [
-            ("active_requests", "Requests booked on the worker.", (|l: &WorkerLoad| u64::from(l.active_requests)) as fn(&WorkerLoad) -> u64),
-            ("active_prefill_tokens", "Prefill tokens booked on the worker.", |l| l.active_prefill_tokens),
-            ("active_decode_blocks", "Decode blocks booked on the worker.", |l| l.active_decode_blocks),
+            (
+                "active_requests",
+                "Requests booked on the worker.",
+                (|l: &WorkerLoad| u64::from(l.active_requests)) as fn(&WorkerLoad) -> u64,
+            ),
+            (
+                "active_prefill_tokens",
+                "Prefill tokens booked on the worker.",
+                |l| l.active_prefill_tokens,
+            ),
+            (
+                "active_decode_blocks",
+                "Decode blocks booked on the worker.",
+                |l| l.active_decode_blocks,
+            ),
         ] {
             let _ = writeln!(out, "# HELP switchyard_worker_{name} {help}");
             let _ = writeln!(out, "# TYPE switchyard_worker_{name} gauge");
             for (worker, load) in loads {
-                let _ = writeln!(out, "switchyard_worker_{name}{{worker_id=\"{}\",dp_rank=\"{}\"}} {}", worker.worker_id, worker.dp_rank, value(load));
+                let _ = writeln!(
+                    out,
+                    "switchyard_worker_{name}{{worker_id=\"{}\",dp_rank=\"{}\"}} {}",
+                    worker.worker_id,
+                    worker.dp_rank,
+                    value(load)
+                );
             }
         }
-        let _ = writeln!(out, "# HELP switchyard_kv_blocks Blocks in the KV index, per tier.");
+        let _ = writeln!(
+            out,
+            "# HELP switchyard_kv_blocks Blocks in the KV index, per tier."
+        );
         let _ = writeln!(out, "# TYPE switchyard_kv_blocks gauge");
         for tier in Tier::ALL {
-            let _ = writeln!(out, "switchyard_kv_blocks{{tier=\"{}\"}} {}", tier.as_str(), kv_blocks[tier as usize]);
+            let _ = writeln!(
+                out,
+                "switchyard_kv_blocks{{tier=\"{}\"}} {}",
+                tier.as_str(),
+                kv_blocks[tier as usize]
+            );
         }
         out
     }

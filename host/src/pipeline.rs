@@ -642,7 +642,10 @@ pub struct Selector {
 
 impl Selector {
     pub fn new(policy: Policy) -> Self {
-        Selector { policy, candidates: Candidates::default() }
+        Selector {
+            policy,
+            candidates: Candidates::default(),
+        }
     }
 
     /// The groups the router must compute for this policy.
@@ -661,6 +664,8 @@ impl Selector {
             self.candidates.push(&row);
         }
         let (policy, candidates) = (&mut self.policy, &mut self.candidates);
-        request.with_abi(|raw| policy.select(raw, candidates)).map(|row| candidates.worker(row))
+        request
+            .with_abi(|raw| policy.select(raw, candidates))
+            .map(|row| candidates.worker(row))
     }
 }

@@ -60,10 +60,13 @@ impl RequestContext {
     pub fn with_abi<R>(&self, f: impl FnOnce(&switchyard_request) -> R) -> R {
         let session = self.session.as_ref().map(|s| switchyard_session {
             session_id: str_to_abi(&s.session_id),
-            parent_session_id: s
-                .parent_session_id
-                .as_deref()
-                .map_or(switchyard_str { ptr: std::ptr::null(), len: 0 }, str_to_abi),
+            parent_session_id: s.parent_session_id.as_deref().map_or(
+                switchyard_str {
+                    ptr: std::ptr::null(),
+                    len: 0,
+                },
+                str_to_abi,
+            ),
             input_trigger: match s.input_trigger {
                 None => SWITCHYARD_TRIGGER_NONE,
                 Some(InputTriggerName::UserMessage) => SWITCHYARD_TRIGGER_USER_MESSAGE,
@@ -87,7 +90,9 @@ impl RequestContext {
             has_expected_output_tokens: u8::from(self.expected_output_tokens.is_some()),
             has_router_temperature_override: u8::from(self.router_temperature_override.is_some()),
             reserved0: 0,
-            session: session.as_ref().map_or(std::ptr::null(), std::ptr::from_ref),
+            session: session
+                .as_ref()
+                .map_or(std::ptr::null(), std::ptr::from_ref),
         };
         f(&raw)
     }

@@ -103,7 +103,10 @@ pub enum RouteError {
     #[error("no eligible worker: {0}")]
     NoWorker(String),
     #[error("instance `{instance}` failed: {error}")]
-    PolicyFailed { instance: String, error: SelectError },
+    PolicyFailed {
+        instance: String,
+        error: SelectError,
+    },
     #[error(transparent)]
     Accounting(#[from] AccountingError),
     #[error(transparent)]
@@ -139,7 +142,10 @@ impl Router {
         let workers = startup.source.config.workers.clone();
         let router = Router {
             startup,
-            state: RwLock::new(State { workers: Workers::default(), partitions: HashMap::new() }),
+            state: RwLock::new(State {
+                workers: Workers::default(),
+                partitions: HashMap::new(),
+            }),
             kv: RwLock::new(KvIndex::default()),
             load: RwLock::new(LoadAccounting::new(expiry)),
             metrics: Metrics::default(),
@@ -167,10 +173,16 @@ impl Router {
         if new_partition {
             let mut selectors = Selectors::new();
             for instance in &self.startup.instances {
-                let policy = instance
-                    .build(&partition)
-                    .map_err(|e| RouteError::BadRequest(format!("instance `{}` cannot be built for partition {partition}: {e}", instance.name)))?;
-                selectors.insert(instance.name.clone(), Arc::new(Mutex::new(Selector::new(policy))));
+                let policy = instance.build(&partition).map_err(|e| {
+                    RouteError::BadRequest(format!(
+                        "instance `{}` cannot be built for partition {partition}: {e}",
+                        instance.name
+                    ))
+                })?;
+                selectors.insert(
+                    instance.name.clone(),
+                    Arc::new(Mutex::new(Selector::new(policy))),
+                );
             }
             state.partitions.insert(partition, selectors);
         }
@@ -235,7 +247,11 @@ impl Router {
     pub fn loads(&self) -> Vec<(WorkerId, crate::load_accounting::WorkerLoad)> {
         let state = self.state.read();
         let load = self.load.read();
-        state.workers.all().map(|w| (w.id(), load.load(w.id()))).collect()
+        state
+            .workers
+            .all()
+            .map(|w| (w.id(), load.load(w.id())))
+            .collect()
     }
 
     pub fn active_bookings(&self) -> usize {
@@ -243,24 +259,45 @@ impl Router {
     }
 
     fn instance(&self, name: &str) -> Result<&Arc<InstanceFactory>, RouteError> {
-        self.startup.instance(name).ok_or_else(|| RouteError::UnknownInstance {
-            name: name.to_owned(),
-            known: self.startup.instances.iter().map(|i| i.name.as_str()).collect::<Vec<_>>().join(", "),
-        })
+        self.startup
+            .instance(name)
+            .ok_or_else(|| RouteError::UnknownInstance {
+                name: name.to_owned(),
+                known: self
+                    .startup
+                    .instances
+                    .iter()
+                    .map(|i| i.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            })
     }
 
     fn route(&self, request: &RouteRequest, reserve: bool) -> Result<RouteDecision, RouteError> {
         let request_id = match (&request.request_id, reserve) {
-            (Some(id), _) if id.is_empty() => return Err(RouteError::BadRequest("`request_id` must not be empty".into())),
-            (None, true) => return Err(RouteError::BadRequest("select-and-reserve needs a `request_id`".into())),
+            (Some(id), _) if id.is_empty() => {
+                return Err(RouteError::BadRequest(
+                    "`request_id` must not be empty".into(),
+                ))
+            }
+            (None, true) => {
+                return Err(RouteError::BadRequest(
+                    "select-and-reserve needs a `request_id`".into(),
+                ))
+            }
             (id, _) => id.clone(),
         };
         if let Some(t) = request.router_temperature {
             if !t.is_finite() || t < 0.0 {
-                return Err(RouteError::BadRequest(format!("`router_temperature` must be a finite number >= 0, got {t}")));
+                return Err(RouteError::BadRequest(format!(
+                    "`router_temperature` must be a finite number >= 0, got {t}"
+                )));
             }
         }
-        let instance_name = request.instance.as_deref().unwrap_or(&self.startup.default_instance);
+        let instance_name = request
+            .instance
+            .as_deref()
+            .unwrap_or(&self.startup.default_instance);
         let instance = self.instance(instance_name)?;
         let partition = PartitionKey::new(request.model.clone(), request.worker_type.worker_type());
         let block_size = self.block_size();
@@ -268,8 +305,16 @@ impl Router {
         SCRATCH.with(|scratch| {
             let (query, hashes) = &mut *scratch.borrow_mut();
             let request_blocks = match (&request.token_ids, &request.block_hashes) {
-                (Some(_), Some(_)) => return Err(RouteError::BadRequest("give `token_ids` or `block_hashes`, not both".into())),
-                (None, None) => return Err(RouteError::BadRequest("give the prompt as `token_ids` or `block_hashes`".into())),
+                (Some(_), Some(_)) => {
+                    return Err(RouteError::BadRequest(
+                        "give `token_ids` or `block_hashes`, not both".into(),
+                    ))
+                }
+                (None, None) => {
+                    return Err(RouteError::BadRequest(
+                        "give the prompt as `token_ids` or `block_hashes`".into(),
+                    ))
+                }
                 (Some(tokens), None) => {
                     hash_tokens(tokens, block_size, hashes);
                     (tokens.len() as u64).div_ceil(u64::from(block_size))
@@ -290,9 +335,17 @@ impl Router {
 
             let state = self.state.read();
             let members = state.workers.members(&partition);
-            let Some(selectors) = state.partitions.get(&partition).filter(|_| !members.is_empty()) else {
+            let Some(selectors) = state
+                .partitions
+                .get(&partition)
+                .filter(|_| !members.is_empty())
+            else {
                 return Err(if state.workers.has_model(&request.model) {
-                    RouteError::NoWorker(format!("model `{}` has no {} workers", request.model, request.worker_type.worker_type().as_str()))
+                    RouteError::NoWorker(format!(
+                        "model `{}` has no {} workers",
+                        request.model,
+                        request.worker_type.worker_type().as_str()
+                    ))
                 } else {
                     RouteError::UnknownModel(request.model.clone())
                 });
@@ -304,7 +357,8 @@ impl Router {
             let row_of = |id: &WorkerId, inputs: WorkerInputs| {
                 let mut row = CandidateRow::new(*id);
                 let overlap = overlaps.overlap(*id);
-                let new_blocks = request_blocks.saturating_sub(u64::from(overlap.tier(Tier::Device)));
+                let new_blocks =
+                    request_blocks.saturating_sub(u64::from(overlap.tier(Tier::Device)));
                 if inputs.contains(WorkerInputs::CACHE) {
                     row.cache.device_overlap_blocks = overlap.tier(Tier::Device);
                     row.cache.host_overlap_blocks = overlap.tier(Tier::Host);
@@ -318,13 +372,18 @@ impl Router {
                     row.load.active_requests = l.active_requests;
                 }
                 if inputs.contains(WorkerInputs::ROUTING) {
-                    row.preferred_taint_multiplier =
-                        state.workers.get(*id).and_then(|w| w.preferred_taint_multiplier).unwrap_or(f64::NAN);
+                    row.preferred_taint_multiplier = state
+                        .workers
+                        .get(*id)
+                        .and_then(|w| w.preferred_taint_multiplier)
+                        .unwrap_or(f64::NAN);
                 }
                 row
             };
             let run = |name: &str| -> Result<WorkerId, SelectError> {
-                let selector = selectors.get(name).expect("every instance has a selector per partition");
+                let selector = selectors
+                    .get(name)
+                    .expect("every instance has a selector per partition");
                 let mut selector = selector.lock();
                 let inputs = selector.inputs();
                 let started = Instant::now();
@@ -335,18 +394,27 @@ impl Router {
             let (chosen, fallback) = match run(&instance.name) {
                 Ok(worker) => (worker, false),
                 Err(error) if error.is_no_worker() => {
-                    self.metrics.record_error(&instance.name, error.component().unwrap_or("-"));
+                    self.metrics
+                        .record_error(&instance.name, error.component().unwrap_or("-"));
                     return Err(RouteError::NoWorker(error.to_string()));
                 }
                 Err(error) => {
-                    self.metrics.record_error(&instance.name, error.component().unwrap_or("-"));
+                    self.metrics
+                        .record_error(&instance.name, error.component().unwrap_or("-"));
                     tracing::warn!(instance = %instance.name, %error, "policy failed");
                     if instance.on_error == OnError::Fallback && instance.name != BUILTIN_DEFAULT {
                         self.metrics.record_fallback(&instance.name);
-                        let worker = run(BUILTIN_DEFAULT).map_err(|e| RouteError::PolicyFailed { instance: BUILTIN_DEFAULT.into(), error: e })?;
+                        let worker =
+                            run(BUILTIN_DEFAULT).map_err(|e| RouteError::PolicyFailed {
+                                instance: BUILTIN_DEFAULT.into(),
+                                error: e,
+                            })?;
                         (worker, true)
                     } else {
-                        return Err(RouteError::PolicyFailed { instance: instance.name.clone(), error });
+                        return Err(RouteError::PolicyFailed {
+                            instance: instance.name.clone(),
+                            error,
+                        });
                     }
                 }
             };
@@ -354,9 +422,21 @@ impl Router {
             drop(load);
             if let (true, Some(id)) = (reserve, &request_id) {
                 let new_blocks = request_blocks.saturating_sub(u64::from(device_overlap));
-                let prefill_tokens = if request.tracks_prefill_tokens { new_blocks * u64::from(block_size) } else { 0 };
-                let output_blocks = request.expected_output_tokens.unwrap_or(0).div_ceil(u64::from(block_size));
-                self.load.write().reserve(id, chosen, prefill_tokens, new_blocks + output_blocks)?;
+                let prefill_tokens = if request.tracks_prefill_tokens {
+                    new_blocks * u64::from(block_size)
+                } else {
+                    0
+                };
+                let output_blocks = request
+                    .expected_output_tokens
+                    .unwrap_or(0)
+                    .div_ceil(u64::from(block_size));
+                self.load.write().reserve(
+                    id,
+                    chosen,
+                    prefill_tokens,
+                    new_blocks + output_blocks,
+                )?;
             }
             Ok(RouteDecision {
                 worker_id: chosen.worker_id,
@@ -375,7 +455,9 @@ impl Router {
         let loads = self.loads();
         let state = self.state.read();
         let selectors = state.partitions.iter().flat_map(|(partition, selectors)| {
-            selectors.iter().map(move |(instance, selector)| (partition, instance.as_str(), selector))
+            selectors
+                .iter()
+                .map(move |(instance, selector)| (partition, instance.as_str(), selector))
         });
         self.metrics.render(selectors, &loads, self.kv_blocks())
     }

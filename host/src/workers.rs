@@ -61,7 +61,10 @@ pub struct WorkerSpec {
 
 impl WorkerSpec {
     pub fn id(&self) -> WorkerId {
-        WorkerId { worker_id: self.worker_id, dp_rank: self.dp_rank }
+        WorkerId {
+            worker_id: self.worker_id,
+            dp_rank: self.dp_rank,
+        }
     }
     pub fn partition(&self) -> PartitionKey {
         PartitionKey::new(self.model.clone(), self.worker_type.worker_type())
@@ -76,7 +79,9 @@ impl WorkerSpec {
         }
         if let Some(m) = self.preferred_taint_multiplier {
             if !m.is_finite() || m < 0.0 {
-                return Err(format!("`preferred_taint_multiplier` must be a finite number >= 0, got {m}"));
+                return Err(format!(
+                    "`preferred_taint_multiplier` must be a finite number >= 0, got {m}"
+                ));
             }
         }
         Ok(())

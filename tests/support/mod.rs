@@ -13,7 +13,10 @@ use switchyard::startup::{start, Startup};
 use switchyard_plugin_sdk::{WorkerId, WorkerType};
 
 pub fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_owned()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_owned()
 }
 
 /// target/debug (or release): where cargo wrote this test binary's crates.
@@ -23,13 +26,20 @@ pub fn cargo_out_dir() -> PathBuf {
 }
 
 fn must_exist(path: PathBuf, how: &str) -> PathBuf {
-    assert!(path.exists(), "{} is missing: {how} (`make test` does both)", path.display());
+    assert!(
+        path.exists(),
+        "{} is missing: {how} (`make test` does both)",
+        path.display()
+    );
     path
 }
 
 /// A Rust plugin of the workspace (cdylib), built by `cargo build --workspace`.
 pub fn rust_plugin(lib: &str) -> PathBuf {
-    must_exist(cargo_out_dir().join(format!("lib{lib}.so")), "run `cargo build --workspace` first")
+    must_exist(
+        cargo_out_dir().join(format!("lib{lib}.so")),
+        "run `cargo build --workspace` first",
+    )
 }
 
 /// A C or C++ example plugin, built by CMake into target/plugins.
@@ -48,7 +58,15 @@ pub fn switchyard_bin() -> PathBuf {
 pub fn broken_plugin(dir: &Path, name: &str, defines: &[&str]) -> PathBuf {
     let out = dir.join(format!("{name}.so"));
     let status = Command::new("cc")
-        .args(["-std=c11", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror", "-Wno-unused-function"])
+        .args([
+            "-std=c11",
+            "-shared",
+            "-fPIC",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-Wno-unused-function",
+        ])
         .arg("-I")
         .arg(repo().join("include"))
         .args(defines.iter().map(|d| format!("-D{d}")))
@@ -58,7 +76,10 @@ pub fn broken_plugin(dir: &Path, name: &str, defines: &[&str]) -> PathBuf {
         .arg("-lm")
         .status()
         .expect("cc runs");
-    assert!(status.success(), "compiling the fixture {name} with {defines:?} failed");
+    assert!(
+        status.success(),
+        "compiling the fixture {name} with {defines:?} failed"
+    );
     out
 }
 
@@ -99,7 +120,10 @@ pub fn rows(workers: &[W]) -> Vec<CandidateRow> {
     workers
         .iter()
         .map(|w| {
-            let mut row = CandidateRow::new(WorkerId { worker_id: w.id, dp_rank: 0 });
+            let mut row = CandidateRow::new(WorkerId {
+                worker_id: w.id,
+                dp_rank: 0,
+            });
             row.cache.device_overlap_blocks = w.device;
             row.cache.host_overlap_blocks = w.device;
             row.cache.disk_overlap_blocks = w.device;
@@ -112,11 +136,23 @@ pub fn rows(workers: &[W]) -> Vec<CandidateRow> {
 
 /// A selector for `instance` of a started config, partition `m`/select.
 pub fn selector(startup: &Startup, instance: &str) -> Selector {
-    let factory = startup.instance(instance).unwrap_or_else(|| panic!("no instance {instance}"));
-    Selector::new(factory.build(&PartitionKey::new("m", WorkerType::Select)).expect("builds"))
+    let factory = startup
+        .instance(instance)
+        .unwrap_or_else(|| panic!("no instance {instance}"));
+    Selector::new(
+        factory
+            .build(&PartitionKey::new("m", WorkerType::Select))
+            .expect("builds"),
+    )
 }
 
 /// One selection of a request of `request_blocks` over `workers`; the chosen worker id.
-pub fn select(selector: &mut Selector, request_blocks: u64, workers: &[W]) -> Result<u64, SelectError> {
-    selector.select(&RequestContext::new(16, request_blocks), rows(workers)).map(|w| w.worker_id)
+pub fn select(
+    selector: &mut Selector,
+    request_blocks: u64,
+    workers: &[W],
+) -> Result<u64, SelectError> {
+    selector
+        .select(&RequestContext::new(16, request_blocks), rows(workers))
+        .map(|w| w.worker_id)
 }

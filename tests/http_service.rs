@@ -1,0 +1,453 @@
+//! End to end over loopback: `switchyard serve` with plugins of all three languages,
+//! workers registered and KV events posted over HTTP, requests routed to the expected
+//! overlap, load visible in the next decision, free returning counts to zero; and every
+//! malformed-input class answered with its status and a message.
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+
+use serde_json::{json, Value};
+use support::*;
+
+struct Server {
+    child: Child,
+    base: String,
+}
+
+impl Server {
+    fn start(config: &std::path::Path) -> Server {
+        let mut child = Command::new(switchyard_bin())
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(config)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = BufReader::new(stdout).lines();
+        let base = loop {
+            let line = lines
+                .next()
+                .expect("serve exited before listening")
+                .unwrap();
+            if let Some(address) = line.strip_prefix("switchyard listening on ") {
+                break address.to_owned();
+            }
+        };
+        // Keep draining stdout so the server never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Server { child, base }
+    }
+
+    fn call(&self, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
+        let request = ureq::request(method, &format!("{}{path}", self.base));
+        let response = match body {
+            Some(body) => request
+                .set("content-type", "application/json")
+                .send_string(body),
+            None => request.call(),
+        };
+        let response = match response {
+            Ok(r) => r,
+            Err(ureq::Error::Status(_, r)) => r,
+            Err(e) => panic!("{method} {path}: {e}"),
+        };
+        let status = response.status();
+        let text = response.into_string().unwrap();
+        (
+            status,
+            serde_json::from_str(&text).unwrap_or(Value::String(text)),
+        )
+    }
+
+    fn post(&self, path: &str, body: Value) -> (u16, Value) {
+        self.call("POST", path, Some(&body.to_string()))
+    }
+
+    fn ok(&self, path: &str, body: Value) -> Value {
+        let (status, value) = self.post(path, body.clone());
+        assert!(status < 300, "POST {path} {body} -> {status} {value}");
+        value
+    }
+
+    fn metrics(&self) -> String {
+        let (status, text) = self.call("GET", "/metrics", None);
+        assert_eq!(status, 200);
+        text.as_str().unwrap().to_owned()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn config(dir: &std::path::Path) -> std::path::PathBuf {
+    let yaml = format!(
+        "plugins:\n  - path: {}\n  - path: {}\n  - path: {}\n  - path: {}\n\
+         worker_selection:\n  default: least-busy-cpp\n  instances:\n\
+         \x20   - {{name: least-busy, type: least-busy}}\n\
+         \x20   - {{name: least-busy-c, type: c.least-busy}}\n\
+         \x20   - {{name: least-busy-cpp, type: cpp.least-busy}}\n\
+         \x20   - {{name: picky, type: c.least-busy, parameters: {{min_device_overlap_blocks: 100}}}}\n\
+         \x20   - name: kv\n      scorers: [{{type: builtin.kv-overlap}}]\n      picker: {{type: c.lowest-cost}}\n\
+         \x20   - name: fragile\n      scorers: [{{type: cpp.throwing-scorer}}]\n      picker: {{type: cpp.lowest-cost}}\n\
+         \x20   - name: resilient\n      on_error: fallback\n      scorers: [{{type: cpp.throwing-scorer}}]\n      picker: {{type: cpp.lowest-cost}}\n",
+        rust_plugin("least_busy").display(),
+        cmake_plugin("least_busy_c").display(),
+        cmake_plugin("least_busy_cpp").display(),
+        cmake_plugin("session_affinity_cpp").display()
+    );
+    write_config(dir, &yaml)
+}
+
+fn worker_load(server: &Server, id: u64) -> Value {
+    let (_, workers) = server.call("GET", "/v1/workers", None);
+    workers
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["worker_id"] == id)
+        .unwrap()["load"]
+        .clone()
+}
+
+#[test]
+fn routes_by_overlap_and_load_through_plugins_of_three_languages() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&config(dir.path()));
+    assert_eq!(
+        server.call("GET", "/readyz", None).0,
+        503,
+        "not ready without workers"
+    );
+    for id in 1..=3 {
+        server.ok("/v1/workers", json!({"model": "m", "worker_id": id}));
+    }
+    assert_eq!(server.call("GET", "/readyz", None).0, 200);
+    assert_eq!(server.call("GET", "/healthz", None).0, 200);
+
+    // Worker 2 holds the first 4 blocks of the prompt on device; worker 3 the first 2.
+    server.ok(
+        "/v1/kv_events",
+        json!({"worker_id": 2, "events": [{"type": "stored", "block_hashes": [11, 12, 13, 14]}]}),
+    );
+    server.ok("/v1/kv_events", json!({"worker_id": 3, "events": [{"type": "stored", "tier": "device", "block_hashes": [11, 12]}, {"type": "stored", "tier": "host", "block_hashes": [11, 12, 13]}]}));
+    let prompt = json!([11, 12, 13, 14, 15, 16]);
+    let decision = server.ok(
+        "/v1/select",
+        json!({"model": "m", "instance": "kv", "block_hashes": prompt}),
+    );
+    assert_eq!(
+        (
+            decision["worker_id"].as_u64(),
+            decision["device_overlap_blocks"].as_u64()
+        ),
+        (Some(2), Some(4)),
+        "{decision}"
+    );
+    assert_eq!(decision["request_blocks"], 6);
+
+    // Token ids are hashed by the router: store a 3-block prompt on worker 3 by its hashes.
+    let tokens: Vec<u32> = (0..48).collect();
+    let mut hashes = Vec::new();
+    switchyard::kv_index::hash_tokens(&tokens, 16, &mut hashes);
+    server.ok(
+        "/v1/kv_events",
+        json!({"worker_id": 3, "events": [{"type": "stored", "block_hashes": hashes}]}),
+    );
+    let decision = server.ok(
+        "/v1/select",
+        json!({"model": "m", "instance": "kv", "token_ids": tokens}),
+    );
+    assert_eq!(
+        (
+            decision["worker_id"].as_u64(),
+            decision["device_overlap_blocks"].as_u64()
+        ),
+        (Some(3), Some(3)),
+        "{decision}"
+    );
+
+    // Least busy in each language: reservations are visible in the next decision.
+    let mut chosen = Vec::new();
+    for (n, instance) in [
+        "least-busy",
+        "least-busy-c",
+        "least-busy-cpp",
+        "least-busy",
+        "least-busy-c",
+        "least-busy-cpp",
+    ]
+    .iter()
+    .enumerate()
+    {
+        let d = server.ok("/v1/reserve", json!({"model": "m", "instance": instance, "block_hashes": [1, 2], "request_id": format!("r{n}"), "expected_output_tokens": 32}));
+        chosen.push(d["worker_id"].as_u64().unwrap());
+    }
+    assert_eq!(
+        chosen,
+        vec![1, 2, 3, 1, 2, 3],
+        "each reservation goes to the least busy, ties to the lowest id"
+    );
+    assert_eq!(
+        worker_load(&server, 1),
+        json!({"active_requests": 2, "active_prefill_tokens": 64, "active_decode_blocks": 8})
+    );
+    assert!(server
+        .metrics()
+        .contains("switchyard_worker_active_requests{worker_id=\"1\",dp_rank=\"0\"} 2"));
+
+    server.ok("/v1/requests/r0/prefill_complete", json!({}));
+    assert_eq!(worker_load(&server, 1)["active_prefill_tokens"], 32);
+    for n in 0..6 {
+        let path = format!("/v1/requests/r{n}");
+        let (status, body) = server.call("DELETE", &path, None);
+        assert_eq!(status, 200, "{body}");
+    }
+    for id in 1..=3 {
+        assert_eq!(
+            worker_load(&server, id),
+            json!({"active_requests": 0, "active_prefill_tokens": 0, "active_decode_blocks": 0})
+        );
+    }
+    let (_, policies) = server.call("GET", "/v1/policies", None);
+    assert_eq!(policies["default"], "least-busy-cpp");
+    assert_eq!(policies["plugins"].as_array().unwrap().len(), 4);
+
+    // Removing a worker forgets its cache: worker 2 no longer wins the overlap.
+    assert_eq!(server.call("DELETE", "/v1/workers/2", None).0, 200);
+    let decision = server.ok(
+        "/v1/select",
+        json!({"model": "m", "instance": "kv", "block_hashes": prompt}),
+    );
+    assert_eq!(decision["worker_id"], 3);
+    let metrics = server.metrics();
+    assert!(metrics.contains("switchyard_component_calls_total{instance=\"kv\",partition=\"m/select\",component=\"c.lowest-cost\",kind=\"picker\"} 3"), "{metrics}");
+}
+
+#[test]
+fn every_malformed_input_class_gets_its_status_and_a_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&config(dir.path()));
+    server.ok("/v1/workers", json!({"model": "m", "worker_id": 1}));
+    server.ok(
+        "/v1/workers",
+        json!({"model": "m", "worker_id": 2, "worker_type": "decode"}),
+    );
+    let cases: Vec<(&str, &str, Option<&str>, u16, &str)> = vec![
+        (
+            "POST",
+            "/v1/select",
+            Some("{\"model\": \"m\""),
+            400,
+            "invalid JSON body: EOF while parsing",
+        ),
+        (
+            "POST",
+            "/v1/select",
+            Some(""),
+            400,
+            "the request body is empty",
+        ),
+        (
+            "POST",
+            "/v1/select",
+            Some("{\"block_hashes\": [1]}"),
+            400,
+            "missing field `model`",
+        ),
+        (
+            "POST",
+            "/v1/select",
+            Some("{\"model\": \"m\", \"block_hashes\": [1], \"colour\": 1}"),
+            400,
+            "unknown field `colour`",
+        ),
+        (
+            "POST",
+            "/v1/select",
+            Some("{\"model\": \"m\", \"block_hashes\": \"x\"}"),
+            400,
+            "invalid type: string \"x\"",
+        ),
+        (
+            "POST",
+            "/v1/select",
+            Some("{\"model\": \"m\"}"),
+            400,
+            "give the prompt as `token_ids` or `block_hashes`",
+        ),
+        (
+            "POST",
+            "/v1/select",
+            Some("{\"model\": \"m\", \"block_hashes\": [1], \"token_ids\": [1]}"),
+            400,
+            "not both",
+        ),
+        (
+            "POST",
+            "/v1/select",
+            Some("{\"model\": \"m\", \"block_hashes\": [1], \"router_temperature\": -1}"),
+            400,
+            "`router_temperature` must be a finite number >= 0",
+        ),
+        (
+            "POST",
+            "/v1/reserve",
+            Some("{\"model\": \"m\", \"block_hashes\": [1]}"),
+            400,
+            "select-and-reserve needs a `request_id`",
+        ),
+        (
+            "POST",
+            "/v1/workers",
+            Some("{\"model\": \"\", \"worker_id\": 9}"),
+            400,
+            "`model` must not be empty",
+        ),
+        (
+            "POST",
+            "/v1/kv_events",
+            Some("{\"worker_id\": 1, \"events\": [{\"type\": \"moved\"}]}"),
+            400,
+            "unknown variant `moved`",
+        ),
+        (
+            "DELETE",
+            "/v1/workers/abc",
+            None,
+            400,
+            "worker id must be a whole number",
+        ),
+        (
+            "POST",
+            "/v1/select",
+            Some("{\"model\": \"gpt-9\", \"block_hashes\": [1]}"),
+            404,
+            "unknown model `gpt-9`",
+        ),
+        (
+            "POST",
+            "/v1/select",
+            Some("{\"model\": \"m\", \"block_hashes\": [1], \"instance\": \"nope\"}"),
+            404,
+            "unknown instance `nope`; configured instances: default, least-busy",
+        ),
+        (
+            "POST",
+            "/v1/kv_events",
+            Some("{\"worker_id\": 77, \"events\": []}"),
+            404,
+            "no worker 77 (dp_rank 0)",
+        ),
+        ("DELETE", "/v1/workers/77", None, 404, "no worker 77"),
+        (
+            "POST",
+            "/v1/requests/ghost/free",
+            None,
+            404,
+            "no reserved request `ghost`",
+        ),
+        (
+            "POST",
+            "/v1/requests/ghost/prefill_complete",
+            None,
+            404,
+            "no reserved request `ghost`",
+        ),
+        ("GET", "/v2/everything", None, 404, "no such endpoint"),
+        (
+            "POST",
+            "/v1/workers",
+            Some("{\"model\": \"m\", \"worker_id\": 1}"),
+            409,
+            "already registered",
+        ),
+        (
+            "POST",
+            "/v1/select",
+            Some("{\"model\": \"m\", \"worker_type\": \"prefill\", \"block_hashes\": [1]}"),
+            503,
+            "model `m` has no prefill workers",
+        ),
+        (
+            "POST",
+            "/v1/select",
+            Some("{\"model\": \"m\", \"instance\": \"picky\", \"block_hashes\": [1]}"),
+            503,
+            "rejected every worker",
+        ),
+        (
+            "POST",
+            "/v1/select",
+            Some("{\"model\": \"m\", \"instance\": \"fragile\", \"block_hashes\": [1]}"),
+            500,
+            "scorer `cpp.throwing-scorer` failed (panicked): threw: scorer state corrupted",
+        ),
+    ];
+    for (method, path, body, status, message) in cases {
+        let (got, value) = server.call(method, path, body);
+        let error = value["error"].as_str().unwrap_or_default();
+        assert_eq!(got, status, "{method} {path} {body:?}: {value}");
+        assert!(
+            error.contains(message),
+            "{method} {path} {body:?}: `{message}` not in `{error}`"
+        );
+    }
+    let (_, value) = server.post(
+        "/v1/select",
+        json!({"model": "m", "instance": "fragile", "block_hashes": [1]}),
+    );
+    assert_eq!(value["component"], "cpp.throwing-scorer");
+    assert!(
+        value["error"].as_str().unwrap().contains("poisoned"),
+        "{value}"
+    );
+
+    server.ok(
+        "/v1/reserve",
+        json!({"model": "m", "block_hashes": [1], "request_id": "dup"}),
+    );
+    let (status, value) = server.post(
+        "/v1/reserve",
+        json!({"model": "m", "block_hashes": [1], "request_id": "dup"}),
+    );
+    assert_eq!(status, 409, "{value}");
+
+    // on_error: fallback routes with the built-in policy and counts it.
+    let decision = server.ok(
+        "/v1/select",
+        json!({"model": "m", "instance": "resilient", "block_hashes": [1]}),
+    );
+    assert_eq!(decision["fallback"], true);
+    assert_eq!(decision["worker_id"], 1);
+    let metrics = server.metrics();
+    assert!(
+        metrics.contains("switchyard_fallbacks_total{instance=\"resilient\"} 1"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("switchyard_selection_errors_total{instance=\"fragile\",component=\"cpp.throwing-scorer\"} 2"), "{metrics}");
+    // The router still answers everyone else.
+    assert_eq!(
+        server.ok("/v1/select", json!({"model": "m", "block_hashes": [1]}))["worker_id"],
+        1
+    );
+}
+
+#[test]
+fn sigterm_shuts_down_gracefully() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = Server::start(&config(dir.path()));
+    let status = Command::new("kill")
+        .args(["-TERM", &server.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exit = server.child.wait().unwrap();
+    assert!(exit.success(), "exit status after SIGTERM: {exit}");
+}

@@ -1,0 +1,130 @@
+//! The KV index against a simple reference model: random sequences of stored / removed /
+//! cleared events and queries, same answers.
+
+use std::collections::{HashMap, HashSet};
+
+use rand::{Rng, SeedableRng};
+use switchyard::kv_index::{KvEvent, KvIndex, QueryScratch, Tier};
+use switchyard_plugin_sdk::WorkerId;
+
+/// The obvious model: per worker and tier, the set of hashes held.
+#[derive(Default)]
+struct Reference {
+    held: HashMap<(WorkerId, Tier), HashSet<u64>>,
+}
+
+impl Reference {
+    fn apply(&mut self, worker: WorkerId, event: &KvEvent) {
+        match event {
+            KvEvent::Stored {
+                tier, block_hashes, ..
+            } => self
+                .held
+                .entry((worker, *tier))
+                .or_default()
+                .extend(block_hashes),
+            KvEvent::Removed { tier, block_hashes } => {
+                if let Some(set) = self.held.get_mut(&(worker, *tier)) {
+                    for h in block_hashes {
+                        set.remove(h);
+                    }
+                }
+            }
+            KvEvent::Cleared { tier } => self
+                .held
+                .retain(|(w, t), _| !(*w == worker && tier.is_none_or(|x| x == *t))),
+        }
+    }
+
+    fn prefix(&self, worker: WorkerId, tier: Tier, hashes: &[u64]) -> u32 {
+        let Some(set) = self.held.get(&(worker, tier)) else {
+            return 0;
+        };
+        hashes.iter().take_while(|h| set.contains(h)).count() as u32
+    }
+}
+
+#[test]
+fn index_matches_the_reference_model_on_random_events() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(42);
+    let workers: Vec<WorkerId> = (0..6)
+        .map(|i| WorkerId {
+            worker_id: i / 2,
+            dp_rank: (i % 2) as u32,
+        })
+        .collect();
+    // A few "conversations": each is a chain of block hashes; requests share prefixes.
+    let chains: Vec<Vec<u64>> = (0..5)
+        .map(|c| (0..20).map(|i| (c as u64) << 32 | i).collect())
+        .collect();
+    let mut index = KvIndex::default();
+    let mut reference = Reference::default();
+    let mut scratch = QueryScratch::default();
+    let tiers = Tier::ALL;
+    let mut nonzero = 0;
+    for step in 0..3000 {
+        let worker = workers[rng.gen_range(0..workers.len())];
+        let tier = tiers[rng.gen_range(0..3)];
+        let chain = &chains[rng.gen_range(0..chains.len())];
+        let event = match rng.gen_range(0..10) {
+            0..=5 => {
+                let start = if rng.gen_bool(0.7) {
+                    0
+                } else {
+                    rng.gen_range(0..chain.len())
+                };
+                let end = rng.gen_range(start..=chain.len());
+                KvEvent::Stored {
+                    tier,
+                    parent_hash: start.checked_sub(1).map(|p| chain[p]),
+                    block_hashes: chain[start..end].to_vec(),
+                }
+            }
+            6..=8 => {
+                let n = rng.gen_range(0..4);
+                KvEvent::Removed {
+                    tier,
+                    block_hashes: (0..n)
+                        .map(|_| chain[rng.gen_range(0..chain.len())])
+                        .collect(),
+                }
+            }
+            _ => KvEvent::Cleared {
+                tier: if rng.gen_bool(0.5) { Some(tier) } else { None },
+            },
+        };
+        index.apply(worker, &event);
+        reference.apply(worker, &event);
+
+        if step % 3 == 0 {
+            let query_chain = &chains[rng.gen_range(0..chains.len())];
+            let len = rng.gen_range(0..=query_chain.len());
+            let query = &query_chain[..len];
+            let result = index.query(query, &mut scratch);
+            let mut fleet = 0;
+            for &w in &workers {
+                for t in tiers {
+                    let expected = reference.prefix(w, t, query);
+                    assert_eq!(
+                        result.overlap(w).tier(t),
+                        expected,
+                        "step {step}: worker {w:?} tier {t:?} query {query:?}"
+                    );
+                    fleet = fleet.max(expected);
+                    nonzero += usize::from(expected > 0);
+                }
+            }
+            assert_eq!(result.fleet_prefix, fleet, "step {step}");
+            for &w in &workers {
+                assert_eq!(
+                    result.shared_beyond_device(w),
+                    fleet - reference.prefix(w, Tier::Device, query)
+                );
+            }
+        }
+    }
+    assert!(
+        nonzero > 1000,
+        "the random walk must exercise real overlaps, got {nonzero}"
+    );
+}
