@@ -260,7 +260,9 @@ fn sha256_is_checked_before_the_library_is_opened() {
     start_yaml(dir.path(), &config(&good)).expect("the right checksum loads");
 
     // A library that would fail to load proves the checksum is checked first.
+    // (Replace the file, never rewrite it in place: the loaded library maps it.)
     let text = dir.path().join("pinned.so");
+    std::fs::remove_file(&text).unwrap();
     std::fs::write(&text, "not a library").unwrap();
     let error = start_error(dir.path(), &config(&good));
     assert!(
