@@ -77,10 +77,10 @@ pub fn check_summary(startup: &Startup) -> String {
     for instance in &startup.instances {
         let _ = writeln!(
             out,
-            "  {} ({}; on_error: {:?})",
+            "  {} ({}; on_error: {})",
             instance.name,
             instance.describe(),
-            instance.on_error
+            instance.on_error.as_str()
         );
         // Startup built every instance for every worker type; show the select pipeline.
         if let Ok(policy) = instance.build(&PartitionKey::new(
