@@ -117,7 +117,7 @@ fn index_matches_the_reference_model_on_random_events() {
             assert_eq!(result.fleet_prefix, fleet, "step {step}");
             for &w in &workers {
                 assert_eq!(
-                    result.shared_beyond_device(w),
+                    result.shared_beyond_device(&result.overlap(w)),
                     fleet - reference.prefix(w, Tier::Device, query)
                 );
             }

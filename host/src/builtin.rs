@@ -280,9 +280,50 @@ impl WorkerScorer for DefaultCost {
     ) -> Result<f64, PolicyError> {
         let cache = c.cache().ok_or("cache input unavailable")?;
         let load = c.load().ok_or("load input unavailable")?;
-        let new_blocks = (ctx.request_blocks() as f64 - self.weights.credit(&cache)).max(0.0);
-        let queued_blocks = load.active_prefill_tokens as f64 / f64::from(ctx.block_size().max(1));
-        Ok(self.prefill_load_scale * (new_blocks + queued_blocks) + load.decode_cost_blocks as f64)
+        Ok(self.cost(
+            ctx,
+            &cache,
+            load.active_prefill_tokens,
+            load.decode_cost_blocks,
+        ))
+    }
+    fn score_batch(
+        &mut self,
+        ctx: &WorkerSelectionContext<'_>,
+        candidates: &WorkerCandidates<'_>,
+        costs: &mut [f64],
+    ) -> Result<(), PolicyError> {
+        let cache = candidates.cache().ok_or("cache input unavailable")?;
+        let load = candidates.load().ok_or("load input unavailable")?;
+        for (row, cost) in costs.iter_mut().enumerate() {
+            let row_cache = CandidateCache {
+                device_overlap_blocks: cache.device_overlap_blocks[row],
+                host_overlap_blocks: cache.host_overlap_blocks[row],
+                disk_overlap_blocks: cache.disk_overlap_blocks[row],
+                shared_beyond_device_blocks: cache.shared_beyond_device_blocks[row],
+            };
+            *cost = self.cost(
+                ctx,
+                &row_cache,
+                load.active_prefill_tokens[row],
+                load.decode_cost_blocks[row],
+            );
+        }
+        Ok(())
+    }
+}
+
+impl DefaultCost {
+    fn cost(
+        &self,
+        ctx: &WorkerSelectionContext<'_>,
+        cache: &CandidateCache,
+        prefill_tokens: u64,
+        decode_blocks: u64,
+    ) -> f64 {
+        let new_blocks = (ctx.request_blocks() as f64 - self.weights.credit(cache)).max(0.0);
+        let queued_blocks = prefill_tokens as f64 / f64::from(ctx.block_size().max(1));
+        self.prefill_load_scale * (new_blocks + queued_blocks) + decode_blocks as f64
     }
 }
 

@@ -3,10 +3,11 @@
 //! overlap per tier, and how far the prefix is cached anywhere in the fleet.
 //!
 //! Block hashes are chained (each one covers its block and every block before it), so a
-//! hash names a whole prefix; the index keeps, per tier, hash -> holders and, per worker,
-//! the hashes it holds (for removal and clearing).
+//! hash names a whole prefix; the index keeps, per tier, hash -> the set of workers holding
+//! it (a bitset over dense worker slots) and, per worker, the hashes it holds (for removal
+//! and clearing).
 
-use std::collections::{HashMap, HashSet};
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use serde::{Deserialize, Serialize};
 use switchyard_plugin_sdk::WorkerId;
@@ -76,116 +77,172 @@ impl Overlap {
     }
 }
 
+/// Workers as dense slots, so holder sets are bitsets and query results are arrays.
+#[derive(Default)]
+struct Slots {
+    by_worker: FxHashMap<WorkerId, u32>,
+    count: u32,
+    free: Vec<u32>,
+}
+
+impl Slots {
+    fn get_or_insert(&mut self, worker: WorkerId) -> u32 {
+        if let Some(&slot) = self.by_worker.get(&worker) {
+            return slot;
+        }
+        let slot = self.free.pop().unwrap_or_else(|| {
+            self.count += 1;
+            self.count - 1
+        });
+        self.by_worker.insert(worker, slot);
+        slot
+    }
+}
+
+fn set_bit(bits: &mut Vec<u64>, slot: u32) {
+    let word = (slot / 64) as usize;
+    if bits.len() <= word {
+        bits.resize(word + 1, 0);
+    }
+    bits[word] |= 1 << (slot % 64);
+}
+
+/// Clears a bit; true when no bit is left.
+fn clear_bit(bits: &mut [u64], slot: u32) -> bool {
+    if let Some(word) = bits.get_mut((slot / 64) as usize) {
+        *word &= !(1 << (slot % 64));
+    }
+    bits.iter().all(|&w| w == 0)
+}
+
 #[derive(Default)]
 struct TierIndex {
-    holders: HashMap<u64, HashSet<WorkerId>>,
-    held: HashMap<WorkerId, HashSet<u64>>,
+    /// block hash -> bitset of the slots holding it
+    holders: FxHashMap<u64, Vec<u64>>,
+    /// slot -> the hashes it holds (for removal and clearing)
+    held: FxHashMap<u32, FxHashSet<u64>>,
 }
 
 impl TierIndex {
-    fn store(&mut self, worker: WorkerId, hashes: &[u64]) {
-        let held = self.held.entry(worker).or_default();
+    fn store(&mut self, slot: u32, hashes: &[u64]) {
+        let held = self.held.entry(slot).or_default();
         for &hash in hashes {
             if held.insert(hash) {
-                self.holders.entry(hash).or_default().insert(worker);
+                set_bit(self.holders.entry(hash).or_default(), slot);
             }
         }
     }
 
-    fn remove(&mut self, worker: WorkerId, hashes: impl IntoIterator<Item = u64>) {
+    fn remove(&mut self, slot: u32, hashes: impl IntoIterator<Item = u64>) {
+        let Some(held) = self.held.get_mut(&slot) else {
+            return;
+        };
         for hash in hashes {
-            if let Some(set) = self.holders.get_mut(&hash) {
-                set.remove(&worker);
-                if set.is_empty() {
-                    self.holders.remove(&hash);
+            if held.remove(&hash) {
+                if let Some(bits) = self.holders.get_mut(&hash) {
+                    if clear_bit(bits, slot) {
+                        self.holders.remove(&hash);
+                    }
                 }
             }
-            if let Some(held) = self.held.get_mut(&worker) {
-                held.remove(&hash);
+        }
+    }
+
+    fn clear(&mut self, slot: u32) {
+        if let Some(held) = self.held.remove(&slot) {
+            for hash in held {
+                if let Some(bits) = self.holders.get_mut(&hash) {
+                    if clear_bit(bits, slot) {
+                        self.holders.remove(&hash);
+                    }
+                }
             }
         }
     }
 
-    fn clear(&mut self, worker: WorkerId) {
-        if let Some(held) = self.held.remove(&worker) {
-            self.remove(worker, held);
-        }
-    }
-
-    /// Walks the request's hashes keeping the set of workers that matched every block so
-    /// far; a worker's prefix ends where it drops out. `out` gets each worker's length.
+    /// Walks the request's hashes keeping the bitset of slots that matched every block so
+    /// far; a slot's prefix ends where it drops out. Cost: blocks x words, not blocks x
+    /// workers. Writes `prefix[slot][tier]`; returns the longest prefix.
     fn prefixes(
         &self,
         hashes: &[u64],
-        active: &mut Vec<WorkerId>,
-        next: &mut Vec<WorkerId>,
-        mut out: impl FnMut(WorkerId, u32),
+        tier: usize,
+        active: &mut Vec<u64>,
+        prefix: &mut [[u32; 3]],
     ) -> u32 {
         active.clear();
         let Some(first) = hashes.first().and_then(|h| self.holders.get(h)) else {
             return 0;
         };
-        active.extend(first.iter().copied());
+        active.extend_from_slice(first);
+        let mut record = |word: usize, mut bits: u64, depth: u32| {
+            while bits != 0 {
+                prefix[word * 64 + bits.trailing_zeros() as usize][tier] = depth;
+                bits &= bits - 1;
+            }
+        };
         let mut depth = 1u32;
         for hash in &hashes[1..] {
-            let Some(holders) = self.holders.get(hash) else {
-                break;
-            };
-            next.clear();
-            for &worker in active.iter() {
-                if holders.contains(&worker) {
-                    next.push(worker);
-                } else {
-                    out(worker, depth);
-                }
+            let next = self.holders.get(hash).map_or(&[][..], Vec::as_slice);
+            let mut any = false;
+            for (word, bits) in active.iter_mut().enumerate() {
+                let kept = *bits & next.get(word).copied().unwrap_or(0);
+                record(word, *bits & !kept, depth);
+                *bits = kept;
+                any |= kept != 0;
             }
-            std::mem::swap(active, next);
-            if active.is_empty() {
-                break;
+            if !any {
+                return depth;
             }
             depth += 1;
         }
-        for &worker in active.iter() {
-            out(worker, depth);
+        for (word, &bits) in active.iter().enumerate() {
+            record(word, bits, depth);
         }
         depth
     }
 
     fn blocks(&self) -> usize {
-        self.held.values().map(HashSet::len).sum()
+        self.held.values().map(FxHashSet::len).sum()
     }
 }
 
 /// Reusable buffers for queries, so a lookup allocates nothing once warm.
 #[derive(Default)]
 pub struct QueryScratch {
-    pub overlaps: HashMap<WorkerId, Overlap>,
-    active: Vec<WorkerId>,
-    next: Vec<WorkerId>,
+    prefix: Vec<[u32; 3]>,
+    active: Vec<u64>,
 }
 
-/// The result of a query, borrowed from the scratch.
+/// The result of a query, borrowed from the index and the scratch.
 pub struct QueryResult<'a> {
-    overlaps: &'a HashMap<WorkerId, Overlap>,
-    /// The longest prefix of the request cached anywhere (any worker, any tier).
+    slots: &'a Slots,
+    prefix: &'a [[u32; 3]],
+    /// The longest prefix of the request cached by any one worker in any tier.
     pub fleet_prefix: u32,
 }
 
 impl QueryResult<'_> {
     /// The worker's overlap; zero in every tier when it holds nothing of the prefix.
     pub fn overlap(&self, worker: WorkerId) -> Overlap {
-        self.overlaps.get(&worker).copied().unwrap_or_default()
+        let slot = self.slots.by_worker.get(&worker);
+        Overlap {
+            tiers: slot
+                .and_then(|&s| self.prefix.get(s as usize))
+                .copied()
+                .unwrap_or_default(),
+        }
     }
     /// Blocks of the request beyond the worker's device prefix that are cached somewhere
     /// in the fleet (and could be fetched instead of recomputed).
-    pub fn shared_beyond_device(&self, worker: WorkerId) -> u32 {
-        self.fleet_prefix
-            .saturating_sub(self.overlap(worker).tier(Tier::Device))
+    pub fn shared_beyond_device(&self, overlap: &Overlap) -> u32 {
+        self.fleet_prefix.saturating_sub(overlap.tier(Tier::Device))
     }
 }
 
 #[derive(Default)]
 pub struct KvIndex {
+    slots: Slots,
     tiers: [TierIndex; 3],
 }
 
@@ -194,40 +251,51 @@ impl KvIndex {
         match event {
             KvEvent::Stored {
                 tier, block_hashes, ..
-            } => self.tiers[tier.index()].store(worker, block_hashes),
-            KvEvent::Removed { tier, block_hashes } => {
-                self.tiers[tier.index()].remove(worker, block_hashes.iter().copied())
+            } => {
+                let slot = self.slots.get_or_insert(worker);
+                self.tiers[tier.index()].store(slot, block_hashes)
             }
-            KvEvent::Cleared { tier: Some(tier) } => self.tiers[tier.index()].clear(worker),
+            KvEvent::Removed { tier, block_hashes } => {
+                if let Some(&slot) = self.slots.by_worker.get(&worker) {
+                    self.tiers[tier.index()].remove(slot, block_hashes.iter().copied())
+                }
+            }
+            KvEvent::Cleared { tier: Some(tier) } => {
+                if let Some(&slot) = self.slots.by_worker.get(&worker) {
+                    self.tiers[tier.index()].clear(slot)
+                }
+            }
             KvEvent::Cleared { tier: None } => self.remove_worker(worker),
         }
     }
 
-    /// Forgets everything a worker held (it left the fleet).
+    /// Forgets everything a worker held (it left the fleet, or cleared every tier).
     pub fn remove_worker(&mut self, worker: WorkerId) {
-        for tier in &mut self.tiers {
-            tier.clear(worker);
+        if let Some(slot) = self.slots.by_worker.remove(&worker) {
+            for tier in &mut self.tiers {
+                tier.clear(slot);
+            }
+            self.slots.free.push(slot);
         }
     }
 
     /// Per-worker contiguous prefix overlap per tier for `hashes`.
-    pub fn query<'a>(&self, hashes: &[u64], scratch: &'a mut QueryScratch) -> QueryResult<'a> {
-        scratch.overlaps.clear();
+    pub fn query<'a>(&'a self, hashes: &[u64], scratch: &'a mut QueryScratch) -> QueryResult<'a> {
+        scratch.prefix.clear();
+        scratch.prefix.resize(self.slots.count as usize, [0; 3]);
         let mut fleet_prefix = 0;
         for tier in Tier::ALL {
-            let overlaps = &mut scratch.overlaps;
             let depth = self.tiers[tier.index()].prefixes(
                 hashes,
+                tier.index(),
                 &mut scratch.active,
-                &mut scratch.next,
-                |worker, len| {
-                    overlaps.entry(worker).or_default().tiers[tier.index()] = len;
-                },
+                &mut scratch.prefix,
             );
             fleet_prefix = fleet_prefix.max(depth);
         }
         QueryResult {
-            overlaps: &scratch.overlaps,
+            slots: &self.slots,
+            prefix: &scratch.prefix,
             fleet_prefix,
         }
     }

@@ -6,7 +6,7 @@
 //! release subtracts exactly what its booking added, once, so counts cannot go negative
 //! whatever order calls arrive in.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::time::{Duration, Instant};
 
 use switchyard_plugin_sdk::WorkerId;
@@ -38,16 +38,16 @@ pub enum AccountingError {
 }
 
 pub struct LoadAccounting {
-    workers: HashMap<WorkerId, WorkerLoad>,
-    bookings: HashMap<String, Booking>,
+    workers: FxHashMap<WorkerId, WorkerLoad>,
+    bookings: FxHashMap<String, Booking>,
     expiry: Duration,
 }
 
 impl LoadAccounting {
     pub fn new(expiry: Duration) -> Self {
         LoadAccounting {
-            workers: HashMap::new(),
-            bookings: HashMap::new(),
+            workers: FxHashMap::default(),
+            bookings: FxHashMap::default(),
             expiry,
         }
     }

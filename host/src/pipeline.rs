@@ -66,45 +66,76 @@ impl CandidateRow {
 }
 
 impl Candidates {
-    /// Empties the set (keeping capacity) for a request that needs `groups`.
-    pub fn reset(&mut self, groups: WorkerInputs) {
+    /// Fills the set from `rows` for a request that needs `groups`, in one pass over the
+    /// rows writing each needed column in place (buffers are reused).
+    pub fn fill<I>(&mut self, groups: WorkerInputs, rows: I)
+    where
+        I: IntoIterator<Item = CandidateRow>,
+        I::IntoIter: ExactSizeIterator,
+    {
+        let rows = rows.into_iter();
+        let n = rows.len();
         self.groups = groups;
-        self.worker_id.clear();
-        self.dp_rank.clear();
-        self.device_overlap_blocks.clear();
-        self.host_overlap_blocks.clear();
-        self.disk_overlap_blocks.clear();
-        self.shared_beyond_device_blocks.clear();
-        self.active_prefill_tokens.clear();
-        self.decode_cost_blocks.clear();
-        self.active_requests.clear();
-        self.preferred_taint_multiplier.clear();
-    }
-
-    pub fn groups(&self) -> WorkerInputs {
-        self.groups
-    }
-
-    pub fn push(&mut self, row: &CandidateRow) {
-        self.worker_id.push(row.worker.worker_id);
-        self.dp_rank.push(row.worker.dp_rank);
-        if self.groups.contains(WorkerInputs::CACHE) {
-            self.device_overlap_blocks
-                .push(row.cache.device_overlap_blocks);
-            self.host_overlap_blocks.push(row.cache.host_overlap_blocks);
-            self.disk_overlap_blocks.push(row.cache.disk_overlap_blocks);
-            self.shared_beyond_device_blocks
-                .push(row.cache.shared_beyond_device_blocks);
+        let cache = groups.contains(WorkerInputs::CACHE);
+        let load = groups.contains(WorkerInputs::LOAD);
+        let routing = groups.contains(WorkerInputs::ROUTING);
+        fn size<T: Default + Clone>(column: &mut Vec<T>, wanted: bool, n: usize) {
+            column.clear();
+            if wanted {
+                column.resize(n, T::default());
+            }
         }
-        if self.groups.contains(WorkerInputs::LOAD) {
-            self.active_prefill_tokens
-                .push(row.load.active_prefill_tokens);
-            self.decode_cost_blocks.push(row.load.decode_cost_blocks);
-            self.active_requests.push(row.load.active_requests);
+        size(&mut self.worker_id, true, n);
+        size(&mut self.dp_rank, true, n);
+        size(&mut self.device_overlap_blocks, cache, n);
+        size(&mut self.host_overlap_blocks, cache, n);
+        size(&mut self.disk_overlap_blocks, cache, n);
+        size(&mut self.shared_beyond_device_blocks, cache, n);
+        size(&mut self.active_prefill_tokens, load, n);
+        size(&mut self.decode_cost_blocks, load, n);
+        size(&mut self.active_requests, load, n);
+        size(&mut self.preferred_taint_multiplier, routing, n);
+        // Local slices keep the column pointers in registers through the loop.
+        let (worker_id, dp_rank) = (&mut self.worker_id[..], &mut self.dp_rank[..]);
+        let (device, host) = (
+            &mut self.device_overlap_blocks[..],
+            &mut self.host_overlap_blocks[..],
+        );
+        let (disk, shared) = (
+            &mut self.disk_overlap_blocks[..],
+            &mut self.shared_beyond_device_blocks[..],
+        );
+        let (prefill, decode) = (
+            &mut self.active_prefill_tokens[..],
+            &mut self.decode_cost_blocks[..],
+        );
+        let (active, taint) = (
+            &mut self.active_requests[..],
+            &mut self.preferred_taint_multiplier[..],
+        );
+        let mut filled = 0;
+        for (i, row) in rows.take(n).enumerate() {
+            worker_id[i] = row.worker.worker_id;
+            dp_rank[i] = row.worker.dp_rank;
+            if cache {
+                device[i] = row.cache.device_overlap_blocks;
+                host[i] = row.cache.host_overlap_blocks;
+                disk[i] = row.cache.disk_overlap_blocks;
+                shared[i] = row.cache.shared_beyond_device_blocks;
+            }
+            if load {
+                prefill[i] = row.load.active_prefill_tokens;
+                decode[i] = row.load.decode_cost_blocks;
+                active[i] = row.load.active_requests;
+            }
+            if routing {
+                taint[i] = row.preferred_taint_multiplier;
+            }
+            filled = i + 1;
         }
-        if self.groups.contains(WorkerInputs::ROUTING) {
-            self.preferred_taint_multiplier
-                .push(row.preferred_taint_multiplier);
+        // An iterator that gave fewer rows than it reported: keep what came.
+        if filled < n {
+            self.truncate(filled);
         }
     }
 
@@ -123,31 +154,52 @@ impl Candidates {
         }
     }
 
-    /// Keeps the rows whose `keep` byte is non-zero, in order.
-    fn retain(&mut self, keep: &[u8]) {
+    fn truncate(&mut self, len: usize) {
+        self.worker_id.truncate(len);
+        self.dp_rank.truncate(len);
+        self.device_overlap_blocks.truncate(len);
+        self.host_overlap_blocks.truncate(len);
+        self.disk_overlap_blocks.truncate(len);
+        self.shared_beyond_device_blocks.truncate(len);
+        self.active_prefill_tokens.truncate(len);
+        self.decode_cost_blocks.truncate(len);
+        self.active_requests.truncate(len);
+        self.preferred_taint_multiplier.truncate(len);
+    }
+
+    /// Keeps the rows whose `keep` byte is non-zero, in order. Only identity and the groups
+    /// in `still_needed` are compacted; the others are dropped (and read as absent).
+    fn retain(&mut self, keep: &[u8], still_needed: WorkerInputs) {
+        // Branch-free: every row is copied, the write position advances only for kept rows.
         fn compact<T: Copy>(values: &mut Vec<T>, keep: &[u8]) {
-            if values.is_empty() {
-                return;
-            }
             let mut next = 0;
-            for row in 0..values.len() {
-                if keep[row] != 0 {
-                    values[next] = values[row];
-                    next += 1;
-                }
+            for (row, &k) in keep.iter().enumerate().take(values.len()) {
+                values[next] = values[row];
+                next += usize::from(k != 0);
             }
             values.truncate(next);
         }
+        fn compact_or_drop<T: Copy>(values: &mut Vec<T>, keep: &[u8], needed: bool) {
+            if needed {
+                compact(values, keep);
+            } else {
+                values.clear();
+            }
+        }
+        self.groups = WorkerInputs::from_bits(self.groups.bits() & still_needed.bits());
+        let cache = self.groups.contains(WorkerInputs::CACHE);
+        let load = self.groups.contains(WorkerInputs::LOAD);
+        let routing = self.groups.contains(WorkerInputs::ROUTING);
         compact(&mut self.worker_id, keep);
         compact(&mut self.dp_rank, keep);
-        compact(&mut self.device_overlap_blocks, keep);
-        compact(&mut self.host_overlap_blocks, keep);
-        compact(&mut self.disk_overlap_blocks, keep);
-        compact(&mut self.shared_beyond_device_blocks, keep);
-        compact(&mut self.active_prefill_tokens, keep);
-        compact(&mut self.decode_cost_blocks, keep);
-        compact(&mut self.active_requests, keep);
-        compact(&mut self.preferred_taint_multiplier, keep);
+        compact_or_drop(&mut self.device_overlap_blocks, keep, cache);
+        compact_or_drop(&mut self.host_overlap_blocks, keep, cache);
+        compact_or_drop(&mut self.disk_overlap_blocks, keep, cache);
+        compact_or_drop(&mut self.shared_beyond_device_blocks, keep, cache);
+        compact_or_drop(&mut self.active_prefill_tokens, keep, load);
+        compact_or_drop(&mut self.decode_cost_blocks, keep, load);
+        compact_or_drop(&mut self.active_requests, keep, load);
+        compact_or_drop(&mut self.preferred_taint_multiplier, keep, routing);
     }
 
     /// The ABI view for a component that declared `inputs`: undeclared groups are NULL.
@@ -447,6 +499,8 @@ pub fn status_name(status: i32) -> &'static str {
 /// One policy instance: its stages and the buffers they reuse.
 pub struct Policy {
     filters: Vec<Stage>,
+    /// Per filter: the groups some later stage reads (what compaction must keep).
+    needed_after: Vec<WorkerInputs>,
     scorers: Vec<(Stage, f64)>,
     picker: Stage,
     inputs: WorkerInputs,
@@ -499,8 +553,17 @@ impl Policy {
             .chain(scorers.iter().map(|(s, _)| s))
             .chain(std::iter::once(&picker))
             .fold(WorkerInputs::NONE, |acc, s| acc | s.inputs);
+        let later = |from: usize| {
+            filters[from..]
+                .iter()
+                .chain(scorers.iter().map(|(s, _)| s))
+                .chain(std::iter::once(&picker))
+                .fold(WorkerInputs::NONE, |acc, s| acc | s.inputs)
+        };
+        let needed_after = (0..filters.len()).map(|i| later(i + 1)).collect();
         Ok(Policy {
             filters,
+            needed_after,
             scorers,
             picker,
             inputs,
@@ -539,7 +602,7 @@ impl Policy {
         if candidates.is_empty() {
             return Err(SelectError::NoCandidates);
         }
-        for filter in &mut self.filters {
+        for (filter, &still_needed) in self.filters.iter_mut().zip(&self.needed_after) {
             self.keep.clear();
             self.keep.resize(candidates.len(), 1);
             let view = candidates.view(filter.inputs, ptr::null());
@@ -550,7 +613,7 @@ impl Policy {
             if self.keep.iter().all(|&k| k != 0) {
                 continue;
             }
-            candidates.retain(&self.keep);
+            candidates.retain(&self.keep, still_needed);
             if candidates.is_empty() {
                 return Err(SelectError::AllFiltered {
                     component: filter.name.clone(),
@@ -654,15 +717,16 @@ impl Selector {
     }
 
     /// Runs the pipeline over `rows` for `request`; returns the chosen worker.
-    pub fn select(
+    pub fn select<I>(
         &mut self,
         request: &crate::request::RequestContext,
-        rows: impl IntoIterator<Item = CandidateRow>,
-    ) -> Result<WorkerId, SelectError> {
-        self.candidates.reset(self.policy.inputs());
-        for row in rows {
-            self.candidates.push(&row);
-        }
+        rows: I,
+    ) -> Result<WorkerId, SelectError>
+    where
+        I: IntoIterator<Item = CandidateRow>,
+        I::IntoIter: ExactSizeIterator,
+    {
+        self.candidates.fill(self.policy.inputs(), rows);
         let (policy, candidates) = (&mut self.policy, &mut self.candidates);
         request
             .with_abi(|raw| policy.select(raw, candidates))

@@ -363,7 +363,7 @@ impl Router {
                     row.cache.device_overlap_blocks = overlap.tier(Tier::Device);
                     row.cache.host_overlap_blocks = overlap.tier(Tier::Host);
                     row.cache.disk_overlap_blocks = overlap.tier(Tier::Disk);
-                    row.cache.shared_beyond_device_blocks = overlaps.shared_beyond_device(*id);
+                    row.cache.shared_beyond_device_blocks = overlaps.shared_beyond_device(&overlap);
                 }
                 if inputs.contains(WorkerInputs::LOAD) {
                     let l = load.load(*id);

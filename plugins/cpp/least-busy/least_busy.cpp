@@ -35,6 +35,12 @@ public:
     bool keep(const Request &, const Candidate &c) override {
         return static_cast<double>(c.device_overlap_blocks()) >= min_blocks_;
     }
+    // The batch form: one loop over the column, no virtual call per candidate.
+    void keep_batch(const Request &, const Candidates &c, uint8_t *out) override {
+        for (size_t row = 0; row < c.size(); row++) {
+            out[row] = static_cast<double>(c.device_overlap_blocks(row)) >= min_blocks_;
+        }
+    }
 
 private:
     double min_blocks_ = 0.0;
@@ -46,6 +52,9 @@ public:
     ActiveRequests(const Params &params, const Partition &) { params.allow_only({}); }
     uint32_t required_inputs() const override { return inputs::load; }
     double score(const Request &, const Candidate &c) override { return c.active_requests(); }
+    void score_batch(const Request &, const Candidates &c, double *costs) override {
+        for (size_t row = 0; row < c.size(); row++) costs[row] = c.active_requests(row);
+    }
 };
 
 class LowestCost final : public Picker {

@@ -28,6 +28,22 @@ impl WorkerFilter for MinimumDeviceOverlapFilter {
         let cache = candidate.cache().ok_or("cache input unavailable")?;
         Ok(f64::from(cache.device_overlap_blocks) >= self.minimum_blocks)
     }
+    // The batch form sees every candidate in one call: one tight loop over the column.
+    fn keep_batch(
+        &mut self,
+        _context: &WorkerSelectionContext<'_>,
+        candidates: &WorkerCandidates<'_>,
+        keep: &mut [bool],
+    ) -> Result<(), PolicyError> {
+        let device = candidates
+            .cache()
+            .ok_or("cache input unavailable")?
+            .device_overlap_blocks;
+        for (slot, &blocks) in keep.iter_mut().zip(device) {
+            *slot = f64::from(blocks) >= self.minimum_blocks;
+        }
+        Ok(())
+    }
 }
 
 struct ActiveRequestsScorer;
@@ -43,6 +59,21 @@ impl WorkerScorer for ActiveRequestsScorer {
     ) -> Result<f64, PolicyError> {
         let load = candidate.load().ok_or("load input unavailable")?;
         Ok(f64::from(load.active_requests))
+    }
+    fn score_batch(
+        &mut self,
+        _context: &WorkerSelectionContext<'_>,
+        candidates: &WorkerCandidates<'_>,
+        costs: &mut [f64],
+    ) -> Result<(), PolicyError> {
+        let active = candidates
+            .load()
+            .ok_or("load input unavailable")?
+            .active_requests;
+        for (cost, &n) in costs.iter_mut().zip(active) {
+            *cost = f64::from(n);
+        }
+        Ok(())
     }
 }
 

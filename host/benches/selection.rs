@@ -1,0 +1,237 @@
+//! Selection benchmark: the same `least-busy` policy compiled into the router and as Rust,
+//! C and C++ plugins, plus the built-in `default` policy, at 8 to 10,000 workers with
+//! requests of 64 blocks; then whole select-and-reserve calls through the router.
+//!
+//! Run: `make bench` (builds the plugins, then `cargo bench -p switchyard --bench selection`).
+//! After criterion's timings it prints plugin / built-in ratios measured side by side:
+//! the variants run in interleaved rounds, so machine noise hits them alike.
+
+use std::hint::black_box;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, Throughput};
+use rand::{Rng, SeedableRng};
+use switchyard::config::ConfigSource;
+use switchyard::pipeline::{CandidateRow, Selector};
+use switchyard::registry::PartitionKey;
+use switchyard::request::RequestContext;
+use switchyard::router::{RouteRequest, Router};
+use switchyard::startup::{start, Startup};
+use switchyard::workers::WorkerSpec;
+use switchyard_plugin_sdk::{WorkerId, WorkerType};
+
+const SIZES: [usize; 4] = [8, 128, 1024, 10_000];
+const REQUEST_BLOCKS: u64 = 64;
+const VARIANTS: [(&str, &str); 5] = [
+    ("built-in", "builtin-least-busy"),
+    ("rust-plugin", "rust"),
+    ("c-plugin", "c"),
+    ("cpp-plugin", "cpp"),
+    ("default-policy", "default"),
+];
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_owned()
+}
+
+fn plugin(path: PathBuf) -> String {
+    assert!(
+        path.exists(),
+        "{} is missing: run `make bench` (it builds the plugins first)",
+        path.display()
+    );
+    path.display().to_string()
+}
+
+fn startup() -> Startup {
+    let out = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_owned();
+    let yaml = format!(
+        "plugins:\n  - path: {}\n  - path: {}\n  - path: {}\nworker_selection:\n  builtin_default: {{seed: 1}}\n  instances:\n\
+         \x20   - {{name: builtin-least-busy, type: builtin.least-busy, parameters: {{min_device_overlap_blocks: 4}}}}\n\
+         \x20   - {{name: rust, type: least-busy, parameters: {{min_device_overlap_blocks: 4}}}}\n\
+         \x20   - {{name: c, type: c.least-busy, parameters: {{min_device_overlap_blocks: 4}}}}\n\
+         \x20   - {{name: cpp, type: cpp.least-busy, parameters: {{min_device_overlap_blocks: 4}}}}\n",
+        plugin(out.join("libleast_busy.so")),
+        plugin(repo().join("target/plugins/libleast_busy_c.so")),
+        plugin(repo().join("target/plugins/libleast_busy_cpp.so")),
+    );
+    let source = ConfigSource::parse(yaml, "<bench>".into(), repo()).unwrap();
+    start(source).unwrap_or_else(|e| panic!("{e:?}"))
+}
+
+/// A fixed synthetic fleet: device overlap 0..64 blocks, 0..32 active requests.
+fn fleet(size: usize) -> Vec<CandidateRow> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(size as u64);
+    (0..size)
+        .map(|i| {
+            let mut row = CandidateRow::new(WorkerId {
+                worker_id: i as u64,
+                dp_rank: 0,
+            });
+            let device = rng.gen_range(0..64);
+            row.cache.device_overlap_blocks = device;
+            row.cache.host_overlap_blocks = device + rng.gen_range(0..8);
+            row.cache.disk_overlap_blocks = row.cache.host_overlap_blocks;
+            row.load.active_requests = rng.gen_range(0..32);
+            row.load.active_prefill_tokens = u64::from(row.load.active_requests) * 512;
+            row.load.decode_cost_blocks = u64::from(row.load.active_requests) * 40;
+            row
+        })
+        .collect()
+}
+
+fn selectors(startup: &Startup) -> Vec<(&'static str, Selector)> {
+    VARIANTS
+        .iter()
+        .map(|(label, instance)| {
+            let policy = startup
+                .instance(instance)
+                .unwrap()
+                .build(&PartitionKey::new("bench", WorkerType::Select))
+                .unwrap();
+            (*label, Selector::new(policy))
+        })
+        .collect()
+}
+
+fn bench_selection(c: &mut Criterion, startup: &Startup) {
+    let request = RequestContext::new(16, REQUEST_BLOCKS);
+    let mut group = c.benchmark_group("selection");
+    group
+        .sample_size(30)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
+    for size in SIZES {
+        let rows = fleet(size);
+        group.throughput(Throughput::Elements(1));
+        for (label, mut selector) in selectors(startup) {
+            group.bench_with_input(BenchmarkId::new(label, size), &rows, |b, rows| {
+                b.iter(|| black_box(selector.select(&request, rows.iter().copied()).unwrap()))
+            });
+        }
+    }
+    group.finish();
+}
+
+fn router_with(size: usize, instance: &str) -> (Router, RouteRequest) {
+    let mut startup = startup();
+    startup.default_instance = instance.to_owned();
+    let router = Router::new(startup).unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(9);
+    let chain: Vec<u64> = (0..REQUEST_BLOCKS).map(|i| 1_000 + i).collect();
+    for id in 0..size as u64 {
+        let spec: WorkerSpec =
+            serde_json::from_value(serde_json::json!({"model": "bench", "worker_id": id})).unwrap();
+        router.add_worker(spec).unwrap();
+        let held = rng.gen_range(0..REQUEST_BLOCKS as usize);
+        let event = switchyard::kv_index::KvEvent::Stored {
+            tier: switchyard::kv_index::Tier::Device,
+            parent_hash: None,
+            block_hashes: chain[..held].to_vec(),
+        };
+        router
+            .kv_events(
+                WorkerId {
+                    worker_id: id,
+                    dp_rank: 0,
+                },
+                &[event],
+            )
+            .unwrap();
+    }
+    let request = RouteRequest {
+        model: "bench".into(),
+        block_hashes: Some(chain),
+        tracks_prefill_tokens: true,
+        ..Default::default()
+    };
+    (router, request)
+}
+
+fn bench_router(c: &mut Criterion) {
+    let mut group = c.benchmark_group("select-and-reserve");
+    group
+        .sample_size(20)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
+    for size in SIZES {
+        for (label, instance) in [
+            ("built-in", "builtin-least-busy"),
+            ("rust-plugin", "rust"),
+            ("default-policy", "default"),
+        ] {
+            let (router, mut request) = router_with(size, instance);
+            request.request_id = Some("bench".into());
+            group.bench_function(BenchmarkId::new(label, size), |b| {
+                b.iter(|| {
+                    black_box(router.select_and_reserve(&request).unwrap());
+                    router.free("bench").unwrap();
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+/// Median time per selection of each variant, in interleaved rounds.
+fn side_by_side(startup: &Startup, size: usize) -> Vec<(&'static str, f64)> {
+    let request = RequestContext::new(16, REQUEST_BLOCKS);
+    let rows = fleet(size);
+    let mut selectors = selectors(startup);
+    let per_round = (200_000 / size).clamp(5, 5_000);
+    let mut samples: Vec<Vec<f64>> = vec![Vec::new(); selectors.len()];
+    for _ in 0..41 {
+        for (i, (_, selector)) in selectors.iter_mut().enumerate() {
+            let start = Instant::now();
+            for _ in 0..per_round {
+                black_box(selector.select(&request, rows.iter().copied()).unwrap());
+            }
+            samples[i].push(start.elapsed().as_secs_f64() / per_round as f64);
+        }
+    }
+    selectors
+        .iter()
+        .zip(samples)
+        .map(|((label, _), mut s)| {
+            s.sort_by(f64::total_cmp);
+            (*label, s[s.len() / 2])
+        })
+        .collect()
+}
+
+fn main() {
+    let startup = startup();
+    let mut criterion = Criterion::default().configure_from_args();
+    bench_selection(&mut criterion, &startup);
+    bench_router(&mut criterion);
+    criterion.final_summary();
+
+    println!(
+        "\nside by side (median of 41 interleaved rounds; ratio = variant / built-in least-busy):"
+    );
+    println!(
+        "{:>8}  {:<15} {:>12} {:>8}",
+        "workers", "variant", "per select", "ratio"
+    );
+    for size in SIZES {
+        let results = side_by_side(&startup, size);
+        let baseline = results[0].1;
+        for (label, time) in results {
+            println!(
+                "{size:>8}  {label:<15} {:>9.2} us {:>8.3}",
+                time * 1e6,
+                time / baseline
+            );
+        }
+    }
+}
