@@ -81,9 +81,16 @@ fn rebuilding_the_plugin_alone_changes_the_decision_not_the_router() {
     // The plugin author changes the scorer to prefer the busiest worker, and rebuilds
     // the plugin alone.
     let changed = source
-        .replace("Ok(f64::from(load.active_requests))", "Ok(-f64::from(load.active_requests))")
+        .replace(
+            "Ok(f64::from(load.active_requests))",
+            "Ok(-f64::from(load.active_requests))",
+        )
         .replace("*cost = f64::from(n);", "*cost = -f64::from(n);");
-    assert_eq!(changed.matches("-f64::from").count(), 2, "the scorer lines to change were not found");
+    assert_eq!(
+        changed.matches("-f64::from").count(),
+        2,
+        "the scorer lines to change were not found"
+    );
     std::fs::write(krate.join("src/lib.rs"), changed).unwrap();
     std::fs::copy(build_plugin(&krate), dir.path().join("plugin.so")).unwrap();
     assert_eq!(

@@ -11,6 +11,7 @@
 //! - [`workers`], [`kv_index`], [`load_accounting`]: the routing state plugins read.
 //! - [`router`]: select, select-and-reserve, prefill-complete, free.
 //! - [`http_service`] and [`metrics`]: the HTTP API and Prometheus metrics.
+//! - [`replay`]: request traces against simulated workers.
 //! - [`summary`]: what `check` and `plugin inspect` print.
 
 pub mod abi_checks;
@@ -25,6 +26,7 @@ pub mod metrics;
 pub mod params;
 pub mod pipeline;
 pub mod registry;
+pub mod replay;
 pub mod request;
 pub mod router;
 pub mod startup;
