@@ -202,43 +202,71 @@ private:
     const switchyard_request *raw_;
 };
 
+// A read-only column of the candidates: one value per row.
+template <class T>
+class Column {
+public:
+    Column(const T *values, size_t size) noexcept : values_(values), size_(size) {}
+    T operator[](size_t row) const noexcept { return values_[row]; }
+    size_t size() const noexcept { return size_; }
+    const T *begin() const noexcept { return values_; }
+    const T *end() const noexcept { return values_ + size_; }
+
+private:
+    const T *values_;
+    size_t size_;
+};
+
 // All candidates of one call. Reading a group the component did not declare throws
-// std::logic_error (which poisons the instance: it is a bug in the component).
+// std::logic_error (which poisons the instance: it is a bug in the component). Each
+// signal is available per row, `device_overlap_blocks(row)`, or as a whole column,
+// `device_overlap_blocks()`, checked once: the fast form for batch methods.
 class Candidates {
 public:
     explicit Candidates(const switchyard_candidates *raw) noexcept : raw_(raw) {}
     size_t size() const noexcept { return raw_->count; }
     uint64_t worker_id(size_t row) const noexcept { return raw_->worker_id[row]; }
     uint32_t dp_rank(size_t row) const noexcept { return raw_->dp_rank[row]; }
+    Column<uint64_t> worker_id() const noexcept { return {raw_->worker_id, raw_->count}; }
+    Column<uint32_t> dp_rank() const noexcept { return {raw_->dp_rank, raw_->count}; }
 
-    uint32_t device_overlap_blocks(size_t row) const { return at(raw_->device_overlap_blocks, "CACHE", row); }
-    uint32_t host_overlap_blocks(size_t row) const { return at(raw_->host_overlap_blocks, "CACHE", row); }
-    uint32_t disk_overlap_blocks(size_t row) const { return at(raw_->disk_overlap_blocks, "CACHE", row); }
-    uint32_t shared_beyond_device_blocks(size_t row) const {
-        return at(raw_->shared_beyond_device_blocks, "CACHE", row);
+    Column<uint32_t> device_overlap_blocks() const { return column(raw_->device_overlap_blocks, "CACHE"); }
+    Column<uint32_t> host_overlap_blocks() const { return column(raw_->host_overlap_blocks, "CACHE"); }
+    Column<uint32_t> disk_overlap_blocks() const { return column(raw_->disk_overlap_blocks, "CACHE"); }
+    Column<uint32_t> shared_beyond_device_blocks() const { return column(raw_->shared_beyond_device_blocks, "CACHE"); }
+    Column<uint64_t> active_prefill_tokens() const { return column(raw_->active_prefill_tokens, "LOAD"); }
+    Column<uint64_t> decode_cost_blocks() const { return column(raw_->decode_cost_blocks, "LOAD"); }
+    Column<uint32_t> active_requests() const { return column(raw_->active_requests, "LOAD"); }
+    // NaN where a worker has no multiplier.
+    Column<double> preferred_taint_multiplier() const { return column(raw_->preferred_taint_multiplier, "ROUTING"); }
+    // Picker calls only: the total cost of each row.
+    Column<double> costs() const {
+        if (raw_->costs == nullptr) throw std::logic_error("costs are available to pickers only");
+        return {raw_->costs, raw_->count};
     }
-    uint64_t active_prefill_tokens(size_t row) const { return at(raw_->active_prefill_tokens, "LOAD", row); }
-    uint64_t decode_cost_blocks(size_t row) const { return at(raw_->decode_cost_blocks, "LOAD", row); }
-    uint32_t active_requests(size_t row) const { return at(raw_->active_requests, "LOAD", row); }
+
+    uint32_t device_overlap_blocks(size_t row) const { return device_overlap_blocks()[row]; }
+    uint32_t host_overlap_blocks(size_t row) const { return host_overlap_blocks()[row]; }
+    uint32_t disk_overlap_blocks(size_t row) const { return disk_overlap_blocks()[row]; }
+    uint32_t shared_beyond_device_blocks(size_t row) const { return shared_beyond_device_blocks()[row]; }
+    uint64_t active_prefill_tokens(size_t row) const { return active_prefill_tokens()[row]; }
+    uint64_t decode_cost_blocks(size_t row) const { return decode_cost_blocks()[row]; }
+    uint32_t active_requests(size_t row) const { return active_requests()[row]; }
     // Empty when the worker has no multiplier.
     std::optional<double> preferred_taint_multiplier(size_t row) const {
-        double m = at(raw_->preferred_taint_multiplier, "ROUTING", row);
+        double m = preferred_taint_multiplier()[row];
         return m != m ? std::nullopt : std::optional<double>(m);
     }
-    // Picker calls only: the row's total cost.
-    double cost(size_t row) const {
-        if (raw_->costs == nullptr) throw std::logic_error("costs are available to pickers only");
-        return raw_->costs[row];
-    }
+    double cost(size_t row) const { return costs()[row]; }
 
 private:
     template <class T>
-    static T at(const T *values, const char *group, size_t row) {
+    Column<T> column(const T *values, const char *group) const {
         if (values == nullptr) {
             throw std::logic_error(std::string("the component did not declare the ") + group +
                                    " input group");
         }
-        return values[row];
+        return {values, raw_->count};
     }
     const switchyard_candidates *raw_;
 };

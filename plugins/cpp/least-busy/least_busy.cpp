@@ -37,8 +37,9 @@ public:
     }
     // The batch form: one loop over the column, no virtual call per candidate.
     void keep_batch(const Request &, const Candidates &c, uint8_t *out) override {
-        for (size_t row = 0; row < c.size(); row++) {
-            out[row] = static_cast<double>(c.device_overlap_blocks(row)) >= min_blocks_;
+        auto device = c.device_overlap_blocks();
+        for (size_t row = 0; row < device.size(); row++) {
+            out[row] = static_cast<double>(device[row]) >= min_blocks_;
         }
     }
 
@@ -53,7 +54,8 @@ public:
     uint32_t required_inputs() const override { return inputs::load; }
     double score(const Request &, const Candidate &c) override { return c.active_requests(); }
     void score_batch(const Request &, const Candidates &c, double *costs) override {
-        for (size_t row = 0; row < c.size(); row++) costs[row] = c.active_requests(row);
+        auto active = c.active_requests();
+        for (size_t row = 0; row < active.size(); row++) costs[row] = active[row];
     }
 };
 
@@ -63,10 +65,12 @@ public:
     LowestCost(const Params &params, const Partition &) { params.allow_only({}); }
     size_t pick(const Request &, const Candidates &c) override {
         if (c.size() == 0) throw Error("no eligible worker");
+        auto costs = c.costs();
+        auto ids = c.worker_id();
+        auto ranks = c.dp_rank();
         size_t best = 0;
-        for (size_t row = 1; row < c.size(); row++) {
-            if (std::make_tuple(c.cost(row), c.worker_id(row), c.dp_rank(row)) <
-                std::make_tuple(c.cost(best), c.worker_id(best), c.dp_rank(best))) {
+        for (size_t row = 1; row < costs.size(); row++) {
+            if (std::make_tuple(costs[row], ids[row], ranks[row]) < std::make_tuple(costs[best], ids[best], ranks[best])) {
                 best = row;
             }
         }

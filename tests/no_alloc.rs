@@ -1,0 +1,74 @@
+//! The per-request path allocates nothing once warm: a counting global allocator watches
+//! selections through the built-in policy and the Rust, C and C++ plugins (host side and
+//! Rust plugin side; the C/C++ examples do not allocate in their callbacks either).
+
+mod support;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use support::*;
+use switchyard::request::RequestContext;
+
+struct Counting;
+
+static ALLOCATIONS: AtomicUsize = AtomicUsize::new(0);
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        System.alloc(layout)
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        System.dealloc(ptr, layout)
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        System.realloc(ptr, layout, new_size)
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+#[test]
+fn warm_selections_do_not_allocate() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = format!(
+        "plugins:\n  - path: {}\n  - path: {}\n  - path: {}\nworker_selection:\n  builtin_default: {{seed: 1}}\n  instances:\n\
+         \x20   - {{name: builtin, type: builtin.least-busy, parameters: {{min_device_overlap_blocks: 2}}}}\n\
+         \x20   - {{name: rust, type: least-busy, parameters: {{min_device_overlap_blocks: 2}}}}\n\
+         \x20   - {{name: c, type: c.least-busy, parameters: {{min_device_overlap_blocks: 2}}}}\n\
+         \x20   - {{name: cpp, type: cpp.least-busy, parameters: {{min_device_overlap_blocks: 2}}}}\n",
+        rust_plugin("least_busy").display(),
+        cmake_plugin("least_busy_c").display(),
+        cmake_plugin("least_busy_cpp").display()
+    );
+    let startup = start_yaml(dir.path(), &config).unwrap();
+    let fleet: Vec<W> = (0..256)
+        .map(|i| W {
+            id: i,
+            device: (i % 7) as u32,
+            active: (i % 5) as u32,
+        })
+        .collect();
+    let candidates = rows(&fleet);
+    let request = RequestContext::new(16, 64);
+    for instance in ["builtin", "rust", "c", "cpp", "default"] {
+        let mut selector = selector(&startup, instance);
+        selector
+            .select(&request, candidates.iter().copied())
+            .unwrap(); // grows the buffers
+        let before = ALLOCATIONS.load(Ordering::Relaxed);
+        for _ in 0..100 {
+            selector
+                .select(&request, candidates.iter().copied())
+                .unwrap();
+        }
+        let allocations = ALLOCATIONS.load(Ordering::Relaxed) - before;
+        assert_eq!(
+            allocations, 0,
+            "instance {instance}: {allocations} allocations in 100 warm selections"
+        );
+    }
+}
