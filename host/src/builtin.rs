@@ -438,7 +438,7 @@ impl WorkerPicker for Softmax {
             .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| {
                 (lo.min(x), hi.max(x))
             });
-        if !(temperature > 0.0) || !(max > min) {
+        if temperature <= 0.0 || max <= min {
             return lowest_random(costs, &mut self.rng)
                 .ok_or_else(|| PolicyError::failed("no candidates"));
         }

@@ -314,7 +314,8 @@ struct RegistrationContext<'a> {
 impl RegistrationContext<'_> {
     /// Records `error` for the load result and tells the plugin about it too.
     fn refuse(&mut self, error: LoadError, status: i32, out: *const switchyard_error) -> i32 {
-        write_error(out, &error.to_string());
+        // SAFETY: `out` is the error buffer the plugin passed to the registrar callback.
+        unsafe { write_error(out, &error.to_string()) };
         self.errors.push(error);
         status
     }

@@ -332,7 +332,10 @@ extern "C" fn add_component(
         Err(e) => {
             // The host owns `instance` whatever the status; without a usable def it can
             // only be leaked, which the message says.
-            switchyard_plugin_sdk::write_error(error, &format!("{e} (the instance is leaked)"));
+            // SAFETY: `error` is the buffer the plugin passed to this callback.
+            unsafe {
+                switchyard_plugin_sdk::write_error(error, &format!("{e} (the instance is leaked)"))
+            };
             SWITCHYARD_STATUS_INVALID_ARGUMENT
         }
     }

@@ -383,7 +383,8 @@ fn escape(text: &str) -> String {
 
 /// Four bar charts side by side: hit rate, imbalance, TTFT p50 and p99, per policy.
 pub fn svg(reports: &[PolicyReport], title: &str) -> String {
-    let panels: [(&str, fn(&PolicyReport) -> f64, &str); 4] = [
+    type Panel = (&'static str, fn(&PolicyReport) -> f64, &'static str);
+    let panels: [Panel; 4] = [
         ("prefix-cache hit rate", |r| r.hit_rate * 100.0, "%"),
         ("load imbalance (max/mean)", |r| r.imbalance, ""),
         ("TTFT p50", |r| r.ttft_p50_ms, " ms"),

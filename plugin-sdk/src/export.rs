@@ -13,7 +13,11 @@ use crate::view::{Partition, WorkerCandidates, WorkerSelectionContext};
 use crate::PolicyError;
 
 /// Writes `message` into a host error buffer, truncated on a UTF-8 boundary.
-pub fn write_error(error: *const switchyard_error, message: &str) {
+///
+/// # Safety
+/// `error` must be NULL or point to a `switchyard_error` whose buffer holds `capacity`
+/// writable bytes.
+pub unsafe fn write_error(error: *const switchyard_error, message: &str) {
     // SAFETY: the host passes a valid buffer of `capacity` bytes (or NULL).
     let Some(error) = (unsafe { error.as_ref() }) else {
         return;
@@ -56,24 +60,23 @@ fn guard(
     status_on_error: i32,
     body: impl FnOnce() -> Result<(), PolicyError>,
 ) -> i32 {
+    // SAFETY: every caller passes the error buffer the host handed to this callback.
+    let report = |message: &str| unsafe { write_error(error, message) };
     if poisoned.as_deref() == Some(&true) {
-        write_error(
-            error,
-            "instance is poisoned: it panicked in an earlier call",
-        );
+        report("instance is poisoned: it panicked in an earlier call");
         return SWITCHYARD_STATUS_POISONED;
     }
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => SWITCHYARD_STATUS_OK,
         Ok(Err(e)) => {
-            write_error(error, e.message());
+            report(e.message());
             status_on_error
         }
         Err(payload) => {
             if let Some(flag) = poisoned {
                 *flag = true;
             }
-            write_error(error, &format!("panicked: {}", panic_message(&*payload)));
+            report(&format!("panicked: {}", panic_message(&*payload)));
             SWITCHYARD_STATUS_PANIC
         }
     }
@@ -471,7 +474,10 @@ fn checked<C: Kind>(declared: WorkerInputs, component: C) -> Result<C, PolicyErr
 }
 
 /// Runs the plugin's register function behind the boundary. Used by `export_plugin!`.
-pub fn run_register(
+///
+/// # Safety
+/// `registrar` and `error` must be what the host passed to `on_register`.
+pub unsafe fn run_register(
     registrar: *const switchyard_registrar,
     error: *const switchyard_error,
     register: fn(&mut Registrar<'_>) -> Result<(), PolicyError>,
@@ -536,7 +542,8 @@ macro_rules! export_plugin {
                 registrar: *const $crate::abi::switchyard_registrar,
                 error: *const $crate::abi::switchyard_error,
             ) -> i32 {
-                $crate::export::run_register(registrar, error, $register)
+                // SAFETY: the host passes its registrar and error buffer for this call.
+                unsafe { $crate::export::run_register(registrar, error, $register) }
             }
             static DESCRIPTOR: $crate::export::Descriptor = $crate::export::Descriptor::new(
                 concat!($name, "\0"),

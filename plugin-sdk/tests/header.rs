@@ -38,10 +38,7 @@ fn committed_header_matches_generated() {
             .lines()
             .zip(generated.lines())
             .position(|(a, b)| a != b)
-            .map_or_else(
-                || committed.lines().count().min(generated.lines().count()),
-                |i| i,
-            )
+            .unwrap_or_else(|| committed.lines().count().min(generated.lines().count()))
             + 1;
         panic!(
             "{} differs from what src/abi.rs generates (first difference at line {line}).\n\
