@@ -48,28 +48,16 @@ fn a_throwing_cpp_component_is_contained_and_poisoned() {
         1,
         "all costs equal: lowest id"
     );
-    match select(&mut throwing, 4, &FLEET).unwrap_err() {
-        SelectError::ComponentFailed {
-            component,
-            status,
-            message,
-            ..
-        } => {
-            assert_eq!(&*component, "cpp.throwing-scorer");
-            assert_eq!(status, SWITCHYARD_STATUS_PANIC);
-            assert_eq!(
-                message,
-                "threw: scorer state corrupted (deliberate test exception)"
-            );
-        }
-        other => panic!("expected a component failure, got {other}"),
-    }
-    match select(&mut throwing, 4, &FLEET).unwrap_err() {
-        SelectError::ComponentFailed { status, .. } => {
-            assert_eq!(status, SWITCHYARD_STATUS_POISONED)
-        }
-        other => panic!("expected poisoned, got {other}"),
-    }
+    assert_eq!(
+        component_failure(select(&mut throwing, 4, &FLEET).unwrap_err()),
+        (
+            "cpp.throwing-scorer".to_owned(),
+            SWITCHYARD_STATUS_PANIC,
+            "threw: scorer state corrupted (deliberate test exception)".to_owned()
+        )
+    );
+    let (_, status, _) = component_failure(select(&mut throwing, 4, &FLEET).unwrap_err());
+    assert_eq!(status, SWITCHYARD_STATUS_POISONED);
     assert!(
         select(&mut selector(&startup, "default"), 4, &FLEET).is_ok(),
         "the router keeps answering"

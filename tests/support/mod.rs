@@ -156,3 +156,16 @@ pub fn select(
         .select(&RequestContext::new(16, request_blocks), rows(workers))
         .map(|w| w.worker_id)
 }
+
+/// The component, status and message of a component failure; panics on anything else.
+pub fn component_failure(error: SelectError) -> (String, i32, String) {
+    match error {
+        SelectError::ComponentFailed {
+            component,
+            status,
+            message,
+            ..
+        } => (component.to_string(), status, message),
+        other => panic!("expected a component failure, got {other}"),
+    }
+}
