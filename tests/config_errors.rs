@@ -170,3 +170,21 @@ fn every_error_is_reported_not_just_the_first() {
     };
     assert_eq!(errors.len(), 3, "{errors:#?}");
 }
+
+#[test]
+fn router_knobs_must_be_positive() {
+    let dir = tempfile::tempdir().unwrap();
+    let error = start_error(dir.path(), "router:\n  block_size: 0\n");
+    assert_eq!(
+        error
+            .split(": ")
+            .next()
+            .map(|f| f.ends_with("config.yaml:2")),
+        Some(true),
+        "{error}"
+    );
+    assert!(
+        error.contains("`router.block_size` must be at least 1"),
+        "{error}"
+    );
+}

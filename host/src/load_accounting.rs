@@ -68,9 +68,9 @@ impl LoadAccounting {
             return Err(AccountingError::AlreadyReserved(request_id.to_owned()));
         }
         let load = self.workers.entry(worker).or_default();
-        load.active_prefill_tokens += prefill_tokens;
-        load.active_decode_blocks += decode_blocks;
-        load.active_requests += 1;
+        load.active_prefill_tokens = load.active_prefill_tokens.saturating_add(prefill_tokens);
+        load.active_decode_blocks = load.active_decode_blocks.saturating_add(decode_blocks);
+        load.active_requests = load.active_requests.saturating_add(1);
         self.bookings.insert(
             request_id.to_owned(),
             Booking {

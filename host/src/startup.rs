@@ -65,6 +65,28 @@ pub fn start(source: ConfigSource) -> Result<Startup, Vec<StartupError>> {
         }
     }
 
+    let router = &source.config.router;
+    for (key, value) in [
+        ("block_size", u64::from(router.block_size)),
+        ("request_expiry_secs", router.request_expiry_secs),
+    ] {
+        if value == 0 {
+            let line = source
+                .text
+                .lines()
+                .position(|l| l.trim_start().starts_with(&format!("{key}:")))
+                .map(|i| i + 1);
+            errors.push(
+                ConfigError {
+                    file: source.name.clone(),
+                    line,
+                    message: format!("`router.{key}` must be at least 1"),
+                }
+                .into(),
+            );
+        }
+    }
+
     let mut instances = Vec::new();
     let builtin_params = OwnedParams::new(source.config.worker_selection.builtin_default.clone());
     match registry.policy(BUILTIN_DEFAULT).expect("built in").validate(&builtin_params) {

@@ -164,7 +164,13 @@
  * call that handed it out says.
  */
 typedef struct switchyard_str {
+  /**
+   * The first byte, or NULL when absent.
+   */
   const char *ptr;
+  /**
+   * Length in bytes.
+   */
   size_t len;
 } switchyard_str;
 
@@ -173,6 +179,9 @@ typedef struct switchyard_str {
  * call it is passed to; strings it hands out are valid as long as the params are.
  */
 typedef struct switchyard_params {
+  /**
+   * `sizeof(switchyard_params)` as the host was compiled.
+   */
   uint32_t struct_size;
   /**
    * The parameters object as JSON text (`{}` when the config gives none).
@@ -216,6 +225,9 @@ typedef struct switchyard_params {
  * A routing partition: one model and one worker type. Host-owned, valid for the call.
  */
 typedef struct switchyard_partition {
+  /**
+   * `sizeof(switchyard_partition)` as the host was compiled.
+   */
   uint32_t struct_size;
   /**
    * `SWITCHYARD_WORKER_TYPE_*`.
@@ -233,7 +245,13 @@ typedef struct switchyard_partition {
  * Valid for the duration of the call it is passed to; never NULL.
  */
 typedef struct switchyard_error {
+  /**
+   * Host-owned bytes to write the message into.
+   */
   char *buffer;
+  /**
+   * Size of `buffer` in bytes, NUL included.
+   */
   size_t capacity;
 } switchyard_error;
 
@@ -275,6 +293,9 @@ typedef struct switchyard_session {
  * The request being routed. Host-owned, valid for the call it is passed to.
  */
 typedef struct switchyard_request {
+  /**
+   * `sizeof(switchyard_request)` as the host was compiled.
+   */
   uint32_t struct_size;
   /**
    * Tokens in one KV block.
@@ -304,8 +325,17 @@ typedef struct switchyard_request {
    * 1 if the request contributes to prefill-load tracking.
    */
   uint8_t tracks_prefill_tokens;
+  /**
+   * 1 if `expected_output_tokens` is given.
+   */
   uint8_t has_expected_output_tokens;
+  /**
+   * 1 if `router_temperature_override` is given.
+   */
   uint8_t has_router_temperature_override;
+  /**
+   * Zero; keeps the layout explicit.
+   */
   uint8_t reserved0;
   /**
    * Session metadata; NULL when the request has none.
@@ -322,13 +352,25 @@ typedef struct switchyard_request {
  * component asked for it. `costs` is non-NULL only in `on_pick`.
  */
 typedef struct switchyard_candidates {
+  /**
+   * `sizeof(switchyard_candidates)` as the host was compiled.
+   */
   uint32_t struct_size;
   /**
    * The `SWITCHYARD_INPUT_*` groups present in this view.
    */
   uint32_t inputs;
+  /**
+   * Rows in every non-NULL array.
+   */
   size_t count;
+  /**
+   * Worker id per row; never NULL.
+   */
   const uint64_t *worker_id;
+  /**
+   * Data-parallel rank per row; never NULL.
+   */
   const uint32_t *dp_rank;
   /**
    * CACHE: device-resident prefix overlap in blocks.
@@ -374,6 +416,9 @@ typedef struct switchyard_candidates {
  * `user_data` must stay valid as long as the library is loaded.
  */
 typedef struct switchyard_component_def {
+  /**
+   * `sizeof(switchyard_component_def)` as the plugin was compiled.
+   */
   uint32_t struct_size;
   /**
    * `SWITCHYARD_COMPONENT_*`.
@@ -383,11 +428,17 @@ typedef struct switchyard_component_def {
    * The `SWITCHYARD_INPUT_*` groups the component reads.
    */
   uint32_t inputs;
+  /**
+   * Zero; keeps the layout explicit.
+   */
   uint32_t reserved0;
   /**
    * NUL-terminated, non-empty type name, e.g. `acme.min-device-overlap`.
    */
   const char *type_name;
+  /**
+   * Passed back to `on_create`; plugin-owned, valid while the library is loaded.
+   */
   void *user_data;
   /**
    * Creates one instance for a partition; on OK writes `*out_instance` (plugin-owned,
@@ -438,7 +489,13 @@ typedef struct switchyard_component_def {
  * call.
  */
 typedef struct switchyard_policy_builder {
+  /**
+   * `sizeof(switchyard_policy_builder)` as the host was compiled.
+   */
   uint32_t struct_size;
+  /**
+   * Host-private; pass the builder pointer back to the callback.
+   */
   void *host_data;
   /**
    * Adds one created component instance (with its def) to the policy being built:
@@ -458,12 +515,21 @@ typedef struct switchyard_policy_builder {
  * partition. Plugin-owned; copied by the host like `switchyard_component_def`.
  */
 typedef struct switchyard_policy_def {
+  /**
+   * `sizeof(switchyard_policy_def)` as the plugin was compiled.
+   */
   uint32_t struct_size;
+  /**
+   * Zero; keeps the layout explicit.
+   */
   uint32_t reserved0;
   /**
    * NUL-terminated, non-empty type name, e.g. `least-busy`.
    */
   const char *type_name;
+  /**
+   * Passed back to `on_validate`; plugin-owned, valid while the library is loaded.
+   */
   void *user_data;
   /**
    * Parses and validates the parameters once at startup. On OK writes
@@ -473,6 +539,9 @@ typedef struct switchyard_policy_def {
                          const struct switchyard_params *params,
                          void **out_factory,
                          const struct switchyard_error *error);
+  /**
+   * Releases a factory; called once, when the router shuts the instance down.
+   */
   void (*on_destroy_factory)(void *factory);
   /**
    * Builds the components for one partition through `builder`. Called once per
@@ -488,11 +557,17 @@ typedef struct switchyard_policy_def {
  * Handed to `on_register`. Host-owned, valid for the call.
  */
 typedef struct switchyard_registrar {
+  /**
+   * `sizeof(switchyard_registrar)` as the host was compiled.
+   */
   uint32_t struct_size;
   /**
    * The host's ABI minor version.
    */
   uint32_t host_abi_minor;
+  /**
+   * Host-private; pass the registrar pointer back to the callbacks.
+   */
   void *host_data;
   /**
    * Registers a component type. DUPLICATE if the name is taken, INVALID_ARGUMENT if the
@@ -518,7 +593,13 @@ typedef struct switchyard_plugin_descriptor {
    * `sizeof(switchyard_plugin_descriptor)` as the plugin was compiled.
    */
   uint32_t struct_size;
+  /**
+   * `SWITCHYARD_ABI_MAJOR` of the header the plugin was compiled with.
+   */
   uint16_t abi_major;
+  /**
+   * `SWITCHYARD_ABI_MINOR` of the header the plugin was compiled with.
+   */
   uint16_t abi_minor;
   /**
    * `SWITCHYARD_LAYOUT_FINGERPRINT` of the header the plugin was compiled with.
@@ -533,9 +614,21 @@ typedef struct switchyard_plugin_descriptor {
    * `SWITCHYARD_SDK_REVISION` of the header the plugin was compiled with.
    */
   const char *sdk_revision;
+  /**
+   * The plugin's name, e.g. `acme-least-busy`; non-empty.
+   */
   const char *plugin_name;
+  /**
+   * The plugin's own version, e.g. `1.2.0`; non-empty.
+   */
   const char *plugin_version;
+  /**
+   * Who ships it; non-empty.
+   */
   const char *plugin_vendor;
+  /**
+   * Registers the plugin's types; required.
+   */
   int32_t (*on_register)(const struct switchyard_registrar *registrar,
                          const struct switchyard_error *error);
 } switchyard_plugin_descriptor;

@@ -102,7 +102,9 @@ pub const SWITCHYARD_TRIGGER_OTHER: u32 = 3;
 #[derive(Clone, Copy, Debug)]
 #[cfg_attr(feature = "layout", derive(StableAbi))]
 pub struct switchyard_str {
+    /// The first byte, or NULL when absent.
     pub ptr: *const c_char,
+    /// Length in bytes.
     pub len: usize,
 }
 
@@ -112,7 +114,9 @@ pub struct switchyard_str {
 #[repr(C)]
 #[cfg_attr(feature = "layout", derive(StableAbi))]
 pub struct switchyard_error {
+    /// Host-owned bytes to write the message into.
     pub buffer: *mut c_char,
+    /// Size of `buffer` in bytes, NUL included.
     pub capacity: usize,
 }
 
@@ -120,6 +124,7 @@ pub struct switchyard_error {
 #[repr(C)]
 #[cfg_attr(feature = "layout", derive(StableAbi))]
 pub struct switchyard_partition {
+    /// `sizeof(switchyard_partition)` as the host was compiled.
     pub struct_size: u32,
     /// `SWITCHYARD_WORKER_TYPE_*`.
     pub worker_type: u32,
@@ -151,6 +156,7 @@ pub struct switchyard_session {
 #[repr(C)]
 #[cfg_attr(feature = "layout", derive(StableAbi))]
 pub struct switchyard_request {
+    /// `sizeof(switchyard_request)` as the host was compiled.
     pub struct_size: u32,
     /// Tokens in one KV block.
     pub block_size: u32,
@@ -166,8 +172,11 @@ pub struct switchyard_request {
     pub strict_priority: i32,
     /// 1 if the request contributes to prefill-load tracking.
     pub tracks_prefill_tokens: u8,
+    /// 1 if `expected_output_tokens` is given.
     pub has_expected_output_tokens: u8,
+    /// 1 if `router_temperature_override` is given.
     pub has_router_temperature_override: u8,
+    /// Zero; keeps the layout explicit.
     pub reserved0: u8,
     /// Session metadata; NULL when the request has none.
     pub session: *const switchyard_session,
@@ -182,11 +191,15 @@ pub struct switchyard_request {
 #[repr(C)]
 #[cfg_attr(feature = "layout", derive(StableAbi))]
 pub struct switchyard_candidates {
+    /// `sizeof(switchyard_candidates)` as the host was compiled.
     pub struct_size: u32,
     /// The `SWITCHYARD_INPUT_*` groups present in this view.
     pub inputs: u32,
+    /// Rows in every non-NULL array.
     pub count: usize,
+    /// Worker id per row; never NULL.
     pub worker_id: *const u64,
+    /// Data-parallel rank per row; never NULL.
     pub dp_rank: *const u32,
     /// CACHE: device-resident prefix overlap in blocks.
     pub device_overlap_blocks: *const u32,
@@ -213,6 +226,7 @@ pub struct switchyard_candidates {
 #[repr(C)]
 #[cfg_attr(feature = "layout", derive(StableAbi))]
 pub struct switchyard_params {
+    /// `sizeof(switchyard_params)` as the host was compiled.
     pub struct_size: u32,
     /// The parameters object as JSON text (`{}` when the config gives none).
     pub json: switchyard_str,
@@ -247,14 +261,17 @@ pub struct switchyard_params {
 #[derive(Clone, Copy)]
 #[cfg_attr(feature = "layout", derive(StableAbi))]
 pub struct switchyard_component_def {
+    /// `sizeof(switchyard_component_def)` as the plugin was compiled.
     pub struct_size: u32,
     /// `SWITCHYARD_COMPONENT_*`.
     pub kind: u32,
     /// The `SWITCHYARD_INPUT_*` groups the component reads.
     pub inputs: u32,
+    /// Zero; keeps the layout explicit.
     pub reserved0: u32,
     /// NUL-terminated, non-empty type name, e.g. `acme.min-device-overlap`.
     pub type_name: *const c_char,
+    /// Passed back to `on_create`; plugin-owned, valid while the library is loaded.
     pub user_data: *mut c_void,
     /// Creates one instance for a partition; on OK writes `*out_instance` (plugin-owned,
     /// released by `on_destroy`; may be NULL for stateless components). Required when
@@ -311,7 +328,9 @@ pub struct switchyard_component_def {
 #[repr(C)]
 #[cfg_attr(feature = "layout", derive(StableAbi))]
 pub struct switchyard_policy_builder {
+    /// `sizeof(switchyard_policy_builder)` as the host was compiled.
     pub struct_size: u32,
+    /// Host-private; pass the builder pointer back to the callback.
     pub host_data: *mut c_void,
     /// Adds one created component instance (with its def) to the policy being built:
     /// filters and scorers in call order, exactly one picker. `weight` applies to
@@ -332,10 +351,13 @@ pub struct switchyard_policy_builder {
 #[derive(Clone, Copy)]
 #[cfg_attr(feature = "layout", derive(StableAbi))]
 pub struct switchyard_policy_def {
+    /// `sizeof(switchyard_policy_def)` as the plugin was compiled.
     pub struct_size: u32,
+    /// Zero; keeps the layout explicit.
     pub reserved0: u32,
     /// NUL-terminated, non-empty type name, e.g. `least-busy`.
     pub type_name: *const c_char,
+    /// Passed back to `on_validate`; plugin-owned, valid while the library is loaded.
     pub user_data: *mut c_void,
     /// Parses and validates the parameters once at startup. On OK writes
     /// `*out_factory` (plugin-owned, released by `on_destroy_factory`).
@@ -347,6 +369,7 @@ pub struct switchyard_policy_def {
             error: *const switchyard_error,
         ) -> i32,
     >,
+    /// Releases a factory; called once, when the router shuts the instance down.
     pub on_destroy_factory: Option<extern "C" fn(factory: *mut c_void)>,
     /// Builds the components for one partition through `builder`. Called once per
     /// partition, possibly from different threads, never concurrently for one factory.
@@ -364,9 +387,11 @@ pub struct switchyard_policy_def {
 #[repr(C)]
 #[cfg_attr(feature = "layout", derive(StableAbi))]
 pub struct switchyard_registrar {
+    /// `sizeof(switchyard_registrar)` as the host was compiled.
     pub struct_size: u32,
     /// The host's ABI minor version.
     pub host_abi_minor: u32,
+    /// Host-private; pass the registrar pointer back to the callbacks.
     pub host_data: *mut c_void,
     /// Registers a component type. DUPLICATE if the name is taken, INVALID_ARGUMENT if the
     /// def is malformed; the message is written to `error`.
@@ -390,7 +415,9 @@ pub struct switchyard_registrar {
 pub struct switchyard_plugin_descriptor {
     /// `sizeof(switchyard_plugin_descriptor)` as the plugin was compiled.
     pub struct_size: u32,
+    /// `SWITCHYARD_ABI_MAJOR` of the header the plugin was compiled with.
     pub abi_major: u16,
+    /// `SWITCHYARD_ABI_MINOR` of the header the plugin was compiled with.
     pub abi_minor: u16,
     /// `SWITCHYARD_LAYOUT_FINGERPRINT` of the header the plugin was compiled with.
     pub layout_fingerprint: u64,
@@ -399,9 +426,13 @@ pub struct switchyard_plugin_descriptor {
     pub policy_def_size: u32,
     /// `SWITCHYARD_SDK_REVISION` of the header the plugin was compiled with.
     pub sdk_revision: *const c_char,
+    /// The plugin's name, e.g. `acme-least-busy`; non-empty.
     pub plugin_name: *const c_char,
+    /// The plugin's own version, e.g. `1.2.0`; non-empty.
     pub plugin_version: *const c_char,
+    /// Who ships it; non-empty.
     pub plugin_vendor: *const c_char,
+    /// Registers the plugin's types; required.
     pub on_register: Option<
         extern "C" fn(
             registrar: *const switchyard_registrar,
