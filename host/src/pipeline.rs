@@ -79,64 +79,67 @@ impl Candidates {
         let cache = groups.contains(WorkerInputs::CACHE);
         let load = groups.contains(WorkerInputs::LOAD);
         let routing = groups.contains(WorkerInputs::ROUTING);
-        fn size<T: Default + Clone>(column: &mut Vec<T>, wanted: bool, n: usize) {
+        // Columns are written through their spare capacity (no zero-fill first); each
+        // wanted column gets its length set once every row is written.
+        fn spare<T>(
+            column: &mut Vec<T>,
+            wanted: bool,
+            n: usize,
+        ) -> &mut [std::mem::MaybeUninit<T>] {
             column.clear();
             if wanted {
-                column.resize(n, T::default());
+                column.reserve(n);
+                &mut column.spare_capacity_mut()[..n]
+            } else {
+                &mut []
             }
         }
-        size(&mut self.worker_id, true, n);
-        size(&mut self.dp_rank, true, n);
-        size(&mut self.device_overlap_blocks, cache, n);
-        size(&mut self.host_overlap_blocks, cache, n);
-        size(&mut self.disk_overlap_blocks, cache, n);
-        size(&mut self.shared_beyond_device_blocks, cache, n);
-        size(&mut self.active_prefill_tokens, load, n);
-        size(&mut self.decode_cost_blocks, load, n);
-        size(&mut self.active_requests, load, n);
-        size(&mut self.preferred_taint_multiplier, routing, n);
-        // Local slices keep the column pointers in registers through the loop.
-        let (worker_id, dp_rank) = (&mut self.worker_id[..], &mut self.dp_rank[..]);
-        let (device, host) = (
-            &mut self.device_overlap_blocks[..],
-            &mut self.host_overlap_blocks[..],
-        );
-        let (disk, shared) = (
-            &mut self.disk_overlap_blocks[..],
-            &mut self.shared_beyond_device_blocks[..],
-        );
-        let (prefill, decode) = (
-            &mut self.active_prefill_tokens[..],
-            &mut self.decode_cost_blocks[..],
-        );
-        let (active, taint) = (
-            &mut self.active_requests[..],
-            &mut self.preferred_taint_multiplier[..],
-        );
+        let worker_id = spare(&mut self.worker_id, true, n);
+        let dp_rank = spare(&mut self.dp_rank, true, n);
+        let device = spare(&mut self.device_overlap_blocks, cache, n);
+        let host = spare(&mut self.host_overlap_blocks, cache, n);
+        let disk = spare(&mut self.disk_overlap_blocks, cache, n);
+        let shared = spare(&mut self.shared_beyond_device_blocks, cache, n);
+        let prefill = spare(&mut self.active_prefill_tokens, load, n);
+        let decode = spare(&mut self.decode_cost_blocks, load, n);
+        let active = spare(&mut self.active_requests, load, n);
+        let taint = spare(&mut self.preferred_taint_multiplier, routing, n);
         let mut filled = 0;
         for (i, row) in rows.take(n).enumerate() {
-            worker_id[i] = row.worker.worker_id;
-            dp_rank[i] = row.worker.dp_rank;
+            worker_id[i].write(row.worker.worker_id);
+            dp_rank[i].write(row.worker.dp_rank);
             if cache {
-                device[i] = row.cache.device_overlap_blocks;
-                host[i] = row.cache.host_overlap_blocks;
-                disk[i] = row.cache.disk_overlap_blocks;
-                shared[i] = row.cache.shared_beyond_device_blocks;
+                device[i].write(row.cache.device_overlap_blocks);
+                host[i].write(row.cache.host_overlap_blocks);
+                disk[i].write(row.cache.disk_overlap_blocks);
+                shared[i].write(row.cache.shared_beyond_device_blocks);
             }
             if load {
-                prefill[i] = row.load.active_prefill_tokens;
-                decode[i] = row.load.decode_cost_blocks;
-                active[i] = row.load.active_requests;
+                prefill[i].write(row.load.active_prefill_tokens);
+                decode[i].write(row.load.decode_cost_blocks);
+                active[i].write(row.load.active_requests);
             }
             if routing {
-                taint[i] = row.preferred_taint_multiplier;
+                taint[i].write(row.preferred_taint_multiplier);
             }
             filled = i + 1;
         }
-        // An iterator that gave fewer rows than it reported: keep what came.
-        if filled < n {
-            self.truncate(filled);
+        fn commit<T>(column: &mut Vec<T>, wanted: bool, filled: usize) {
+            if wanted {
+                // SAFETY: rows 0..filled of the spare capacity were written above.
+                unsafe { column.set_len(filled) };
+            }
         }
+        commit(&mut self.worker_id, true, filled);
+        commit(&mut self.dp_rank, true, filled);
+        commit(&mut self.device_overlap_blocks, cache, filled);
+        commit(&mut self.host_overlap_blocks, cache, filled);
+        commit(&mut self.disk_overlap_blocks, cache, filled);
+        commit(&mut self.shared_beyond_device_blocks, cache, filled);
+        commit(&mut self.active_prefill_tokens, load, filled);
+        commit(&mut self.decode_cost_blocks, load, filled);
+        commit(&mut self.active_requests, load, filled);
+        commit(&mut self.preferred_taint_multiplier, routing, filled);
     }
 
     pub fn len(&self) -> usize {
@@ -152,19 +155,6 @@ impl Candidates {
             worker_id: self.worker_id[row],
             dp_rank: self.dp_rank[row],
         }
-    }
-
-    fn truncate(&mut self, len: usize) {
-        self.worker_id.truncate(len);
-        self.dp_rank.truncate(len);
-        self.device_overlap_blocks.truncate(len);
-        self.host_overlap_blocks.truncate(len);
-        self.disk_overlap_blocks.truncate(len);
-        self.shared_beyond_device_blocks.truncate(len);
-        self.active_prefill_tokens.truncate(len);
-        self.decode_cost_blocks.truncate(len);
-        self.active_requests.truncate(len);
-        self.preferred_taint_multiplier.truncate(len);
     }
 
     /// Keeps the rows whose `keep` byte is non-zero, in order. Only identity and the groups
