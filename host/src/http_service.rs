@@ -251,26 +251,28 @@ pub fn app(router: Arc<Router>) -> HttpRouter {
         .with_state(router)
 }
 
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
+/// Resolves on SIGTERM or SIGINT. The handlers are installed when this is called, not
+/// when the future is first polled, so a signal right after startup is not lost.
+#[cfg(unix)]
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = terminate.recv() => {},
+            _ = interrupt.recv() => {},
         }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = terminate => {},
-    }
-    tracing::info!("shutting down: finishing requests in flight");
+        tracing::info!("shutting down: finishing requests in flight");
+    })
+}
+
+#[cfg(not(unix))]
+fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    Ok(async {
+        let _ = tokio::signal::ctrl_c().await;
+        tracing::info!("shutting down: finishing requests in flight");
+    })
 }
 
 /// Serves until SIGINT or SIGTERM. Prints `switchyard listening on http://ADDR` once bound.
@@ -282,6 +284,7 @@ pub async fn serve(router: Arc<Router>, listen: SocketAddr) -> std::io::Result<(
         )
     })?;
     let address = listener.local_addr()?;
+    let shutdown = shutdown_signal()?;
     println!("switchyard listening on http://{address}");
     let expiry = router.clone();
     tokio::spawn(async move {
@@ -295,6 +298,6 @@ pub async fn serve(router: Arc<Router>, listen: SocketAddr) -> std::io::Result<(
         }
     });
     axum::serve(listener, app(router))
-        .with_graceful_shutdown(shutdown_signal())
+        .with_graceful_shutdown(shutdown)
         .await
 }
