@@ -148,11 +148,6 @@ impl LoadAccounting {
     pub fn active_bookings(&self) -> usize {
         self.bookings.len()
     }
-
-    /// Every worker's load, for metrics.
-    pub fn loads(&self) -> impl Iterator<Item = (&WorkerId, &WorkerLoad)> {
-        self.workers.iter()
-    }
 }
 
 #[cfg(test)]

@@ -420,7 +420,7 @@ pub unsafe fn read_component_def(
         ));
     }
     let inputs = WorkerInputs::from_bits(def.inputs);
-    Ok((name, PluginComponentDef::new(def, inputs, kind, abi_minor)))
+    Ok((name, PluginComponentDef::new(def, inputs, kind)))
 }
 
 extern "C" fn register_component(

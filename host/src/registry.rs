@@ -121,7 +121,6 @@ pub struct PluginComponentDef {
     def: switchyard_component_def,
     inputs: WorkerInputs,
     kind: ComponentKind,
-    abi_minor: u16,
 }
 
 // SAFETY: the def holds function pointers and a `user_data` the plugin promises valid for
@@ -134,15 +133,9 @@ impl PluginComponentDef {
         mut def: switchyard_component_def,
         inputs: WorkerInputs,
         kind: ComponentKind,
-        abi_minor: u16,
     ) -> Self {
         def.type_name = std::ptr::null();
-        PluginComponentDef {
-            def,
-            inputs,
-            kind,
-            abi_minor,
-        }
+        PluginComponentDef { def, inputs, kind }
     }
     pub fn kind(&self) -> ComponentKind {
         self.kind
@@ -152,9 +145,6 @@ impl PluginComponentDef {
     }
     pub fn raw(&self) -> &switchyard_component_def {
         &self.def
-    }
-    pub fn abi_minor(&self) -> u16 {
-        self.abi_minor
     }
 }
 
