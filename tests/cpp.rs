@@ -7,7 +7,6 @@ mod support;
 use std::process::Command;
 
 use support::*;
-use switchyard::pipeline::SelectError;
 use switchyard::request::{RequestContext, SessionInfo};
 use switchyard_plugin_sdk::abi::{SWITCHYARD_STATUS_PANIC, SWITCHYARD_STATUS_POISONED};
 
