@@ -219,3 +219,58 @@ pub fn min_component_def_size(minor: u16) -> usize {
 pub fn min_policy_def_size(minor: u16) -> usize {
     MINORS[usize::from(minor)].policy_def_size
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a 1.1 host would hold if 1.1 appended one field to the descriptor.
+    #[repr(C)]
+    struct DescriptorV1_1 {
+        v1_0: switchyard_plugin_descriptor,
+        appended: u64,
+    }
+
+    #[test]
+    fn a_struct_from_an_older_minor_is_copied_with_the_new_fields_zeroed() {
+        let plugin: switchyard_plugin_descriptor = unsafe { std::mem::zeroed() };
+        let plugin = switchyard_plugin_descriptor {
+            struct_size: size_of::<switchyard_plugin_descriptor>() as u32,
+            abi_major: 1,
+            abi_minor: 0,
+            layout_fingerprint: SWITCHYARD_LAYOUT_FINGERPRINT,
+            ..plugin
+        };
+        // The plugin's struct is followed by unrelated memory the host must not read.
+        #[repr(C)]
+        struct InMemory {
+            descriptor: switchyard_plugin_descriptor,
+            next: u64,
+        }
+        let memory = InMemory {
+            descriptor: plugin,
+            next: u64::MAX,
+        };
+        let host: DescriptorV1_1 = unsafe {
+            copy_sized(
+                std::ptr::from_ref(&memory.descriptor).cast::<DescriptorV1_1>(),
+                memory.descriptor.struct_size as usize,
+            )
+        };
+        assert_eq!(
+            host.appended, 0,
+            "a field the 1.0 plugin does not have reads as zero"
+        );
+        assert_eq!(host.v1_0.layout_fingerprint, SWITCHYARD_LAYOUT_FINGERPRINT);
+        assert_eq!(memory.next, u64::MAX);
+    }
+
+    #[test]
+    fn every_known_minor_has_a_layout_row() {
+        assert_eq!(MINORS.len(), usize::from(HOST_ABI_MINOR) + 1);
+        assert_eq!(
+            MINORS[usize::from(SWITCHYARD_ABI_MINOR)].fingerprint,
+            SWITCHYARD_LAYOUT_FINGERPRINT
+        );
+    }
+}
