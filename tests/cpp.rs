@@ -143,18 +143,6 @@ fn session_affinity_sticks_and_forgets() {
     );
 }
 
-fn run(command: &mut Command) {
-    let output = command
-        .output()
-        .unwrap_or_else(|e| panic!("{command:?}: {e}"));
-    assert!(
-        output.status.success(),
-        "{command:?} failed:\n{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-}
-
 #[test]
 fn out_of_tree_project_builds_against_the_installed_package_and_loads() {
     let dir = tempfile::tempdir().unwrap();

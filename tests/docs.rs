@@ -19,19 +19,6 @@ fn blocks(markdown: &str, lang: &str) -> Vec<String> {
         .collect()
 }
 
-fn run(command: &mut Command) -> String {
-    let output = command
-        .output()
-        .unwrap_or_else(|e| panic!("{command:?}: {e}"));
-    assert!(
-        output.status.success(),
-        "{command:?} failed:\n{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).into_owned()
-}
-
 fn check_and_select(dir: &Path, workers: &[&str]) -> String {
     let summary = run(Command::new(switchyard_bin()).current_dir(dir).args([
         "check",
@@ -70,11 +57,7 @@ fn readme_first_rust_plugin() {
     .unwrap();
     std::fs::copy(repo().join("Cargo.lock"), krate.join("Cargo.lock")).unwrap();
     std::fs::write(krate.join("src/lib.rs"), &blocks(section, "rust")[0]).unwrap();
-    let target = repo().join("target/rebuild-test");
-    run(Command::new(env!("CARGO"))
-        .args(["build", "--quiet", "--manifest-path"])
-        .arg(krate.join("Cargo.toml"))
-        .env("CARGO_TARGET_DIR", &target));
+    let built = build_plugin_crate(&krate);
 
     let shell = blocks(section, "sh").join("\n");
     let config = shell
@@ -84,7 +67,7 @@ fn readme_first_rust_plugin() {
         .expect("the config heredoc");
     let config = config.replace(
         "target/release/libmy_policy.so",
-        &target.join("debug/libmy_policy.so").display().to_string(),
+        &built.join("libmy_policy.so").display().to_string(),
     );
     std::fs::write(dir.path().join("switchyard.yaml"), config).unwrap();
     let chosen = check_and_select(dir.path(), &["1:0:5", "2:0:1"]);

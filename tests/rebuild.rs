@@ -14,38 +14,13 @@ fn sha256(path: &Path) -> Vec<u8> {
     Sha256::digest(std::fs::read(path).unwrap()).to_vec()
 }
 
-/// Builds the plugin crate in `dir` with cargo; returns the library.
-fn build_plugin(dir: &Path) -> std::path::PathBuf {
-    let target = repo().join("target/rebuild-test");
-    let output = Command::new(env!("CARGO"))
-        .args(["build", "--quiet", "--manifest-path"])
-        .arg(dir.join("Cargo.toml"))
-        .env("CARGO_TARGET_DIR", &target)
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "plugin build failed:\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    target.join("debug/libleast_busy.so")
-}
-
 fn decide(config: &Path) -> String {
-    let output = Command::new(switchyard_bin())
+    run(Command::new(switchyard_bin())
         .args(["select", "--config"])
         .arg(config)
         .args([
             "--blocks", "8", "--worker", "1:0:3", "--worker", "2:4:1", "--worker", "4:2:0",
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8(output.stdout).unwrap()
+        ]))
 }
 
 #[test]
@@ -71,7 +46,11 @@ fn rebuilding_the_plugin_alone_changes_the_decision_not_the_router() {
     let router = switchyard_bin();
     let router_before = sha256(&router);
 
-    std::fs::copy(build_plugin(&krate), dir.path().join("plugin.so")).unwrap();
+    std::fs::copy(
+        build_plugin_crate(&krate).join("libleast_busy.so"),
+        dir.path().join("plugin.so"),
+    )
+    .unwrap();
     assert_eq!(
         decide(&config),
         "worker 4 dp_rank 0\n",
@@ -92,7 +71,11 @@ fn rebuilding_the_plugin_alone_changes_the_decision_not_the_router() {
         "the scorer lines to change were not found"
     );
     std::fs::write(krate.join("src/lib.rs"), changed).unwrap();
-    std::fs::copy(build_plugin(&krate), dir.path().join("plugin.so")).unwrap();
+    std::fs::copy(
+        build_plugin_crate(&krate).join("libleast_busy.so"),
+        dir.path().join("plugin.so"),
+    )
+    .unwrap();
     assert_eq!(
         decide(&config),
         "worker 1 dp_rank 0\n",

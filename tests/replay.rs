@@ -31,7 +31,7 @@ fn replay_compares_policies_and_writes_csv_and_svg() {
     let trace = dir.path().join("trace.jsonl");
     write_trace(&trace);
     let (csv, svg) = (dir.path().join("out.csv"), dir.path().join("out.svg"));
-    let output = Command::new(switchyard_bin())
+    run(Command::new(switchyard_bin())
         .args([
             "replay",
             "--workers",
@@ -46,14 +46,7 @@ fn replay_compares_policies_and_writes_csv_and_svg() {
         .arg("--csv")
         .arg(&csv)
         .arg("--svg")
-        .arg(&svg)
-        .output()
-        .unwrap();
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+        .arg(&svg));
     let csv = std::fs::read_to_string(&csv).unwrap();
     let rows: Vec<Vec<&str>> = csv
         .lines()

@@ -169,3 +169,28 @@ pub fn component_failure(error: SelectError) -> (String, i32, String) {
         other => panic!("expected a component failure, got {other}"),
     }
 }
+
+/// Runs a command that must succeed; returns its standard output.
+pub fn run(command: &mut Command) -> String {
+    let output = command
+        .output()
+        .unwrap_or_else(|e| panic!("{command:?}: {e}"));
+    assert!(
+        output.status.success(),
+        "{command:?} failed:\n{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// Builds a standalone plugin crate (debug) into target/rebuild-test, shared by the tests
+/// that build plugins outside the workspace; returns that target folder's debug/.
+pub fn build_plugin_crate(krate: &Path) -> PathBuf {
+    let target = repo().join("target/rebuild-test");
+    run(Command::new(env!("CARGO"))
+        .args(["build", "--quiet", "--manifest-path"])
+        .arg(krate.join("Cargo.toml"))
+        .env("CARGO_TARGET_DIR", &target));
+    target.join("debug")
+}
