@@ -303,28 +303,29 @@ impl Router {
         let block_size = self.block_size();
 
         SCRATCH.with(|scratch| {
-            let (query, hashes) = &mut *scratch.borrow_mut();
-            let request_blocks = match (&request.token_ids, &request.block_hashes) {
-                (Some(_), Some(_)) => {
-                    return Err(RouteError::BadRequest(
-                        "give `token_ids` or `block_hashes`, not both".into(),
-                    ))
-                }
-                (None, None) => {
-                    return Err(RouteError::BadRequest(
-                        "give the prompt as `token_ids` or `block_hashes`".into(),
-                    ))
-                }
-                (Some(tokens), None) => {
-                    hash_tokens(tokens, block_size, hashes);
-                    (tokens.len() as u64).div_ceil(u64::from(block_size))
-                }
-                (None, Some(given)) => {
-                    hashes.clear();
-                    hashes.extend_from_slice(given);
-                    given.len() as u64
-                }
-            };
+            let (query, hashed) = &mut *scratch.borrow_mut();
+            // Given hashes are used in place; token ids are hashed into the scratch.
+            let (request_blocks, hashes): (u64, &[u64]) =
+                match (&request.token_ids, &request.block_hashes) {
+                    (Some(_), Some(_)) => {
+                        return Err(RouteError::BadRequest(
+                            "give `token_ids` or `block_hashes`, not both".into(),
+                        ))
+                    }
+                    (None, None) => {
+                        return Err(RouteError::BadRequest(
+                            "give the prompt as `token_ids` or `block_hashes`".into(),
+                        ))
+                    }
+                    (Some(tokens), None) => {
+                        hash_tokens(tokens, block_size, hashed);
+                        (
+                            (tokens.len() as u64).div_ceil(u64::from(block_size)),
+                            hashed,
+                        )
+                    }
+                    (None, Some(given)) => (given.len() as u64, given),
+                };
             let mut context = RequestContext::new(block_size, request_blocks);
             context.tracks_prefill_tokens = request.tracks_prefill_tokens;
             context.expected_output_tokens = request.expected_output_tokens;
