@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,28 +15,19 @@ use crate::load_accounting::WorkerLoad;
 use crate::pipeline::Selector;
 use crate::registry::PartitionKey;
 
+/// One instance's counters: bumped on every request, so atomics, not a lock.
 #[derive(Default)]
-struct Counters {
-    /// instance -> (selections, seconds)
-    selections: BTreeMap<String, (u64, f64)>,
-    /// (instance, component) -> errors
-    errors: BTreeMap<(String, String), u64>,
-    /// instance -> fallbacks to the built-in policy
-    fallbacks: BTreeMap<String, u64>,
+struct InstanceCounters {
+    selections: AtomicU64,
+    nanos: AtomicU64,
+    fallbacks: AtomicU64,
 }
 
-#[derive(Default)]
 pub struct Metrics {
-    counters: Mutex<Counters>,
-}
-
-fn bump<K: Ord + Clone>(map: &mut BTreeMap<K, u64>, key: &K) {
-    match map.get_mut(key) {
-        Some(n) => *n += 1,
-        None => {
-            map.insert(key.clone(), 1);
-        }
-    }
+    /// Per configured instance; the map itself is fixed at startup.
+    instances: BTreeMap<String, InstanceCounters>,
+    /// (instance, component) -> errors; touched on the failure path only.
+    errors: Mutex<BTreeMap<(String, String), u64>>,
 }
 
 /// Escapes a Prometheus label value.
@@ -47,38 +39,42 @@ fn label(value: &str) -> String {
 }
 
 impl Metrics {
+    pub fn new<'a>(instances: impl IntoIterator<Item = &'a str>) -> Self {
+        Metrics {
+            instances: instances
+                .into_iter()
+                .map(|name| (name.to_owned(), InstanceCounters::default()))
+                .collect(),
+            errors: Mutex::new(BTreeMap::new()),
+        }
+    }
+
     pub fn record_selection(&self, instance: &str, elapsed: Duration) {
-        let mut c = self.counters.lock();
-        match c.selections.get_mut(instance) {
-            Some((n, s)) => {
-                *n += 1;
-                *s += elapsed.as_secs_f64();
-            }
-            None => {
-                c.selections
-                    .insert(instance.to_owned(), (1, elapsed.as_secs_f64()));
-            }
+        if let Some(c) = self.instances.get(instance) {
+            c.selections.fetch_add(1, Ordering::Relaxed);
+            c.nanos
+                .fetch_add(elapsed.as_nanos() as u64, Ordering::Relaxed);
         }
     }
 
     pub fn record_error(&self, instance: &str, component: &str) {
-        bump(
-            &mut self.counters.lock().errors,
-            &(instance.to_owned(), component.to_owned()),
-        );
+        *self
+            .errors
+            .lock()
+            .entry((instance.to_owned(), component.to_owned()))
+            .or_insert(0) += 1;
     }
 
     pub fn record_fallback(&self, instance: &str) {
-        bump(&mut self.counters.lock().fallbacks, &instance.to_owned());
+        if let Some(c) = self.instances.get(instance) {
+            c.fallbacks.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     pub fn fallbacks(&self, instance: &str) -> u64 {
-        self.counters
-            .lock()
-            .fallbacks
+        self.instances
             .get(instance)
-            .copied()
-            .unwrap_or(0)
+            .map_or(0, |c| c.fallbacks.load(Ordering::Relaxed))
     }
 
     pub fn render<'a>(
@@ -88,10 +84,10 @@ impl Metrics {
         kv_blocks: [usize; 3],
     ) -> String {
         let mut out = String::new();
-        let c = self.counters.lock();
         let _ = writeln!(out, "# HELP switchyard_selections_total Selections run, per instance (fallback runs count for `default`).");
         let _ = writeln!(out, "# TYPE switchyard_selections_total counter");
-        for (instance, (n, _)) in &c.selections {
+        for (instance, c) in &self.instances {
+            let n = c.selections.load(Ordering::Relaxed);
             let _ = writeln!(
                 out,
                 "switchyard_selections_total{{instance=\"{}\"}} {n}",
@@ -103,7 +99,8 @@ impl Metrics {
             "# HELP switchyard_selection_seconds_total Time spent in selections, per instance."
         );
         let _ = writeln!(out, "# TYPE switchyard_selection_seconds_total counter");
-        for (instance, (_, s)) in &c.selections {
+        for (instance, c) in &self.instances {
+            let s = c.nanos.load(Ordering::Relaxed) as f64 / 1e9;
             let _ = writeln!(
                 out,
                 "switchyard_selection_seconds_total{{instance=\"{}\"}} {s}",
@@ -112,7 +109,7 @@ impl Metrics {
         }
         let _ = writeln!(out, "# HELP switchyard_selection_errors_total Failed selections, per instance and component at fault.");
         let _ = writeln!(out, "# TYPE switchyard_selection_errors_total counter");
-        for ((instance, component), n) in &c.errors {
+        for ((instance, component), n) in self.errors.lock().iter() {
             let _ = writeln!(
                 out,
                 "switchyard_selection_errors_total{{instance=\"{}\",component=\"{}\"}} {n}",
@@ -122,14 +119,14 @@ impl Metrics {
         }
         let _ = writeln!(out, "# HELP switchyard_fallbacks_total Requests routed by the built-in policy after the instance failed.");
         let _ = writeln!(out, "# TYPE switchyard_fallbacks_total counter");
-        for (instance, n) in &c.fallbacks {
+        for (instance, c) in &self.instances {
+            let n = c.fallbacks.load(Ordering::Relaxed);
             let _ = writeln!(
                 out,
                 "switchyard_fallbacks_total{{instance=\"{}\"}} {n}",
                 label(instance)
             );
         }
-        drop(c);
         let _ = writeln!(
             out,
             "# HELP switchyard_component_calls_total Calls per component instance."

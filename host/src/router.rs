@@ -140,6 +140,7 @@ impl Router {
     pub fn new(startup: Startup) -> Result<Self, RouteError> {
         let expiry = Duration::from_secs(startup.source.config.router.request_expiry_secs);
         let workers = startup.source.config.workers.clone();
+        let metrics = Metrics::new(startup.instances.iter().map(|i| i.name.as_str()));
         let router = Router {
             startup,
             state: RwLock::new(State {
@@ -148,7 +149,7 @@ impl Router {
             }),
             kv: RwLock::new(KvIndex::default()),
             load: RwLock::new(LoadAccounting::new(expiry)),
-            metrics: Metrics::default(),
+            metrics,
         };
         for spec in workers {
             router.add_worker(spec)?;
