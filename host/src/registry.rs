@@ -70,40 +70,27 @@ impl fmt::Display for Origin {
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct PartitionKey {
     pub model: String,
-    pub worker_type: WorkerTypeKey,
-}
-
-/// `WorkerType` with an order, for maps.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct WorkerTypeKey(pub u32);
-
-impl From<WorkerType> for WorkerTypeKey {
-    fn from(t: WorkerType) -> Self {
-        WorkerTypeKey(t.to_abi())
-    }
+    pub worker_type: WorkerType,
 }
 
 impl PartitionKey {
     pub fn new(model: impl Into<String>, worker_type: WorkerType) -> Self {
         PartitionKey {
             model: model.into(),
-            worker_type: worker_type.into(),
+            worker_type,
         }
-    }
-    pub fn worker_type(&self) -> WorkerType {
-        WorkerType::from_abi(self.worker_type.0).unwrap_or(WorkerType::Select)
     }
     pub fn with_abi<R>(&self, f: impl FnOnce(&switchyard_partition) -> R) -> R {
         let raw = switchyard_partition {
             struct_size: std::mem::size_of::<switchyard_partition>() as u32,
-            worker_type: self.worker_type.0,
+            worker_type: self.worker_type.to_abi(),
             model: switchyard_plugin_sdk::str_to_abi(&self.model),
         };
         f(&raw)
     }
     pub fn view(&self) -> Partition<'_> {
         Partition {
-            worker_type: self.worker_type(),
+            worker_type: self.worker_type,
             model: &self.model,
         }
     }
@@ -111,7 +98,7 @@ impl PartitionKey {
 
 impl fmt::Display for PartitionKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}/{}", self.model, self.worker_type().as_str())
+        write!(f, "{}/{}", self.model, self.worker_type.as_str())
     }
 }
 

@@ -29,7 +29,7 @@ pub fn str_to_abi(s: &str) -> switchyard_str {
 }
 
 /// The worker type of a partition.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum WorkerType {
     Prefill,
     Decode,
