@@ -7,8 +7,10 @@ mod support;
 use std::process::Command;
 
 use support::*;
-use switchyard::request::{RequestContext, SessionInfo};
-use switchyard_plugin_sdk::abi::{SWITCHYARD_STATUS_PANIC, SWITCHYARD_STATUS_POISONED};
+use switchyard::plugin::{RequestContext, SessionInfo};
+use switchyard::policy::{BuildError, Refusal};
+use switchyard::startup::StartupError;
+use switchyard_plugin_sdk::Status;
 
 const FLEET: [W; 3] = [
     W {
@@ -51,12 +53,12 @@ fn a_throwing_cpp_component_is_contained_and_poisoned() {
         component_failure(select(&mut throwing, 4, &FLEET).unwrap_err()),
         (
             "cpp.throwing-scorer".to_owned(),
-            SWITCHYARD_STATUS_PANIC,
+            Status::Panic,
             "threw: scorer state corrupted (deliberate test exception)".to_owned()
         )
     );
     let (_, status, _) = component_failure(select(&mut throwing, 4, &FLEET).unwrap_err());
-    assert_eq!(status, SWITCHYARD_STATUS_POISONED);
+    assert_eq!(status, Status::Poisoned);
     assert!(
         select(&mut selector(&startup, "default"), 4, &FLEET).is_ok(),
         "the router keeps answering"
@@ -66,14 +68,34 @@ fn a_throwing_cpp_component_is_contained_and_poisoned() {
 #[test]
 fn cpp_parameter_errors_reach_the_operator() {
     let dir = tempfile::tempdir().unwrap();
-    let error = start_error(dir.path(), &cpp_config("    - name: lb\n      type: cpp.least-busy\n      parameters: {min_device_overlap_blocks: 1, colour: red}\n"));
-    assert!(
-        error.contains("unknown parameter `colour`; expected one of: min_device_overlap_blocks"),
-        "{error}"
-    );
+    let config = cpp_config("    - name: lb\n      type: cpp.least-busy\n      parameters: {min_device_overlap_blocks: 1, colour: red}\n");
+    let errors = start_typed(dir.path(), &config).err().expect("refused");
+    match errors[..] {
+        [StartupError::InvalidParameters {
+            ref instance,
+            error:
+                BuildError::Validate {
+                    refusal: Refusal::Plugin(ref call),
+                    ..
+                },
+            ..
+        }] => {
+            assert_eq!(instance, "lb");
+            assert_eq!(call.status, Status::InvalidParameters);
+            assert!(
+                call.message.contains(
+                    "unknown parameter `colour`; expected one of: min_device_overlap_blocks"
+                ),
+                "{}",
+                call.message
+            );
+        }
+        ref other => panic!("expected the plugin's parameter refusal, got {other:?}"),
+    }
+    let error = start_error(dir.path(), &config);
     assert!(
         error.contains("(status 2)"),
-        "invalid parameters status: {error}"
+        "the operator sees the status: {error}"
     );
     let error = start_error(dir.path(), &cpp_config("    - name: lb\n      type: cpp.least-busy\n      parameters: {min_device_overlap_blocks: many}\n"));
     assert!(
@@ -96,7 +118,7 @@ fn session_affinity_sticks_and_forgets() {
         });
         r
     };
-    let pick = |s: &mut switchyard::pipeline::Selector, r: &RequestContext, fleet: &[W]| {
+    let pick = |s: &mut switchyard::policy::Selector, r: &RequestContext, fleet: &[W]| {
         s.select(r, rows(fleet)).unwrap().worker_id
     };
     // First turn: least busy (worker 2, 1 active).

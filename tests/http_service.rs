@@ -155,7 +155,7 @@ fn routes_by_overlap_and_load_through_plugins_of_three_languages() {
     // Token ids are hashed by the router: store a 3-block prompt on worker 3 by its hashes.
     let tokens: Vec<u32> = (0..48).collect();
     let mut hashes = Vec::new();
-    switchyard::kv_index::hash_tokens(&tokens, 16, &mut hashes);
+    switchyard::fleet::kv_index::hash_tokens(&tokens, 16, &mut hashes);
     server.ok(
         "/v1/kv_events",
         json!({"worker_id": 3, "events": [{"type": "stored", "block_hashes": hashes}]}),

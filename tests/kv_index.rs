@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 
 use rand::{Rng, SeedableRng};
-use switchyard::kv_index::{KvEvent, KvIndex, QueryScratch, Tier};
+use switchyard::fleet::kv_index::{KvEvent, KvIndex, QueryScratch, Tier};
 use switchyard_plugin_sdk::WorkerId;
 
 /// The obvious model: per worker and tier, the set of hashes held.

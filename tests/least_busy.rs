@@ -5,7 +5,7 @@ mod support;
 
 use rand::{Rng, SeedableRng};
 use support::*;
-use switchyard::pipeline::SelectError;
+use switchyard::policy::SelectError;
 
 /// Every implementation of least-busy, each at min_device_overlap_blocks = `min`.
 fn implementations(min: u32) -> Vec<(String, String)> {

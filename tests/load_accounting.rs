@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use rand::{Rng, SeedableRng};
 use support::*;
-use switchyard::router::{RouteRequest, Router};
-use switchyard::workers::WorkerSpec;
+use switchyard::fleet::router::{RouteRequest, Router};
+use switchyard::fleet::workers::WorkerSpec;
 
 #[test]
 fn interleaved_reservations_return_every_count_to_zero() {

@@ -4,6 +4,9 @@
 mod support;
 
 use support::*;
+use switchyard::plugin::LoadError;
+use switchyard::startup::StartupError;
+use switchyard_plugin_sdk::Status;
 
 fn plugin_config(path: &std::path::Path, extra: &str) -> String {
     format!("plugins:\n  - path: {}\n{extra}", path.display())
@@ -176,6 +179,21 @@ fn registration_failure_carries_the_plugins_message() {
         error.contains("registration failed (status 1): license file /etc/acme/license not found"),
         "{error}"
     );
+    let errors = start_typed(dir.path(), &plugin_config(&lib, ""))
+        .err()
+        .expect("refused");
+    match &errors[..] {
+        [StartupError::Plugin {
+            error: LoadError::RegistrationFailed {
+                status, message, ..
+            },
+            ..
+        }] => {
+            assert_eq!(*status, Status::Error);
+            assert_eq!(message, "license file /etc/acme/license not found");
+        }
+        other => panic!("expected a registration failure, got {other:?}"),
+    }
 }
 
 #[test]

@@ -8,7 +8,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use support::*;
-use switchyard::request::RequestContext;
+use switchyard::plugin::RequestContext;
 
 struct Counting;
 

@@ -4,8 +4,8 @@
 mod support;
 
 use support::*;
-use switchyard::pipeline::SelectError;
-use switchyard_plugin_sdk::abi::{SWITCHYARD_STATUS_PANIC, SWITCHYARD_STATUS_POISONED};
+use switchyard::policy::SelectError;
+use switchyard_plugin_sdk::Status;
 
 const FLEET: [W; 3] = [
     W {
@@ -105,12 +105,12 @@ fn panicking_rust_plugin_is_contained_and_poisoned() {
         component_failure(select(&mut poisoned, 13, &FLEET).unwrap_err()),
         (
             "panicky.scorer".to_owned(),
-            SWITCHYARD_STATUS_PANIC,
+            Status::Panic,
             "panicked: deliberate panic on a request of 13 blocks".to_owned()
         )
     );
     let (_, status, message) = component_failure(select(&mut poisoned, 12, &FLEET).unwrap_err());
-    assert_eq!(status, SWITCHYARD_STATUS_POISONED);
+    assert_eq!(status, Status::Poisoned);
     assert!(message.contains("poisoned"), "{message}");
     // The router keeps answering: a fresh instance of the same type, and other policies.
     assert_eq!(select(&mut selector(&startup, "p"), 12, &FLEET).unwrap(), 2);

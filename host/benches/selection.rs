@@ -13,12 +13,12 @@ use std::time::{Duration, Instant};
 use criterion::{BenchmarkId, Criterion, Throughput};
 use rand::{Rng, SeedableRng};
 use switchyard::config::ConfigSource;
-use switchyard::pipeline::{CandidateRow, Selector};
-use switchyard::registry::PartitionKey;
-use switchyard::request::RequestContext;
-use switchyard::router::{RouteRequest, Router};
+use switchyard::fleet::router::{RouteRequest, Router};
+use switchyard::fleet::workers::WorkerSpec;
+use switchyard::plugin::PartitionKey;
+use switchyard::plugin::RequestContext;
+use switchyard::policy::{CandidateRow, Selector};
 use switchyard::startup::{start, Startup};
-use switchyard::workers::WorkerSpec;
 use switchyard_plugin_sdk::{WorkerId, WorkerType};
 
 const SIZES: [usize; 4] = [8, 128, 1024, 10_000];
@@ -134,8 +134,8 @@ fn router_with(size: usize, instance: &str) -> (Router, RouteRequest) {
             serde_json::from_value(serde_json::json!({"model": "bench", "worker_id": id})).unwrap();
         router.add_worker(spec).unwrap();
         let held = rng.gen_range(0..REQUEST_BLOCKS as usize);
-        let event = switchyard::kv_index::KvEvent::Stored {
-            tier: switchyard::kv_index::Tier::Device,
+        let event = switchyard::fleet::kv_index::KvEvent::Stored {
+            tier: switchyard::fleet::kv_index::Tier::Device,
             parent_hash: None,
             block_hashes: chain[..held].to_vec(),
         };

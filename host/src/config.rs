@@ -1,19 +1,23 @@
 //! The YAML config: plugins to load, policy instances, router knobs, static workers.
 //! Unknown keys are rejected; every error names the file and, where it can, the line.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+use switchyard_plugin_sdk::{WorkerId, WorkerType};
 
-use crate::abi_checks::RevisionRule;
+use crate::plugin::{PartitionKey, RevisionRule};
 
 /// The config shipped inside the binary: the example plugins of all three languages,
 /// with paths relative to the folder of the `switchyard` executable.
 pub const EMBEDDED_DEFAULT: &str = include_str!("../default-config.yaml");
 /// How the embedded config is named in messages.
 pub const EMBEDDED_NAME: &str = "<embedded default config>";
+/// The built-in policy's instance name (and type name); reserved in `instances`.
+pub const BUILTIN_DEFAULT: &str = "default";
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -26,7 +30,7 @@ pub struct Config {
     pub router: RouterSettings,
     #[serde(default)]
     /// Workers known at startup (more can be added over HTTP).
-    pub workers: Vec<crate::workers::WorkerSpec>,
+    pub workers: Vec<WorkerSpec>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -129,6 +133,86 @@ impl Default for RouterSettings {
             block_size: 16,
             request_expiry_secs: 600,
         }
+    }
+}
+
+/// What a worker does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkerRole {
+    Prefill,
+    Decode,
+    Aggregated,
+}
+
+impl WorkerRole {
+    pub fn worker_type(self) -> WorkerType {
+        match self {
+            WorkerRole::Prefill => WorkerType::Prefill,
+            WorkerRole::Decode => WorkerType::Decode,
+            WorkerRole::Aggregated => WorkerType::Select,
+        }
+    }
+}
+
+fn aggregated() -> WorkerRole {
+    WorkerRole::Aggregated
+}
+fn default_kv_blocks() -> u64 {
+    16_384
+}
+fn default_batched_tokens() -> u64 {
+    8_192
+}
+
+/// A worker (one data-parallel rank of an engine), as configured or added over HTTP.
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkerSpec {
+    pub model: String,
+    pub worker_id: u64,
+    #[serde(default)]
+    pub dp_rank: u32,
+    #[serde(default = "aggregated")]
+    pub worker_type: WorkerRole,
+    /// KV capacity in blocks.
+    #[serde(default = "default_kv_blocks")]
+    pub total_kv_blocks: u64,
+    #[serde(default = "default_batched_tokens")]
+    pub max_batched_tokens: u64,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Cost multiplier from preferred routing constraints (taints), if any.
+    #[serde(default)]
+    pub preferred_taint_multiplier: Option<f64>,
+}
+
+impl WorkerSpec {
+    pub fn id(&self) -> WorkerId {
+        WorkerId {
+            worker_id: self.worker_id,
+            dp_rank: self.dp_rank,
+        }
+    }
+    pub fn partition(&self) -> PartitionKey {
+        PartitionKey::new(self.model.clone(), self.worker_type.worker_type())
+    }
+    /// Checks the values serde cannot.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.model.trim().is_empty() {
+            return Err("`model` must not be empty".into());
+        }
+        if self.total_kv_blocks == 0 {
+            return Err("`total_kv_blocks` must be at least 1".into());
+        }
+        if let Some(m) = self.preferred_taint_multiplier {
+            if !m.is_finite() || m < 0.0 {
+                return Err(format!(
+                    "`preferred_taint_multiplier` must be a finite number >= 0, got {m}"
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -238,6 +322,79 @@ impl ConfigSource {
             .filter(|(_, line)| holds(line))
             .nth(nth)
             .map(|(i, _)| i + 1)
+    }
+
+    /// Checks the values serde cannot: router knobs and instance names. Returns every
+    /// error, and which `worker_selection.instances` entries are sound enough to build.
+    pub fn validate(&self) -> (Vec<ConfigError>, Vec<&InstanceEntry>) {
+        let mut errors = Vec::new();
+        let router = &self.config.router;
+        for (key, value) in [
+            ("block_size", u64::from(router.block_size)),
+            ("request_expiry_secs", router.request_expiry_secs),
+        ] {
+            if value == 0 {
+                let line = self
+                    .text
+                    .lines()
+                    .position(|l| l.trim_start().starts_with(&format!("{key}:")))
+                    .map(|i| i + 1);
+                errors.push(ConfigError {
+                    file: self.name.clone(),
+                    line,
+                    message: format!("`router.{key}` must be at least 1"),
+                });
+            }
+        }
+        let mut seen = std::collections::HashSet::new();
+        let mut sound = Vec::new();
+        let entries = &self.config.worker_selection.instances;
+        for (index, entry) in entries.iter().enumerate() {
+            let nth = entries[..index]
+                .iter()
+                .filter(|e| e.name == entry.name)
+                .count();
+            let at = |message: String| self.error_at("name", &entry.name, nth, message);
+            if entry.name.trim().is_empty() {
+                errors.push(at(
+                    "an instance has an empty `name`; give each instance a unique name".into(),
+                ));
+            } else if entry.name == BUILTIN_DEFAULT {
+                errors.push(at(format!("instance name `{BUILTIN_DEFAULT}` is reserved for the built-in policy; tune it under `worker_selection.builtin_default`, or pick another name")));
+            } else if !seen.insert(entry.name.as_str()) {
+                errors.push(at(format!(
+                    "duplicate instance name `{}`; instance names must be unique",
+                    entry.name
+                )));
+            } else {
+                sound.push(entry);
+            }
+        }
+        (errors, sound)
+    }
+
+    /// The instance names a request or `worker_selection.default` may use.
+    pub fn instance_names(&self) -> Vec<&str> {
+        std::iter::once(BUILTIN_DEFAULT)
+            .chain(
+                self.config
+                    .worker_selection
+                    .instances
+                    .iter()
+                    .map(|i| i.name.as_str()),
+            )
+            .collect()
+    }
+
+    /// The 1-based line of `worker_selection.instances[index]`'s `name:`.
+    pub fn instance_line(&self, entry: &InstanceEntry) -> Option<usize> {
+        let entries = &self.config.worker_selection.instances;
+        let index = entries.iter().position(|e| std::ptr::eq(e, entry))?;
+        let nth = entries[..index]
+            .iter()
+            .filter(|e| e.name == entry.name)
+            .count();
+        self.line_of("name", &entry.name, nth)
     }
 
     /// A config error at the line of `key: value`.

@@ -1,34 +1,22 @@
 //! switchyard: an LLM inference request router whose worker-selection policies are
 //! plugins loaded from shared libraries at startup.
 //!
-//! Layers, each in a module named after it:
+//! Layers, bottom to top; each may use only the ones below it:
+//! - [`plugin`]: the plugin boundary. The only module that holds raw ABI values, calls
+//!   plugin code or implements `extern "C"` functions: the loader, the ABI checks, the
+//!   registrar, builder and params callbacks, component and policy handles.
 //! - [`config`]: the YAML config.
-//! - [`loader`] and [`abi_checks`]: opening plugins and checking them before they run.
-//! - [`registry`]: component and policy types, built-in and from plugins.
-//! - [`startup`] and [`instances`]: from config to validated policy instances.
-//! - [`pipeline`]: filter -> score -> pick for one policy instance.
-//! - [`builtin`]: built-in components and the `default` policy.
-//! - [`workers`], [`kv_index`], [`load_accounting`]: the routing state plugins read.
-//! - [`router`]: select, select-and-reserve, prefill-complete, free.
-//! - [`http_service`] and [`metrics`]: the HTTP API and Prometheus metrics.
-//! - [`replay`]: request traces against simulated workers.
-//! - [`summary`]: what `check` and `plugin inspect` print.
+//! - [`policy`]: the registry of types, the built-ins, configured instances and the
+//!   filter -> score -> pick pipeline.
+//! - [`startup`]: from config to loaded plugins and validated instances.
+//! - [`fleet`]: workers, KV index, load accounting, metrics, and the router.
+//! - [`serve`]: the HTTP API.
+//! - [`tools`]: `check` / `plugin inspect` summaries and trace replay.
 
-pub mod abi_checks;
-pub mod builtin;
 pub mod config;
-pub mod http_service;
-pub mod instances;
-pub mod kv_index;
-pub mod load_accounting;
-pub mod loader;
-pub mod metrics;
-pub mod params;
-pub mod pipeline;
-pub mod registry;
-pub mod replay;
-pub mod request;
-pub mod router;
+pub mod fleet;
+pub mod plugin;
+pub mod policy;
+pub mod serve;
 pub mod startup;
-pub mod summary;
-pub mod workers;
+pub mod tools;

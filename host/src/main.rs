@@ -5,11 +5,12 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use switchyard::config::ConfigSource;
-use switchyard::pipeline::{CandidateRow, Selector};
-use switchyard::registry::PartitionKey;
-use switchyard::request::RequestContext;
-use switchyard::router::Router;
+use switchyard::fleet::router::Router;
+use switchyard::plugin::{PartitionKey, RequestContext};
+use switchyard::policy::{CandidateRow, Selector};
 use switchyard::startup::{start, Startup};
+use switchyard::tools::replay::{self, ReplayArgs};
+use switchyard::tools::summary;
 use switchyard_plugin_sdk::{WorkerId, WorkerType};
 
 #[derive(Parser)]
@@ -54,40 +55,7 @@ enum Command {
         workers: Vec<CandidateRow>,
     },
     /// Replay a request trace (Mooncake JSONL) against simulated workers, per policy.
-    Replay {
-        /// The trace: one JSON object per line with timestamp (ms), input_length,
-        /// output_length and hash_ids.
-        #[arg(long)]
-        trace: PathBuf,
-        /// Simulated workers.
-        #[arg(long, default_value_t = 8)]
-        workers: usize,
-        /// Instance names to compare (repeat). Without --config: default, least-busy,
-        /// kv-overlap, load-only (built-in).
-        #[arg(long = "policy", required = true)]
-        policies: Vec<String>,
-        /// A config whose instances (and plugins) the policies name.
-        #[arg(long)]
-        config: Option<PathBuf>,
-        /// Prefix-cache capacity of each worker, in blocks.
-        #[arg(long, default_value_t = 4096)]
-        cache_blocks: usize,
-        /// Prefill throughput of each worker, tokens per second.
-        #[arg(long, default_value_t = 20_000.0)]
-        prefill_tps: f64,
-        /// Decode speed of each request, tokens per second.
-        #[arg(long, default_value_t = 40.0)]
-        decode_tps: f64,
-        /// Tokens per block of the trace's hash_ids.
-        #[arg(long, default_value_t = 512)]
-        block_size: u32,
-        /// Where to write the CSV.
-        #[arg(long, default_value = "replay.csv")]
-        csv: PathBuf,
-        /// Where to write the SVG chart.
-        #[arg(long, default_value = "replay.svg")]
-        svg: PathBuf,
-    },
+    Replay(ReplayArgs),
     /// Work with one plugin library.
     Plugin {
         #[command(subcommand)]
@@ -151,108 +119,6 @@ fn startup(config: Option<&PathBuf>) -> Option<Startup> {
     }
 }
 
-/// Instances `replay` offers without --config: built-in policies only.
-const REPLAY_BUILTIN_CONFIG: &str = "worker_selection:
-  instances:
-    - {name: least-busy, type: builtin.least-busy}
-    - name: kv-overlap
-      scorers: [{type: builtin.kv-overlap}]
-      picker: {type: builtin.lowest-cost, parameters: {seed: 1}}
-    - name: load-only
-      scorers: [{type: builtin.active-requests}]
-      picker: {type: builtin.lowest-cost, parameters: {seed: 1}}
-";
-
-#[allow(clippy::too_many_arguments)]
-fn run_replay(
-    trace_path: &std::path::Path,
-    workers: usize,
-    policies: &[String],
-    config: Option<&PathBuf>,
-    cache_blocks: usize,
-    prefill_tps: f64,
-    decode_tps: f64,
-    block_size: u32,
-    csv_path: &std::path::Path,
-    svg_path: &std::path::Path,
-) -> Result<(), String> {
-    use switchyard::replay;
-    for (name, value) in [("--prefill-tps", prefill_tps), ("--decode-tps", decode_tps)] {
-        if !(value.is_finite() && value > 0.0) {
-            return Err(format!("{name} must be a positive number, got {value}"));
-        }
-    }
-    if workers == 0 || block_size == 0 || cache_blocks == 0 {
-        return Err("--workers, --block-size and --cache-blocks must be at least 1".into());
-    }
-    let trace = replay::read_trace(trace_path).map_err(|e| e.to_string())?;
-    let params = replay::SimParams {
-        workers,
-        cache_blocks,
-        prefill_tokens_per_s: prefill_tps,
-        decode_tokens_per_s: decode_tps,
-        block_size,
-    };
-    let fresh_router = || -> Result<Router, String> {
-        let source = match config {
-            Some(path) => ConfigSource::from_file(path),
-            None => ConfigSource::parse(
-                REPLAY_BUILTIN_CONFIG.into(),
-                "<replay built-in config>".into(),
-                PathBuf::new(),
-            ),
-        }
-        .map_err(|e| e.to_string())?;
-        let mut startup = start(source).map_err(|errors| {
-            errors
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join("\n")
-        })?;
-        startup.source.config.workers.clear();
-        startup.source.config.router.block_size = block_size;
-        if let Some(unknown) = policies.iter().find(|p| startup.instance(p).is_none()) {
-            let names: Vec<_> = startup.instances.iter().map(|i| i.name.as_str()).collect();
-            return Err(format!(
-                "--policy {unknown}: no such instance; available: {}",
-                names.join(", ")
-            ));
-        }
-        Router::new(startup).map_err(|e| e.to_string())
-    };
-    fresh_router()?;
-    let mut reports = Vec::new();
-    for policy in policies {
-        let router = fresh_router()?;
-        let bar = indicatif::ProgressBar::new(trace.len() as u64).with_message(policy.clone());
-        bar.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{msg:>16} [{bar:40}] {pos}/{len} requests ({per_sec})",
-            )
-            .expect("valid template")
-            .progress_chars("=> "),
-        );
-        let report = replay::replay(&router, &trace, params, policy, |n| {
-            bar.set_position(n as u64)
-        })
-        .map_err(|e| e.to_string())?;
-        bar.finish_and_clear();
-        reports.push(report);
-    }
-    print!("{}", replay::table(&reports));
-    std::fs::write(csv_path, replay::csv(&reports))
-        .map_err(|e| format!("{}: cannot write the CSV: {e}", csv_path.display()))?;
-    let title = format!(
-        "{} requests, {workers} workers, {cache_blocks}-block LRU caches, prefill {prefill_tps} tok/s, decode {decode_tps} tok/s",
-        trace.len()
-    );
-    std::fs::write(svg_path, replay::svg(&reports, &title))
-        .map_err(|e| format!("{}: cannot write the SVG: {e}", svg_path.display()))?;
-    println!("wrote {} and {}", csv_path.display(), svg_path.display());
-    Ok(())
-}
-
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -266,7 +132,7 @@ fn main() -> ExitCode {
             let Some(startup) = startup(config.as_ref()) else {
                 return ExitCode::FAILURE;
             };
-            print!("{}", switchyard::summary::check_summary(&startup));
+            print!("{}", summary::check_summary(&startup));
             let router = match Router::new(startup) {
                 Ok(router) => std::sync::Arc::new(router),
                 Err(e) => {
@@ -284,7 +150,7 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            match runtime.block_on(switchyard::http_service::serve(router, listen)) {
+            match runtime.block_on(switchyard::serve::http_service::serve(router, listen)) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("error: {e}");
@@ -292,40 +158,16 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Replay {
-            trace,
-            workers,
-            policies,
-            config,
-            cache_blocks,
-            prefill_tps,
-            decode_tps,
-            block_size,
-            csv,
-            svg,
-        } => {
-            match run_replay(
-                &trace,
-                workers,
-                &policies,
-                config.as_ref(),
-                cache_blocks,
-                prefill_tps,
-                decode_tps,
-                block_size,
-                &csv,
-                &svg,
-            ) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    ExitCode::FAILURE
-                }
+        Command::Replay(args) => match replay::run(&args) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
             }
-        }
+        },
         Command::Check { config } => match startup(config.as_ref()) {
             Some(startup) => {
-                print!("{}", switchyard::summary::check_summary(&startup));
+                print!("{}", summary::check_summary(&startup));
                 ExitCode::SUCCESS
             }
             None => ExitCode::FAILURE,
@@ -369,7 +211,7 @@ fn main() -> ExitCode {
         }
         Command::Plugin {
             command: PluginCommand::Inspect { file, json },
-        } => match switchyard::summary::inspect(&file) {
+        } => match summary::inspect(&file) {
             Ok((inspection, text)) => {
                 if json {
                     println!(

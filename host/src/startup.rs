@@ -2,32 +2,69 @@
 //! instance validated and built once per worker type. Collects every error, not just the
 //! first, so `switchyard check` can show them all.
 
-use std::collections::HashSet;
+use std::fmt;
 use std::sync::Arc;
 
 use switchyard_plugin_sdk::WorkerType;
 
+pub use crate::config::BUILTIN_DEFAULT;
 use crate::config::{ComponentEntry, ConfigError, ConfigSource, InstanceEntry, OnError};
-use crate::instances::{ComponentUse, InstanceFactory, InstanceKind};
-use crate::loader::{load_into, LoadError, PluginSpec};
-use crate::params::OwnedParams;
-use crate::registry::{ComponentKind, PartitionKey, Registry};
+use crate::plugin::{ComponentKind, LoadError, OwnedParams, PartitionKey, PluginSpec};
+use crate::policy::{BuildError, ComponentUse, InstanceFactory, InstanceKind, Registry};
 
 /// Environment variable that overrides `worker_selection.default` by instance name.
 pub const POLICY_ENV: &str = "SWITCHYARD_WORKER_SELECTION_POLICY";
-/// The built-in policy's instance name (and type name).
-pub const BUILTIN_DEFAULT: &str = "default";
+
+/// A place in the config: file, and line when known.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Location {
+    pub config: String,
+    pub line: Option<usize>,
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(line) => write!(f, "{}:{line}", self.config),
+            None => f.write_str(&self.config),
+        }
+    }
+}
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartupError {
     #[error(transparent)]
     Config(#[from] ConfigError),
-    #[error("{}: {error}", match line { Some(l) => format!("{config}:{l}"), None => config.clone() })]
-    Plugin {
-        config: String,
-        line: Option<usize>,
-        error: LoadError,
+    #[error("{at}: {error}")]
+    Plugin { at: Location, error: LoadError },
+    /// A policy type refused an instance's parameters.
+    #[error("{at}: instance `{instance}`: invalid parameters for policy type `{policy_type}` ({params}): {error}")]
+    InvalidParameters {
+        at: Location,
+        instance: String,
+        policy_type: String,
+        params: String,
+        error: BuildError,
     },
+    /// An instance validated but could not be built for a worker type.
+    #[error("{at}: instance `{instance}` cannot be built for worker type {}: {error}", worker_type.as_str())]
+    Unbuildable {
+        at: Location,
+        instance: String,
+        worker_type: WorkerType,
+        error: BuildError,
+    },
+}
+
+impl StartupError {
+    /// The build error behind an instance failure, if this is one.
+    pub fn build_error(&self) -> Option<&BuildError> {
+        match self {
+            StartupError::InvalidParameters { error, .. }
+            | StartupError::Unbuildable { error, .. } => Some(error),
+            _ => None,
+        }
+    }
 }
 
 /// Everything startup produced.
@@ -47,162 +84,25 @@ impl Startup {
 
 pub fn start(source: ConfigSource) -> Result<Startup, Vec<StartupError>> {
     let mut errors: Vec<StartupError> = Vec::new();
-    let mut registry = Registry::with_builtins();
-
-    for entry in &source.config.plugins {
-        let spec = PluginSpec {
-            path: source.resolve(&entry.path),
-            sha256: entry.sha256.clone(),
-            revision: entry.revision,
-        };
-        if let Err(error) = load_into(&mut registry, &spec) {
-            let line = source.line_of("path", &entry.path.to_string_lossy(), 0);
-            errors.push(StartupError::Plugin {
-                config: source.name.clone(),
-                line,
-                error,
-            });
-        }
-    }
-
-    let router = &source.config.router;
-    for (key, value) in [
-        ("block_size", u64::from(router.block_size)),
-        ("request_expiry_secs", router.request_expiry_secs),
-    ] {
-        if value == 0 {
-            let line = source
-                .text
-                .lines()
-                .position(|l| l.trim_start().starts_with(&format!("{key}:")))
-                .map(|i| i + 1);
-            errors.push(
-                ConfigError {
-                    file: source.name.clone(),
-                    line,
-                    message: format!("`router.{key}` must be at least 1"),
-                }
-                .into(),
-            );
-        }
-    }
+    let registry = load_plugins(&source, &mut errors);
+    let (config_errors, sound_entries) = source.validate();
+    errors.extend(config_errors.into_iter().map(StartupError::from));
 
     let mut instances = Vec::new();
-    let builtin_params = OwnedParams::new(source.config.worker_selection.builtin_default.clone());
-    match registry.policy(BUILTIN_DEFAULT).expect("built in").validate(&builtin_params) {
-        Ok(factory) => instances.push(Arc::new(InstanceFactory {
-            name: BUILTIN_DEFAULT.to_owned(),
-            on_error: OnError::Fail,
-            kind: InstanceKind::Policy { policy_type: BUILTIN_DEFAULT.to_owned(), factory },
-        })),
-        Err(e) => errors.push(
-            ConfigError {
-                file: source.name.clone(),
-                line: source.text.lines().position(|l| l.trim_start().starts_with("builtin_default:")).map(|i| i + 1),
-                message: format!("invalid `builtin_default` parameters: {e}. See docs/default-policy.md for the knobs"),
-            }
-            .into(),
-        ),
+    match builtin_default(&source, &registry) {
+        Ok(instance) => instances.push(Arc::new(instance)),
+        Err(e) => errors.push(e.into()),
     }
-
-    let mut seen = HashSet::new();
-    for entry in &source.config.worker_selection.instances {
-        let nth = source
-            .config
-            .worker_selection
-            .instances
-            .iter()
-            .take_while(|e| !std::ptr::eq(*e, entry))
-            .filter(|e| e.name == entry.name)
-            .count();
-        let at = |message: String| source.error_at("name", &entry.name, nth, message);
-        if entry.name.trim().is_empty() {
-            errors.push(
-                at("an instance has an empty `name`; give each instance a unique name".into())
-                    .into(),
-            );
-            continue;
-        }
-        if entry.name == BUILTIN_DEFAULT {
-            errors.push(at(format!("instance name `{BUILTIN_DEFAULT}` is reserved for the built-in policy; tune it under `worker_selection.builtin_default`, or pick another name")).into());
-            continue;
-        }
-        if !seen.insert(entry.name.clone()) {
-            errors.push(
-                at(format!(
-                    "duplicate instance name `{}`; instance names must be unique",
-                    entry.name
-                ))
-                .into(),
-            );
-            continue;
-        }
-        match instance(&source, &registry, entry) {
-            Ok(factory) => {
-                let mut ok = true;
-                for worker_type in WorkerType::ALL {
-                    if let Err(e) =
-                        factory.build(&PartitionKey::new("<startup check>", worker_type))
-                    {
-                        errors.push(
-                            at(format!(
-                                "instance `{}` cannot be built for worker type {}: {e}",
-                                entry.name,
-                                worker_type.as_str()
-                            ))
-                            .into(),
-                        );
-                        ok = false;
-                        break;
-                    }
-                }
-                if ok {
-                    instances.push(Arc::new(factory));
-                }
-            }
-            Err(e) => errors.push(e.into()),
+    for entry in sound_entries {
+        match configured_instance(&source, &registry, entry) {
+            Ok(instance) => instances.push(Arc::new(instance)),
+            Err(e) => errors.push(e),
         }
     }
-
-    let (default_instance, from_env) = match std::env::var(POLICY_ENV) {
-        Ok(name) if !name.is_empty() => (name, true),
-        _ => (source.config.worker_selection.default.clone(), false),
-    };
-    let known = default_instance == BUILTIN_DEFAULT
-        || source
-            .config
-            .worker_selection
-            .instances
-            .iter()
-            .any(|i| i.name == default_instance);
-    if !known {
-        let names: Vec<_> = std::iter::once(BUILTIN_DEFAULT)
-            .chain(
-                source
-                    .config
-                    .worker_selection
-                    .instances
-                    .iter()
-                    .map(|i| i.name.as_str()),
-            )
-            .collect();
-        let message = if from_env {
-            format!(
-                "{POLICY_ENV}={default_instance} names no instance; set it to one of: {}",
-                names.join(", ")
-            )
-        } else {
-            format!(
-                "`worker_selection.default: {default_instance}` names no instance; use one of: {}",
-                names.join(", ")
-            )
-        };
-        errors.push(
-            source
-                .error_at("default", &default_instance, 0, message)
-                .into(),
-        );
-    }
+    let default_instance = default_instance(&source).unwrap_or_else(|(name, e)| {
+        errors.push(e.into());
+        name
+    });
 
     if errors.is_empty() {
         Ok(Startup {
@@ -216,20 +116,119 @@ pub fn start(source: ConfigSource) -> Result<Startup, Vec<StartupError>> {
     }
 }
 
+/// A registry with the built-ins and every plugin the config lists that loads.
+fn load_plugins(source: &ConfigSource, errors: &mut Vec<StartupError>) -> Registry {
+    let mut registry = Registry::with_builtins();
+    for entry in &source.config.plugins {
+        let spec = PluginSpec {
+            path: source.resolve(&entry.path),
+            sha256: entry.sha256.clone(),
+            revision: entry.revision,
+        };
+        if let Err(error) = registry.load_plugin(&spec) {
+            let at = Location {
+                config: source.name.clone(),
+                line: source.line_of("path", &entry.path.to_string_lossy(), 0),
+            };
+            errors.push(StartupError::Plugin { at, error });
+        }
+    }
+    registry
+}
+
+/// The built-in `default` instance, tuned by `worker_selection.builtin_default`.
+fn builtin_default(
+    source: &ConfigSource,
+    registry: &Registry,
+) -> Result<InstanceFactory, ConfigError> {
+    let params = OwnedParams::new(source.config.worker_selection.builtin_default.clone());
+    let policy = registry.policy(BUILTIN_DEFAULT).expect("built in");
+    match policy.validate(&params) {
+        Ok(factory) => Ok(InstanceFactory {
+            name: BUILTIN_DEFAULT.to_owned(),
+            on_error: OnError::Fail,
+            kind: InstanceKind::Policy {
+                policy_type: BUILTIN_DEFAULT.to_owned(),
+                factory,
+            },
+        }),
+        Err(e) => Err(ConfigError {
+            file: source.name.clone(),
+            line: source
+                .text
+                .lines()
+                .position(|l| l.trim_start().starts_with("builtin_default:"))
+                .map(|i| i + 1),
+            message: format!(
+                "invalid `builtin_default` parameters: {e}. See docs/default-policy.md for the knobs"
+            ),
+        }),
+    }
+}
+
+/// One configured instance, validated and built once for every worker type.
+fn configured_instance(
+    source: &ConfigSource,
+    registry: &Registry,
+    entry: &InstanceEntry,
+) -> Result<InstanceFactory, StartupError> {
+    let instance = instance(source, registry, entry)?;
+    for worker_type in WorkerType::ALL {
+        if let Err(error) = instance.build(&PartitionKey::new("<startup check>", worker_type)) {
+            return Err(StartupError::Unbuildable {
+                at: Location {
+                    config: source.name.clone(),
+                    line: source.instance_line(entry),
+                },
+                instance: entry.name.clone(),
+                worker_type,
+                error,
+            });
+        }
+    }
+    Ok(instance)
+}
+
+/// The instance requests get when they name none: `POLICY_ENV`, else the config's.
+/// On error, the name it would have been, with why it cannot be.
+fn default_instance(source: &ConfigSource) -> Result<String, (String, ConfigError)> {
+    let (name, from_env) = match std::env::var(POLICY_ENV) {
+        Ok(name) if !name.is_empty() => (name, true),
+        _ => (source.config.worker_selection.default.clone(), false),
+    };
+    let names = source.instance_names();
+    if names.contains(&name.as_str()) {
+        return Ok(name);
+    }
+    let message = if from_env {
+        format!(
+            "{POLICY_ENV}={name} names no instance; set it to one of: {}",
+            names.join(", ")
+        )
+    } else {
+        format!(
+            "`worker_selection.default: {name}` names no instance; use one of: {}",
+            names.join(", ")
+        )
+    };
+    let error = source.error_at("default", &name, 0, message);
+    Err((name, error))
+}
+
 fn instance(
     source: &ConfigSource,
     registry: &Registry,
     entry: &InstanceEntry,
-) -> Result<InstanceFactory, ConfigError> {
+) -> Result<InstanceFactory, StartupError> {
     let composed = !entry.filters.is_empty() || !entry.scorers.is_empty() || entry.picker.is_some();
     let name = &entry.name;
     let at = |message: String| source.error_at("name", name, 0, message);
     let kind = match (&entry.policy_type, composed) {
         (Some(_), true) => {
-            return Err(at(format!("instance `{name}` has both `type` and `filters`/`scorers`/`picker`; use `type` for a policy type, or compose components, not both")))
+            return Err(at(format!("instance `{name}` has both `type` and `filters`/`scorers`/`picker`; use `type` for a policy type, or compose components, not both")).into())
         }
         (None, false) => {
-            return Err(at(format!("instance `{name}` needs `type: <policy type>`, or `scorers` and a `picker`")))
+            return Err(at(format!("instance `{name}` needs `type: <policy type>`, or `scorers` and a `picker`")).into())
         }
         (Some(policy_type), false) => {
             let at_type = |message: String| source.error_at("type", policy_type, 0, message);
@@ -241,11 +240,18 @@ fn instance(
                 return Err(at_type(format!(
                     "instance `{name}`: unknown policy type `{policy_type}`{hint}. Registered policy types: {}. Load the plugin that provides it under `plugins:`",
                     registry.names_of(None).join(", ")
-                )));
+                )).into());
             };
             let params = OwnedParams::new(entry.parameters.clone());
-            let factory = policy.validate(&params).map_err(|e| {
-                at_type(format!("instance `{name}`: invalid parameters for policy type `{policy_type}` ({}): {e}", params.json()))
+            let factory = policy.validate(&params).map_err(|error| StartupError::InvalidParameters {
+                at: Location {
+                    config: source.name.clone(),
+                    line: source.line_of("type", policy_type, 0),
+                },
+                instance: name.clone(),
+                policy_type: policy_type.clone(),
+                params: params.json().to_owned(),
+                error,
             })?;
             InstanceKind::Policy { policy_type: policy_type.clone(), factory }
         }
@@ -258,7 +264,7 @@ fn instance(
             }
             match &entry.picker {
                 Some(picker) => components.push(component(source, registry, name, picker, ComponentKind::Picker)?),
-                None => return Err(at(format!("instance `{name}` composes components but has no `picker`; add e.g. `picker: {{type: builtin.lowest-cost}}`"))),
+                None => return Err(at(format!("instance `{name}` composes components but has no `picker`; add e.g. `picker: {{type: builtin.lowest-cost}}`")).into()),
             }
             InstanceKind::Composition { components }
         }

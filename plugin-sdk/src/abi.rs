@@ -233,25 +233,39 @@ pub struct switchyard_params {
     /// Host-private; pass the params pointer back to the callbacks.
     pub host_data: *const c_void,
     /// Reads a top-level number. NOT_FOUND or WRONG_TYPE leave `out` untouched.
-    pub callback_get_number:
-        extern "C" fn(params: *const switchyard_params, key: switchyard_str, out: *mut f64) -> i32,
+    pub callback_get_number: Option<
+        unsafe extern "C" fn(
+            params: *const switchyard_params,
+            key: switchyard_str,
+            out: *mut f64,
+        ) -> i32,
+    >,
     /// Reads a top-level boolean into `out` as 0 or 1.
-    pub callback_get_bool:
-        extern "C" fn(params: *const switchyard_params, key: switchyard_str, out: *mut u8) -> i32,
+    pub callback_get_bool: Option<
+        unsafe extern "C" fn(
+            params: *const switchyard_params,
+            key: switchyard_str,
+            out: *mut u8,
+        ) -> i32,
+    >,
     /// Reads a top-level string; `out` borrows from the params.
-    pub callback_get_string: extern "C" fn(
-        params: *const switchyard_params,
-        key: switchyard_str,
-        out: *mut switchyard_str,
-    ) -> i32,
+    pub callback_get_string: Option<
+        unsafe extern "C" fn(
+            params: *const switchyard_params,
+            key: switchyard_str,
+            out: *mut switchyard_str,
+        ) -> i32,
+    >,
     /// Number of top-level keys.
-    pub callback_key_count: extern "C" fn(params: *const switchyard_params) -> usize,
+    pub callback_key_count: Option<unsafe extern "C" fn(params: *const switchyard_params) -> usize>,
     /// The key at `index` (0-based, config order); OUT_OF_RANGE past the end.
-    pub callback_key_at: extern "C" fn(
-        params: *const switchyard_params,
-        index: usize,
-        out: *mut switchyard_str,
-    ) -> i32,
+    pub callback_key_at: Option<
+        unsafe extern "C" fn(
+            params: *const switchyard_params,
+            index: usize,
+            out: *mut switchyard_str,
+        ) -> i32,
+    >,
 }
 
 /// A component type: a filter, a scorer or a picker. Plugin-owned; the host copies
@@ -278,7 +292,7 @@ pub struct switchyard_component_def {
     /// registered with the registrar; unused (may be NULL) for components a policy adds
     /// to its builder, which arrive already created.
     pub on_create: Option<
-        extern "C" fn(
+        unsafe extern "C" fn(
             user_data: *mut c_void,
             params: *const switchyard_params,
             partition: *const switchyard_partition,
@@ -287,11 +301,11 @@ pub struct switchyard_component_def {
         ) -> i32,
     >,
     /// Releases an instance; called once, after the last call on it. May be NULL.
-    pub on_destroy: Option<extern "C" fn(instance: *mut c_void)>,
+    pub on_destroy: Option<unsafe extern "C" fn(instance: *mut c_void)>,
     /// Filters: `keep` has `candidates->count` bytes, all 1 on entry; set a byte to 0 to
     /// reject that row. Required for filters.
     pub on_filter: Option<
-        extern "C" fn(
+        unsafe extern "C" fn(
             instance: *mut c_void,
             request: *const switchyard_request,
             candidates: *const switchyard_candidates,
@@ -302,7 +316,7 @@ pub struct switchyard_component_def {
     /// Scorers: `costs` has `candidates->count` doubles, NaN on entry; write one finite
     /// cost per row, lower is better. Required for scorers.
     pub on_score: Option<
-        extern "C" fn(
+        unsafe extern "C" fn(
             instance: *mut c_void,
             request: *const switchyard_request,
             candidates: *const switchyard_candidates,
@@ -313,7 +327,7 @@ pub struct switchyard_component_def {
     /// Pickers: `candidates->costs` holds each row's total cost; on OK write the chosen
     /// row to `*out_row`. Required for pickers.
     pub on_pick: Option<
-        extern "C" fn(
+        unsafe extern "C" fn(
             instance: *mut c_void,
             request: *const switchyard_request,
             candidates: *const switchyard_candidates,
@@ -336,13 +350,15 @@ pub struct switchyard_policy_builder {
     /// filters and scorers in call order, exactly one picker. `weight` applies to
     /// scorers (use 1.0). The host owns `instance` from this call on, whatever the
     /// status, and releases it with `def->on_destroy`.
-    pub callback_add_component: extern "C" fn(
-        builder: *const switchyard_policy_builder,
-        def: *const switchyard_component_def,
-        instance: *mut c_void,
-        weight: f64,
-        error: *const switchyard_error,
-    ) -> i32,
+    pub callback_add_component: Option<
+        unsafe extern "C" fn(
+            builder: *const switchyard_policy_builder,
+            def: *const switchyard_component_def,
+            instance: *mut c_void,
+            weight: f64,
+            error: *const switchyard_error,
+        ) -> i32,
+    >,
 }
 
 /// A policy type: validates its parameters once and builds its own components for each
@@ -362,7 +378,7 @@ pub struct switchyard_policy_def {
     /// Parses and validates the parameters once at startup. On OK writes
     /// `*out_factory` (plugin-owned, released by `on_destroy_factory`).
     pub on_validate: Option<
-        extern "C" fn(
+        unsafe extern "C" fn(
             user_data: *mut c_void,
             params: *const switchyard_params,
             out_factory: *mut *mut c_void,
@@ -370,11 +386,11 @@ pub struct switchyard_policy_def {
         ) -> i32,
     >,
     /// Releases a factory; called once, when the router shuts the instance down.
-    pub on_destroy_factory: Option<extern "C" fn(factory: *mut c_void)>,
+    pub on_destroy_factory: Option<unsafe extern "C" fn(factory: *mut c_void)>,
     /// Builds the components for one partition through `builder`. Called once per
     /// partition, possibly from different threads, never concurrently for one factory.
     pub on_build: Option<
-        extern "C" fn(
+        unsafe extern "C" fn(
             factory: *mut c_void,
             partition: *const switchyard_partition,
             builder: *const switchyard_policy_builder,
@@ -395,17 +411,21 @@ pub struct switchyard_registrar {
     pub host_data: *mut c_void,
     /// Registers a component type. DUPLICATE if the name is taken, INVALID_ARGUMENT if the
     /// def is malformed; the message is written to `error`.
-    pub callback_register_component: extern "C" fn(
-        registrar: *const switchyard_registrar,
-        def: *const switchyard_component_def,
-        error: *const switchyard_error,
-    ) -> i32,
+    pub callback_register_component: Option<
+        unsafe extern "C" fn(
+            registrar: *const switchyard_registrar,
+            def: *const switchyard_component_def,
+            error: *const switchyard_error,
+        ) -> i32,
+    >,
     /// Registers a policy type, with the same rules.
-    pub callback_register_policy: extern "C" fn(
-        registrar: *const switchyard_registrar,
-        def: *const switchyard_policy_def,
-        error: *const switchyard_error,
-    ) -> i32,
+    pub callback_register_policy: Option<
+        unsafe extern "C" fn(
+            registrar: *const switchyard_registrar,
+            def: *const switchyard_policy_def,
+            error: *const switchyard_error,
+        ) -> i32,
+    >,
 }
 
 /// What a plugin is and what it was built against. Returned by the entry symbol; static,
@@ -434,7 +454,7 @@ pub struct switchyard_plugin_descriptor {
     pub plugin_vendor: *const c_char,
     /// Registers the plugin's types; required.
     pub on_register: Option<
-        extern "C" fn(
+        unsafe extern "C" fn(
             registrar: *const switchyard_registrar,
             error: *const switchyard_error,
         ) -> i32,
@@ -442,4 +462,4 @@ pub struct switchyard_plugin_descriptor {
 }
 
 /// Type of the entry symbol `switchyard_plugin_entry_v1`.
-pub type switchyard_entry_fn = extern "C" fn() -> *const switchyard_plugin_descriptor;
+pub type switchyard_entry_fn = unsafe extern "C" fn() -> *const switchyard_plugin_descriptor;

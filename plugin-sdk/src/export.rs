@@ -29,14 +29,21 @@ pub unsafe fn write_error(error: *const switchyard_error, message: &str) {
     while !message.is_char_boundary(len) {
         len -= 1;
     }
+    // SAFETY: `len < capacity`, so the bytes and the NUL fit the host's buffer.
     unsafe {
         core::ptr::copy_nonoverlapping(message.as_ptr(), error.buffer.cast::<u8>(), len);
         *error.buffer.add(len) = 0;
     }
 }
 
-fn read_error(error: *const switchyard_error) -> String {
+/// Reads back the message a host callback wrote into `error`.
+///
+/// # Safety
+/// `error` must be NULL or the host's buffer of this call, NUL-terminated by the host.
+unsafe fn read_error(error: *const switchyard_error) -> String {
+    // SAFETY: per this function's contract.
     match unsafe { error.as_ref() } {
+        // SAFETY: the host NUL-terminates its buffer before handing it out.
         Some(e) if !e.buffer.is_null() && e.capacity > 0 => unsafe { CStr::from_ptr(e.buffer) }
             .to_string_lossy()
             .into_owned(),
@@ -161,10 +168,14 @@ fn into_instance<C: Kind>(component: C) -> *mut c_void {
 /// # Safety
 /// `instance` must come from `into_instance::<C>` and not be in use elsewhere.
 unsafe fn slot<'a, C>(instance: *mut c_void) -> &'a mut Slot<C> {
-    &mut *instance.cast::<Slot<C>>()
+    // SAFETY: per this function's contract.
+    unsafe { &mut *instance.cast::<Slot<C>>() }
 }
 
-extern "C" fn on_create<C: Kind>(
+/// # Safety
+/// Called by the host per ABI: `user_data` is this def's, the other pointers are valid for
+/// the call.
+unsafe extern "C" fn on_create<C: Kind>(
     user_data: *mut c_void,
     params: *const switchyard_params,
     partition: *const switchyard_partition,
@@ -175,36 +186,45 @@ extern "C" fn on_create<C: Kind>(
         // SAFETY: user_data is the leaked CreateFn registered with this def; the host
         // passes valid params and partition for the call.
         let create = unsafe { &*user_data.cast::<Box<CreateFn<C>>>() };
+        // SAFETY: the host's params and partition are valid for the call.
         let (params, partition) =
             unsafe { (Params::from_abi(&*params), Partition::from_abi(&*partition)) };
         let component = create(&params, &partition)?;
+        // SAFETY: the host passes a writable out-pointer.
         unsafe { *out_instance = into_instance(component) };
         Ok(())
     })
 }
 
-extern "C" fn on_destroy<C: Kind>(instance: *mut c_void) {
+/// # Safety
+/// `instance` must come from `on_create::<C>` and is not used again.
+unsafe extern "C" fn on_destroy<C: Kind>(instance: *mut c_void) {
     if !instance.is_null() {
         // A panicking Drop must not unwind into the host.
         let _ = catch_unwind(AssertUnwindSafe(|| {
+            // SAFETY: the instance was boxed by `into_instance::<C>`; this is its last use.
             drop(unsafe { Box::from_raw(instance.cast::<Slot<C>>()) })
         }));
     }
 }
 
-extern "C" fn on_filter(
+/// # Safety
+/// Called by the host per ABI: a filter instance and arrays valid for the call.
+unsafe extern "C" fn on_filter(
     instance: *mut c_void,
     request: *const switchyard_request,
     candidates: *const switchyard_candidates,
     keep: *mut u8,
     error: *const switchyard_error,
 ) -> i32 {
+    // SAFETY: the host calls on_filter only with instances this def created.
     let slot = unsafe { slot::<Box<dyn WorkerFilter>>(instance) };
     guard(
         error,
         Some(&mut slot.poisoned),
         SWITCHYARD_STATUS_ERROR,
         || {
+            // SAFETY: the host's request and candidates are valid for the call.
             let (context, candidates) = unsafe {
                 (
                     WorkerSelectionContext::from_abi(&*request),
@@ -219,44 +239,53 @@ extern "C" fn on_filter(
     )
 }
 
-extern "C" fn on_score(
+/// # Safety
+/// Called by the host per ABI: a scorer instance and arrays valid for the call.
+unsafe extern "C" fn on_score(
     instance: *mut c_void,
     request: *const switchyard_request,
     candidates: *const switchyard_candidates,
     costs: *mut f64,
     error: *const switchyard_error,
 ) -> i32 {
+    // SAFETY: the host calls on_score only with instances this def created.
     let slot = unsafe { slot::<Box<dyn WorkerScorer>>(instance) };
     guard(
         error,
         Some(&mut slot.poisoned),
         SWITCHYARD_STATUS_ERROR,
         || {
+            // SAFETY: the host's request and candidates are valid for the call.
             let (context, candidates) = unsafe {
                 (
                     WorkerSelectionContext::from_abi(&*request),
                     WorkerCandidates::from_abi(&*candidates),
                 )
             };
+            // SAFETY: the host passes `count` writable costs.
             let costs = unsafe { core::slice::from_raw_parts_mut(costs, candidates.len()) };
             slot.component.score_batch(&context, &candidates, costs)
         },
     )
 }
 
-extern "C" fn on_pick(
+/// # Safety
+/// Called by the host per ABI: a picker instance and arrays valid for the call.
+unsafe extern "C" fn on_pick(
     instance: *mut c_void,
     request: *const switchyard_request,
     candidates: *const switchyard_candidates,
     out_row: *mut usize,
     error: *const switchyard_error,
 ) -> i32 {
+    // SAFETY: the host calls on_pick only with instances this def created.
     let slot = unsafe { slot::<Box<dyn WorkerPicker>>(instance) };
     guard(
         error,
         Some(&mut slot.poisoned),
         SWITCHYARD_STATUS_ERROR,
         || {
+            // SAFETY: the host's request and candidates are valid for the call.
             let (context, candidates) = unsafe {
                 (
                     WorkerSelectionContext::from_abi(&*request),
@@ -264,6 +293,7 @@ extern "C" fn on_pick(
                 )
             };
             let row = slot.component.pick(&context, &candidates)?;
+            // SAFETY: the host passes a writable out-pointer.
             unsafe { *out_row = row };
             Ok(())
         },
@@ -280,27 +310,35 @@ struct Factory {
     build: Box<BuildFn>,
 }
 
-extern "C" fn on_validate(
+/// # Safety
+/// Called by the host per ABI with this def's `user_data` and params valid for the call.
+unsafe extern "C" fn on_validate(
     user_data: *mut c_void,
     params: *const switchyard_params,
     out_factory: *mut *mut c_void,
     error: *const switchyard_error,
 ) -> i32 {
     guard(error, None, SWITCHYARD_STATUS_INVALID_PARAMETERS, || {
+        // SAFETY: user_data is the leaked pair `Registrar::policy` registered.
         let (validate, type_name) = unsafe { &*user_data.cast::<(Box<ValidateFn>, String)>() };
+        // SAFETY: the host's params are valid for the call.
         let build = validate(unsafe { &Params::from_abi(&*params) })?;
         let factory = Box::new(Factory {
             type_name: type_name.clone(),
             build,
         });
+        // SAFETY: the host passes a writable out-pointer.
         unsafe { *out_factory = Box::into_raw(factory).cast() };
         Ok(())
     })
 }
 
-extern "C" fn on_destroy_factory(factory: *mut c_void) {
+/// # Safety
+/// `factory` must come from `on_validate` and is not used again.
+unsafe extern "C" fn on_destroy_factory(factory: *mut c_void) {
     if !factory.is_null() {
         let _ = catch_unwind(AssertUnwindSafe(|| {
+            // SAFETY: the factory was boxed by `on_validate`; this is its last use.
             drop(unsafe { Box::from_raw(factory.cast::<Factory>()) })
         }));
     }
@@ -316,25 +354,35 @@ fn add_part<C: Kind>(
     let name =
         CString::new(name).map_err(|_| PolicyError::failed("component name contains NUL"))?;
     let def = component_def::<C>(&name, component.inputs(), core::ptr::null_mut());
-    let status =
-        (builder.callback_add_component)(builder, &def, into_instance(component), weight, error);
+    let add = builder
+        .callback_add_component
+        .ok_or_else(|| PolicyError::failed("the host's builder has no add_component callback"))?;
+    // SAFETY: `builder` and `error` are the host's for this on_build call; the def and the
+    // instance are ours to hand over.
+    let status = unsafe { add(builder, &def, into_instance(component), weight, error) };
     if status == SWITCHYARD_STATUS_OK {
         Ok(())
     } else {
-        Err(PolicyError::failed(read_error(error)))
+        // SAFETY: the host wrote its message into this call's buffer.
+        Err(PolicyError::failed(unsafe { read_error(error) }))
     }
 }
 
-extern "C" fn on_build(
+/// # Safety
+/// Called by the host per ABI with a factory from `on_validate` and pointers valid for the
+/// call.
+unsafe extern "C" fn on_build(
     factory: *mut c_void,
     partition: *const switchyard_partition,
     builder: *const switchyard_policy_builder,
     error: *const switchyard_error,
 ) -> i32 {
     guard(error, None, SWITCHYARD_STATUS_ERROR, || {
+        // SAFETY: the host passes the factory `on_validate` made, never concurrently.
         let factory = unsafe { &mut *factory.cast::<Factory>() };
-        let builder = unsafe { &*builder };
-        let parts = (factory.build)(unsafe { &Partition::from_abi(&*partition) })?;
+        // SAFETY: builder and partition are the host's, valid for the call.
+        let (builder, partition) = unsafe { (&*builder, Partition::from_abi(&*partition)) };
+        let parts = (factory.build)(&partition)?;
         let name = &factory.type_name;
         for (i, filter) in parts.filters.into_iter().enumerate() {
             add_part(builder, format!("{name}/filter.{i}"), filter, 1.0, error)?;
@@ -369,12 +417,18 @@ impl Registrar<'_> {
         let user_data = Box::into_raw(Box::new(create));
         let mut def = component_def::<C>(&name, inputs, user_data.cast());
         def.on_create = Some(on_create::<C>);
-        let status = (self.raw.callback_register_component)(self.raw, &def, self.error);
+        let register = self.raw.callback_register_component.ok_or_else(|| {
+            PolicyError::failed("the host's registrar has no register_component callback")
+        })?;
+        // SAFETY: the registrar and error buffer are the host's for this on_register call.
+        let status = unsafe { register(self.raw, &def, self.error) };
         if status == SWITCHYARD_STATUS_OK {
             Ok(()) // user_data now lives as long as the library.
         } else {
+            // SAFETY: the host refused the def, so nothing else holds `user_data`.
             drop(unsafe { Box::from_raw(user_data) });
-            Err(PolicyError::failed(read_error(self.error)))
+            // SAFETY: the host wrote its message into this call's buffer.
+            Err(PolicyError::failed(unsafe { read_error(self.error) }))
         }
     }
 
@@ -450,12 +504,18 @@ impl Registrar<'_> {
             on_destroy_factory: Some(on_destroy_factory),
             on_build: Some(on_build),
         };
-        let status = (self.raw.callback_register_policy)(self.raw, &def, self.error);
+        let register = self.raw.callback_register_policy.ok_or_else(|| {
+            PolicyError::failed("the host's registrar has no register_policy callback")
+        })?;
+        // SAFETY: the registrar and error buffer are the host's for this on_register call.
+        let status = unsafe { register(self.raw, &def, self.error) };
         if status == SWITCHYARD_STATUS_OK {
             Ok(())
         } else {
+            // SAFETY: the host refused the def, so nothing else holds `user_data`.
             drop(unsafe { Box::from_raw(user_data) });
-            Err(PolicyError::failed(read_error(self.error)))
+            // SAFETY: the host wrote its message into this call's buffer.
+            Err(PolicyError::failed(unsafe { read_error(self.error) }))
         }
     }
 }
@@ -483,6 +543,7 @@ pub unsafe fn run_register(
     register: fn(&mut Registrar<'_>) -> Result<(), PolicyError>,
 ) -> i32 {
     guard(error, None, SWITCHYARD_STATUS_ERROR, || {
+        // SAFETY: per this function's contract.
         let raw =
             unsafe { registrar.as_ref() }.ok_or_else(|| PolicyError::failed("NULL registrar"))?;
         register(&mut Registrar { raw, error })
@@ -504,7 +565,10 @@ impl Descriptor {
         name_nul: &'static str,
         version_nul: &'static str,
         vendor_nul: &'static str,
-        on_register: extern "C" fn(*const switchyard_registrar, *const switchyard_error) -> i32,
+        on_register: unsafe extern "C" fn(
+            *const switchyard_registrar,
+            *const switchyard_error,
+        ) -> i32,
     ) -> Self {
         Descriptor(switchyard_plugin_descriptor {
             struct_size: core::mem::size_of::<switchyard_plugin_descriptor>() as u32,
@@ -538,7 +602,9 @@ macro_rules! export_plugin {
         #[no_mangle]
         pub extern "C" fn switchyard_plugin_entry_v1(
         ) -> *const $crate::abi::switchyard_plugin_descriptor {
-            extern "C" fn on_register(
+            /// # Safety
+            /// Called by the host with its registrar and error buffer.
+            unsafe extern "C" fn on_register(
                 registrar: *const $crate::abi::switchyard_registrar,
                 error: *const $crate::abi::switchyard_error,
             ) -> i32 {

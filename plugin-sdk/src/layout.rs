@@ -24,17 +24,32 @@ fn describe(layout: &'static TypeLayout, out: &mut String) {
         out.push('{');
         for field in fields.iter() {
             let inner = field.layout();
+            let mut full_type = inner.full_type().to_string();
+            // The host's callbacks are typed `Option<..>` in Rust so a NULL from a stale
+            // or hostile peer is caught, but C's contract (the 1.0 header) is "never NULL":
+            // describe them as 1.0 did. Same C layout, same fingerprint.
+            if field.name().starts_with("callback_") {
+                if let Some(bare) = full_type
+                    .strip_prefix("Option<")
+                    .and_then(|t| t.strip_suffix('>'))
+                {
+                    full_type = bare.to_owned();
+                }
+            }
             let _ = write!(
                 out,
                 "{}:{}[size={},align={}]",
                 field.name(),
-                inner.full_type(),
+                full_type,
                 inner.size(),
                 inner.alignment()
             );
-            // Callbacks (bare or inside Option) carry their signatures here.
+            // Callbacks (bare or inside Option) carry their signatures here. `unsafe` is
+            // Rust's calling discipline, not part of the C layout.
             for function in field.function_range().iter() {
-                let _ = write!(out, "={function}");
+                let signature = function.to_string();
+                let signature = signature.strip_prefix("unsafe ").unwrap_or(&signature);
+                let _ = write!(out, "={signature}");
             }
             out.push(';');
         }

@@ -7,6 +7,8 @@
 //! - [`export_plugin!`]: exports the entry symbol.
 //!
 //! A Rust plugin goes through exactly the same C ABI as a C or C++ plugin.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod abi;
 mod component;
@@ -14,6 +16,7 @@ pub mod export;
 #[cfg(feature = "layout")]
 pub mod layout;
 mod params;
+mod status;
 mod view;
 
 pub use component::{
@@ -21,6 +24,7 @@ pub use component::{
 };
 pub use export::{write_error, Registrar};
 pub use params::Params;
+pub use status::Status;
 pub use view::{
     str_from_abi, str_to_abi, CacheInputs, CandidateCache, CandidateLoad, InputTrigger, LoadInputs,
     Partition, RoutingInputs, SessionContext, WorkerCandidate, WorkerCandidates, WorkerId,

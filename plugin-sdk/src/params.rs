@@ -21,6 +21,7 @@ impl<'a> Params<'a> {
 
     /// The parameters object as JSON text.
     pub fn json(&self) -> &'a str {
+        // SAFETY: the host's JSON text lives as long as the params (`from_abi`).
         unsafe { str_from_abi(self.raw.json) }.unwrap_or("{}")
     }
 
@@ -33,13 +34,18 @@ impl<'a> Params<'a> {
 
     pub fn get_number(&self, key: &str) -> Result<Option<f64>, PolicyError> {
         let mut out = 0.0;
-        let status = (self.raw.callback_get_number)(self.raw, str_to_abi(key), &mut out);
+        let get = host_callback(self.raw.callback_get_number, "get_number")?;
+        // SAFETY: the host's callback with its own params, a key and an out-pointer that
+        // outlive the call.
+        let status = unsafe { get(self.raw, str_to_abi(key), &mut out) };
         lookup(status, key, "a number").map(|found| found.then_some(out))
     }
 
     pub fn get_bool(&self, key: &str) -> Result<Option<bool>, PolicyError> {
         let mut out = 0u8;
-        let status = (self.raw.callback_get_bool)(self.raw, str_to_abi(key), &mut out);
+        let get = host_callback(self.raw.callback_get_bool, "get_bool")?;
+        // SAFETY: as in `get_number`.
+        let status = unsafe { get(self.raw, str_to_abi(key), &mut out) };
         lookup(status, key, "a boolean").map(|found| found.then_some(out != 0))
     }
 
@@ -48,20 +54,32 @@ impl<'a> Params<'a> {
             ptr: core::ptr::null(),
             len: 0,
         };
-        let status = (self.raw.callback_get_string)(self.raw, str_to_abi(key), &mut out);
-        lookup(status, key, "a string")
-            .map(|found| found.then(|| unsafe { str_from_abi(out) }.unwrap_or("")))
+        let get = host_callback(self.raw.callback_get_string, "get_string")?;
+        // SAFETY: as in `get_number`.
+        let status = unsafe { get(self.raw, str_to_abi(key), &mut out) };
+        lookup(status, key, "a string").map(|found| {
+            // SAFETY: on OK the host wrote a string that lives as long as the params.
+            found.then(|| unsafe { str_from_abi(out) }.unwrap_or(""))
+        })
     }
 
     /// The top-level keys, in config order.
     pub fn keys(&self) -> impl Iterator<Item = &'a str> + 'a {
         let raw = self.raw;
-        (0..(raw.callback_key_count)(raw)).filter_map(move |index| {
+        let (count, key_at) = match (raw.callback_key_count, raw.callback_key_at) {
+            // SAFETY: the host's callback with its own params.
+            (Some(count), Some(key_at)) => (unsafe { count(raw) }, Some(key_at)),
+            _ => (0, None),
+        };
+        (0..count).filter_map(move |index| {
             let mut out = switchyard_str {
                 ptr: core::ptr::null(),
                 len: 0,
             };
-            ((raw.callback_key_at)(raw, index, &mut out) == SWITCHYARD_STATUS_OK)
+            // SAFETY: the host's callback with its own params and an out-pointer.
+            let status = unsafe { key_at?(raw, index, &mut out) };
+            // SAFETY: on OK the host wrote a key that lives as long as the params.
+            (status == SWITCHYARD_STATUS_OK)
                 .then(|| unsafe { str_from_abi(out) })
                 .flatten()
         })
@@ -77,6 +95,11 @@ impl<'a> Params<'a> {
             None => Ok(()),
         }
     }
+}
+
+/// A host callback of the params, or an error naming it if the host left it NULL.
+fn host_callback<F>(callback: Option<F>, name: &str) -> Result<F, PolicyError> {
+    callback.ok_or_else(|| PolicyError::failed(format!("the host's params have no {name}")))
 }
 
 fn lookup(status: i32, key: &str, expected: &str) -> Result<bool, PolicyError> {

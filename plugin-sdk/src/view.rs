@@ -17,7 +17,8 @@ pub unsafe fn str_from_abi<'a>(s: switchyard_str) -> Option<&'a str> {
     if s.ptr.is_null() {
         return None;
     }
-    core::str::from_utf8(slice::from_raw_parts(s.ptr.cast::<u8>(), s.len)).ok()
+    // SAFETY: per this function's contract.
+    core::str::from_utf8(unsafe { slice::from_raw_parts(s.ptr.cast::<u8>(), s.len) }).ok()
 }
 
 /// A `switchyard_str` borrowing `s`.
@@ -76,7 +77,8 @@ impl<'a> Partition<'a> {
     pub unsafe fn from_abi(raw: &'a switchyard_partition) -> Self {
         Partition {
             worker_type: WorkerType::from_abi(raw.worker_type).unwrap_or(WorkerType::Select),
-            model: str_from_abi(raw.model).unwrap_or(""),
+            // SAFETY: per this function's contract.
+            model: unsafe { str_from_abi(raw.model) }.unwrap_or(""),
         }
     }
 }
@@ -97,9 +99,11 @@ pub struct SessionContext<'a> {
 
 impl<'a> SessionContext<'a> {
     pub fn session_id(&self) -> &'a str {
+        // SAFETY: the host's session strings are valid for the call (`from_abi`).
         unsafe { str_from_abi(self.raw.session_id) }.unwrap_or("")
     }
     pub fn parent_session_id(&self) -> Option<&'a str> {
+        // SAFETY: as in `session_id`.
         unsafe { str_from_abi(self.raw.parent_session_id) }
     }
     pub fn session_final(&self) -> Option<bool> {
@@ -203,7 +207,8 @@ unsafe fn array<'a, T>(ptr: *const T, len: usize) -> Option<&'a [T]> {
     } else if len == 0 {
         Some(&[])
     } else {
-        Some(slice::from_raw_parts(ptr, len))
+        // SAFETY: per this function's contract.
+        Some(unsafe { slice::from_raw_parts(ptr, len) })
     }
 }
 
@@ -225,9 +230,11 @@ impl<'a> WorkerCandidates<'a> {
         WorkerInputs::from_bits(self.raw.inputs)
     }
     pub fn worker_ids(&self) -> &'a [u64] {
+        // SAFETY: every non-NULL array holds `count` elements (`from_abi`).
         unsafe { array(self.raw.worker_id, self.raw.count) }.unwrap_or(&[])
     }
     pub fn dp_ranks(&self) -> &'a [u32] {
+        // SAFETY: as in `worker_ids`.
         unsafe { array(self.raw.dp_rank, self.raw.count) }.unwrap_or(&[])
     }
     pub fn worker(&self, row: usize) -> WorkerId {
@@ -239,6 +246,7 @@ impl<'a> WorkerCandidates<'a> {
     /// `None` unless the component declared `WorkerInputs::CACHE`.
     pub fn cache(&self) -> Option<CacheInputs<'a>> {
         let n = self.raw.count;
+        // SAFETY: as in `worker_ids`.
         unsafe {
             Some(CacheInputs {
                 device_overlap_blocks: array(self.raw.device_overlap_blocks, n)?,
@@ -251,6 +259,7 @@ impl<'a> WorkerCandidates<'a> {
     /// `None` unless the component declared `WorkerInputs::LOAD`.
     pub fn load(&self) -> Option<LoadInputs<'a>> {
         let n = self.raw.count;
+        // SAFETY: as in `worker_ids`.
         unsafe {
             Some(LoadInputs {
                 active_prefill_tokens: array(self.raw.active_prefill_tokens, n)?,
@@ -262,6 +271,7 @@ impl<'a> WorkerCandidates<'a> {
     /// `None` unless the component declared `WorkerInputs::ROUTING`.
     pub fn routing(&self) -> Option<RoutingInputs<'a>> {
         let n = self.raw.count;
+        // SAFETY: as in `worker_ids`.
         unsafe {
             Some(RoutingInputs {
                 preferred_taint_multiplier: array(self.raw.preferred_taint_multiplier, n)?,
@@ -270,6 +280,7 @@ impl<'a> WorkerCandidates<'a> {
     }
     /// Total costs per row; present in picker calls only.
     pub fn costs(&self) -> Option<&'a [f64]> {
+        // SAFETY: as in `worker_ids`.
         unsafe { array(self.raw.costs, self.raw.count) }
     }
     /// One row, for per-candidate component methods.

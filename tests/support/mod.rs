@@ -6,11 +6,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use switchyard::config::ConfigSource;
-use switchyard::pipeline::{CandidateRow, SelectError, Selector};
-use switchyard::registry::PartitionKey;
-use switchyard::request::RequestContext;
-use switchyard::startup::{start, Startup};
-use switchyard_plugin_sdk::{WorkerId, WorkerType};
+use switchyard::plugin::PartitionKey;
+use switchyard::plugin::RequestContext;
+use switchyard::policy::{CandidateRow, SelectError, Selector};
+use switchyard::startup::{start, Startup, StartupError};
+use switchyard_plugin_sdk::{Status, WorkerId, WorkerType};
 
 pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -90,11 +90,16 @@ pub fn write_config(dir: &Path, yaml: &str) -> PathBuf {
     path
 }
 
-/// Starts from a config text written in `dir`.
-pub fn start_yaml(dir: &Path, yaml: &str) -> Result<Startup, Vec<String>> {
+/// Starts from a config text written in `dir`; the errors as typed.
+pub fn start_typed(dir: &Path, yaml: &str) -> Result<Startup, Vec<StartupError>> {
     let path = write_config(dir, yaml);
-    let source = ConfigSource::from_file(&path).map_err(|e| vec![e.to_string()])?;
-    start(source).map_err(|errors| errors.iter().map(ToString::to_string).collect())
+    let source = ConfigSource::from_file(&path).map_err(|e| vec![e.into()])?;
+    start(source)
+}
+
+/// Starts from a config text written in `dir`; the errors as the operator reads them.
+pub fn start_yaml(dir: &Path, yaml: &str) -> Result<Startup, Vec<String>> {
+    start_typed(dir, yaml).map_err(|errors| errors.iter().map(ToString::to_string).collect())
 }
 
 /// The single error of a config that must fail.
@@ -158,7 +163,7 @@ pub fn select(
 }
 
 /// The component, status and message of a component failure; panics on anything else.
-pub fn component_failure(error: SelectError) -> (String, i32, String) {
+pub fn component_failure(error: SelectError) -> (String, Status, String) {
     match error {
         SelectError::ComponentFailed {
             component,

@@ -9,16 +9,14 @@ use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 use switchyard_plugin_sdk::{WorkerId, WorkerInputs, WorkerType};
 
+use super::kv_index::{hash_tokens, KvEvent, KvIndex, QueryScratch, Tier};
+use super::load_accounting::{AccountingError, LoadAccounting};
+use super::metrics::Metrics;
+use super::workers::{WorkerError, WorkerSpec, Workers};
 use crate::config::OnError;
-use crate::instances::InstanceFactory;
-use crate::kv_index::{hash_tokens, KvEvent, KvIndex, QueryScratch, Tier};
-use crate::load_accounting::{AccountingError, LoadAccounting};
-use crate::metrics::Metrics;
-use crate::pipeline::{CandidateRow, SelectError, Selector};
-use crate::registry::PartitionKey;
-use crate::request::{RequestContext, SessionInfo};
+use crate::plugin::{PartitionKey, RequestContext, SessionInfo};
+use crate::policy::{CandidateRow, InstanceFactory, SelectError, Selector};
 use crate::startup::{Startup, BUILTIN_DEFAULT};
-use crate::workers::{WorkerError, WorkerSpec, Workers};
 
 /// The worker type a request asks for.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
@@ -245,7 +243,7 @@ impl Router {
     }
 
     /// (worker, load) of every registered worker, for metrics and tests.
-    pub fn loads(&self) -> Vec<(WorkerId, crate::load_accounting::WorkerLoad)> {
+    pub fn loads(&self) -> Vec<(WorkerId, super::load_accounting::WorkerLoad)> {
         let state = self.state.read();
         let load = self.load.read();
         state

@@ -3,10 +3,11 @@
 
 use std::sync::Arc;
 
+use super::error::BuildError;
+use super::pipeline::Policy;
+use super::registry::{ComponentType, PolicyFactory};
 use crate::config::OnError;
-use crate::params::OwnedParams;
-use crate::pipeline::Policy;
-use crate::registry::{ComponentType, PartitionKey, PolicyFactory};
+use crate::plugin::{OwnedParams, PartitionKey};
 
 /// One component of a composition, with its parameters.
 pub struct ComponentUse {
@@ -34,7 +35,7 @@ pub struct InstanceFactory {
 
 impl InstanceFactory {
     /// Builds this instance's policy for `partition`.
-    pub fn build(&self, partition: &PartitionKey) -> Result<Policy, String> {
+    pub fn build(&self, partition: &PartitionKey) -> Result<Policy, BuildError> {
         let stages = match &self.kind {
             InstanceKind::Policy { factory, .. } => factory.build(partition)?,
             InstanceKind::Composition { components } => components
@@ -43,7 +44,6 @@ impl InstanceFactory {
                     c.component
                         .create(&c.params, partition)
                         .map(|stage| (stage, c.weight))
-                        .map_err(|e| format!("component `{}`: {e}", c.component.name))
                 })
                 .collect::<Result<_, _>>()?,
         };

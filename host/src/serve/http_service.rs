@@ -17,10 +17,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use switchyard_plugin_sdk::WorkerId;
 
-use crate::kv_index::KvEvent;
-use crate::load_accounting::AccountingError;
-use crate::router::{RouteError, RouteRequest, Router};
-use crate::workers::{WorkerError, WorkerSpec};
+use crate::fleet::kv_index::KvEvent;
+use crate::fleet::load_accounting::AccountingError;
+use crate::fleet::router::{RouteError, RouteRequest, Router};
+use crate::fleet::workers::{WorkerError, WorkerSpec};
 
 type Shared = State<Arc<Router>>;
 

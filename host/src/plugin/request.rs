@@ -1,5 +1,7 @@
 //! A request as the router holds it, and its ABI view for one selection.
 
+use std::marker::PhantomData;
+
 use serde::{Deserialize, Serialize};
 use switchyard_plugin_sdk::abi::*;
 use switchyard_plugin_sdk::str_to_abi;
@@ -57,7 +59,7 @@ impl RequestContext {
     }
 
     /// Runs `f` with the ABI view (borrowing this request; no allocation).
-    pub fn with_abi<R>(&self, f: impl FnOnce(&switchyard_request) -> R) -> R {
+    pub fn with_abi<R>(&self, f: impl FnOnce(&AbiRequest<'_>) -> R) -> R {
         let session = self.session.as_ref().map(|s| switchyard_session {
             session_id: str_to_abi(&s.session_id),
             parent_session_id: s.parent_session_id.as_deref().map_or(
@@ -94,6 +96,16 @@ impl RequestContext {
                 .as_ref()
                 .map_or(std::ptr::null(), std::ptr::from_ref),
         };
-        f(&raw)
+        f(&AbiRequest {
+            raw,
+            borrows: PhantomData,
+        })
     }
+}
+
+/// The ABI form of a request, valid while the `RequestContext` it borrows is. Opaque
+/// outside the boundary: the pipeline passes it from stage to stage.
+pub struct AbiRequest<'a> {
+    pub(super) raw: switchyard_request,
+    borrows: PhantomData<&'a RequestContext>,
 }

@@ -5,8 +5,8 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::loader::{load_into, LoadError, LoadedPlugin, PluginSpec};
-use crate::registry::{PartitionKey, Registry};
+use crate::plugin::{LoadError, LoadedPlugin, PartitionKey, PluginSpec};
+use crate::policy::Registry;
 use crate::startup::Startup;
 
 /// One registered type, as summaries show it.
@@ -134,7 +134,7 @@ pub fn inspect(path: &Path) -> Result<(Inspection, String), LoadError> {
         sha256: None,
         revision: Default::default(),
     };
-    load_into(&mut registry, &spec)?;
+    registry.load_plugin(&spec)?;
     let plugin = registry.plugins()[0].clone();
     let mut text = String::new();
     write_plugin(&mut text, &registry, &plugin);

@@ -21,8 +21,9 @@ use switchyard_plugin_sdk::{
     WorkerFilter, WorkerInputs, WorkerPicker, WorkerScorer, WorkerSelectionContext,
 };
 
-use crate::pipeline::{Stage, StageImpl};
-use crate::registry::{BuildFn, ComponentKind, Registry};
+use super::pipeline::{Stage, StageImpl};
+use super::registry::{BuildFn, Registry};
+use crate::plugin::ComponentKind;
 
 pub fn register(registry: &mut Registry) {
     use ComponentKind::*;

@@ -9,7 +9,7 @@ use std::path::Path;
 
 use switchyard_plugin_sdk::abi::*;
 
-use crate::loader::LoadError;
+use super::load_error::LoadError;
 
 /// The highest ABI 1.x minor this host knows.
 pub const HOST_ABI_MINOR: u16 = SWITCHYARD_ABI_MINOR;
@@ -56,8 +56,8 @@ pub struct PluginInfo {
     #[serde(skip)]
     pub policy_def_size: usize,
     #[serde(skip)]
-    pub on_register:
-        Option<extern "C" fn(*const switchyard_registrar, *const switchyard_error) -> i32>,
+    pub(super) on_register:
+        Option<unsafe extern "C" fn(*const switchyard_registrar, *const switchyard_error) -> i32>,
 }
 
 /// The descriptor fields every ABI version has, in this order, at these offsets: enough to
@@ -97,7 +97,7 @@ fn descriptor_string(
 /// # Safety
 /// `descriptor` must be what the library's entry symbol returned (non-NULL checked here);
 /// it must point to at least `struct_size` readable bytes.
-pub unsafe fn check_descriptor(
+pub(super) unsafe fn check_descriptor(
     path: &Path,
     descriptor: *const switchyard_plugin_descriptor,
     rule: RevisionRule,
@@ -107,7 +107,8 @@ pub unsafe fn check_descriptor(
             path: path.to_owned(),
         });
     }
-    let head = &*descriptor.cast::<DescriptorHead>();
+    // SAFETY: every descriptor of every ABI starts with this head (per the contract).
+    let head = unsafe { &*descriptor.cast::<DescriptorHead>() };
     if head.abi_major != SWITCHYARD_ABI_MAJOR {
         return Err(LoadError::AbiMajorMismatch {
             path: path.to_owned(),
@@ -139,7 +140,8 @@ pub unsafe fn check_descriptor(
         ));
     }
     // Fields a 1.k plugin does not have stay zero in a 1.m host.
-    let copy = copy_sized(descriptor, head.struct_size as usize);
+    // SAFETY: the plugin declared `struct_size` readable bytes.
+    let copy = unsafe { copy_sized(descriptor, head.struct_size as usize) };
 
     for (what, found, required) in [
         (
@@ -199,24 +201,31 @@ pub unsafe fn check_descriptor(
 ///
 /// # Safety
 /// `ptr` must point to at least `declared` readable bytes.
-pub unsafe fn copy_sized<T>(ptr: *const T, declared: usize) -> T {
-    let mut out: T = std::mem::zeroed();
+/// `T` must be an ABI struct, for which all-zero bytes are a valid value.
+pub(super) unsafe fn copy_sized<T>(ptr: *const T, declared: usize) -> T {
+    // SAFETY: ABI structs hold integers, raw pointers and `Option`s of function pointers,
+    // all valid when zero.
+    let mut out: T = unsafe { std::mem::zeroed() };
     let len = declared.min(size_of::<T>());
-    std::ptr::copy_nonoverlapping(
-        ptr.cast::<u8>(),
-        std::ptr::from_mut(&mut out).cast::<u8>(),
-        len,
-    );
+    // SAFETY: per this function's contract the source has `len <= declared` readable
+    // bytes; the destination is a distinct local of at least `len` bytes.
+    unsafe {
+        std::ptr::copy_nonoverlapping(
+            ptr.cast::<u8>(),
+            std::ptr::from_mut(&mut out).cast::<u8>(),
+            len,
+        )
+    };
     out
 }
 
 /// The smallest `struct_size` of a component def at `minor`.
-pub fn min_component_def_size(minor: u16) -> usize {
+pub(super) fn min_component_def_size(minor: u16) -> usize {
     MINORS[usize::from(minor)].component_def_size
 }
 
 /// The smallest `struct_size` of a policy def at `minor`.
-pub fn min_policy_def_size(minor: u16) -> usize {
+pub(super) fn min_policy_def_size(minor: u16) -> usize {
     MINORS[usize::from(minor)].policy_def_size
 }
 

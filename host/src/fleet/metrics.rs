@@ -10,10 +10,10 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use switchyard_plugin_sdk::WorkerId;
 
-use crate::kv_index::Tier;
-use crate::load_accounting::WorkerLoad;
-use crate::pipeline::Selector;
-use crate::registry::PartitionKey;
+use super::kv_index::Tier;
+use super::load_accounting::WorkerLoad;
+use crate::plugin::PartitionKey;
+use crate::policy::Selector;
 
 /// One instance's counters: bumped on every request, so atomics, not a lock.
 #[derive(Default)]

@@ -1,0 +1,8 @@
+//! The fleet: workers, the KV index and load accounting (the routing state policies
+//! read), metrics, and the router that ties them to the configured policy instances.
+
+pub mod kv_index;
+pub mod load_accounting;
+pub mod metrics;
+pub mod router;
+pub mod workers;

@@ -1,0 +1,74 @@
+//! The worker registry: workers added and removed at run time, grouped into partitions
+//! (model x worker type). Aggregated workers form the `select` partition of their model.
+
+use std::collections::{BTreeMap, HashMap};
+
+use switchyard_plugin_sdk::WorkerId;
+
+pub use crate::config::{WorkerRole, WorkerSpec};
+use crate::plugin::PartitionKey;
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum WorkerError {
+    #[error("worker {} (dp_rank {}) is already registered for model `{}`; remove it first", .0.worker_id, .0.dp_rank, .1)]
+    AlreadyRegistered(WorkerId, String),
+    #[error("no worker {} (dp_rank {})", .0.worker_id, .0.dp_rank)]
+    Unknown(WorkerId),
+    #[error("invalid worker: {0}")]
+    Invalid(String),
+}
+
+#[derive(Default)]
+pub struct Workers {
+    by_id: HashMap<WorkerId, WorkerSpec>,
+    partitions: BTreeMap<PartitionKey, Vec<WorkerId>>,
+}
+
+impl Workers {
+    /// Adds a worker; returns true when its partition is new.
+    pub fn add(&mut self, spec: WorkerSpec) -> Result<bool, WorkerError> {
+        spec.validate().map_err(WorkerError::Invalid)?;
+        let id = spec.id();
+        if let Some(existing) = self.by_id.get(&id) {
+            return Err(WorkerError::AlreadyRegistered(id, existing.model.clone()));
+        }
+        let members = self.partitions.entry(spec.partition()).or_default();
+        let new_partition = members.is_empty();
+        members.push(id);
+        self.by_id.insert(id, spec);
+        Ok(new_partition)
+    }
+
+    pub fn remove(&mut self, id: WorkerId) -> Result<WorkerSpec, WorkerError> {
+        let spec = self.by_id.remove(&id).ok_or(WorkerError::Unknown(id))?;
+        if let Some(members) = self.partitions.get_mut(&spec.partition()) {
+            members.retain(|w| *w != id);
+        }
+        Ok(spec)
+    }
+
+    pub fn get(&self, id: WorkerId) -> Option<&WorkerSpec> {
+        self.by_id.get(&id)
+    }
+
+    /// The workers of a partition (empty when unknown).
+    pub fn members(&self, partition: &PartitionKey) -> &[WorkerId] {
+        self.partitions.get(partition).map_or(&[], Vec::as_slice)
+    }
+
+    pub fn has_model(&self, model: &str) -> bool {
+        self.by_id.values().any(|w| w.model == model)
+    }
+
+    pub fn all(&self) -> impl Iterator<Item = &WorkerSpec> {
+        self.by_id.values()
+    }
+
+    pub fn len(&self) -> usize {
+        self.by_id.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_id.is_empty()
+    }
+}

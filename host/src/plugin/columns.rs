@@ -1,0 +1,162 @@
+//! The candidate columns of one call, borrowed from the pipeline's buffers, and their ABI
+//! form. Built-in components read them through the SDK's views made from the very same
+//! ABI struct, so a plugin and a built-in see identical data.
+
+use std::ptr;
+
+use switchyard_plugin_sdk::abi::switchyard_candidates;
+use switchyard_plugin_sdk::{
+    PolicyError, WorkerCandidates, WorkerFilter, WorkerInputs, WorkerPicker, WorkerScorer,
+    WorkerSelectionContext,
+};
+
+use super::request::AbiRequest;
+
+/// Index-aligned candidate columns. A group's columns are handed to a component only when
+/// the component declared the group, `inputs` holds it, and every column of it has one
+/// value per candidate; otherwise they are NULL, so no plugin can read past a column.
+#[derive(Clone, Copy, Default)]
+pub struct Columns<'a> {
+    /// The groups filled in these columns.
+    pub inputs: WorkerInputs,
+    pub worker_id: &'a [u64],
+    pub dp_rank: &'a [u32],
+    pub device_overlap_blocks: &'a [u32],
+    pub host_overlap_blocks: &'a [u32],
+    pub disk_overlap_blocks: &'a [u32],
+    pub shared_beyond_device_blocks: &'a [u32],
+    pub active_prefill_tokens: &'a [u64],
+    pub decode_cost_blocks: &'a [u64],
+    pub active_requests: &'a [u32],
+    pub preferred_taint_multiplier: &'a [f64],
+    /// Picker calls only: the total cost per row.
+    pub costs: Option<&'a [f64]>,
+}
+
+impl Columns<'_> {
+    pub fn len(&self) -> usize {
+        self.worker_id.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.worker_id.is_empty()
+    }
+
+    /// The ABI view for a component that declared `declared`.
+    pub(super) fn to_abi(&self, declared: WorkerInputs) -> switchyard_candidates {
+        let count = self.worker_id.len().min(self.dp_rank.len());
+        let whole = |len: usize| len == count;
+        let cache = declared.contains(WorkerInputs::CACHE)
+            && self.inputs.contains(WorkerInputs::CACHE)
+            && whole(self.device_overlap_blocks.len())
+            && whole(self.host_overlap_blocks.len())
+            && whole(self.disk_overlap_blocks.len())
+            && whole(self.shared_beyond_device_blocks.len());
+        let load = declared.contains(WorkerInputs::LOAD)
+            && self.inputs.contains(WorkerInputs::LOAD)
+            && whole(self.active_prefill_tokens.len())
+            && whole(self.decode_cost_blocks.len())
+            && whole(self.active_requests.len());
+        let routing = declared.contains(WorkerInputs::ROUTING)
+            && self.inputs.contains(WorkerInputs::ROUTING)
+            && whole(self.preferred_taint_multiplier.len());
+        fn group<T>(present: bool, values: &[T]) -> *const T {
+            if present {
+                values.as_ptr()
+            } else {
+                ptr::null()
+            }
+        }
+        let present = [
+            (cache, WorkerInputs::CACHE),
+            (load, WorkerInputs::LOAD),
+            (routing, WorkerInputs::ROUTING),
+        ]
+        .into_iter()
+        .filter(|(on, _)| *on)
+        .fold(WorkerInputs::NONE, |acc, (_, group)| acc | group);
+        switchyard_candidates {
+            struct_size: std::mem::size_of::<switchyard_candidates>() as u32,
+            inputs: present.bits(),
+            count,
+            worker_id: self.worker_id.as_ptr(),
+            dp_rank: self.dp_rank.as_ptr(),
+            device_overlap_blocks: group(cache, self.device_overlap_blocks),
+            host_overlap_blocks: group(cache, self.host_overlap_blocks),
+            disk_overlap_blocks: group(cache, self.disk_overlap_blocks),
+            shared_beyond_device_blocks: group(cache, self.shared_beyond_device_blocks),
+            active_prefill_tokens: group(load, self.active_prefill_tokens),
+            decode_cost_blocks: group(load, self.decode_cost_blocks),
+            active_requests: group(load, self.active_requests),
+            preferred_taint_multiplier: group(routing, self.preferred_taint_multiplier),
+            costs: match self.costs {
+                Some(costs) if whole(costs.len()) => costs.as_ptr(),
+                _ => ptr::null(),
+            },
+        }
+    }
+}
+
+/// Runs `f` with the SDK's views of `request` and `columns`, as a built-in component
+/// declaring `declared` sees them.
+fn with_views<R>(
+    request: &AbiRequest<'_>,
+    columns: &Columns<'_>,
+    declared: WorkerInputs,
+    f: impl FnOnce(&WorkerSelectionContext<'_>, &WorkerCandidates<'_>) -> R,
+) -> R {
+    let raw = columns.to_abi(declared);
+    // SAFETY: `request.raw` borrows a live `RequestContext` (see `AbiRequest`), and every
+    // non-NULL array of `raw` holds `count` elements borrowed from `columns` for this call.
+    let (context, view) = unsafe {
+        (
+            WorkerSelectionContext::from_abi(&request.raw),
+            WorkerCandidates::from_abi(&raw),
+        )
+    };
+    f(&context, &view)
+}
+
+/// Runs a built-in filter over `columns`; `keep` holds one byte per row, all 1.
+pub fn builtin_filter(
+    filter: &mut dyn WorkerFilter,
+    request: &AbiRequest<'_>,
+    columns: &Columns<'_>,
+    declared: WorkerInputs,
+    keep: &mut [u8],
+) -> Result<(), PolicyError> {
+    if keep.iter().any(|&k| k > 1) {
+        return Err(PolicyError::failed("keep mask must start as 0/1 bytes"));
+    }
+    // SAFETY: every byte is 0 or 1 (checked above), valid `bool`s of the same size and
+    // alignment; the reborrow ends with this call.
+    let keep = unsafe { &mut *(ptr::from_mut(keep) as *mut [bool]) };
+    with_views(request, columns, declared, |context, view| {
+        filter.keep_batch(context, view, keep)
+    })
+}
+
+/// Runs a built-in scorer over `columns`, writing one cost per row.
+pub fn builtin_score(
+    scorer: &mut dyn WorkerScorer,
+    request: &AbiRequest<'_>,
+    columns: &Columns<'_>,
+    declared: WorkerInputs,
+    costs: &mut [f64],
+) -> Result<(), PolicyError> {
+    with_views(request, columns, declared, |context, view| {
+        scorer.score_batch(context, view, costs)
+    })
+}
+
+/// Runs a built-in picker over `columns` (with `costs` set).
+pub fn builtin_pick(
+    picker: &mut dyn WorkerPicker,
+    request: &AbiRequest<'_>,
+    columns: &Columns<'_>,
+    declared: WorkerInputs,
+) -> Result<usize, PolicyError> {
+    with_views(request, columns, declared, |context, view| {
+        picker.pick(context, view)
+    })
+}

@@ -1,0 +1,313 @@
+//! Plugin component types and instances: the def a plugin registered (or handed to a
+//! builder), checked and copied, and the live instance handle the pipeline calls.
+
+use std::ffi::{c_void, CStr};
+use std::os::raw::c_char;
+use std::path::Path;
+
+use switchyard_plugin_sdk::abi::*;
+use switchyard_plugin_sdk::{Status, WorkerInputs};
+
+use super::abi_checks::{copy_sized, min_component_def_size};
+use super::columns::Columns;
+use super::error_buffer::{CallError, ErrorBuffer};
+use super::load_error::LoadError;
+use super::params::OwnedParams;
+use super::partition::PartitionKey;
+use super::request::AbiRequest;
+
+/// What a component does in the pipeline.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ComponentKind {
+    Filter,
+    Scorer,
+    Picker,
+}
+
+impl ComponentKind {
+    pub fn from_abi(kind: u32) -> Option<Self> {
+        match kind {
+            SWITCHYARD_COMPONENT_FILTER => Some(Self::Filter),
+            SWITCHYARD_COMPONENT_SCORER => Some(Self::Scorer),
+            SWITCHYARD_COMPONENT_PICKER => Some(Self::Picker),
+            _ => None,
+        }
+    }
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Filter => "filter",
+            Self::Scorer => "scorer",
+            Self::Picker => "picker",
+        }
+    }
+    /// The ABI callback name after `on_`.
+    pub fn callback(self) -> &'static str {
+        match self {
+            Self::Filter => "filter",
+            Self::Scorer => "score",
+            Self::Picker => "pick",
+        }
+    }
+}
+
+/// A component def copied from a plugin; its callback for `kind` is known to be set.
+#[derive(Clone)]
+pub struct ComponentDef {
+    def: switchyard_component_def,
+    inputs: WorkerInputs,
+    kind: ComponentKind,
+}
+
+// SAFETY: the def holds function pointers and a `user_data` the plugin promises valid for
+// the library's lifetime and usable from any thread (docs/ABI.md); `type_name` is cleared.
+unsafe impl Send for ComponentDef {}
+// SAFETY: as for Send; the host never mutates a def after copying it.
+unsafe impl Sync for ComponentDef {}
+
+impl ComponentDef {
+    pub fn kind(&self) -> ComponentKind {
+        self.kind
+    }
+
+    pub fn inputs(&self) -> WorkerInputs {
+        self.inputs
+    }
+
+    /// Validates and copies a def handed over by a plugin of ABI `1.abi_minor` loaded from
+    /// `path`. `needs_create`: registered types must create their own instances.
+    ///
+    /// # Safety
+    /// `def` must be NULL or point to at least its declared `struct_size` bytes, with
+    /// `type_name` NULL or NUL-terminated.
+    pub(super) unsafe fn read(
+        path: &Path,
+        abi_minor: u16,
+        def: *const switchyard_component_def,
+        needs_create: bool,
+    ) -> Result<(String, ComponentDef), LoadError> {
+        let invalid = |name: &str, problem: String| LoadError::InvalidDefinition {
+            path: path.to_owned(),
+            name: name.to_owned(),
+            problem,
+        };
+        // SAFETY: per this function's contract.
+        let Some(head) = (unsafe { def.as_ref() }) else {
+            return Err(invalid("?", "the component def pointer is NULL".into()));
+        };
+        let required = min_component_def_size(abi_minor);
+        if (head.struct_size as usize) < required {
+            return Err(LoadError::TruncatedStruct {
+                path: path.to_owned(),
+                what: "switchyard_component_def",
+                found: head.struct_size as usize,
+                required,
+                minor: abi_minor,
+            });
+        }
+        // SAFETY: the plugin declared `struct_size` readable bytes.
+        let mut def = unsafe { copy_sized(def, head.struct_size as usize) };
+        // SAFETY: per this function's contract.
+        let name = unsafe { c_string(def.type_name) };
+        def.type_name = std::ptr::null();
+        let kind = ComponentKind::from_abi(def.kind).ok_or_else(|| {
+            invalid(
+                &name,
+                format!(
+                    "unknown component kind {}; expected 0 (filter), 1 (scorer) or 2 (picker)",
+                    def.kind
+                ),
+            )
+        })?;
+        let callback_missing = match kind {
+            ComponentKind::Filter => def.on_filter.is_none(),
+            ComponentKind::Scorer => def.on_score.is_none(),
+            ComponentKind::Picker => def.on_pick.is_none(),
+        };
+        if callback_missing {
+            return Err(invalid(
+                &name,
+                format!("a {} must set `on_{}`", kind.as_str(), kind.callback()),
+            ));
+        }
+        if needs_create && def.on_create.is_none() {
+            return Err(invalid(
+                &name,
+                "a registered component must set `on_create`".into(),
+            ));
+        }
+        let inputs = WorkerInputs::from_bits(def.inputs);
+        Ok((name, ComponentDef { def, inputs, kind }))
+    }
+
+    /// Creates an instance for `partition` through the plugin's `on_create`.
+    pub fn create(
+        &self,
+        params: &OwnedParams,
+        partition: &PartitionKey,
+    ) -> Result<ComponentInstance, CallError> {
+        let Some(on_create) = self.def.on_create else {
+            return Err(CallError::new(
+                Status::InvalidArgument,
+                "the type has no on_create",
+            ));
+        };
+        let mut instance: *mut c_void = std::ptr::null_mut();
+        let mut error = ErrorBuffer::new();
+        let code = params.with_abi(|p| {
+            partition.with_abi(|part| {
+                // SAFETY: `user_data` is the plugin's for this def; params, partition and
+                // the error buffer live for the call; `instance` is a writable slot.
+                unsafe { on_create(self.def.user_data, p, part, &mut instance, &error.as_abi()) }
+            })
+        });
+        error.check(code)?;
+        Ok(self.adopt(instance))
+    }
+
+    /// Takes ownership of an instance the plugin created for this def.
+    pub(super) fn adopt(&self, instance: *mut c_void) -> ComponentInstance {
+        ComponentInstance {
+            def: self.clone(),
+            instance,
+        }
+    }
+}
+
+/// # Safety
+/// `ptr` must be NULL or a NUL-terminated string.
+pub(super) unsafe fn c_string(ptr: *const c_char) -> String {
+    if ptr.is_null() {
+        String::new()
+    } else {
+        // SAFETY: per this function's contract.
+        unsafe { CStr::from_ptr(ptr) }
+            .to_string_lossy()
+            .into_owned()
+    }
+}
+
+/// One live instance of a plugin component. Destroyed through its def when dropped.
+pub struct ComponentInstance {
+    def: ComponentDef,
+    instance: *mut c_void,
+}
+
+// SAFETY: an instance is only ever called by one thread at a time (its policy is behind a
+// lock, and every method takes `&mut self`), which is what the ABI promises plugins.
+unsafe impl Send for ComponentInstance {}
+
+impl ComponentInstance {
+    pub fn kind(&self) -> ComponentKind {
+        self.def.kind
+    }
+
+    /// The plugin's filter over `columns`; `keep` holds one byte per row, all 1 on entry.
+    pub fn filter(
+        &mut self,
+        request: &AbiRequest<'_>,
+        columns: &Columns<'_>,
+        keep: &mut [u8],
+        error: &mut ErrorBuffer,
+    ) -> Result<(), CallError> {
+        let on_filter = self.callback(self.def.def.on_filter, ComponentKind::Filter)?;
+        let candidates = self.view(columns, keep.len())?;
+        // SAFETY: the instance was created for this def and is called by one thread;
+        // `candidates` borrows `columns` (count rows each) and `keep` has count bytes;
+        // everything outlives the call.
+        let code = unsafe {
+            on_filter(
+                self.instance,
+                &request.raw,
+                &candidates,
+                keep.as_mut_ptr(),
+                &error.as_abi(),
+            )
+        };
+        error.check(code)
+    }
+
+    /// The plugin's scorer over `columns`; `costs` holds one NaN per row on entry.
+    pub fn score(
+        &mut self,
+        request: &AbiRequest<'_>,
+        columns: &Columns<'_>,
+        costs: &mut [f64],
+        error: &mut ErrorBuffer,
+    ) -> Result<(), CallError> {
+        let on_score = self.callback(self.def.def.on_score, ComponentKind::Scorer)?;
+        let candidates = self.view(columns, costs.len())?;
+        // SAFETY: as in `filter`, with `costs` of count doubles.
+        let code = unsafe {
+            on_score(
+                self.instance,
+                &request.raw,
+                &candidates,
+                costs.as_mut_ptr(),
+                &error.as_abi(),
+            )
+        };
+        error.check(code)
+    }
+
+    /// The plugin's picker over `columns` (with costs); the row it chose, unchecked.
+    pub fn pick(
+        &mut self,
+        request: &AbiRequest<'_>,
+        columns: &Columns<'_>,
+        error: &mut ErrorBuffer,
+    ) -> Result<usize, CallError> {
+        let on_pick = self.callback(self.def.def.on_pick, ComponentKind::Picker)?;
+        let candidates = self.view(columns, columns.len())?;
+        let mut row = usize::MAX;
+        // SAFETY: as in `filter`, with `row` a writable slot.
+        let code = unsafe {
+            on_pick(
+                self.instance,
+                &request.raw,
+                &candidates,
+                &mut row,
+                &error.as_abi(),
+            )
+        };
+        error.check(code).map(|()| row)
+    }
+
+    fn callback<F>(&self, callback: Option<F>, kind: ComponentKind) -> Result<F, CallError> {
+        match callback {
+            Some(f) if self.def.kind == kind => Ok(f),
+            _ => Err(CallError::new(
+                Status::InvalidArgument,
+                format!(
+                    "a {} was called as a {}",
+                    self.def.kind.as_str(),
+                    kind.as_str()
+                ),
+            )),
+        }
+    }
+
+    fn view(&self, columns: &Columns<'_>, rows: usize) -> Result<switchyard_candidates, CallError> {
+        let view = columns.to_abi(self.def.inputs);
+        if view.count == rows {
+            Ok(view)
+        } else {
+            Err(CallError::new(
+                Status::OutOfRange,
+                format!(
+                    "the host's output buffer has {rows} rows for {} candidates",
+                    view.count
+                ),
+            ))
+        }
+    }
+}
+
+impl Drop for ComponentInstance {
+    fn drop(&mut self) {
+        if let Some(destroy) = self.def.def.on_destroy {
+            // SAFETY: the instance came from this def and this is its last use.
+            unsafe { destroy(self.instance) };
+        }
+    }
+}

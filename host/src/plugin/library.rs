@@ -1,0 +1,164 @@
+//! The loader: checksum, dlopen (RTLD_NOW | RTLD_LOCAL), entry symbol, ABI checks,
+//! registration. Libraries stay loaded for the life of the process.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+use sha2::{Digest, Sha256};
+use switchyard_plugin_sdk::abi::*;
+
+use super::abi_checks::{check_descriptor, PluginInfo, RevisionRule};
+use super::load_error::LoadError;
+use super::registrar::{register, Registered, TakenBy};
+
+/// A plugin to load, as the config names it.
+#[derive(Clone, Debug)]
+pub struct PluginSpec {
+    /// Resolved (absolute, or relative to the working directory) path.
+    pub path: PathBuf,
+    pub sha256: Option<String>,
+    pub revision: RevisionRule,
+}
+
+/// A library that passed every check.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct LoadedPlugin {
+    pub path: PathBuf,
+    #[serde(flatten)]
+    pub info: PluginInfo,
+    pub types: Vec<String>,
+}
+
+/// A library that passed every check, with the types it registered.
+pub struct LoadedLibrary {
+    pub plugin: LoadedPlugin,
+    pub registered: Registered,
+}
+
+/// Every library opened by this process, by canonical path. Never unloaded: instances,
+/// defs and strings of a plugin may live until exit.
+fn libraries() -> &'static Mutex<HashMap<PathBuf, &'static libloading::Library>> {
+    static LIBRARIES: OnceLock<Mutex<HashMap<PathBuf, &'static libloading::Library>>> =
+        OnceLock::new();
+    LIBRARIES.get_or_init(Default::default)
+}
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn not_found(path: &Path) -> impl FnOnce(std::io::Error) -> LoadError + '_ {
+    move |source| LoadError::FileNotFound {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// The canonical path of a plugin file, which identifies a library once loaded.
+pub fn canonical(path: &Path) -> Result<PathBuf, LoadError> {
+    std::fs::canonicalize(path).map_err(not_found(path))
+}
+
+fn open(path: &Path) -> Result<&'static libloading::Library, LoadError> {
+    let canonical = canonical(path)?;
+    let mut libraries = libraries().lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(library) = libraries.get(&canonical) {
+        return Ok(library);
+    }
+    // Eager binding makes an unresolved symbol fail here, by name, not at first call;
+    // local symbols keep two plugins' internals apart.
+    let flags = libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_LOCAL;
+    // SAFETY: running the library's initializers is what loading a plugin means.
+    let library =
+        unsafe { libloading::os::unix::Library::open(Some(&canonical), flags) }.map_err(|e| {
+            let reason = e.to_string();
+            match reason.split("undefined symbol: ").nth(1) {
+                Some(rest) => LoadError::UnresolvedSymbol {
+                    path: path.to_owned(),
+                    symbol: rest
+                        .split([' ', ',', ')'])
+                        .next()
+                        .unwrap_or(rest)
+                        .to_owned(),
+                    reason,
+                },
+                None => LoadError::NotLoadable {
+                    path: path.to_owned(),
+                    reason,
+                },
+            }
+        })?;
+    let library: &'static libloading::Library = Box::leak(Box::new(library.into()));
+    libraries.insert(canonical, library);
+    Ok(library)
+}
+
+fn entry(path: &Path, library: &libloading::Library) -> Result<switchyard_entry_fn, LoadError> {
+    // SAFETY: the symbol's type is fixed by the ABI's name for it.
+    if let Ok(symbol) =
+        unsafe { library.get::<switchyard_entry_fn>(SWITCHYARD_ENTRY_SYMBOL.as_bytes()) }
+    {
+        return Ok(*symbol);
+    }
+    let other_major = (0..=32u16)
+        .filter(|&m| m != SWITCHYARD_ABI_MAJOR)
+        .find(|major| {
+            let name = format!("switchyard_plugin_entry_v{major}");
+            // SAFETY: only the symbol's presence is asked; it is never used.
+            unsafe { library.get::<*const c_void>(name.as_bytes()) }.is_ok()
+        });
+    Err(LoadError::MissingEntry {
+        path: path.to_owned(),
+        other_major,
+    })
+}
+
+/// Checks the file against its `sha256:` pin, if it has one.
+pub fn verify_pin(spec: &PluginSpec) -> Result<(), LoadError> {
+    let path = spec.path.as_path();
+    if let Some(expected) = &spec.sha256 {
+        let bytes = std::fs::read(path).map_err(not_found(path))?;
+        let found = sha256_hex(&bytes);
+        if !found.eq_ignore_ascii_case(expected.trim()) {
+            return Err(LoadError::ChecksumMismatch {
+                path: path.to_owned(),
+                expected: expected.clone(),
+                found,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Verifies the checksum pin, opens the library, runs every check and its registration.
+/// `taken_by` says which already-registered type a name belongs to, if any.
+pub fn load(spec: &PluginSpec, taken_by: TakenBy<'_>) -> Result<LoadedLibrary, LoadError> {
+    let path = spec.path.as_path();
+    verify_pin(spec)?;
+    let library = open(path)?;
+    let entry = entry(path, library)?;
+    // SAFETY: the entry symbol takes nothing and returns a pointer the checks validate.
+    let info = unsafe { check_descriptor(path, entry(), spec.revision)? };
+    let on_register = info
+        .on_register
+        .ok_or_else(|| LoadError::InvalidDescriptor {
+            path: path.to_owned(),
+            field: "on_register",
+            problem: "is NULL",
+        })?;
+    // SAFETY: `on_register` is the checked descriptor's callback of this library.
+    let registered = unsafe { register(path, &info, on_register, taken_by)? };
+    Ok(LoadedLibrary {
+        plugin: LoadedPlugin {
+            path: path.to_owned(),
+            info,
+            types: registered.names.clone(),
+        },
+        registered,
+    })
+}

@@ -1,0 +1,103 @@
+//! `LoadError`: one variant per load-time check. Every message names the file, what was
+//! expected, what was found and what to do.
+
+use std::path::PathBuf;
+
+use switchyard_plugin_sdk::abi::{
+    SWITCHYARD_ABI_MAJOR, SWITCHYARD_ENTRY_SYMBOL, SWITCHYARD_SDK_REVISION,
+};
+use switchyard_plugin_sdk::Status;
+
+/// One failed load-time check. Every message names the file, what was expected, what was
+/// found and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("{}: plugin file not found ({source}). Check the `path:` in the config; relative paths are resolved against the config file's folder", path.display())]
+    FileNotFound {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: sha256 mismatch: the config expects {expected}, the file has {found}. The file changed since it was pinned: verify where it came from, then update `sha256:` in the config", path.display())]
+    ChecksumMismatch {
+        path: PathBuf,
+        expected: String,
+        found: String,
+    },
+    #[error("{}: not a loadable shared library: {reason}. Point `path:` at a .so built for this platform (a cdylib, or a C/C++ MODULE library)", path.display())]
+    NotLoadable { path: PathBuf, reason: String },
+    #[error("{}: unresolved symbol `{symbol}`: the library needs a symbol that neither it nor its dependencies define. Link the library that provides `{symbol}` into the plugin, or remove the reference ({reason})", path.display())]
+    UnresolvedSymbol {
+        path: PathBuf,
+        symbol: String,
+        reason: String,
+    },
+    #[error("{}: missing entry symbol `{}`{}", path.display(), SWITCHYARD_ENTRY_SYMBOL, match other_major {
+        Some(major) => format!(": the library exports `switchyard_plugin_entry_v{major}`, so it was built for ABI {major}.x; this router speaks ABI {SWITCHYARD_ABI_MAJOR}.x. Rebuild the plugin against switchyard-plugin-sdk {SWITCHYARD_SDK_REVISION} (ABI {SWITCHYARD_ABI_MAJOR}.x)"),
+        None => ". This is not a switchyard plugin, or it was built without the export macro (SWITCHYARD_PLUGIN in C/C++, export_plugin! in Rust) or with hidden visibility on it".to_owned(),
+    })]
+    MissingEntry {
+        path: PathBuf,
+        other_major: Option<u16>,
+    },
+    #[error("{}: the entry symbol returned a NULL descriptor; it must return a pointer to a static switchyard_plugin_descriptor (use the SDK's export macro)", path.display())]
+    NullDescriptor { path: PathBuf },
+    #[error("{}: ABI major mismatch: the router speaks ABI {expected}.x, the plugin declares ABI {found}.x. Rebuild the plugin against switchyard-plugin-sdk {} (ABI {expected}.x)", path.display(), SWITCHYARD_SDK_REVISION)]
+    AbiMajorMismatch {
+        path: PathBuf,
+        found: u16,
+        expected: u16,
+    },
+    #[error("{}: the plugin was built for ABI 1.{found}, newer than this router's ABI 1.{host}. Upgrade the router, or rebuild the plugin against an SDK of ABI 1.{host} or older", path.display())]
+    NewerMinor {
+        path: PathBuf,
+        found: u16,
+        host: u16,
+    },
+    #[error("{}: {what} is {found} bytes, but ABI 1.{minor} requires at least {required}. The plugin was compiled against a truncated or edited header; rebuild it against the SDK's unmodified include/switchyard/plugin.h", path.display())]
+    TruncatedStruct {
+        path: PathBuf,
+        what: &'static str,
+        found: usize,
+        required: usize,
+        minor: u16,
+    },
+    #[error("{}: layout fingerprint mismatch for ABI 1.{minor}: expected {expected:#018x}, found {found:#018x}. The plugin was compiled against a stale or hand-edited plugin.h; rebuild it against the header shipped with switchyard-plugin-sdk {}", path.display(), SWITCHYARD_SDK_REVISION)]
+    LayoutMismatch {
+        path: PathBuf,
+        found: u64,
+        expected: u64,
+        minor: u16,
+    },
+    #[error("{}: SDK revision mismatch: `revision: exact` requires {expected}, the plugin was built with {found}. Rebuild the plugin against switchyard-plugin-sdk {expected}, or set `revision: compatible`", path.display())]
+    RevisionMismatch {
+        path: PathBuf,
+        found: String,
+        expected: String,
+    },
+    #[error("{}: invalid descriptor: `{field}` {problem}. Define the descriptor with the SDK's export macro", path.display())]
+    InvalidDescriptor {
+        path: PathBuf,
+        field: &'static str,
+        problem: &'static str,
+    },
+    #[error("{}: registration failed ({status}): {message}. Fix the plugin's register function", path.display())]
+    RegistrationFailed {
+        path: PathBuf,
+        status: Status,
+        message: String,
+    },
+    #[error("{}: duplicate type name `{name}`: already registered by {first}. Type names are global; rename one of them (prefix with your vendor, e.g. `acme.{name}`)", path.display())]
+    DuplicateType {
+        path: PathBuf,
+        name: String,
+        first: String,
+    },
+    #[error("{}: a {kind} was registered with an empty type name. Give every type a stable, unique, non-empty name", path.display())]
+    EmptyTypeName { path: PathBuf, kind: &'static str },
+    #[error("{}: type `{name}`: {problem}", path.display())]
+    InvalidDefinition {
+        path: PathBuf,
+        name: String,
+        problem: String,
+    },
+}

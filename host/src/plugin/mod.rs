@@ -1,0 +1,44 @@
+//! The plugin boundary: the only part of the host that holds raw ABI values, calls into
+//! plugin code, or implements an `extern "C"` function. Everything above it sees safe
+//! Rust types.
+//!
+//! - [`library`]: the loader (checksum, `dlopen`, entry symbol, registration).
+//! - [`abi_checks`]: the descriptor checks that run before any plugin code but the entry
+//!   symbol; [`load_error`] has one variant per check.
+//! - [`registrar`]: the host side of `on_register`.
+//! - [`component`]: component defs and the live instance handle the pipeline calls.
+//! - [`policy_def`]: policy defs, their validated factories and the builder.
+//! - [`params`], [`partition`], [`request`], [`columns`]: what crosses on each call, in
+//!   host form, and the ABI views made from it.
+//! - [`error_buffer`]: the buffer plugins write messages into, `CallError`, and the panic
+//!   guard of every host callback.
+//!
+//! Every call into plugin code is one `unsafe` block with a `SAFETY:` note; every host
+//! `extern "C"` function runs inside `host_guard`, so nothing unwinds into C.
+#![deny(unsafe_op_in_unsafe_fn)]
+#![warn(clippy::undocumented_unsafe_blocks)]
+
+pub mod abi_checks;
+pub mod columns;
+pub mod component;
+pub mod error_buffer;
+pub mod library;
+pub mod load_error;
+pub mod params;
+pub mod partition;
+pub mod policy_def;
+pub mod registrar;
+pub mod request;
+
+pub use abi_checks::{PluginInfo, RevisionRule, HOST_ABI_MINOR};
+pub use columns::{builtin_filter, builtin_pick, builtin_score, Columns};
+pub use component::{ComponentDef, ComponentInstance, ComponentKind};
+pub use error_buffer::{CallError, ErrorBuffer};
+pub use library::{load, LoadedLibrary, LoadedPlugin, PluginSpec};
+pub use load_error::LoadError;
+pub use params::OwnedParams;
+pub use partition::PartitionKey;
+pub use policy_def::{BuiltComponent, PolicyDef, PolicyFactory};
+pub use registrar::Registered;
+pub use request::{AbiRequest, InputTriggerName, RequestContext, SessionInfo};
+pub use switchyard_plugin_sdk::Status;

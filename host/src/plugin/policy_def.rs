@@ -1,0 +1,221 @@
+//! Plugin policy types: the def a plugin registered, the factory its `on_validate` made
+//! from an instance's parameters, and the builder its `on_build` adds components to.
+
+use std::ffi::c_void;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use switchyard_plugin_sdk::abi::*;
+use switchyard_plugin_sdk::{write_error, Status, WorkerInputs};
+
+use super::abi_checks::{copy_sized, min_policy_def_size};
+use super::component::{c_string, ComponentDef, ComponentInstance, ComponentKind};
+use super::error_buffer::{host_guard, CallError, ErrorBuffer};
+use super::load_error::LoadError;
+use super::params::OwnedParams;
+use super::partition::PartitionKey;
+
+/// A policy def copied from a plugin; `on_validate` and `on_build` are known to be set.
+pub struct PolicyDef {
+    def: switchyard_policy_def,
+    abi_minor: u16,
+    path: PathBuf,
+}
+
+// SAFETY: the def holds function pointers and a `user_data` the plugin promises valid for
+// the library's lifetime and usable from any thread (docs/ABI.md).
+unsafe impl Send for PolicyDef {}
+// SAFETY: as for Send; the host never mutates a def after copying it.
+unsafe impl Sync for PolicyDef {}
+
+impl PolicyDef {
+    /// Validates and copies a def handed over by a plugin of ABI `1.abi_minor`.
+    ///
+    /// # Safety
+    /// `def` must be NULL or point to at least its declared `struct_size` bytes, with
+    /// `type_name` NULL or NUL-terminated.
+    pub(super) unsafe fn read(
+        path: &Path,
+        abi_minor: u16,
+        def: *const switchyard_policy_def,
+    ) -> Result<(String, PolicyDef), LoadError> {
+        // SAFETY: per this function's contract.
+        let head = unsafe { def.as_ref() }.ok_or_else(|| LoadError::InvalidDefinition {
+            path: path.to_owned(),
+            name: "?".into(),
+            problem: "the policy def pointer is NULL".into(),
+        })?;
+        let required = min_policy_def_size(abi_minor);
+        if (head.struct_size as usize) < required {
+            return Err(LoadError::TruncatedStruct {
+                path: path.to_owned(),
+                what: "switchyard_policy_def",
+                found: head.struct_size as usize,
+                required,
+                minor: abi_minor,
+            });
+        }
+        // SAFETY: the plugin declared `struct_size` readable bytes.
+        let mut def = unsafe { copy_sized(def, head.struct_size as usize) };
+        // SAFETY: per this function's contract.
+        let name = unsafe { c_string(def.type_name) };
+        def.type_name = std::ptr::null();
+        Ok((
+            name,
+            PolicyDef {
+                def,
+                abi_minor,
+                path: path.to_owned(),
+            },
+        ))
+    }
+
+    /// Whether the def sets the callbacks every policy needs.
+    pub(super) fn is_complete(&self) -> bool {
+        self.def.on_validate.is_some() && self.def.on_build.is_some()
+    }
+
+    /// Validates an instance's parameters once (`on_validate`); the factory then builds
+    /// one policy per partition.
+    pub fn validate(self: &Arc<Self>, params: &OwnedParams) -> Result<PolicyFactory, CallError> {
+        let on_validate = self.def.on_validate.ok_or_else(|| {
+            CallError::new(Status::InvalidArgument, "the policy has no on_validate")
+        })?;
+        let mut factory: *mut c_void = std::ptr::null_mut();
+        let mut error = ErrorBuffer::new();
+        let code = params.with_abi(|p| {
+            // SAFETY: `user_data` is the plugin's for this def; the params and the error
+            // buffer live for the call; `factory` is a writable slot.
+            unsafe { on_validate(self.def.user_data, p, &mut factory, &error.as_abi()) }
+        });
+        error.check(code)?;
+        Ok(PolicyFactory {
+            def: self.clone(),
+            factory: Mutex::new(FactoryHandle(factory)),
+        })
+    }
+}
+
+struct FactoryHandle(*mut c_void);
+// SAFETY: a factory is used by one thread at a time (behind a Mutex), as the ABI allows.
+unsafe impl Send for FactoryHandle {}
+
+/// A plugin policy validated for one instance's parameters.
+pub struct PolicyFactory {
+    def: Arc<PolicyDef>,
+    factory: Mutex<FactoryHandle>,
+}
+
+/// A component a plugin policy added while building one partition.
+pub struct BuiltComponent {
+    pub name: String,
+    pub kind: ComponentKind,
+    pub inputs: WorkerInputs,
+    pub instance: ComponentInstance,
+    pub weight: f64,
+}
+
+impl PolicyFactory {
+    /// Builds the components (filters and scorers in order, one picker) for `partition`.
+    /// `on_build` returning OK although the host refused a component it added is an
+    /// error too: the operator's component would silently be missing.
+    pub fn build(&self, partition: &PartitionKey) -> Result<Vec<BuiltComponent>, CallError> {
+        let factory = self.factory.lock();
+        let on_build =
+            self.def.def.on_build.ok_or_else(|| {
+                CallError::new(Status::InvalidArgument, "the policy has no on_build")
+            })?;
+        let mut context = BuildContext {
+            path: &self.def.path,
+            abi_minor: self.def.abi_minor,
+            built: Vec::new(),
+            refused: None,
+        };
+        let builder = switchyard_policy_builder {
+            struct_size: std::mem::size_of::<switchyard_policy_builder>() as u32,
+            host_data: std::ptr::from_mut(&mut context).cast(),
+            callback_add_component: Some(add_component),
+        };
+        let mut error = ErrorBuffer::new();
+        let code = partition.with_abi(|part| {
+            // SAFETY: the factory came from this def's on_validate and is used by one
+            // thread (the lock); builder, partition and error buffer outlive the call.
+            unsafe { on_build(factory.0, part, &builder, &error.as_abi()) }
+        });
+        error.check(code)?;
+        match context.refused {
+            Some(refused) => Err(CallError::new(
+                Status::InvalidArgument,
+                format!(
+                    "on_build returned OK, but the router refused a component it added: {refused}"
+                ),
+            )),
+            None => Ok(context.built),
+        }
+    }
+}
+
+impl Drop for PolicyFactory {
+    fn drop(&mut self) {
+        if let Some(destroy) = self.def.def.on_destroy_factory {
+            // SAFETY: the factory came from this def's on_validate; this is its last use.
+            unsafe { destroy(self.factory.get_mut().0) };
+        }
+    }
+}
+
+/// Collects the components a plugin policy adds during one `on_build` call.
+struct BuildContext<'a> {
+    path: &'a Path,
+    abi_minor: u16,
+    built: Vec<BuiltComponent>,
+    /// The first component the host refused, kept even if the plugin ignores the status.
+    refused: Option<LoadError>,
+}
+
+/// `callback_add_component`: the host side of the builder.
+///
+/// # Safety
+/// Called by the plugin during `on_build`, with the builder it was handed.
+unsafe extern "C" fn add_component(
+    builder: *const switchyard_policy_builder,
+    def: *const switchyard_component_def,
+    instance: *mut c_void,
+    weight: f64,
+    error: *const switchyard_error,
+) -> i32 {
+    host_guard(Some(error), Status::InvalidArgument.code(), || {
+        // SAFETY: `builder` is the one `PolicyFactory::build` made for this on_build call
+        // (or NULL); its host_data is that call's context.
+        let context = unsafe {
+            builder
+                .as_ref()
+                .and_then(|b| b.host_data.cast::<BuildContext<'_>>().as_mut())
+        };
+        let Some(context) = context else {
+            return Status::InvalidArgument.code();
+        };
+        // SAFETY: the plugin hands over a def of its declared size.
+        match unsafe { ComponentDef::read(context.path, context.abi_minor, def, false) } {
+            Ok((name, def)) => {
+                context.built.push(BuiltComponent {
+                    name,
+                    kind: def.kind(),
+                    inputs: def.inputs(),
+                    instance: def.adopt(instance),
+                    weight,
+                });
+                Status::Ok.code()
+            }
+            Err(e) => {
+                // The host owns `instance` whatever the status; without a usable def it
+                // can only be leaked, which the message says.
+                // SAFETY: `error` is the buffer the plugin passed to this callback.
+                unsafe { write_error(error, &format!("{e} (the instance is leaked)")) };
+                context.refused.get_or_insert(e);
+                Status::InvalidArgument.code()
+            }
+        }
+    })
+}

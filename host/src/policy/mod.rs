@@ -1,0 +1,16 @@
+//! Policies: the registry of component and policy types, the built-in ones, configured
+//! instances, and the filter -> score -> pick pipeline they run. Plugin code is reached
+//! only through the [`crate::plugin`] boundary.
+
+pub mod builtin;
+pub mod candidates;
+pub mod error;
+pub mod instances;
+pub mod pipeline;
+pub mod registry;
+
+pub use candidates::{CandidateRow, Candidates};
+pub use error::{BuildError, Refusal};
+pub use instances::{ComponentUse, InstanceFactory, InstanceKind};
+pub use pipeline::{Policy, SelectError, Selector, Stage, StageImpl, StageStats};
+pub use registry::{ComponentType, Origin, PolicyFactory, PolicyType, Registry};

@@ -1,0 +1,411 @@
+//! The filter -> score -> pick pipeline of one policy instance.
+//!
+//! One crossing per component per request, over all candidates at once; the candidate
+//! arrays, masks and cost vectors are buffers owned by the instance and reused, so the
+//! per-request path allocates nothing once the buffers have grown to the fleet size.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use switchyard_plugin_sdk::{
+    PolicyError, Status, WorkerFilter, WorkerId, WorkerInputs, WorkerPicker, WorkerScorer,
+};
+
+use super::candidates::{CandidateRow, Candidates};
+use super::error::BuildError;
+use crate::plugin::{
+    builtin_filter, builtin_pick, builtin_score, AbiRequest, CallError, Columns, ComponentInstance,
+    ComponentKind, ErrorBuffer, RequestContext,
+};
+
+/// How a stage runs: a built-in trait object, called directly, or a plugin instance,
+/// called through the C ABI.
+pub enum StageImpl {
+    Filter(Box<dyn WorkerFilter>),
+    Scorer(Box<dyn WorkerScorer>),
+    Picker(Box<dyn WorkerPicker>),
+    Plugin(ComponentInstance),
+}
+
+/// Per-stage counters, read by metrics.
+#[derive(Default, Clone, Copy, Debug)]
+pub struct StageStats {
+    pub calls: u64,
+    pub errors: u64,
+    pub nanos: u64,
+}
+
+/// One component instance in a policy.
+pub struct Stage {
+    pub name: Arc<str>,
+    pub kind: ComponentKind,
+    pub inputs: WorkerInputs,
+    imp: StageImpl,
+    pub stats: StageStats,
+}
+
+impl Stage {
+    pub fn new(name: Arc<str>, kind: ComponentKind, inputs: WorkerInputs, imp: StageImpl) -> Self {
+        Stage {
+            name,
+            kind,
+            inputs,
+            imp,
+            stats: StageStats::default(),
+        }
+    }
+
+    fn filter(
+        &mut self,
+        request: &AbiRequest<'_>,
+        columns: &Columns<'_>,
+        keep: &mut [u8],
+        error: &mut ErrorBuffer,
+    ) -> Result<(), CallError> {
+        let inputs = self.inputs;
+        match &mut self.imp {
+            StageImpl::Filter(filter) => {
+                builtin_filter(filter.as_mut(), request, columns, inputs, keep)
+                    .map_err(builtin_failure)
+            }
+            StageImpl::Plugin(p) => p.filter(request, columns, keep, error),
+            _ => Err(wrong_kind(ComponentKind::Filter)),
+        }
+    }
+
+    fn score(
+        &mut self,
+        request: &AbiRequest<'_>,
+        columns: &Columns<'_>,
+        costs: &mut [f64],
+        error: &mut ErrorBuffer,
+    ) -> Result<(), CallError> {
+        let inputs = self.inputs;
+        match &mut self.imp {
+            StageImpl::Scorer(scorer) => {
+                builtin_score(scorer.as_mut(), request, columns, inputs, costs)
+                    .map_err(builtin_failure)
+            }
+            StageImpl::Plugin(p) => p.score(request, columns, costs, error),
+            _ => Err(wrong_kind(ComponentKind::Scorer)),
+        }
+    }
+
+    fn pick(
+        &mut self,
+        request: &AbiRequest<'_>,
+        columns: &Columns<'_>,
+        error: &mut ErrorBuffer,
+    ) -> Result<usize, CallError> {
+        let inputs = self.inputs;
+        match &mut self.imp {
+            StageImpl::Picker(picker) => {
+                builtin_pick(picker.as_mut(), request, columns, inputs).map_err(builtin_failure)
+            }
+            StageImpl::Plugin(p) => p.pick(request, columns, error),
+            _ => Err(wrong_kind(ComponentKind::Picker)),
+        }
+    }
+
+    fn kind_matches(&self) -> bool {
+        match &self.imp {
+            StageImpl::Plugin(instance) => instance.kind() == self.kind,
+            _ => matches!(
+                (&self.imp, self.kind),
+                (StageImpl::Filter(_), ComponentKind::Filter)
+                    | (StageImpl::Scorer(_), ComponentKind::Scorer)
+                    | (StageImpl::Picker(_), ComponentKind::Picker)
+            ),
+        }
+    }
+}
+
+fn builtin_failure(e: PolicyError) -> CallError {
+    CallError::new(Status::Error, e.to_string())
+}
+
+fn wrong_kind(called_as: ComponentKind) -> CallError {
+    CallError::new(
+        Status::InvalidArgument,
+        format!(
+            "a component that is not a {} was called as one",
+            called_as.as_str()
+        ),
+    )
+}
+
+/// Why a selection failed. Every variant names the component at fault, if any.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum SelectError {
+    #[error("no eligible worker in the partition")]
+    NoCandidates,
+    #[error("filter `{component}` rejected every worker")]
+    AllFiltered { component: Arc<str> },
+    #[error("{kind} `{component}` failed ({}): {message}", status.name())]
+    ComponentFailed {
+        component: Arc<str>,
+        kind: &'static str,
+        status: Status,
+        message: String,
+    },
+    #[error("scorer `{component}` gave a non-finite {what} {value} for worker {} (dp_rank {}); scorers must return finite costs", worker.worker_id, worker.dp_rank)]
+    NonFiniteCost {
+        component: Arc<str>,
+        what: &'static str,
+        value: f64,
+        worker: WorkerId,
+    },
+    #[error("picker `{component}` returned row {row}, but there are {count} candidates")]
+    RowOutOfRange {
+        component: Arc<str>,
+        row: usize,
+        count: usize,
+    },
+}
+
+impl SelectError {
+    /// The component at fault, if a component is.
+    pub fn component(&self) -> Option<&str> {
+        match self {
+            SelectError::NoCandidates => None,
+            SelectError::AllFiltered { component }
+            | SelectError::ComponentFailed { component, .. }
+            | SelectError::NonFiniteCost { component, .. }
+            | SelectError::RowOutOfRange { component, .. } => Some(component),
+        }
+    }
+    /// True when the request simply had nowhere to go (not a plugin fault).
+    pub fn is_no_worker(&self) -> bool {
+        matches!(
+            self,
+            SelectError::NoCandidates | SelectError::AllFiltered { .. }
+        )
+    }
+}
+
+/// One policy instance: its stages and the buffers they reuse.
+pub struct Policy {
+    filters: Vec<Stage>,
+    /// Per filter: the groups some later stage reads (what compaction must keep).
+    needed_after: Vec<WorkerInputs>,
+    scorers: Vec<(Stage, f64)>,
+    picker: Stage,
+    inputs: WorkerInputs,
+    keep: Vec<u8>,
+    contribution: Vec<f64>,
+    total: Vec<f64>,
+    error: ErrorBuffer,
+}
+
+impl Policy {
+    /// Assembles a policy from stages: filters and scorers in order, exactly one picker.
+    pub fn new(stages: Vec<(Stage, f64)>) -> Result<Self, BuildError> {
+        let mut filters = Vec::new();
+        let mut scorers = Vec::new();
+        let mut pickers = Vec::new();
+        for (stage, weight) in stages {
+            if !stage.kind_matches() {
+                return Err(BuildError::WrongKind {
+                    component: stage.name.to_string(),
+                    expected: stage.kind.as_str(),
+                });
+            }
+            match stage.kind {
+                ComponentKind::Filter => filters.push(stage),
+                ComponentKind::Scorer if !weight.is_finite() => {
+                    return Err(BuildError::NonFiniteWeight {
+                        component: stage.name.to_string(),
+                        weight,
+                    })
+                }
+                ComponentKind::Scorer => scorers.push((stage, weight)),
+                ComponentKind::Picker => pickers.push(stage),
+            }
+        }
+        if pickers.len() != 1 {
+            return Err(BuildError::PickerCount {
+                found: pickers.len(),
+            });
+        }
+        let picker = pickers.remove(0);
+        let inputs = filters
+            .iter()
+            .chain(scorers.iter().map(|(s, _)| s))
+            .chain(std::iter::once(&picker))
+            .fold(WorkerInputs::NONE, |acc, s| acc | s.inputs);
+        let later = |from: usize| {
+            filters[from..]
+                .iter()
+                .chain(scorers.iter().map(|(s, _)| s))
+                .chain(std::iter::once(&picker))
+                .fold(WorkerInputs::NONE, |acc, s| acc | s.inputs)
+        };
+        let needed_after = (0..filters.len()).map(|i| later(i + 1)).collect();
+        Ok(Policy {
+            filters,
+            needed_after,
+            scorers,
+            picker,
+            inputs,
+            keep: Vec::new(),
+            contribution: Vec::new(),
+            total: Vec::new(),
+            error: ErrorBuffer::new(),
+        })
+    }
+
+    /// The union of the groups its components read: what the router must compute.
+    pub fn inputs(&self) -> WorkerInputs {
+        self.inputs
+    }
+
+    /// Every stage, in pipeline order.
+    pub fn stages(&self) -> impl Iterator<Item = &Stage> {
+        self.filters
+            .iter()
+            .chain(self.scorers.iter().map(|(s, _)| s))
+            .chain(std::iter::once(&self.picker))
+    }
+
+    /// Scorers with their weights.
+    pub fn weights(&self) -> impl Iterator<Item = (&str, f64)> {
+        self.scorers.iter().map(|(s, w)| (&*s.name, *w))
+    }
+
+    /// Runs filters, scorers and the picker over `candidates` (compacted in place by the
+    /// filters). Returns the chosen row of the compacted set.
+    pub fn select(
+        &mut self,
+        request: &AbiRequest<'_>,
+        candidates: &mut Candidates,
+    ) -> Result<usize, SelectError> {
+        if candidates.is_empty() {
+            return Err(SelectError::NoCandidates);
+        }
+        for (filter, &still_needed) in self.filters.iter_mut().zip(&self.needed_after) {
+            self.keep.clear();
+            self.keep.resize(candidates.len(), 1);
+            let columns = candidates.columns(None);
+            timed(filter, |stage| {
+                stage.filter(request, &columns, &mut self.keep, &mut self.error)
+            })
+            .map_err(|f| failed(filter, f))?;
+            if self.keep.iter().all(|&k| k != 0) {
+                continue;
+            }
+            candidates.retain(&self.keep, still_needed);
+            if candidates.is_empty() {
+                return Err(SelectError::AllFiltered {
+                    component: filter.name.clone(),
+                });
+            }
+        }
+        let count = candidates.len();
+        self.total.clear();
+        self.total.resize(count, 0.0);
+        for (scorer, weight) in &mut self.scorers {
+            self.contribution.clear();
+            self.contribution.resize(count, f64::NAN);
+            let columns = candidates.columns(None);
+            timed(scorer, |stage| {
+                stage.score(request, &columns, &mut self.contribution, &mut self.error)
+            })
+            .map_err(|f| failed(scorer, f))?;
+            for row in 0..count {
+                let cost = self.contribution[row];
+                let total = self.total[row] + *weight * cost;
+                let bad = if !cost.is_finite() {
+                    Some(("cost", cost))
+                } else if !total.is_finite() {
+                    Some(("running total", total))
+                } else {
+                    None
+                };
+                if let Some((what, value)) = bad {
+                    scorer.stats.errors += 1;
+                    return Err(SelectError::NonFiniteCost {
+                        component: scorer.name.clone(),
+                        what,
+                        value,
+                        worker: candidates.worker(row),
+                    });
+                }
+                self.total[row] = total;
+            }
+        }
+        let columns = candidates.columns(Some(&self.total));
+        let row = timed(&mut self.picker, |stage| {
+            stage.pick(request, &columns, &mut self.error)
+        })
+        .map_err(|f| failed(&mut self.picker, f))?;
+        if row >= count {
+            self.picker.stats.errors += 1;
+            return Err(SelectError::RowOutOfRange {
+                component: self.picker.name.clone(),
+                row,
+                count,
+            });
+        }
+        Ok(row)
+    }
+
+    /// Total cost per row of the last selection (after filtering).
+    pub fn last_costs(&self) -> &[f64] {
+        &self.total
+    }
+}
+
+fn timed<T>(
+    stage: &mut Stage,
+    call: impl FnOnce(&mut Stage) -> Result<T, CallError>,
+) -> Result<T, CallError> {
+    let start = Instant::now();
+    let result = call(stage);
+    stage.stats.calls += 1;
+    stage.stats.nanos += start.elapsed().as_nanos() as u64;
+    result
+}
+
+fn failed(stage: &mut Stage, failure: CallError) -> SelectError {
+    stage.stats.errors += 1;
+    SelectError::ComponentFailed {
+        component: stage.name.clone(),
+        kind: stage.kind.as_str(),
+        status: failure.status,
+        message: failure.message,
+    }
+}
+
+/// A policy with its candidate buffers: what one partition holds, and the unit of
+/// selection for the router, `switchyard select` and tests.
+pub struct Selector {
+    pub policy: Policy,
+    candidates: Candidates,
+}
+
+impl Selector {
+    pub fn new(policy: Policy) -> Self {
+        Selector {
+            policy,
+            candidates: Candidates::default(),
+        }
+    }
+
+    /// The groups the router must compute for this policy.
+    pub fn inputs(&self) -> WorkerInputs {
+        self.policy.inputs()
+    }
+
+    /// Runs the pipeline over `rows` for `request`; returns the chosen worker.
+    pub fn select<I>(&mut self, request: &RequestContext, rows: I) -> Result<WorkerId, SelectError>
+    where
+        I: IntoIterator<Item = CandidateRow>,
+        I::IntoIter: ExactSizeIterator,
+    {
+        self.candidates.fill(self.policy.inputs(), rows);
+        let (policy, candidates) = (&mut self.policy, &mut self.candidates);
+        request
+            .with_abi(|raw| policy.select(raw, candidates))
+            .map(|row| candidates.worker(row))
+    }
+}

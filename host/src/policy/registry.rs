@@ -1,0 +1,300 @@
+//! The registry of component and policy types, built-in and from plugins, and the code
+//! that turns a type plus parameters into live instances (`Stage`s).
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use switchyard_plugin_sdk::{Params, Partition, PolicyError, PolicyParts, WorkerInputs};
+
+use super::error::{BuildError, Refusal};
+use super::pipeline::{Stage, StageImpl};
+use crate::plugin::{
+    self, ComponentDef, ComponentKind, LoadError, LoadedPlugin, OwnedParams, PartitionKey,
+    PluginSpec, PolicyDef,
+};
+
+/// Where a type comes from.
+#[derive(Clone, Debug)]
+pub enum Origin {
+    Builtin,
+    Plugin { path: PathBuf, plugin: String },
+}
+
+impl fmt::Display for Origin {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Origin::Builtin => f.write_str("the router (built-in)"),
+            Origin::Plugin { path, plugin } => write!(f, "plugin `{plugin}` ({})", path.display()),
+        }
+    }
+}
+
+/// Builds a built-in component from its parameters.
+pub type BuiltinComponentFn = fn(&Params<'_>, &Partition<'_>) -> Result<StageImpl, PolicyError>;
+/// Builds a built-in policy's per-partition factory from its parameters.
+pub type BuiltinPolicyFn = fn(&Params<'_>) -> Result<Box<BuildFn>, PolicyError>;
+/// Builds the parts of one partition's policy.
+pub type BuildFn = dyn FnMut(&Partition<'_>) -> Result<PolicyParts, PolicyError> + Send;
+
+enum ComponentSource {
+    Builtin(BuiltinComponentFn),
+    Plugin(ComponentDef),
+}
+
+/// A registered filter, scorer or picker type.
+pub struct ComponentType {
+    pub name: String,
+    pub kind: ComponentKind,
+    pub inputs: WorkerInputs,
+    pub origin: Origin,
+    source: ComponentSource,
+}
+
+impl ComponentType {
+    /// Creates an instance for `partition`.
+    pub fn create(
+        &self,
+        params: &OwnedParams,
+        partition: &PartitionKey,
+    ) -> Result<Stage, BuildError> {
+        let refused = |refusal: Refusal| BuildError::Create {
+            component: self.name.clone(),
+            refusal,
+        };
+        let imp = match &self.source {
+            ComponentSource::Builtin(create) => params
+                .with_view(|p| create(p, &partition.view()))
+                .map_err(|e| refused(e.into()))?,
+            ComponentSource::Plugin(def) => StageImpl::Plugin(
+                def.create(params, partition)
+                    .map_err(|e| refused(e.into()))?,
+            ),
+        };
+        Ok(Stage::new(
+            Arc::from(self.name.as_str()),
+            self.kind,
+            self.inputs,
+            imp,
+        ))
+    }
+}
+
+enum PolicySource {
+    Builtin(BuiltinPolicyFn),
+    Plugin(Arc<PolicyDef>),
+}
+
+/// A registered policy type.
+pub struct PolicyType {
+    pub name: String,
+    pub origin: Origin,
+    source: PolicySource,
+}
+
+impl PolicyType {
+    /// Validates the parameters once; the factory then builds one policy per partition.
+    pub fn validate(&self, params: &OwnedParams) -> Result<PolicyFactory, BuildError> {
+        let refused = |refusal: Refusal| BuildError::Validate {
+            policy_type: self.name.clone(),
+            refusal,
+        };
+        match &self.source {
+            PolicySource::Builtin(provider) => {
+                let build = params
+                    .with_view(|p| provider(p))
+                    .map_err(|e| refused(e.into()))?;
+                Ok(PolicyFactory::Builtin {
+                    name: self.name.clone(),
+                    build: Mutex::new(build),
+                })
+            }
+            PolicySource::Plugin(def) => Ok(PolicyFactory::Plugin {
+                name: self.name.clone(),
+                factory: def.validate(params).map_err(|e| refused(e.into()))?,
+            }),
+        }
+    }
+}
+
+/// A validated policy: builds the stages of each partition's instance.
+pub enum PolicyFactory {
+    Builtin {
+        name: String,
+        build: Mutex<Box<BuildFn>>,
+    },
+    Plugin {
+        name: String,
+        factory: plugin::PolicyFactory,
+    },
+}
+
+impl PolicyFactory {
+    /// Builds the stages (filters and scorers in order, one picker) for one partition.
+    pub fn build(&self, partition: &PartitionKey) -> Result<Vec<(Stage, f64)>, BuildError> {
+        match self {
+            PolicyFactory::Builtin { name, build } => {
+                let mut build = build.lock().unwrap_or_else(|e| e.into_inner());
+                let parts = build(&partition.view()).map_err(|e| BuildError::Build {
+                    policy_type: name.clone(),
+                    refusal: e.into(),
+                })?;
+                Ok(super::builtin::stages_of(name, parts))
+            }
+            PolicyFactory::Plugin { name, factory } => {
+                let built = factory.build(partition).map_err(|e| BuildError::Build {
+                    policy_type: name.clone(),
+                    refusal: e.into(),
+                })?;
+                Ok(built
+                    .into_iter()
+                    .map(|c| {
+                        let stage = Stage::new(
+                            Arc::from(c.name),
+                            c.kind,
+                            c.inputs,
+                            StageImpl::Plugin(c.instance),
+                        );
+                        (stage, c.weight)
+                    })
+                    .collect())
+            }
+        }
+    }
+}
+
+/// Every type the router knows, and the plugins they came from.
+#[derive(Default)]
+pub struct Registry {
+    components: BTreeMap<String, Arc<ComponentType>>,
+    policies: BTreeMap<String, Arc<PolicyType>>,
+    plugins: Vec<LoadedPlugin>,
+}
+
+impl Registry {
+    /// A registry with the built-in types.
+    pub fn with_builtins() -> Self {
+        let mut registry = Registry::default();
+        super::builtin::register(&mut registry);
+        registry
+    }
+
+    pub fn origin_of(&self, name: &str) -> Option<&Origin> {
+        self.components
+            .get(name)
+            .map(|c| &c.origin)
+            .or_else(|| self.policies.get(name).map(|p| &p.origin))
+    }
+
+    pub fn add_builtin_component(
+        &mut self,
+        name: &str,
+        kind: ComponentKind,
+        inputs: WorkerInputs,
+        create: BuiltinComponentFn,
+    ) {
+        self.components.insert(
+            name.to_owned(),
+            Arc::new(ComponentType {
+                name: name.to_owned(),
+                kind,
+                inputs,
+                origin: Origin::Builtin,
+                source: ComponentSource::Builtin(create),
+            }),
+        );
+    }
+
+    pub fn add_builtin_policy(&mut self, name: &str, provider: BuiltinPolicyFn) {
+        self.policies.insert(
+            name.to_owned(),
+            Arc::new(PolicyType {
+                name: name.to_owned(),
+                origin: Origin::Builtin,
+                source: PolicySource::Builtin(provider),
+            }),
+        );
+    }
+
+    /// Loads one plugin library and adds its types. A file already loaded into this
+    /// registry is skipped (its checksum is still verified).
+    pub fn load_plugin(&mut self, spec: &PluginSpec) -> Result<(), LoadError> {
+        let canonical = plugin::library::canonical(&spec.path)?;
+        let already = self
+            .plugins
+            .iter()
+            .any(|p| std::fs::canonicalize(&p.path).ok().as_ref() == Some(&canonical));
+        if already {
+            plugin::library::verify_pin(spec)?;
+            tracing::info!(path = %spec.path.display(), "plugin listed more than once; loaded once");
+            return Ok(());
+        }
+        let taken_by = |name: &str| self.origin_of(name).map(ToString::to_string);
+        let loaded = plugin::load(spec, &taken_by)?;
+        let origin = Origin::Plugin {
+            path: loaded.plugin.path.clone(),
+            plugin: loaded.plugin.info.name.clone(),
+        };
+        for (name, def) in loaded.registered.components {
+            let (kind, inputs) = (def.kind(), def.inputs());
+            let source = ComponentSource::Plugin(def);
+            let origin = origin.clone();
+            let component = ComponentType {
+                name: name.clone(),
+                kind,
+                inputs,
+                origin,
+                source,
+            };
+            self.components.insert(name, Arc::new(component));
+        }
+        for (name, def) in loaded.registered.policies {
+            let origin = origin.clone();
+            let source = PolicySource::Plugin(def);
+            self.policies.insert(
+                name.clone(),
+                Arc::new(PolicyType {
+                    name,
+                    origin,
+                    source,
+                }),
+            );
+        }
+        self.plugins.push(loaded.plugin);
+        Ok(())
+    }
+
+    pub fn plugins(&self) -> &[LoadedPlugin] {
+        &self.plugins
+    }
+
+    pub fn component(&self, name: &str) -> Option<&Arc<ComponentType>> {
+        self.components.get(name)
+    }
+
+    pub fn policy(&self, name: &str) -> Option<&Arc<PolicyType>> {
+        self.policies.get(name)
+    }
+
+    pub fn components(&self) -> impl Iterator<Item = &Arc<ComponentType>> {
+        self.components.values()
+    }
+
+    pub fn policies(&self) -> impl Iterator<Item = &Arc<PolicyType>> {
+        self.policies.values()
+    }
+
+    /// Every registered type name of `kind` (None: policies), for "unknown type" errors.
+    pub fn names_of(&self, kind: Option<ComponentKind>) -> Vec<&str> {
+        match kind {
+            None => self.policies.keys().map(String::as_str).collect(),
+            Some(kind) => self
+                .components
+                .values()
+                .filter(|c| c.kind == kind)
+                .map(|c| c.name.as_str())
+                .collect(),
+        }
+    }
+}

@@ -1,0 +1,5 @@
+//! Operator tools built on the library: what `check` and `plugin inspect` print, and
+//! trace replay against simulated workers.
+
+pub mod replay;
+pub mod summary;

@@ -1,0 +1,656 @@
+//! Trace replay: a request trace (Mooncake format) against simulated workers, through the
+//! real router and the named policy instances, one policy at a time.
+//!
+//! The simulation model (docs/BENCHMARKS.md):
+//! - each worker has a prefix cache of `cache_blocks` blocks with LRU eviction; a request's
+//!   cache hit is the contiguous prefix of its blocks present on its worker when routed;
+//! - a worker prefills one request at a time at `prefill_tokens_per_s`, first come first
+//!   served; a request's time to first token is its queueing plus its prefill of the
+//!   tokens not covered by the hit;
+//! - decode runs beside prefill and takes `output_length / decode_tokens_per_s` seconds;
+//! - when a prefill ends the worker stores the request's blocks (KV `stored` events, and
+//!   `removed` events for what LRU evicts) and the router hears prefill-complete; when
+//!   decode ends the router hears free.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+use std::fmt::Write as _;
+use std::num::NonZeroUsize;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use lru::LruCache;
+use serde::Deserialize;
+use switchyard_plugin_sdk::WorkerId;
+
+use crate::config::ConfigSource;
+use crate::fleet::kv_index::{KvEvent, Tier};
+use crate::fleet::router::{RouteError, RouteRequest, Router};
+use crate::fleet::workers::{WorkerRole, WorkerSpec};
+use crate::startup::start;
+
+/// The model name the simulated workers serve.
+const MODEL: &str = "replay";
+
+/// One request of a trace.
+#[derive(Clone, Debug, Deserialize)]
+pub struct TraceRequest {
+    /// Arrival, in milliseconds.
+    pub timestamp: u64,
+    pub input_length: u64,
+    pub output_length: u64,
+    /// Prefix block hashes, one per block of `block_size` tokens.
+    pub hash_ids: Vec<u64>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    #[error("{}: cannot read the trace: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}:{line}: not a trace request: {message}. Each line must be a JSON object with timestamp (ms), input_length, output_length and hash_ids", path.display())]
+    Parse {
+        path: PathBuf,
+        line: usize,
+        message: String,
+    },
+    #[error("{}: the trace has no requests", path.display())]
+    Empty { path: PathBuf },
+    #[error("{}:{line}: timestamps go backwards ({previous} ms, then {found} ms); sort the trace by timestamp", path.display())]
+    Unsorted {
+        path: PathBuf,
+        line: usize,
+        previous: u64,
+        found: u64,
+    },
+    #[error("policy `{policy}`: {error}")]
+    Route { policy: String, error: RouteError },
+    #[error("{0}")]
+    Setup(String),
+}
+
+/// Reads a JSON-lines trace; blank lines are skipped.
+pub fn read_trace(path: &Path) -> Result<Vec<TraceRequest>, ReplayError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ReplayError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    let mut requests: Vec<TraceRequest> = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let request: TraceRequest = serde_json::from_str(line).map_err(|e| ReplayError::Parse {
+            path: path.to_owned(),
+            line: i + 1,
+            message: e.to_string(),
+        })?;
+        if let Some(previous) = requests
+            .last()
+            .map(|r| r.timestamp)
+            .filter(|&p| p > request.timestamp)
+        {
+            return Err(ReplayError::Unsorted {
+                path: path.to_owned(),
+                line: i + 1,
+                previous,
+                found: request.timestamp,
+            });
+        }
+        requests.push(request);
+    }
+    if requests.is_empty() {
+        return Err(ReplayError::Empty {
+            path: path.to_owned(),
+        });
+    }
+    Ok(requests)
+}
+
+/// The simulated fleet.
+#[derive(Clone, Copy, Debug)]
+pub struct SimParams {
+    pub workers: usize,
+    pub cache_blocks: usize,
+    pub prefill_tokens_per_s: f64,
+    pub decode_tokens_per_s: f64,
+    pub block_size: u32,
+}
+
+/// What one policy did with the trace.
+#[derive(Clone, Debug)]
+pub struct PolicyReport {
+    pub policy: String,
+    pub requests: usize,
+    /// Prompt blocks served from the worker's prefix cache / all prompt blocks.
+    pub hit_rate: f64,
+    /// Mean over arrivals of max / mean active tokens per worker.
+    pub imbalance: f64,
+    pub ttft_p50_ms: f64,
+    pub ttft_p99_ms: f64,
+    /// Router calls (select-and-reserve) per second of router time.
+    pub selections_per_s: f64,
+    /// Requests routed by the built-in policy after the instance failed.
+    pub fallbacks: u64,
+}
+
+struct SimWorker {
+    cache: LruCache<u64, ()>,
+    prefill_free_at: f64,
+    active_tokens: u64,
+}
+
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+enum Phase {
+    PrefillDone,
+    DecodeDone,
+}
+
+/// A simulated event: time in microseconds (ordered), phase, request index.
+type Event = Reverse<(u64, Phase, usize)>;
+
+fn micros(seconds: f64) -> u64 {
+    (seconds * 1e6).round() as u64
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+/// One policy's run of the trace: the simulated workers, pending events and tallies.
+struct Simulation<'a> {
+    router: &'a Router,
+    trace: &'a [TraceRequest],
+    params: SimParams,
+    policy: &'a str,
+    workers: Vec<SimWorker>,
+    events: BinaryHeap<Event>,
+    /// Per request: the worker it was routed to.
+    assigned: Vec<usize>,
+    hit_blocks: u64,
+    total_blocks: u64,
+    ttfts: Vec<f64>,
+    imbalance_sum: f64,
+    router_time: Duration,
+}
+
+impl<'a> Simulation<'a> {
+    /// Registers `params.workers` simulated workers with the (fresh) router.
+    fn new(
+        router: &'a Router,
+        trace: &'a [TraceRequest],
+        params: SimParams,
+        policy: &'a str,
+    ) -> Result<Self, ReplayError> {
+        let capacity = NonZeroUsize::new(params.cache_blocks.max(1)).expect("non-zero");
+        let simulation = Simulation {
+            router,
+            trace,
+            params,
+            policy,
+            workers: (0..params.workers)
+                .map(|_| SimWorker {
+                    cache: LruCache::new(capacity),
+                    prefill_free_at: 0.0,
+                    active_tokens: 0,
+                })
+                .collect(),
+            events: BinaryHeap::new(),
+            assigned: vec![0; trace.len()],
+            hit_blocks: 0,
+            total_blocks: 0,
+            ttfts: Vec::with_capacity(trace.len()),
+            imbalance_sum: 0.0,
+            router_time: Duration::ZERO,
+        };
+        for id in 0..params.workers as u64 {
+            let spec = WorkerSpec {
+                model: MODEL.into(),
+                worker_id: id,
+                dp_rank: 0,
+                worker_type: WorkerRole::Aggregated,
+                total_kv_blocks: params.cache_blocks as u64,
+                max_batched_tokens: 8192,
+                labels: Default::default(),
+                preferred_taint_multiplier: None,
+            };
+            router.add_worker(spec).map_err(|e| simulation.failed(e))?;
+        }
+        Ok(simulation)
+    }
+
+    fn failed(&self, error: RouteError) -> ReplayError {
+        ReplayError::Route {
+            policy: self.policy.into(),
+            error,
+        }
+    }
+
+    /// Applies simulated events up to `now` (microseconds): a finished prefill stores its
+    /// blocks (KV events) and moves the booking to decode; a finished decode frees it.
+    fn advance(&mut self, now: u64) -> Result<(), ReplayError> {
+        while let Some(Reverse((at, _, _))) = self.events.peek() {
+            if *at > now {
+                break;
+            }
+            let Reverse((_, phase, index)) = self.events.pop().expect("peeked");
+            let request = &self.trace[index];
+            let w = self.assigned[index];
+            let id = index.to_string();
+            let result = match phase {
+                Phase::PrefillDone => {
+                    let kv = self.store(w, &request.hash_ids);
+                    let worker = WorkerId {
+                        worker_id: w as u64,
+                        dp_rank: 0,
+                    };
+                    self.router
+                        .kv_events(worker, &kv)
+                        .and_then(|()| self.router.prefill_complete(&id))
+                }
+                Phase::DecodeDone => {
+                    self.workers[w].active_tokens -= request.input_length + request.output_length;
+                    self.router.free(&id)
+                }
+            };
+            result.map_err(|e| self.failed(e))?;
+        }
+        Ok(())
+    }
+
+    /// Caches `hashes` on worker `w`; the KV events that say so (evictions first).
+    fn store(&mut self, w: usize, hashes: &[u64]) -> [KvEvent; 2] {
+        let cache = &mut self.workers[w].cache;
+        let mut stored = Vec::new();
+        let mut removed = Vec::new();
+        for &hash in hashes {
+            if cache.get(&hash).is_none() {
+                if let Some((evicted, ())) = cache.push(hash, ()) {
+                    if evicted != hash {
+                        removed.push(evicted);
+                    }
+                }
+                stored.push(hash);
+            }
+        }
+        [
+            KvEvent::Removed {
+                tier: Tier::Device,
+                block_hashes: removed,
+            },
+            KvEvent::Stored {
+                tier: Tier::Device,
+                parent_hash: None,
+                block_hashes: stored,
+            },
+        ]
+    }
+
+    /// Routes request `index` through the router and simulates its prefill and decode.
+    fn route(&mut self, index: usize) -> Result<(), ReplayError> {
+        let request = &self.trace[index];
+        let now = request.timestamp * 1000;
+        self.advance(now)?;
+        let route = RouteRequest {
+            model: MODEL.into(),
+            instance: Some(self.policy.into()),
+            block_hashes: Some(request.hash_ids.clone()),
+            request_id: Some(index.to_string()),
+            expected_output_tokens: Some(request.output_length),
+            tracks_prefill_tokens: true,
+            ..Default::default()
+        };
+        let started = Instant::now();
+        let decision = self
+            .router
+            .select_and_reserve(&route)
+            .map_err(|e| self.failed(e))?;
+        self.router_time += started.elapsed();
+        let w = decision.worker_id as usize;
+        self.assigned[index] = w;
+        let worker = &mut self.workers[w];
+
+        let hit = request
+            .hash_ids
+            .iter()
+            .take_while(|h| worker.cache.get(h).is_some())
+            .count() as u64;
+        self.hit_blocks += hit;
+        self.total_blocks += request.hash_ids.len() as u64;
+        let new_tokens = request
+            .input_length
+            .saturating_sub(hit * u64::from(self.params.block_size));
+        let arrival = now as f64 / 1e6;
+        let start = worker.prefill_free_at.max(arrival);
+        let prefill_end = start + new_tokens as f64 / self.params.prefill_tokens_per_s;
+        worker.prefill_free_at = prefill_end;
+        worker.active_tokens += request.input_length + request.output_length;
+        self.ttfts.push((prefill_end - arrival) * 1e3);
+        self.events
+            .push(Reverse((micros(prefill_end), Phase::PrefillDone, index)));
+        let decode_end =
+            prefill_end + request.output_length as f64 / self.params.decode_tokens_per_s;
+        self.events.push(Reverse((
+            micros(decode_end).max(micros(prefill_end) + 1),
+            Phase::DecodeDone,
+            index,
+        )));
+
+        let total: u64 = self.workers.iter().map(|w| w.active_tokens).sum();
+        let max = self
+            .workers
+            .iter()
+            .map(|w| w.active_tokens)
+            .max()
+            .unwrap_or(0);
+        if total > 0 {
+            self.imbalance_sum += max as f64 / (total as f64 / self.workers.len() as f64);
+        }
+        Ok(())
+    }
+
+    fn report(mut self, fallbacks: u64) -> PolicyReport {
+        self.ttfts.sort_by(f64::total_cmp);
+        let requests = self.trace.len();
+        PolicyReport {
+            policy: self.policy.into(),
+            requests,
+            hit_rate: if self.total_blocks == 0 {
+                0.0
+            } else {
+                self.hit_blocks as f64 / self.total_blocks as f64
+            },
+            imbalance: self.imbalance_sum / requests as f64,
+            ttft_p50_ms: percentile(&self.ttfts, 0.50),
+            ttft_p99_ms: percentile(&self.ttfts, 0.99),
+            selections_per_s: requests as f64 / self.router_time.as_secs_f64().max(1e-9),
+            fallbacks,
+        }
+    }
+}
+
+/// Replays `trace` through `router` (fresh, with no workers) using instance `policy`.
+pub fn replay(
+    router: &Router,
+    trace: &[TraceRequest],
+    params: SimParams,
+    policy: &str,
+    mut progress: impl FnMut(usize),
+) -> Result<PolicyReport, ReplayError> {
+    let fallbacks_before = router.metrics.fallbacks(policy);
+    let mut simulation = Simulation::new(router, trace, params, policy)?;
+    for index in 0..trace.len() {
+        simulation.route(index)?;
+        progress(index + 1);
+    }
+    simulation.advance(u64::MAX)?;
+    Ok(simulation.report(router.metrics.fallbacks(policy) - fallbacks_before))
+}
+
+pub fn csv(reports: &[PolicyReport]) -> String {
+    let mut out = String::from("policy,requests,prefix_hit_rate,load_imbalance,ttft_p50_ms,ttft_p99_ms,selections_per_s,fallbacks\n");
+    for r in reports {
+        let _ = writeln!(
+            out,
+            "{},{},{:.4},{:.3},{:.1},{:.1},{:.0},{}",
+            r.policy,
+            r.requests,
+            r.hit_rate,
+            r.imbalance,
+            r.ttft_p50_ms,
+            r.ttft_p99_ms,
+            r.selections_per_s,
+            r.fallbacks
+        );
+    }
+    out
+}
+
+pub fn table(reports: &[PolicyReport]) -> String {
+    let mut out = format!(
+        "{:<20} {:>9} {:>10} {:>10} {:>13} {:>13} {:>14}\n",
+        "policy", "requests", "hit rate", "imbalance", "TTFT p50 ms", "TTFT p99 ms", "selections/s"
+    );
+    for r in reports {
+        let _ = writeln!(
+            out,
+            "{:<20} {:>9} {:>9.1}% {:>10.2} {:>13.1} {:>13.1} {:>14.0}{}",
+            r.policy,
+            r.requests,
+            r.hit_rate * 100.0,
+            r.imbalance,
+            r.ttft_p50_ms,
+            r.ttft_p99_ms,
+            r.selections_per_s,
+            if r.fallbacks > 0 {
+                format!("  ({} fallbacks)", r.fallbacks)
+            } else {
+                String::new()
+            }
+        );
+    }
+    out
+}
+
+fn escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// Four bar charts side by side: hit rate, imbalance, TTFT p50 and p99, per policy.
+pub fn svg(reports: &[PolicyReport], title: &str) -> String {
+    type Panel = (&'static str, fn(&PolicyReport) -> f64, &'static str);
+    let panels: [Panel; 4] = [
+        ("prefix-cache hit rate", |r| r.hit_rate * 100.0, "%"),
+        ("load imbalance (max/mean)", |r| r.imbalance, ""),
+        ("TTFT p50", |r| r.ttft_p50_ms, " ms"),
+        ("TTFT p99", |r| r.ttft_p99_ms, " ms"),
+    ];
+    let colors = [
+        "#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7",
+    ];
+    let (panel_w, panel_h, top, bottom) = (260.0, 220.0, 60.0, 40.0);
+    let width = panel_w * panels.len() as f64 + 20.0;
+    let legend_h = 20.0 * reports.len() as f64 + 10.0;
+    let height = top + panel_h + bottom + legend_h;
+    let mut out = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"12\">\n\
+         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"10\" y=\"22\" font-size=\"15\">{}</text>\n",
+        escape(title)
+    );
+    for (p, (name, value, unit)) in panels.iter().enumerate() {
+        let x0 = 10.0 + p as f64 * panel_w;
+        let max = reports.iter().map(value).fold(0.0, f64::max).max(1e-9);
+        let bar_w = (panel_w - 40.0) / reports.len().max(1) as f64;
+        let _ = writeln!(
+            out,
+            "<text x=\"{}\" y=\"{}\" font-weight=\"bold\">{}</text>",
+            x0 + 10.0,
+            top - 12.0,
+            escape(name)
+        );
+        let _ = writeln!(
+            out,
+            "<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#888\"/>",
+            x0 + 10.0,
+            top + panel_h,
+            x0 + panel_w - 20.0,
+            top + panel_h
+        );
+        for (i, report) in reports.iter().enumerate() {
+            let v = value(report);
+            let h = v / max * (panel_h - 20.0);
+            let x = x0 + 15.0 + i as f64 * bar_w;
+            let y = top + panel_h - h;
+            let _ = writeln!(
+                out,
+                "<rect x=\"{x:.1}\" y=\"{y:.1}\" width=\"{:.1}\" height=\"{h:.1}\" fill=\"{}\"/>",
+                bar_w * 0.8,
+                colors[i % colors.len()]
+            );
+            let _ = writeln!(out, "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" font-size=\"10\">{v:.1}{unit}</text>", x + bar_w * 0.4, y - 4.0);
+        }
+    }
+    for (i, report) in reports.iter().enumerate() {
+        let y = top + panel_h + bottom + 20.0 * i as f64;
+        let _ = writeln!(
+            out,
+            "<rect x=\"10\" y=\"{:.1}\" width=\"12\" height=\"12\" fill=\"{}\"/>",
+            y - 10.0,
+            colors[i % colors.len()]
+        );
+        let _ = writeln!(
+            out,
+            "<text x=\"28\" y=\"{y:.1}\">{}</text>",
+            escape(&report.policy)
+        );
+    }
+    out.push_str("</svg>\n");
+    out
+}
+
+/// What `switchyard replay` takes.
+#[derive(clap::Args, Debug)]
+pub struct ReplayArgs {
+    /// The trace: one JSON object per line with timestamp (ms), input_length,
+    /// output_length and hash_ids.
+    #[arg(long)]
+    pub trace: PathBuf,
+    /// Simulated workers.
+    #[arg(long, default_value_t = 8)]
+    pub workers: usize,
+    /// Instance names to compare (repeat). Without --config: default, least-busy,
+    /// kv-overlap, load-only (built-in).
+    #[arg(long = "policy", required = true)]
+    pub policies: Vec<String>,
+    /// A config whose instances (and plugins) the policies name.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Prefix-cache capacity of each worker, in blocks.
+    #[arg(long, default_value_t = 4096)]
+    pub cache_blocks: usize,
+    /// Prefill throughput of each worker, tokens per second.
+    #[arg(long, default_value_t = 20_000.0)]
+    pub prefill_tps: f64,
+    /// Decode speed of each request, tokens per second.
+    #[arg(long, default_value_t = 40.0)]
+    pub decode_tps: f64,
+    /// Tokens per block of the trace's hash_ids.
+    #[arg(long, default_value_t = 512)]
+    pub block_size: u32,
+    /// Where to write the CSV.
+    #[arg(long, default_value = "replay.csv")]
+    pub csv: PathBuf,
+    /// Where to write the SVG chart.
+    #[arg(long, default_value = "replay.svg")]
+    pub svg: PathBuf,
+}
+
+/// Instances `replay` offers without --config: built-in policies only.
+const REPLAY_BUILTIN_CONFIG: &str = "worker_selection:
+  instances:
+    - {name: least-busy, type: builtin.least-busy}
+    - name: kv-overlap
+      scorers: [{type: builtin.kv-overlap}]
+      picker: {type: builtin.lowest-cost, parameters: {seed: 1}}
+    - name: load-only
+      scorers: [{type: builtin.active-requests}]
+      picker: {type: builtin.lowest-cost, parameters: {seed: 1}}
+";
+
+/// `switchyard replay`: every policy over the trace on a fresh router, a table on stdout,
+/// a CSV and an SVG chart.
+pub fn run(args: &ReplayArgs) -> Result<(), String> {
+    let ReplayArgs {
+        trace: ref trace_path,
+        workers,
+        ref policies,
+        ref config,
+        cache_blocks,
+        prefill_tps,
+        decode_tps,
+        block_size,
+        csv: ref csv_path,
+        svg: ref svg_path,
+    } = *args;
+    for (name, value) in [("--prefill-tps", prefill_tps), ("--decode-tps", decode_tps)] {
+        if !(value.is_finite() && value > 0.0) {
+            return Err(format!("{name} must be a positive number, got {value}"));
+        }
+    }
+    if workers == 0 || block_size == 0 || cache_blocks == 0 {
+        return Err("--workers, --block-size and --cache-blocks must be at least 1".into());
+    }
+    let trace = read_trace(trace_path).map_err(|e| e.to_string())?;
+    let params = SimParams {
+        workers,
+        cache_blocks,
+        prefill_tokens_per_s: prefill_tps,
+        decode_tokens_per_s: decode_tps,
+        block_size,
+    };
+    let fresh_router = || -> Result<Router, String> {
+        let source = match config {
+            Some(path) => ConfigSource::from_file(path),
+            None => ConfigSource::parse(
+                REPLAY_BUILTIN_CONFIG.into(),
+                "<replay built-in config>".into(),
+                PathBuf::new(),
+            ),
+        }
+        .map_err(|e| e.to_string())?;
+        let mut startup = start(source).map_err(|errors| {
+            errors
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join("\n")
+        })?;
+        startup.source.config.workers.clear();
+        startup.source.config.router.block_size = block_size;
+        if let Some(unknown) = policies.iter().find(|p| startup.instance(p).is_none()) {
+            let names: Vec<_> = startup.instances.iter().map(|i| i.name.as_str()).collect();
+            return Err(format!(
+                "--policy {unknown}: no such instance; available: {}",
+                names.join(", ")
+            ));
+        }
+        Router::new(startup).map_err(|e| e.to_string())
+    };
+    fresh_router()?;
+    let mut reports = Vec::new();
+    for policy in policies {
+        let router = fresh_router()?;
+        let bar = indicatif::ProgressBar::new(trace.len() as u64).with_message(policy.clone());
+        bar.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{msg:>16} [{bar:40}] {pos}/{len} requests ({per_sec})",
+            )
+            .expect("valid template")
+            .progress_chars("=> "),
+        );
+        let report = replay(&router, &trace, params, policy, |n| {
+            bar.set_position(n as u64)
+        })
+        .map_err(|e| e.to_string())?;
+        bar.finish_and_clear();
+        reports.push(report);
+    }
+    print!("{}", table(&reports));
+    std::fs::write(csv_path, csv(&reports))
+        .map_err(|e| format!("{}: cannot write the CSV: {e}", csv_path.display()))?;
+    let title = format!(
+        "{} requests, {workers} workers, {cache_blocks}-block LRU caches, prefill {prefill_tps} tok/s, decode {decode_tps} tok/s",
+        trace.len()
+    );
+    std::fs::write(svg_path, svg(&reports, &title))
+        .map_err(|e| format!("{}: cannot write the SVG: {e}", svg_path.display()))?;
+    println!("wrote {} and {}", csv_path.display(), svg_path.display());
+    Ok(())
+}
