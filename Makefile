@@ -1,9 +1,10 @@
 # The two commands: `make run` (the router with the example plugins of all three
 # languages, on the embedded default config) and `make test` (every test).
+# `make lint` is what CI runs before the tests: format, clippy, docs, MSRV.
 CARGO ?= cargo
 CMAKE_BUILD := target/cmake
 
-.PHONY: run test build plugins check-tools bench clean
+.PHONY: run test lint build plugins check-tools bench clean
 
 check-tools:
 	@./scripts/check-tools
@@ -24,6 +25,12 @@ test: plugins
 	cp target/debug/libleast_busy.so target/plugins/
 	ctest --test-dir $(CMAKE_BUILD) --output-on-failure
 	$(CARGO) test --workspace --no-fail-fast
+
+lint: check-tools
+	$(CARGO) fmt --all --check
+	$(CARGO) clippy --workspace --all-targets --features switchyard-plugin-sdk/layout -- -D warnings
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps --workspace --features switchyard-plugin-sdk/layout
+	./scripts/check-msrv $(MSRV_FLAGS)
 
 bench: build
 	$(CARGO) bench -p switchyard --bench selection

@@ -67,6 +67,12 @@ impl StartupError {
     }
 }
 
+impl From<ConfigError> for Box<StartupError> {
+    fn from(error: ConfigError) -> Self {
+        Box::new(StartupError::Config(error))
+    }
+}
+
 /// Everything startup produced.
 pub struct Startup {
     pub source: ConfigSource,
@@ -96,7 +102,7 @@ pub fn start(source: ConfigSource) -> Result<Startup, Vec<StartupError>> {
     for entry in sound_entries {
         match configured_instance(&source, &registry, entry) {
             Ok(instance) => instances.push(Arc::new(instance)),
-            Err(e) => errors.push(e),
+            Err(e) => errors.push(*e),
         }
     }
     let default_instance = default_instance(&source).unwrap_or_else(|(name, e)| {
@@ -171,11 +177,11 @@ fn configured_instance(
     source: &ConfigSource,
     registry: &Registry,
     entry: &InstanceEntry,
-) -> Result<InstanceFactory, StartupError> {
+) -> Result<InstanceFactory, Box<StartupError>> {
     let instance = instance(source, registry, entry)?;
     for worker_type in WorkerType::ALL {
         if let Err(error) = instance.build(&PartitionKey::new("<startup check>", worker_type)) {
-            return Err(StartupError::Unbuildable {
+            return Err(Box::new(StartupError::Unbuildable {
                 at: Location {
                     config: source.name.clone(),
                     line: source.instance_line(entry),
@@ -183,7 +189,7 @@ fn configured_instance(
                 instance: entry.name.clone(),
                 worker_type,
                 error,
-            });
+            }));
         }
     }
     Ok(instance)
@@ -219,7 +225,7 @@ fn instance(
     source: &ConfigSource,
     registry: &Registry,
     entry: &InstanceEntry,
-) -> Result<InstanceFactory, StartupError> {
+) -> Result<InstanceFactory, Box<StartupError>> {
     let composed = !entry.filters.is_empty() || !entry.scorers.is_empty() || entry.picker.is_some();
     let name = &entry.name;
     let at = |message: String| source.error_at("name", name, 0, message);
@@ -243,7 +249,7 @@ fn instance(
                 )).into());
             };
             let params = OwnedParams::new(entry.parameters.clone());
-            let factory = policy.validate(&params).map_err(|error| StartupError::InvalidParameters {
+            let factory = policy.validate(&params).map_err(|error| Box::new(StartupError::InvalidParameters {
                 at: Location {
                     config: source.name.clone(),
                     line: source.line_of("type", policy_type, 0),
@@ -252,7 +258,7 @@ fn instance(
                 policy_type: policy_type.clone(),
                 params: params.json().to_owned(),
                 error,
-            })?;
+            }))?;
             InstanceKind::Policy { policy_type: policy_type.clone(), factory }
         }
         (None, true) => {

@@ -242,6 +242,7 @@ mod tests {
 
     #[test]
     fn a_struct_from_an_older_minor_is_copied_with_the_new_fields_zeroed() {
+        // SAFETY: all-zero is a valid descriptor (integers, NULL pointers, None).
         let plugin: switchyard_plugin_descriptor = unsafe { std::mem::zeroed() };
         let plugin = switchyard_plugin_descriptor {
             struct_size: size_of::<switchyard_plugin_descriptor>() as u32,
@@ -260,6 +261,7 @@ mod tests {
             descriptor: plugin,
             next: u64::MAX,
         };
+        // SAFETY: `memory.descriptor` has `struct_size` readable bytes.
         let host: DescriptorV1_1 = unsafe {
             copy_sized(
                 std::ptr::from_ref(&memory.descriptor).cast::<DescriptorV1_1>(),

@@ -43,7 +43,7 @@ impl Columns<'_> {
     }
 
     /// The ABI view for a component that declared `declared`.
-    pub(super) fn to_abi(&self, declared: WorkerInputs) -> switchyard_candidates {
+    pub(super) fn abi_view(&self, declared: WorkerInputs) -> switchyard_candidates {
         let count = self.worker_id.len().min(self.dp_rank.len());
         let whole = |len: usize| len == count;
         let cache = declared.contains(WorkerInputs::CACHE)
@@ -105,7 +105,7 @@ fn with_views<R>(
     declared: WorkerInputs,
     f: impl FnOnce(&WorkerSelectionContext<'_>, &WorkerCandidates<'_>) -> R,
 ) -> R {
-    let raw = columns.to_abi(declared);
+    let raw = columns.abi_view(declared);
     // SAFETY: `request.raw` borrows a live `RequestContext` (see `AbiRequest`), and every
     // non-NULL array of `raw` holds `count` elements borrowed from `columns` for this call.
     let (context, view) = unsafe {

@@ -288,7 +288,7 @@ impl ComponentInstance {
     }
 
     fn view(&self, columns: &Columns<'_>, rows: usize) -> Result<switchyard_candidates, CallError> {
-        let view = columns.to_abi(self.def.inputs);
+        let view = columns.abi_view(self.def.inputs);
         if view.count == rows {
             Ok(view)
         } else {

@@ -100,9 +100,8 @@ fn open(path: &Path) -> Result<&'static libloading::Library, LoadError> {
 
 fn entry(path: &Path, library: &libloading::Library) -> Result<switchyard_entry_fn, LoadError> {
     // SAFETY: the symbol's type is fixed by the ABI's name for it.
-    if let Ok(symbol) =
-        unsafe { library.get::<switchyard_entry_fn>(SWITCHYARD_ENTRY_SYMBOL.as_bytes()) }
-    {
+    let symbol = unsafe { library.get::<switchyard_entry_fn>(SWITCHYARD_ENTRY_SYMBOL.as_bytes()) };
+    if let Ok(symbol) = symbol {
         return Ok(*symbol);
     }
     let other_major = (0..=32u16)
