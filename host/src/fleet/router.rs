@@ -9,7 +9,7 @@ use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 use switchyard_plugin_sdk::{WorkerId, WorkerInputs, WorkerType};
 
-use super::kv_index::{hash_tokens, KvEvent, KvIndex, QueryScratch, Tier};
+use super::kv_index::{hash_tokens, KvEvent, KvIndex, QueryResult, QueryScratch, Tier};
 use super::load_accounting::{AccountingError, LoadAccounting};
 use super::metrics::Metrics;
 use super::workers::{WorkerError, WorkerSpec, Workers};
@@ -273,26 +273,7 @@ impl Router {
     }
 
     fn route(&self, request: &RouteRequest, reserve: bool) -> Result<RouteDecision, RouteError> {
-        let request_id = match (&request.request_id, reserve) {
-            (Some(id), _) if id.is_empty() => {
-                return Err(RouteError::BadRequest(
-                    "`request_id` must not be empty".into(),
-                ))
-            }
-            (None, true) => {
-                return Err(RouteError::BadRequest(
-                    "select-and-reserve needs a `request_id`".into(),
-                ))
-            }
-            (id, _) => id.clone(),
-        };
-        if let Some(t) = request.router_temperature {
-            if !t.is_finite() || t < 0.0 {
-                return Err(RouteError::BadRequest(format!(
-                    "`router_temperature` must be a finite number >= 0, got {t}"
-                )));
-            }
-        }
+        let request_id = validate(request, reserve)?;
         let instance_name = request
             .instance
             .as_deref()
@@ -303,140 +284,25 @@ impl Router {
 
         SCRATCH.with(|scratch| {
             let (query, hashed) = &mut *scratch.borrow_mut();
-            // Given hashes are used in place; token ids are hashed into the scratch.
-            let (request_blocks, hashes): (u64, &[u64]) =
-                match (&request.token_ids, &request.block_hashes) {
-                    (Some(_), Some(_)) => {
-                        return Err(RouteError::BadRequest(
-                            "give `token_ids` or `block_hashes`, not both".into(),
-                        ))
-                    }
-                    (None, None) => {
-                        return Err(RouteError::BadRequest(
-                            "give the prompt as `token_ids` or `block_hashes`".into(),
-                        ))
-                    }
-                    (Some(tokens), None) => {
-                        hash_tokens(tokens, block_size, hashed);
-                        (
-                            (tokens.len() as u64).div_ceil(u64::from(block_size)),
-                            hashed,
-                        )
-                    }
-                    (None, Some(given)) => (given.len() as u64, given),
-                };
-            let mut context = RequestContext::new(block_size, request_blocks);
-            context.tracks_prefill_tokens = request.tracks_prefill_tokens;
-            context.expected_output_tokens = request.expected_output_tokens;
-            context.priority_jump = request.priority_jump;
-            context.strict_priority = request.strict_priority;
-            context.router_temperature_override = request.router_temperature;
-            context.session = request.session.clone();
-
+            let (request_blocks, hashes) = prompt_blocks(request, block_size, hashed)?;
+            let context = request_context(request, block_size, request_blocks);
             let state = self.state.read();
-            let members = state.workers.members(&partition);
-            let Some(selectors) = state
-                .partitions
-                .get(&partition)
-                .filter(|_| !members.is_empty())
-            else {
-                return Err(if state.workers.has_model(&request.model) {
-                    RouteError::NoWorker(format!(
-                        "model `{}` has no {} workers",
-                        request.model,
-                        request.worker_type.worker_type().as_str()
-                    ))
-                } else {
-                    RouteError::UnknownModel(request.model.clone())
-                });
-            };
-
+            let (members, selectors) = partition_of(&state, request, &partition)?;
             let kv = self.kv.read();
             let overlaps = kv.query(hashes, query);
             let load = self.load.read();
-            let row_of = |id: &WorkerId, inputs: WorkerInputs| {
-                let mut row = CandidateRow::new(*id);
-                let overlap = overlaps.overlap(*id);
-                let new_blocks =
-                    request_blocks.saturating_sub(u64::from(overlap.tier(Tier::Device)));
-                if inputs.contains(WorkerInputs::CACHE) {
-                    row.cache.device_overlap_blocks = overlap.tier(Tier::Device);
-                    row.cache.host_overlap_blocks = overlap.tier(Tier::Host);
-                    row.cache.disk_overlap_blocks = overlap.tier(Tier::Disk);
-                    row.cache.shared_beyond_device_blocks = overlaps.shared_beyond_device(&overlap);
-                }
-                if inputs.contains(WorkerInputs::LOAD) {
-                    let l = load.load(*id);
-                    row.load.active_prefill_tokens = l.active_prefill_tokens;
-                    row.load.decode_cost_blocks = l.active_decode_blocks + new_blocks;
-                    row.load.active_requests = l.active_requests;
-                }
-                if inputs.contains(WorkerInputs::ROUTING) {
-                    row.preferred_taint_multiplier = state
-                        .workers
-                        .get(*id)
-                        .and_then(|w| w.preferred_taint_multiplier)
-                        .unwrap_or(f64::NAN);
-                }
-                row
+            let rows = RowSource {
+                workers: &state.workers,
+                overlaps: &overlaps,
+                load: &load,
+                request_blocks,
             };
-            let run = |name: &str| -> Result<WorkerId, SelectError> {
-                let selector = selectors
-                    .get(name)
-                    .expect("every instance has a selector per partition");
-                let mut selector = selector.lock();
-                let inputs = selector.inputs();
-                let started = Instant::now();
-                let result = selector.select(&context, members.iter().map(|id| row_of(id, inputs)));
-                self.metrics.record_selection(name, started.elapsed());
-                result
-            };
-            let (chosen, fallback) = match run(&instance.name) {
-                Ok(worker) => (worker, false),
-                Err(error) if error.is_no_worker() => {
-                    self.metrics
-                        .record_error(&instance.name, error.component().unwrap_or("-"));
-                    return Err(RouteError::NoWorker(error.to_string()));
-                }
-                Err(error) => {
-                    self.metrics
-                        .record_error(&instance.name, error.component().unwrap_or("-"));
-                    tracing::warn!(instance = %instance.name, %error, "policy failed");
-                    if instance.on_error == OnError::Fallback && instance.name != BUILTIN_DEFAULT {
-                        self.metrics.record_fallback(&instance.name);
-                        let worker =
-                            run(BUILTIN_DEFAULT).map_err(|e| RouteError::PolicyFailed {
-                                instance: BUILTIN_DEFAULT.into(),
-                                error: e,
-                            })?;
-                        (worker, true)
-                    } else {
-                        return Err(RouteError::PolicyFailed {
-                            instance: instance.name.clone(),
-                            error,
-                        });
-                    }
-                }
-            };
+            let (chosen, fallback) =
+                self.select_with_fallback(instance, selectors, &context, members, &rows)?;
             let device_overlap = overlaps.overlap(chosen).tier(Tier::Device);
             drop(load);
             if let (true, Some(id)) = (reserve, &request_id) {
-                let new_blocks = request_blocks.saturating_sub(u64::from(device_overlap));
-                let prefill_tokens = if request.tracks_prefill_tokens {
-                    new_blocks * u64::from(block_size)
-                } else {
-                    0
-                };
-                let output_blocks = request
-                    .expected_output_tokens
-                    .unwrap_or(0)
-                    .div_ceil(u64::from(block_size));
-                self.load.write().reserve(
-                    id,
-                    chosen,
-                    prefill_tokens,
-                    new_blocks + output_blocks,
-                )?;
+                self.reserve(request, id, chosen, request_blocks, device_overlap)?;
             }
             Ok(RouteDecision {
                 worker_id: chosen.worker_id,
@@ -450,6 +316,78 @@ impl Router {
         })
     }
 
+    /// Runs `instance` over the partition's members; if it fails (not merely finding no
+    /// worker) and its config says `on_error: fallback`, runs the built-in policy instead.
+    /// Returns the chosen worker and whether the fallback chose it.
+    fn select_with_fallback(
+        &self,
+        instance: &InstanceFactory,
+        selectors: &Selectors,
+        context: &RequestContext,
+        members: &[WorkerId],
+        rows: &RowSource<'_>,
+    ) -> Result<(WorkerId, bool), RouteError> {
+        let run = |name: &str| -> Result<WorkerId, SelectError> {
+            let selector = selectors
+                .get(name)
+                .expect("every instance has a selector per partition");
+            let mut selector = selector.lock();
+            let inputs = selector.inputs();
+            let started = Instant::now();
+            let result = selector.select(context, members.iter().map(|id| rows.row(*id, inputs)));
+            self.metrics.record_selection(name, started.elapsed());
+            result
+        };
+        let error = match run(&instance.name) {
+            Ok(worker) => return Ok((worker, false)),
+            Err(error) => error,
+        };
+        self.metrics
+            .record_error(&instance.name, error.component().unwrap_or("-"));
+        if error.is_no_worker() {
+            return Err(RouteError::NoWorker(error.to_string()));
+        }
+        tracing::warn!(instance = %instance.name, %error, "policy failed");
+        if instance.on_error != OnError::Fallback || instance.name == BUILTIN_DEFAULT {
+            return Err(RouteError::PolicyFailed {
+                instance: instance.name.clone(),
+                error,
+            });
+        }
+        self.metrics.record_fallback(&instance.name);
+        let worker = run(BUILTIN_DEFAULT).map_err(|e| RouteError::PolicyFailed {
+            instance: BUILTIN_DEFAULT.into(),
+            error: e,
+        })?;
+        Ok((worker, true))
+    }
+
+    /// Books the request's uncached prefill tokens and its decode blocks on `chosen`.
+    fn reserve(
+        &self,
+        request: &RouteRequest,
+        id: &str,
+        chosen: WorkerId,
+        request_blocks: u64,
+        device_overlap: u32,
+    ) -> Result<(), RouteError> {
+        let block_size = u64::from(self.block_size());
+        let new_blocks = request_blocks.saturating_sub(u64::from(device_overlap));
+        let prefill_tokens = if request.tracks_prefill_tokens {
+            new_blocks * block_size
+        } else {
+            0
+        };
+        let output_blocks = request
+            .expected_output_tokens
+            .unwrap_or(0)
+            .div_ceil(block_size);
+        self.load
+            .write()
+            .reserve(id, chosen, prefill_tokens, new_blocks + output_blocks)?;
+        Ok(())
+    }
+
     /// Renders Prometheus metrics.
     pub fn render_metrics(&self) -> String {
         let loads = self.loads();
@@ -460,5 +398,122 @@ impl Router {
                 .map(move |(instance, selector)| (partition, instance.as_str(), selector))
         });
         self.metrics.render(selectors, &loads, self.kv_blocks())
+    }
+}
+
+/// Checks what serde cannot; returns the request id (required to reserve).
+fn validate(request: &RouteRequest, reserve: bool) -> Result<Option<String>, RouteError> {
+    let request_id = match (&request.request_id, reserve) {
+        (Some(id), _) if id.is_empty() => {
+            return Err(RouteError::BadRequest(
+                "`request_id` must not be empty".into(),
+            ))
+        }
+        (None, true) => {
+            return Err(RouteError::BadRequest(
+                "select-and-reserve needs a `request_id`".into(),
+            ))
+        }
+        (id, _) => id.clone(),
+    };
+    if let Some(t) = request.router_temperature {
+        if !t.is_finite() || t < 0.0 {
+            return Err(RouteError::BadRequest(format!(
+                "`router_temperature` must be a finite number >= 0, got {t}"
+            )));
+        }
+    }
+    Ok(request_id)
+}
+
+/// The prompt's size in blocks and its chained block hashes: given hashes are used in
+/// place, token ids are hashed into `scratch`.
+fn prompt_blocks<'a>(
+    request: &'a RouteRequest,
+    block_size: u32,
+    scratch: &'a mut Vec<u64>,
+) -> Result<(u64, &'a [u64]), RouteError> {
+    match (&request.token_ids, &request.block_hashes) {
+        (Some(_), Some(_)) => Err(RouteError::BadRequest(
+            "give `token_ids` or `block_hashes`, not both".into(),
+        )),
+        (None, None) => Err(RouteError::BadRequest(
+            "give the prompt as `token_ids` or `block_hashes`".into(),
+        )),
+        (Some(tokens), None) => {
+            hash_tokens(tokens, block_size, scratch);
+            let blocks = (tokens.len() as u64).div_ceil(u64::from(block_size));
+            Ok((blocks, scratch))
+        }
+        (None, Some(given)) => Ok((given.len() as u64, given)),
+    }
+}
+
+/// The request context components see.
+fn request_context(request: &RouteRequest, block_size: u32, request_blocks: u64) -> RequestContext {
+    let mut context = RequestContext::new(block_size, request_blocks);
+    context.tracks_prefill_tokens = request.tracks_prefill_tokens;
+    context.expected_output_tokens = request.expected_output_tokens;
+    context.priority_jump = request.priority_jump;
+    context.strict_priority = request.strict_priority;
+    context.router_temperature_override = request.router_temperature;
+    context.session = request.session.clone();
+    context
+}
+
+/// The members of the request's partition and its selectors; an error when it has none.
+fn partition_of<'s>(
+    state: &'s State,
+    request: &RouteRequest,
+    partition: &PartitionKey,
+) -> Result<(&'s [WorkerId], &'s Selectors), RouteError> {
+    let members = state.workers.members(partition);
+    match state.partitions.get(partition) {
+        Some(selectors) if !members.is_empty() => Ok((members, selectors)),
+        _ if state.workers.has_model(&request.model) => Err(RouteError::NoWorker(format!(
+            "model `{}` has no {} workers",
+            request.model,
+            request.worker_type.worker_type().as_str()
+        ))),
+        _ => Err(RouteError::UnknownModel(request.model.clone())),
+    }
+}
+
+/// What the router knows of each worker for one request: its candidate row, with only
+/// the groups the policy reads computed.
+struct RowSource<'a> {
+    workers: &'a Workers,
+    overlaps: &'a QueryResult<'a>,
+    load: &'a LoadAccounting,
+    request_blocks: u64,
+}
+
+impl RowSource<'_> {
+    fn row(&self, id: WorkerId, inputs: WorkerInputs) -> CandidateRow {
+        let mut row = CandidateRow::new(id);
+        let overlap = self.overlaps.overlap(id);
+        if inputs.contains(WorkerInputs::CACHE) {
+            row.cache.device_overlap_blocks = overlap.tier(Tier::Device);
+            row.cache.host_overlap_blocks = overlap.tier(Tier::Host);
+            row.cache.disk_overlap_blocks = overlap.tier(Tier::Disk);
+            row.cache.shared_beyond_device_blocks = self.overlaps.shared_beyond_device(&overlap);
+        }
+        if inputs.contains(WorkerInputs::LOAD) {
+            let new_blocks = self
+                .request_blocks
+                .saturating_sub(u64::from(overlap.tier(Tier::Device)));
+            let load = self.load.load(id);
+            row.load.active_prefill_tokens = load.active_prefill_tokens;
+            row.load.decode_cost_blocks = load.active_decode_blocks + new_blocks;
+            row.load.active_requests = load.active_requests;
+        }
+        if inputs.contains(WorkerInputs::ROUTING) {
+            row.preferred_taint_multiplier = self
+                .workers
+                .get(id)
+                .and_then(|w| w.preferred_taint_multiplier)
+                .unwrap_or(f64::NAN);
+        }
+        row
     }
 }
