@@ -5,40 +5,27 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 
 use serde_json::{json, Value};
 use support::*;
 
 struct Server {
-    child: Child,
+    process: Process,
     base: String,
 }
 
 impl Server {
     fn start(config: &std::path::Path) -> Server {
-        let mut child = Command::new(switchyard_bin())
-            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-            .arg(config)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let mut lines = BufReader::new(stdout).lines();
-        let base = loop {
-            let line = lines
-                .next()
-                .expect("serve exited before listening")
-                .unwrap();
-            if let Some(address) = line.strip_prefix("switchyard listening on ") {
-                break address.to_owned();
-            }
-        };
-        // Keep draining stdout so the server never blocks on a full pipe.
-        std::thread::spawn(move || for _ in lines {});
-        Server { child, base }
+        let process = Process::start(
+            Command::new(switchyard_bin())
+                .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+                .arg(config)
+                .env("RUST_LOG", "warn"),
+            "switchyard listening on ",
+        );
+        let base = process.address.clone();
+        Server { process, base }
     }
 
     fn call(&self, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
@@ -76,13 +63,6 @@ impl Server {
         let (status, text) = self.call("GET", "/metrics", None);
         assert_eq!(status, 200);
         text.as_str().unwrap().to_owned()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -444,10 +424,10 @@ fn sigterm_shuts_down_gracefully() {
     let dir = tempfile::tempdir().unwrap();
     let mut server = Server::start(&config(dir.path()));
     let status = Command::new("kill")
-        .args(["-TERM", &server.child.id().to_string()])
+        .args(["-TERM", &server.process.pid().to_string()])
         .status()
         .unwrap();
     assert!(status.success());
-    let exit = server.child.wait().unwrap();
+    let exit = server.process.child.wait().unwrap();
     assert!(exit.success(), "exit status after SIGTERM: {exit}");
 }

@@ -31,6 +31,78 @@ pub struct Config {
     #[serde(default)]
     /// Workers known at startup (more can be added over HTTP).
     pub workers: Vec<WorkerSpec>,
+    /// Per model: how the KV index learns what each worker caches.
+    #[serde(default)]
+    pub models: BTreeMap<String, ModelSettings>,
+    /// The OpenAI-compatible frontend: upstream timeouts, retries, health probes.
+    #[serde(default)]
+    pub frontend: FrontendSettings,
+}
+
+/// How the KV index learns what a model's workers cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvTracking {
+    /// Only from KV events (`POST /v1/kv_events`): what engines report.
+    #[default]
+    Events,
+    /// The frontend assumes each routed prompt's blocks are cached on the worker that
+    /// served it (bounded per worker, LRU, with a TTL): prefix-aware routing against
+    /// engines that publish no events.
+    Predicted,
+    /// Not at all: cache-aware policies see no overlap.
+    Off,
+}
+
+/// Settings of one model (`models.NAME`).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct ModelSettings {
+    pub kv_tracking: KvTracking,
+    /// `predicted`: blocks remembered per worker (least recently routed go first).
+    pub predicted_blocks_per_worker: usize,
+    /// `predicted`: seconds a routed block is assumed cached.
+    pub predicted_ttl_secs: u64,
+}
+
+impl Default for ModelSettings {
+    fn default() -> Self {
+        ModelSettings {
+            kv_tracking: KvTracking::default(),
+            predicted_blocks_per_worker: 65_536,
+            predicted_ttl_secs: 600,
+        }
+    }
+}
+
+/// The OpenAI-compatible frontend's settings (`frontend:`).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FrontendSettings {
+    /// Connecting to an engine gives up after this long (then: unhealthy, select again).
+    pub connect_timeout_ms: u64,
+    /// A whole upstream answer gives up after this long.
+    pub request_timeout_secs: u64,
+    /// Selections retried after an engine refused the connection, per request.
+    pub connect_retries: u32,
+    /// A worker whose engine refused a connection stays out of the candidates this long.
+    pub unhealthy_cooldown_ms: u64,
+    /// `GET /health` of every worker with a `url`, this often.
+    pub health_interval_ms: u64,
+    pub health_timeout_ms: u64,
+}
+
+impl Default for FrontendSettings {
+    fn default() -> Self {
+        FrontendSettings {
+            connect_timeout_ms: 1_000,
+            request_timeout_secs: 600,
+            connect_retries: 2,
+            unhealthy_cooldown_ms: 5_000,
+            health_interval_ms: 2_000,
+            health_timeout_ms: 1_000,
+        }
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -185,6 +257,9 @@ pub struct WorkerSpec {
     /// Cost multiplier from preferred routing constraints (taints), if any.
     #[serde(default)]
     pub preferred_taint_multiplier: Option<f64>,
+    /// The worker's OpenAI-compatible engine, `http://host:port`, for the frontend.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub url: Option<String>,
 }
 
 impl WorkerSpec {
@@ -204,6 +279,14 @@ impl WorkerSpec {
         }
         if self.total_kv_blocks == 0 {
             return Err("`total_kv_blocks` must be at least 1".into());
+        }
+        if let Some(url) = &self.url {
+            let host = url.strip_prefix("http://").unwrap_or("");
+            if host.is_empty() || host.starts_with('/') || url.contains(char::is_whitespace) {
+                return Err(format!(
+                    "`url` must be an engine's address like http://10.0.0.7:8000, got `{url}` (https is not supported to engines)"
+                ));
+            }
         }
         if let Some(m) = self.preferred_taint_multiplier {
             if !m.is_finite() || m < 0.0 {
@@ -329,9 +412,14 @@ impl ConfigSource {
     pub fn validate(&self) -> (Vec<ConfigError>, Vec<&InstanceEntry>) {
         let mut errors = Vec::new();
         let router = &self.config.router;
+        let frontend = &self.config.frontend;
         for (key, value) in [
             ("block_size", u64::from(router.block_size)),
             ("request_expiry_secs", router.request_expiry_secs),
+            ("connect_timeout_ms", frontend.connect_timeout_ms),
+            ("request_timeout_secs", frontend.request_timeout_secs),
+            ("health_interval_ms", frontend.health_interval_ms),
+            ("health_timeout_ms", frontend.health_timeout_ms),
         ] {
             if value == 0 {
                 let line = self
@@ -339,10 +427,15 @@ impl ConfigSource {
                     .lines()
                     .position(|l| l.trim_start().starts_with(&format!("{key}:")))
                     .map(|i| i + 1);
+                let section = if matches!(key, "block_size" | "request_expiry_secs") {
+                    "router"
+                } else {
+                    "frontend"
+                };
                 errors.push(ConfigError {
                     file: self.name.clone(),
                     line,
-                    message: format!("`router.{key}` must be at least 1"),
+                    message: format!("`{section}.{key}` must be at least 1"),
                 });
             }
         }

@@ -9,6 +9,7 @@ use switchyard::fleet::router::Router;
 use switchyard::plugin::{PartitionKey, RequestContext};
 use switchyard::policy::{CandidateRow, Selector};
 use switchyard::startup::{start, Startup};
+use switchyard::tools::engine_sim::{self, EngineSimArgs};
 use switchyard::tools::replay::{self, ReplayArgs};
 use switchyard::tools::summary;
 use switchyard_plugin_sdk::{WorkerId, WorkerType};
@@ -56,6 +57,8 @@ enum Command {
     },
     /// Replay a request trace (Mooncake JSONL) against simulated workers, per policy.
     Replay(ReplayArgs),
+    /// Run a simulated OpenAI-compatible inference engine (for tests, benchmarks, demos).
+    EngineSim(EngineSimArgs),
     /// Work with one plugin library.
     Plugin {
         #[command(subcommand)]
@@ -119,6 +122,32 @@ fn startup(config: Option<&PathBuf>) -> Option<Startup> {
     }
 }
 
+/// Runs a server future on a multi-threaded runtime until it returns.
+fn serve_until_signal(server: impl std::future::Future<Output = std::io::Result<()>>) -> ExitCode {
+    // Every proxied request holds a client and an engine socket: raise the soft limit on
+    // open files to the hard limit, as servers do, instead of failing at ~500 streams.
+    if let Err(e) = rlimit::increase_nofile_limit(u64::MAX) {
+        tracing::warn!(error = %e, "could not raise the open-file limit");
+    }
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(server) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -140,24 +169,9 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            let runtime = match tokio::runtime::Builder::new_multi_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(runtime) => runtime,
-                Err(e) => {
-                    eprintln!("error: cannot start the async runtime: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            match runtime.block_on(switchyard::serve::http_service::serve(router, listen)) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    ExitCode::FAILURE
-                }
-            }
+            serve_until_signal(switchyard::serve::http_service::serve(router, listen))
         }
+        Command::EngineSim(args) => serve_until_signal(engine_sim::run(args)),
         Command::Replay(args) => match replay::run(&args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

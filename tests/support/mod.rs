@@ -2,8 +2,9 @@
 //! broken C fixtures, writing configs, running selections.
 #![allow(dead_code)]
 
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Child, Command, Stdio};
 
 use switchyard::config::ConfigSource;
 use switchyard::plugin::PartitionKey;
@@ -198,4 +199,52 @@ pub fn build_plugin_crate(krate: &Path) -> PathBuf {
         .arg(krate.join("Cargo.toml"))
         .env("CARGO_TARGET_DIR", &target));
     target.join("debug")
+}
+
+/// A server process a test started: killed by its PID when dropped, so nothing outlives
+/// the test.
+pub struct Process {
+    pub child: Child,
+    /// What the process announced it listens on, e.g. `http://127.0.0.1:40123`.
+    pub address: String,
+}
+
+impl Process {
+    /// Starts `command` with stdout piped and waits for its `{announce}ADDRESS` line.
+    pub fn start(command: &mut Command, announce: &str) -> Process {
+        let mut child = command
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("{command:?}: {e}"));
+        let stdout = child.stdout.take().unwrap();
+        let mut lines = BufReader::new(stdout).lines();
+        let address = loop {
+            let Some(line) = lines.next() else {
+                let status = child.wait().unwrap();
+                panic!("{command:?} exited ({status}) before announcing `{announce}`");
+            };
+            if let Some(address) = line.unwrap().strip_prefix(announce) {
+                break address.to_owned();
+            }
+        };
+        // Keep draining stdout so the process never blocks on a full pipe.
+        std::thread::spawn(move || for _ in lines {});
+        Process { child, address }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Kills the process (SIGKILL) and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        self.kill();
+    }
 }

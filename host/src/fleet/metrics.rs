@@ -26,6 +26,12 @@ struct InstanceCounters {
 pub struct Metrics {
     /// Per configured instance; the map itself is fixed at startup.
     instances: BTreeMap<String, InstanceCounters>,
+    /// Reservations released by expiry because nothing freed them.
+    expired: AtomicU64,
+    /// Frontend: selections repeated after an engine refused the connection.
+    upstream_retries: AtomicU64,
+    /// Frontend: engine failures answered to clients (connect, timeout, mid-answer).
+    upstream_errors: AtomicU64,
     /// (instance, component) -> errors; touched on the failure path only.
     errors: Mutex<BTreeMap<(String, String), u64>>,
 }
@@ -46,7 +52,22 @@ impl Metrics {
                 .map(|name| (name.to_owned(), InstanceCounters::default()))
                 .collect(),
             errors: Mutex::new(BTreeMap::new()),
+            expired: AtomicU64::new(0),
+            upstream_retries: AtomicU64::new(0),
+            upstream_errors: AtomicU64::new(0),
         }
+    }
+
+    pub fn record_expired(&self, n: usize) {
+        self.expired.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    pub fn record_upstream_retry(&self) {
+        self.upstream_retries.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn record_upstream_error(&self) {
+        self.upstream_errors.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn record_selection(&self, instance: &str, elapsed: Duration) {
@@ -207,6 +228,7 @@ impl Metrics {
             "# HELP switchyard_kv_blocks Blocks in the KV index, per tier."
         );
         let _ = writeln!(out, "# TYPE switchyard_kv_blocks gauge");
+
         for tier in Tier::ALL {
             let _ = writeln!(
                 out,
@@ -214,6 +236,15 @@ impl Metrics {
                 tier.as_str(),
                 kv_blocks[tier as usize]
             );
+        }
+        for (name, help, counter) in [
+            ("reservations_expired_total", "Reservations released by expiry because nothing freed them (the last safety net).", &self.expired),
+            ("upstream_retries_total", "Frontend selections repeated after an engine refused the connection.", &self.upstream_retries),
+            ("upstream_errors_total", "Frontend requests that ended with an engine failure (connect, timeout, mid-answer).", &self.upstream_errors),
+        ] {
+            let _ = writeln!(out, "# HELP switchyard_{name} {help}");
+            let _ = writeln!(out, "# TYPE switchyard_{name} counter");
+            let _ = writeln!(out, "switchyard_{name} {}", counter.load(Ordering::Relaxed));
         }
         out
     }

@@ -4,5 +4,6 @@
 pub mod kv_index;
 pub mod load_accounting;
 pub mod metrics;
+pub mod predicted_kv;
 pub mod router;
 pub mod workers;

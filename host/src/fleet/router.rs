@@ -12,8 +12,9 @@ use switchyard_plugin_sdk::{WorkerId, WorkerInputs, WorkerType};
 use super::kv_index::{hash_tokens, KvEvent, KvIndex, QueryResult, QueryScratch, Tier};
 use super::load_accounting::{AccountingError, LoadAccounting};
 use super::metrics::Metrics;
+use super::predicted_kv::PredictedKv;
 use super::workers::{WorkerError, WorkerSpec, Workers};
-use crate::config::OnError;
+use crate::config::{KvTracking, OnError};
 use crate::plugin::{PartitionKey, RequestContext, SessionInfo};
 use crate::policy::{CandidateRow, InstanceFactory, SelectError, Selector};
 use crate::startup::{Startup, BUILTIN_DEFAULT};
@@ -125,6 +126,9 @@ pub struct Router {
     state: RwLock<State>,
     kv: RwLock<KvIndex>,
     load: RwLock<LoadAccounting>,
+    predicted: Mutex<PredictedKv>,
+    /// Workers whose engine refused a connection: no probe brings them back before this.
+    cooldown_until: Mutex<HashMap<WorkerId, Instant>>,
     pub metrics: Metrics,
 }
 
@@ -147,6 +151,8 @@ impl Router {
             }),
             kv: RwLock::new(KvIndex::default()),
             load: RwLock::new(LoadAccounting::new(expiry)),
+            predicted: Mutex::new(PredictedKv::default()),
+            cooldown_until: Mutex::new(HashMap::new()),
             metrics,
         };
         for spec in workers {
@@ -194,7 +200,106 @@ impl Router {
         let spec = self.state.write().workers.remove(id)?;
         self.kv.write().remove_worker(id);
         self.load.write().remove_worker(id);
+        self.predicted.lock().remove_worker(id);
+        self.cooldown_until.lock().remove(&id);
         Ok(spec)
+    }
+
+    /// The engine address of a worker, if it has one.
+    pub fn worker_url(&self, id: WorkerId) -> Option<String> {
+        self.state
+            .read()
+            .workers
+            .get(id)
+            .and_then(|w| w.url.clone())
+    }
+
+    /// Every worker with an engine address.
+    pub fn worker_urls(&self) -> Vec<(WorkerId, String)> {
+        let state = self.state.read();
+        state
+            .workers
+            .all()
+            .filter_map(|w| Some((w.id(), w.url.clone()?)))
+            .collect()
+    }
+
+    pub fn is_healthy(&self, id: WorkerId) -> bool {
+        self.state.read().workers.is_healthy(id)
+    }
+
+    /// Takes a worker out of the candidates for at least `cooldown` (its engine refused a
+    /// connection).
+    pub fn mark_unhealthy(&self, id: WorkerId, cooldown: Duration) {
+        self.cooldown_until
+            .lock()
+            .insert(id, Instant::now() + cooldown);
+        if self.state.write().workers.set_healthy(id, false) {
+            tracing::warn!(
+                worker = id.worker_id,
+                dp_rank = id.dp_rank,
+                "worker unhealthy"
+            );
+        }
+    }
+
+    /// A health probe's result: a failed probe takes the worker out; a good one brings
+    /// it back once its cool-down is over.
+    pub fn record_probe(&self, id: WorkerId, healthy: bool) {
+        if healthy {
+            let mut cooldowns = self.cooldown_until.lock();
+            if cooldowns
+                .get(&id)
+                .is_some_and(|until| Instant::now() < *until)
+            {
+                return;
+            }
+            cooldowns.remove(&id);
+        }
+        if self.state.write().workers.set_healthy(id, healthy) {
+            match healthy {
+                true => tracing::info!(
+                    worker = id.worker_id,
+                    dp_rank = id.dp_rank,
+                    "worker healthy again"
+                ),
+                false => tracing::warn!(
+                    worker = id.worker_id,
+                    dp_rank = id.dp_rank,
+                    "worker failed its health probe"
+                ),
+            }
+        }
+    }
+
+    /// The models the workers serve, sorted.
+    pub fn models(&self) -> Vec<String> {
+        let state = self.state.read();
+        let models: std::collections::BTreeSet<_> =
+            state.workers.all().map(|w| w.model.clone()).collect();
+        models.into_iter().collect()
+    }
+
+    /// For models with `kv_tracking: predicted`: the prompt's blocks are now assumed
+    /// cached on `worker`.
+    pub fn predict_cached(&self, model: &str, worker: WorkerId, hashes: &[u64]) {
+        let Some(settings) = self.startup.source.config.models.get(model) else {
+            return;
+        };
+        if settings.kv_tracking != KvTracking::Predicted || hashes.is_empty() {
+            return;
+        }
+        let events = self.predicted.lock().routed(
+            worker,
+            hashes,
+            settings.predicted_blocks_per_worker,
+            Duration::from_secs(settings.predicted_ttl_secs),
+            Instant::now(),
+        );
+        let mut kv = self.kv.write();
+        for event in &events {
+            kv.apply(worker, event);
+        }
     }
 
     pub fn workers(&self) -> Vec<WorkerSpec> {
@@ -237,9 +342,12 @@ impl Router {
         Ok(())
     }
 
-    /// Releases reservations older than the configured expiry.
+    /// Releases reservations older than the configured expiry (the last safety net;
+    /// counted in metrics).
     pub fn expire(&self) -> usize {
-        self.load.write().expire(Instant::now())
+        let expired = self.load.write().expire(Instant::now());
+        self.metrics.record_expired(expired);
+        expired
     }
 
     /// (worker, load) of every registered worker, for metrics and tests.
@@ -470,6 +578,12 @@ fn partition_of<'s>(
     let members = state.workers.members(partition);
     match state.partitions.get(partition) {
         Some(selectors) if !members.is_empty() => Ok((members, selectors)),
+        _ if state.workers.unhealthy_in(partition) > 0 => Err(RouteError::NoWorker(format!(
+            "model `{}`: every {} worker is unhealthy ({} out of the candidates)",
+            request.model,
+            request.worker_type.worker_type().as_str(),
+            state.workers.unhealthy_in(partition)
+        ))),
         _ if state.workers.has_model(&request.model) => Err(RouteError::NoWorker(format!(
             "model `{}` has no {} workers",
             request.model,

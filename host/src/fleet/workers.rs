@@ -1,7 +1,7 @@
 //! The worker registry: workers added and removed at run time, grouped into partitions
 //! (model x worker type). Aggregated workers form the `select` partition of their model.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use switchyard_plugin_sdk::WorkerId;
 
@@ -21,7 +21,10 @@ pub enum WorkerError {
 #[derive(Default)]
 pub struct Workers {
     by_id: HashMap<WorkerId, WorkerSpec>,
+    /// The healthy workers of each partition: the candidates of its requests.
     partitions: BTreeMap<PartitionKey, Vec<WorkerId>>,
+    /// Workers left out of their partition's candidates until healthy again.
+    unhealthy: HashSet<WorkerId>,
 }
 
 impl Workers {
@@ -44,14 +47,49 @@ impl Workers {
         if let Some(members) = self.partitions.get_mut(&spec.partition()) {
             members.retain(|w| *w != id);
         }
+        self.unhealthy.remove(&id);
         Ok(spec)
+    }
+
+    /// Takes a worker out of (or back into) its partition's candidates. Returns whether
+    /// its health changed.
+    pub fn set_healthy(&mut self, id: WorkerId, healthy: bool) -> bool {
+        let Some(spec) = self.by_id.get(&id) else {
+            return false;
+        };
+        let members = self.partitions.entry(spec.partition()).or_default();
+        if healthy && self.unhealthy.remove(&id) {
+            members.push(id);
+            true
+        } else if !healthy && self.unhealthy.insert(id) {
+            members.retain(|w| *w != id);
+            true
+        } else {
+            false
+        }
+    }
+
+    pub fn is_healthy(&self, id: WorkerId) -> bool {
+        self.by_id.contains_key(&id) && !self.unhealthy.contains(&id)
+    }
+
+    /// Unhealthy workers of a partition.
+    pub fn unhealthy_in(&self, partition: &PartitionKey) -> usize {
+        self.unhealthy
+            .iter()
+            .filter(|id| {
+                self.by_id
+                    .get(id)
+                    .is_some_and(|w| &w.partition() == partition)
+            })
+            .count()
     }
 
     pub fn get(&self, id: WorkerId) -> Option<&WorkerSpec> {
         self.by_id.get(&id)
     }
 
-    /// The workers of a partition (empty when unknown).
+    /// The healthy workers of a partition (empty when unknown).
     pub fn members(&self, partition: &PartitionKey) -> &[WorkerId] {
         self.partitions.get(partition).map_or(&[], Vec::as_slice)
     }

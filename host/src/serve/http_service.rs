@@ -21,6 +21,7 @@ use crate::fleet::kv_index::KvEvent;
 use crate::fleet::load_accounting::AccountingError;
 use crate::fleet::router::{RouteError, RouteRequest, Router};
 use crate::fleet::workers::{WorkerError, WorkerSpec};
+use crate::serve::frontend::{self, Frontend};
 
 type Shared = State<Arc<Router>>;
 
@@ -82,14 +83,31 @@ fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
         .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
 }
 
+/// Runs a selection on the blocking pool: plugin code never runs on the async
+/// executor's threads, so a slow component cannot delay other endpoints.
+async fn off_executor<T: Send + 'static>(
+    router: Arc<Router>,
+    select: impl FnOnce(&Router) -> Result<T, RouteError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(move || select(&router))
+        .await
+        .map_err(|e| ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            body: json!({ "error": format!("the selection did not finish: {e}") }),
+        })?
+        .map_err(ApiError::from)
+}
+
 async fn select(State(router): Shared, body: Bytes) -> Result<Response, ApiError> {
     let request: RouteRequest = parse(&body)?;
-    Ok(Json(router.select(&request)?).into_response())
+    let decision = off_executor(router, move |r| r.select(&request)).await?;
+    Ok(Json(decision).into_response())
 }
 
 async fn reserve(State(router): Shared, body: Bytes) -> Result<Response, ApiError> {
     let request: RouteRequest = parse(&body)?;
-    Ok(Json(router.select_and_reserve(&request)?).into_response())
+    let decision = off_executor(router, move |r| r.select_and_reserve(&request)).await?;
+    Ok(Json(decision).into_response())
 }
 
 async fn prefill_complete(
@@ -107,7 +125,9 @@ async fn free(State(router): Shared, Path(id): Path<String>) -> Result<Response,
 
 async fn add_worker(State(router): Shared, body: Bytes) -> Result<Response, ApiError> {
     let spec: WorkerSpec = parse(&body)?;
-    router.add_worker(spec.clone())?;
+    // A new partition builds every instance for it: plugin code, off the executor.
+    let added = spec.clone();
+    off_executor(router, move |r| r.add_worker(added)).await?;
     Ok((StatusCode::CREATED, Json(spec)).into_response())
 }
 
@@ -122,6 +142,7 @@ async fn list_workers(State(router): Shared) -> Json<Vec<serde_json::Value>> {
             .map(|w| {
                 let load = loads.get(&w.id()).copied().unwrap_or_default();
                 let mut value = json!(w);
+                value["healthy"] = json!(router.is_healthy(w.id()));
                 value["load"] = json!({
                     "active_requests": load.active_requests,
                     "active_prefill_tokens": load.active_prefill_tokens,
@@ -233,7 +254,8 @@ async fn not_found() -> ApiError {
     }
 }
 
-pub fn app(router: Arc<Router>) -> HttpRouter {
+/// The HTTP API and the OpenAI-compatible frontend's routes.
+pub fn app(router: Arc<Router>, frontend: Arc<Frontend>) -> HttpRouter {
     HttpRouter::new()
         .route("/v1/select", post(select))
         .route("/v1/reserve", post(reserve))
@@ -249,12 +271,13 @@ pub fn app(router: Arc<Router>) -> HttpRouter {
         .route("/readyz", get(readyz))
         .fallback(not_found)
         .with_state(router)
+        .merge(frontend::routes(frontend))
 }
 
 /// Resolves on SIGTERM or SIGINT. The handlers are installed when this is called, not
 /// when the future is first polled, so a signal right after startup is not lost.
 #[cfg(unix)]
-fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+pub fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut terminate = signal(SignalKind::terminate())?;
     let mut interrupt = signal(SignalKind::interrupt())?;
@@ -268,7 +291,7 @@ fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
 }
 
 #[cfg(not(unix))]
-fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+pub fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
     Ok(async {
         let _ = tokio::signal::ctrl_c().await;
         tracing::info!("shutting down: finishing requests in flight");
@@ -285,6 +308,9 @@ pub async fn serve(router: Arc<Router>, listen: SocketAddr) -> std::io::Result<(
     })?;
     let address = listener.local_addr()?;
     let shutdown = shutdown_signal()?;
+    let frontend = Frontend::new(router.clone())
+        .map_err(|e| std::io::Error::other(format!("cannot set up the upstream client: {e}")))?;
+    tokio::spawn(frontend::health::probe_forever(frontend.clone()));
     println!("switchyard listening on http://{address}");
     let expiry = router.clone();
     tokio::spawn(async move {
@@ -297,7 +323,7 @@ pub async fn serve(router: Arc<Router>, listen: SocketAddr) -> std::io::Result<(
             }
         }
     });
-    axum::serve(listener, app(router))
+    axum::serve(listener, app(router, frontend))
         .with_graceful_shutdown(shutdown)
         .await
 }

@@ -218,6 +218,7 @@ impl<'a> Simulation<'a> {
                 max_batched_tokens: 8192,
                 labels: Default::default(),
                 preferred_taint_multiplier: None,
+                url: None,
             };
             router.add_worker(spec).map_err(|e| simulation.failed(e))?;
         }

@@ -1,0 +1,443 @@
+//! The OpenAI-compatible frontend: `POST /v1/chat/completions`, `POST /v1/completions`
+//! and `GET /v1/models` on `switchyard serve`. For each request it derives the prompt's
+//! blocks, selects and reserves a worker through the configured instance (off the async
+//! executor), forwards the body unchanged to the worker's engine, and streams the answer
+//! back as it arrives, owning the booking's lifecycle (docs/frontend.md):
+//!
+//! - prefill complete at the first streamed byte (or at the response head when the
+//!   request does not stream);
+//! - free at the end of the answer, on an upstream error or timeout, and when the client
+//!   goes away (dropping the body stream drops the upstream request too);
+//! - a connection refused before anything was sent marks the worker unhealthy for a
+//!   cool-down and selects again without it, a bounded number of times.
+
+pub mod health;
+pub mod prompt;
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router as HttpRouter};
+use futures_util::{Stream, StreamExt};
+use serde_json::json;
+use switchyard_plugin_sdk::WorkerId;
+
+use crate::config::FrontendSettings;
+use crate::fleet::router::{RouteDecision, RouteError, RouteRequest, Router};
+use prompt::{Endpoint, Prompt};
+
+/// The request header that names the instance to route with.
+pub const INSTANCE_HEADER: &str = "x-switchyard-instance";
+
+/// An error in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
+pub struct OpenAiError {
+    status: StatusCode,
+    message: String,
+    kind: &'static str,
+    param: Option<&'static str>,
+    code: Option<&'static str>,
+}
+
+impl OpenAiError {
+    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        OpenAiError {
+            status,
+            message: message.into(),
+            kind,
+            param: None,
+            code: None,
+        }
+    }
+
+    fn body(&self) -> serde_json::Value {
+        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+    }
+}
+
+impl IntoResponse for OpenAiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.body())).into_response()
+    }
+}
+
+impl From<RouteError> for OpenAiError {
+    fn from(error: RouteError) -> Self {
+        let (status, kind, code) = match &error {
+            RouteError::BadRequest(_) => (StatusCode::BAD_REQUEST, "invalid_request_error", None),
+            RouteError::UnknownModel(_) => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                Some("model_not_found"),
+            ),
+            RouteError::UnknownInstance { .. } => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                Some("instance_not_found"),
+            ),
+            RouteError::NoWorker(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                Some("no_healthy_worker"),
+            ),
+            RouteError::PolicyFailed { .. } | RouteError::Accounting(_) | RouteError::Worker(_) => {
+                (StatusCode::INTERNAL_SERVER_ERROR, "server_error", None)
+            }
+        };
+        OpenAiError {
+            status,
+            message: error.to_string(),
+            kind,
+            param: None,
+            code,
+        }
+    }
+}
+
+/// The frontend's shared state.
+pub struct Frontend {
+    router: Arc<Router>,
+    client: reqwest::Client,
+    settings: FrontendSettings,
+    next_request: AtomicU64,
+    /// Distinguishes this process's request ids from another router's.
+    id_prefix: String,
+}
+
+impl Frontend {
+    pub fn new(router: Arc<Router>) -> Result<Arc<Self>, reqwest::Error> {
+        let settings = router.startup().source.config.frontend.clone();
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_millis(settings.connect_timeout_ms))
+            .pool_idle_timeout(Duration::from_secs(30))
+            .tcp_nodelay(true)
+            .build()?;
+        Ok(Arc::new(Frontend {
+            router,
+            client,
+            settings,
+            next_request: AtomicU64::new(0),
+            id_prefix: format!("sy-{:08x}", rand::random::<u32>()),
+        }))
+    }
+
+    pub fn router(&self) -> &Arc<Router> {
+        &self.router
+    }
+
+    pub fn client(&self) -> &reqwest::Client {
+        &self.client
+    }
+
+    pub fn settings(&self) -> &FrontendSettings {
+        &self.settings
+    }
+
+    /// Routes one request: select and reserve, forward, stream back.
+    async fn proxy(
+        self: Arc<Self>,
+        endpoint: Endpoint,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> Response {
+        let block_size = self.router.block_size();
+        let prompt = match prompt::parse(endpoint, &body, block_size) {
+            Ok(prompt) => prompt,
+            Err(invalid) => {
+                let mut error = OpenAiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request_error",
+                    invalid.message,
+                );
+                error.param = invalid.param;
+                return error.into_response();
+            }
+        };
+        let instance = match headers.get(INSTANCE_HEADER).map(HeaderValue::to_str) {
+            None => None,
+            Some(Ok(name)) => Some(name.to_owned()),
+            Some(Err(_)) => {
+                return OpenAiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request_error",
+                    format!("the `{INSTANCE_HEADER}` header must be ASCII text"),
+                )
+                .into_response()
+            }
+        };
+        let prompt = Arc::new(prompt);
+        let mut excluded_attempts = 0;
+        loop {
+            let (decision, lease) = match self.select(&prompt, instance.clone()).await {
+                Ok(chosen) => chosen,
+                Err(error) => return error.into_response(),
+            };
+            let worker = WorkerId {
+                worker_id: decision.worker_id,
+                dp_rank: decision.dp_rank,
+            };
+            let Some(url) = self.router.worker_url(worker) else {
+                return OpenAiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", format!("worker {} (dp_rank {}) has no `url`: give every worker of model `{}` the address of its engine", worker.worker_id, worker.dp_rank, prompt.model)).into_response();
+            };
+            let upstream = self
+                .client
+                .post(format!("{}{}", url.trim_end_matches('/'), endpoint.path()))
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .timeout(Duration::from_secs(self.settings.request_timeout_secs))
+                .body(body.clone())
+                .send()
+                .await;
+            match upstream {
+                Err(error)
+                    if error.is_connect() && excluded_attempts < self.settings.connect_retries =>
+                {
+                    drop(lease);
+                    tracing::warn!(worker = worker.worker_id, %url, %error, "engine refused the connection; marked unhealthy, selecting again");
+                    self.router.mark_unhealthy(
+                        worker,
+                        Duration::from_millis(self.settings.unhealthy_cooldown_ms),
+                    );
+                    self.router.metrics.record_upstream_retry();
+                    excluded_attempts += 1;
+                }
+                Err(error) => {
+                    drop(lease);
+                    let (status, what) = if error.is_connect() {
+                        self.router.mark_unhealthy(
+                            worker,
+                            Duration::from_millis(self.settings.unhealthy_cooldown_ms),
+                        );
+                        (StatusCode::BAD_GATEWAY, "could not connect to")
+                    } else if error.is_timeout() {
+                        (StatusCode::GATEWAY_TIMEOUT, "timed out waiting for")
+                    } else {
+                        (StatusCode::BAD_GATEWAY, "failed talking to")
+                    };
+                    self.router.metrics.record_upstream_error();
+                    return OpenAiError::new(
+                        status,
+                        "server_error",
+                        format!(
+                            "switchyard {what} worker {} ({url}): {error}",
+                            worker.worker_id
+                        ),
+                    )
+                    .into_response();
+                }
+                Ok(response) => return self.respond(&prompt, decision, lease, response),
+            }
+        }
+    }
+
+    /// Selects and reserves on the blocking pool: plugin code never runs on the async
+    /// executor's threads.
+    async fn select(
+        &self,
+        prompt: &Arc<Prompt>,
+        instance: Option<String>,
+    ) -> Result<(RouteDecision, Lease), OpenAiError> {
+        let request_id = format!(
+            "{}-{}",
+            self.id_prefix,
+            self.next_request.fetch_add(1, Ordering::Relaxed)
+        );
+        let router = self.router.clone();
+        let prompt = prompt.clone();
+        let id = request_id.clone();
+        let decision = tokio::task::spawn_blocking(move || {
+            router.select_and_reserve(&RouteRequest {
+                model: prompt.model.clone(),
+                instance,
+                block_hashes: Some(prompt.block_hashes.clone()),
+                request_id: Some(id),
+                expected_output_tokens: prompt.expected_output_tokens,
+                ..Default::default()
+            })
+        })
+        .await
+        .map_err(|e| {
+            OpenAiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                format!("selection did not finish: {e}"),
+            )
+        })??;
+        Ok((decision, Lease::new(self.router.clone(), request_id)))
+    }
+
+    /// The client's response: the engine's status, body and content type, the decision in
+    /// `x-switchyard-*` headers, and the lease riding along the body stream.
+    fn respond(
+        &self,
+        prompt: &Prompt,
+        decision: RouteDecision,
+        mut lease: Lease,
+        upstream: reqwest::Response,
+    ) -> Response {
+        let status = upstream.status();
+        let worker = WorkerId {
+            worker_id: decision.worker_id,
+            dp_rank: decision.dp_rank,
+        };
+        if status.is_success() {
+            self.router
+                .predict_cached(&prompt.model, worker, &prompt.block_hashes);
+            if !prompt.stream {
+                lease.prefill_complete();
+            }
+        }
+        let mut headers = HeaderMap::new();
+        if let Some(content_type) = upstream.headers().get(reqwest::header::CONTENT_TYPE) {
+            if let Ok(value) = HeaderValue::from_bytes(content_type.as_bytes()) {
+                headers.insert(axum::http::header::CONTENT_TYPE, value);
+            }
+        }
+        let decision_headers = [
+            ("x-switchyard-worker", decision.worker_id.to_string()),
+            ("x-switchyard-dp-rank", decision.dp_rank.to_string()),
+            ("x-switchyard-instance", decision.instance.clone()),
+            (
+                "x-switchyard-overlap-blocks",
+                decision.device_overlap_blocks.to_string(),
+            ),
+            ("x-switchyard-fallback", decision.fallback.to_string()),
+        ];
+        for (name, value) in decision_headers {
+            if let Ok(value) = HeaderValue::from_str(&value) {
+                headers.insert(HeaderName::from_static(name), value);
+            }
+        }
+        let sse = prompt.stream && status.is_success();
+        let body = Body::from_stream(relay(upstream.bytes_stream(), lease, sse, &self.router));
+        let status = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+        (status, headers, body).into_response()
+    }
+}
+
+/// One request's booking: prefill complete once, freed exactly once (at the end of the
+/// answer, on error, or when dropped because the client went away).
+pub struct Lease {
+    router: Arc<Router>,
+    request_id: String,
+    prefilled: bool,
+    freed: bool,
+}
+
+impl Lease {
+    fn new(router: Arc<Router>, request_id: String) -> Self {
+        Lease {
+            router,
+            request_id,
+            prefilled: false,
+            freed: false,
+        }
+    }
+
+    fn prefill_complete(&mut self) {
+        if !self.prefilled && !self.freed {
+            self.prefilled = true;
+            if let Err(error) = self.router.prefill_complete(&self.request_id) {
+                tracing::warn!(request = %self.request_id, %error, "prefill complete: booking already gone");
+            }
+        }
+    }
+
+    fn free(&mut self) {
+        if !self.freed {
+            self.freed = true;
+            if let Err(error) = self.router.free(&self.request_id) {
+                tracing::warn!(request = %self.request_id, %error, "free: booking already gone");
+            }
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.free();
+    }
+}
+
+/// The upstream body, relayed chunk by chunk as it arrives. The first chunk completes
+/// prefill; the end frees; an upstream error frees and, for an event stream, ends it with
+/// an SSE error event (the client has the status line already, so no other signal is
+/// left). Dropping the stream (client gone) drops the lease and the upstream request.
+fn relay(
+    upstream: impl Stream<Item = reqwest::Result<Bytes>> + Send + 'static,
+    lease: Lease,
+    sse: bool,
+    router: &Arc<Router>,
+) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
+    let router = router.clone();
+    let upstream = Box::pin(upstream);
+    futures_util::stream::unfold(Some((upstream, lease)), move |state| {
+        let router = router.clone();
+        async move {
+            let (mut upstream, mut lease) = state?;
+            match upstream.next().await {
+                Some(Ok(chunk)) => {
+                    lease.prefill_complete();
+                    Some((Ok(chunk), Some((upstream, lease))))
+                }
+                None => {
+                    lease.free();
+                    None
+                }
+                Some(Err(error)) => {
+                    lease.free();
+                    router.metrics.record_upstream_error();
+                    tracing::warn!(request = %lease.request_id, %error, "engine failed mid-answer");
+                    if sse {
+                        let event = json!({"error": {"message": format!("the engine failed mid-stream: {error}"), "type": "server_error", "param": null, "code": "upstream_error"}});
+                        Some((Ok(Bytes::from(format!("data: {event}\n\n"))), None))
+                    } else {
+                        Some((Err(std::io::Error::other(error)), None))
+                    }
+                }
+            }
+        }
+    })
+}
+
+async fn chat_completions(
+    State(frontend): State<Arc<Frontend>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    frontend
+        .proxy(Endpoint::ChatCompletions, headers, body)
+        .await
+}
+
+async fn completions(
+    State(frontend): State<Arc<Frontend>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    frontend.proxy(Endpoint::Completions, headers, body).await
+}
+
+/// The models workers serve, in OpenAI's list shape.
+async fn models(State(frontend): State<Arc<Frontend>>) -> Json<serde_json::Value> {
+    let data: Vec<_> = frontend
+        .router
+        .models()
+        .into_iter()
+        .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "switchyard"}))
+        .collect();
+    Json(json!({"object": "list", "data": data}))
+}
+
+/// The frontend's routes, to merge into the HTTP service.
+pub fn routes(frontend: Arc<Frontend>) -> HttpRouter {
+    HttpRouter::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .with_state(frontend)
+}

@@ -1,0 +1,287 @@
+//! `switchyard engine-sim`: a simulated OpenAI-compatible inference engine, what the
+//! frontend's tests, benchmark and demo run against on loopback.
+//!
+//! It serves `/v1/chat/completions`, `/v1/completions`, `/v1/models` and `/health`. A
+//! prompt's blocks (hashed as the router hashes prompt text) go through an LRU prefix
+//! cache; cached blocks skip prefill. Prefill is one queue per engine at `prefill_tps`
+//! tokens/s (a request waits for the ones before it); decode streams one token per
+//! `1 / decode_tps` seconds per request, concurrently. `--fail` makes it answer 500, or
+//! break the connection halfway through a streamed answer.
+
+use std::net::SocketAddr;
+use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router as HttpRouter};
+use lru::LruCache;
+use parking_lot::Mutex;
+use serde_json::json;
+
+use crate::serve::frontend::prompt::{self, Endpoint};
+use crate::serve::http_service::shutdown_signal;
+
+/// How a simulated engine misbehaves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum FailMode {
+    /// Answers every request.
+    None,
+    /// Answers every completion with HTTP 500 and an OpenAI error body.
+    Http500,
+    /// Breaks the connection after half of a streamed answer's tokens.
+    AbortMidStream,
+}
+
+/// What `switchyard engine-sim` takes.
+#[derive(clap::Args, Clone, Debug)]
+pub struct EngineSimArgs {
+    /// Address to listen on (port 0: any free port; the bound address is printed).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    pub listen: SocketAddr,
+    /// The model it serves.
+    #[arg(long, default_value = "demo")]
+    pub model: String,
+    /// Its name, returned in the `x-engine-name` header and `system_fingerprint`.
+    #[arg(long, default_value = "engine-sim")]
+    pub name: String,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: u32,
+    /// Prefix-cache capacity in blocks (LRU).
+    #[arg(long, default_value_t = 4096)]
+    pub cache_blocks: usize,
+    /// Prefill throughput of the engine, tokens per second.
+    #[arg(long, default_value_t = 100_000.0)]
+    pub prefill_tps: f64,
+    /// Decode speed of each request, tokens per second.
+    #[arg(long, default_value_t = 500.0)]
+    pub decode_tps: f64,
+    /// Output tokens when the request sets no `max_tokens`.
+    #[arg(long, default_value_t = 16)]
+    pub default_max_tokens: u64,
+    #[arg(long, value_enum, default_value = "none")]
+    pub fail: FailMode,
+}
+
+struct Engine {
+    args: EngineSimArgs,
+    cache: Mutex<LruCache<u64, ()>>,
+    /// When the prefill queue is next free.
+    prefill_free_at: Mutex<Instant>,
+    requests: AtomicU64,
+}
+
+impl Engine {
+    /// Looks the prompt's blocks up in the prefix cache (storing them); returns the
+    /// prefill delay: the queue ahead of it plus its uncached tokens.
+    fn prefill_delay(&self, prompt: &prompt::Prompt) -> Duration {
+        let mut cache = self.cache.lock();
+        let hit = prompt
+            .block_hashes
+            .iter()
+            .take_while(|h| cache.get(*h).is_some())
+            .count() as u64;
+        for hash in &prompt.block_hashes {
+            cache.put(*hash, ());
+        }
+        drop(cache);
+        let tokens = prompt.request_blocks.saturating_sub(hit) * u64::from(self.args.block_size);
+        let work = Duration::from_secs_f64(tokens as f64 / self.args.prefill_tps);
+        let now = Instant::now();
+        let mut free_at = self.prefill_free_at.lock();
+        let start = (*free_at).max(now);
+        *free_at = start + work;
+        *free_at - now
+    }
+}
+
+fn openai_error(status: StatusCode, message: &str, kind: &str) -> Response {
+    let body = json!({"error": {"message": message, "type": kind, "param": null, "code": null}});
+    (status, Json(body)).into_response()
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+async fn complete(engine: Arc<Engine>, endpoint: Endpoint, body: Bytes) -> Response {
+    let prompt = match prompt::parse(endpoint, &body, engine.args.block_size) {
+        Ok(prompt) => prompt,
+        Err(e) => {
+            return openai_error(StatusCode::BAD_REQUEST, &e.message, "invalid_request_error")
+        }
+    };
+    if prompt.model != engine.args.model {
+        let message = format!(
+            "model `{}` is not served here (this engine serves `{}`)",
+            prompt.model, engine.args.model
+        );
+        return openai_error(StatusCode::NOT_FOUND, &message, "invalid_request_error");
+    }
+    if engine.args.fail == FailMode::Http500 {
+        return openai_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "simulated engine failure",
+            "server_error",
+        );
+    }
+    let number = engine.requests.fetch_add(1, Ordering::Relaxed);
+    let tokens = prompt
+        .expected_output_tokens
+        .unwrap_or(engine.args.default_max_tokens);
+    let prefill = engine.prefill_delay(&prompt);
+    let per_token = Duration::from_secs_f64(1.0 / engine.args.decode_tps);
+    let chunk = Chunk {
+        endpoint,
+        id: number,
+        created: unix_now(),
+        model: engine.args.model.clone(),
+        name: engine.args.name.clone(),
+    };
+    let name = [("x-engine-name", engine.args.name.clone())];
+    if !prompt.stream {
+        tokio::time::sleep(prefill + per_token * tokens as u32).await;
+        return (name, Json(chunk.whole(tokens, prompt.request_blocks))).into_response();
+    }
+    let abort_at = (engine.args.fail == FailMode::AbortMidStream).then_some(tokens / 2);
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(4);
+    tokio::spawn(async move {
+        tokio::time::sleep(prefill).await;
+        let mut next = tokio::time::Instant::now();
+        for i in 0..tokens {
+            if abort_at == Some(i) {
+                let broken = std::io::Error::other("simulated engine abort mid-stream");
+                let _ = tx.send(Err(broken)).await;
+                return;
+            }
+            if tx.send(Ok(chunk.event(i, i + 1 == tokens))).await.is_err() {
+                return; // the client went away
+            }
+            next += per_token;
+            tokio::time::sleep_until(next).await;
+        }
+        let _ = tx.send(Ok(Bytes::from_static(b"data: [DONE]\n\n"))).await;
+    });
+    let stream = futures_util::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    });
+    (
+        name,
+        [
+            (header::CONTENT_TYPE, "text/event-stream"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(stream),
+    )
+        .into_response()
+}
+
+/// The fixed parts of one answer's chunks.
+struct Chunk {
+    endpoint: Endpoint,
+    id: u64,
+    created: u64,
+    model: String,
+    name: String,
+}
+
+impl Chunk {
+    /// One SSE event with token `i`.
+    fn event(&self, i: u64, last: bool) -> Bytes {
+        let text = format!("tok{i} ");
+        let finish = if last { json!("length") } else { json!(null) };
+        let value = match self.endpoint {
+            Endpoint::ChatCompletions => json!({
+                "id": format!("chatcmpl-{}", self.id), "object": "chat.completion.chunk",
+                "created": self.created, "model": self.model, "system_fingerprint": self.name,
+                "choices": [{"index": 0, "delta": if i == 0 { json!({"role": "assistant", "content": text}) } else { json!({"content": text}) }, "finish_reason": finish}],
+            }),
+            Endpoint::Completions => json!({
+                "id": format!("cmpl-{}", self.id), "object": "text_completion",
+                "created": self.created, "model": self.model, "system_fingerprint": self.name,
+                "choices": [{"index": 0, "text": text, "finish_reason": finish}],
+            }),
+        };
+        Bytes::from(format!("data: {value}\n\n"))
+    }
+
+    /// The whole (non-streamed) answer.
+    fn whole(&self, tokens: u64, prompt_blocks: u64) -> serde_json::Value {
+        let text: String = (0..tokens).map(|i| format!("tok{i} ")).collect();
+        let usage = json!({"prompt_tokens": prompt_blocks, "completion_tokens": tokens, "total_tokens": prompt_blocks + tokens});
+        match self.endpoint {
+            Endpoint::ChatCompletions => json!({
+                "id": format!("chatcmpl-{}", self.id), "object": "chat.completion",
+                "created": self.created, "model": self.model, "system_fingerprint": self.name,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "length"}],
+                "usage": usage,
+            }),
+            Endpoint::Completions => json!({
+                "id": format!("cmpl-{}", self.id), "object": "text_completion",
+                "created": self.created, "model": self.model, "system_fingerprint": self.name,
+                "choices": [{"index": 0, "text": text, "finish_reason": "length"}],
+                "usage": usage,
+            }),
+        }
+    }
+}
+
+/// Runs the simulator until SIGINT or SIGTERM.
+pub async fn run(args: EngineSimArgs) -> std::io::Result<()> {
+    for (name, value) in [
+        ("--prefill-tps", args.prefill_tps),
+        ("--decode-tps", args.decode_tps),
+    ] {
+        if !(value.is_finite() && value > 0.0) {
+            return Err(std::io::Error::other(format!(
+                "{name} must be a positive number, got {value}"
+            )));
+        }
+    }
+    let capacity = NonZeroUsize::new(args.cache_blocks)
+        .ok_or_else(|| std::io::Error::other("--cache-blocks must be at least 1"))?;
+    if args.block_size == 0 {
+        return Err(std::io::Error::other("--block-size must be at least 1"));
+    }
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| {
+            std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", args.listen))
+        })?;
+    let engine = Arc::new(Engine {
+        cache: Mutex::new(LruCache::new(capacity)),
+        prefill_free_at: Mutex::new(Instant::now()),
+        requests: AtomicU64::new(0),
+        args,
+    });
+    let models = json!({"object": "list", "data": [{"id": engine.args.model, "object": "model", "created": 0, "owned_by": "switchyard-engine-sim"}]});
+    let app = HttpRouter::new()
+        .route(
+            "/v1/chat/completions",
+            post(|State(e): State<Arc<Engine>>, body: Bytes| {
+                complete(e, Endpoint::ChatCompletions, body)
+            }),
+        )
+        .route(
+            "/v1/completions",
+            post(|State(e): State<Arc<Engine>>, body: Bytes| {
+                complete(e, Endpoint::Completions, body)
+            }),
+        )
+        .route("/v1/models", get(move || async move { Json(models) }))
+        .route("/health", get(|| async { "ok\n" }))
+        .with_state(engine);
+    let shutdown = shutdown_signal()?;
+    println!("engine-sim listening on http://{}", listener.local_addr()?);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+}

@@ -1,0 +1,533 @@
+//! The OpenAI-compatible frontend end to end: `switchyard serve` in front of several
+//! `switchyard engine-sim` processes on loopback, started and killed (by PID) here. Real
+//! HTTP all the way; every request loop is bounded in count and time.
+
+mod support;
+
+use std::process::Command;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use support::*;
+
+const ENGINE_ANNOUNCE: &str = "engine-sim listening on ";
+
+fn engine(name: &str, listen: &str, extra: &[&str]) -> Process {
+    Process::start(
+        Command::new(switchyard_bin())
+            .args([
+                "engine-sim",
+                "--model",
+                "demo",
+                "--name",
+                name,
+                "--listen",
+                listen,
+            ])
+            .args(extra)
+            .env("RUST_LOG", "warn"),
+        ENGINE_ANNOUNCE,
+    )
+}
+
+/// A router whose workers 1..=n are the given engine addresses, predicted KV tracking,
+/// and fast health probes.
+fn router(dir: &std::path::Path, engines: &[&str]) -> Process {
+    let workers: String = engines
+        .iter()
+        .enumerate()
+        .map(|(i, url)| {
+            format!(
+                "  - {{model: demo, worker_id: {}, url: \"{url}\"}}\n",
+                i + 1
+            )
+        })
+        .collect();
+    let yaml = format!(
+        "models:\n  demo: {{kv_tracking: predicted}}\n\
+         frontend: {{health_interval_ms: 100, unhealthy_cooldown_ms: 300, connect_timeout_ms: 500, connect_retries: 3}}\n\
+         workers:\n{workers}"
+    );
+    let config = write_config(dir, &yaml);
+    Process::start(
+        Command::new(switchyard_bin())
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(config)
+            .env("RUST_LOG", "warn"),
+        "switchyard listening on ",
+    )
+}
+
+fn chat(content: &str, stream: bool, max_tokens: u64) -> Value {
+    json!({"model": "demo", "stream": stream, "max_tokens": max_tokens,
+           "messages": [{"role": "system", "content": "You are a routing test."}, {"role": "user", "content": content}]})
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+async fn workers(client: &reqwest::Client, base: &str) -> Vec<Value> {
+    let value: Value = client
+        .get(format!("{base}/v1/workers"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    value.as_array().unwrap().clone()
+}
+
+/// Waits (bounded) until every worker's booked load is zero; panics with the loads if not.
+async fn wait_for_zero_load(client: &reqwest::Client, base: &str) {
+    let mut last = Vec::new();
+    for _ in 0..100 {
+        last = workers(client, base).await;
+        let busy = last.iter().any(|w| {
+            let load = &w["load"];
+            load["active_requests"] != 0
+                || load["active_prefill_tokens"] != 0
+                || load["active_decode_blocks"] != 0
+        });
+        if !busy {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("bookings left behind: {last:#?}");
+}
+
+/// Splits complete SSE events (`data: ...\n\n`) off the front of `buffer`.
+fn events(buffer: &mut String) -> Vec<String> {
+    let mut out = Vec::new();
+    while let Some(end) = buffer.find("\n\n") {
+        let event: String = buffer.drain(..end + 2).collect();
+        if let Some(data) = event.trim().strip_prefix("data: ") {
+            out.push(data.to_owned());
+        }
+    }
+    out
+}
+
+#[test]
+fn a_streamed_answer_is_relayed_while_the_engine_still_produces_it() {
+    let dir = tempfile::tempdir().unwrap();
+    // 8 tokens at 10 tokens/s: the engine needs ~0.8 s for the whole answer.
+    let engine = engine("solo", "127.0.0.1:0", &["--decode-tps", "10"]);
+    let router = router(dir.path(), &[&engine.address]);
+    runtime().block_on(async {
+        let client = reqwest::Client::new();
+        let base = &router.address;
+        let response = client
+            .post(format!("{base}/v1/chat/completions"))
+            .json(&chat("stream me", true, 8))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let headers = response.headers().clone();
+        assert_eq!(headers["content-type"], "text/event-stream");
+        assert_eq!(headers["x-switchyard-worker"], "1");
+        assert_eq!(headers["x-switchyard-instance"], "default");
+        assert_eq!(headers["x-switchyard-fallback"], "false");
+        let mut body = response.bytes_stream();
+        let mut buffer = String::new();
+        let mut received = Vec::new();
+        while received.is_empty() {
+            let chunk = body.next().await.expect("a first chunk").unwrap();
+            buffer.push_str(std::str::from_utf8(&chunk).unwrap());
+            received.extend(events(&mut buffer));
+        }
+        // The first token is here and the answer is not: the router still holds the
+        // booking, already past prefill. A buffering proxy would have freed it by now.
+        let load = workers(&client, base).await[0]["load"].clone();
+        assert_eq!(load["active_requests"], 1, "{load}");
+        assert_eq!(
+            load["active_prefill_tokens"], 0,
+            "prefill completes at the first token: {load}"
+        );
+        let first: Value = serde_json::from_str(&received[0]).unwrap();
+        assert_eq!(first["object"], "chat.completion.chunk");
+        assert_eq!(first["choices"][0]["delta"]["content"], "tok0 ");
+        while let Some(chunk) = body.next().await {
+            buffer.push_str(std::str::from_utf8(&chunk.unwrap()).unwrap());
+            received.extend(events(&mut buffer));
+        }
+        assert_eq!(received.len(), 9, "8 tokens and [DONE]: {received:?}");
+        assert_eq!(received.last().unwrap(), "[DONE]");
+        wait_for_zero_load(&client, base).await;
+    });
+}
+
+#[test]
+fn a_repeated_prompt_goes_back_to_the_worker_that_cached_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let engines: Vec<_> = (0..3)
+        .map(|i| engine(&format!("e{i}"), "127.0.0.1:0", &[]))
+        .collect();
+    let urls: Vec<&str> = engines.iter().map(|e| e.address.as_str()).collect();
+    let router = router(dir.path(), &urls);
+    runtime().block_on(async {
+        let client = reqwest::Client::new();
+        let url = format!("{}/v1/chat/completions", router.address);
+        let prompt = "Summarise the following report. ".repeat(40);
+        let first = client
+            .post(&url)
+            .json(&chat(&prompt, false, 4))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(first.status(), 200);
+        assert_eq!(first.headers()["x-switchyard-overlap-blocks"], "0");
+        let served_by = first.headers()["x-switchyard-worker"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        let answer: Value = first.json().await.unwrap();
+        assert_eq!(answer["object"], "chat.completion");
+        for _ in 0..5 {
+            let again = client
+                .post(&url)
+                .json(&chat(&prompt, false, 4))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(again.headers()["x-switchyard-worker"], served_by.as_str());
+            let overlap: u64 = again.headers()["x-switchyard-overlap-blocks"]
+                .to_str()
+                .unwrap()
+                .parse()
+                .unwrap();
+            assert!(
+                overlap >= 20,
+                "the prompt's blocks are predicted cached: {overlap}"
+            );
+            again.bytes().await.unwrap();
+        }
+        // Completions go through the same frontend (their prompt renders differently
+        // from a chat's, so they find their own worker, then stay on it).
+        let completion = |prompt: String| {
+            client
+                .post(format!("{}/v1/completions", router.address))
+                .json(&json!({"model": "demo", "prompt": prompt, "max_tokens": 2}))
+                .send()
+        };
+        let first = completion(prompt.clone()).await.unwrap();
+        let completion_worker = first.headers()["x-switchyard-worker"].clone();
+        assert_eq!(
+            first.json::<Value>().await.unwrap()["object"],
+            "text_completion"
+        );
+        let again = completion(prompt.clone()).await.unwrap();
+        assert_eq!(again.headers()["x-switchyard-worker"], completion_worker);
+        assert_ne!(again.headers()["x-switchyard-overlap-blocks"], "0");
+        again.bytes().await.unwrap();
+        let models: Value = client
+            .get(format!("{}/v1/models", router.address))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(models["data"][0]["id"], "demo");
+        wait_for_zero_load(&client, &router.address).await;
+    });
+}
+
+#[test]
+fn bad_requests_get_openai_errors_and_book_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine("e", "127.0.0.1:0", &[]);
+    let router = router(dir.path(), &[&engine.address]);
+    runtime().block_on(async {
+        let client = reqwest::Client::new();
+        let url = format!("{}/v1/chat/completions", router.address);
+        for (body, status, param) in [
+            ("{not json", 400, Value::Null),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}]}"#,
+                400,
+                json!("model"),
+            ),
+            (r#"{"model":"demo","messages":"x"}"#, 400, json!("messages")),
+            (
+                r#"{"model":"demo","messages":[{"role":"user","content":"x"}],"stream":"yes"}"#,
+                400,
+                json!("stream"),
+            ),
+            (
+                r#"{"model":"elsewhere","messages":[{"role":"user","content":"x"}]}"#,
+                404,
+                Value::Null,
+            ),
+        ] {
+            let response = client.post(&url).body(body).send().await.unwrap();
+            assert_eq!(response.status(), status, "{body}");
+            let error: Value = response.json().await.unwrap();
+            assert!(
+                error["error"]["message"]
+                    .as_str()
+                    .is_some_and(|m| !m.is_empty()),
+                "{error}"
+            );
+            assert!(error["error"]["type"].is_string(), "{error}");
+            assert_eq!(error["error"]["param"], param, "{body}: {error}");
+        }
+        let unknown_instance = client
+            .post(&url)
+            .header("x-switchyard-instance", "nope")
+            .json(&chat("x", false, 1))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(unknown_instance.status(), 404);
+        wait_for_zero_load(&client, &router.address).await;
+    });
+    // An engine's own error passes through with its status and body, and frees.
+    let failing = engine_failing();
+    let router = self::router(dir.path(), &[&failing.address]);
+    runtime().block_on(async {
+        let client = reqwest::Client::new();
+        let response = client
+            .post(format!("{}/v1/chat/completions", router.address))
+            .json(&chat("x", true, 4))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 500);
+        let error: Value = response.json().await.unwrap();
+        assert_eq!(error["error"]["message"], "simulated engine failure");
+        wait_for_zero_load(&client, &router.address).await;
+    });
+}
+
+fn engine_failing() -> Process {
+    engine("failing", "127.0.0.1:0", &["--fail", "http500"])
+}
+
+/// A loopback port nothing listens on (until a test starts something there).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[test]
+fn a_refused_engine_is_skipped_marked_unhealthy_and_comes_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let down = format!("http://127.0.0.1:{port}");
+    let up = engine("up", "127.0.0.1:0", &[]);
+    let router = router(dir.path(), &[&down, &up.address]);
+    let rt = runtime();
+    rt.block_on(async {
+        let client = reqwest::Client::new();
+        let url = format!("{}/v1/chat/completions", router.address);
+        for i in 0..10 {
+            let response = client
+                .post(&url)
+                .json(&chat(&format!("p{i}"), false, 2))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 200);
+            assert_eq!(response.headers()["x-switchyard-worker"], "2");
+            response.bytes().await.unwrap();
+        }
+        let listed = workers(&client, &router.address).await;
+        assert_eq!(listed[0]["healthy"], false, "{listed:#?}");
+        assert_eq!(listed[0]["url"], down.as_str());
+        assert_eq!(listed[1]["healthy"], true);
+        wait_for_zero_load(&client, &router.address).await;
+    });
+    // The engine comes up on that port; probes bring the worker back after its cool-down.
+    let _back = engine("back", &format!("127.0.0.1:{port}"), &[]);
+    rt.block_on(async {
+        let client = reqwest::Client::new();
+        let mut healthy = false;
+        for _ in 0..100 {
+            healthy = workers(&client, &router.address).await[0]["healthy"] == true;
+            if healthy {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(healthy, "the worker never came back");
+        let url = format!("{}/v1/chat/completions", router.address);
+        let mut to_first = 0;
+        for i in 0..40 {
+            let response = client
+                .post(&url)
+                .json(&chat(&format!("fresh {i}"), false, 1))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 200);
+            to_first += usize::from(response.headers()["x-switchyard-worker"] == "1");
+            response.bytes().await.unwrap();
+        }
+        assert!(to_first > 0, "no request reached the recovered worker");
+    });
+}
+
+enum Outcome {
+    Completed,
+    Disconnected,
+    /// An OpenAI error body, or an SSE error event after the stream began.
+    ClearError,
+    /// Anything else: a failure without a message.
+    Unclear(String),
+}
+
+async fn streamed_request(
+    client: reqwest::Client,
+    url: String,
+    i: usize,
+    started: Arc<AtomicUsize>,
+) -> Outcome {
+    let disconnect = i % 10 == 0;
+    let prompt = format!("{} request {i}", "shared context ".repeat(i % 5 * 20));
+    let response = match client
+        .post(&url)
+        .json(&chat(&prompt, true, 20))
+        .send()
+        .await
+    {
+        Ok(response) => response,
+        Err(e) => return Outcome::Unclear(format!("request failed: {e}")),
+    };
+    if !response.status().is_success() {
+        return match response.json::<Value>().await {
+            Ok(error) if error["error"]["message"].is_string() => Outcome::ClearError,
+            other => Outcome::Unclear(format!("error without a body: {other:?}")),
+        };
+    }
+    let mut body = response.bytes_stream();
+    let mut buffer = String::new();
+    let mut first = true;
+    while let Some(chunk) = body.next().await {
+        let chunk = match chunk {
+            Ok(chunk) => chunk,
+            Err(e) => return Outcome::Unclear(format!("stream broke without an error event: {e}")),
+        };
+        buffer.push_str(&String::from_utf8_lossy(&chunk));
+        for event in events(&mut buffer) {
+            if first {
+                first = false;
+                started.fetch_add(1, Ordering::Relaxed);
+                if disconnect {
+                    return Outcome::Disconnected; // drops the body: the client hangs up
+                }
+            }
+            if event == "[DONE]" {
+                return Outcome::Completed;
+            }
+            if serde_json::from_str::<Value>(&event)
+                .is_ok_and(|v| v["error"]["message"].is_string())
+            {
+                return Outcome::ClearError;
+            }
+        }
+    }
+    Outcome::Unclear("the stream ended without [DONE] or an error event".into())
+}
+
+#[test]
+fn a_thousand_streams_with_hangups_and_a_killed_engine_leave_no_booking() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut engines: Vec<_> = (0..3)
+        .map(|i| engine(&format!("e{i}"), "127.0.0.1:0", &["--decode-tps", "100"]))
+        .collect();
+    let urls: Vec<String> = engines.iter().map(|e| e.address.clone()).collect();
+    let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
+    let router = router(dir.path(), &urls);
+    let victim = engines[2].pid();
+    let started = Arc::new(AtomicUsize::new(0));
+    let outcomes = runtime().block_on(async {
+        let client = reqwest::Client::builder()
+            .pool_max_idle_per_host(0)
+            .build()
+            .unwrap();
+        let url = format!("{}/v1/chat/completions", router.address);
+        let tasks: Vec<_> = (0..1000)
+            .map(|i| {
+                tokio::spawn(streamed_request(
+                    client.clone(),
+                    url.clone(),
+                    i,
+                    started.clone(),
+                ))
+            })
+            .collect();
+        // Kill one engine (by PID) once a few hundred streams are under way.
+        let killer_started = started.clone();
+        let killer = tokio::spawn(async move {
+            for _ in 0..300 {
+                if killer_started.load(Ordering::Relaxed) >= 300 {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let status = Command::new("kill")
+                .args(["-9", &victim.to_string()])
+                .status()
+                .unwrap();
+            assert!(status.success());
+        });
+        let mut outcomes = Vec::new();
+        for task in tasks {
+            let outcome = tokio::time::timeout(Duration::from_secs(120), task)
+                .await
+                .expect("every request ends within the time bound")
+                .unwrap();
+            outcomes.push(outcome);
+        }
+        killer.await.unwrap();
+        wait_for_zero_load(&client, &router.address).await;
+        let listed = workers(&client, &router.address).await;
+        assert_eq!(
+            listed[2]["healthy"], false,
+            "the killed engine is out: {listed:#?}"
+        );
+        outcomes
+    });
+    engines[2].kill();
+    let count = |f: fn(&Outcome) -> bool| outcomes.iter().filter(|o| f(o)).count();
+    let unclear: Vec<&str> = outcomes
+        .iter()
+        .filter_map(|o| match o {
+            Outcome::Unclear(reason) => Some(reason.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        unclear.is_empty(),
+        "{} requests ended without a clear outcome: {:?}",
+        unclear.len(),
+        &unclear[..unclear.len().min(5)]
+    );
+    let hung_up = count(|o| matches!(o, Outcome::Disconnected));
+    let completed = count(|o| matches!(o, Outcome::Completed));
+    let errors = count(|o| matches!(o, Outcome::ClearError));
+    // A request meant to hang up after its first token may have failed before it.
+    assert!((50..=100).contains(&hung_up), "{hung_up} hung up");
+    assert_eq!(completed + errors + hung_up, 1000);
+    assert!(
+        completed >= 500,
+        "most requests complete: {completed} completed, {errors} clear errors"
+    );
+    println!(
+        "1000 streams: {completed} completed, {hung_up} hung up, {errors} ended with a clear error"
+    );
+}
