@@ -4,7 +4,7 @@
 CARGO ?= cargo
 CMAKE_BUILD := target/cmake
 
-.PHONY: run test lint build plugins check-tools bench clean
+.PHONY: run demo test lint build plugins check-tools bench bench-frontend clean
 
 check-tools:
 	@./scripts/check-tools
@@ -20,6 +20,9 @@ build: plugins
 run: build
 	./target/release/switchyard serve
 
+demo: build
+	./scripts/demo
+
 test: plugins
 	$(CARGO) build --workspace
 	cp target/debug/libleast_busy.so target/plugins/
@@ -34,6 +37,9 @@ lint: check-tools
 
 bench: build
 	$(CARGO) bench -p switchyard --bench selection
+
+bench-frontend: build
+	$(CARGO) bench -p switchyard --bench frontend
 
 clean:
 	rm -rf target

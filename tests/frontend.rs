@@ -531,3 +531,70 @@ fn a_thousand_streams_with_hangups_and_a_killed_engine_leave_no_booking() {
         "1000 streams: {completed} completed, {hung_up} hung up, {errors} ended with a clear error"
     );
 }
+
+#[test]
+fn a_model_with_a_tokenizer_routes_on_its_tokens_and_refuses_what_its_template_refuses() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine("e", "127.0.0.1:0", &[]);
+    let tokenizer = repo().join("tests/fixtures/tokenizer/tokenizer.json");
+    let yaml = format!(
+        "models:\n  demo: {{kv_tracking: predicted, tokenizer: {}}}\nworkers:\n  - {{model: demo, worker_id: 1, url: \"{}\"}}\n",
+        tokenizer.display(),
+        engine.address
+    );
+    let config = write_config(dir.path(), &yaml);
+    let router = Process::start(
+        Command::new(switchyard_bin())
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(&config)
+            .env("RUST_LOG", "warn"),
+        "switchyard listening on ",
+    );
+    runtime().block_on(async {
+        let client = reqwest::Client::new();
+        let url = format!("{}/v1/chat/completions", router.address);
+        let messages = json!([{"role": "system", "content": "You are a helpful assistant."},
+                              {"role": "user", "content": "Summarise the following report in three sentences."}]);
+        let body = json!({"model": "demo", "max_tokens": 2, "messages": messages});
+        for expected_overlap in ["0", "2"] {
+            // 40 tokens (golden.json): two full blocks of 16, cached after the first.
+            let response = client.post(&url).json(&body).send().await.unwrap();
+            assert_eq!(response.status(), 200);
+            assert_eq!(response.headers()["x-switchyard-overlap-blocks"], expected_overlap);
+            response.bytes().await.unwrap();
+        }
+        let refused = client
+            .post(&url)
+            .json(&json!({"model": "demo", "messages": [{"role": "tool", "content": "x"}]}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(refused.status(), 400);
+        let error: Value = refused.json().await.unwrap();
+        assert!(
+            error["error"]["message"].as_str().unwrap().contains("Conversation roles must be system, user or assistant"),
+            "{error}"
+        );
+        wait_for_zero_load(&client, &router.address).await;
+    });
+    // `check` loads tokenizers too, and names the config line of one that does not load.
+    let broken = format!(
+        "models:\n  demo:\n    tokenizer: {}\n",
+        repo()
+            .join("tests/fixtures/tokenizer/golden.json")
+            .display()
+    );
+    let config = write_config(dir.path(), &broken);
+    let output = Command::new(switchyard_bin())
+        .args(["check", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("config.yaml:3: model `demo`:"), "{stderr}");
+    assert!(
+        stderr.contains("golden.json: not a loadable Hugging Face tokenizer.json"),
+        "{stderr}"
+    );
+}

@@ -63,6 +63,10 @@ pub struct ModelSettings {
     pub predicted_blocks_per_worker: usize,
     /// `predicted`: seconds a routed block is assumed cached.
     pub predicted_ttl_secs: u64,
+    /// The model's Hugging Face `tokenizer.json` (relative to the config's folder); its
+    /// chat template comes from the `tokenizer_config.json` beside it. Without one, the
+    /// frontend hashes prompt text (approximate; docs/frontend.md).
+    pub tokenizer: Option<PathBuf>,
 }
 
 impl Default for ModelSettings {
@@ -71,6 +75,7 @@ impl Default for ModelSettings {
             kv_tracking: KvTracking::default(),
             predicted_blocks_per_worker: 65_536,
             predicted_ttl_secs: 600,
+            tokenizer: None,
         }
     }
 }

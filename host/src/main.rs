@@ -180,10 +180,25 @@ fn main() -> ExitCode {
             }
         },
         Command::Check { config } => match startup(config.as_ref()) {
-            Some(startup) => {
-                print!("{}", summary::check_summary(&startup));
-                ExitCode::SUCCESS
-            }
+            Some(startup) => match switchyard::serve::frontend::load_tokenizers(&startup.source) {
+                Ok(tokenizers) => {
+                    print!("{}", summary::check_summary(&startup));
+                    if !tokenizers.is_empty() {
+                        println!(
+                            "tokenizers: {} model(s) tokenize their prompts",
+                            tokenizers.len()
+                        );
+                    }
+                    ExitCode::SUCCESS
+                }
+                Err(errors) => {
+                    for e in &errors {
+                        eprintln!("error: {e}");
+                    }
+                    eprintln!("{} error(s); nothing was started", errors.len());
+                    ExitCode::FAILURE
+                }
+            },
             None => ExitCode::FAILURE,
         },
         Command::Select {

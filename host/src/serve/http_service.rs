@@ -308,8 +308,7 @@ pub async fn serve(router: Arc<Router>, listen: SocketAddr) -> std::io::Result<(
     })?;
     let address = listener.local_addr()?;
     let shutdown = shutdown_signal()?;
-    let frontend = Frontend::new(router.clone())
-        .map_err(|e| std::io::Error::other(format!("cannot set up the upstream client: {e}")))?;
+    let frontend = Frontend::new(router.clone()).map_err(std::io::Error::other)?;
     tokio::spawn(frontend::health::probe_forever(frontend.clone()));
     println!("switchyard listening on http://{address}");
     let expiry = router.clone();

@@ -113,7 +113,7 @@ fn unix_now() -> u64 {
 }
 
 async fn complete(engine: Arc<Engine>, endpoint: Endpoint, body: Bytes) -> Response {
-    let prompt = match prompt::parse(endpoint, &body, engine.args.block_size) {
+    let prompt = match prompt::parse(endpoint, &body, engine.args.block_size, |_| None) {
         Ok(prompt) => prompt,
         Err(e) => {
             return openai_error(StatusCode::BAD_REQUEST, &e.message, "invalid_request_error")

@@ -13,7 +13,9 @@
 
 pub mod health;
 pub mod prompt;
+pub mod tokenizer;
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,6 +33,7 @@ use switchyard_plugin_sdk::WorkerId;
 use crate::config::FrontendSettings;
 use crate::fleet::router::{RouteDecision, RouteError, RouteRequest, Router};
 use prompt::{Endpoint, Prompt};
+use tokenizer::ModelTokenizer;
 
 /// The request header that names the instance to route with.
 pub const INSTANCE_HEADER: &str = "x-switchyard-instance";
@@ -99,28 +102,64 @@ impl From<RouteError> for OpenAiError {
     }
 }
 
+/// Loads the tokenizer of every model that names one; each error names the config file
+/// and line, then the tokenizer file and what is wrong.
+pub fn load_tokenizers(
+    source: &crate::config::ConfigSource,
+) -> Result<HashMap<String, ModelTokenizer>, Vec<String>> {
+    let mut tokenizers = HashMap::new();
+    let mut errors = Vec::new();
+    for (model, settings) in &source.config.models {
+        let Some(path) = &settings.tokenizer else {
+            continue;
+        };
+        match ModelTokenizer::load(&source.resolve(path)) {
+            Ok(tokenizer) => {
+                tokenizers.insert(model.clone(), tokenizer);
+            }
+            Err(e) => {
+                let value = path.to_string_lossy();
+                let message = format!("model `{model}`: {e}");
+                errors.push(source.error_at("tokenizer", &value, 0, message).to_string());
+            }
+        }
+    }
+    if errors.is_empty() {
+        Ok(tokenizers)
+    } else {
+        Err(errors)
+    }
+}
+
 /// The frontend's shared state.
 pub struct Frontend {
     router: Arc<Router>,
     client: reqwest::Client,
     settings: FrontendSettings,
+    /// Per model with a `tokenizer:`.
+    tokenizers: HashMap<String, ModelTokenizer>,
     next_request: AtomicU64,
     /// Distinguishes this process's request ids from another router's.
     id_prefix: String,
 }
 
 impl Frontend {
-    pub fn new(router: Arc<Router>) -> Result<Arc<Self>, reqwest::Error> {
-        let settings = router.startup().source.config.frontend.clone();
+    /// The frontend over `router`; fails naming every tokenizer that does not load.
+    pub fn new(router: Arc<Router>) -> Result<Arc<Self>, String> {
+        let source = &router.startup().source;
+        let settings = source.config.frontend.clone();
+        let tokenizers = load_tokenizers(source).map_err(|errors| errors.join("\n"))?;
         let client = reqwest::Client::builder()
             .connect_timeout(Duration::from_millis(settings.connect_timeout_ms))
             .pool_idle_timeout(Duration::from_secs(30))
             .tcp_nodelay(true)
-            .build()?;
+            .build()
+            .map_err(|e| format!("cannot set up the upstream client: {e}"))?;
         Ok(Arc::new(Frontend {
             router,
             client,
             settings,
+            tokenizers,
             next_request: AtomicU64::new(0),
             id_prefix: format!("sy-{:08x}", rand::random::<u32>()),
         }))
@@ -145,10 +184,18 @@ impl Frontend {
         headers: HeaderMap,
         body: Bytes,
     ) -> Response {
-        let block_size = self.router.block_size();
-        let prompt = match prompt::parse(endpoint, &body, block_size) {
-            Ok(prompt) => prompt,
-            Err(invalid) => {
+        // Tokenizing a long prompt is CPU work: off the executor, like selection.
+        let frontend = self.clone();
+        let parsing = body.clone();
+        let parsed = tokio::task::spawn_blocking(move || {
+            prompt::parse(endpoint, &parsing, frontend.router.block_size(), |model| {
+                frontend.tokenizers.get(model)
+            })
+        })
+        .await;
+        let prompt = match parsed {
+            Ok(Ok(prompt)) => prompt,
+            Ok(Err(invalid)) => {
                 let mut error = OpenAiError::new(
                     StatusCode::BAD_REQUEST,
                     "invalid_request_error",
@@ -156,6 +203,14 @@ impl Frontend {
                 );
                 error.param = invalid.param;
                 return error.into_response();
+            }
+            Err(e) => {
+                return OpenAiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "server_error",
+                    format!("parsing the request did not finish: {e}"),
+                )
+                .into_response()
             }
         };
         let instance = match headers.get(INSTANCE_HEADER).map(HeaderValue::to_str) {

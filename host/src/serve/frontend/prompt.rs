@@ -1,7 +1,9 @@
 //! From an OpenAI request body to what routing needs: the model, the prompt as chained
 //! block hashes, the expected output length, and whether the answer streams.
 //!
-//! Without a tokenizer the prompt's text stands in for its tokens: every 4 bytes of the
+//! With the model's tokenizer (`models.NAME.tokenizer`), the prompt is the token ids the
+//! engine will see: chat messages rendered by the model's chat template, then encoded.
+//! Without one the prompt's text stands in for its tokens: every 4 bytes of the
 //! rendered prompt count as one pseudo-token (about what BPE tokenizers average on
 //! English), hashed in blocks of the router's `block_size` exactly as token ids are. Equal
 //! prompt prefixes therefore give equal block hashes, which is all prefix-aware routing
@@ -10,6 +12,7 @@
 
 use serde_json::Value;
 
+use super::tokenizer::ModelTokenizer;
 use crate::fleet::kv_index::hash_tokens;
 
 /// Bytes of rendered prompt text per pseudo-token.
@@ -57,8 +60,14 @@ pub struct Prompt {
     pub expected_output_tokens: Option<u64>,
 }
 
-/// Parses an OpenAI request body for `endpoint`; `block_size` is the router's.
-pub fn parse(endpoint: Endpoint, body: &[u8], block_size: u32) -> Result<Prompt, InvalidRequest> {
+/// Parses an OpenAI request body for `endpoint`; `block_size` is the router's;
+/// `tokenizer_of` gives a model's tokenizer, if it has one.
+pub fn parse<'t>(
+    endpoint: Endpoint,
+    body: &[u8],
+    block_size: u32,
+    tokenizer_of: impl FnOnce(&str) -> Option<&'t ModelTokenizer>,
+) -> Result<Prompt, InvalidRequest> {
     let value: Value = serde_json::from_slice(body).map_err(|e| InvalidRequest {
         param: None,
         message: format!("the body is not valid JSON: {e}"),
@@ -77,10 +86,25 @@ pub fn parse(endpoint: Endpoint, body: &[u8], block_size: u32) -> Result<Prompt,
         Some(Value::Bool(stream)) => *stream,
         Some(_) => return Err(invalid("stream", "`stream` must be a boolean")),
     };
+    let tokenizer = tokenizer_of(&model);
     let mut tokens = Vec::new();
     match endpoint {
-        Endpoint::ChatCompletions => chat_tokens(object.get("messages"), &mut tokens)?,
-        Endpoint::Completions => completion_tokens(object.get("prompt"), &mut tokens)?,
+        Endpoint::ChatCompletions => {
+            chat_tokens(object.get("messages"), &mut tokens)?;
+            if let Some(tokenizer) = tokenizer {
+                tokens = tokenizer
+                    .chat_tokens(&object["messages"])
+                    .map_err(|e| invalid("messages", format!("model `{model}`: {e}")))?;
+            }
+        }
+        Endpoint::Completions => match (tokenizer, object.get("prompt")) {
+            (Some(tokenizer), Some(Value::String(text))) => {
+                tokens = tokenizer
+                    .prompt_tokens(text)
+                    .map_err(|e| invalid("prompt", format!("model `{model}`: {e}")))?;
+            }
+            (_, prompt) => completion_tokens(prompt, &mut tokens)?,
+        },
     }
     let expected_output_tokens = match object
         .get("max_completion_tokens")
@@ -201,7 +225,7 @@ mod tests {
     use super::*;
 
     fn chat(body: &str) -> Result<Prompt, InvalidRequest> {
-        parse(Endpoint::ChatCompletions, body.as_bytes(), 4)
+        parse(Endpoint::ChatCompletions, body.as_bytes(), 4, |_| None)
     }
 
     #[test]
@@ -212,7 +236,7 @@ mod tests {
         ))
         .unwrap();
         let long = chat(&format!(
-            r#"{{"model":"m","stream":true,"max_tokens":7,"messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"hi"}}]}}"#
+            r#"{{"model":"m","stream":true,"max_tokens":7,"messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"hello there, router!"}}]}}"#
         ))
         .unwrap();
         assert!(long.block_hashes.len() > short.block_hashes.len());
@@ -242,7 +266,7 @@ mod tests {
         );
         assert_eq!(param("[1]"), None);
         assert_eq!(param("{"), None);
-        let completion = |body: &str| parse(Endpoint::Completions, body.as_bytes(), 4);
+        let completion = |body: &str| parse(Endpoint::Completions, body.as_bytes(), 4, |_| None);
         assert_eq!(
             completion(r#"{"model":"m","prompt":["a","b"]}"#)
                 .unwrap_err()
@@ -255,6 +279,60 @@ mod tests {
                 .block_hashes
                 .len(),
             1
+        );
+    }
+
+    /// The router's tokens equal what Hugging Face's tokenizers and transformers' way of
+    /// rendering chat templates give (tests/fixtures/tokenizer/make_golden.py).
+    #[test]
+    fn a_tokenizer_gives_the_engines_tokens() {
+        let fixtures =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/tokenizer");
+        let tokenizer = ModelTokenizer::load(&fixtures.join("tokenizer.json")).unwrap();
+        assert!(tokenizer.has_chat_template());
+        let golden: Value =
+            serde_json::from_str(&std::fs::read_to_string(fixtures.join("golden.json")).unwrap())
+                .unwrap();
+        let block_size = 4;
+        for case in golden["chat"].as_array().unwrap() {
+            let ids: Vec<u32> = serde_json::from_value(case["ids"].clone()).unwrap();
+            let body = serde_json::json!({"model": "m", "messages": case["messages"]}).to_string();
+            let prompt = parse(
+                Endpoint::ChatCompletions,
+                body.as_bytes(),
+                block_size,
+                |_| Some(&tokenizer),
+            )
+            .unwrap();
+            let mut expected = Vec::new();
+            hash_tokens(&ids, block_size, &mut expected);
+            assert_eq!(prompt.block_hashes, expected, "{}", case["text"]);
+            assert_eq!(prompt.request_blocks, (ids.len() as u64).div_ceil(4));
+        }
+        for case in golden["completion"].as_array().unwrap() {
+            let ids: Vec<u32> = serde_json::from_value(case["ids"].clone()).unwrap();
+            let body = serde_json::json!({"model": "m", "prompt": case["prompt"]}).to_string();
+            let prompt = parse(Endpoint::Completions, body.as_bytes(), block_size, |_| {
+                Some(&tokenizer)
+            })
+            .unwrap();
+            let mut expected = Vec::new();
+            hash_tokens(&ids, block_size, &mut expected);
+            assert_eq!(prompt.block_hashes, expected, "{}", case["prompt"]);
+        }
+        // A template that raises is a 400 naming the messages.
+        let body = r#"{"model":"m","messages":[{"role":"tool","content":"x"}]}"#;
+        let error = parse(Endpoint::ChatCompletions, body.as_bytes(), 4, |_| {
+            Some(&tokenizer)
+        })
+        .unwrap_err();
+        assert_eq!(error.param, Some("messages"));
+        assert!(
+            error
+                .message
+                .contains("Conversation roles must be system, user or assistant"),
+            "{}",
+            error.message
         );
     }
 }

@@ -1,0 +1,171 @@
+//! What the frontend adds: client -> engine-sim directly vs client -> switchyard ->
+//! engine-sim, side by side in one run (rounds interleaved, so machine noise hits both
+//! alike). Per concurrency: time to first byte (p50, p99) of streamed chat completions,
+//! the difference, and the throughput ratio.
+//!
+//! `make bench-frontend` (or `cargo bench -p switchyard --bench frontend`). Loopback only;
+//! every process it starts is killed when it ends.
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn start(args: &[&str], announce: &str) -> (Process, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(args)
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("switchyard starts");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let address = loop {
+        let line = lines.next().expect("announces its address").unwrap();
+        if let Some(address) = line.strip_prefix(announce) {
+            break address.to_owned();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    (Process(child), address)
+}
+
+/// One streamed request: time to the first body byte, and to the end.
+async fn request(client: &reqwest::Client, url: &str, body: &Arc<String>) -> (Duration, Duration) {
+    let started = Instant::now();
+    let response = client
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body.as_str().to_owned())
+        .send()
+        .await
+        .expect("request sent");
+    assert!(response.status().is_success(), "{}", response.status());
+    let mut stream = response.bytes_stream();
+    let mut first = None;
+    while let Some(chunk) = stream.next().await {
+        chunk.expect("body chunk");
+        first.get_or_insert_with(|| started.elapsed());
+    }
+    (first.expect("a body"), started.elapsed())
+}
+
+/// `requests` requests, `concurrency` at a time; TTFBs and requests per second.
+async fn round(
+    client: &reqwest::Client,
+    url: &str,
+    concurrency: usize,
+    requests: usize,
+) -> (Vec<Duration>, f64) {
+    let body = Arc::new(
+        r#"{"model":"bench","stream":true,"max_tokens":8,"messages":[{"role":"user","content":"Benchmark the frontend with a short prompt."}]}"#
+            .to_owned(),
+    );
+    let started = Instant::now();
+    let per_worker = requests / concurrency;
+    let workers: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let (client, url, body) = (client.clone(), url.to_owned(), body.clone());
+            tokio::spawn(async move {
+                let mut ttfbs = Vec::with_capacity(per_worker);
+                for _ in 0..per_worker {
+                    ttfbs.push(request(&client, &url, &body).await.0);
+                }
+                ttfbs
+            })
+        })
+        .collect();
+    let mut ttfbs = Vec::with_capacity(requests);
+    for worker in workers {
+        ttfbs.extend(worker.await.unwrap());
+    }
+    let rate = ttfbs.len() as f64 / started.elapsed().as_secs_f64();
+    (ttfbs, rate)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize].as_secs_f64() * 1e3
+}
+
+fn main() {
+    // `cargo bench` passes --bench; a filter or --list from the test harness is ignored.
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let (_engine, engine) = start(
+        &[
+            "engine-sim",
+            "--model",
+            "bench",
+            "--listen",
+            "127.0.0.1:0",
+            "--prefill-tps",
+            "10000000",
+            "--decode-tps",
+            "4000",
+        ],
+        "engine-sim listening on ",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("bench.yaml");
+    std::fs::write(
+        &config,
+        format!("models:\n  bench: {{kv_tracking: off}}\nworkers:\n  - {{model: bench, worker_id: 1, url: \"{engine}\"}}\n"),
+    )
+    .unwrap();
+    let (_router, router) = start(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--config",
+            config.to_str().unwrap(),
+        ],
+        "switchyard listening on ",
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let client = reqwest::Client::builder().tcp_nodelay(true).build().unwrap();
+        let direct = format!("{engine}/v1/chat/completions");
+        let routed = format!("{router}/v1/chat/completions");
+        round(&client, &direct, 4, 200).await; // warm both paths' connection pools
+        round(&client, &routed, 4, 200).await;
+        println!("streamed chat completions, 8 tokens each; 5 interleaved rounds per path");
+        println!("| concurrency | direct TTFB p50 / p99 | via switchyard p50 / p99 | added p50 / p99 | direct req/s | via req/s | throughput ratio |");
+        println!("|---:|---:|---:|---:|---:|---:|---:|");
+        for (concurrency, requests) in [(1, 200), (16, 1600), (64, 3200)] {
+            let (mut d, mut v) = (Vec::new(), Vec::new());
+            let (mut d_rate, mut v_rate) = (0.0, 0.0);
+            for _ in 0..5 {
+                let (t, r) = round(&client, &direct, concurrency, requests / 5).await;
+                d.extend(t);
+                d_rate += r / 5.0;
+                let (t, r) = round(&client, &routed, concurrency, requests / 5).await;
+                v.extend(t);
+                v_rate += r / 5.0;
+            }
+            d.sort();
+            v.sort();
+            let (d50, d99, v50, v99) = (percentile(&d, 0.5), percentile(&d, 0.99), percentile(&v, 0.5), percentile(&v, 0.99));
+            println!(
+                "| {concurrency} | {d50:.2} / {d99:.2} ms | {v50:.2} / {v99:.2} ms | {:.2} / {:.2} ms | {d_rate:.0} | {v_rate:.0} | {:.2} |",
+                v50 - d50,
+                v99 - d99,
+                v_rate / d_rate
+            );
+        }
+    });
+}
