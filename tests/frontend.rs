@@ -396,7 +396,7 @@ async fn streamed_request(
     i: usize,
     started: Arc<AtomicUsize>,
 ) -> Outcome {
-    let disconnect = i % 10 == 0;
+    let disconnect = i.is_multiple_of(10);
     let prompt = format!("{} request {i}", "shared context ".repeat(i % 5 * 20));
     let response = match client
         .post(&url)

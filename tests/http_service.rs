@@ -431,3 +431,80 @@ fn sigterm_shuts_down_gracefully() {
     let exit = server.process.child.wait().unwrap();
     assert!(exit.success(), "exit status after SIGTERM: {exit}");
 }
+
+#[test]
+fn slow_components_do_not_delay_health_metrics_or_other_instances() {
+    let dir = tempfile::tempdir().unwrap();
+    let (gate, entered) = (dir.path().join("gate"), dir.path().join("entered"));
+    std::fs::create_dir(&entered).unwrap();
+    let gated = format!(
+        "scorers: [{{type: panicky.gated, parameters: {{gate: {}, entered: {}}}}}]\n      picker: {{type: builtin.lowest-cost}}",
+        gate.display(),
+        entered.display()
+    );
+    let yaml = format!(
+        "plugins:\n  - path: {}\nworker_selection:\n  instances:\n\
+         \x20   - name: slow-a\n      {gated}\n\
+         \x20   - name: slow-b\n      {gated}\n\
+         \x20   - {{name: fast, type: builtin.least-busy}}\n\
+         workers:\n  - {{model: demo, worker_id: 1}}\n  - {{model: demo, worker_id: 2}}\n",
+        rust_plugin("panicky").display()
+    );
+    let server = Server::start(&write_config(dir.path(), &yaml));
+    let slow: Vec<_> = ["slow-a", "slow-b"]
+        .into_iter()
+        .map(|instance| {
+            let url = format!("{}/v1/select", server.base);
+            let body = json!({"model": "demo", "instance": instance, "token_ids": [1, 2, 3]});
+            std::thread::spawn(move || {
+                ureq::post(&url)
+                    .timeout(std::time::Duration::from_secs(60))
+                    .send_json(body)
+                    .map(|r| r.status())
+                    .map_err(|e| e.to_string())
+            })
+        })
+        .collect();
+    // Both selections are inside the plugin, blocked on the gate.
+    for _ in 0..3000 {
+        if std::fs::read_dir(&entered).unwrap().count() == 2 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(
+        std::fs::read_dir(&entered).unwrap().count(),
+        2,
+        "both slow selections started"
+    );
+    // Let the reservation-expiry ticker (every second, a writer of the load lock) run
+    // while the slow components hold their selectors: no lock a writer needs is held
+    // across plugin code, so nothing queues behind them.
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    let get = |path: &str| {
+        ureq::get(&format!("{}{path}", server.base))
+            .timeout(std::time::Duration::from_secs(20))
+            .call()
+            .unwrap_or_else(|e| panic!("GET {path} while components are slow: {e}"))
+            .status()
+    };
+    assert_eq!(get("/healthz"), 200);
+    assert_eq!(get("/metrics"), 200);
+    assert_eq!(get("/v1/workers"), 200);
+    for instance in ["fast", "default"] {
+        let status = ureq::post(&format!("{}/v1/select", server.base))
+            .timeout(std::time::Duration::from_secs(20))
+            .send_json(json!({"model": "demo", "instance": instance, "token_ids": [1, 2, 3]}))
+            .unwrap_or_else(|e| panic!("instance {instance} while others are slow: {e}"))
+            .status();
+        assert_eq!(status, 200);
+    }
+    assert!(
+        slow.iter().all(|t| !t.is_finished()),
+        "the slow selections are still in their plugin"
+    );
+    std::fs::write(&gate, b"").unwrap();
+    for selection in slow {
+        assert_eq!(selection.join().unwrap().unwrap(), 200);
+    }
+}

@@ -12,8 +12,17 @@ use switchyard_plugin_sdk::WorkerId;
 
 use super::kv_index::Tier;
 use super::load_accounting::WorkerLoad;
-use crate::plugin::PartitionKey;
-use crate::policy::Selector;
+use crate::plugin::{ComponentKind, PartitionKey};
+use crate::policy::StageStats;
+
+/// One stage of one instance in one partition, with its counters.
+pub struct StageMetrics {
+    pub instance: String,
+    pub partition: PartitionKey,
+    pub name: Arc<str>,
+    pub kind: ComponentKind,
+    pub stats: Arc<StageStats>,
+}
 
 /// One instance's counters: bumped on every request, so atomics, not a lock.
 #[derive(Default)]
@@ -98,9 +107,9 @@ impl Metrics {
             .map_or(0, |c| c.fallbacks.load(Ordering::Relaxed))
     }
 
-    pub fn render<'a>(
+    pub fn render(
         &self,
-        selectors: impl Iterator<Item = (&'a PartitionKey, &'a str, &'a Arc<Mutex<Selector>>)>,
+        stages: &[StageMetrics],
         loads: &[(WorkerId, WorkerLoad)],
         kv_blocks: [usize; 3],
     ) -> String {
@@ -155,32 +164,30 @@ impl Metrics {
         let _ = writeln!(out, "# TYPE switchyard_component_calls_total counter");
         let mut latency = String::new();
         let mut errors = String::new();
-        for (partition, instance, selector) in selectors {
-            let selector = selector.lock();
-            for stage in selector.policy.stages() {
-                let labels = format!(
-                    "instance=\"{}\",partition=\"{}\",component=\"{}\",kind=\"{}\"",
-                    label(instance),
-                    label(&partition.to_string()),
-                    label(&stage.name),
-                    stage.kind.as_str()
-                );
-                let _ = writeln!(
-                    out,
-                    "switchyard_component_calls_total{{{labels}}} {}",
-                    stage.stats.calls
-                );
-                let _ = writeln!(
-                    latency,
-                    "switchyard_component_seconds_total{{{labels}}} {}",
-                    stage.stats.nanos as f64 / 1e9
-                );
-                let _ = writeln!(
-                    errors,
-                    "switchyard_component_errors_total{{{labels}}} {}",
-                    stage.stats.errors
-                );
-            }
+        for stage in stages {
+            let labels = format!(
+                "instance=\"{}\",partition=\"{}\",component=\"{}\",kind=\"{}\"",
+                label(&stage.instance),
+                label(&stage.partition.to_string()),
+                label(&stage.name),
+                stage.kind.as_str()
+            );
+            let stats = &stage.stats;
+            let _ = writeln!(
+                out,
+                "switchyard_component_calls_total{{{labels}}} {}",
+                stats.calls()
+            );
+            let _ = writeln!(
+                latency,
+                "switchyard_component_seconds_total{{{labels}}} {}",
+                stats.nanos() as f64 / 1e9
+            );
+            let _ = writeln!(
+                errors,
+                "switchyard_component_errors_total{{{labels}}} {}",
+                stats.errors()
+            );
         }
         let _ = writeln!(
             out,

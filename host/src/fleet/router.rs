@@ -11,12 +11,12 @@ use switchyard_plugin_sdk::{WorkerId, WorkerInputs, WorkerType};
 
 use super::kv_index::{hash_tokens, KvEvent, KvIndex, QueryResult, QueryScratch, Tier};
 use super::load_accounting::{AccountingError, LoadAccounting};
-use super::metrics::Metrics;
+use super::metrics::{Metrics, StageMetrics};
 use super::predicted_kv::PredictedKv;
 use super::workers::{WorkerError, WorkerSpec, Workers};
 use crate::config::{KvTracking, OnError};
 use crate::plugin::{PartitionKey, RequestContext, SessionInfo};
-use crate::policy::{CandidateRow, InstanceFactory, SelectError, Selector};
+use crate::policy::{CandidateRow, Candidates, InstanceFactory, SelectError, Selector};
 use crate::startup::{Startup, BUILTIN_DEFAULT};
 
 /// The worker type a request asks for.
@@ -112,13 +112,21 @@ pub enum RouteError {
     Worker(#[from] WorkerError),
 }
 
-/// Per-partition state: one selector per instance, each behind its own lock (an instance
-/// is called by one thread at a time).
-type Selectors = HashMap<String, Arc<Mutex<Selector>>>;
+/// One instance's policy for one partition, behind its own lock (an instance is called
+/// by one thread at a time), with the input groups it reads known without that lock.
+struct SelectorSlot {
+    inputs: WorkerInputs,
+    selector: Mutex<Selector>,
+}
+
+/// Per-partition state: one selector per instance.
+type Selectors = HashMap<String, Arc<SelectorSlot>>;
 
 struct State {
     workers: Workers,
     partitions: HashMap<PartitionKey, Selectors>,
+    /// Every stage of every selector, for metrics to read without their locks.
+    stages: Vec<StageMetrics>,
 }
 
 pub struct Router {
@@ -132,9 +140,19 @@ pub struct Router {
     pub metrics: Metrics,
 }
 
+/// Per-thread buffers of one request: nothing is allocated once warm.
+#[derive(Default)]
+struct Scratch {
+    query: QueryScratch,
+    hashed: Vec<u64>,
+    /// The candidates, filled under the fleet's locks and run by the policy without them.
+    candidates: Candidates,
+    /// Each candidate's id and device-cache overlap, in fill order.
+    members: Vec<(WorkerId, u32)>,
+}
+
 thread_local! {
-    /// Per-thread query buffers: the KV lookup allocates nothing once warm.
-    static SCRATCH: std::cell::RefCell<(QueryScratch, Vec<u64>)> = Default::default();
+    static SCRATCH: std::cell::RefCell<Scratch> = Default::default();
 }
 
 impl Router {
@@ -148,6 +166,7 @@ impl Router {
             state: RwLock::new(State {
                 workers: Workers::default(),
                 partitions: HashMap::new(),
+                stages: Vec::new(),
             }),
             kv: RwLock::new(KvIndex::default()),
             load: RwLock::new(LoadAccounting::new(expiry)),
@@ -172,27 +191,60 @@ impl Router {
     /// Registers a worker; a new partition gets one policy instance per configured
     /// instance, built now.
     pub fn add_worker(&self, spec: WorkerSpec) -> Result<(), RouteError> {
+        spec.validate().map_err(WorkerError::Invalid)?;
         let partition = spec.partition();
-        let mut state = self.state.write();
-        let new_partition = !state.partitions.contains_key(&partition);
-        if new_partition {
-            let mut selectors = Selectors::new();
-            for instance in &self.startup.instances {
-                let policy = instance.build(&partition).map_err(|e| {
-                    RouteError::BadRequest(format!(
-                        "instance `{}` cannot be built for partition {partition}: {e}",
-                        instance.name
-                    ))
-                })?;
-                selectors.insert(
-                    instance.name.clone(),
-                    Arc::new(Mutex::new(Selector::new(policy))),
-                );
+        // A new partition's instances are built (plugin code) before the state lock is
+        // taken, so selections and metrics never wait for a plugin's on_create.
+        let known = self.state.read().partitions.contains_key(&partition);
+        let built = if known {
+            None
+        } else {
+            Some(self.build_partition(&partition)?)
+        };
+        let state = &mut *self.state.write();
+        if let Some((selectors, stages)) = built {
+            // A concurrent add may have built the partition first; its selectors stay.
+            if let std::collections::hash_map::Entry::Vacant(entry) =
+                state.partitions.entry(partition)
+            {
+                entry.insert(selectors);
+                state.stages.extend(stages);
             }
-            state.partitions.insert(partition, selectors);
         }
         state.workers.add(spec)?;
         Ok(())
+    }
+
+    /// One selector per configured instance for `partition`, and their stages' counters.
+    fn build_partition(
+        &self,
+        partition: &PartitionKey,
+    ) -> Result<(Selectors, Vec<StageMetrics>), RouteError> {
+        let mut selectors = Selectors::new();
+        let mut stages = Vec::new();
+        for instance in &self.startup.instances {
+            let policy = instance.build(partition).map_err(|e| {
+                RouteError::BadRequest(format!(
+                    "instance `{}` cannot be built for partition {partition}: {e}",
+                    instance.name
+                ))
+            })?;
+            stages.extend(policy.stages().map(|stage| StageMetrics {
+                instance: instance.name.clone(),
+                partition: partition.clone(),
+                name: stage.name.clone(),
+                kind: stage.kind,
+                stats: stage.stats.clone(),
+            }));
+            selectors.insert(
+                instance.name.clone(),
+                Arc::new(SelectorSlot {
+                    inputs: policy.inputs(),
+                    selector: Mutex::new(Selector::new(policy)),
+                }),
+            );
+        }
+        Ok((selectors, stages))
     }
 
     /// Removes a worker, its cached blocks and its bookings.
@@ -391,24 +443,28 @@ impl Router {
         let block_size = self.block_size();
 
         SCRATCH.with(|scratch| {
-            let (query, hashed) = &mut *scratch.borrow_mut();
-            let (request_blocks, hashes) = prompt_blocks(request, block_size, hashed)?;
+            let scratch = &mut *scratch.borrow_mut();
+            let (request_blocks, hashes) = prompt_blocks(request, block_size, &mut scratch.hashed)?;
             let context = request_context(request, block_size, request_blocks);
-            let state = self.state.read();
-            let (members, selectors) = partition_of(&state, request, &partition)?;
-            let kv = self.kv.read();
-            let overlaps = kv.query(hashes, query);
-            let load = self.load.read();
-            let rows = RowSource {
-                workers: &state.workers,
-                overlaps: &overlaps,
-                load: &load,
+            let query = Query {
+                request,
+                partition: &partition,
+                hashes,
                 request_blocks,
             };
-            let (chosen, fallback) =
-                self.select_with_fallback(instance, selectors, &context, members, &rows)?;
-            let device_overlap = overlaps.overlap(chosen).tier(Tier::Device);
-            drop(load);
+            let (chosen, fallback) = self.select_with_fallback(
+                instance,
+                &query,
+                &context,
+                &mut scratch.query,
+                &mut scratch.candidates,
+                &mut scratch.members,
+            )?;
+            let device_overlap = scratch
+                .members
+                .iter()
+                .find(|(id, _)| *id == chosen)
+                .map_or(0, |(_, device)| *device);
             if let (true, Some(id)) = (reserve, &request_id) {
                 self.reserve(request, id, chosen, request_blocks, device_overlap)?;
             }
@@ -424,29 +480,62 @@ impl Router {
         })
     }
 
+    /// Fills `candidates` for the instance `name` under the fleet's read locks (released
+    /// on return: plugin code never runs while they are held, so a slow component cannot
+    /// stall the writers behind them, nor the readers behind those). Returns the
+    /// instance's selector.
+    fn gather(
+        &self,
+        name: &str,
+        query: &Query<'_>,
+        scratch: &mut QueryScratch,
+        candidates: &mut Candidates,
+        members: &mut Vec<(WorkerId, u32)>,
+    ) -> Result<Arc<SelectorSlot>, RouteError> {
+        let state = self.state.read();
+        let (ids, selectors) = partition_of(&state, query.request, query.partition)?;
+        let slot = selectors
+            .get(name)
+            .expect("every instance has a selector per partition")
+            .clone();
+        let kv = self.kv.read();
+        let overlaps = kv.query(query.hashes, scratch);
+        let load = self.load.read();
+        let rows = RowSource {
+            workers: &state.workers,
+            overlaps: &overlaps,
+            load: &load,
+            request_blocks: query.request_blocks,
+        };
+        members.clear();
+        members.extend(
+            ids.iter()
+                .map(|id| (*id, overlaps.overlap(*id).tier(Tier::Device))),
+        );
+        candidates.fill(slot.inputs, ids.iter().map(|id| rows.row(*id, slot.inputs)));
+        Ok(slot)
+    }
+
     /// Runs `instance` over the partition's members; if it fails (not merely finding no
     /// worker) and its config says `on_error: fallback`, runs the built-in policy instead.
     /// Returns the chosen worker and whether the fallback chose it.
     fn select_with_fallback(
         &self,
         instance: &InstanceFactory,
-        selectors: &Selectors,
+        query: &Query<'_>,
         context: &RequestContext,
-        members: &[WorkerId],
-        rows: &RowSource<'_>,
+        scratch: &mut QueryScratch,
+        candidates: &mut Candidates,
+        members: &mut Vec<(WorkerId, u32)>,
     ) -> Result<(WorkerId, bool), RouteError> {
-        let run = |name: &str| -> Result<WorkerId, SelectError> {
-            let selector = selectors
-                .get(name)
-                .expect("every instance has a selector per partition");
-            let mut selector = selector.lock();
-            let inputs = selector.inputs();
+        let mut run = |name: &str| -> Result<Result<WorkerId, SelectError>, RouteError> {
+            let slot = self.gather(name, query, scratch, candidates, members)?;
             let started = Instant::now();
-            let result = selector.select(context, members.iter().map(|id| rows.row(*id, inputs)));
+            let result = slot.selector.lock().select_filled(context, candidates);
             self.metrics.record_selection(name, started.elapsed());
-            result
+            Ok(result)
         };
-        let error = match run(&instance.name) {
+        let error = match run(&instance.name)? {
             Ok(worker) => return Ok((worker, false)),
             Err(error) => error,
         };
@@ -463,7 +552,7 @@ impl Router {
             });
         }
         self.metrics.record_fallback(&instance.name);
-        let worker = run(BUILTIN_DEFAULT).map_err(|e| RouteError::PolicyFailed {
+        let worker = run(BUILTIN_DEFAULT)?.map_err(|e| RouteError::PolicyFailed {
             instance: BUILTIN_DEFAULT.into(),
             error: e,
         })?;
@@ -500,12 +589,7 @@ impl Router {
     pub fn render_metrics(&self) -> String {
         let loads = self.loads();
         let state = self.state.read();
-        let selectors = state.partitions.iter().flat_map(|(partition, selectors)| {
-            selectors
-                .iter()
-                .map(move |(instance, selector)| (partition, instance.as_str(), selector))
-        });
-        self.metrics.render(selectors, &loads, self.kv_blocks())
+        self.metrics.render(&state.stages, &loads, self.kv_blocks())
     }
 }
 
@@ -591,6 +675,14 @@ fn partition_of<'s>(
         ))),
         _ => Err(RouteError::UnknownModel(request.model.clone())),
     }
+}
+
+/// What one request asks of the fleet.
+struct Query<'a> {
+    request: &'a RouteRequest,
+    partition: &'a PartitionKey,
+    hashes: &'a [u64],
+    request_blocks: u64,
 }
 
 /// What the router knows of each worker for one request: its candidate row, with only

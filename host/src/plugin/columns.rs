@@ -43,6 +43,7 @@ impl Columns<'_> {
     }
 
     /// The ABI view for a component that declared `declared`.
+    #[inline]
     pub(super) fn abi_view(&self, declared: WorkerInputs) -> switchyard_candidates {
         let count = self.worker_id.len().min(self.dp_rank.len());
         let whole = |len: usize| len == count;

@@ -203,6 +203,7 @@ impl ComponentInstance {
     }
 
     /// The plugin's filter over `columns`; `keep` holds one byte per row, all 1 on entry.
+    #[inline]
     pub fn filter(
         &mut self,
         request: &AbiRequest<'_>,
@@ -210,8 +211,13 @@ impl ComponentInstance {
         keep: &mut [u8],
         error: &mut ErrorBuffer,
     ) -> Result<(), CallError> {
-        let on_filter = self.callback(self.def.def.on_filter, ComponentKind::Filter)?;
-        let candidates = self.view(columns, keep.len())?;
+        let Some(on_filter) = self.def.def.on_filter else {
+            return Err(self.not_a(ComponentKind::Filter));
+        };
+        let candidates = columns.abi_view(self.def.inputs);
+        if candidates.count != keep.len() {
+            return Err(buffer_mismatch(keep.len(), candidates.count));
+        }
         // SAFETY: the instance was created for this def and is called by one thread;
         // `candidates` borrows `columns` (count rows each) and `keep` has count bytes;
         // everything outlives the call.
@@ -228,6 +234,7 @@ impl ComponentInstance {
     }
 
     /// The plugin's scorer over `columns`; `costs` holds one NaN per row on entry.
+    #[inline]
     pub fn score(
         &mut self,
         request: &AbiRequest<'_>,
@@ -235,8 +242,13 @@ impl ComponentInstance {
         costs: &mut [f64],
         error: &mut ErrorBuffer,
     ) -> Result<(), CallError> {
-        let on_score = self.callback(self.def.def.on_score, ComponentKind::Scorer)?;
-        let candidates = self.view(columns, costs.len())?;
+        let Some(on_score) = self.def.def.on_score else {
+            return Err(self.not_a(ComponentKind::Scorer));
+        };
+        let candidates = columns.abi_view(self.def.inputs);
+        if candidates.count != costs.len() {
+            return Err(buffer_mismatch(costs.len(), candidates.count));
+        }
         // SAFETY: as in `filter`, with `costs` of count doubles.
         let code = unsafe {
             on_score(
@@ -251,14 +263,17 @@ impl ComponentInstance {
     }
 
     /// The plugin's picker over `columns` (with costs); the row it chose, unchecked.
+    #[inline]
     pub fn pick(
         &mut self,
         request: &AbiRequest<'_>,
         columns: &Columns<'_>,
         error: &mut ErrorBuffer,
     ) -> Result<usize, CallError> {
-        let on_pick = self.callback(self.def.def.on_pick, ComponentKind::Picker)?;
-        let candidates = self.view(columns, columns.len())?;
+        let Some(on_pick) = self.def.def.on_pick else {
+            return Err(self.not_a(ComponentKind::Picker));
+        };
+        let candidates = columns.abi_view(self.def.inputs);
         let mut row = usize::MAX;
         // SAFETY: as in `filter`, with `row` a writable slot.
         let code = unsafe {
@@ -273,34 +288,27 @@ impl ComponentInstance {
         error.check(code).map(|()| row)
     }
 
-    fn callback<F>(&self, callback: Option<F>, kind: ComponentKind) -> Result<F, CallError> {
-        match callback {
-            Some(f) if self.def.kind == kind => Ok(f),
-            _ => Err(CallError::new(
-                Status::InvalidArgument,
-                format!(
-                    "a {} was called as a {}",
-                    self.def.kind.as_str(),
-                    kind.as_str()
-                ),
-            )),
-        }
+    /// A def's callback for another kind is never set (checked when it was read), so
+    /// this is a host bug: a stage called as the wrong kind.
+    #[cold]
+    fn not_a(&self, called_as: ComponentKind) -> CallError {
+        CallError::new(
+            Status::InvalidArgument,
+            format!(
+                "a {} was called as a {}",
+                self.def.kind.as_str(),
+                called_as.as_str()
+            ),
+        )
     }
+}
 
-    fn view(&self, columns: &Columns<'_>, rows: usize) -> Result<switchyard_candidates, CallError> {
-        let view = columns.abi_view(self.def.inputs);
-        if view.count == rows {
-            Ok(view)
-        } else {
-            Err(CallError::new(
-                Status::OutOfRange,
-                format!(
-                    "the host's output buffer has {rows} rows for {} candidates",
-                    view.count
-                ),
-            ))
-        }
-    }
+#[cold]
+fn buffer_mismatch(rows: usize, count: usize) -> CallError {
+    CallError::new(
+        Status::OutOfRange,
+        format!("the host's output buffer has {rows} rows for {count} candidates"),
+    )
 }
 
 impl Drop for ComponentInstance {

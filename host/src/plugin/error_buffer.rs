@@ -17,6 +17,7 @@ impl ErrorBuffer {
     }
 
     /// The ABI form, cleared, for one call.
+    #[inline]
     pub(super) fn as_abi(&mut self) -> switchyard_error {
         self.bytes[0] = 0;
         switchyard_error {
@@ -39,13 +40,20 @@ impl ErrorBuffer {
     }
 
     /// `Ok` for a status of OK, otherwise the status with the plugin's message.
+    #[inline]
     pub(super) fn check(&self, code: i32) -> Result<(), CallError> {
-        match Status::from_code(code) {
-            Status::Ok => Ok(()),
-            status => Err(CallError {
-                status,
-                message: self.message(),
-            }),
+        if code == Status::Ok.code() {
+            Ok(())
+        } else {
+            Err(self.failed(code))
+        }
+    }
+
+    #[cold]
+    fn failed(&self, code: i32) -> CallError {
+        CallError {
+            status: Status::from_code(code),
+            message: self.message(),
         }
     }
 }

@@ -4,6 +4,7 @@
 //! arrays, masks and cost vectors are buffers owned by the instance and reused, so the
 //! per-request path allocates nothing once the buffers have grown to the fleet size.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -27,12 +28,33 @@ pub enum StageImpl {
     Plugin(ComponentInstance),
 }
 
-/// Per-stage counters, read by metrics.
-#[derive(Default, Clone, Copy, Debug)]
+/// Per-stage counters. Only the thread running the stage writes them (its selector's
+/// lock orders the writers), so a plain load and store suffices, no atomic
+/// read-modify-write on the request path; metrics read them without taking that lock, so
+/// a slow component never delays `/metrics`.
+#[derive(Default, Debug)]
 pub struct StageStats {
-    pub calls: u64,
-    pub errors: u64,
-    pub nanos: u64,
+    calls: AtomicU64,
+    errors: AtomicU64,
+    nanos: AtomicU64,
+}
+
+impl StageStats {
+    fn add(counter: &AtomicU64, n: u64) {
+        counter.store(
+            counter.load(Ordering::Relaxed).wrapping_add(n),
+            Ordering::Relaxed,
+        );
+    }
+    pub fn calls(&self) -> u64 {
+        self.calls.load(Ordering::Relaxed)
+    }
+    pub fn errors(&self) -> u64 {
+        self.errors.load(Ordering::Relaxed)
+    }
+    pub fn nanos(&self) -> u64 {
+        self.nanos.load(Ordering::Relaxed)
+    }
 }
 
 /// One component instance in a policy.
@@ -41,7 +63,7 @@ pub struct Stage {
     pub kind: ComponentKind,
     pub inputs: WorkerInputs,
     imp: StageImpl,
-    pub stats: StageStats,
+    pub stats: Arc<StageStats>,
 }
 
 impl Stage {
@@ -51,7 +73,7 @@ impl Stage {
             kind,
             inputs,
             imp,
-            stats: StageStats::default(),
+            stats: Arc::default(),
         }
     }
 
@@ -322,7 +344,7 @@ impl Policy {
                     None
                 };
                 if let Some((what, value)) = bad {
-                    scorer.stats.errors += 1;
+                    StageStats::add(&scorer.stats.errors, 1);
                     return Err(SelectError::NonFiniteCost {
                         component: scorer.name.clone(),
                         what,
@@ -339,7 +361,7 @@ impl Policy {
         })
         .map_err(|f| failed(&mut self.picker, f))?;
         if row >= count {
-            self.picker.stats.errors += 1;
+            StageStats::add(&self.picker.stats.errors, 1);
             return Err(SelectError::RowOutOfRange {
                 component: self.picker.name.clone(),
                 row,
@@ -361,13 +383,13 @@ fn timed<T>(
 ) -> Result<T, CallError> {
     let start = Instant::now();
     let result = call(stage);
-    stage.stats.calls += 1;
-    stage.stats.nanos += start.elapsed().as_nanos() as u64;
+    StageStats::add(&stage.stats.calls, 1);
+    StageStats::add(&stage.stats.nanos, start.elapsed().as_nanos() as u64);
     result
 }
 
 fn failed(stage: &mut Stage, failure: CallError) -> SelectError {
-    stage.stats.errors += 1;
+    StageStats::add(&stage.stats.errors, 1);
     SelectError::ComponentFailed {
         component: stage.name.clone(),
         kind: stage.kind.as_str(),
@@ -394,6 +416,19 @@ impl Selector {
     /// The groups the router must compute for this policy.
     pub fn inputs(&self) -> WorkerInputs {
         self.policy.inputs()
+    }
+
+    /// Runs the pipeline over candidates the caller filled for this policy's inputs
+    /// (compacted in place by filters); returns the chosen worker.
+    pub fn select_filled(
+        &mut self,
+        request: &RequestContext,
+        candidates: &mut Candidates,
+    ) -> Result<WorkerId, SelectError> {
+        let policy = &mut self.policy;
+        request
+            .with_abi(|raw| policy.select(raw, candidates))
+            .map(|row| candidates.worker(row))
     }
 
     /// Runs the pipeline over `rows` for `request`; returns the chosen worker.

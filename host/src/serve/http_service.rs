@@ -316,7 +316,12 @@ pub async fn serve(router: Arc<Router>, listen: SocketAddr) -> std::io::Result<(
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         loop {
             tick.tick().await;
-            let expired = expiry.expire();
+            let router = expiry.clone();
+            // Takes the load lock for writing: off the executor, like every lock a
+            // selection may hold.
+            let expired = tokio::task::spawn_blocking(move || router.expire())
+                .await
+                .unwrap_or(0);
             if expired > 0 {
                 tracing::warn!(expired, "released reservations that were never freed");
             }
