@@ -51,7 +51,10 @@ fn router(dir: &std::path::Path, engines: &[&str]) -> Process {
          frontend: {{health_interval_ms: 100, unhealthy_cooldown_ms: 300, connect_timeout_ms: 500, connect_retries: 3}}\n\
          workers:\n{workers}"
     );
-    let config = write_config(dir, &yaml);
+    serve(&write_config(dir, &yaml))
+}
+
+fn serve(config: &std::path::Path) -> Process {
     Process::start(
         Command::new(switchyard_bin())
             .args(["serve", "--listen", "127.0.0.1:0", "--config"])
@@ -542,14 +545,7 @@ fn a_model_with_a_tokenizer_routes_on_its_tokens_and_refuses_what_its_template_r
         tokenizer.display(),
         engine.address
     );
-    let config = write_config(dir.path(), &yaml);
-    let router = Process::start(
-        Command::new(switchyard_bin())
-            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-            .arg(&config)
-            .env("RUST_LOG", "warn"),
-        "switchyard listening on ",
-    );
+    let router = serve(&write_config(dir.path(), &yaml));
     runtime().block_on(async {
         let client = reqwest::Client::new();
         let url = format!("{}/v1/chat/completions", router.address);

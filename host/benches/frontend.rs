@@ -93,6 +93,30 @@ async fn round(
     (ttfbs, rate)
 }
 
+/// Open loop: `requests` requests started at `rate` per second whatever the answers do
+/// (as real traffic arrives); their TTFBs.
+async fn paced(client: &reqwest::Client, url: &str, rate: f64, requests: usize) -> Vec<Duration> {
+    let body = Arc::new(
+        r#"{"model":"bench","stream":true,"max_tokens":8,"messages":[{"role":"user","content":"Benchmark the frontend with a short prompt."}]}"#
+            .to_owned(),
+    );
+    let mut tick = tokio::time::interval(Duration::from_secs_f64(1.0 / rate));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let mut tasks = Vec::with_capacity(requests);
+    for _ in 0..requests {
+        tick.tick().await;
+        let (client, url, body) = (client.clone(), url.to_owned(), body.clone());
+        tasks.push(tokio::spawn(async move {
+            request(&client, &url, &body).await.0
+        }));
+    }
+    let mut ttfbs = Vec::with_capacity(requests);
+    for task in tasks {
+        ttfbs.push(task.await.unwrap());
+    }
+    ttfbs
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize].as_secs_f64() * 1e3
 }
@@ -167,5 +191,18 @@ fn main() {
                 v_rate / d_rate
             );
         }
+        let (mut d, mut v) = (Vec::new(), Vec::new());
+        for _ in 0..3 {
+            d.extend(paced(&client, &direct, 1000.0, 1000).await);
+            v.extend(paced(&client, &routed, 1000.0, 1000).await);
+        }
+        d.sort();
+        v.sort();
+        let (d50, d99, v50, v99) = (percentile(&d, 0.5), percentile(&d, 0.99), percentile(&v, 0.5), percentile(&v, 0.99));
+        println!(
+            "\nopen loop at 1,000 requests/s (3 interleaved rounds of 1,000 per path): TTFB direct {d50:.2} / {d99:.2} ms, via switchyard {v50:.2} / {v99:.2} ms, added p50 {:.2} ms, p99 {:.2} ms",
+            v50 - d50,
+            v99 - d99
+        );
     });
 }

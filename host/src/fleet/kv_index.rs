@@ -60,6 +60,24 @@ pub enum KvEvent {
     },
 }
 
+impl KvEvent {
+    /// What a worker's device cache reports after making room: the evicted blocks
+    /// removed, then the new ones stored.
+    pub fn evicted_then_stored(removed: Vec<u64>, stored: Vec<u64>) -> [KvEvent; 2] {
+        [
+            KvEvent::Removed {
+                tier: Tier::Device,
+                block_hashes: removed,
+            },
+            KvEvent::Stored {
+                tier: Tier::Device,
+                parent_hash: None,
+                block_hashes: stored,
+            },
+        ]
+    }
+}
+
 fn device() -> Tier {
     Tier::Device
 }

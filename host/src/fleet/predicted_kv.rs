@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use lru::LruCache;
 use switchyard_plugin_sdk::WorkerId;
 
-use super::kv_index::{KvEvent, Tier};
+use super::kv_index::KvEvent;
 
 /// What the router assumes each worker of predicted-tracking models caches.
 #[derive(Default)]
@@ -51,17 +51,7 @@ impl PredictedKv {
             }
         }
         removed.retain(|hash| !cache.contains(hash));
-        [
-            KvEvent::Removed {
-                tier: Tier::Device,
-                block_hashes: removed,
-            },
-            KvEvent::Stored {
-                tier: Tier::Device,
-                parent_hash: None,
-                block_hashes: hashes.to_vec(),
-            },
-        ]
+        KvEvent::evicted_then_stored(removed, hashes.to_vec())
     }
 
     pub fn remove_worker(&mut self, worker: WorkerId) {

@@ -219,14 +219,94 @@ pub(super) unsafe fn copy_sized<T>(ptr: *const T, declared: usize) -> T {
     out
 }
 
-/// The smallest `struct_size` of a component def at `minor`.
-pub(super) fn min_component_def_size(minor: u16) -> usize {
-    MINORS[usize::from(minor)].component_def_size
+/// A def a plugin hands over by pointer: sized, named, copied by the host.
+pub(super) trait PluginDef: Sized {
+    /// The C type's name, for messages.
+    const WHAT: &'static str;
+    /// What it defines, for messages.
+    const NOUN: &'static str;
+    fn struct_size(&self) -> u32;
+    /// Clears the plugin's `type_name` pointer (the host keeps its own copy), returning it.
+    fn take_type_name(&mut self) -> *const c_char;
+    /// The smallest `struct_size` at ABI `1.minor`.
+    fn min_size(minor: u16) -> usize;
 }
 
-/// The smallest `struct_size` of a policy def at `minor`.
-pub(super) fn min_policy_def_size(minor: u16) -> usize {
-    MINORS[usize::from(minor)].policy_def_size
+impl PluginDef for switchyard_component_def {
+    const WHAT: &'static str = "switchyard_component_def";
+    const NOUN: &'static str = "component";
+    fn struct_size(&self) -> u32 {
+        self.struct_size
+    }
+    fn take_type_name(&mut self) -> *const c_char {
+        std::mem::replace(&mut self.type_name, std::ptr::null())
+    }
+    fn min_size(minor: u16) -> usize {
+        MINORS[usize::from(minor)].component_def_size
+    }
+}
+
+impl PluginDef for switchyard_policy_def {
+    const WHAT: &'static str = "switchyard_policy_def";
+    const NOUN: &'static str = "policy";
+    fn struct_size(&self) -> u32 {
+        self.struct_size
+    }
+    fn take_type_name(&mut self) -> *const c_char {
+        std::mem::replace(&mut self.type_name, std::ptr::null())
+    }
+    fn min_size(minor: u16) -> usize {
+        MINORS[usize::from(minor)].policy_def_size
+    }
+}
+
+/// Checks a def handed over by a plugin of ABI `1.abi_minor` (not NULL, not truncated)
+/// and copies it at its declared size; returns its type name and the copy.
+///
+/// # Safety
+/// `def` must be NULL or point to at least its declared `struct_size` bytes, with
+/// `type_name` NULL or NUL-terminated.
+pub(super) unsafe fn read_def<T: PluginDef>(
+    path: &Path,
+    abi_minor: u16,
+    def: *const T,
+) -> Result<(String, T), LoadError> {
+    // SAFETY: per this function's contract.
+    let Some(head) = (unsafe { def.as_ref() }) else {
+        return Err(LoadError::InvalidDefinition {
+            path: path.to_owned(),
+            name: "?".into(),
+            problem: format!("the {} def pointer is NULL", T::NOUN),
+        });
+    };
+    let (found, required) = (head.struct_size() as usize, T::min_size(abi_minor));
+    if found < required {
+        return Err(LoadError::TruncatedStruct {
+            path: path.to_owned(),
+            what: T::WHAT,
+            found,
+            required,
+            minor: abi_minor,
+        });
+    }
+    // SAFETY: the plugin declared `struct_size` readable bytes.
+    let mut copy = unsafe { copy_sized(def, found) };
+    let name = copy.take_type_name();
+    // SAFETY: per this function's contract.
+    Ok((unsafe { c_string(name) }, copy))
+}
+
+/// # Safety
+/// `ptr` must be NULL or a NUL-terminated string.
+pub(super) unsafe fn c_string(ptr: *const c_char) -> String {
+    if ptr.is_null() {
+        String::new()
+    } else {
+        // SAFETY: per this function's contract.
+        unsafe { CStr::from_ptr(ptr) }
+            .to_string_lossy()
+            .into_owned()
+    }
 }
 
 #[cfg(test)]

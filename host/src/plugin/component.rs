@@ -1,14 +1,13 @@
 //! Plugin component types and instances: the def a plugin registered (or handed to a
 //! builder), checked and copied, and the live instance handle the pipeline calls.
 
-use std::ffi::{c_void, CStr};
-use std::os::raw::c_char;
+use std::ffi::c_void;
 use std::path::Path;
 
 use switchyard_plugin_sdk::abi::*;
 use switchyard_plugin_sdk::{Status, WorkerInputs};
 
-use super::abi_checks::{copy_sized, min_component_def_size};
+use super::abi_checks::read_def;
 use super::columns::Columns;
 use super::error_buffer::{CallError, ErrorBuffer};
 use super::load_error::LoadError;
@@ -41,6 +40,16 @@ impl ComponentKind {
             Self::Picker => "picker",
         }
     }
+    /// The error of a component that is `what` (`a filter`, `a built-in scorer`, ...)
+    /// called as this kind: a host bug, refused instead of calling the wrong code.
+    #[cold]
+    pub fn wrongly_called(self, what: &str) -> CallError {
+        CallError::new(
+            Status::InvalidArgument,
+            format!("a {what} was called as a {}", self.as_str()),
+        )
+    }
+
     /// The ABI callback name after `on_`.
     pub fn callback(self) -> &'static str {
         match self {
@@ -92,24 +101,7 @@ impl ComponentDef {
             problem,
         };
         // SAFETY: per this function's contract.
-        let Some(head) = (unsafe { def.as_ref() }) else {
-            return Err(invalid("?", "the component def pointer is NULL".into()));
-        };
-        let required = min_component_def_size(abi_minor);
-        if (head.struct_size as usize) < required {
-            return Err(LoadError::TruncatedStruct {
-                path: path.to_owned(),
-                what: "switchyard_component_def",
-                found: head.struct_size as usize,
-                required,
-                minor: abi_minor,
-            });
-        }
-        // SAFETY: the plugin declared `struct_size` readable bytes.
-        let mut def = unsafe { copy_sized(def, head.struct_size as usize) };
-        // SAFETY: per this function's contract.
-        let name = unsafe { c_string(def.type_name) };
-        def.type_name = std::ptr::null();
+        let (name, def) = unsafe { read_def(path, abi_minor, def) }?;
         let kind = ComponentKind::from_abi(def.kind).ok_or_else(|| {
             invalid(
                 &name,
@@ -171,19 +163,6 @@ impl ComponentDef {
             def: self.clone(),
             instance,
         }
-    }
-}
-
-/// # Safety
-/// `ptr` must be NULL or a NUL-terminated string.
-pub(super) unsafe fn c_string(ptr: *const c_char) -> String {
-    if ptr.is_null() {
-        String::new()
-    } else {
-        // SAFETY: per this function's contract.
-        unsafe { CStr::from_ptr(ptr) }
-            .to_string_lossy()
-            .into_owned()
     }
 }
 
@@ -292,14 +271,7 @@ impl ComponentInstance {
     /// this is a host bug: a stage called as the wrong kind.
     #[cold]
     fn not_a(&self, called_as: ComponentKind) -> CallError {
-        CallError::new(
-            Status::InvalidArgument,
-            format!(
-                "a {} was called as a {}",
-                self.def.kind.as_str(),
-                called_as.as_str()
-            ),
-        )
+        called_as.wrongly_called(self.def.kind.as_str())
     }
 }
 

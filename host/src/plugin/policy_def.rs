@@ -9,8 +9,8 @@ use parking_lot::Mutex;
 use switchyard_plugin_sdk::abi::*;
 use switchyard_plugin_sdk::{write_error, Status, WorkerInputs};
 
-use super::abi_checks::{copy_sized, min_policy_def_size};
-use super::component::{c_string, ComponentDef, ComponentInstance, ComponentKind};
+use super::abi_checks::read_def;
+use super::component::{ComponentDef, ComponentInstance, ComponentKind};
 use super::error_buffer::{host_guard, CallError, ErrorBuffer};
 use super::load_error::LoadError;
 use super::params::OwnedParams;
@@ -41,26 +41,7 @@ impl PolicyDef {
         def: *const switchyard_policy_def,
     ) -> Result<(String, PolicyDef), LoadError> {
         // SAFETY: per this function's contract.
-        let head = unsafe { def.as_ref() }.ok_or_else(|| LoadError::InvalidDefinition {
-            path: path.to_owned(),
-            name: "?".into(),
-            problem: "the policy def pointer is NULL".into(),
-        })?;
-        let required = min_policy_def_size(abi_minor);
-        if (head.struct_size as usize) < required {
-            return Err(LoadError::TruncatedStruct {
-                path: path.to_owned(),
-                what: "switchyard_policy_def",
-                found: head.struct_size as usize,
-                required,
-                minor: abi_minor,
-            });
-        }
-        // SAFETY: the plugin declared `struct_size` readable bytes.
-        let mut def = unsafe { copy_sized(def, head.struct_size as usize) };
-        // SAFETY: per this function's contract.
-        let name = unsafe { c_string(def.type_name) };
-        def.type_name = std::ptr::null();
+        let (name, def) = unsafe { read_def(path, abi_minor, def) }?;
         Ok((
             name,
             PolicyDef {

@@ -147,13 +147,7 @@ fn builtin_failure(e: PolicyError) -> CallError {
 }
 
 fn wrong_kind(called_as: ComponentKind) -> CallError {
-    CallError::new(
-        Status::InvalidArgument,
-        format!(
-            "a component that is not a {} was called as one",
-            called_as.as_str()
-        ),
-    )
+    called_as.wrongly_called("built-in component of another kind")
 }
 
 /// Why a selection failed. Every variant names the component at fault, if any.

@@ -11,6 +11,7 @@ use axum::extract::{Path, Query, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
+use axum::serve::ListenerExt;
 use axum::{Json, Router as HttpRouter};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -326,6 +327,11 @@ pub async fn serve(router: Arc<Router>, listen: SocketAddr) -> std::io::Result<(
                 tracing::warn!(expired, "released reservations that were never freed");
             }
         }
+    });
+    // Tokens stream as small writes: without TCP_NODELAY, Nagle's algorithm holds them
+    // back until the client's delayed ACK (~40 ms).
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
     });
     axum::serve(listener, app(router, frontend))
         .with_graceful_shutdown(shutdown)

@@ -19,6 +19,7 @@ use axum::extract::State;
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use axum::serve::ListenerExt;
 use axum::{Json, Router as HttpRouter};
 use lru::LruCache;
 use parking_lot::Mutex;
@@ -281,6 +282,10 @@ pub async fn run(args: EngineSimArgs) -> std::io::Result<()> {
         .with_state(engine);
     let shutdown = shutdown_signal()?;
     println!("engine-sim listening on http://{}", listener.local_addr()?);
+    // Tokens stream as small writes: no Nagle delay (see serve::http_service).
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await

@@ -24,7 +24,7 @@ use serde::Deserialize;
 use switchyard_plugin_sdk::WorkerId;
 
 use crate::config::ConfigSource;
-use crate::fleet::kv_index::{KvEvent, Tier};
+use crate::fleet::kv_index::KvEvent;
 use crate::fleet::router::{RouteError, RouteRequest, Router};
 use crate::fleet::workers::{WorkerRole, WorkerSpec};
 use crate::startup::start;
@@ -279,17 +279,7 @@ impl<'a> Simulation<'a> {
                 stored.push(hash);
             }
         }
-        [
-            KvEvent::Removed {
-                tier: Tier::Device,
-                block_hashes: removed,
-            },
-            KvEvent::Stored {
-                tier: Tier::Device,
-                parent_hash: None,
-                block_hashes: stored,
-            },
-        ]
+        KvEvent::evicted_then_stored(removed, stored)
     }
 
     /// Routes request `index` through the router and simulates its prefill and decode.

@@ -184,35 +184,6 @@ impl Frontend {
         headers: HeaderMap,
         body: Bytes,
     ) -> Response {
-        // Tokenizing a long prompt is CPU work: off the executor, like selection.
-        let frontend = self.clone();
-        let parsing = body.clone();
-        let parsed = tokio::task::spawn_blocking(move || {
-            prompt::parse(endpoint, &parsing, frontend.router.block_size(), |model| {
-                frontend.tokenizers.get(model)
-            })
-        })
-        .await;
-        let prompt = match parsed {
-            Ok(Ok(prompt)) => prompt,
-            Ok(Err(invalid)) => {
-                let mut error = OpenAiError::new(
-                    StatusCode::BAD_REQUEST,
-                    "invalid_request_error",
-                    invalid.message,
-                );
-                error.param = invalid.param;
-                return error.into_response();
-            }
-            Err(e) => {
-                return OpenAiError::new(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "server_error",
-                    format!("parsing the request did not finish: {e}"),
-                )
-                .into_response()
-            }
-        };
         let instance = match headers.get(INSTANCE_HEADER).map(HeaderValue::to_str) {
             None => None,
             Some(Ok(name)) => Some(name.to_owned()),
@@ -225,13 +196,38 @@ impl Frontend {
                 .into_response()
             }
         };
-        let prompt = Arc::new(prompt);
+        // Parsing (tokenizing a long prompt is CPU work) and the first selection (plugin
+        // code) run in one trip to the blocking pool.
+        let frontend = self.clone();
+        let parsing = body.clone();
+        let first = instance.clone();
+        let prepared = self
+            .off_executor(move || {
+                let prompt =
+                    prompt::parse(endpoint, &parsing, frontend.router.block_size(), |model| {
+                        frontend.tokenizers.get(model)
+                    })
+                    .map_err(|invalid| {
+                        let mut error = OpenAiError::new(
+                            StatusCode::BAD_REQUEST,
+                            "invalid_request_error",
+                            invalid.message,
+                        );
+                        error.param = invalid.param;
+                        error
+                    })?;
+                let prompt = Arc::new(prompt);
+                let selected = frontend.select_now(&prompt, first)?;
+                Ok((prompt, selected))
+            })
+            .await;
+        let (prompt, mut selected) = match prepared {
+            Ok(prepared) => prepared,
+            Err(error) => return error.into_response(),
+        };
         let mut excluded_attempts = 0;
         loop {
-            let (decision, lease) = match self.select(&prompt, instance.clone()).await {
-                Ok(chosen) => chosen,
-                Err(error) => return error.into_response(),
-            };
+            let (decision, lease) = selected;
             let worker = WorkerId {
                 worker_id: decision.worker_id,
                 dp_rank: decision.dp_rank,
@@ -259,6 +255,15 @@ impl Frontend {
                     );
                     self.router.metrics.record_upstream_retry();
                     excluded_attempts += 1;
+                    let frontend = self.clone();
+                    let (prompt, instance) = (prompt.clone(), instance.clone());
+                    selected = match self
+                        .off_executor(move || frontend.select_now(&prompt, instance))
+                        .await
+                    {
+                        Ok(selected) => selected,
+                        Err(error) => return error.into_response(),
+                    };
                 }
                 Err(error) => {
                     drop(lease);
@@ -289,11 +294,27 @@ impl Frontend {
         }
     }
 
-    /// Selects and reserves on the blocking pool: plugin code never runs on the async
-    /// executor's threads.
-    async fn select(
+    /// Runs `work` on the blocking pool: plugin code never runs on the async executor's
+    /// threads. If the client goes away meanwhile, what `work` returns is dropped when it
+    /// finishes, so a lease it made frees its booking.
+    async fn off_executor<T: Send + 'static>(
         &self,
-        prompt: &Arc<Prompt>,
+        work: impl FnOnce() -> Result<T, OpenAiError> + Send + 'static,
+    ) -> Result<T, OpenAiError> {
+        tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| {
+            Err(OpenAiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                format!("the request's preparation did not finish: {e}"),
+            ))
+        })
+    }
+
+    /// Selects and reserves a worker for `prompt` (blocking: plugin code runs here). The
+    /// lease is made here too, so the booking is never without an owner.
+    fn select_now(
+        &self,
+        prompt: &Prompt,
         instance: Option<String>,
     ) -> Result<(RouteDecision, Lease), OpenAiError> {
         let request_id = format!(
@@ -301,27 +322,14 @@ impl Frontend {
             self.id_prefix,
             self.next_request.fetch_add(1, Ordering::Relaxed)
         );
-        let router = self.router.clone();
-        let prompt = prompt.clone();
-        let id = request_id.clone();
-        let decision = tokio::task::spawn_blocking(move || {
-            router.select_and_reserve(&RouteRequest {
-                model: prompt.model.clone(),
-                instance,
-                block_hashes: Some(prompt.block_hashes.clone()),
-                request_id: Some(id),
-                expected_output_tokens: prompt.expected_output_tokens,
-                ..Default::default()
-            })
-        })
-        .await
-        .map_err(|e| {
-            OpenAiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "server_error",
-                format!("selection did not finish: {e}"),
-            )
-        })??;
+        let decision = self.router.select_and_reserve(&RouteRequest {
+            model: prompt.model.clone(),
+            instance,
+            block_hashes: Some(prompt.block_hashes.clone()),
+            request_id: Some(request_id.clone()),
+            expected_output_tokens: prompt.expected_output_tokens,
+            ..Default::default()
+        })?;
         Ok((decision, Lease::new(self.router.clone(), request_id)))
     }
 
