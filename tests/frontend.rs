@@ -594,3 +594,48 @@ fn a_model_with_a_tokenizer_routes_on_its_tokens_and_refuses_what_its_template_r
         "{stderr}"
     );
 }
+
+#[test]
+fn an_engine_dying_mid_stream_ends_the_stream_with_an_error_event_and_frees() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine("dying", "127.0.0.1:0", &["--fail", "abort-mid-stream"]);
+    let router = router(dir.path(), &[&engine.address]);
+    runtime().block_on(async {
+        let client = reqwest::Client::new();
+        let response = client
+            .post(format!("{}/v1/chat/completions", router.address))
+            .json(&chat("die halfway", true, 10))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let mut body = response.bytes_stream();
+        let (mut buffer, mut received) = (String::new(), Vec::new());
+        while let Some(chunk) = body.next().await {
+            buffer.push_str(
+                std::str::from_utf8(&chunk.expect("the router ends the stream cleanly")).unwrap(),
+            );
+            received.extend(events(&mut buffer));
+        }
+        assert_eq!(
+            received.len(),
+            6,
+            "5 tokens, then the error event: {received:?}"
+        );
+        let error: Value = serde_json::from_str(received.last().unwrap()).unwrap();
+        assert_eq!(error["error"]["code"], "upstream_error", "{error}");
+        wait_for_zero_load(&client, &router.address).await;
+        let metrics = client
+            .get(format!("{}/metrics", router.address))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            metrics.contains("switchyard_upstream_errors_total 1\n"),
+            "{metrics}"
+        );
+    });
+}
