@@ -145,3 +145,64 @@ fn inspect_prints_descriptor_and_types_as_json() {
         text(&output.stderr)
     );
 }
+
+/// Starts `serve` on a config whose one worker's engine is down (so the health probe
+/// logs a warning), waits for that warning, and returns everything it wrote to stderr.
+fn serve_logs(dir: &std::path::Path, format: &str) -> String {
+    use std::io::Read;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = write_config(
+        dir,
+        &format!(
+            "frontend: {{health_interval_ms: 50}}\nworkers:\n  - {{model: m, worker_id: 7, url: \"http://127.0.0.1:{port}\"}}\n"
+        ),
+    );
+    let mut child = Command::new(switchyard_bin())
+        .args([
+            "--log-format",
+            format,
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--config",
+        ])
+        .arg(&config)
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = child.stderr.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut all = String::new();
+        let _ = stderr.read_to_string(&mut all);
+        all
+    });
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let _ = child.kill();
+    let _ = child.wait();
+    reader.join().unwrap()
+}
+
+#[test]
+fn logs_are_plain_text_off_a_terminal_and_json_on_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let plain = serve_logs(dir.path(), "text");
+    assert!(plain.contains("worker failed its health probe"), "{plain}");
+    assert!(
+        !plain.contains('\u{1b}'),
+        "no colour escape codes when stderr is a pipe: {plain:?}"
+    );
+    let json = serve_logs(dir.path(), "json");
+    let line = json
+        .lines()
+        .find(|l| l.contains("worker failed its health probe"))
+        .unwrap_or_else(|| panic!("{json}"));
+    let value: serde_json::Value = serde_json::from_str(line).unwrap();
+    assert_eq!(value["level"], "WARN");
+    assert_eq!(value["fields"]["worker"], 7, "{value}");
+}

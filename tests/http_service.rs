@@ -508,3 +508,93 @@ fn slow_components_do_not_delay_health_metrics_or_other_instances() {
         assert_eq!(selection.join().unwrap().unwrap(), 200);
     }
 }
+
+/// The label value of `name` in a parsed sample.
+fn label_of<V>(sample: &openmetrics_parser::Sample<V>, name: &str) -> Option<String>
+where
+    V: openmetrics_parser::RenderableMetricValue + Clone,
+{
+    let labels = sample.get_labelset().ok()?;
+    let value = labels
+        .iter()
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v.clone());
+    value
+}
+
+#[test]
+fn metrics_parse_as_prometheus_text_with_cumulative_histograms_and_escaped_labels() {
+    use openmetrics_parser::{prometheus::parse_prometheus, PrometheusValue};
+    let dir = tempfile::tempdir().unwrap();
+    let weird = "quote\"and\nnewline";
+    let yaml = "worker_selection:\n  instances:\n    - {name: \"quote\\\"and\\nnewline\", type: builtin.least-busy}\n\
+                workers:\n  - {model: demo, worker_id: 1}\n  - {model: demo, worker_id: 2}\n";
+    let server = Server::start(&write_config(dir.path(), yaml));
+    for (instance, n) in [(weird, 25), ("default", 10)] {
+        for i in 0..n {
+            server.ok(
+                "/v1/select",
+                json!({"model": "demo", "instance": instance, "token_ids": [i, 2, 3]}),
+            );
+        }
+    }
+    let text = server.metrics();
+    let exposition = parse_prometheus(&text).unwrap_or_else(|e| panic!("{e:?}\n{text}"));
+    let family = |name: &str| {
+        exposition
+            .families
+            .get(name)
+            .unwrap_or_else(|| panic!("no family {name} in:\n{text}"))
+    };
+    let selections: Vec<_> = family("switchyard_selections_total")
+        .iter_samples()
+        .collect();
+    let count_of = |instance: &str| {
+        selections
+            .iter()
+            .find(|s| label_of(s, "instance").as_deref() == Some(instance))
+            .map(|s| match &s.value {
+                PrometheusValue::Counter(c) => c.value.as_f64(),
+                other => panic!("{other:?}"),
+            })
+    };
+    assert_eq!(
+        count_of(weird),
+        Some(25.0),
+        "the label value survives escaping"
+    );
+    assert_eq!(count_of("default"), Some(10.0));
+    for name in [
+        "switchyard_selection_duration_seconds",
+        "switchyard_component_duration_seconds",
+    ] {
+        let mut seen = 0;
+        for sample in family(name).iter_samples() {
+            let PrometheusValue::Histogram(h) = &sample.value else {
+                panic!("{name} is not a histogram")
+            };
+            let counts: Vec<f64> = h.buckets.iter().map(|b| b.count.as_f64()).collect();
+            assert!(
+                counts.windows(2).all(|w| w[0] <= w[1]),
+                "{name}: buckets are cumulative: {counts:?}"
+            );
+            assert_eq!(h.buckets.last().unwrap().upper_bound, f64::INFINITY);
+            assert_eq!(
+                Some(*counts.last().unwrap() as u64),
+                h.count,
+                "{name}: +Inf bucket = count"
+            );
+            if label_of(sample, "instance").as_deref() == Some(weird) {
+                seen += 1;
+                assert_eq!(h.count, Some(25), "{name}: one observation per selection");
+            }
+        }
+        assert!(seen >= 1, "{name} has series for the weird instance");
+    }
+    let plugins = family("switchyard_plugin_info");
+    assert_eq!(
+        plugins.iter_samples().count(),
+        0,
+        "no plugin loaded in this config"
+    );
+}

@@ -21,8 +21,38 @@ use switchyard_plugin_sdk::{WorkerId, WorkerType};
     about = "LLM inference request router with plugin worker-selection policies"
 )]
 struct Cli {
+    /// Log lines as text (coloured only on a terminal) or as one JSON object per line,
+    /// for log collectors. `RUST_LOG` sets the level (default `info`).
+    #[arg(
+        long,
+        global = true,
+        value_enum,
+        default_value = "text",
+        env = "SWITCHYARD_LOG_FORMAT"
+    )]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
+}
+
+/// Logs go to stderr: colour escape codes only when it is a terminal.
+fn init_logs(format: LogFormat) {
+    use std::io::IsTerminal;
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => logs.json().with_current_span(false).init(),
+    }
 }
 
 #[derive(Subcommand)]
@@ -149,13 +179,8 @@ fn serve_until_signal(server: impl std::future::Future<Output = std::io::Result<
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    init_logs(cli.log_format);
     match cli.command {
         Command::Serve { config, listen } => {
             let Some(startup) = startup(config.as_ref()) else {

@@ -1,19 +1,28 @@
 //! Prometheus metrics: selections, errors and fallbacks per instance and component,
-//! per-component call counts and latency, per-worker load, KV index size.
+//! per-component calls and latency histograms, per-worker load, KV index size, plugin
+//! identity, the frontend's time to first byte. Recording is lock-free atomics on the
+//! request path; a scrape reads them into the Prometheus project's client
+//! (`prometheus-client`), which writes the text format (escaping included).
 
 use std::collections::BTreeMap;
-use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
 use switchyard_plugin_sdk::WorkerId;
 
 use super::kv_index::Tier;
 use super::load_accounting::WorkerLoad;
-use crate::plugin::{ComponentKind, PartitionKey};
+use crate::plugin::{ComponentKind, LoadedPlugin, PartitionKey};
+use crate::policy::histogram::{HistogramSnapshot, LatencyHistogram};
 use crate::policy::StageStats;
+
+/// The content type of what [`Metrics::render`] writes.
+pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
 
 /// One stage of one instance in one partition, with its counters.
 pub struct StageMetrics {
@@ -24,11 +33,11 @@ pub struct StageMetrics {
     pub stats: Arc<StageStats>,
 }
 
-/// One instance's counters: bumped on every request, so atomics, not a lock.
+/// One instance's counters: bumped on every request from any thread, so atomics.
 #[derive(Default)]
 struct InstanceCounters {
-    selections: AtomicU64,
-    nanos: AtomicU64,
+    /// Selection latency; its count is the number of selections.
+    latency: LatencyHistogram,
     fallbacks: AtomicU64,
 }
 
@@ -41,16 +50,12 @@ pub struct Metrics {
     upstream_retries: AtomicU64,
     /// Frontend: engine failures answered to clients (connect, timeout, mid-answer).
     upstream_errors: AtomicU64,
+    /// Frontend: from a request's arrival to the first byte of its answer.
+    ttfb: LatencyHistogram,
+    /// Now minus the publisher's timestamp of applied KV event batches that carry one.
+    kv_event_lag: LatencyHistogram,
     /// (instance, component) -> errors; touched on the failure path only.
     errors: Mutex<BTreeMap<(String, String), u64>>,
-}
-
-/// Escapes a Prometheus label value.
-fn label(value: &str) -> String {
-    value
-        .replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
 }
 
 impl Metrics {
@@ -64,6 +69,8 @@ impl Metrics {
             expired: AtomicU64::new(0),
             upstream_retries: AtomicU64::new(0),
             upstream_errors: AtomicU64::new(0),
+            ttfb: LatencyHistogram::default(),
+            kv_event_lag: LatencyHistogram::default(),
         }
     }
 
@@ -81,10 +88,16 @@ impl Metrics {
 
     pub fn record_selection(&self, instance: &str, elapsed: Duration) {
         if let Some(c) = self.instances.get(instance) {
-            c.selections.fetch_add(1, Ordering::Relaxed);
-            c.nanos
-                .fetch_add(elapsed.as_nanos() as u64, Ordering::Relaxed);
+            c.latency.record(elapsed.as_nanos() as u64);
         }
+    }
+
+    pub fn record_ttfb(&self, elapsed: Duration) {
+        self.ttfb.record(elapsed.as_nanos() as u64);
+    }
+
+    pub fn record_kv_event_lag(&self, lag: Duration) {
+        self.kv_event_lag.record(lag.as_nanos() as u64);
     }
 
     pub fn record_error(&self, instance: &str, component: &str) {
@@ -107,100 +120,121 @@ impl Metrics {
             .map_or(0, |c| c.fallbacks.load(Ordering::Relaxed))
     }
 
+    /// The Prometheus text of every series.
     pub fn render(
         &self,
         stages: &[StageMetrics],
         loads: &[(WorkerId, WorkerLoad)],
         kv_blocks: [usize; 3],
+        plugins: &[LoadedPlugin],
     ) -> String {
-        let mut out = String::new();
-        let _ = writeln!(out, "# HELP switchyard_selections_total Selections run, per instance (fallback runs count for `default`).");
-        let _ = writeln!(out, "# TYPE switchyard_selections_total counter");
-        for (instance, c) in &self.instances {
-            let n = c.selections.load(Ordering::Relaxed);
-            let _ = writeln!(
-                out,
-                "switchyard_selections_total{{instance=\"{}\"}} {n}",
-                label(instance)
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP switchyard_selection_seconds_total Time spent in selections, per instance."
+        let mut snapshot = Snapshot::default();
+        let counter = MetricType::Counter;
+        let gauge = MetricType::Gauge;
+        let histogram = MetricType::Histogram;
+        let instance = |name: &str| vec![("instance".to_owned(), name.to_owned())];
+        let per_instance = |value: &dyn Fn(&InstanceCounters) -> Value| -> Vec<Row> {
+            self.instances
+                .iter()
+                .map(|(name, c)| (instance(name), value(c)))
+                .collect()
+        };
+        snapshot.family(
+            "switchyard_selections",
+            "Selections run, per instance (fallback runs count for `default`).",
+            counter,
+            per_instance(&|c| Value::Count(c.latency.count())),
         );
-        let _ = writeln!(out, "# TYPE switchyard_selection_seconds_total counter");
-        for (instance, c) in &self.instances {
-            let s = c.nanos.load(Ordering::Relaxed) as f64 / 1e9;
-            let _ = writeln!(
-                out,
-                "switchyard_selection_seconds_total{{instance=\"{}\"}} {s}",
-                label(instance)
-            );
-        }
-        let _ = writeln!(out, "# HELP switchyard_selection_errors_total Failed selections, per instance and component at fault.");
-        let _ = writeln!(out, "# TYPE switchyard_selection_errors_total counter");
-        for ((instance, component), n) in self.errors.lock().iter() {
-            let _ = writeln!(
-                out,
-                "switchyard_selection_errors_total{{instance=\"{}\",component=\"{}\"}} {n}",
-                label(instance),
-                label(component)
-            );
-        }
-        let _ = writeln!(out, "# HELP switchyard_fallbacks_total Requests routed by the built-in policy after the instance failed.");
-        let _ = writeln!(out, "# TYPE switchyard_fallbacks_total counter");
-        for (instance, c) in &self.instances {
-            let n = c.fallbacks.load(Ordering::Relaxed);
-            let _ = writeln!(
-                out,
-                "switchyard_fallbacks_total{{instance=\"{}\"}} {n}",
-                label(instance)
-            );
-        }
-        let _ = writeln!(
-            out,
-            "# HELP switchyard_component_calls_total Calls per component instance."
+        snapshot.family(
+            "switchyard_selection_seconds",
+            "Time spent in selections, per instance.",
+            counter,
+            per_instance(&|c| Value::Seconds(c.latency.sum_seconds())),
         );
-        let _ = writeln!(out, "# TYPE switchyard_component_calls_total counter");
-        let mut latency = String::new();
-        let mut errors = String::new();
-        for stage in stages {
-            let labels = format!(
-                "instance=\"{}\",partition=\"{}\",component=\"{}\",kind=\"{}\"",
-                label(&stage.instance),
-                label(&stage.partition.to_string()),
-                label(&stage.name),
-                stage.kind.as_str()
-            );
-            let stats = &stage.stats;
-            let _ = writeln!(
-                out,
-                "switchyard_component_calls_total{{{labels}}} {}",
-                stats.calls()
-            );
-            let _ = writeln!(
-                latency,
-                "switchyard_component_seconds_total{{{labels}}} {}",
-                stats.nanos() as f64 / 1e9
-            );
-            let _ = writeln!(
-                errors,
-                "switchyard_component_errors_total{{{labels}}} {}",
-                stats.errors()
-            );
+        snapshot.family(
+            "switchyard_selection_duration_seconds",
+            "Selection latency, per instance.",
+            histogram,
+            per_instance(&|c| Value::Histogram(c.latency.snapshot())),
+        );
+        let errors = self
+            .errors
+            .lock()
+            .iter()
+            .map(|((instance, component), n)| {
+                (
+                    vec![
+                        ("instance".to_owned(), instance.clone()),
+                        ("component".to_owned(), component.clone()),
+                    ],
+                    Value::Count(*n),
+                )
+            })
+            .collect();
+        snapshot.family(
+            "switchyard_selection_errors",
+            "Failed selections, per instance and component at fault.",
+            counter,
+            errors,
+        );
+        snapshot.family(
+            "switchyard_fallbacks",
+            "Requests routed by the built-in policy after the instance failed.",
+            counter,
+            per_instance(&|c| Value::Count(c.fallbacks.load(Ordering::Relaxed))),
+        );
+        let stage_labels = |s: &StageMetrics| {
+            vec![
+                ("instance".to_owned(), s.instance.clone()),
+                ("partition".to_owned(), s.partition.to_string()),
+                ("component".to_owned(), s.name.to_string()),
+                ("kind".to_owned(), s.kind.as_str().to_owned()),
+            ]
+        };
+        let per_stage = |value: &dyn Fn(&StageStats) -> Value| -> Vec<Row> {
+            stages
+                .iter()
+                .map(|s| (stage_labels(s), value(&s.stats)))
+                .collect()
+        };
+        snapshot.family(
+            "switchyard_component_calls",
+            "Calls per component instance.",
+            counter,
+            per_stage(&|s| Value::Count(s.calls())),
+        );
+        snapshot.family(
+            "switchyard_component_seconds",
+            "Time spent in each component instance.",
+            counter,
+            per_stage(&|s| Value::Seconds(s.latency.sum_seconds())),
+        );
+        snapshot.family(
+            "switchyard_component_errors",
+            "Errors per component instance.",
+            counter,
+            per_stage(&|s| Value::Count(s.errors())),
+        );
+        snapshot.family(
+            "switchyard_component_duration_seconds",
+            "Call latency per component instance.",
+            histogram,
+            per_stage(&|s| Value::Histogram(s.latency.snapshot())),
+        );
+        let mut poisoned: BTreeMap<&str, u64> =
+            self.instances.keys().map(|i| (i.as_str(), 0)).collect();
+        for stage in stages.iter().filter(|s| s.stats.poisoned()) {
+            *poisoned.entry(&stage.instance).or_default() += 1;
         }
-        let _ = writeln!(
-            out,
-            "# HELP switchyard_component_seconds_total Time spent in each component instance."
+        snapshot.family(
+            "switchyard_poisoned_components",
+            "Component instances that panicked or threw and refuse every call, per instance.",
+            gauge,
+            poisoned
+                .into_iter()
+                .map(|(i, n)| (instance(i), Value::Gauge(n as f64)))
+                .collect(),
         );
-        let _ = writeln!(out, "# TYPE switchyard_component_seconds_total counter");
-        out.push_str(&latency);
-        let _ = writeln!(
-            out,
-            "# HELP switchyard_component_errors_total Errors per component instance."
-        );
-        let _ = writeln!(out, "# TYPE switchyard_component_errors_total counter");
-        out.push_str(&errors);
         for (name, help, value) in [
             (
                 "active_requests",
@@ -218,41 +252,144 @@ impl Metrics {
                 |l| l.active_decode_blocks,
             ),
         ] {
-            let _ = writeln!(out, "# HELP switchyard_worker_{name} {help}");
-            let _ = writeln!(out, "# TYPE switchyard_worker_{name} gauge");
-            for (worker, load) in loads {
-                let _ = writeln!(
-                    out,
-                    "switchyard_worker_{name}{{worker_id=\"{}\",dp_rank=\"{}\"}} {}",
-                    worker.worker_id,
-                    worker.dp_rank,
-                    value(load)
-                );
+            let rows = loads
+                .iter()
+                .map(|(worker, load)| {
+                    (
+                        vec![
+                            ("worker_id".to_owned(), worker.worker_id.to_string()),
+                            ("dp_rank".to_owned(), worker.dp_rank.to_string()),
+                        ],
+                        Value::Gauge(value(load) as f64),
+                    )
+                })
+                .collect();
+            snapshot.family(&format!("switchyard_worker_{name}"), help, gauge, rows);
+        }
+        snapshot.family(
+            "switchyard_kv_blocks",
+            "Blocks in the KV index, per tier.",
+            gauge,
+            Tier::ALL
+                .iter()
+                .map(|t| {
+                    (
+                        vec![("tier".to_owned(), t.as_str().to_owned())],
+                        Value::Gauge(kv_blocks[*t as usize] as f64),
+                    )
+                })
+                .collect(),
+        );
+        let no_labels = |value: Value| vec![(Vec::new(), value)];
+        for (name, help, counter_value) in [
+            ("switchyard_reservations_expired", "Reservations released by expiry because nothing freed them (the last safety net).", &self.expired),
+            ("switchyard_upstream_retries", "Frontend selections repeated after an engine refused the connection.", &self.upstream_retries),
+            ("switchyard_upstream_errors", "Frontend requests that ended with an engine failure (connect, timeout, mid-answer).", &self.upstream_errors),
+        ] {
+            snapshot.family(name, help, counter, no_labels(Value::Count(counter_value.load(Ordering::Relaxed))));
+        }
+        snapshot.family(
+            "switchyard_frontend_ttfb_seconds",
+            "Frontend: from a request's arrival to the first byte of its answer.",
+            histogram,
+            no_labels(Value::Histogram(self.ttfb.snapshot())),
+        );
+        snapshot.family(
+            "switchyard_kv_event_lag_seconds",
+            "Now minus the publisher's timestamp, per applied KV event batch that carries one.",
+            histogram,
+            no_labels(Value::Histogram(self.kv_event_lag.snapshot())),
+        );
+        let plugin_rows = plugins
+            .iter()
+            .map(|p| {
+                (
+                    vec![
+                        ("name".to_owned(), p.info.name.clone()),
+                        ("version".to_owned(), p.info.version.clone()),
+                        ("vendor".to_owned(), p.info.vendor.clone()),
+                        ("abi_minor".to_owned(), p.info.abi_minor.to_string()),
+                        ("sdk_revision".to_owned(), p.info.sdk_revision.clone()),
+                        ("sha256".to_owned(), p.sha256.clone()),
+                        ("path".to_owned(), p.path.display().to_string()),
+                    ],
+                    Value::Gauge(1.0),
+                )
+            })
+            .collect();
+        snapshot.family(
+            "switchyard_plugin_info",
+            "One series per loaded plugin library, always 1: its identity in labels.",
+            gauge,
+            plugin_rows,
+        );
+
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register_collector(Box::new(snapshot));
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &registry);
+        out
+    }
+}
+
+type Labels = Vec<(String, String)>;
+type Row = (Labels, Value);
+
+#[derive(Debug)]
+enum Value {
+    Count(u64),
+    Seconds(f64),
+    Gauge(f64),
+    Histogram(HistogramSnapshot),
+}
+
+#[derive(Debug)]
+struct Family {
+    name: String,
+    help: String,
+    kind: MetricType,
+    rows: Vec<Row>,
+}
+
+/// Every series as read at one scrape, handed to the client library to encode.
+#[derive(Debug, Default)]
+struct Snapshot {
+    families: Vec<Family>,
+}
+
+impl Snapshot {
+    /// A family of series; counters are named without `_total`, which the encoder adds.
+    fn family(&mut self, name: &str, help: &str, kind: MetricType, rows: Vec<Row>) {
+        self.families.push(Family {
+            name: name.to_owned(),
+            help: help.to_owned(),
+            kind,
+            rows,
+        });
+    }
+}
+
+impl Collector for Snapshot {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        for family in &self.families {
+            let mut metric =
+                encoder.encode_descriptor(&family.name, &family.help, None, family.kind)?;
+            for (labels, value) in &family.rows {
+                let mut row = metric.encode_family(labels)?;
+                match value {
+                    Value::Count(n) => row.encode_counter::<NoLabelSet, _, u64>(n, None)?,
+                    Value::Seconds(s) => row.encode_counter::<NoLabelSet, _, f64>(s, None)?,
+                    Value::Gauge(v) => row.encode_gauge(v)?,
+                    Value::Histogram(h) => row.encode_histogram::<NoLabelSet>(
+                        h.sum_seconds,
+                        h.count,
+                        &h.buckets,
+                        None,
+                    )?,
+                }
             }
         }
-        let _ = writeln!(
-            out,
-            "# HELP switchyard_kv_blocks Blocks in the KV index, per tier."
-        );
-        let _ = writeln!(out, "# TYPE switchyard_kv_blocks gauge");
-
-        for tier in Tier::ALL {
-            let _ = writeln!(
-                out,
-                "switchyard_kv_blocks{{tier=\"{}\"}} {}",
-                tier.as_str(),
-                kv_blocks[tier as usize]
-            );
-        }
-        for (name, help, counter) in [
-            ("reservations_expired_total", "Reservations released by expiry because nothing freed them (the last safety net).", &self.expired),
-            ("upstream_retries_total", "Frontend selections repeated after an engine refused the connection.", &self.upstream_retries),
-            ("upstream_errors_total", "Frontend requests that ended with an engine failure (connect, timeout, mid-answer).", &self.upstream_errors),
-        ] {
-            let _ = writeln!(out, "# HELP switchyard_{name} {help}");
-            let _ = writeln!(out, "# TYPE switchyard_{name} counter");
-            let _ = writeln!(out, "switchyard_{name} {}", counter.load(Ordering::Relaxed));
-        }
-        out
+        Ok(())
     }
 }

@@ -545,7 +545,12 @@ impl Router {
         if error.is_no_worker() {
             return Err(RouteError::NoWorker(error.to_string()));
         }
-        tracing::warn!(instance = %instance.name, %error, "policy failed");
+        tracing::warn!(
+            instance = %instance.name,
+            component = error.component().unwrap_or("-"),
+            %error,
+            "policy failed"
+        );
         if instance.on_error != OnError::Fallback || instance.name == BUILTIN_DEFAULT {
             return Err(RouteError::PolicyFailed {
                 instance: instance.name.clone(),
@@ -590,7 +595,9 @@ impl Router {
     pub fn render_metrics(&self) -> String {
         let loads = self.loads();
         let state = self.state.read();
-        self.metrics.render(&state.stages, &loads, self.kv_blocks())
+        let plugins = self.startup.registry.plugins();
+        self.metrics
+            .render(&state.stages, &loads, self.kv_blocks(), plugins)
     }
 }
 

@@ -28,6 +28,8 @@ pub struct LoadedPlugin {
     pub path: PathBuf,
     #[serde(flatten)]
     pub info: PluginInfo,
+    /// Of the file as it was loaded.
+    pub sha256: String,
     pub types: Vec<String>,
 }
 
@@ -117,12 +119,16 @@ fn entry(path: &Path, library: &libloading::Library) -> Result<switchyard_entry_
     })
 }
 
-/// Checks the file against its `sha256:` pin, if it has one.
-pub fn verify_pin(spec: &PluginSpec) -> Result<(), LoadError> {
+/// The sha256 of a plugin file, as hex.
+fn file_sha256(path: &Path) -> Result<String, LoadError> {
+    Ok(sha256_hex(&std::fs::read(path).map_err(not_found(path))?))
+}
+
+/// Checks the file against its `sha256:` pin, if it has one; returns the file's sha256.
+pub fn verify_pin(spec: &PluginSpec) -> Result<String, LoadError> {
     let path = spec.path.as_path();
+    let found = file_sha256(path)?;
     if let Some(expected) = &spec.sha256 {
-        let bytes = std::fs::read(path).map_err(not_found(path))?;
-        let found = sha256_hex(&bytes);
         if !found.eq_ignore_ascii_case(expected.trim()) {
             return Err(LoadError::ChecksumMismatch {
                 path: path.to_owned(),
@@ -131,14 +137,14 @@ pub fn verify_pin(spec: &PluginSpec) -> Result<(), LoadError> {
             });
         }
     }
-    Ok(())
+    Ok(found)
 }
 
 /// Verifies the checksum pin, opens the library, runs every check and its registration.
 /// `taken_by` says which already-registered type a name belongs to, if any.
 pub fn load(spec: &PluginSpec, taken_by: TakenBy<'_>) -> Result<LoadedLibrary, LoadError> {
     let path = spec.path.as_path();
-    verify_pin(spec)?;
+    let sha256 = verify_pin(spec)?;
     let library = open(path)?;
     let entry = entry(path, library)?;
     // SAFETY: the entry symbol takes nothing and returns a pointer the checks validate.
@@ -156,6 +162,7 @@ pub fn load(spec: &PluginSpec, taken_by: TakenBy<'_>) -> Result<LoadedLibrary, L
         plugin: LoadedPlugin {
             path: path.to_owned(),
             info,
+            sha256,
             types: registered.names.clone(),
         },
         registered,

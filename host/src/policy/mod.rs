@@ -5,6 +5,7 @@
 pub mod builtin;
 pub mod candidates;
 pub mod error;
+pub mod histogram;
 pub mod instances;
 pub mod pipeline;
 pub mod registry;

@@ -4,7 +4,7 @@
 //! arrays, masks and cost vectors are buffers owned by the instance and reused, so the
 //! per-request path allocates nothing once the buffers have grown to the fleet size.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -14,6 +14,7 @@ use switchyard_plugin_sdk::{
 
 use super::candidates::{CandidateRow, Candidates};
 use super::error::BuildError;
+use super::histogram::LatencyHistogram;
 use crate::plugin::{
     builtin_filter, builtin_pick, builtin_score, AbiRequest, CallError, Columns, ComponentInstance,
     ComponentKind, ErrorBuffer, RequestContext,
@@ -29,14 +30,16 @@ pub enum StageImpl {
 }
 
 /// Per-stage counters. Only the thread running the stage writes them (its selector's
-/// lock orders the writers), so a plain load and store suffices, no atomic
+/// lock orders the writers), so plain loads and stores suffice, no atomic
 /// read-modify-write on the request path; metrics read them without taking that lock, so
 /// a slow component never delays `/metrics`.
 #[derive(Default, Debug)]
 pub struct StageStats {
-    calls: AtomicU64,
+    /// Call latency; its count is the number of calls.
+    pub latency: LatencyHistogram,
     errors: AtomicU64,
-    nanos: AtomicU64,
+    /// The component panicked or threw: its instance refuses every later call.
+    poisoned: AtomicBool,
 }
 
 impl StageStats {
@@ -47,13 +50,13 @@ impl StageStats {
         );
     }
     pub fn calls(&self) -> u64 {
-        self.calls.load(Ordering::Relaxed)
+        self.latency.count()
     }
     pub fn errors(&self) -> u64 {
         self.errors.load(Ordering::Relaxed)
     }
-    pub fn nanos(&self) -> u64 {
-        self.nanos.load(Ordering::Relaxed)
+    pub fn poisoned(&self) -> bool {
+        self.poisoned.load(Ordering::Relaxed)
     }
 }
 
@@ -377,13 +380,18 @@ fn timed<T>(
 ) -> Result<T, CallError> {
     let start = Instant::now();
     let result = call(stage);
-    StageStats::add(&stage.stats.calls, 1);
-    StageStats::add(&stage.stats.nanos, start.elapsed().as_nanos() as u64);
+    stage
+        .stats
+        .latency
+        .record_exclusive(start.elapsed().as_nanos() as u64);
     result
 }
 
 fn failed(stage: &mut Stage, failure: CallError) -> SelectError {
     StageStats::add(&stage.stats.errors, 1);
+    if matches!(failure.status, Status::Panic | Status::Poisoned) {
+        stage.stats.poisoned.store(true, Ordering::Relaxed);
+    }
     SelectError::ComponentFailed {
         component: stage.name.clone(),
         kind: stage.kind.as_str(),

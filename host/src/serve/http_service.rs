@@ -188,10 +188,20 @@ pub struct KvEventBatch {
     #[serde(default)]
     pub dp_rank: u32,
     pub events: Vec<KvEvent>,
+    /// When the publisher sent the batch (Unix seconds); feeds the KV event lag metric.
+    #[serde(default)]
+    pub timestamp: Option<f64>,
 }
 
 async fn kv_events(State(router): Shared, body: Bytes) -> Result<Response, ApiError> {
     let batch: KvEventBatch = parse(&body)?;
+    if let Some(sent) = batch.timestamp.filter(|t| t.is_finite()) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        let lag = Duration::try_from_secs_f64((now - sent).max(0.0)).unwrap_or_default();
+        router.metrics.record_kv_event_lag(lag);
+    }
     router.kv_events(
         WorkerId {
             worker_id: batch.worker_id,
@@ -230,7 +240,7 @@ async fn policies(State(router): Shared) -> Json<serde_json::Value> {
 
 async fn metrics(State(router): Shared) -> Response {
     (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        [(header::CONTENT_TYPE, crate::fleet::metrics::CONTENT_TYPE)],
         router.render_metrics(),
     )
         .into_response()

@@ -184,6 +184,7 @@ impl Frontend {
         headers: HeaderMap,
         body: Bytes,
     ) -> Response {
+        let arrived = std::time::Instant::now();
         let instance = match headers.get(INSTANCE_HEADER).map(HeaderValue::to_str) {
             None => None,
             Some(Ok(name)) => Some(name.to_owned()),
@@ -289,7 +290,7 @@ impl Frontend {
                     )
                     .into_response();
                 }
-                Ok(response) => return self.respond(&prompt, decision, lease, response),
+                Ok(response) => return self.respond(&prompt, decision, lease, response, arrived),
             }
         }
     }
@@ -341,6 +342,7 @@ impl Frontend {
         decision: RouteDecision,
         mut lease: Lease,
         upstream: reqwest::Response,
+        arrived: std::time::Instant,
     ) -> Response {
         let status = upstream.status();
         let worker = WorkerId {
@@ -376,7 +378,13 @@ impl Frontend {
             }
         }
         let sse = prompt.stream && status.is_success();
-        let body = Body::from_stream(relay(upstream.bytes_stream(), lease, sse, &self.router));
+        let body = Body::from_stream(relay(
+            upstream.bytes_stream(),
+            lease,
+            sse,
+            &self.router,
+            arrived,
+        ));
         let status = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
         (status, headers, body).into_response()
     }
@@ -435,17 +443,22 @@ fn relay(
     lease: Lease,
     sse: bool,
     router: &Arc<Router>,
+    arrived: std::time::Instant,
 ) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
     let router = router.clone();
     let upstream = Box::pin(upstream);
-    futures_util::stream::unfold(Some((upstream, lease)), move |state| {
+    // The state: the upstream body, the lease, and whether a byte was relayed yet.
+    futures_util::stream::unfold(Some((upstream, lease, false)), move |state| {
         let router = router.clone();
         async move {
-            let (mut upstream, mut lease) = state?;
+            let (mut upstream, mut lease, relayed) = state?;
             match upstream.next().await {
                 Some(Ok(chunk)) => {
+                    if !relayed {
+                        router.metrics.record_ttfb(arrived.elapsed());
+                    }
                     lease.prefill_complete();
-                    Some((Ok(chunk), Some((upstream, lease))))
+                    Some((Ok(chunk), Some((upstream, lease, true))))
                 }
                 None => {
                     lease.free();
