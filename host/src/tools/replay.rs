@@ -155,13 +155,6 @@ fn micros(seconds: f64) -> u64 {
     (seconds * 1e6).round() as u64
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
-}
-
 /// One policy's run of the trace: the simulated workers, pending events and tallies.
 struct Simulation<'a> {
     router: &'a Router,
@@ -174,7 +167,8 @@ struct Simulation<'a> {
     assigned: Vec<usize>,
     hit_blocks: u64,
     total_blocks: u64,
-    ttfts: Vec<f64>,
+    /// Simulated times to first token, in microseconds (3 significant digits).
+    ttfts: hdrhistogram::Histogram<u64>,
     imbalance_sum: f64,
     router_time: Duration,
 }
@@ -204,7 +198,8 @@ impl<'a> Simulation<'a> {
             assigned: vec![0; trace.len()],
             hit_blocks: 0,
             total_blocks: 0,
-            ttfts: Vec::with_capacity(trace.len()),
+            ttfts: hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3)
+                .expect("1 us to 1 h at 3 significant digits is valid"),
             imbalance_sum: 0.0,
             router_time: Duration::ZERO,
         };
@@ -321,7 +316,7 @@ impl<'a> Simulation<'a> {
         let prefill_end = start + new_tokens as f64 / self.params.prefill_tokens_per_s;
         worker.prefill_free_at = prefill_end;
         worker.active_tokens += request.input_length + request.output_length;
-        self.ttfts.push((prefill_end - arrival) * 1e3);
+        self.ttfts.saturating_record(micros(prefill_end - arrival));
         self.events
             .push(Reverse((micros(prefill_end), Phase::PrefillDone, index)));
         let decode_end =
@@ -345,8 +340,7 @@ impl<'a> Simulation<'a> {
         Ok(())
     }
 
-    fn report(mut self, fallbacks: u64) -> PolicyReport {
-        self.ttfts.sort_by(f64::total_cmp);
+    fn report(self, fallbacks: u64) -> PolicyReport {
         let requests = self.trace.len();
         PolicyReport {
             policy: self.policy.into(),
@@ -357,8 +351,8 @@ impl<'a> Simulation<'a> {
                 self.hit_blocks as f64 / self.total_blocks as f64
             },
             imbalance: self.imbalance_sum / requests as f64,
-            ttft_p50_ms: percentile(&self.ttfts, 0.50),
-            ttft_p99_ms: percentile(&self.ttfts, 0.99),
+            ttft_p50_ms: self.ttfts.value_at_quantile(0.50) as f64 / 1e3,
+            ttft_p99_ms: self.ttfts.value_at_quantile(0.99) as f64 / 1e3,
             selections_per_s: requests as f64 / self.router_time.as_secs_f64().max(1e-9),
             fallbacks,
         }
@@ -383,23 +377,34 @@ pub fn replay(
     Ok(simulation.report(router.metrics.fallbacks(policy) - fallbacks_before))
 }
 
+/// One CSV row per policy (the `csv` crate quotes what needs it).
 pub fn csv(reports: &[PolicyReport]) -> String {
-    let mut out = String::from("policy,requests,prefix_hit_rate,load_imbalance,ttft_p50_ms,ttft_p99_ms,selections_per_s,fallbacks\n");
-    for r in reports {
-        let _ = writeln!(
-            out,
-            "{},{},{:.4},{:.3},{:.1},{:.1},{:.0},{}",
-            r.policy,
-            r.requests,
-            r.hit_rate,
-            r.imbalance,
-            r.ttft_p50_ms,
-            r.ttft_p99_ms,
-            r.selections_per_s,
-            r.fallbacks
-        );
+    #[derive(serde::Serialize)]
+    struct Row<'a> {
+        policy: &'a str,
+        requests: usize,
+        prefix_hit_rate: String,
+        load_imbalance: String,
+        ttft_p50_ms: String,
+        ttft_p99_ms: String,
+        selections_per_s: String,
+        fallbacks: u64,
     }
-    out
+    let mut writer = csv::Writer::from_writer(Vec::new());
+    for r in reports {
+        // Writing to memory cannot fail.
+        let _ = writer.serialize(Row {
+            policy: &r.policy,
+            requests: r.requests,
+            prefix_hit_rate: format!("{:.4}", r.hit_rate),
+            load_imbalance: format!("{:.3}", r.imbalance),
+            ttft_p50_ms: format!("{:.1}", r.ttft_p50_ms),
+            ttft_p99_ms: format!("{:.1}", r.ttft_p99_ms),
+            selections_per_s: format!("{:.0}", r.selections_per_s),
+            fallbacks: r.fallbacks,
+        });
+    }
+    String::from_utf8(writer.into_inner().unwrap_or_default()).unwrap_or_default()
 }
 
 pub fn table(reports: &[PolicyReport]) -> String {
@@ -428,81 +433,80 @@ pub fn table(reports: &[PolicyReport]) -> String {
     out
 }
 
-fn escape(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
-}
-
-/// Four bar charts side by side: hit rate, imbalance, TTFT p50 and p99, per policy.
+/// Four bar charts side by side (hit rate, load imbalance, TTFT p50 and p99), one bar
+/// per policy, with axes, units and a legend, drawn by `plotters` as SVG.
 pub fn svg(reports: &[PolicyReport], title: &str) -> String {
-    type Panel = (&'static str, fn(&PolicyReport) -> f64, &'static str);
+    use plotters::prelude::*;
+    type Panel = (&'static str, &'static str, fn(&PolicyReport) -> f64);
     let panels: [Panel; 4] = [
-        ("prefix-cache hit rate", |r| r.hit_rate * 100.0, "%"),
-        ("load imbalance (max/mean)", |r| r.imbalance, ""),
-        ("TTFT p50", |r| r.ttft_p50_ms, " ms"),
-        ("TTFT p99", |r| r.ttft_p99_ms, " ms"),
+        ("prefix-cache hit rate", "%", |r| r.hit_rate * 100.0),
+        ("load imbalance", "max / mean active tokens", |r| {
+            r.imbalance
+        }),
+        ("TTFT p50", "ms", |r| r.ttft_p50_ms),
+        ("TTFT p99", "ms", |r| r.ttft_p99_ms),
     ];
-    let colors = [
-        "#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7",
-    ];
-    let (panel_w, panel_h, top, bottom) = (260.0, 220.0, 60.0, 40.0);
-    let width = panel_w * panels.len() as f64 + 20.0;
-    let legend_h = 20.0 * reports.len() as f64 + 10.0;
-    let height = top + panel_h + bottom + legend_h;
-    let mut out = format!(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{height}\" font-family=\"sans-serif\" font-size=\"12\">\n\
-         <rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n<text x=\"10\" y=\"22\" font-size=\"15\">{}</text>\n",
-        escape(title)
-    );
-    for (p, (name, value, unit)) in panels.iter().enumerate() {
-        let x0 = 10.0 + p as f64 * panel_w;
-        let max = reports.iter().map(value).fold(0.0, f64::max).max(1e-9);
-        let bar_w = (panel_w - 40.0) / reports.len().max(1) as f64;
-        let _ = writeln!(
-            out,
-            "<text x=\"{}\" y=\"{}\" font-weight=\"bold\">{}</text>",
-            x0 + 10.0,
-            top - 12.0,
-            escape(name)
-        );
-        let _ = writeln!(
-            out,
-            "<line x1=\"{}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#888\"/>",
-            x0 + 10.0,
-            top + panel_h,
-            x0 + panel_w - 20.0,
-            top + panel_h
-        );
-        for (i, report) in reports.iter().enumerate() {
-            let v = value(report);
-            let h = v / max * (panel_h - 20.0);
-            let x = x0 + 15.0 + i as f64 * bar_w;
-            let y = top + panel_h - h;
-            let _ = writeln!(
-                out,
-                "<rect x=\"{x:.1}\" y=\"{y:.1}\" width=\"{:.1}\" height=\"{h:.1}\" fill=\"{}\"/>",
-                bar_w * 0.8,
-                colors[i % colors.len()]
-            );
-            let _ = writeln!(out, "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" font-size=\"10\">{v:.1}{unit}</text>", x + bar_w * 0.4, y - 4.0);
+    let mut out = String::new();
+    let legend_h = 24 * reports.len() as u32 + 16;
+    {
+        let root = SVGBackend::with_string(&mut out, (1120, 420 + legend_h)).into_drawing_area();
+        let draw = || -> Result<(), Box<dyn std::error::Error + '_>> {
+            root.fill(&WHITE)?;
+            let (chart_area, legend) = root.split_vertically(420);
+            let chart_area = chart_area.titled(title, ("sans-serif", 16))?;
+            for (area, (name, unit, value)) in chart_area
+                .split_evenly((1, panels.len()))
+                .iter()
+                .zip(panels)
+            {
+                let max = reports.iter().map(value).fold(0.0, f64::max).max(1e-9) * 1.15;
+                let mut chart = ChartBuilder::on(area)
+                    .caption(name, ("sans-serif", 14))
+                    .margin(8)
+                    .x_label_area_size(36)
+                    .y_label_area_size(52)
+                    .build_cartesian_2d((0..reports.len()).into_segmented(), 0.0..max)?;
+                chart
+                    .configure_mesh()
+                    .disable_x_mesh()
+                    .x_desc("policy")
+                    .y_desc(unit)
+                    .x_label_formatter(&|x| match x {
+                        SegmentValue::CenterOf(i) if *i < reports.len() => format!("{}", i + 1),
+                        _ => String::new(),
+                    })
+                    .draw()?;
+                for (i, report) in reports.iter().enumerate() {
+                    let color = Palette99::pick(i).mix(0.9).filled();
+                    let bar = Rectangle::new(
+                        [
+                            (SegmentValue::Exact(i), 0.0),
+                            (SegmentValue::Exact(i + 1), value(report)),
+                        ],
+                        color,
+                    );
+                    chart.draw_series(std::iter::once(bar))?;
+                }
+            }
+            for (i, report) in reports.iter().enumerate() {
+                let y = 12 + 24 * i as i32;
+                legend.draw(&Rectangle::new(
+                    [(20, y), (34, y + 14)],
+                    Palette99::pick(i).filled(),
+                ))?;
+                legend.draw(&Text::new(
+                    format!("{}: {}", i + 1, report.policy),
+                    (42, y + 1),
+                    ("sans-serif", 13),
+                ))?;
+            }
+            root.present()?;
+            Ok(())
+        };
+        if let Err(e) = draw() {
+            tracing::warn!(error = %e, "drawing the replay chart failed");
         }
     }
-    for (i, report) in reports.iter().enumerate() {
-        let y = top + panel_h + bottom + 20.0 * i as f64;
-        let _ = writeln!(
-            out,
-            "<rect x=\"10\" y=\"{:.1}\" width=\"12\" height=\"12\" fill=\"{}\"/>",
-            y - 10.0,
-            colors[i % colors.len()]
-        );
-        let _ = writeln!(
-            out,
-            "<text x=\"28\" y=\"{y:.1}\">{}</text>",
-            escape(&report.policy)
-        );
-    }
-    out.push_str("</svg>\n");
     out
 }
 
