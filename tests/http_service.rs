@@ -597,4 +597,37 @@ fn metrics_parse_as_prometheus_text_with_cumulative_histograms_and_escaped_label
         0,
         "no plugin loaded in this config"
     );
+
+    // Every series the shipped Grafana dashboard queries is one the router exports.
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(repo().join("docs/grafana-dashboard.json")).unwrap(),
+    )
+    .unwrap();
+    let mut used = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"].as_str().unwrap();
+            for (at, _) in expr.match_indices("switchyard_") {
+                let name: String = expr[at..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                used.push(name);
+            }
+        }
+    }
+    assert!(
+        used.len() >= 10,
+        "the dashboard queries switchyard series: {used:?}"
+    );
+    for name in used {
+        let family = ["_bucket", "_sum", "_count"]
+            .iter()
+            .find_map(|suffix| name.strip_suffix(suffix))
+            .unwrap_or(&name);
+        assert!(
+            exposition.families.contains_key(family),
+            "the dashboard queries `{name}`, which /metrics does not export"
+        );
+    }
 }
