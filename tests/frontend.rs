@@ -243,6 +243,19 @@ fn a_repeated_prompt_goes_back_to_the_worker_that_cached_it() {
             .unwrap();
         assert_eq!(models["data"][0]["id"], "demo");
         wait_for_zero_load(&client, &router.address).await;
+        // One time-to-first-byte sample per answered request: 6 chats, 2 completions.
+        let metrics = client
+            .get(format!("{}/metrics", router.address))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            metrics.contains("switchyard_frontend_ttfb_seconds_count 8\n"),
+            "{metrics}"
+        );
     });
 }
 

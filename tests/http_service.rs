@@ -538,7 +538,19 @@ fn metrics_parse_as_prometheus_text_with_cumulative_histograms_and_escaped_label
             );
         }
     }
+    let sent = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    server.ok(
+        "/v1/kv_events",
+        json!({"worker_id": 1, "timestamp": sent, "events": [{"type": "stored", "block_hashes": [7]}]}),
+    );
     let text = server.metrics();
+    assert!(
+        text.contains("switchyard_kv_event_lag_seconds_count 1\n"),
+        "{text}"
+    );
     let exposition = parse_prometheus(&text).unwrap_or_else(|e| panic!("{e:?}\n{text}"));
     let family = |name: &str| {
         exposition
