@@ -230,3 +230,40 @@ fn out_of_tree_project_builds_against_the_installed_package_and_loads() {
         String::from_utf8_lossy(&output.stderr)
     );
 }
+
+#[test]
+fn pkg_config_points_into_the_prefix_it_was_installed_to() {
+    let dir = tempfile::tempdir().unwrap();
+    let prefix = dir.path().join("elsewhere");
+    run(Command::new("cmake")
+        .arg("--install")
+        .arg(repo().join("target/cmake"))
+        .arg("--prefix")
+        .arg(&prefix));
+    let pc_dir = ["lib/pkgconfig", "lib64/pkgconfig"]
+        .iter()
+        .map(|d| prefix.join(d))
+        .find(|d| d.join("switchyard-plugin.pc").exists())
+        .expect("the .pc file is installed");
+    let cflags = run(Command::new("pkg-config")
+        .args(["--cflags", "switchyard-plugin"])
+        .env("PKG_CONFIG_PATH", &pc_dir));
+    let include = cflags.trim().strip_prefix("-I").expect("-I flag");
+    assert_eq!(
+        std::fs::canonicalize(include).unwrap(),
+        std::fs::canonicalize(prefix.join("include")).unwrap(),
+        "pkg-config --cflags: {cflags}"
+    );
+    // A C plugin compiled with exactly those flags loads.
+    let library = dir.path().join("libidle_only.so");
+    run(Command::new("cc")
+        .args(["-std=c11", "-shared", "-fPIC", "-Wall", "-Werror"])
+        .args(cflags.split_whitespace())
+        .arg(repo().join("tests/out-of-tree/idle_only.c"))
+        .arg("-o")
+        .arg(&library));
+    let inspected = run(Command::new(switchyard_bin())
+        .args(["plugin", "inspect"])
+        .arg(&library));
+    assert!(inspected.contains("oot.idle-only"), "{inspected}");
+}

@@ -641,6 +641,9 @@ typedef const struct switchyard_plugin_descriptor *(*switchyard_entry_fn)(void);
 #endif  /* SWITCHYARD_PLUGIN_H */
 
 /* ---- Helpers for C plugins (not part of the binary interface) ---------------------- */
+/* Guarded on their own: cbindgen writes this trailer after the ABI's include guard. */
+#ifndef SWITCHYARD_PLUGIN_HELPERS_H
+#define SWITCHYARD_PLUGIN_HELPERS_H
 
 /* A switchyard_str from a NUL-terminated literal or array. */
 #define SWITCHYARD_STR(literal) ((switchyard_str){ (literal), sizeof(literal) - 1 })
@@ -695,3 +698,4 @@ static inline void switchyard_error_printf(const switchyard_error *error, const 
     switchyard_plugin_entry_v1(void) {                                                     \
         return &switchyard_plugin_descriptor_v1_;                                          \
     }
+#endif  /* SWITCHYARD_PLUGIN_HELPERS_H */
