@@ -288,6 +288,14 @@ fn sha256_is_checked_before_the_library_is_opened() {
         "{error}"
     );
     assert!(error.contains("pinned.so"), "{error}");
+
+    // A pin that is not a sha256 at all says so, instead of "the file changed".
+    let error = start_error(dir.path(), &config("3f1c..."));
+    assert!(
+        error.contains("`sha256: 3f1c...` is not a sha256: expected 64 hexadecimal digits, found 7 characters, not all hexadecimal"),
+        "{error}"
+    );
+    assert!(error.contains("sha256sum"), "{error}");
 }
 
 #[test]
@@ -298,4 +306,18 @@ fn relative_paths_resolve_against_the_config_folder() {
     assert!(!std::path::Path::new("relative.so").exists());
     start_yaml(dir.path(), "plugins:\n  - path: relative.so\n")
         .expect("resolved against the config's folder");
+}
+
+#[test]
+fn a_registrar_kept_and_called_after_registration_is_refused_not_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let lib = broken_plugin(dir.path(), "late", &["LATE_REGISTRAR"]);
+    // Building the instance runs on_create, which calls the kept registrar: the router
+    // must answer with an error (not read freed memory, not register the type).
+    let config = plugin_config(
+        &lib,
+        "worker_selection:\n  instances:\n    - name: late\n      filters: [{type: fixture.keep-all}]\n      picker: {type: builtin.lowest-cost}\n",
+    );
+    let startup = start_yaml(dir.path(), &config).unwrap_or_else(|e| panic!("{e:#?}"));
+    assert!(startup.registry.component("fixture.late").is_none());
 }

@@ -127,6 +127,15 @@ fn file_sha256(path: &Path) -> Result<String, LoadError> {
 /// Checks the file against its `sha256:` pin, if it has one; returns the file's sha256.
 pub fn verify_pin(spec: &PluginSpec) -> Result<String, LoadError> {
     let path = spec.path.as_path();
+    if let Some(value) = &spec.sha256 {
+        let value = value.trim();
+        if value.len() != 64 || !value.chars().all(|c| c.is_ascii_hexdigit()) {
+            return Err(LoadError::InvalidPin {
+                path: path.to_owned(),
+                value: value.to_owned(),
+            });
+        }
+    }
     let found = file_sha256(path)?;
     if let Some(expected) = &spec.sha256 {
         if !found.eq_ignore_ascii_case(expected.trim()) {

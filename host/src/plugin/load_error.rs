@@ -23,6 +23,8 @@ pub enum LoadError {
         expected: String,
         found: String,
     },
+    #[error("{}: `sha256: {value}` is not a sha256: expected 64 hexadecimal digits, found {} characters{}. Pin the file with the output of `sha256sum {}`", path.display(), value.chars().count(), if value.chars().all(|c| c.is_ascii_hexdigit()) { "" } else { ", not all hexadecimal" }, path.display())]
+    InvalidPin { path: PathBuf, value: String },
     #[error("{}: not a loadable shared library: {reason}. Point `path:` at a .so built for this platform (a cdylib, or a C/C++ MODULE library)", path.display())]
     NotLoadable { path: PathBuf, reason: String },
     #[error("{}: unresolved symbol `{symbol}`: the library needs a symbol that neither it nor its dependencies define. Link the library that provides `{symbol}` into the plugin, or remove the reference ({reason})", path.display())]

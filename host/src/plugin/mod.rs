@@ -19,6 +19,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod abi_checks;
+mod call_window;
 pub mod columns;
 pub mod component;
 pub mod error_buffer;

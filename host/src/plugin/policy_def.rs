@@ -10,6 +10,7 @@ use switchyard_plugin_sdk::abi::*;
 use switchyard_plugin_sdk::{write_error, Status, WorkerInputs};
 
 use super::abi_checks::read_def;
+use super::call_window::CallWindow;
 use super::component::{ComponentDef, ComponentInstance, ComponentKind};
 use super::error_buffer::{host_guard, CallError, ErrorBuffer};
 use super::load_error::LoadError;
@@ -113,17 +114,21 @@ impl PolicyFactory {
             built: Vec::new(),
             refused: None,
         };
-        let builder = switchyard_policy_builder {
-            struct_size: std::mem::size_of::<switchyard_policy_builder>() as u32,
-            host_data: std::ptr::from_mut(&mut context).cast(),
-            callback_add_component: Some(add_component),
-        };
+        let window = CallWindow::open(&mut context);
+        let builder: &'static switchyard_policy_builder =
+            Box::leak(Box::new(switchyard_policy_builder {
+                struct_size: std::mem::size_of::<switchyard_policy_builder>() as u32,
+                host_data: std::ptr::from_ref(window).cast_mut().cast(),
+                callback_add_component: Some(add_component),
+            }));
         let mut error = ErrorBuffer::new();
         let code = partition.with_abi(|part| {
             // SAFETY: the factory came from this def's on_validate and is used by one
-            // thread (the lock); builder, partition and error buffer outlive the call.
-            unsafe { on_build(factory.0, part, &builder, &error.as_abi()) }
+            // thread (the lock); the builder lives forever, the context, partition and
+            // error buffer for the call (the window closes before they go).
+            unsafe { on_build(factory.0, part, builder, &error.as_abi()) }
         });
+        window.close();
         error.check(code)?;
         match context.refused {
             Some(refused) => Err(CallError::new(
@@ -166,17 +171,7 @@ unsafe extern "C" fn add_component(
     weight: f64,
     error: *const switchyard_error,
 ) -> i32 {
-    host_guard(Some(error), Status::InvalidArgument.code(), || {
-        // SAFETY: `builder` is the one `PolicyFactory::build` made for this on_build call
-        // (or NULL); its host_data is that call's context.
-        let context = unsafe {
-            builder
-                .as_ref()
-                .and_then(|b| b.host_data.cast::<BuildContext<'_>>().as_mut())
-        };
-        let Some(context) = context else {
-            return Status::InvalidArgument.code();
-        };
+    let add = |context: &mut BuildContext<'_>| {
         // SAFETY: the plugin hands over a def of its declared size.
         match unsafe { ComponentDef::read(context.path, context.abi_minor, def, false) } {
             Ok((name, def)) => {
@@ -198,5 +193,22 @@ unsafe extern "C" fn add_component(
                 Status::InvalidArgument.code()
             }
         }
+    };
+    // SAFETY: builders and their windows are never freed; the window was opened on a
+    // BuildContext.
+    let window = unsafe {
+        builder
+            .as_ref()
+            .and_then(|b| CallWindow::from_host_data(b.host_data))
+    };
+    host_guard(Some(error), Status::InvalidArgument.code(), || {
+        // SAFETY: as above.
+        let done = window.and_then(|w| unsafe { w.with::<BuildContext<'_>, _>(add) });
+        done.unwrap_or_else(|| {
+            let message = "the builder was used after on_build returned: keep no pointer to it (the instance is leaked)";
+            // SAFETY: `error` is the buffer the plugin passed to this callback.
+            unsafe { write_error(error, message) };
+            Status::InvalidArgument.code()
+        })
     })
 }

@@ -8,6 +8,7 @@ use switchyard_plugin_sdk::abi::*;
 use switchyard_plugin_sdk::{write_error, Status};
 
 use super::abi_checks::{PluginInfo, HOST_ABI_MINOR};
+use super::call_window::CallWindow;
 use super::component::ComponentDef;
 use super::error_buffer::{host_guard, ErrorBuffer};
 use super::load_error::LoadError;
@@ -91,17 +92,19 @@ pub(super) unsafe fn register(
         registered: Registered::default(),
         errors: Vec::new(),
     };
-    let registrar = switchyard_registrar {
+    let window = CallWindow::open(&mut context);
+    let registrar: &'static switchyard_registrar = Box::leak(Box::new(switchyard_registrar {
         struct_size: std::mem::size_of::<switchyard_registrar>() as u32,
         host_abi_minor: u32::from(HOST_ABI_MINOR),
-        host_data: std::ptr::from_mut(&mut context).cast(),
+        host_data: std::ptr::from_ref(window).cast_mut().cast(),
         callback_register_component: Some(register_component),
         callback_register_policy: Some(register_policy),
-    };
+    }));
     let mut buffer = ErrorBuffer::new();
-    // SAFETY: per this function's contract; the registrar and its context, and the error
-    // buffer, outlive the call.
-    let code = unsafe { on_register(&registrar, &buffer.as_abi()) };
+    // SAFETY: per this function's contract; the registrar and its window live forever,
+    // the context and the error buffer for the call (the window closes before they go).
+    let code = unsafe { on_register(registrar, &buffer.as_abi()) };
+    window.close();
     let RegistrationContext {
         errors, registered, ..
     } = context;
@@ -118,19 +121,30 @@ pub(super) unsafe fn register(
     Ok(registered)
 }
 
-/// The registration context behind a registrar pointer.
+/// Runs `f` on the registration context behind a registrar pointer while its
+/// `on_register` call is in progress; refuses a late call, saying why.
 ///
 /// # Safety
-/// `registrar` must be NULL or the registrar `register` built, during its call.
-unsafe fn context<'a>(
+/// `registrar` must be NULL or a registrar `register` built; `error` the plugin's buffer.
+unsafe fn in_window(
     registrar: *const switchyard_registrar,
-) -> Option<&'a mut RegistrationContext<'a>> {
-    // SAFETY: per this function's contract.
-    unsafe {
+    error: *const switchyard_error,
+    f: impl FnOnce(&mut RegistrationContext<'_>) -> i32,
+) -> i32 {
+    // SAFETY: per this function's contract; registrars and their windows are never freed.
+    let window = unsafe {
         registrar
             .as_ref()
-            .and_then(|r| r.host_data.cast::<RegistrationContext<'a>>().as_mut())
-    }
+            .and_then(|r| CallWindow::from_host_data(r.host_data))
+    };
+    // SAFETY: the window was opened on a RegistrationContext.
+    let done = window.and_then(|w| unsafe { w.with::<RegistrationContext<'_>, _>(f) });
+    done.unwrap_or_else(|| {
+        let message = "the registrar was used after on_register returned: keep no pointer to it";
+        // SAFETY: `error` is the buffer the plugin passed to this callback.
+        unsafe { write_error(error, message) };
+        Status::InvalidArgument.code()
+    })
 }
 
 /// # Safety
@@ -140,11 +154,7 @@ unsafe extern "C" fn register_component(
     def: *const switchyard_component_def,
     error: *const switchyard_error,
 ) -> i32 {
-    host_guard(Some(error), Status::InvalidArgument.code(), || {
-        // SAFETY: per this function's contract.
-        let Some(context) = (unsafe { context(registrar) }) else {
-            return Status::InvalidArgument.code();
-        };
+    let register = |context: &mut RegistrationContext<'_>| {
         let minor = context.plugin.abi_minor;
         // SAFETY: the plugin hands over a def of its declared size.
         let result = unsafe { ComponentDef::read(context.path, minor, def, true) }
@@ -157,6 +167,10 @@ unsafe extern "C" fn register_component(
             }
             Err(e) => context.refuse(e, error),
         }
+    };
+    // SAFETY: per this function's contract.
+    host_guard(Some(error), Status::InvalidArgument.code(), || unsafe {
+        in_window(registrar, error, register)
     })
 }
 
@@ -167,11 +181,7 @@ unsafe extern "C" fn register_policy(
     def: *const switchyard_policy_def,
     error: *const switchyard_error,
 ) -> i32 {
-    host_guard(Some(error), Status::InvalidArgument.code(), || {
-        // SAFETY: per this function's contract.
-        let Some(context) = (unsafe { context(registrar) }) else {
-            return Status::InvalidArgument.code();
-        };
+    let register = |context: &mut RegistrationContext<'_>| {
         let path = context.path;
         // SAFETY: the plugin hands over a def of its declared size.
         let result = unsafe { PolicyDef::read(path, context.plugin.abi_minor, def) }
@@ -195,5 +205,9 @@ unsafe extern "C" fn register_policy(
             }
             Err(e) => context.refuse(e, error),
         }
+    };
+    // SAFETY: per this function's contract.
+    host_guard(Some(error), Status::InvalidArgument.code(), || unsafe {
+        in_window(registrar, error, register)
     })
 }

@@ -41,7 +41,9 @@ fn types_of(registry: &Registry, plugin: &LoadedPlugin) -> Vec<TypeSummary> {
 fn write_plugin(out: &mut String, registry: &Registry, plugin: &LoadedPlugin) {
     let info = &plugin.info;
     let _ = writeln!(out, "  {} {} ({})", info.name, info.version, info.vendor);
-    let _ = writeln!(out, "    path:     {}", plugin.path.display());
+    let resolved = std::fs::canonicalize(&plugin.path).unwrap_or_else(|_| plugin.path.clone());
+    let _ = writeln!(out, "    path:     {}", resolved.display());
+    let _ = writeln!(out, "    sha256:   {}", plugin.sha256);
     let _ = writeln!(
         out,
         "    ABI:      {}.{}, SDK revision {}, layout {}",
