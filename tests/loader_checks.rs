@@ -321,3 +321,59 @@ fn a_registrar_kept_and_called_after_registration_is_refused_not_read() {
     let startup = start_yaml(dir.path(), &config).unwrap_or_else(|e| panic!("{e:#?}"));
     assert!(startup.registry.component("fixture.late").is_none());
 }
+
+/// Writes `bytes` as a new file `name` in `dir` (never rewriting a loaded library).
+fn write_library(dir: &std::path::Path, name: &str, bytes: &[u8]) -> std::path::PathBuf {
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+#[test]
+fn a_library_cut_short_or_corrupted_is_refused_before_dlopen_maps_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let valid = std::fs::read(broken_plugin(dir.path(), "whole", &[])).unwrap();
+    // Cut short at several points: each would make the dynamic loader map past the end
+    // of the file (SIGBUS in this test process) if it got that far.
+    for len in [0, 40, 100, 1_500, valid.len() / 2, valid.len() - 1] {
+        let lib = write_library(dir.path(), &format!("cut{len}.so"), &valid[..len]);
+        let error = load_error(dir.path(), &lib, "");
+        assert!(
+            error.contains("not a loadable shared library"),
+            "{len}: {error}"
+        );
+        assert!(
+            error.contains("cut short") || error.contains("corrupted"),
+            "{len} bytes: {error}"
+        );
+    }
+    // Header fields that say "not for this router".
+    let patched = |offset: usize, value: u16, name: &str| {
+        let mut bytes = valid.clone();
+        bytes[offset..offset + 2].copy_from_slice(&value.to_le_bytes());
+        load_error(dir.path(), &write_library(dir.path(), name, &bytes), "")
+    };
+    let executable = patched(16, 2, "exec.so"); // e_type = ET_EXEC
+    assert!(
+        executable.contains("its ELF type is 2, not a shared object"),
+        "{executable}"
+    );
+    let foreign = if std::env::consts::ARCH == "x86_64" {
+        183
+    } else {
+        62
+    };
+    let machine = patched(18, foreign, "foreign.so"); // e_machine
+    assert!(
+        machine.contains(&format!("built for ELF machine {foreign}")),
+        "{machine}"
+    );
+    // The entry symbol is looked for in the file too: a library without it says so.
+    let no_entry = std::fs::read(broken_plugin(dir.path(), "no_entry", &["NO_ENTRY"])).unwrap();
+    let error = load_error(
+        dir.path(),
+        &write_library(dir.path(), "no_entry2.so", &no_entry),
+        "",
+    );
+    assert!(error.contains("missing entry symbol"), "{error}");
+}

@@ -10,6 +10,7 @@ use sha2::{Digest, Sha256};
 use switchyard_plugin_sdk::abi::*;
 
 use super::abi_checks::{check_descriptor, PluginInfo, RevisionRule};
+use super::elf_check;
 use super::load_error::LoadError;
 use super::registrar::{register, Registered, TakenBy};
 
@@ -119,13 +120,9 @@ fn entry(path: &Path, library: &libloading::Library) -> Result<switchyard_entry_
     })
 }
 
-/// The sha256 of a plugin file, as hex.
-fn file_sha256(path: &Path) -> Result<String, LoadError> {
-    Ok(sha256_hex(&std::fs::read(path).map_err(not_found(path))?))
-}
-
-/// Checks the file against its `sha256:` pin, if it has one; returns the file's sha256.
-pub fn verify_pin(spec: &PluginSpec) -> Result<String, LoadError> {
+/// Checks `bytes` (the plugin file at `spec.path`) against its `sha256:` pin, if it has
+/// one; returns their sha256.
+fn check_pin(spec: &PluginSpec, bytes: &[u8]) -> Result<String, LoadError> {
     let path = spec.path.as_path();
     if let Some(value) = &spec.sha256 {
         let value = value.trim();
@@ -136,7 +133,7 @@ pub fn verify_pin(spec: &PluginSpec) -> Result<String, LoadError> {
             });
         }
     }
-    let found = file_sha256(path)?;
+    let found = sha256_hex(bytes);
     if let Some(expected) = &spec.sha256 {
         if !found.eq_ignore_ascii_case(expected.trim()) {
             return Err(LoadError::ChecksumMismatch {
@@ -149,11 +146,21 @@ pub fn verify_pin(spec: &PluginSpec) -> Result<String, LoadError> {
     Ok(found)
 }
 
-/// Verifies the checksum pin, opens the library, runs every check and its registration.
-/// `taken_by` says which already-registered type a name belongs to, if any.
+/// Checks the plugin file against its `sha256:` pin, if it has one.
+pub fn verify_pin(spec: &PluginSpec) -> Result<String, LoadError> {
+    let bytes = std::fs::read(&spec.path).map_err(not_found(&spec.path))?;
+    check_pin(spec, &bytes)
+}
+
+/// Verifies the checksum pin and the file's ELF structure, opens the library, runs
+/// every check and its registration. `taken_by` says which already-registered type a
+/// name belongs to, if any.
 pub fn load(spec: &PluginSpec, taken_by: TakenBy<'_>) -> Result<LoadedLibrary, LoadError> {
     let path = spec.path.as_path();
-    let sha256 = verify_pin(spec)?;
+    let bytes = std::fs::read(path).map_err(not_found(path))?;
+    let sha256 = check_pin(spec, &bytes)?;
+    elf_check::check(path, &bytes)?;
+    drop(bytes);
     let library = open(path)?;
     let entry = entry(path, library)?;
     // SAFETY: the entry symbol takes nothing and returns a pointer the checks validate.
