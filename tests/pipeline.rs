@@ -116,3 +116,36 @@ fn panicking_rust_plugin_is_contained_and_poisoned() {
     assert_eq!(select(&mut selector(&startup, "p"), 12, &FLEET).unwrap(), 2);
     assert!(select(&mut selector(&startup, "default"), 12, &FLEET).is_ok());
 }
+
+#[test]
+fn a_picker_that_answers_ok_without_a_row_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let lib = broken_plugin(dir.path(), "no_row", &["PICK_NO_ROW"]);
+    let config = format!(
+        "plugins:\n  - path: {}\nworker_selection:\n  instances:\n    - name: x\n      scorers: [{{type: builtin.active-requests}}]\n      picker: {{type: fixture.out-of-range}}\n",
+        lib.display()
+    );
+    let startup = start_yaml(dir.path(), &config).expect("starts");
+    let (component, status, message) =
+        component_failure(select(&mut selector(&startup, "x"), 4, &FLEET).unwrap_err());
+    assert_eq!(component, "fixture.out-of-range");
+    assert_eq!(status, Status::OutOfRange);
+    assert_eq!(
+        message,
+        "the picker returned OK without writing a row to *out_row"
+    );
+}
+
+#[test]
+fn input_group_bits_the_abi_does_not_define_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let lib = broken_plugin(dir.path(), "bits", &["INPUTS=9"]);
+    let error = start_error(
+        dir.path(),
+        &format!("plugins:\n  - path: {}\n", lib.display()),
+    );
+    assert!(
+        error.contains("type `fixture.keep-all`: declares input groups 0x8 that ABI 1.0 does not define (known: 0x7)"),
+        "{error}"
+    );
+}

@@ -128,6 +128,15 @@ impl ComponentDef {
                 "a registered component must set `on_create`".into(),
             ));
         }
+        let unknown = def.inputs & !SWITCHYARD_INPUT_ALL;
+        if unknown != 0 {
+            return Err(invalid(
+                &name,
+                format!(
+                    "declares input groups {unknown:#x} that ABI 1.{abi_minor} does not define (known: {SWITCHYARD_INPUT_ALL:#x}); declare only SWITCHYARD_INPUT_* bits"
+                ),
+            ));
+        }
         let inputs = WorkerInputs::from_bits(def.inputs);
         Ok((name, ComponentDef { def, inputs, kind }))
     }
@@ -264,7 +273,14 @@ impl ComponentInstance {
                 &error.as_abi(),
             )
         };
-        error.check(code).map(|()| row)
+        error.check(code)?;
+        if row == usize::MAX {
+            return Err(CallError::new(
+                Status::OutOfRange,
+                "the picker returned OK without writing a row to *out_row",
+            ));
+        }
+        Ok(row)
     }
 
     /// A def's callback for another kind is never set (checked when it was read), so
