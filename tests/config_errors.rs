@@ -188,3 +188,22 @@ fn router_knobs_must_be_positive() {
         "{error}"
     );
 }
+
+#[test]
+fn the_same_mistake_in_several_instances_is_reported_at_each_ones_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = "worker_selection:\n  instances:\n\
+                \x20   - name: a\n      type: nope\n\
+                \x20   - name: b\n      type: nope\n\
+                \x20   - name: c\n      scorers: [{type: missing}]\n      picker: {type: builtin.lowest-cost}\n\
+                \x20   - name: d\n      scorers: [{type: missing}]\n      picker: {type: builtin.lowest-cost}\n";
+    let errors = match start_yaml(dir.path(), yaml) {
+        Ok(_) => panic!("must fail"),
+        Err(errors) => errors,
+    };
+    let lines: Vec<&str> = errors
+        .iter()
+        .map(|e| e.split(": ").next().unwrap().rsplit(':').next().unwrap())
+        .collect();
+    assert_eq!(lines, ["4", "6", "8", "11"], "{errors:#?}");
+}

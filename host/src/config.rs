@@ -384,11 +384,10 @@ impl ConfigSource {
         }
     }
 
-    /// The 1-based line of the `nth` (0-based) `key: value` in the text, block or flow
-    /// style (`{key: value, ...}`), if any.
-    pub fn line_of(&self, key: &str, value: &str, nth: usize) -> Option<usize> {
+    /// The 1-based lines holding `key: value`, block or flow style (`{key: value, ...}`).
+    fn lines_of<'s>(&'s self, key: &str, value: &'s str) -> impl Iterator<Item = usize> + 's {
         let pattern = format!("{key}:");
-        let holds = |line: &str| {
+        let holds = move |line: &str| {
             let line = line.split(" #").next().unwrap_or(line);
             line.match_indices(&pattern).any(|(at, _)| {
                 let before = line[..at].chars().next_back();
@@ -407,9 +406,20 @@ impl ConfigSource {
         self.text
             .lines()
             .enumerate()
-            .filter(|(_, line)| holds(line))
-            .nth(nth)
+            .filter(move |(_, line)| holds(line))
             .map(|(i, _)| i + 1)
+    }
+
+    /// The 1-based line of the `nth` (0-based) `key: value` in the text, if any.
+    pub fn line_of(&self, key: &str, value: &str, nth: usize) -> Option<usize> {
+        self.lines_of(key, value).nth(nth)
+    }
+
+    /// The first line at or after `from` holding `key: value`: where a key of the
+    /// instance whose `name:` is on line `from` stands, so several instances with the
+    /// same mistake are each reported at their own line.
+    pub fn line_from(&self, key: &str, value: &str, from: usize) -> Option<usize> {
+        self.lines_of(key, value).find(|line| *line >= from)
     }
 
     /// Checks the values serde cannot: router knobs and instance names. Returns every

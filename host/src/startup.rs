@@ -228,7 +228,12 @@ fn instance(
 ) -> Result<InstanceFactory, Box<StartupError>> {
     let composed = !entry.filters.is_empty() || !entry.scorers.is_empty() || entry.picker.is_some();
     let name = &entry.name;
-    let at = |message: String| source.error_at("name", name, 0, message);
+    let name_line = source.instance_line(entry).unwrap_or(1);
+    let at = |message: String| ConfigError {
+        file: source.name.clone(),
+        line: Some(name_line),
+        message,
+    };
     let kind = match (&entry.policy_type, composed) {
         (Some(_), true) => {
             return Err(at(format!("instance `{name}` has both `type` and `filters`/`scorers`/`picker`; use `type` for a policy type, or compose components, not both")).into())
@@ -237,7 +242,12 @@ fn instance(
             return Err(at(format!("instance `{name}` needs `type: <policy type>`, or `scorers` and a `picker`")).into())
         }
         (Some(policy_type), false) => {
-            let at_type = |message: String| source.error_at("type", policy_type, 0, message);
+            let type_line = source.line_from("type", policy_type, name_line);
+            let at_type = |message: String| ConfigError {
+                file: source.name.clone(),
+                line: type_line,
+                message,
+            };
             let Some(policy) = registry.policy(policy_type) else {
                 let hint = match registry.component(policy_type) {
                     Some(c) => format!(" (`{policy_type}` is a {}: list it under `{}s:` of a composed instance)", c.kind.as_str(), c.kind.as_str()),
@@ -252,7 +262,7 @@ fn instance(
             let factory = policy.validate(&params).map_err(|error| Box::new(StartupError::InvalidParameters {
                 at: Location {
                     config: source.name.clone(),
-                    line: source.line_of("type", policy_type, 0),
+                    line: type_line,
                 },
                 instance: name.clone(),
                 policy_type: policy_type.clone(),
@@ -265,11 +275,11 @@ fn instance(
             let mut components = Vec::new();
             for (entries, kind) in [(&entry.filters, ComponentKind::Filter), (&entry.scorers, ComponentKind::Scorer)] {
                 for c in entries {
-                    components.push(component(source, registry, name, c, kind)?);
+                    components.push(component(source, registry, (name, name_line), c, kind)?);
                 }
             }
             match &entry.picker {
-                Some(picker) => components.push(component(source, registry, name, picker, ComponentKind::Picker)?),
+                Some(picker) => components.push(component(source, registry, (name, name_line), picker, ComponentKind::Picker)?),
                 None => return Err(at(format!("instance `{name}` composes components but has no `picker`; add e.g. `picker: {{type: builtin.lowest-cost}}`")).into()),
             }
             InstanceKind::Composition { components }
@@ -282,15 +292,20 @@ fn instance(
     })
 }
 
+/// One component of a composed instance whose `name:` is on line `from`.
 fn component(
     source: &ConfigSource,
     registry: &Registry,
-    instance: &str,
+    (instance, from): (&str, usize),
     entry: &ComponentEntry,
     expected: ComponentKind,
 ) -> Result<ComponentUse, ConfigError> {
     let type_name = &entry.component_type;
-    let at = |message: String| source.error_at("type", type_name, 0, message);
+    let at = |message: String| ConfigError {
+        file: source.name.clone(),
+        line: source.line_from("type", type_name, from),
+        message,
+    };
     let Some(component) = registry.component(type_name) else {
         return Err(at(format!(
             "instance `{instance}`: unknown {} type `{type_name}`. Registered {}s: {}. Load the plugin that provides it under `plugins:`",
