@@ -207,3 +207,33 @@ fn the_same_mistake_in_several_instances_is_reported_at_each_ones_line() {
         .collect();
     assert_eq!(lines, ["4", "6", "8", "11"], "{errors:#?}");
 }
+
+#[test]
+fn a_plugin_that_fails_to_load_is_one_root_error_not_a_cascade() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = "plugins:\n  - path: missing.so\nworker_selection:\n  instances:\n\
+                \x20   - {name: a, type: acme.policy}\n\
+                \x20   - name: b\n      scorers: [{type: acme.scorer}]\n      picker: {type: builtin.lowest-cost}\n";
+    let errors = match start_yaml(dir.path(), yaml) {
+        Ok(_) => panic!("must fail"),
+        Err(errors) => errors,
+    };
+    assert_eq!(errors.len(), 2, "{errors:#?}");
+    assert!(
+        errors[0].contains("missing.so: plugin file not found"),
+        "{errors:#?}"
+    );
+    assert!(
+        errors[1].contains("instance(s) `a`, `b` not checked") && !errors[1].contains("unknown"),
+        "{errors:#?}"
+    );
+    // Without a failed plugin, an unknown type is reported as such, at its line.
+    let error = start_error(
+        dir.path(),
+        "worker_selection:\n  instances:\n    - {name: a, type: acme.policy}\n",
+    );
+    assert!(
+        error.contains("config.yaml:3: instance `a`: unknown policy type `acme.policy`"),
+        "{error}"
+    );
+}

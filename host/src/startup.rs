@@ -37,6 +37,15 @@ pub enum StartupError {
     Config(#[from] ConfigError),
     #[error("{at}: {error}")]
     Plugin { at: Location, error: LoadError },
+    /// An instance names a type nothing registered.
+    #[error(transparent)]
+    UnknownType(ConfigError),
+    /// Instances not checked because they may use types of plugins that failed to load.
+    #[error("{config}: instance(s) {} not checked: they name types no loaded plugin registers, and a plugin above failed to load; fix that plugin first", instances.join(", "))]
+    NotChecked {
+        config: String,
+        instances: Vec<String>,
+    },
     /// A policy type refused an instance's parameters.
     #[error("{at}: instance `{instance}`: invalid parameters for policy type `{policy_type}` ({params}): {error}")]
     InvalidParameters {
@@ -99,11 +108,26 @@ pub fn start(source: ConfigSource) -> Result<Startup, Vec<StartupError>> {
         Ok(instance) => instances.push(Arc::new(instance)),
         Err(e) => errors.push(e.into()),
     }
+    // A plugin that failed to load is the one root error: instances that name its types
+    // are summed up in one line, not reported each as an unknown type.
+    let plugins_failed = errors
+        .iter()
+        .any(|e| matches!(e, StartupError::Plugin { .. }));
+    let mut not_checked = Vec::new();
     for entry in sound_entries {
         match configured_instance(&source, &registry, entry) {
             Ok(instance) => instances.push(Arc::new(instance)),
+            Err(e) if plugins_failed && matches!(*e, StartupError::UnknownType(_)) => {
+                not_checked.push(format!("`{}`", entry.name));
+            }
             Err(e) => errors.push(*e),
         }
+    }
+    if !not_checked.is_empty() {
+        errors.push(StartupError::NotChecked {
+            config: source.name.clone(),
+            instances: not_checked,
+        });
     }
     let default_instance = default_instance(&source).unwrap_or_else(|(name, e)| {
         errors.push(e.into());
@@ -253,10 +277,10 @@ fn instance(
                     Some(c) => format!(" (`{policy_type}` is a {}: list it under `{}s:` of a composed instance)", c.kind.as_str(), c.kind.as_str()),
                     None => String::new(),
                 };
-                return Err(at_type(format!(
+                return Err(Box::new(StartupError::UnknownType(at_type(format!(
                     "instance `{name}`: unknown policy type `{policy_type}`{hint}. Registered policy types: {}. Load the plugin that provides it under `plugins:`",
                     registry.names_of(None).join(", ")
-                )).into());
+                )))));
             };
             let params = OwnedParams::new(entry.parameters.clone());
             let factory = policy.validate(&params).map_err(|error| Box::new(StartupError::InvalidParameters {
@@ -299,7 +323,7 @@ fn component(
     (instance, from): (&str, usize),
     entry: &ComponentEntry,
     expected: ComponentKind,
-) -> Result<ComponentUse, ConfigError> {
+) -> Result<ComponentUse, Box<StartupError>> {
     let type_name = &entry.component_type;
     let at = |message: String| ConfigError {
         file: source.name.clone(),
@@ -307,12 +331,12 @@ fn component(
         message,
     };
     let Some(component) = registry.component(type_name) else {
-        return Err(at(format!(
+        return Err(Box::new(StartupError::UnknownType(at(format!(
             "instance `{instance}`: unknown {} type `{type_name}`. Registered {}s: {}. Load the plugin that provides it under `plugins:`",
             expected.as_str(),
             expected.as_str(),
             registry.names_of(Some(expected)).join(", ")
-        )));
+        )))));
     };
     if component.kind != expected {
         return Err(at(format!(
@@ -320,12 +344,13 @@ fn component(
             component.kind.as_str(),
             expected.as_str(),
             component.kind.as_str()
-        )));
+        ))
+        .into());
     }
     let weight = match (entry.weight, expected) {
         (Some(w), ComponentKind::Scorer) if w.is_finite() => w,
-        (Some(w), ComponentKind::Scorer) => return Err(at(format!("instance `{instance}`: scorer `{type_name}` has weight {w}; weights must be finite numbers"))),
-        (Some(_), _) => return Err(at(format!("instance `{instance}`: `weight` applies to scorers only, not to {} `{type_name}`", expected.as_str()))),
+        (Some(w), ComponentKind::Scorer) => return Err(at(format!("instance `{instance}`: scorer `{type_name}` has weight {w}; weights must be finite numbers")).into()),
+        (Some(_), _) => return Err(at(format!("instance `{instance}`: `weight` applies to scorers only, not to {} `{type_name}`", expected.as_str())).into()),
         (None, _) => 1.0,
     };
     Ok(ComponentUse {
