@@ -73,6 +73,7 @@ fn cpp_parameter_errors_reach_the_operator() {
     match errors[..] {
         [StartupError::InvalidParameters {
             ref instance,
+            ref origin,
             error:
                 BuildError::Validate {
                     refusal: Refusal::Plugin(ref call),
@@ -81,6 +82,10 @@ fn cpp_parameter_errors_reach_the_operator() {
             ..
         }] => {
             assert_eq!(instance, "lb");
+            assert!(
+                origin.contains("libleast_busy_cpp.so"),
+                "names the library: {origin}"
+            );
             assert_eq!(call.status, Status::InvalidParameters);
             assert!(
                 call.message.contains(

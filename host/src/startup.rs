@@ -47,21 +47,25 @@ pub enum StartupError {
         instances: Vec<String>,
     },
     /// A policy type refused an instance's parameters.
-    #[error("{at}: instance `{instance}`: invalid parameters for policy type `{policy_type}` ({params}): {error}")]
+    #[error("{at}: instance `{instance}`: invalid parameters for policy type `{policy_type}` from {origin} ({params}): {error}")]
     InvalidParameters {
         at: Location,
         instance: String,
         policy_type: String,
         params: String,
         error: BuildError,
+        /// Where the refusing type comes from: a plugin's name and library, or built-in.
+        origin: String,
     },
     /// An instance validated but could not be built for a worker type.
-    #[error("{at}: instance `{instance}` cannot be built for worker type {}: {error}", worker_type.as_str())]
+    #[error("{at}: instance `{instance}` cannot be built for worker type {}: {error}{}", worker_type.as_str(), origin.as_ref().map(|o| format!(" (the type is from {o})")).unwrap_or_default())]
     Unbuildable {
         at: Location,
         instance: String,
         worker_type: WorkerType,
         error: BuildError,
+        /// Where the type at fault comes from, when a type is.
+        origin: Option<String>,
     },
 }
 
@@ -73,6 +77,19 @@ impl StartupError {
             | StartupError::Unbuildable { error, .. } => Some(error),
             _ => None,
         }
+    }
+}
+
+/// Where the type a build error names comes from.
+fn origin_of(registry: &Registry, error: &BuildError) -> Option<String> {
+    match error {
+        BuildError::Validate { policy_type, .. } | BuildError::Build { policy_type, .. } => {
+            registry.policy(policy_type).map(|p| p.origin.to_string())
+        }
+        BuildError::Create { component, .. } => {
+            registry.component(component).map(|c| c.origin.to_string())
+        }
+        _ => None,
     }
 }
 
@@ -212,6 +229,7 @@ fn configured_instance(
                 },
                 instance: entry.name.clone(),
                 worker_type,
+                origin: origin_of(registry, &error),
                 error,
             }));
         }
@@ -292,6 +310,7 @@ fn instance(
                 policy_type: policy_type.clone(),
                 params: params.json().to_owned(),
                 error,
+                origin: policy.origin.to_string(),
             }))?;
             InstanceKind::Policy { policy_type: policy_type.clone(), factory }
         }
