@@ -1,5 +1,6 @@
 //! Thousands of interleaved reserve / prefill-complete / free calls from several threads
-//! through the router: every worker's counts return to zero.
+//! through the router: every worker's counts return to zero. An instance over its call
+//! budget is tripped to the fallback policy.
 
 mod support;
 
@@ -82,4 +83,43 @@ fn interleaved_reservations_return_every_count_to_zero() {
             "worker {worker:?} did not return to zero"
         );
     }
+}
+
+#[test]
+fn an_instance_over_its_call_budget_trips_to_the_fallback_for_its_cool_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        "plugins:\n  - path: {}\nworker_selection:\n  instances:\n\
+         \x20   - name: slow\n      on_error: fallback\n      call_budget_ms: 1\n      trip_after: 2\n      trip_cooldown_secs: 600\n\
+         \x20     scorers: [{{type: panicky.slow, parameters: {{sleep_ms: 20}}}}]\n      picker: {{type: builtin.lowest-cost}}\n\
+         workers:\n  - {{model: demo, worker_id: 1}}\n  - {{model: demo, worker_id: 2}}\n",
+        rust_plugin("panicky").display()
+    );
+    let router = Router::new(start_yaml(dir.path(), &yaml).unwrap()).unwrap();
+    let request = RouteRequest {
+        model: "demo".into(),
+        instance: Some("slow".into()),
+        token_ids: Some(vec![1, 2, 3]),
+        ..Default::default()
+    };
+    // Two selections of 20 ms against a 1 ms budget: the second trips the instance.
+    assert!(!router.select(&request).unwrap().fallback);
+    assert!(!router.select(&request).unwrap().fallback);
+    // Tripped: the built-in policy routes, without calling the slow component.
+    let decision = router.select(&request).unwrap();
+    assert!(decision.fallback, "{decision:?}");
+    assert_eq!(decision.instance, "slow");
+    let metrics = router.render_metrics();
+    assert!(
+        metrics.contains("switchyard_instance_tripped{instance=\"slow\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("switchyard_over_budget_selections_total{instance=\"slow\"} 2"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("switchyard_fallbacks_total{instance=\"slow\"} 1"),
+        "{metrics}"
+    );
 }

@@ -182,6 +182,24 @@ pub struct InstanceEntry {
     pub picker: Option<ComponentEntry>,
     #[serde(default)]
     pub on_error: OnError,
+    /// A selection slower than this (milliseconds) is over budget. A component cannot be
+    /// interrupted in-process; after `trip_after` consecutive over-budget selections an
+    /// instance with `on_error: fallback` is tripped: the built-in policy routes its
+    /// requests for `trip_cooldown_secs`.
+    #[serde(default)]
+    pub call_budget_ms: Option<f64>,
+    #[serde(default = "default_trip_after")]
+    pub trip_after: u32,
+    #[serde(default = "default_trip_cooldown")]
+    pub trip_cooldown_secs: u64,
+}
+
+fn default_trip_after() -> u32 {
+    3
+}
+
+fn default_trip_cooldown() -> u64 {
+    30
 }
 
 #[derive(Debug, Deserialize)]

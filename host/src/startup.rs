@@ -4,13 +4,16 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use switchyard_plugin_sdk::WorkerType;
 
 pub use crate::config::BUILTIN_DEFAULT;
 use crate::config::{ComponentEntry, ConfigError, ConfigSource, InstanceEntry, OnError};
 use crate::plugin::{ComponentKind, LoadError, OwnedParams, PartitionKey, PluginSpec};
-use crate::policy::{BuildError, ComponentUse, InstanceFactory, InstanceKind, Registry};
+use crate::policy::{
+    BuildError, CallBudget, ComponentUse, InstanceFactory, InstanceKind, Registry,
+};
 
 /// Environment variable that overrides `worker_selection.default` by instance name.
 pub const POLICY_ENV: &str = "SWITCHYARD_WORKER_SELECTION_POLICY";
@@ -198,6 +201,7 @@ fn builtin_default(
                 policy_type: BUILTIN_DEFAULT.to_owned(),
                 factory,
             },
+            budget: None,
         }),
         Err(e) => Err(ConfigError {
             file: source.name.clone(),
@@ -328,10 +332,26 @@ fn instance(
             InstanceKind::Composition { components }
         }
     };
+    let budget = match entry.call_budget_ms {
+        None => None,
+        Some(ms) if ms.is_finite() && ms > 0.0 && entry.trip_after > 0 => Some(CallBudget {
+            limit: Duration::from_secs_f64(ms / 1e3),
+            trip_after: entry.trip_after,
+            cooldown: Duration::from_secs(entry.trip_cooldown_secs),
+        }),
+        Some(ms) => {
+            return Err(at(format!(
+                "instance `{name}`: `call_budget_ms` must be a number > 0 and `trip_after` at least 1, got {ms} and {}",
+                entry.trip_after
+            ))
+            .into())
+        }
+    };
     Ok(InstanceFactory {
         name: name.clone(),
         on_error: entry.on_error,
         kind,
+        budget,
     })
 }
 

@@ -19,7 +19,7 @@ use super::kv_index::Tier;
 use super::load_accounting::WorkerLoad;
 use crate::plugin::{ComponentKind, LoadedPlugin, PartitionKey};
 use crate::policy::histogram::{HistogramSnapshot, LatencyHistogram};
-use crate::policy::StageStats;
+use crate::policy::{CallBudget, StageStats};
 
 /// The content type of what [`Metrics::render`] writes.
 pub const CONTENT_TYPE: &str = prometheus_client::encoding::prometheus_text::CONTENT_TYPE;
@@ -39,11 +39,19 @@ struct InstanceCounters {
     /// Selection latency; its count is the number of selections.
     latency: LatencyHistogram,
     fallbacks: AtomicU64,
+    /// Selections over the instance's `call_budget_ms`.
+    over_budget: AtomicU64,
+    /// Over-budget selections in a row (reset by one within budget).
+    over_budget_in_a_row: AtomicU64,
+    /// Nanoseconds since `Metrics::epoch` until which the instance is tripped; 0: never.
+    tripped_until: AtomicU64,
 }
 
 pub struct Metrics {
     /// Per configured instance; the map itself is fixed at startup.
     instances: BTreeMap<String, InstanceCounters>,
+    /// The zero of `tripped_until`.
+    epoch: std::time::Instant,
     /// Reservations released by expiry because nothing freed them.
     expired: AtomicU64,
     /// Frontend: selections repeated after an engine refused the connection.
@@ -66,6 +74,7 @@ impl Metrics {
                 .map(|name| (name.to_owned(), InstanceCounters::default()))
                 .collect(),
             errors: Mutex::new(BTreeMap::new()),
+            epoch: std::time::Instant::now(),
             expired: AtomicU64::new(0),
             upstream_retries: AtomicU64::new(0),
             upstream_errors: AtomicU64::new(0),
@@ -90,6 +99,36 @@ impl Metrics {
         if let Some(c) = self.instances.get(instance) {
             c.latency.record(elapsed.as_nanos() as u64);
         }
+    }
+
+    /// Counts a selection of `instance` against its budget; returns true when this one
+    /// trips the instance (its `trip_after`-th over-budget selection in a row).
+    pub fn record_budget(&self, instance: &str, elapsed: Duration, budget: &CallBudget) -> bool {
+        let Some(c) = self.instances.get(instance) else {
+            return false;
+        };
+        if elapsed <= budget.limit {
+            c.over_budget_in_a_row.store(0, Ordering::Relaxed);
+            return false;
+        }
+        c.over_budget.fetch_add(1, Ordering::Relaxed);
+        let in_a_row = c.over_budget_in_a_row.fetch_add(1, Ordering::Relaxed) + 1;
+        if in_a_row < u64::from(budget.trip_after) {
+            return false;
+        }
+        c.over_budget_in_a_row.store(0, Ordering::Relaxed);
+        let until = self.epoch.elapsed() + budget.cooldown;
+        c.tripped_until
+            .store(until.as_nanos() as u64, Ordering::Relaxed);
+        true
+    }
+
+    /// Whether `instance` is tripped (its cool-down not over).
+    pub fn is_tripped(&self, instance: &str) -> bool {
+        self.instances.get(instance).is_some_and(|c| {
+            let until = c.tripped_until.load(Ordering::Relaxed);
+            until > 0 && (self.epoch.elapsed().as_nanos() as u64) < until
+        })
     }
 
     pub fn record_ttfb(&self, elapsed: Duration) {
@@ -156,6 +195,28 @@ impl Metrics {
             "Selection latency, per instance.",
             histogram,
             per_instance(&|c| Value::Histogram(c.latency.snapshot())),
+        );
+        snapshot.family(
+            "switchyard_over_budget_selections",
+            "Selections slower than the instance's call_budget_ms.",
+            counter,
+            per_instance(&|c| Value::Count(c.over_budget.load(Ordering::Relaxed))),
+        );
+        let tripped: Vec<Row> = self
+            .instances
+            .keys()
+            .map(|name| {
+                (
+                    instance(name),
+                    Value::Gauge(if self.is_tripped(name) { 1.0 } else { 0.0 }),
+                )
+            })
+            .collect();
+        snapshot.family(
+            "switchyard_instance_tripped",
+            "1 while the instance is tripped to the built-in policy after too many over-budget selections.",
+            gauge,
+            tripped,
         );
         let errors = self
             .errors

@@ -529,14 +529,41 @@ impl Router {
         candidates: &mut Candidates,
         members: &mut Vec<(WorkerId, u32)>,
     ) -> Result<(WorkerId, bool), RouteError> {
-        let mut run = |name: &str| -> Result<Result<WorkerId, SelectError>, RouteError> {
-            let slot = self.gather(name, query, scratch, candidates, members)?;
-            let started = Instant::now();
-            let result = slot.selector.lock().select_filled(context, candidates);
-            self.metrics.record_selection(name, started.elapsed());
-            Ok(result)
-        };
-        let error = match run(&instance.name)? {
+        let mut run =
+            |name: &str| -> Result<(Result<WorkerId, SelectError>, Duration), RouteError> {
+                let slot = self.gather(name, query, scratch, candidates, members)?;
+                let started = Instant::now();
+                let result = slot.selector.lock().select_filled(context, candidates);
+                let elapsed = started.elapsed();
+                self.metrics.record_selection(name, elapsed);
+                Ok((result, elapsed))
+            };
+        let fallback_allowed =
+            instance.on_error == OnError::Fallback && instance.name != BUILTIN_DEFAULT;
+        if fallback_allowed && instance.budget.is_some() && self.metrics.is_tripped(&instance.name)
+        {
+            // Tripped for being slow: the built-in policy routes until the cool-down ends.
+            self.metrics.record_fallback(&instance.name);
+            let worker = run(BUILTIN_DEFAULT)?
+                .0
+                .map_err(|e| RouteError::PolicyFailed {
+                    instance: BUILTIN_DEFAULT.into(),
+                    error: e,
+                })?;
+            return Ok((worker, true));
+        }
+        let (result, elapsed) = run(&instance.name)?;
+        if let Some(budget) = &instance.budget {
+            if self.metrics.record_budget(&instance.name, elapsed, budget) {
+                tracing::warn!(
+                    instance = %instance.name,
+                    budget_ms = budget.limit.as_secs_f64() * 1e3,
+                    cooldown_s = budget.cooldown.as_secs(),
+                    "instance over its call budget too often: tripped"
+                );
+            }
+        }
+        let error = match result {
             Ok(worker) => return Ok((worker, false)),
             Err(error) => error,
         };
@@ -551,17 +578,19 @@ impl Router {
             %error,
             "policy failed"
         );
-        if instance.on_error != OnError::Fallback || instance.name == BUILTIN_DEFAULT {
+        if !fallback_allowed {
             return Err(RouteError::PolicyFailed {
                 instance: instance.name.clone(),
                 error,
             });
         }
         self.metrics.record_fallback(&instance.name);
-        let worker = run(BUILTIN_DEFAULT)?.map_err(|e| RouteError::PolicyFailed {
-            instance: BUILTIN_DEFAULT.into(),
-            error: e,
-        })?;
+        let worker = run(BUILTIN_DEFAULT)?
+            .0
+            .map_err(|e| RouteError::PolicyFailed {
+                instance: BUILTIN_DEFAULT.into(),
+                error: e,
+            })?;
         Ok((worker, true))
     }
 

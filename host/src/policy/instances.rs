@@ -26,11 +26,21 @@ pub enum InstanceKind {
     },
 }
 
+/// A per-instance time budget for selections (`call_budget_ms`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CallBudget {
+    pub limit: std::time::Duration,
+    /// Consecutive over-budget selections that trip the instance.
+    pub trip_after: u32,
+    pub cooldown: std::time::Duration,
+}
+
 /// A configured instance: what `worker_selection.instances[]` names.
 pub struct InstanceFactory {
     pub name: String,
     pub on_error: OnError,
     pub kind: InstanceKind,
+    pub budget: Option<CallBudget>,
 }
 
 impl InstanceFactory {

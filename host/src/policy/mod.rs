@@ -12,6 +12,6 @@ pub mod registry;
 
 pub use candidates::{CandidateRow, Candidates};
 pub use error::{BuildError, Refusal};
-pub use instances::{ComponentUse, InstanceFactory, InstanceKind};
+pub use instances::{CallBudget, ComponentUse, InstanceFactory, InstanceKind};
 pub use pipeline::{Policy, SelectError, Selector, Stage, StageImpl, StageStats};
 pub use registry::{ComponentType, Origin, PolicyFactory, PolicyType, Registry};

@@ -226,7 +226,15 @@ async fn policies(State(router): Shared) -> Json<serde_json::Value> {
     let instances: Vec<_> = startup
         .instances
         .iter()
-        .map(|i| json!({ "name": i.name, "pipeline": i.describe(), "on_error": i.on_error.as_str() }))
+        .map(|i| {
+            json!({
+                "name": i.name,
+                "pipeline": i.describe(),
+                "on_error": i.on_error.as_str(),
+                "call_budget_ms": i.budget.map(|b| b.limit.as_secs_f64() * 1e3),
+                "tripped": router.metrics.is_tripped(&i.name),
+            })
+        })
         .collect();
     let plugins: Vec<_> = registry.plugins().iter().map(|p| json!(p)).collect();
     Json(json!({
