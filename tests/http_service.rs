@@ -643,3 +643,140 @@ fn metrics_parse_as_prometheus_text_with_cumulative_histograms_and_escaped_label
         );
     }
 }
+
+/// Resident memory of a process, in kB.
+fn rss_kb(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+#[test]
+fn twenty_thousand_requests_with_injected_faults_are_all_answered_and_counted() {
+    let dir = tempfile::tempdir().unwrap();
+    let lib = broken_plugin(dir.path(), "chaos", &[]);
+    let chaos = "scorers: [{type: fixture.chaos}]\n      picker: {type: fixture.chaos-picker}";
+    let yaml = format!(
+        "plugins:\n  - path: {}\nworker_selection:\n  instances:\n\
+         \x20   - name: resilient\n      on_error: fallback\n      {chaos}\n\
+         \x20   - name: strict\n      {chaos}\n\
+         workers:\n  - {{model: demo, worker_id: 1}}\n  - {{model: demo, worker_id: 2}}\n  - {{model: demo, worker_id: 3}}\n",
+        lib.display()
+    );
+    let server = Server::start(&write_config(dir.path(), &yaml));
+    const REQUESTS: usize = 20_000;
+    const THREADS: usize = 64;
+    // Request i asks `i % 10` blocks: 1 fails in the scorer, 2 gives NaN costs, 3 makes
+    // the picker answer an out-of-range row; the others route normally.
+    let run = |from: usize, to: usize| {
+        let base = server.base.clone();
+        std::thread::spawn(move || {
+            let agent = ureq::AgentBuilder::new()
+                .timeout(std::time::Duration::from_secs(30))
+                .build();
+            let mut unexpected = Vec::new();
+            for i in from..to {
+                let instance = if (i / 10) % 2 == 0 {
+                    "resilient"
+                } else {
+                    "strict"
+                };
+                let blocks = i % 10;
+                let id = format!("r{i}");
+                let body = json!({"model": "demo", "instance": instance, "request_id": id,
+                                  "token_ids": vec![7u32; blocks * 16]});
+                let faulty = (1..=3).contains(&blocks);
+                match agent.post(&format!("{base}/v1/reserve")).send_json(body) {
+                    Ok(r) => {
+                        let decision: Value = r.into_json().unwrap();
+                        if decision["fallback"] != json!(faulty) {
+                            unexpected.push(format!("{i}: {decision}"));
+                        }
+                        agent
+                            .post(&format!("{base}/v1/requests/{id}/free"))
+                            .call()
+                            .unwrap();
+                    }
+                    Err(ureq::Error::Status(500, r)) if faulty && instance == "strict" => {
+                        let error: Value = r.into_json().unwrap();
+                        let component = if blocks == 3 {
+                            "fixture.chaos-picker"
+                        } else {
+                            "fixture.chaos"
+                        };
+                        if error["instance"] != "strict" || error["component"] != component {
+                            unexpected.push(format!("{i}: {error}"));
+                        }
+                    }
+                    Err(e) => unexpected.push(format!("{i} ({instance}, {blocks} blocks): {e}")),
+                }
+            }
+            unexpected
+        })
+    };
+    let per_thread = REQUESTS / THREADS + 1;
+    let chunks = |start: usize, end: usize| {
+        (start..end)
+            .step_by(per_thread)
+            .map(|from| run(from, (from + per_thread).min(end)))
+            .collect::<Vec<_>>()
+    };
+    // A first quarter warms the server up; memory after it is the baseline.
+    let warm: Vec<String> = chunks(0, REQUESTS / 4)
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    let baseline = rss_kb(server.process.pid());
+    let rest: Vec<String> = chunks(REQUESTS / 4, REQUESTS)
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    let unexpected: Vec<_> = warm.into_iter().chain(rest).collect();
+    assert!(
+        unexpected.is_empty(),
+        "{} unexpected answers, e.g. {:?}",
+        unexpected.len(),
+        &unexpected[..unexpected.len().min(5)]
+    );
+    let grown = rss_kb(server.process.pid()).saturating_sub(baseline);
+    println!("resident memory: {baseline} kB after 5,000 requests, +{grown} kB after 20,000");
+    assert!(
+        grown < 32 * 1024,
+        "resident memory grew by {grown} kB over 15,000 requests"
+    );
+
+    // The fault counters equal the faults injected: per instance, 1,000 of each kind.
+    let metrics = server.metrics();
+    for instance in ["resilient", "strict"] {
+        for (component, n) in [("fixture.chaos", 2_000), ("fixture.chaos-picker", 1_000)] {
+            let line = format!(
+                "switchyard_selection_errors_total{{instance=\"{instance}\",component=\"{component}\"}} {n}\n"
+            );
+            assert!(
+                metrics.contains(&line),
+                "missing `{}` in:\n{metrics}",
+                line.trim()
+            );
+        }
+    }
+    assert!(
+        metrics.contains("switchyard_fallbacks_total{instance=\"resilient\"} 3000\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("switchyard_fallbacks_total{instance=\"strict\"} 0\n"),
+        "{metrics}"
+    );
+    for id in 1..=3 {
+        let load = worker_load(&server, id);
+        assert_eq!(load["active_requests"], 0, "worker {id}: {load}");
+    }
+    assert_eq!(
+        server.call("GET", "/healthz", None).0,
+        200,
+        "the router is alive"
+    );
+}
