@@ -4,7 +4,7 @@
 CARGO ?= cargo
 CMAKE_BUILD := target/cmake
 
-.PHONY: run demo test lint build plugins check-tools bench bench-frontend clean
+.PHONY: run demo test lint fuzz build plugins check-tools bench bench-frontend clean
 
 check-tools:
 	@./scripts/check-tools
@@ -34,6 +34,10 @@ lint: check-tools
 	$(CARGO) clippy --workspace --all-targets --features switchyard-plugin-sdk/layout -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps --workspace --features switchyard-plugin-sdk/layout
 	./scripts/check-msrv $(MSRV_FLAGS)
+
+# Property-based fuzzing of every input parser, 100,000 cases per target (make test runs 256).
+fuzz: plugins
+	PROPTEST_CASES=100000 $(CARGO) test --release -p switchyard --test fuzz
 
 bench: build
 	$(CARGO) bench -p switchyard --bench selection

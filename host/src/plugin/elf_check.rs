@@ -24,7 +24,7 @@ fn host_machine() -> Option<(u16, &'static str)> {
 }
 
 /// Checks the bytes of the plugin file at `path` (what is about to be loaded).
-pub(super) fn check(path: &Path, data: &[u8]) -> Result<(), LoadError> {
+pub fn check(path: &Path, data: &[u8]) -> Result<(), LoadError> {
     let bad = |reason: String| LoadError::NotLoadable {
         path: path.to_owned(),
         reason,

@@ -22,7 +22,7 @@ pub mod abi_checks;
 mod call_window;
 pub mod columns;
 pub mod component;
-mod elf_check;
+pub mod elf_check;
 pub mod error_buffer;
 pub mod library;
 pub mod load_error;
