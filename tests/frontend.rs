@@ -89,6 +89,17 @@ async fn workers(client: &reqwest::Client, base: &str) -> Vec<Value> {
     value.as_array().unwrap().clone()
 }
 
+async fn metrics(client: &reqwest::Client, base: &str) -> String {
+    client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+}
+
 /// Waits (bounded) until every worker's booked load is zero; panics with the loads if not.
 async fn wait_for_zero_load(client: &reqwest::Client, base: &str) {
     let mut last = Vec::new();
@@ -244,14 +255,7 @@ fn a_repeated_prompt_goes_back_to_the_worker_that_cached_it() {
         assert_eq!(models["data"][0]["id"], "demo");
         wait_for_zero_load(&client, &router.address).await;
         // One time-to-first-byte sample per answered request: 6 chats, 2 completions.
-        let metrics = client
-            .get(format!("{}/metrics", router.address))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let metrics = metrics(&client, &router.address).await;
         assert!(
             metrics.contains("switchyard_frontend_ttfb_seconds_count 8\n"),
             "{metrics}"
@@ -636,14 +640,7 @@ fn an_engine_dying_mid_stream_ends_the_stream_with_an_error_event_and_frees() {
         let error: Value = serde_json::from_str(received.last().unwrap()).unwrap();
         assert_eq!(error["error"]["code"], "upstream_error", "{error}");
         wait_for_zero_load(&client, &router.address).await;
-        let metrics = client
-            .get(format!("{}/metrics", router.address))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let metrics = metrics(&client, &router.address).await;
         assert!(
             metrics.contains("switchyard_upstream_errors_total 1\n"),
             "{metrics}"

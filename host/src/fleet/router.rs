@@ -540,17 +540,20 @@ impl Router {
             };
         let fallback_allowed =
             instance.on_error == OnError::Fallback && instance.name != BUILTIN_DEFAULT;
+        // What the built-in policy's run, as the fallback, answers.
+        let by_default = |result: Result<WorkerId, SelectError>| {
+            result
+                .map(|worker| (worker, true))
+                .map_err(|error| RouteError::PolicyFailed {
+                    instance: BUILTIN_DEFAULT.into(),
+                    error,
+                })
+        };
         if fallback_allowed && instance.budget.is_some() && self.metrics.is_tripped(&instance.name)
         {
             // Tripped for being slow: the built-in policy routes until the cool-down ends.
             self.metrics.record_fallback(&instance.name);
-            let worker = run(BUILTIN_DEFAULT)?
-                .0
-                .map_err(|e| RouteError::PolicyFailed {
-                    instance: BUILTIN_DEFAULT.into(),
-                    error: e,
-                })?;
-            return Ok((worker, true));
+            return by_default(run(BUILTIN_DEFAULT)?.0);
         }
         let (result, elapsed) = run(&instance.name)?;
         if let Some(budget) = &instance.budget {
@@ -585,13 +588,7 @@ impl Router {
             });
         }
         self.metrics.record_fallback(&instance.name);
-        let worker = run(BUILTIN_DEFAULT)?
-            .0
-            .map_err(|e| RouteError::PolicyFailed {
-                instance: BUILTIN_DEFAULT.into(),
-                error: e,
-            })?;
-        Ok((worker, true))
+        by_default(run(BUILTIN_DEFAULT)?.0)
     }
 
     /// Books the request's uncached prefill tokens and its decode blocks on `chosen`.
