@@ -206,3 +206,71 @@ fn logs_are_plain_text_off_a_terminal_and_json_on_request() {
     assert_eq!(value["level"], "WARN");
     assert_eq!(value["fields"]["worker"], 7, "{value}");
 }
+
+#[test]
+fn check_and_serve_refuse_a_plugin_that_crashes_in_its_probe_and_survive() {
+    let dir = tempfile::tempdir().unwrap();
+    for (define, phase, cause) in [
+        (
+            "CTOR_ABORT",
+            "loading (constructors) and registration",
+            "killed by signal 6 (SIGABRT)",
+        ),
+        (
+            "REGISTER_SEGV",
+            "loading (constructors) and registration",
+            "killed by signal 11 (SIGSEGV)",
+        ),
+        (
+            "CREATE_SEGV",
+            "building every instance",
+            "killed by signal 11 (SIGSEGV)",
+        ),
+        (
+            "FILTER_SEGV",
+            "the first call of each instance",
+            "killed by signal 11 (SIGSEGV)",
+        ),
+    ] {
+        let lib = broken_plugin(dir.path(), &format!("crash_{define}"), &[define]);
+        let config = write_config(
+            dir.path(),
+            &format!(
+                "plugins:\n  - path: {}\nworker_selection:\n  instances:\n    - name: c\n      filters: [{{type: fixture.keep-all}}]\n      picker: {{type: builtin.lowest-cost}}\n",
+                lib.display()
+            ),
+        );
+        for command in ["check", "serve"] {
+            let output = switchyard(
+                &[
+                    command,
+                    "--config",
+                    config.to_str().unwrap(),
+                    "--listen",
+                    "127.0.0.1:0",
+                ][..if command == "check" { 3 } else { 5 }],
+                &[],
+            );
+            let stderr = text(&output.stderr);
+            assert_eq!(
+                output.status.code(),
+                Some(1),
+                "{define} {command}: {stderr}"
+            );
+            assert!(
+                stderr.contains(&lib.display().to_string()),
+                "{define}: {stderr}"
+            );
+            assert!(stderr.contains(phase), "{define} names the phase: {stderr}");
+            assert!(stderr.contains(cause), "{define} names the cause: {stderr}");
+        }
+    }
+    // `probe: false` skips it (here, on a healthy library, to stay alive).
+    let lib = broken_plugin(dir.path(), "healthy", &[]);
+    let config = write_config(
+        dir.path(),
+        &format!("plugins:\n  - path: {}\n    probe: false\n", lib.display()),
+    );
+    let output = switchyard(&["check", "--config", config.to_str().unwrap()], &[]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+}

@@ -446,8 +446,9 @@ fn slow_components_do_not_delay_health_metrics_or_other_instances() {
         gate.display(),
         entered.display()
     );
+    // No probe: its first call would block on the gate like the selections below.
     let yaml = format!(
-        "plugins:\n  - path: {}\nworker_selection:\n  instances:\n\
+        "plugins:\n  - path: {}\n    probe: false\nworker_selection:\n  instances:\n\
          \x20   - name: slow-a\n      {gated}\n\
          \x20   - name: slow-b\n      {gated}\n\
          \x20   - {{name: fast, type: builtin.least-busy}}\n\

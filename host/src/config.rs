@@ -117,6 +117,14 @@ pub struct PluginEntry {
     pub sha256: Option<String>,
     #[serde(default)]
     pub revision: RevisionRule,
+    /// `check` and `serve` first load and exercise the plugin in a child process, so a
+    /// library that crashes is refused instead of taking the router down.
+    #[serde(default = "yes")]
+    pub probe: bool,
+}
+
+fn yes() -> bool {
+    true
 }
 
 #[derive(Debug, Deserialize)]

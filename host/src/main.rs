@@ -89,6 +89,9 @@ enum Command {
     Replay(ReplayArgs),
     /// Run a simulated OpenAI-compatible inference engine (for tests, benchmarks, demos).
     EngineSim(EngineSimArgs),
+    /// Internal: exercise one plugin in this child process (see tools::probe).
+    #[command(name = "__probe-plugin", hide = true)]
+    ProbePlugin,
     /// Work with one plugin library.
     Plugin {
         #[command(subcommand)]
@@ -129,6 +132,12 @@ fn parse_worker(text: &str) -> Result<CandidateRow, String> {
 
 /// Parses the config and runs startup; prints every error and returns None on failure.
 fn startup(config: Option<&PathBuf>) -> Option<Startup> {
+    startup_probed(config, false)
+}
+
+/// Like `startup`; with `probe`, every plugin is first exercised in a child process
+/// (`check` and `serve`), and one that crashes there stops startup before it is loaded.
+fn startup_probed(config: Option<&PathBuf>, probe: bool) -> Option<Startup> {
     let source = match config {
         Some(path) => ConfigSource::from_file(path),
         None => ConfigSource::embedded(),
@@ -140,6 +149,16 @@ fn startup(config: Option<&PathBuf>) -> Option<Startup> {
             return None;
         }
     };
+    if probe {
+        let failures = switchyard::tools::probe::probe_all(&source);
+        if !failures.is_empty() {
+            for failure in &failures {
+                eprintln!("error: {failure}");
+            }
+            eprintln!("{} error(s); nothing was started", failures.len());
+            return None;
+        }
+    }
     match start(source) {
         Ok(startup) => Some(startup),
         Err(errors) => {
@@ -183,7 +202,7 @@ fn main() -> ExitCode {
     init_logs(cli.log_format);
     match cli.command {
         Command::Serve { config, listen } => {
-            let Some(startup) = startup(config.as_ref()) else {
+            let Some(startup) = startup_probed(config.as_ref(), true) else {
                 return ExitCode::FAILURE;
             };
             print!("{}", summary::check_summary(&startup));
@@ -197,6 +216,9 @@ fn main() -> ExitCode {
             serve_until_signal(switchyard::serve::http_service::serve(router, listen))
         }
         Command::EngineSim(args) => serve_until_signal(engine_sim::run(args)),
+        Command::ProbePlugin => {
+            ExitCode::from(u8::try_from(switchyard::tools::probe::run_child()).unwrap_or(2))
+        }
         Command::Replay(args) => match replay::run(&args) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -204,7 +226,7 @@ fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         },
-        Command::Check { config } => match startup(config.as_ref()) {
+        Command::Check { config } => match startup_probed(config.as_ref(), true) {
             Some(startup) => match switchyard::serve::frontend::load_tokenizers(&startup.source) {
                 Ok(tokenizers) => {
                     print!("{}", summary::check_summary(&startup));
