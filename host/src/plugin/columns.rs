@@ -118,7 +118,7 @@ fn with_views<R>(
     f(&context, &view)
 }
 
-/// Runs a built-in filter over `columns`; `keep` holds one byte per row, all 1.
+/// Runs a built-in filter over `columns`; `keep` holds one byte per row (set to 1 here).
 pub fn builtin_filter(
     filter: &mut dyn WorkerFilter,
     request: &AbiRequest<'_>,
@@ -126,10 +126,9 @@ pub fn builtin_filter(
     declared: WorkerInputs,
     keep: &mut [u8],
 ) -> Result<(), PolicyError> {
-    if keep.iter().any(|&k| k > 1) {
-        return Err(PolicyError::failed("keep mask must start as 0/1 bytes"));
-    }
-    // SAFETY: every byte is 0 or 1 (checked above), valid `bool`s of the same size and
+    // The ABI's promise, "all 1 on entry", is kept here, for built-ins and plugins alike.
+    keep.fill(1);
+    // SAFETY: every byte is 1 (just written), a valid `bool` of the same size and
     // alignment; the reborrow ends with this call.
     let keep = unsafe { &mut *(ptr::from_mut(keep) as *mut [bool]) };
     with_views(request, columns, declared, |context, view| {

@@ -190,7 +190,8 @@ impl ComponentInstance {
         self.def.kind
     }
 
-    /// The plugin's filter over `columns`; `keep` holds one byte per row, all 1 on entry.
+    /// The plugin's filter over `columns`; `keep` holds one byte per row (set to 1 here,
+    /// as the ABI promises).
     #[inline]
     pub fn filter(
         &mut self,
@@ -206,6 +207,8 @@ impl ComponentInstance {
         if candidates.count != keep.len() {
             return Err(buffer_mismatch(keep.len(), candidates.count));
         }
+        // The ABI's promise: all 1 on entry.
+        keep.fill(1);
         // SAFETY: the instance was created for this def and is called by one thread;
         // `candidates` borrows `columns` (count rows each) and `keep` has count bytes;
         // everything outlives the call.

@@ -83,21 +83,6 @@ impl LatencyHistogram {
             sum_seconds: self.sum_seconds(),
         }
     }
-
-    /// The value below which a fraction `q` of the samples lie, as the upper bound of
-    /// its bucket (what a Prometheus `histogram_quantile` would not interpolate past).
-    pub fn quantile_bound(&self, q: f64) -> Option<f64> {
-        let snapshot = self.snapshot();
-        let rank = (q * snapshot.count as f64).ceil().max(1.0) as u64;
-        let mut seen = 0;
-        for (bound, n) in snapshot.buckets {
-            seen += n;
-            if seen >= rank && snapshot.count > 0 {
-                return Some(bound);
-            }
-        }
-        None
-    }
 }
 
 #[cfg(test)]
@@ -116,6 +101,5 @@ mod tests {
         assert_eq!(s.buckets[1], (2.5e-6, 1));
         assert_eq!(s.buckets[22], (f64::INFINITY, 1));
         assert!((s.sum_seconds - 20.000002001).abs() < 1e-9);
-        assert_eq!(h.quantile_bound(0.5), Some(2.5e-6));
     }
 }

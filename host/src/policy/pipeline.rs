@@ -302,7 +302,7 @@ impl Policy {
             return Err(SelectError::NoCandidates);
         }
         for (filter, &still_needed) in self.filters.iter_mut().zip(&self.needed_after) {
-            self.keep.clear();
+            // Sized only: the boundary sets every byte to 1 before the filter runs.
             self.keep.resize(candidates.len(), 1);
             let columns = candidates.columns(None);
             timed(filter, |stage| {
