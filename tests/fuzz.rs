@@ -12,7 +12,7 @@ use std::path::Path;
 use proptest::prelude::*;
 use support::*;
 use switchyard::config::ConfigSource;
-use switchyard::fleet::router::RouteRequest;
+use switchyard::fleet::router::{RouteRequest, Router};
 use switchyard::serve::frontend::prompt::{self, Endpoint};
 
 fn cases() -> u32 {
@@ -28,6 +28,16 @@ fn library() -> &'static [u8] {
     LIBRARY.get_or_init(|| {
         let dir = tempfile::tempdir().unwrap();
         std::fs::read(broken_plugin(dir.path(), "fuzz_base", &[])).unwrap()
+    })
+}
+
+/// A router over the built-in policies and two workers of model `demo`.
+fn router() -> &'static Router {
+    static ROUTER: std::sync::OnceLock<Router> = std::sync::OnceLock::new();
+    ROUTER.get_or_init(|| {
+        let yaml = "workers:\n  - {model: demo, worker_id: 1}\n  - {model: demo, worker_id: 2}\n";
+        let source = ConfigSource::parse(yaml.into(), "fuzz.yaml".into(), ".".into()).unwrap();
+        Router::new(switchyard::startup::start(source).unwrap()).unwrap()
     })
 }
 
@@ -98,9 +108,15 @@ proptest! {
         }
     }
 
-    /// Route requests: any JSON is a request or a serde error (what the API answers 400).
+    /// Route requests through a real router: any body that deserializes is routed or
+    /// refused with a message (what the API answers), whatever its token ids, hashes,
+    /// temperature or instance.
     #[test]
-    fn any_route_body_deserializes_or_is_refused(json in "\\{(\"(model|token_ids|block_hashes|request_id|instance|router_temperature|session)\":(\"[a-z]{0,5}\"|-?[0-9]{1,20}|\\[[0-9,]{0,20}\\]|true|null|\\{\\}),?){0,8}\\}") {
-        let _ = serde_json::from_str::<RouteRequest>(&json);
+    fn any_route_body_is_routed_or_refused_with_a_message(json in "\\{(\"(model|token_ids|block_hashes|request_id|instance|router_temperature|priority_jump|expected_output_tokens)\":(\"(demo|default|x)\"|-?[0-9]{1,20}(\\.[0-9])?|\\[[0-9,]{0,40}\\]|true|null),?){0,8}\\}") {
+        if let Ok(request) = serde_json::from_str::<RouteRequest>(&json) {
+            if let Err(error) = router().select(&request) {
+                prop_assert!(!error.to_string().is_empty());
+            }
+        }
     }
 }

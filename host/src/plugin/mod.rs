@@ -40,7 +40,7 @@ pub use library::{load, LoadedLibrary, LoadedPlugin, PluginSpec};
 pub use load_error::LoadError;
 pub use params::OwnedParams;
 pub use partition::PartitionKey;
-pub use policy_def::{BuiltComponent, PolicyDef, PolicyFactory};
+pub use policy_def::{BuiltComponent, PluginPolicyFactory, PolicyDef};
 pub use registrar::Registered;
 pub use request::{AbiRequest, InputTriggerName, RequestContext, SessionInfo};
 pub use switchyard_plugin_sdk::Status;

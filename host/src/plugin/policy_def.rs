@@ -60,7 +60,10 @@ impl PolicyDef {
 
     /// Validates an instance's parameters once (`on_validate`); the factory then builds
     /// one policy per partition.
-    pub fn validate(self: &Arc<Self>, params: &OwnedParams) -> Result<PolicyFactory, CallError> {
+    pub fn validate(
+        self: &Arc<Self>,
+        params: &OwnedParams,
+    ) -> Result<PluginPolicyFactory, CallError> {
         let on_validate = self.def.on_validate.ok_or_else(|| {
             CallError::new(Status::InvalidArgument, "the policy has no on_validate")
         })?;
@@ -72,7 +75,7 @@ impl PolicyDef {
             unsafe { on_validate(self.def.user_data, p, &mut factory, &error.as_abi()) }
         });
         error.check(code)?;
-        Ok(PolicyFactory {
+        Ok(PluginPolicyFactory {
             def: self.clone(),
             factory: Mutex::new(FactoryHandle(factory)),
         })
@@ -84,7 +87,7 @@ struct FactoryHandle(*mut c_void);
 unsafe impl Send for FactoryHandle {}
 
 /// A plugin policy validated for one instance's parameters.
-pub struct PolicyFactory {
+pub struct PluginPolicyFactory {
     def: Arc<PolicyDef>,
     factory: Mutex<FactoryHandle>,
 }
@@ -98,7 +101,7 @@ pub struct BuiltComponent {
     pub weight: f64,
 }
 
-impl PolicyFactory {
+impl PluginPolicyFactory {
     /// Builds the components (filters and scorers in order, one picker) for `partition`.
     /// `on_build` returning OK although the host refused a component it added is an
     /// error too: the operator's component would silently be missing.
@@ -142,7 +145,7 @@ impl PolicyFactory {
     }
 }
 
-impl Drop for PolicyFactory {
+impl Drop for PluginPolicyFactory {
     fn drop(&mut self) {
         if let Some(destroy) = self.def.def.on_destroy_factory {
             // SAFETY: the factory came from this def's on_validate; this is its last use.

@@ -126,7 +126,7 @@ pub enum PolicyFactory {
     },
     Plugin {
         name: String,
-        factory: plugin::PolicyFactory,
+        factory: plugin::PluginPolicyFactory,
     },
 }
 
