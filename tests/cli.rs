@@ -121,9 +121,18 @@ fn policy_override_from_the_environment() {
 }
 
 #[test]
-fn inspect_prints_descriptor_and_types_as_json() {
+fn inspect_load_prints_descriptor_and_registered_types_as_json() {
     let lib = rust_plugin("least_busy");
-    let output = switchyard(&["plugin", "inspect", lib.to_str().unwrap(), "--json"], &[]);
+    let output = switchyard(
+        &[
+            "plugin",
+            "inspect",
+            "--load",
+            lib.to_str().unwrap(),
+            "--json",
+        ],
+        &[],
+    );
     assert!(output.status.success(), "{}", text(&output.stderr));
     let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(json["name"], "acme-least-busy");
@@ -134,16 +143,165 @@ fn inspect_prints_descriptor_and_types_as_json() {
     assert_eq!(registered[1]["name"], "acme.min-device-overlap");
     assert_eq!(registered[1]["kind"], "filter");
     assert_eq!(registered[1]["inputs"], serde_json::json!(["CACHE"]));
+    assert_eq!(json["manifest"]["types"].as_array().unwrap().len(), 4);
 
     let dir = tempfile::tempdir().unwrap();
     let broken = broken_plugin(dir.path(), "major", &["DESC_MAJOR=3"]);
-    let output = switchyard(&["plugin", "inspect", broken.to_str().unwrap()], &[]);
+    let output = switchyard(
+        &["plugin", "inspect", "--load", broken.to_str().unwrap()],
+        &[],
+    );
     assert_eq!(output.status.code(), Some(1));
     assert!(
         text(&output.stderr).contains("ABI major mismatch"),
         "{}",
         text(&output.stderr)
     );
+}
+
+/// The manifests the three languages' export macros write, read without loading.
+#[test]
+fn inspect_reads_the_manifest_of_every_language_without_loading() {
+    let cases = [
+        (
+            rust_plugin("least_busy"),
+            "acme-least-busy",
+            "acme.min-device-overlap",
+        ),
+        (
+            cmake_plugin("least_busy_c"),
+            "acme-least-busy-c",
+            "c.min-device-overlap",
+        ),
+        (
+            cmake_plugin("least_busy_cpp"),
+            "acme-least-busy-cpp",
+            "cpp.min-device-overlap",
+        ),
+    ];
+    for (lib, name, filter) in cases {
+        let output = switchyard(&["plugin", "inspect", lib.to_str().unwrap(), "--json"], &[]);
+        assert!(output.status.success(), "{}", text(&output.stderr));
+        let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+        let manifest = &json["manifest"];
+        assert_eq!(manifest["name"], name, "{json}");
+        assert_eq!(manifest["abi_major"], 1);
+        assert_eq!(manifest["sdk_revision"], "0.1.0");
+        let types = manifest["types"].as_array().unwrap();
+        assert_eq!(types.len(), 4, "{json}");
+        let declared = types.iter().find(|t| t["name"] == filter).expect(filter);
+        assert_eq!(declared["kind"], "filter");
+        assert_eq!(declared["inputs"], serde_json::json!(["CACHE"]));
+        let sha256 = json["sha256"].as_str().unwrap();
+        assert_eq!(sha256.len(), 64);
+    }
+}
+
+/// `plugin inspect` runs no code of the library: a constructor that leaves a marker file
+/// leaves none; `--load` (which does run it) does.
+#[test]
+fn inspect_without_load_runs_no_library_code() {
+    let dir = tempfile::tempdir().unwrap();
+    let lib = broken_plugin(dir.path(), "marker", &["CTOR_MARKER", "MANIFEST"]);
+    let marker = dir.path().join("constructor-ran");
+    let marker_env = [("SWITCHYARD_FIXTURE_MARKER", marker.to_str().unwrap())];
+    let output = switchyard(&["plugin", "inspect", lib.to_str().unwrap()], &marker_env);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let shown = text(&output.stdout);
+    assert!(
+        shown.contains("broken-fixture 0.0.0 (switchyard tests)"),
+        "{shown}"
+    );
+    assert!(shown.contains("the library was not loaded"), "{shown}");
+    assert!(
+        shown.contains("filter  fixture.keep-all  reads: -"),
+        "{shown}"
+    );
+    assert!(!marker.exists(), "inspect ran the library's constructor");
+
+    let output = switchyard(
+        &["plugin", "inspect", "--load", lib.to_str().unwrap()],
+        &marker_env,
+    );
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    assert!(
+        marker.exists(),
+        "the fixture's constructor did not run under --load"
+    );
+}
+
+#[test]
+fn a_library_without_a_manifest_is_loadable_and_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let lib = broken_plugin(dir.path(), "plain", &[]);
+    let output = switchyard(&["plugin", "inspect", lib.to_str().unwrap()], &[]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let shown = text(&output.stdout);
+    assert!(shown.contains("(no manifest)"), "{shown}");
+    assert!(
+        shown.contains("`plugin inspect --load` loads it"),
+        "{shown}"
+    );
+    let output = switchyard(&["plugin", "inspect", "--load", lib.to_str().unwrap()], &[]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let shown = text(&output.stdout);
+    assert!(
+        shown.contains("manifest: none (a hand-written descriptor)"),
+        "{shown}"
+    );
+    assert!(shown.contains("fixture.keep-all"), "{shown}");
+}
+
+/// `check` and the loader refuse a library whose registration or descriptor differs from
+/// its manifest, naming what differs.
+#[test]
+fn manifest_and_registration_must_agree() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: [(&str, &[&str], &str); 4] = [
+        ("agrees", &["MANIFEST"], ""),
+        (
+            "ghost",
+            &["MANIFEST", "MANIFEST_GHOST"],
+            "differ in its registered types: the manifest says declares but does not register: scorer `fixture.ghost` (reads LOAD), the library registers but does not declare: nothing",
+        ),
+        (
+            "version",
+            &["MANIFEST", "MANIFEST_VERSION=\"9.9.9\""],
+            "differ in its version: the manifest says 9.9.9, the library 0.0.0",
+        ),
+        (
+            "inputs",
+            &["MANIFEST", "INPUTS=SWITCHYARD_INPUT_CACHE"],
+            "",
+        ),
+    ];
+    for (name, defines, expected) in cases {
+        let lib = broken_plugin(dir.path(), name, defines);
+        let config = write_config(
+            dir.path(),
+            &format!(
+                "plugins:\n  - path: {}\n    probe: false\nworker_selection:\n  instances:\n    - name: c\n      filters: [{{type: fixture.keep-all}}]\n      picker: {{type: builtin.lowest-cost}}\n",
+                lib.display()
+            ),
+        );
+        let output = switchyard(&["check", "--config", config.to_str().unwrap()], &[]);
+        let stderr = text(&output.stderr);
+        if expected.is_empty() {
+            assert!(output.status.success(), "{name}: {stderr}");
+            assert!(
+                text(&output.stdout).contains("manifest: matches the library and its registration"),
+                "{name}: {}",
+                text(&output.stdout)
+            );
+        } else {
+            assert_eq!(output.status.code(), Some(1), "{name}: {stderr}");
+            assert!(stderr.contains(expected), "{name}: {stderr}");
+            assert!(
+                stderr.contains(&lib.display().to_string()),
+                "{name}: {stderr}"
+            );
+        }
+    }
 }
 
 /// Starts `serve` on a config whose one worker's engine is down (so the health probe

@@ -27,7 +27,7 @@ fn library() -> &'static [u8] {
     static LIBRARY: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
     LIBRARY.get_or_init(|| {
         let dir = tempfile::tempdir().unwrap();
-        std::fs::read(broken_plugin(dir.path(), "fuzz_base", &[])).unwrap()
+        std::fs::read(broken_plugin(dir.path(), "fuzz_base", &["MANIFEST"])).unwrap()
     })
 }
 
@@ -82,9 +82,20 @@ proptest! {
         for m in &mutations {
             mutate(&mut bytes, m);
         }
-        if let Err(error) = switchyard::plugin::elf_check::check(Path::new("fuzz.so"), &bytes) {
+        let checked = switchyard::plugin::elf_check::check(Path::new("fuzz.so"), &bytes)
+            .and_then(|()| switchyard::plugin::manifest::read(Path::new("fuzz.so"), &bytes));
+        if let Err(error) = checked {
             let message = error.to_string();
             prop_assert!(message.starts_with("fuzz.so: "), "{}", message);
+        }
+    }
+
+    /// Any manifest section (records, keys, values, NULs in any order) is read or refused
+    /// with a message; never a panic.
+    #[test]
+    fn any_manifest_section_is_read_or_refused(text in "(switchyard-manifest 1|switchyard-type 1|abi|fingerprint|sdk|name|version|vendor|kind|inputs|scorer|policy|inputs::load|\\||1\\.0|[0-9]{1,22}| |\n|\u{0}|[a-z.]){0,120}") {
+        if let Err(problem) = switchyard::plugin::manifest::parse(text.as_bytes()) {
+            prop_assert!(!problem.is_empty());
         }
     }
 

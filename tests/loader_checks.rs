@@ -298,6 +298,41 @@ fn sha256_is_checked_before_the_library_is_opened() {
     assert!(error.contains("sha256sum"), "{error}");
 }
 
+/// Pinned libraries are opened through the descriptor whose bytes were hashed; each keeps
+/// its own (the dynamic loader knows a library by that name: a reused descriptor number
+/// would hand back the first library for the second).
+#[test]
+fn pinned_libraries_each_load_from_their_own_checked_descriptor() {
+    let dir = tempfile::tempdir().unwrap();
+    let sha = |path: &std::path::Path| {
+        use sha2::Digest;
+        sha2::Sha256::digest(std::fs::read(path).unwrap())
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect::<String>()
+    };
+    let first = rust_plugin("least_busy");
+    let second = cmake_plugin("least_busy_c");
+    let config = format!(
+        "plugins:\n  - path: {}\n    sha256: {}\n  - path: {}\n    sha256: {}\n",
+        first.display(),
+        sha(&first),
+        second.display(),
+        sha(&second)
+    );
+    let startup = start_yaml(dir.path(), &config).expect("both pinned libraries load");
+    let names: Vec<&str> = startup
+        .registry
+        .plugins()
+        .iter()
+        .map(|p| p.info.name.as_str())
+        .collect();
+    assert_eq!(names, ["acme-least-busy", "acme-least-busy-c"]);
+    assert!(startup.registry.plugins()[1]
+        .types
+        .contains(&"c.least-busy".to_owned()));
+}
+
 #[test]
 fn relative_paths_resolve_against_the_config_folder() {
     let dir = tempfile::tempdir().unwrap();

@@ -104,6 +104,10 @@ enum PluginCommand {
     /// Print a plugin's descriptor and registered types.
     Inspect {
         file: PathBuf,
+        /// Load the library into this process and run its registration (without it, only
+        /// the file's manifest is read and no code of the library runs).
+        #[arg(long)]
+        load: bool,
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
@@ -286,23 +290,29 @@ fn main() -> ExitCode {
             }
         }
         Command::Plugin {
-            command: PluginCommand::Inspect { file, json },
-        } => match summary::inspect(&file) {
-            Ok((inspection, text)) => {
-                if json {
-                    println!(
-                        "{}",
-                        serde_json::to_string_pretty(&inspection).expect("serializable")
-                    );
-                } else {
-                    print!("{text}");
+            command: PluginCommand::Inspect { file, load, json },
+        } => {
+            let shown = if load {
+                summary::inspect_loaded(&file)
+                    .map(|(i, text)| (serde_json::to_string_pretty(&i), text))
+            } else {
+                summary::inspect_file(&file)
+                    .map(|(i, text)| (serde_json::to_string_pretty(&i), text))
+            };
+            match shown {
+                Ok((as_json, text)) => {
+                    if json {
+                        println!("{}", as_json.expect("serializable"));
+                    } else {
+                        print!("{text}");
+                    }
+                    ExitCode::SUCCESS
                 }
-                ExitCode::SUCCESS
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    ExitCode::FAILURE
+                }
             }
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::FAILURE
-            }
-        },
+        }
     }
 }

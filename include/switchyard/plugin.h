@@ -664,8 +664,45 @@ static inline void switchyard_error_printf(const switchyard_error *error, const 
     va_end(args);
 }
 
-/* Defines the descriptor and exports the entry symbol `switchyard_plugin_entry_v1`.
- * Use once per library, at file scope:
+/* The static manifest (docs/ABI.md, "The static manifest"): NUL-terminated text records
+ * in a read-only section, read by `switchyard plugin inspect` without loading the library. */
+#define SWITCHYARD_STRINGIFY_(x) #x
+#define SWITCHYARD_STRINGIFY(x) SWITCHYARD_STRINGIFY_(x)
+#define SWITCHYARD_CONCAT_(a, b) a##b
+#define SWITCHYARD_CONCAT(a, b) SWITCHYARD_CONCAT_(a, b)
+#if defined(__GNUC__) || defined(__clang__)
+#define SWITCHYARD_MANIFEST_RECORD(id) \
+    __attribute__((used, section(".switchyard_manifest"), aligned(1))) static const char id[]
+#else
+#define SWITCHYARD_MANIFEST_RECORD(id) static const char id[]
+#endif
+
+/* Declares, in the manifest, a type the library registers: `plugin inspect` lists it
+ * without loading the library, and the loader refuses a library whose registration
+ * differs. Optional; use at file scope, once per type, with a string literal name and the
+ * same input groups the registration passes:
+ *   SWITCHYARD_DECLARE_SCORER("acme.least-busy", SWITCHYARD_INPUT_LOAD)
+ *   SWITCHYARD_DECLARE_POLICY("acme.routing") */
+#define SWITCHYARD_DECLARE_TYPE_(kind, name, inputs)                                       \
+    SWITCHYARD_MANIFEST_RECORD(SWITCHYARD_CONCAT(switchyard_manifest_type_, __LINE__)) =   \
+        "switchyard-type 1\nkind " kind "\nname " name "\ninputs " SWITCHYARD_STRINGIFY(inputs) "\n";
+#define SWITCHYARD_DECLARE_FILTER(name, inputs) SWITCHYARD_DECLARE_TYPE_("filter", name, inputs)
+#define SWITCHYARD_DECLARE_SCORER(name, inputs) SWITCHYARD_DECLARE_TYPE_("scorer", name, inputs)
+#define SWITCHYARD_DECLARE_PICKER(name, inputs) SWITCHYARD_DECLARE_TYPE_("picker", name, inputs)
+#define SWITCHYARD_DECLARE_POLICY(name) SWITCHYARD_DECLARE_TYPE_("policy", name, 0)
+
+/* The library's own manifest record, named `switchyard_manifest_`. SWITCHYARD_PLUGIN
+ * writes it; a hand-written descriptor may use it directly, with the same literals as its
+ * descriptor (and should read `switchyard_manifest_` once, so no linker drops it). */
+#define SWITCHYARD_MANIFEST(name, version, vendor)                                         \
+    SWITCHYARD_MANIFEST_RECORD(switchyard_manifest_) =                                     \
+        "switchyard-manifest 1\nabi " SWITCHYARD_STRINGIFY(SWITCHYARD_ABI_MAJOR) "."        \
+        SWITCHYARD_STRINGIFY(SWITCHYARD_ABI_MINOR) "\nfingerprint "                        \
+        SWITCHYARD_STRINGIFY(SWITCHYARD_LAYOUT_FINGERPRINT) "\nsdk " SWITCHYARD_SDK_REVISION \
+        "\nname " name "\nversion " version "\nvendor " vendor "\n";
+
+/* Defines the descriptor and the manifest, and exports the entry symbol
+ * `switchyard_plugin_entry_v1`. Use once per library, at file scope, with string literals:
  *   SWITCHYARD_PLUGIN("acme-least-busy", "1.2.0", "Acme Corp", acme_register)
  * where acme_register is a switchyard_on_register_fn. */
 #if defined(_WIN32)
@@ -679,6 +716,7 @@ static inline void switchyard_error_printf(const switchyard_error *error, const 
 #define SWITCHYARD_EXTERN_C
 #endif
 #define SWITCHYARD_PLUGIN(name, version, vendor, register_fn)                              \
+    SWITCHYARD_MANIFEST(name, version, vendor)                                             \
     static const switchyard_plugin_descriptor switchyard_plugin_descriptor_v1_ = {         \
         sizeof(switchyard_plugin_descriptor),                                              \
         SWITCHYARD_ABI_MAJOR,                                                              \
@@ -696,6 +734,8 @@ static inline void switchyard_error_printf(const switchyard_error *error, const 
     switchyard_plugin_entry_v1(void);                                                      \
     SWITCHYARD_EXTERN_C SWITCHYARD_EXPORT const switchyard_plugin_descriptor *             \
     switchyard_plugin_entry_v1(void) {                                                     \
+        /* Referenced so that no linker garbage-collects the manifest. */                 \
+        (void)*(const volatile char *)switchyard_manifest_;                                \
         return &switchyard_plugin_descriptor_v1_;                                          \
     }
 #endif  /* SWITCHYARD_PLUGIN_HELPERS_H */

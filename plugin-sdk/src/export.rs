@@ -586,7 +586,8 @@ impl Descriptor {
     }
 }
 
-/// Exports the entry symbol `switchyard_plugin_entry_v1` of a Rust plugin.
+/// Exports the entry symbol `switchyard_plugin_entry_v1` of a Rust plugin, and writes its
+/// static manifest (see [`crate::manifest`]) into the library.
 ///
 /// ```ignore
 /// switchyard_plugin_sdk::export_plugin! {
@@ -594,11 +595,19 @@ impl Descriptor {
 ///     version: env!("CARGO_PKG_VERSION"),
 ///     vendor: "Acme Corp",
 ///     register: register,   // fn(&mut Registrar) -> Result<(), PolicyError>
+///     // Optional: the types `register` registers, so `plugin inspect` can list them
+///     // without loading the library. The loader refuses a library whose registration
+///     // differs from what it declares.
+///     types: [
+///         scorer("acme.least-busy", WorkerInputs::LOAD),
+///         policy("acme.routing"),
+///     ],
 /// }
 /// ```
 #[macro_export]
 macro_rules! export_plugin {
-    (name: $name:expr, version: $version:expr, vendor: $vendor:expr, register: $register:path $(,)?) => {
+    (name: $name:expr, version: $version:expr, vendor: $vendor:expr, register: $register:path
+     $(, types: [ $( $kind:ident ( $type_name:expr $(, $inputs:expr)? ) ),* $(,)? ])? $(,)?) => {
         #[no_mangle]
         pub extern "C" fn switchyard_plugin_entry_v1(
         ) -> *const $crate::abi::switchyard_plugin_descriptor {
@@ -617,6 +626,20 @@ macro_rules! export_plugin {
                 concat!($vendor, "\0"),
                 on_register,
             );
+            const TYPES: &[$crate::manifest::TypeDecl] = &[$($(
+                $crate::manifest::TypeDecl {
+                    kind: $crate::manifest::kind::$kind,
+                    name: $type_name,
+                    inputs: $crate::WorkerInputs::NONE$(.union($inputs))?.bits(),
+                },
+            )*)?];
+            const LEN: usize = $crate::manifest::len($name, $version, $vendor, TYPES);
+            #[used]
+            #[link_section = ".switchyard_manifest"]
+            static MANIFEST: [u8; LEN] =
+                $crate::manifest::build::<LEN>($name, $version, $vendor, TYPES);
+            // Referenced so that no linker garbage-collects the section.
+            ::core::hint::black_box(&MANIFEST);
             &DESCRIPTOR.0
         }
     };

@@ -4,7 +4,7 @@
 //!   from it).
 //! - [`WorkerFilter`], [`WorkerScorer`], [`WorkerPicker`]: the safe component traits.
 //! - [`Registrar`]: registers component and policy types.
-//! - [`export_plugin!`]: exports the entry symbol.
+//! - [`export_plugin!`]: exports the entry symbol and writes the static [`manifest`].
 //!
 //! A Rust plugin goes through exactly the same C ABI as a C or C++ plugin.
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -15,6 +15,7 @@ mod component;
 pub mod export;
 #[cfg(feature = "layout")]
 pub mod layout;
+pub mod manifest;
 mod params;
 mod status;
 mod view;

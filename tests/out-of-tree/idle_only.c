@@ -27,4 +27,5 @@ static int32_t register_types(const switchyard_registrar *registrar, const switc
     return registrar->callback_register_component(registrar, &def, error);
 }
 
+SWITCHYARD_DECLARE_FILTER("oot.idle-only", SWITCHYARD_INPUT_LOAD)
 SWITCHYARD_PLUGIN("oot-idle-only", "1.0.0", "out-of-tree test", register_types)

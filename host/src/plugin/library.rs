@@ -1,5 +1,7 @@
-//! The loader: checksum, dlopen (RTLD_NOW | RTLD_LOCAL), entry symbol, ABI checks,
-//! registration. Libraries stay loaded for the life of the process.
+//! The loader: checksum, ELF check and manifest on the file's bytes, dlopen (RTLD_NOW |
+//! RTLD_LOCAL) of that same open file, entry symbol, ABI checks, registration, and the
+//! manifest compared with what registration did. Libraries stay loaded for the life of
+//! the process.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -12,6 +14,7 @@ use switchyard_plugin_sdk::abi::*;
 use super::abi_checks::{check_descriptor, PluginInfo, RevisionRule};
 use super::elf_check;
 use super::load_error::LoadError;
+use super::manifest::{self, Manifest};
 use super::registrar::{register, Registered, TakenBy};
 
 /// A plugin to load, as the config names it.
@@ -32,6 +35,16 @@ pub struct LoadedPlugin {
     /// Of the file as it was loaded.
     pub sha256: String,
     pub types: Vec<String>,
+    /// The static manifest; `None` for a library without one (a hand-written descriptor).
+    pub manifest: Option<Manifest>,
+}
+
+/// What can be learned of a plugin file without loading it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct PluginFile {
+    pub path: PathBuf,
+    pub sha256: String,
+    pub manifest: Option<Manifest>,
 }
 
 /// A library that passed every check, with the types it registered.
@@ -67,19 +80,42 @@ pub fn canonical(path: &Path) -> Result<PathBuf, LoadError> {
     std::fs::canonicalize(path).map_err(not_found(path))
 }
 
-fn open(path: &Path) -> Result<&'static libloading::Library, LoadError> {
+/// Opens the library. A pinned library is opened through `file`, the open descriptor
+/// whose bytes were hashed and checked, so a file replaced in between cannot slip past the
+/// pin; the descriptor then stays open for the life of the process, because the dynamic
+/// loader knows the library by that `/proc/self/fd/N` name and a reused number would name
+/// another library. An unpinned library is opened by its path, so that debuggers, which
+/// find libraries by that name, see the real file.
+fn open(
+    path: &Path,
+    file: std::fs::File,
+    pinned: bool,
+) -> Result<&'static libloading::Library, LoadError> {
+    use std::os::fd::AsRawFd;
     let canonical = canonical(path)?;
     let mut libraries = libraries().lock().unwrap_or_else(|e| e.into_inner());
     if let Some(library) = libraries.get(&canonical) {
         return Ok(library);
     }
+    let by_descriptor = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
+    // Without /proc (unusual on Linux), the path: the checks then cover the file as it
+    // was a moment ago.
+    let target = if pinned && by_descriptor.exists() {
+        std::mem::forget(file);
+        by_descriptor.clone()
+    } else {
+        canonical.clone()
+    };
     // Eager binding makes an unresolved symbol fail here, by name, not at first call;
     // local symbols keep two plugins' internals apart.
     let flags = libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_LOCAL;
     // SAFETY: running the library's initializers is what loading a plugin means.
     let library =
-        unsafe { libloading::os::unix::Library::open(Some(&canonical), flags) }.map_err(|e| {
-            let reason = e.to_string();
+        unsafe { libloading::os::unix::Library::open(Some(&target), flags) }.map_err(|e| {
+            let reason = e.to_string().replace(
+                &*by_descriptor.to_string_lossy(),
+                &canonical.to_string_lossy(),
+            );
             match reason.split("undefined symbol: ").nth(1) {
                 Some(rest) => LoadError::UnresolvedSymbol {
                     path: path.to_owned(),
@@ -152,16 +188,39 @@ pub fn verify_pin(spec: &PluginSpec) -> Result<String, LoadError> {
     check_pin(spec, &bytes)
 }
 
-/// Verifies the checksum pin and the file's ELF structure, opens the library, runs
-/// every check and its registration. `taken_by` says which already-registered type a
-/// name belongs to, if any.
+/// Opens the plugin file and reads it whole: what the checks see and what is loaded are
+/// the same open file.
+fn read_file(path: &Path) -> Result<(std::fs::File, Vec<u8>), LoadError> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path).map_err(not_found(path))?;
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes).map_err(not_found(path))?;
+    Ok((file, bytes))
+}
+
+/// What can be learned of a plugin file without loading it or running any of its code:
+/// its ELF structure is checked, its sha256 computed and its manifest read.
+pub fn examine(path: &Path) -> Result<PluginFile, LoadError> {
+    let (_, bytes) = read_file(path)?;
+    elf_check::check(path, &bytes)?;
+    Ok(PluginFile {
+        path: path.to_owned(),
+        sha256: sha256_hex(&bytes),
+        manifest: manifest::read(path, &bytes)?,
+    })
+}
+
+/// Verifies the checksum pin, the file's ELF structure and its manifest, opens the
+/// library, runs every check and its registration, and compares registration with the
+/// manifest. `taken_by` says which already-registered type a name belongs to, if any.
 pub fn load(spec: &PluginSpec, taken_by: TakenBy<'_>) -> Result<LoadedLibrary, LoadError> {
     let path = spec.path.as_path();
-    let bytes = std::fs::read(path).map_err(not_found(path))?;
+    let (file, bytes) = read_file(path)?;
     let sha256 = check_pin(spec, &bytes)?;
     elf_check::check(path, &bytes)?;
+    let manifest = manifest::read(path, &bytes)?;
     drop(bytes);
-    let library = open(path)?;
+    let library = open(path, file, spec.sha256.is_some())?;
     let entry = entry(path, library)?;
     // SAFETY: the entry symbol takes nothing and returns a pointer the checks validate.
     let info = unsafe { check_descriptor(path, entry(), spec.revision)? };
@@ -174,12 +233,16 @@ pub fn load(spec: &PluginSpec, taken_by: TakenBy<'_>) -> Result<LoadedLibrary, L
         })?;
     // SAFETY: `on_register` is the checked descriptor's callback of this library.
     let registered = unsafe { register(path, &info, on_register, taken_by)? };
+    if let Some(manifest) = &manifest {
+        manifest::compare(path, manifest, &info, &registered)?;
+    }
     Ok(LoadedLibrary {
         plugin: LoadedPlugin {
             path: path.to_owned(),
             info,
             sha256,
             types: registered.names.clone(),
+            manifest,
         },
         registered,
     })

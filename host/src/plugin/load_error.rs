@@ -41,6 +41,15 @@ pub enum LoadError {
         path: PathBuf,
         other_major: Option<u16>,
     },
+    #[error("{}: its manifest (section .switchyard_manifest) is malformed: {problem}. Rebuild the plugin with the SDK's export macro (SWITCHYARD_PLUGIN in C/C++, export_plugin! in Rust) and do not edit the section", path.display())]
+    InvalidManifest { path: PathBuf, problem: String },
+    #[error("{}: the library's manifest and what it does differ in its {what}: the manifest says {manifest}, the library {library}. The manifest is written at compile time (export_plugin!'s `types:`, SWITCHYARD_DECLARE_* in C/C++): make it match what the register function registers, or remove the declarations", path.display())]
+    ManifestMismatch {
+        path: PathBuf,
+        what: String,
+        manifest: String,
+        library: String,
+    },
     #[error("{}: the entry symbol returned a NULL descriptor; it must return a pointer to a static switchyard_plugin_descriptor (use the SDK's export macro)", path.display())]
     NullDescriptor { path: PathBuf },
     #[error("{}: ABI major mismatch: the router speaks ABI {expected}.x, the plugin declares ABI {found}.x. Rebuild the plugin against switchyard-plugin-sdk {} (ABI {expected}.x)", path.display(), SWITCHYARD_SDK_REVISION)]

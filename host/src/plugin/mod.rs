@@ -5,6 +5,7 @@
 //! - [`library`]: the loader (checksum, `dlopen`, entry symbol, registration).
 //! - [`abi_checks`]: the descriptor checks that run before any plugin code but the entry
 //!   symbol; [`load_error`] has one variant per check.
+//! - [`manifest`]: the static manifest, read from the file without loading it.
 //! - [`registrar`]: the host side of `on_register`.
 //! - [`component`]: component defs and the live instance handle the pipeline calls.
 //! - [`policy_def`]: policy defs, their validated factories and the builder.
@@ -26,6 +27,7 @@ pub mod elf_check;
 pub mod error_buffer;
 pub mod library;
 pub mod load_error;
+pub mod manifest;
 pub mod params;
 pub mod partition;
 pub mod policy_def;
@@ -38,6 +40,7 @@ pub use component::{ComponentDef, ComponentInstance, ComponentKind};
 pub use error_buffer::{CallError, ErrorBuffer};
 pub use library::{load, LoadedLibrary, LoadedPlugin, PluginSpec};
 pub use load_error::LoadError;
+pub use manifest::Manifest;
 pub use params::OwnedParams;
 pub use partition::PartitionKey;
 pub use policy_def::{BuiltComponent, PluginPolicyFactory, PolicyDef};

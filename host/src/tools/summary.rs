@@ -5,7 +5,8 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::plugin::{LoadError, LoadedPlugin, PartitionKey, PluginSpec};
+use crate::plugin::library::{examine, PluginFile};
+use crate::plugin::{LoadError, LoadedPlugin, Manifest, PartitionKey, PluginSpec};
 use crate::policy::Registry;
 use crate::startup::Startup;
 
@@ -49,6 +50,12 @@ fn write_plugin(out: &mut String, registry: &Registry, plugin: &LoadedPlugin) {
         "    ABI:      {}.{}, SDK revision {}, layout {}",
         info.abi_major, info.abi_minor, info.sdk_revision, info.layout_fingerprint
     );
+    let manifest = match &plugin.manifest {
+        Some(m) if m.types.is_empty() => "matches the library (declares no types)",
+        Some(_) => "matches the library and its registration",
+        None => "none (a hand-written descriptor): inspect needs --load to list its types",
+    };
+    let _ = writeln!(out, "    manifest: {manifest}");
     for t in types_of(registry, plugin) {
         let inputs = if t.kind == "policy" {
             String::new()
@@ -121,7 +128,7 @@ pub fn check_summary(startup: &Startup) -> String {
     out
 }
 
-/// `plugin inspect` output for one library.
+/// `plugin inspect --load` output for one library.
 #[derive(Serialize)]
 pub struct Inspection {
     #[serde(flatten)]
@@ -129,7 +136,9 @@ pub struct Inspection {
     pub registered: Vec<TypeSummary>,
 }
 
-pub fn inspect(path: &Path) -> Result<(Inspection, String), LoadError> {
+/// `plugin inspect --load`: loads the library into this process and runs its
+/// registration.
+pub fn inspect_loaded(path: &Path) -> Result<(Inspection, String), LoadError> {
     let mut registry = Registry::default();
     let spec = PluginSpec {
         path: path.to_owned(),
@@ -142,4 +151,61 @@ pub fn inspect(path: &Path) -> Result<(Inspection, String), LoadError> {
     write_plugin(&mut text, &registry, &plugin);
     let registered = types_of(&registry, &plugin);
     Ok((Inspection { plugin, registered }, text))
+}
+
+/// `plugin inspect`: what the file says of itself, read without loading it; no code of
+/// the library runs.
+pub fn inspect_file(path: &Path) -> Result<(PluginFile, String), LoadError> {
+    let file = examine(path)?;
+    let mut out = String::new();
+    let resolved = std::fs::canonicalize(path).unwrap_or_else(|_| path.to_owned());
+    match &file.manifest {
+        Some(Manifest {
+            name,
+            version,
+            vendor,
+            abi_major,
+            abi_minor,
+            sdk_revision,
+            layout_fingerprint,
+            types,
+        }) => {
+            let _ = writeln!(out, "  {name} {version} ({vendor})");
+            let _ = writeln!(out, "    path:     {}", resolved.display());
+            let _ = writeln!(out, "    sha256:   {}", file.sha256);
+            let _ = writeln!(
+                out,
+                "    ABI:      {abi_major}.{abi_minor}, SDK revision {sdk_revision}, layout {layout_fingerprint}"
+            );
+            let _ = writeln!(
+                out,
+                "    manifest: read from the file; the library was not loaded{}",
+                if types.is_empty() {
+                    " (it declares no types: --load lists what it registers)"
+                } else {
+                    ""
+                }
+            );
+            for t in types {
+                let inputs = if t.kind == "policy" {
+                    String::new()
+                } else if t.inputs.is_empty() {
+                    "  reads: -".to_owned()
+                } else {
+                    format!("  reads: {}", t.inputs.join("|"))
+                };
+                let _ = writeln!(out, "    {:<7} {}{inputs}", t.kind, t.name);
+            }
+        }
+        None => {
+            let _ = writeln!(out, "  {} (no manifest)", resolved.display());
+            let _ = writeln!(out, "    sha256:   {}", file.sha256);
+            let _ = writeln!(
+                out,
+                "    manifest: none: the library was built without the SDK's export macro. \
+                 `plugin inspect --load` loads it and runs its registration"
+            );
+        }
+    }
+    Ok((file, out))
 }

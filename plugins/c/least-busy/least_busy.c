@@ -243,4 +243,10 @@ static int32_t register_types(const switchyard_registrar *registrar, const switc
     return status;
 }
 
+/* What register_types registers, for `switchyard plugin inspect` without loading. */
+SWITCHYARD_DECLARE_POLICY("c.least-busy")
+SWITCHYARD_DECLARE_FILTER("c.min-device-overlap", SWITCHYARD_INPUT_CACHE)
+SWITCHYARD_DECLARE_SCORER("c.active-requests", SWITCHYARD_INPUT_LOAD)
+SWITCHYARD_DECLARE_PICKER("c.lowest-cost", 0)
+
 SWITCHYARD_PLUGIN("acme-least-busy-c", "0.1.0", "Acme Corp (switchyard example)", register_types)

@@ -103,4 +103,10 @@ void register_types(Registrar &registrar) {
 
 }  // namespace
 
+// What register_types registers, for `switchyard plugin inspect` without loading.
+SWITCHYARD_DECLARE_POLICY("cpp.least-busy")
+SWITCHYARD_DECLARE_FILTER("cpp.min-device-overlap", inputs::cache)
+SWITCHYARD_DECLARE_SCORER("cpp.active-requests", inputs::load)
+SWITCHYARD_DECLARE_PICKER("cpp.lowest-cost", inputs::none)
+
 SWITCHYARD_CPP_PLUGIN("acme-least-busy-cpp", "0.1.0", "Acme Corp (switchyard example)", register_types)

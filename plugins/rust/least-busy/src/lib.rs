@@ -165,4 +165,10 @@ export_plugin! {
     version: env!("CARGO_PKG_VERSION"),
     vendor: "Acme Corp (switchyard example)",
     register: register,
+    types: [
+        policy("least-busy"),
+        filter("acme.min-device-overlap", WorkerInputs::CACHE),
+        scorer("acme.active-requests", WorkerInputs::LOAD),
+        picker("acme.lowest-cost", WorkerInputs::NONE),
+    ],
 }
