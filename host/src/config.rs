@@ -291,6 +291,49 @@ pub struct WorkerSpec {
     /// The worker's OpenAI-compatible engine, `http://host:port`, for the frontend.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
+    /// Where its engine publishes KV events (vLLM/SGLang ZeroMQ format), if it does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_events: Option<KvEventSource>,
+}
+
+/// Where a worker's engine publishes its KV events (`workers[].kv_events`).
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct KvEventSource {
+    /// The engine's PUB socket, e.g. `tcp://10.0.0.5:5557` (vLLM's
+    /// `--kv-events-config '{"endpoint": "tcp://*:5557", ...}'`; with data parallelism
+    /// each rank publishes on its own port: base + rank).
+    pub endpoint: String,
+    /// The engine's replay ROUTER socket (`replay_endpoint`, e.g. `tcp://10.0.0.5:5558`):
+    /// lost batches are asked for there. Without it a gap clears the worker's blocks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_endpoint: Option<String>,
+    /// The topic the engine publishes on (vLLM's default: empty).
+    #[serde(default)]
+    pub topic: String,
+}
+
+impl KvEventSource {
+    /// Checks the endpoints' form (`tcp://host:port`).
+    pub fn validate(&self) -> Result<(), String> {
+        for (field, endpoint) in std::iter::once(("endpoint", Some(&self.endpoint))).chain(
+            std::iter::once(("replay_endpoint", self.replay_endpoint.as_ref())),
+        ) {
+            let Some(endpoint) = endpoint else { continue };
+            let valid = endpoint
+                .strip_prefix("tcp://")
+                .and_then(|rest| rest.rsplit_once(':'))
+                .is_some_and(|(host, port)| {
+                    !host.is_empty() && host != "*" && port.parse::<u16>().is_ok_and(|p| p > 0)
+                });
+            if !valid {
+                return Err(format!(
+                    "kv_events.{field} `{endpoint}`: expected tcp://HOST:PORT (the engine's address, not the `*` it binds)"
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 impl WorkerSpec {
@@ -318,6 +361,9 @@ impl WorkerSpec {
                     "`url` must be an engine's address like http://10.0.0.7:8000, got `{url}` (https is not supported to engines)"
                 ));
             }
+        }
+        if let Some(source) = &self.kv_events {
+            source.validate()?;
         }
         if let Some(m) = self.preferred_taint_multiplier {
             if !m.is_finite() || m < 0.0 {

@@ -328,25 +328,37 @@ impl KvIndex {
     }
 }
 
+/// The parent of a prompt's first block.
+pub const ROOT_HASH: u64 = 0x9e37_79b9_7f4a_7c15;
+
+/// Mixes `value` into a 64-bit hash so that nearby inputs do not give nearby outputs.
+pub fn mix(mut hash: u64) -> u64 {
+    hash ^= hash >> 33;
+    hash = hash.wrapping_mul(0xff51_afd7_ed55_8ccd);
+    hash ^ (hash >> 33)
+}
+
+/// The chained hash of one block: it covers `tokens` and, through `parent`, every block
+/// before it.
+pub fn hash_block(parent: u64, tokens: &[u32]) -> u64 {
+    let mut hash = parent ^ 0xcbf2_9ce4_8422_2325;
+    for &token in tokens {
+        for byte in token.to_le_bytes() {
+            hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    mix(hash)
+}
+
 /// Hashes token ids into chained block hashes: block i's hash covers tokens
 /// [0, (i+1) * block_size), so equal hashes mean equal prefixes. A trailing partial block
 /// is not hashed (it cannot be cached yet).
 pub fn hash_tokens(tokens: &[u32], block_size: u32, out: &mut Vec<u64>) {
     out.clear();
-    let mut parent = 0x9e37_79b9_7f4a_7c15u64;
+    let mut parent = ROOT_HASH;
     for block in tokens.chunks_exact(block_size.max(1) as usize) {
-        let mut hash = parent ^ 0xcbf2_9ce4_8422_2325;
-        for &token in block {
-            for byte in token.to_le_bytes() {
-                hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
-            }
-        }
-        // A final avalanche so nearby token sequences do not give nearby hashes.
-        hash ^= hash >> 33;
-        hash = hash.wrapping_mul(0xff51_afd7_ed55_8ccd);
-        hash ^= hash >> 33;
-        out.push(hash);
-        parent = hash;
+        parent = hash_block(parent, block);
+        out.push(parent);
     }
 }
 

@@ -5,7 +5,7 @@
 //! (`prometheus-client`), which writes the text format (escaping included).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,6 +15,7 @@ use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use switchyard_plugin_sdk::WorkerId;
 
+use super::kv_events::ApplyOutcome;
 use super::kv_index::Tier;
 use super::load_accounting::WorkerLoad;
 use crate::plugin::{ComponentKind, LoadedPlugin, PartitionKey};
@@ -47,7 +48,68 @@ struct InstanceCounters {
     tripped_until: AtomicU64,
 }
 
+/// Counters of one KV-event publisher (one engine's PUB socket).
+#[derive(Default)]
+pub struct KvSourceCounters {
+    pub worker_id: u64,
+    pub endpoint: String,
+    pub batches: AtomicU64,
+    pub events_applied: AtomicU64,
+    pub decode_errors: AtomicU64,
+    pub malformed_events: AtomicU64,
+    pub gaps: AtomicU64,
+    pub replays: AtomicU64,
+    pub replays_failed: AtomicU64,
+    pub duplicates: AtomicU64,
+    pub reconnects: AtomicU64,
+    pub unknown_worker: AtomicU64,
+    /// By reason: restart, gap, engine (`AllBlocksCleared`).
+    clears: [AtomicU64; 3],
+    /// By `Ignored` reason, in its declaration order.
+    ignored: [AtomicU64; 5],
+    /// Of the last batch that carried a timestamp, in nanoseconds.
+    last_lag_nanos: AtomicU64,
+    block_size_error_logged: AtomicBool,
+}
+
+const CLEAR_REASONS: [&str; 3] = ["restart", "gap", "engine"];
+
+impl KvSourceCounters {
+    pub fn record(&self, outcome: &ApplyOutcome) {
+        self.events_applied
+            .fetch_add(outcome.applied, Ordering::Relaxed);
+        self.clears[2].fetch_add(outcome.engine_clears, Ordering::Relaxed);
+        for reason in &outcome.ignored {
+            self.ignored[*reason as usize].fetch_add(1, Ordering::Relaxed);
+        }
+        if outcome.unknown_worker {
+            self.unknown_worker.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    pub fn record_clear(&self, reason: &str) {
+        if let Some(i) = CLEAR_REASONS.iter().position(|r| *r == reason) {
+            self.clears[i].fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    pub fn record_lag(&self, lag: Duration) {
+        self.last_lag_nanos
+            .store(lag.as_nanos() as u64, Ordering::Relaxed);
+    }
+    /// True the first time only: a misconfiguration is logged once, counted always.
+    pub fn first_block_size_error(&self) -> bool {
+        !self.block_size_error_logged.swap(true, Ordering::Relaxed)
+    }
+    pub fn clears(&self, reason: &str) -> u64 {
+        CLEAR_REASONS
+            .iter()
+            .position(|r| *r == reason)
+            .map_or(0, |i| self.clears[i].load(Ordering::Relaxed))
+    }
+}
+
 pub struct Metrics {
+    /// Per KV-event publisher, in subscription order.
+    kv_sources: Mutex<Vec<Arc<KvSourceCounters>>>,
     /// Per configured instance; the map itself is fixed at startup.
     instances: BTreeMap<String, InstanceCounters>,
     /// The zero of `tripped_until`.
@@ -74,6 +136,7 @@ impl Metrics {
                 .map(|name| (name.to_owned(), InstanceCounters::default()))
                 .collect(),
             errors: Mutex::new(BTreeMap::new()),
+            kv_sources: Mutex::new(Vec::new()),
             epoch: std::time::Instant::now(),
             expired: AtomicU64::new(0),
             upstream_retries: AtomicU64::new(0),
@@ -81,6 +144,25 @@ impl Metrics {
             ttfb: LatencyHistogram::default(),
             kv_event_lag: LatencyHistogram::default(),
         }
+    }
+
+    /// The counters of the publisher at `endpoint` for `worker_id` (kept across
+    /// resubscriptions).
+    pub fn kv_source(&self, endpoint: &str, worker_id: u64) -> Arc<KvSourceCounters> {
+        let mut sources = self.kv_sources.lock();
+        if let Some(c) = sources
+            .iter()
+            .find(|c| c.endpoint == endpoint && c.worker_id == worker_id)
+        {
+            return c.clone();
+        }
+        let counters = Arc::new(KvSourceCounters {
+            worker_id,
+            endpoint: endpoint.to_owned(),
+            ..Default::default()
+        });
+        sources.push(counters.clone());
+        counters
     }
 
     pub fn record_expired(&self, n: usize) {
@@ -361,6 +443,7 @@ impl Metrics {
             histogram,
             no_labels(Value::Histogram(self.kv_event_lag.snapshot())),
         );
+        self.render_kv_sources(&mut snapshot);
         let plugin_rows = plugins
             .iter()
             .map(|p| {
@@ -391,6 +474,126 @@ impl Metrics {
         // Writing into a String cannot fail.
         let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &registry);
         out
+    }
+}
+
+impl Metrics {
+    fn render_kv_sources(&self, snapshot: &mut Snapshot) {
+        let sources = self.kv_sources.lock().clone();
+        let labels = |c: &KvSourceCounters| {
+            vec![
+                ("worker_id".to_owned(), c.worker_id.to_string()),
+                ("endpoint".to_owned(), c.endpoint.clone()),
+            ]
+        };
+        let count = |read: &dyn Fn(&KvSourceCounters) -> u64| -> Vec<Row> {
+            sources
+                .iter()
+                .map(|c| (labels(c), Value::Count(read(c))))
+                .collect()
+        };
+        let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let families: [(&str, &str, Vec<Row>); 9] = [
+            (
+                "switchyard_kv_event_batches",
+                "KV event batches received from engines (live and replayed), per publisher.",
+                count(&|c| load(&c.batches)),
+            ),
+            (
+                "switchyard_kv_events_applied",
+                "Engine KV events applied to the KV index, per publisher.",
+                count(&|c| load(&c.events_applied)),
+            ),
+            (
+                "switchyard_kv_event_decode_errors",
+                "KV event batches that could not be decoded, per publisher.",
+                count(&|c| load(&c.decode_errors)),
+            ),
+            (
+                "switchyard_kv_event_malformed",
+                "KV events skipped inside decodable batches, per publisher.",
+                count(&|c| load(&c.malformed_events)),
+            ),
+            (
+                "switchyard_kv_event_gaps",
+                "Gaps in a publisher's sequence numbers.",
+                count(&|c| load(&c.gaps)),
+            ),
+            (
+                "switchyard_kv_event_replays",
+                "Replays received from a publisher's replay socket.",
+                count(&|c| load(&c.replays)),
+            ),
+            (
+                "switchyard_kv_event_replays_failed",
+                "Gaps that replay could not fill (the worker's blocks were cleared).",
+                count(&|c| load(&c.replays_failed)),
+            ),
+            (
+                "switchyard_kv_event_duplicates",
+                "Replayed batches skipped because they were already applied.",
+                count(&|c| load(&c.duplicates)),
+            ),
+            (
+                "switchyard_kv_event_unknown_worker",
+                "Batches naming a worker (id, dp_rank) the router does not know.",
+                count(&|c| load(&c.unknown_worker)),
+            ),
+        ];
+        for (name, help, rows) in families {
+            snapshot.family(name, help, MetricType::Counter, rows);
+        }
+        let by = |key: &str,
+                  names: &[&str],
+                  values: &dyn Fn(&KvSourceCounters, usize) -> u64|
+         -> Vec<Row> {
+            sources
+                .iter()
+                .flat_map(|c| {
+                    names.iter().enumerate().map(move |(i, name)| {
+                        let mut l = labels(c);
+                        l.push((key.to_owned(), (*name).to_owned()));
+                        (l, Value::Count(values(c, i)))
+                    })
+                })
+                .collect()
+        };
+        snapshot.family(
+            "switchyard_kv_event_clears",
+            "A worker's blocks cleared because of its KV events, by reason: restart (sequence back to 0), gap (not replayable), engine (AllBlocksCleared).",
+            MetricType::Counter,
+            by("reason", &CLEAR_REASONS, &|c, i| c.clears[i].load(Ordering::Relaxed)),
+        );
+        snapshot.family(
+            "switchyard_kv_events_ignored",
+            "Engine KV events not applied, by reason.",
+            MetricType::Counter,
+            by(
+                "reason",
+                &[
+                    "block_size",
+                    "unknown_parent",
+                    "token_count",
+                    "unknown_medium",
+                    "other_group",
+                ],
+                &|c, i| c.ignored[i].load(Ordering::Relaxed),
+            ),
+        );
+        snapshot.family(
+            "switchyard_kv_event_lag_last_seconds",
+            "Now minus the publisher's timestamp, for its last batch that carried one.",
+            MetricType::Gauge,
+            sources
+                .iter()
+                .map(|c| {
+                    (
+                        labels(c),
+                        Value::Gauge(c.last_lag_nanos.load(Ordering::Relaxed) as f64 / 1e9),
+                    )
+                })
+                .collect(),
+        );
     }
 }
 

@@ -9,6 +9,10 @@ use parking_lot::{Mutex, RwLock};
 use serde::{Deserialize, Serialize};
 use switchyard_plugin_sdk::{WorkerId, WorkerInputs, WorkerType};
 
+use super::kv_events::hash_agreement::{EngineBlocks, Ignored};
+use super::kv_events::subscriber::{self, Subscription};
+use super::kv_events::wire::EngineEvent;
+use super::kv_events::ApplyOutcome;
 use super::kv_index::{hash_tokens, KvEvent, KvIndex, QueryResult, QueryScratch, Tier};
 use super::load_accounting::{AccountingError, LoadAccounting};
 use super::metrics::{Metrics, StageMetrics};
@@ -135,6 +139,10 @@ pub struct Router {
     kv: RwLock<KvIndex>,
     load: RwLock<LoadAccounting>,
     predicted: Mutex<PredictedKv>,
+    /// Per worker, its engine's block hashes -> the router's (KV events from engines).
+    engine_blocks: Mutex<HashMap<WorkerId, EngineBlocks>>,
+    /// Per worker, its engine's KV-event subscription, stopped when it is dropped.
+    subscriptions: Mutex<HashMap<WorkerId, Subscription>>,
     /// Workers whose engine refused a connection: no probe brings them back before this.
     cooldown_until: Mutex<HashMap<WorkerId, Instant>>,
     pub metrics: Metrics,
@@ -171,6 +179,8 @@ impl Router {
             kv: RwLock::new(KvIndex::default()),
             load: RwLock::new(LoadAccounting::new(expiry)),
             predicted: Mutex::new(PredictedKv::default()),
+            engine_blocks: Mutex::new(HashMap::new()),
+            subscriptions: Mutex::new(HashMap::new()),
             cooldown_until: Mutex::new(HashMap::new()),
             metrics,
         };
@@ -253,6 +263,8 @@ impl Router {
         self.kv.write().remove_worker(id);
         self.load.write().remove_worker(id);
         self.predicted.lock().remove_worker(id);
+        self.engine_blocks.lock().remove(&id);
+        self.subscriptions.lock().remove(&id);
         self.cooldown_until.lock().remove(&id);
         Ok(spec)
     }
@@ -368,6 +380,77 @@ impl Router {
             kv.apply(worker, event);
         }
         Ok(())
+    }
+
+    /// Starts following the KV events of every worker (of `workers`) whose engine
+    /// publishes them; a worker already followed is left alone.
+    pub fn subscribe_kv_events(self: &Arc<Self>, workers: &[WorkerSpec]) -> std::io::Result<()> {
+        for spec in workers {
+            let Some(source) = &spec.kv_events else {
+                continue;
+            };
+            let mut subscriptions = self.subscriptions.lock();
+            if subscriptions.contains_key(&spec.id()) {
+                continue;
+            }
+            let subscription =
+                subscriber::subscribe(self.clone(), spec.worker_id, spec.dp_rank, source.clone())?;
+            subscriptions.insert(spec.id(), subscription);
+        }
+        Ok(())
+    }
+
+    /// Applies events an engine published for worker (`worker_id`, `dp_rank`).
+    pub fn apply_engine_events(
+        &self,
+        worker_id: u64,
+        dp_rank: u32,
+        events: &[EngineEvent],
+    ) -> ApplyOutcome {
+        let worker = WorkerId { worker_id, dp_rank };
+        let mut outcome = ApplyOutcome::default();
+        if self.state.read().workers.get(worker).is_none() {
+            outcome.unknown_worker = true;
+            return outcome;
+        }
+        let block_size = self.block_size();
+        let mut translated = Vec::with_capacity(events.len());
+        {
+            let mut engines = self.engine_blocks.lock();
+            let blocks = engines.entry(worker).or_default();
+            for event in events {
+                match blocks.translate(event, block_size, &mut translated) {
+                    Ok(()) => {
+                        outcome.applied += 1;
+                        if matches!(event, EngineEvent::AllCleared) {
+                            outcome.engine_clears += 1;
+                        }
+                    }
+                    Err(reason) => {
+                        if reason == Ignored::BlockSize {
+                            if let EngineEvent::Stored(s) = event {
+                                outcome.block_size_refused = Some(s.block_size);
+                            }
+                        }
+                        outcome.ignored.push(reason);
+                    }
+                }
+            }
+        }
+        let mut kv = self.kv.write();
+        for event in &translated {
+            kv.apply(worker, event);
+        }
+        outcome
+    }
+
+    /// Forgets every block of a worker's engine (it restarted, or events were lost).
+    pub fn clear_engine(&self, worker_id: u64, dp_rank: u32) {
+        let worker = WorkerId { worker_id, dp_rank };
+        self.engine_blocks.lock().remove(&worker);
+        self.kv
+            .write()
+            .apply(worker, &KvEvent::Cleared { tier: None });
     }
 
     pub fn kv_blocks(&self) -> [usize; 3] {

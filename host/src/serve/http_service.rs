@@ -128,7 +128,10 @@ async fn add_worker(State(router): Shared, body: Bytes) -> Result<Response, ApiE
     let spec: WorkerSpec = parse(&body)?;
     // A new partition builds every instance for it: plugin code, off the executor.
     let added = spec.clone();
-    off_executor(router, move |r| r.add_worker(added)).await?;
+    off_executor(router.clone(), move |r| r.add_worker(added)).await?;
+    router
+        .subscribe_kv_events(std::slice::from_ref(&spec))
+        .map_err(|e| ApiError::from(RouteError::BadRequest(format!("kv_events: {e}"))))?;
     Ok((StatusCode::CREATED, Json(spec)).into_response())
 }
 
@@ -329,6 +332,7 @@ pub async fn serve(router: Arc<Router>, listen: SocketAddr) -> std::io::Result<(
     let shutdown = shutdown_signal()?;
     let frontend = Frontend::new(router.clone()).map_err(std::io::Error::other)?;
     tokio::spawn(frontend::health::probe_forever(frontend.clone()));
+    router.subscribe_kv_events(&router.workers())?;
     println!("switchyard listening on http://{address}");
     let expiry = router.clone();
     tokio::spawn(async move {

@@ -7,6 +7,11 @@
 //! tokens/s (a request waits for the ones before it); decode streams one token per
 //! `1 / decode_tps` seconds per request, concurrently. `--fail` makes it answer 500, or
 //! break the connection halfway through a streamed answer.
+//!
+//! With `--kv-events tcp://127.0.0.1:PORT` it publishes its cache's KV events as vLLM
+//! does (ZeroMQ PUB, msgpack; a replay socket with `--kv-replay`): blocks stored on
+//! prefill, removed on eviction. Its block hashes are its own (chained sha256, like
+//! vLLM's), not the router's: the router must agree on them from the token ids.
 
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
@@ -25,6 +30,10 @@ use lru::LruCache;
 use parking_lot::Mutex;
 use serde_json::json;
 
+use crate::fleet::kv_events::publisher::{self, Publisher, PublisherSettings};
+use crate::fleet::kv_events::wire::{
+    EngineEvent, EventForm, HashForm, RemovedBlocks, StoredBlocks,
+};
 use crate::serve::frontend::prompt::{self, Endpoint};
 use crate::serve::http_service::shutdown_signal;
 
@@ -68,11 +77,54 @@ pub struct EngineSimArgs {
     pub default_max_tokens: u64,
     #[arg(long, value_enum, default_value = "none")]
     pub fail: FailMode,
+    /// Publish KV events on this ZeroMQ PUB endpoint (e.g. tcp://127.0.0.1:5557).
+    #[arg(long)]
+    pub kv_events: Option<String>,
+    /// The replay ROUTER endpoint (e.g. tcp://127.0.0.1:5558).
+    #[arg(long, requires = "kv_events")]
+    pub kv_replay: Option<String>,
+    #[arg(long, default_value = "")]
+    pub kv_topic: String,
+    /// Event encoding: `map` (vLLM 0.24 and later) or `array` (up to 0.23).
+    #[arg(long, value_enum, default_value = "map")]
+    pub kv_event_form: EventForm,
+    /// Block hashes as 64-bit integers or as 32-byte digests.
+    #[arg(long, value_enum, default_value = "int")]
+    pub kv_hash: HashForm,
+    /// The data-parallel rank its batches carry.
+    #[arg(long, default_value_t = 0)]
+    pub dp_rank: u32,
+    /// Never send the batch with this sequence number live (it stays in the replay
+    /// buffer): a lost message, for tests. Repeatable.
+    #[arg(long)]
+    pub kv_drop_seq: Vec<u64>,
+}
+
+/// The engine's own chained block hashes: sha256 over the parent's hash and the block's
+/// tokens, the last 8 bytes as an integer (vLLM's `sha256` hashing with integer hashes).
+fn engine_block_hashes(tokens: &[u32], block_size: u32) -> Vec<u64> {
+    use sha2::{Digest, Sha256};
+    let mut parent = [0u8; 8];
+    tokens
+        .chunks_exact(block_size.max(1) as usize)
+        .map(|block| {
+            let mut sha = Sha256::new();
+            sha.update(parent);
+            for token in block {
+                sha.update(token.to_le_bytes());
+            }
+            let digest = sha.finalize();
+            parent.copy_from_slice(&digest[24..]);
+            u64::from_be_bytes(parent)
+        })
+        .collect()
 }
 
 struct Engine {
     args: EngineSimArgs,
+    /// Engine block hash -> nothing, least recently used first out.
     cache: Mutex<LruCache<u64, ()>>,
+    events: Option<Publisher>,
     /// When the prefill queue is next free.
     prefill_free_at: Mutex<Instant>,
     requests: AtomicU64,
@@ -82,16 +134,52 @@ impl Engine {
     /// Looks the prompt's blocks up in the prefix cache (storing them); returns the
     /// prefill delay: the queue ahead of it plus its uncached tokens.
     fn prefill_delay(&self, prompt: &prompt::Prompt) -> Duration {
+        let block_size = self.args.block_size;
+        let hashes = engine_block_hashes(&prompt.tokens, block_size);
         let mut cache = self.cache.lock();
-        let hit = prompt
-            .block_hashes
+        let hit = hashes
             .iter()
             .take_while(|h| cache.get(*h).is_some())
-            .count() as u64;
-        for hash in &prompt.block_hashes {
-            cache.put(*hash, ());
+            .count();
+        let mut removed = Vec::new();
+        for hash in &hashes[hit..] {
+            if let Some((evicted, ())) = cache.push(*hash, ()) {
+                if evicted != *hash {
+                    removed.push(evicted);
+                }
+            }
+        }
+        if let Some(events) = &self.events {
+            // As vLLM reports them: one BlockRemoved per evicted block, then the stored
+            // blocks with their parent and tokens. Published under the cache lock, so
+            // batches follow the cache's order.
+            let mut batch: Vec<EngineEvent> = removed
+                .into_iter()
+                .map(|hash| {
+                    EngineEvent::Removed(RemovedBlocks {
+                        block_hashes: vec![hash],
+                        medium: Some("GPU".into()),
+                        group_idx: Some(0),
+                    })
+                })
+                .collect();
+            if hit < hashes.len() {
+                let size = block_size as usize;
+                batch.push(EngineEvent::Stored(StoredBlocks {
+                    block_hashes: hashes[hit..].to_vec(),
+                    parent_block_hash: hit.checked_sub(1).map(|i| hashes[i]),
+                    token_ids: prompt.tokens[hit * size..hashes.len() * size].to_vec(),
+                    block_size,
+                    medium: Some("GPU".into()),
+                    group_idx: Some(0),
+                    kv_cache_spec_kind: Some("full_attention".into()),
+                    ..Default::default()
+                }));
+            }
+            events.publish(batch);
         }
         drop(cache);
+        let hit = hit as u64;
         let tokens = prompt.request_blocks.saturating_sub(hit) * u64::from(self.args.block_size);
         let work = Duration::from_secs_f64(tokens as f64 / self.args.prefill_tps);
         let now = Instant::now();
@@ -257,8 +345,27 @@ pub async fn run(args: EngineSimArgs) -> std::io::Result<()> {
         .map_err(|e| {
             std::io::Error::new(e.kind(), format!("cannot listen on {}: {e}", args.listen))
         })?;
+    let events = match &args.kv_events {
+        Some(endpoint) => {
+            let publisher = publisher::start(PublisherSettings {
+                endpoint: endpoint.clone(),
+                replay_endpoint: args.kv_replay.clone(),
+                topic: args.kv_topic.clone(),
+                form: args.kv_event_form,
+                hash_form: args.kv_hash,
+                data_parallel_rank: args.dp_rank,
+                buffer_steps: 10_000,
+                drop_sequences: args.kv_drop_seq.clone(),
+            })
+            .await?;
+            println!("engine-sim publishing KV events on {endpoint}");
+            Some(publisher)
+        }
+        None => None,
+    };
     let engine = Arc::new(Engine {
         cache: Mutex::new(LruCache::new(capacity)),
+        events,
         prefill_free_at: Mutex::new(Instant::now()),
         requests: AtomicU64::new(0),
         args,

@@ -205,6 +205,7 @@ impl<'a> Simulation<'a> {
         };
         for id in 0..params.workers as u64 {
             let spec = WorkerSpec {
+                kv_events: None,
                 model: MODEL.into(),
                 worker_id: id,
                 dp_rank: 0,

@@ -57,6 +57,8 @@ pub struct Prompt {
     pub request_blocks: u64,
     /// Chained hashes of the prompt's full blocks.
     pub block_hashes: Vec<u64>,
+    /// The prompt's tokens (pseudo-tokens of its text when the model has no tokenizer).
+    pub tokens: Vec<u32>,
     pub expected_output_tokens: Option<u64>,
 }
 
@@ -123,6 +125,7 @@ pub fn parse<'t>(
         stream,
         request_blocks: (tokens.len() as u64).div_ceil(u64::from(block_size.max(1))),
         block_hashes,
+        tokens,
         expected_output_tokens,
     })
 }
