@@ -4,7 +4,7 @@
 CARGO ?= cargo
 CMAKE_BUILD := target/cmake
 
-.PHONY: run demo test lint fuzz build plugins check-tools bench bench-frontend clean
+.PHONY: run demo test lint fuzz build plugins check-tools bench bench-frontend bench-kv-events clean
 
 check-tools:
 	@./scripts/check-tools
@@ -44,6 +44,9 @@ bench: build
 
 bench-frontend: build
 	$(CARGO) bench -p switchyard --bench frontend
+
+bench-kv-events: build
+	$(CARGO) bench -p switchyard --bench kv_events
 
 clean:
 	rm -rf target

@@ -90,6 +90,22 @@ proptest! {
         }
     }
 
+    /// Engine KV-event payloads: a vLLM golden batch with bytes flipped, cut or
+    /// overwritten decodes or is refused with a message; never a panic.
+    #[test]
+    fn mutated_vllm_kv_event_payloads_decode_or_are_refused(mutations in proptest::collection::vec(mutation(), 1..4), which in 0usize..4) {
+        let names = ["v0.23.0-int-hashes.bin", "v0.33.0-int-hashes.bin", "v0.33.0-newer-keys.bin", "v0.23.0-defaults-omitted.bin"];
+        let mut bytes = std::fs::read(repo().join("tests/fixtures/kv_events").join(names[which])).unwrap();
+        for m in &mutations {
+            if !bytes.is_empty() {
+                mutate(&mut bytes, m);
+            }
+        }
+        if let Err(error) = switchyard::fleet::kv_events::wire::decode(&bytes) {
+            prop_assert!(!error.to_string().is_empty());
+        }
+    }
+
     /// Any manifest section (records, keys, values, NULs in any order) is read or refused
     /// with a message; never a panic.
     #[test]
