@@ -308,11 +308,7 @@ fn manifest_and_registration_must_agree() {
 /// logs a warning), waits for that warning, and returns everything it wrote to stderr.
 fn serve_logs(dir: &std::path::Path, format: &str) -> String {
     use std::io::Read;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = free_port();
     let config = write_config(
         dir,
         &format!(

@@ -334,15 +334,6 @@ fn engine_failing() -> Process {
     engine("failing", "127.0.0.1:0", &["--fail", "http500"])
 }
 
-/// A loopback port nothing listens on (until a test starts something there).
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[test]
 fn a_refused_engine_is_skipped_marked_unhealthy_and_comes_back() {
     let dir = tempfile::tempdir().unwrap();

@@ -134,14 +134,6 @@ mod serde_bytes_frames {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn engine(ports: (u16, u16), extra: &[&str]) -> Process {
     Process::start(
         Command::new(switchyard_bin())
@@ -203,16 +195,22 @@ fn wait_overlap(router: &Process, tokens: &[u32], want: u64, what: &str) {
     panic!("{what}: overlap {last}, expected {want}");
 }
 
-fn metric(router: &Process, name: &str) -> f64 {
+/// The sum of the series of `name` (a metric name, optionally with the start of its
+/// labels) whose line also contains every one of `labels`.
+fn metric_with(router: &Process, name: &str, labels: &[&str]) -> f64 {
     let text = ureq::get(&format!("{}/metrics", router.address))
         .call()
         .unwrap()
         .into_string()
         .unwrap();
     text.lines()
-        .filter(|l| l.starts_with(name))
+        .filter(|l| l.starts_with(name) && labels.iter().all(|label| l.contains(label)))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
+}
+
+fn metric(router: &Process, name: &str) -> f64 {
+    metric_with(router, name, &[])
 }
 
 #[test]
@@ -267,9 +265,10 @@ fn engine_events_over_zeromq_feed_the_index_with_replay_and_restart() {
     wait_overlap(&router, &d, 2, "prompt d, stored by the restarted engine");
     wait_overlap(&router, &b, 0, "prompt b, cleared by the engine's restart");
     assert!(
-        metric(
+        metric_with(
             &router,
-            "switchyard_kv_event_clears_total{worker_id=\"1\",endpoint"
+            "switchyard_kv_event_clears_total{worker_id=\"1\",endpoint",
+            &["reason=\"restart\""]
         ) >= 1.0
     );
     let applied = metric(&router, "switchyard_kv_events_applied_total");

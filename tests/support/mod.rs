@@ -51,6 +51,15 @@ pub fn cmake_plugin(lib: &str) -> PathBuf {
     )
 }
 
+/// A loopback port nothing listens on (until a test starts something there).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 pub fn switchyard_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_switchyard"))
 }

@@ -99,12 +99,6 @@ impl KvSourceCounters {
     pub fn first_block_size_error(&self) -> bool {
         !self.block_size_error_logged.swap(true, Ordering::Relaxed)
     }
-    pub fn clears(&self, reason: &str) -> u64 {
-        CLEAR_REASONS
-            .iter()
-            .position(|r| *r == reason)
-            .map_or(0, |i| self.clears[i].load(Ordering::Relaxed))
-    }
 }
 
 pub struct Metrics {

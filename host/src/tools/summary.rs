@@ -39,6 +39,16 @@ fn types_of(registry: &Registry, plugin: &LoadedPlugin) -> Vec<TypeSummary> {
         .collect()
 }
 
+/// One type line: kind, name and, for components, the input groups it reads.
+fn write_type(out: &mut String, kind: &str, name: &str, inputs: &[&str]) {
+    let reads = match (kind, inputs) {
+        ("policy", _) => String::new(),
+        (_, []) => "  reads: -".to_owned(),
+        _ => format!("  reads: {}", inputs.join("|")),
+    };
+    let _ = writeln!(out, "    {kind:<7} {name}{reads}");
+}
+
 fn write_plugin(out: &mut String, registry: &Registry, plugin: &LoadedPlugin) {
     let info = &plugin.info;
     let _ = writeln!(out, "  {} {} ({})", info.name, info.version, info.vendor);
@@ -57,14 +67,7 @@ fn write_plugin(out: &mut String, registry: &Registry, plugin: &LoadedPlugin) {
     };
     let _ = writeln!(out, "    manifest: {manifest}");
     for t in types_of(registry, plugin) {
-        let inputs = if t.kind == "policy" {
-            String::new()
-        } else if t.inputs.is_empty() {
-            "  reads: -".to_owned()
-        } else {
-            format!("  reads: {}", t.inputs.join("|"))
-        };
-        let _ = writeln!(out, "    {:<7} {}{inputs}", t.kind, t.name);
+        write_type(out, t.kind, &t.name, &t.inputs);
     }
 }
 
@@ -187,14 +190,7 @@ pub fn inspect_file(path: &Path) -> Result<(PluginFile, String), LoadError> {
                 }
             );
             for t in types {
-                let inputs = if t.kind == "policy" {
-                    String::new()
-                } else if t.inputs.is_empty() {
-                    "  reads: -".to_owned()
-                } else {
-                    format!("  reads: {}", t.inputs.join("|"))
-                };
-                let _ = writeln!(out, "    {:<7} {}{inputs}", t.kind, t.name);
+                write_type(&mut out, &t.kind, &t.name, &t.inputs);
             }
         }
         None => {

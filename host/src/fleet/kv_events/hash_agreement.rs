@@ -71,14 +71,6 @@ pub struct EngineBlocks {
 }
 
 impl EngineBlocks {
-    pub fn len(&self) -> usize {
-        self.blocks.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.blocks.is_empty()
-    }
-
     fn group_feeds_index(&mut self, group: Option<i64>, kind: Option<&str>) -> bool {
         let Some(group) = group else {
             return true;
