@@ -1,6 +1,7 @@
 //! `switchyard replay` on a small generated trace (the public trace is not needed):
-//! a cache-aware policy must beat a load-only one on hit rate, and bad traces get errors
-//! that name the file and line.
+//! a cache-aware policy must beat a load-only one on hit rate, the same replay with the
+//! workers' KV events sent over ZeroMQ matches the in-process one, and bad traces get
+//! errors that name the file and line.
 
 mod support;
 
@@ -66,6 +67,60 @@ fn replay_compares_policies_and_writes_csv_and_svg() {
     let svg = std::fs::read_to_string(&svg).unwrap();
     assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
     assert!(svg.contains("kv-overlap") && svg.contains("prefix-cache hit rate"));
+}
+
+/// `replay --kv-events MODE`: (policy, hit rate) per row of the CSV.
+fn hit_rates(trace: &std::path::Path, mode: &str) -> Vec<(String, f64)> {
+    let dir = trace.parent().unwrap();
+    let csv = dir.join(format!("{mode}.csv"));
+    run(Command::new(switchyard_bin())
+        .args(["replay", "--workers", "4", "--kv-events", mode])
+        .args([
+            "--policy",
+            "default",
+            "--policy",
+            "kv-overlap",
+            "--policy",
+            "load-only",
+        ])
+        .arg("--trace")
+        .arg(trace)
+        .arg("--csv")
+        .arg(&csv)
+        .arg("--svg")
+        .arg(dir.join(format!("{mode}.svg"))));
+    std::fs::read_to_string(&csv)
+        .unwrap()
+        .lines()
+        .skip(1)
+        .map(|line| {
+            let fields: Vec<&str> = line.split(',').collect();
+            (fields[0].to_owned(), fields[2].parse().unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn kv_events_over_zeromq_give_the_in_process_hit_rates() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace.jsonl");
+    write_trace(&trace);
+    let in_process = hit_rates(&trace, "in-process");
+    // Each simulated worker publishes vLLM-format batches (token ids, its own block
+    // hashes) on loopback; the router's subscribers and hash agreement feed the index,
+    // and requests go in as token ids.
+    let zmq = hit_rates(&trace, "zmq");
+    assert_eq!(zmq.len(), 3);
+    for ((policy, a), (same, b)) in in_process.iter().zip(&zmq) {
+        assert_eq!(policy, same);
+        assert!(
+            (a - b).abs() <= 0.01,
+            "{policy}: in process {a}, over ZeroMQ {b}: more than 1 point apart"
+        );
+    }
+    // The events did arrive: blind to the cache, kv-overlap would do no better than
+    // load-only.
+    assert!(zmq[1].1 > zmq[2].1 + 0.1, "{zmq:?}");
 }
 
 #[test]

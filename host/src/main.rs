@@ -41,11 +41,13 @@ enum LogFormat {
     Json,
 }
 
-/// Logs go to stderr: colour escape codes only when it is a terminal.
+/// Logs go to stderr: colour escape codes only when it is a terminal. The ZeroMQ crate
+/// logs every peer reconnection at info and warn; the KV-event subscriber reports what
+/// matters about its publishers itself, so by default only the crate's errors show.
 fn init_logs(format: LogFormat) {
     use std::io::IsTerminal;
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| "info,zeromq=error".into());
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -358,7 +358,7 @@ pub async fn run(args: EngineSimArgs) -> std::io::Result<()> {
                 drop_sequences: args.kv_drop_seq.clone(),
             })
             .await?;
-            println!("engine-sim publishing KV events on {endpoint}");
+            println!("engine-sim publishing KV events on {}", publisher.endpoint);
             Some(publisher)
         }
         None => None,

@@ -35,6 +35,10 @@ pub struct PublisherSettings {
 #[derive(Clone)]
 pub struct Publisher {
     batches: mpsc::UnboundedSender<Vec<EngineEvent>>,
+    /// Where the PUB socket is bound (port 0 in the settings resolved).
+    pub endpoint: String,
+    /// Where the replay socket is bound, if any.
+    pub replay_endpoint: Option<String>,
 }
 
 impl Publisher {
@@ -55,20 +59,21 @@ fn message(frames: Vec<Bytes>) -> ZmqMessage {
 /// Binds the sockets and starts the publisher task on the current tokio runtime.
 pub async fn start(settings: PublisherSettings) -> std::io::Result<Publisher> {
     let mut publisher = zeromq::PubSocket::new();
-    publisher
+    let endpoint = publisher
         .bind(&settings.endpoint)
         .await
-        .map_err(|e| std::io::Error::other(format!("cannot bind {}: {e}", settings.endpoint)))?;
-    let mut replay = match &settings.replay_endpoint {
+        .map_err(|e| std::io::Error::other(format!("cannot bind {}: {e}", settings.endpoint)))?
+        .to_string();
+    let (mut replay, replay_endpoint) = match &settings.replay_endpoint {
         Some(endpoint) => {
             let mut socket = zeromq::RouterSocket::new();
-            socket
+            let bound = socket
                 .bind(endpoint)
                 .await
                 .map_err(|e| std::io::Error::other(format!("cannot bind {endpoint}: {e}")))?;
-            Some(socket)
+            (Some(socket), Some(bound.to_string()))
         }
-        None => None,
+        None => (None, None),
     };
     let (batches, mut received) = mpsc::unbounded_channel::<Vec<EngineEvent>>();
     tokio::spawn(async move {
@@ -109,5 +114,9 @@ pub async fn start(settings: PublisherSettings) -> std::io::Result<Publisher> {
             }
         }
     });
-    Ok(Publisher { batches })
+    Ok(Publisher {
+        batches,
+        endpoint,
+        replay_endpoint,
+    })
 }

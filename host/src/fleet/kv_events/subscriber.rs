@@ -7,7 +7,9 @@
 //!   socket, or its buffer no longer has the range, the worker's blocks are cleared
 //!   (stale cache state is worse than none) and the subscription goes on from there.
 //! - A live sequence that goes backwards is an engine restart (vLLM starts again at 0):
-//!   the worker's blocks are cleared.
+//!   the worker's blocks are cleared. The exception is a batch that a replay has just
+//!   delivered (the live copy of a batch published while the replay ran): the same bytes
+//!   under the same sequence are a duplicate, skipped.
 //! - At start the subscriber asks for a replay from 0: a SUB socket misses what was
 //!   published before it joined (ZeroMQ's slow joiner), the replay buffer has it.
 //! - The SUB socket reconnects (with backoff) when the publisher goes away, and after 3 s
@@ -63,6 +65,7 @@ pub fn subscribe(
         stop: stop.clone(),
         expected: None,
         last_ts: None,
+        replayed: Vec::new(),
         dealer: None,
         counters,
     };
@@ -92,6 +95,9 @@ struct Subscriber {
     expected: Option<u64>,
     /// The timestamp of the last batch applied.
     last_ts: Option<f64>,
+    /// Batches applied from the last replay, until the live stream passes them: their
+    /// live copies may still be on the way.
+    replayed: Vec<(u64, Bytes)>,
     dealer: Option<zeromq::DealerSocket>,
     counters: Arc<KvSourceCounters>,
 }
@@ -177,6 +183,15 @@ impl Subscriber {
 
     /// A batch from the live stream.
     async fn live(&mut self, sequence: u64, payload: &[u8]) {
+        if self
+            .replayed
+            .iter()
+            .any(|(s, p)| *s == sequence && p.as_ref() == payload)
+        {
+            self.counters.duplicates.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        self.replayed.clear();
         match self.expected {
             Some(expected) if sequence < expected => {
                 // The live stream never repeats: the engine restarted.
@@ -274,9 +289,11 @@ impl Subscriber {
                 Some(e) if e == sequence => self.apply(sequence, &payload),
                 Some(e) if sequence < e => {
                     self.counters.duplicates.fetch_add(1, Ordering::Relaxed);
+                    continue;
                 }
                 Some(_) => break, // the buffer does not reach back far enough
             }
+            self.replayed.push((sequence, payload));
         }
     }
 
@@ -300,6 +317,7 @@ impl Subscriber {
             for (sequence, payload) in replies.into_iter().skip(1) {
                 if self.expected == Some(sequence) {
                     self.apply(sequence, &payload);
+                    self.replayed.push((sequence, payload));
                 }
             }
         } else {
@@ -313,7 +331,12 @@ impl Subscriber {
 
     fn apply(&mut self, sequence: u64, payload: &[u8]) {
         self.expected = Some(sequence + 1);
-        self.counters.batches.fetch_add(1, Ordering::Relaxed);
+        self.apply_payload(sequence, payload);
+        // Counted once applied: a batch counted is in the index (replay waits on this).
+        self.counters.batches.fetch_add(1, Ordering::Release);
+    }
+
+    fn apply_payload(&mut self, sequence: u64, payload: &[u8]) {
         let batch = match decode(payload) {
             Ok(batch) => batch,
             Err(e) => {

@@ -13,7 +13,8 @@
 //!
 //! The encoder writes the same format, for `engine-sim` and the tests.
 
-use rmpv::{Integer, Value, ValueRef};
+use rmp::Marker;
+use rmpv::{Integer, Value};
 
 /// Field order of the positional (array) form, after the tag.
 const STORED_FIELDS: [&str; 15] = [
@@ -90,221 +91,343 @@ pub enum EngineEvent {
 #[error("{0}")]
 pub struct DecodeError(String);
 
-fn err(message: impl Into<String>) -> DecodeError {
-    DecodeError(message.into())
-}
-
-/// Decodes one batch payload.
+/// Decodes one batch payload, streaming: values are read in place as they come (no value
+/// tree is built), so a batch costs about one pass over its bytes. An event that does
+/// not make sense is skipped whole and reported in `malformed`; the rest of the batch
+/// still applies.
 pub fn decode(payload: &[u8]) -> Result<Batch, DecodeError> {
-    let mut reader = payload;
-    let value = rmpv::decode::read_value_ref_with_max_depth(&mut reader, 16)
-        .map_err(|e| err(format!("not msgpack: {e}")))?;
-    let ValueRef::Array(fields) = value else {
-        return Err(err(
-            "a batch must be an array [ts, events, data_parallel_rank]",
-        ));
+    let mut r = Reader(payload);
+    let not_a_batch = |problem: String| {
+        DecodeError(format!(
+            "not a batch [ts, events, data_parallel_rank]: {problem}"
+        ))
     };
-    let mut fields = fields.into_iter();
-    let ts = match fields.next() {
-        Some(ValueRef::F64(ts)) => ts,
-        Some(ValueRef::F32(ts)) => f64::from(ts),
-        Some(ValueRef::Integer(ts)) => ts.as_f64().unwrap_or(0.0),
-        _ => return Err(err("a batch's first field (ts) must be a number")),
-    };
-    let Some(ValueRef::Array(raw_events)) = fields.next() else {
-        return Err(err("a batch's second field (events) must be an array"));
-    };
-    let data_parallel_rank = match fields.next() {
-        None | Some(ValueRef::Nil) => None,
-        Some(ValueRef::Integer(rank)) => Some(
-            rank.as_u64()
-                .and_then(|r| u32::try_from(r).ok())
-                .ok_or_else(|| err(format!("data_parallel_rank {rank} is out of range")))?,
-        ),
-        Some(other) => {
-            return Err(err(format!(
-                "data_parallel_rank must be an integer, found {other}"
-            )))
-        }
-    };
+    let fields = r.array_len().map_err(not_a_batch)?;
+    if fields < 2 {
+        return Err(not_a_batch(format!("an array of {fields} fields")));
+    }
+    let ts = r.number().map_err(|e| not_a_batch(format!("ts: {e}")))?;
+    let events = r
+        .array_len()
+        .map_err(|e| not_a_batch(format!("events: {e}")))?;
     let mut batch = Batch {
         ts,
-        events: Vec::with_capacity(raw_events.len()),
-        data_parallel_rank,
+        events: Vec::with_capacity(events.min(4096) as usize),
+        data_parallel_rank: None,
         malformed: Vec::new(),
     };
-    for raw in raw_events {
-        match event(raw) {
+    for _ in 0..events {
+        let start = r.0;
+        match event(&mut r) {
             Ok(Some(event)) => batch.events.push(event),
             Ok(None) => {} // a class this router does not know: newer vLLM
-            Err(problem) => batch.malformed.push(problem),
+            Err(problem) => {
+                batch.malformed.push(problem);
+                r.0 = start;
+                r.skip(0).map_err(|e| not_a_batch(format!("events: {e}")))?;
+            }
         }
+    }
+    if fields >= 3 && !r.nil() {
+        let rank = r
+            .u32()
+            .map_err(|e| not_a_batch(format!("data_parallel_rank: {e}")))?;
+        batch.data_parallel_rank = Some(rank);
     }
     Ok(batch)
 }
 
-/// The fields of one event, by name, from either form.
-struct Fields<'a> {
-    tag: &'a str,
-    pairs: Vec<(&'a str, ValueRef<'a>)>,
+/// The fields of an event of either form, by name, before its tag decides what it is.
+#[derive(Default)]
+struct RawEvent<'a> {
+    tag: Option<&'a str>,
+    block_hashes: Option<Vec<u64>>,
+    parent_block_hash: Option<u64>,
+    token_ids: Option<Vec<u32>>,
+    block_size: Option<u32>,
+    lora_id: Option<i64>,
+    lora_name: Option<String>,
+    medium: Option<String>,
+    extra_keys: Vec<u64>,
+    group_idx: Option<i64>,
+    kv_cache_spec_kind: Option<String>,
 }
 
-impl<'a> Fields<'a> {
-    fn take(&mut self, name: &str) -> Option<ValueRef<'a>> {
-        let at = self.pairs.iter().position(|(k, _)| *k == name)?;
-        Some(self.pairs.swap_remove(at).1)
+impl<'a> RawEvent<'a> {
+    /// Reads the value of field `name` (unknown fields are skipped).
+    fn field(&mut self, name: &str, r: &mut Reader<'a>) -> Result<(), String> {
+        let with_name = |problem: String| format!("{name}: {problem}");
+        if r.nil() {
+            return Ok(()); // None: the field's default
+        }
+        match name {
+            "block_hashes" => self.block_hashes = Some(r.hashes().map_err(with_name)?),
+            "parent_block_hash" => self.parent_block_hash = Some(r.hash().map_err(with_name)?),
+            "token_ids" => {
+                let n = r.array_len().map_err(with_name)?;
+                let mut ids = Vec::with_capacity(n as usize);
+                for _ in 0..n {
+                    ids.push(r.u32().map_err(|e| {
+                        with_name(format!("token ids must be integers < 2^32 ({e})"))
+                    })?);
+                }
+                self.token_ids = Some(ids);
+            }
+            "block_size" => {
+                self.block_size = Some(
+                    r.u32()
+                        .ok()
+                        .filter(|&n| n > 0)
+                        .ok_or_else(|| with_name("must be an integer from 1 to 2^32-1".into()))?,
+                )
+            }
+            "lora_id" => self.lora_id = Some(r.i64().map_err(with_name)?),
+            "group_idx" => self.group_idx = Some(r.i64().map_err(with_name)?),
+            "lora_name" => self.lora_name = Some(r.string().map_err(with_name)?),
+            "medium" => self.medium = Some(r.string().map_err(with_name)?),
+            "kv_cache_spec_kind" => self.kv_cache_spec_kind = Some(r.string().map_err(with_name)?),
+            "extra_keys" => {
+                let n = r.array_len().map_err(with_name)?;
+                for _ in 0..n {
+                    let start = r.0;
+                    let key = if r.nil() {
+                        0
+                    } else {
+                        digest(r.raw(start).map_err(with_name)?)
+                    };
+                    self.extra_keys.push(key);
+                }
+            }
+            _ => r.skip(0).map_err(with_name)?,
+        }
+        Ok(())
     }
 }
 
-fn fields<'a>(raw: ValueRef<'a>) -> Result<Fields<'a>, String> {
-    match raw {
-        ValueRef::Array(items) => {
-            let mut items = items.into_iter();
-            let tag = match items.next() {
-                Some(ValueRef::String(tag)) => tag.into_str().ok_or("a non-UTF-8 event tag")?,
-                _ => return Err("a positional event must start with its class name".into()),
-            };
+/// Reads one event, either form.
+fn event(r: &mut Reader<'_>) -> Result<Option<EngineEvent>, String> {
+    let mut raw = RawEvent::default();
+    match r.peek() {
+        Some(Marker::FixArray(_) | Marker::Array16 | Marker::Array32) => {
+            let n = r.array_len()?;
+            if n == 0 {
+                return Err("an empty positional event".into());
+            }
+            let tag = r
+                .str()
+                .map_err(|_| "a positional event must start with its class name".to_owned())?;
+            raw.tag = Some(tag);
             let names: &[&str] = match tag {
                 "BlockStored" => &STORED_FIELDS,
                 "BlockRemoved" => &REMOVED_FIELDS,
                 _ => &[],
             };
-            Ok(Fields {
-                tag,
-                pairs: names.iter().copied().zip(items).collect(),
-            })
-        }
-        ValueRef::Map(entries) => {
-            let mut tag = None;
-            let mut pairs = Vec::with_capacity(entries.len());
-            for (key, value) in entries {
-                let ValueRef::String(key) = key else {
-                    return Err("an event map key is not a string".into());
-                };
-                let key = key.into_str().ok_or("a non-UTF-8 event key")?;
-                if key == "type" {
-                    tag = match value {
-                        ValueRef::String(t) => t.into_str(),
-                        _ => None,
-                    };
-                } else {
-                    pairs.push((key, value));
+            for i in 0..(n - 1) as usize {
+                match names.get(i) {
+                    Some(name) => raw.field(name, r).map_err(|e| format!("{tag}: {e}"))?,
+                    None => r.skip(0)?,
                 }
             }
-            Ok(Fields {
-                tag: tag.ok_or("an event map without a string `type`")?,
-                pairs,
-            })
         }
-        other => Err(format!("an event must be an array or a map, found {other}")),
+        Some(Marker::FixMap(_) | Marker::Map16 | Marker::Map32) => {
+            let n = r.map_len()?;
+            for _ in 0..n {
+                let key = r
+                    .str()
+                    .map_err(|_| "an event map key is not a string".to_owned())?;
+                if key == "type" {
+                    raw.tag = Some(
+                        r.str()
+                            .map_err(|_| "an event map whose `type` is not a string".to_owned())?,
+                    );
+                } else {
+                    raw.field(key, r)
+                        .map_err(|e| format!("{}: {e}", raw.tag.unwrap_or("event")))?;
+                }
+            }
+        }
+        _ => return Err("an event must be an array or a map".into()),
     }
-}
-
-fn event(raw: ValueRef<'_>) -> Result<Option<EngineEvent>, String> {
-    let mut f = fields(raw)?;
-    let tag = f.tag;
-    let with_tag = |problem: String| format!("{tag}: {problem}");
+    let tag = raw.tag.ok_or("an event map without a `type`")?;
+    let missing = |field: &str| format!("{tag}: {field} is missing");
     match tag {
-        "BlockStored" => {
-            let block_hashes = hashes(f.take("block_hashes")).map_err(with_tag)?;
-            let parent_block_hash = match f.take("parent_block_hash") {
-                None | Some(ValueRef::Nil) => None,
-                Some(v) => Some(hash(&v).map_err(with_tag)?),
-            };
-            let token_ids = match f.take("token_ids") {
-                Some(ValueRef::Array(ids)) => ids
-                    .iter()
-                    .map(|id| match id {
-                        ValueRef::Integer(i) => i.as_u64().and_then(|i| u32::try_from(i).ok()),
-                        _ => None,
-                    })
-                    .collect::<Option<Vec<u32>>>()
-                    .ok_or_else(|| with_tag("token_ids must be integers < 2^32".into()))?,
-                _ => return Err(with_tag("token_ids must be an array".into())),
-            };
-            let block_size = match f.take("block_size") {
-                Some(ValueRef::Integer(n)) => n
-                    .as_u64()
-                    .and_then(|n| u32::try_from(n).ok())
-                    .filter(|&n| n > 0)
-                    .ok_or_else(|| with_tag(format!("block_size {n} is out of range")))?,
-                _ => return Err(with_tag("block_size must be an integer".into())),
-            };
-            let extra_keys = match f.take("extra_keys") {
-                Some(ValueRef::Array(keys)) => keys
-                    .iter()
-                    .map(|k| match k {
-                        ValueRef::Nil => 0,
-                        other => digest(other),
-                    })
-                    .collect(),
-                _ => Vec::new(),
-            };
-            Ok(Some(EngineEvent::Stored(StoredBlocks {
-                block_hashes,
-                parent_block_hash,
-                token_ids,
-                block_size,
-                lora_id: int(f.take("lora_id")),
-                lora_name: string(f.take("lora_name")),
-                medium: string(f.take("medium")),
-                extra_keys,
-                group_idx: int(f.take("group_idx")),
-                kv_cache_spec_kind: string(f.take("kv_cache_spec_kind")),
-            })))
-        }
+        "BlockStored" => Ok(Some(EngineEvent::Stored(StoredBlocks {
+            block_hashes: raw.block_hashes.ok_or_else(|| missing("block_hashes"))?,
+            parent_block_hash: raw.parent_block_hash,
+            token_ids: raw.token_ids.ok_or_else(|| missing("token_ids"))?,
+            block_size: raw.block_size.ok_or_else(|| missing("block_size"))?,
+            lora_id: raw.lora_id,
+            lora_name: raw.lora_name,
+            medium: raw.medium,
+            extra_keys: raw.extra_keys,
+            group_idx: raw.group_idx,
+            kv_cache_spec_kind: raw.kv_cache_spec_kind,
+        }))),
         "BlockRemoved" => Ok(Some(EngineEvent::Removed(RemovedBlocks {
-            block_hashes: hashes(f.take("block_hashes")).map_err(with_tag)?,
-            medium: string(f.take("medium")),
-            group_idx: int(f.take("group_idx")),
+            block_hashes: raw.block_hashes.ok_or_else(|| missing("block_hashes"))?,
+            medium: raw.medium,
+            group_idx: raw.group_idx,
         }))),
         "AllBlocksCleared" => Ok(Some(EngineEvent::AllCleared)),
         _ => Ok(None),
     }
 }
 
-fn hash(value: &ValueRef<'_>) -> Result<u64, String> {
-    match value {
-        ValueRef::Integer(i) => i
-            .as_u64()
-            .ok_or_else(|| format!("block hash {i} is negative")),
-        ValueRef::Binary(bytes) if bytes.len() >= 8 => {
-            let tail: [u8; 8] = bytes[bytes.len() - 8..].try_into().expect("8 bytes");
-            Ok(u64::from_be_bytes(tail))
+/// Values deeper than this are refused (a hostile payload cannot exhaust the stack).
+const MAX_DEPTH: usize = 16;
+
+/// A msgpack cursor over one payload.
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn peek(&self) -> Option<Marker> {
+        self.0.first().map(|&b| Marker::from_u8(b))
+    }
+
+    /// Consumes a nil if one is next.
+    fn nil(&mut self) -> bool {
+        let nil = self.peek() == Some(Marker::Null);
+        if nil {
+            self.0 = &self.0[1..];
         }
-        other => Err(format!(
-            "a block hash must be an integer or a digest of at least 8 bytes, found {other}"
-        )),
+        nil
+    }
+
+    fn array_len(&mut self) -> Result<u32, String> {
+        rmp::decode::read_array_len(&mut self.0).map_err(|e| format!("expected an array ({e})"))
+    }
+
+    fn map_len(&mut self) -> Result<u32, String> {
+        rmp::decode::read_map_len(&mut self.0).map_err(|e| format!("expected a map ({e})"))
+    }
+
+    fn u32(&mut self) -> Result<u32, String> {
+        rmp::decode::read_int(&mut self.0)
+            .map_err(|e| format!("expected an integer in range ({e})"))
+    }
+
+    fn u64(&mut self) -> Result<u64, String> {
+        rmp::decode::read_int(&mut self.0)
+            .map_err(|e| format!("expected an integer in range ({e})"))
+    }
+
+    fn i64(&mut self) -> Result<i64, String> {
+        rmp::decode::read_int(&mut self.0)
+            .map_err(|e| format!("expected an integer in range ({e})"))
+    }
+
+    fn number(&mut self) -> Result<f64, String> {
+        match self.peek() {
+            Some(Marker::F64) => rmp::decode::read_f64(&mut self.0).map_err(|e| e.to_string()),
+            Some(Marker::F32) => rmp::decode::read_f32(&mut self.0)
+                .map(f64::from)
+                .map_err(|e| e.to_string()),
+            _ => self
+                .i64()
+                .map(|n| n as f64)
+                .map_err(|_| "expected a number".into()),
+        }
+    }
+
+    fn str(&mut self) -> Result<&'a str, String> {
+        let (text, rest) = rmp::decode::read_str_from_slice(self.0)
+            .map_err(|e| format!("expected a UTF-8 string ({e})"))?;
+        self.0 = rest;
+        Ok(text)
+    }
+
+    fn string(&mut self) -> Result<String, String> {
+        self.str().map(str::to_owned)
+    }
+
+    /// A block hash: an unsigned 64-bit integer, or a digest keyed by its last 8 bytes.
+    fn hash(&mut self) -> Result<u64, String> {
+        match self.peek() {
+            Some(Marker::Bin8 | Marker::Bin16 | Marker::Bin32) => {
+                let n = rmp::decode::read_bin_len(&mut self.0).map_err(|e| e.to_string())? as usize;
+                let bytes = self.take(n)?;
+                let tail = bytes
+                    .last_chunk::<8>()
+                    .ok_or_else(|| format!("a block hash digest of {n} bytes (at least 8 expected)"))?;
+                Ok(u64::from_be_bytes(*tail))
+            }
+            _ => self
+                .u64()
+                .map_err(|_| "a block hash must be an unsigned 64-bit integer or a digest of at least 8 bytes".into()),
+        }
+    }
+
+    fn hashes(&mut self) -> Result<Vec<u64>, String> {
+        let n = self.array_len()?;
+        (0..n).map(|_| self.hash()).collect()
+    }
+
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        if self.0.len() < n {
+            return Err("the payload ends inside a value".into());
+        }
+        let (taken, rest) = self.0.split_at(n);
+        self.0 = rest;
+        Ok(taken)
+    }
+
+    /// Skips the next value and returns its bytes (from `start`, where it began).
+    fn raw(&mut self, start: &'a [u8]) -> Result<&'a [u8], String> {
+        self.skip(0)?;
+        Ok(&start[..start.len() - self.0.len()])
+    }
+
+    /// Skips one value, whatever it is.
+    fn skip(&mut self, depth: usize) -> Result<(), String> {
+        if depth > MAX_DEPTH {
+            return Err(format!("values nested deeper than {MAX_DEPTH}"));
+        }
+        let marker = rmp::decode::read_marker(&mut self.0)
+            .map_err(|_| "the payload ends inside a value".to_owned())?;
+        let mut len = |bytes: usize| -> Result<usize, String> {
+            let be = self.take(bytes)?;
+            Ok(be.iter().fold(0usize, |n, &b| n << 8 | usize::from(b)))
+        };
+        let (data, children) = match marker {
+            Marker::FixPos(_) | Marker::FixNeg(_) | Marker::Null | Marker::True | Marker::False => {
+                (0, 0)
+            }
+            Marker::U8 | Marker::I8 => (1, 0),
+            Marker::U16 | Marker::I16 => (2, 0),
+            Marker::U32 | Marker::I32 | Marker::F32 => (4, 0),
+            Marker::U64 | Marker::I64 | Marker::F64 => (8, 0),
+            Marker::FixStr(n) => (usize::from(n), 0),
+            Marker::Str8 | Marker::Bin8 => (len(1)?, 0),
+            Marker::Str16 | Marker::Bin16 => (len(2)?, 0),
+            Marker::Str32 | Marker::Bin32 => (len(4)?, 0),
+            Marker::FixArray(n) => (0, usize::from(n)),
+            Marker::Array16 => (0, len(2)?),
+            Marker::Array32 => (0, len(4)?),
+            Marker::FixMap(n) => (0, 2 * usize::from(n)),
+            Marker::Map16 => (0, 2 * len(2)?),
+            Marker::Map32 => (0, 2 * len(4)?),
+            Marker::FixExt1 => (2, 0),
+            Marker::FixExt2 => (3, 0),
+            Marker::FixExt4 => (5, 0),
+            Marker::FixExt8 => (9, 0),
+            Marker::FixExt16 => (17, 0),
+            Marker::Ext8 => (len(1)? + 1, 0),
+            Marker::Ext16 => (len(2)? + 1, 0),
+            Marker::Ext32 => (len(4)? + 1, 0),
+            Marker::Reserved => return Err("a reserved msgpack marker (0xc1)".into()),
+        };
+        self.take(data)?;
+        for _ in 0..children {
+            self.skip(depth + 1)?;
+        }
+        Ok(())
     }
 }
 
-fn hashes(value: Option<ValueRef<'_>>) -> Result<Vec<u64>, String> {
-    match value {
-        Some(ValueRef::Array(items)) => items.iter().map(hash).collect(),
-        _ => Err("block_hashes must be an array".into()),
-    }
-}
-
-fn int(value: Option<ValueRef<'_>>) -> Option<i64> {
-    match value {
-        Some(ValueRef::Integer(i)) => i.as_i64(),
-        _ => None,
-    }
-}
-
-fn string(value: Option<ValueRef<'_>>) -> Option<String> {
-    match value {
-        Some(ValueRef::String(s)) => s.into_str().map(str::to_owned),
-        _ => None,
-    }
-}
-
-/// A stable digest of any msgpack value (FNV-1a over its encoding), never 0.
-fn digest(value: &ValueRef<'_>) -> u64 {
-    let mut bytes = Vec::new();
-    let _ = rmpv::encode::write_value_ref(&mut bytes, value);
+/// A stable digest of an encoded value (FNV-1a over its bytes), never 0.
+fn digest(bytes: &[u8]) -> u64 {
     let mut hash = 0xcbf2_9ce4_8422_2325u64;
-    for byte in bytes {
+    for &byte in bytes {
         hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
     }
     hash.max(1)

@@ -11,12 +11,18 @@
 //! - when a prefill ends the worker stores the request's blocks (KV `stored` events, and
 //!   `removed` events for what LRU evicts) and the router hears prefill-complete; when
 //!   decode ends the router hears free.
+//!
+//! The KV events reach the router in process, or (`--kv-events zmq`) as an engine sends
+//! them: over ZeroMQ on loopback, through the router's subscribers (`over_zmq`).
+
+mod over_zmq;
 
 use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 use std::fmt::Write as _;
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use lru::LruCache;
@@ -28,6 +34,7 @@ use crate::fleet::kv_index::KvEvent;
 use crate::fleet::router::{RouteError, RouteRequest, Router};
 use crate::fleet::workers::{WorkerRole, WorkerSpec};
 use crate::startup::start;
+use over_zmq::{block_tokens, ZmqFleet};
 
 /// The model name the simulated workers serve.
 const MODEL: &str = "replay";
@@ -117,6 +124,17 @@ pub struct SimParams {
     pub prefill_tokens_per_s: f64,
     pub decode_tokens_per_s: f64,
     pub block_size: u32,
+    pub kv_events: KvTransport,
+}
+
+/// How the simulated workers' KV events reach the router.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum KvTransport {
+    /// Handed to the router's KV index directly, with the trace's hash ids as block hashes.
+    InProcess,
+    /// Published per worker over ZeroMQ on loopback in vLLM's format (token ids and engine
+    /// hashes), followed by the router's subscribers; requests are sent as token ids.
+    Zmq,
 }
 
 /// What one policy did with the trace.
@@ -157,7 +175,9 @@ fn micros(seconds: f64) -> u64 {
 
 /// One policy's run of the trace: the simulated workers, pending events and tallies.
 struct Simulation<'a> {
-    router: &'a Router,
+    router: &'a Arc<Router>,
+    /// The publishers, with `--kv-events zmq`.
+    zmq: Option<ZmqFleet>,
     trace: &'a [TraceRequest],
     params: SimParams,
     policy: &'a str,
@@ -176,14 +196,23 @@ struct Simulation<'a> {
 impl<'a> Simulation<'a> {
     /// Registers `params.workers` simulated workers with the (fresh) router.
     fn new(
-        router: &'a Router,
+        router: &'a Arc<Router>,
         trace: &'a [TraceRequest],
         params: SimParams,
         policy: &'a str,
     ) -> Result<Self, ReplayError> {
         let capacity = NonZeroUsize::new(params.cache_blocks.max(1)).expect("non-zero");
-        let simulation = Simulation {
+        let (zmq, sources) = match params.kv_events {
+            KvTransport::InProcess => (None, vec![None; params.workers]),
+            KvTransport::Zmq => {
+                let (fleet, sources) = ZmqFleet::bind(params.workers, params.block_size)
+                    .map_err(ReplayError::Setup)?;
+                (Some(fleet), sources.into_iter().map(Some).collect())
+            }
+        };
+        let mut simulation = Simulation {
             router,
+            zmq,
             trace,
             params,
             policy,
@@ -203,9 +232,10 @@ impl<'a> Simulation<'a> {
             imbalance_sum: 0.0,
             router_time: Duration::ZERO,
         };
-        for id in 0..params.workers as u64 {
+        let mut specs = Vec::with_capacity(params.workers);
+        for (id, kv_events) in (0..params.workers as u64).zip(sources) {
             let spec = WorkerSpec {
-                kv_events: None,
+                kv_events,
                 model: MODEL.into(),
                 worker_id: id,
                 dp_rank: 0,
@@ -216,7 +246,16 @@ impl<'a> Simulation<'a> {
                 preferred_taint_multiplier: None,
                 url: None,
             };
-            router.add_worker(spec).map_err(|e| simulation.failed(e))?;
+            router
+                .add_worker(spec.clone())
+                .map_err(|e| simulation.failed(e))?;
+            specs.push(spec);
+        }
+        if let Some(fleet) = &mut simulation.zmq {
+            router
+                .subscribe_kv_events(&specs)
+                .map_err(|e| ReplayError::Setup(format!("cannot subscribe to KV events: {e}")))?;
+            fleet.connect(router).map_err(ReplayError::Setup)?;
         }
         Ok(simulation)
     }
@@ -241,14 +280,24 @@ impl<'a> Simulation<'a> {
             let id = index.to_string();
             let result = match phase {
                 Phase::PrefillDone => {
-                    let kv = self.store(w, &request.hash_ids);
-                    let worker = WorkerId {
-                        worker_id: w as u64,
-                        dp_rank: 0,
-                    };
-                    self.router
-                        .kv_events(worker, &kv)
-                        .and_then(|()| self.router.prefill_complete(&id))
+                    let (evicted, stored) = self.store(w, &request.hash_ids);
+                    match &mut self.zmq {
+                        Some(fleet) => fleet
+                            .step(w, &request.hash_ids, &evicted, &stored)
+                            .map_err(ReplayError::Setup)?,
+                        None => {
+                            let stored = stored.iter().map(|&i| request.hash_ids[i]).collect();
+                            let worker = WorkerId {
+                                worker_id: w as u64,
+                                dp_rank: 0,
+                            };
+                            let events = KvEvent::evicted_then_stored(evicted, stored);
+                            self.router
+                                .kv_events(worker, &events)
+                                .map_err(|e| self.failed(e))?;
+                        }
+                    }
+                    self.router.prefill_complete(&id)
                 }
                 Phase::DecodeDone => {
                     self.workers[w].active_tokens -= request.input_length + request.output_length;
@@ -260,22 +309,23 @@ impl<'a> Simulation<'a> {
         Ok(())
     }
 
-    /// Caches `hashes` on worker `w`; the KV events that say so (evictions first).
-    fn store(&mut self, w: usize, hashes: &[u64]) -> [KvEvent; 2] {
+    /// Caches `hashes` on worker `w`: the hashes evicted, and the positions in `hashes`
+    /// newly stored.
+    fn store(&mut self, w: usize, hashes: &[u64]) -> (Vec<u64>, Vec<usize>) {
         let cache = &mut self.workers[w].cache;
         let mut stored = Vec::new();
         let mut removed = Vec::new();
-        for &hash in hashes {
+        for (i, &hash) in hashes.iter().enumerate() {
             if cache.get(&hash).is_none() {
                 if let Some((evicted, ())) = cache.push(hash, ()) {
                     if evicted != hash {
                         removed.push(evicted);
                     }
                 }
-                stored.push(hash);
+                stored.push(i);
             }
         }
-        KvEvent::evicted_then_stored(removed, stored)
+        (removed, stored)
     }
 
     /// Routes request `index` through the router and simulates its prefill and decode.
@@ -283,10 +333,25 @@ impl<'a> Simulation<'a> {
         let request = &self.trace[index];
         let now = request.timestamp * 1000;
         self.advance(now)?;
+        let (token_ids, block_hashes) = match self.params.kv_events {
+            KvTransport::InProcess => (None, Some(request.hash_ids.clone())),
+            // The router hashes the prompt's tokens, as it hashes the engines' blocks.
+            KvTransport::Zmq => (
+                Some(
+                    request
+                        .hash_ids
+                        .iter()
+                        .flat_map(|&h| block_tokens(h, self.params.block_size))
+                        .collect(),
+                ),
+                None,
+            ),
+        };
         let route = RouteRequest {
             model: MODEL.into(),
             instance: Some(self.policy.into()),
-            block_hashes: Some(request.hash_ids.clone()),
+            token_ids,
+            block_hashes,
             request_id: Some(index.to_string()),
             expected_output_tokens: Some(request.output_length),
             tracks_prefill_tokens: true,
@@ -362,7 +427,7 @@ impl<'a> Simulation<'a> {
 
 /// Replays `trace` through `router` (fresh, with no workers) using instance `policy`.
 pub fn replay(
-    router: &Router,
+    router: &Arc<Router>,
     trace: &[TraceRequest],
     params: SimParams,
     policy: &str,
@@ -375,6 +440,15 @@ pub fn replay(
         progress(index + 1);
     }
     simulation.advance(u64::MAX)?;
+    if simulation.zmq.is_some() {
+        // Ends the subscriptions (their threads) before the publishers go away.
+        for worker_id in 0..params.workers as u64 {
+            let _ = router.remove_worker(WorkerId {
+                worker_id,
+                dp_rank: 0,
+            });
+        }
+    }
     Ok(simulation.report(router.metrics.fallbacks(policy) - fallbacks_before))
 }
 
@@ -546,6 +620,10 @@ pub struct ReplayArgs {
     /// Where to write the SVG chart.
     #[arg(long, default_value = "replay.svg")]
     pub svg: PathBuf,
+    /// How the workers' KV events reach the router: in process, or over ZeroMQ on
+    /// loopback in vLLM's wire format (through the router's real subscribers).
+    #[arg(long, value_enum, default_value_t = KvTransport::InProcess)]
+    pub kv_events: KvTransport,
 }
 
 /// Instances `replay` offers without --config: built-in policies only.
@@ -574,6 +652,7 @@ pub fn run(args: &ReplayArgs) -> Result<(), String> {
         block_size,
         csv: ref csv_path,
         svg: ref svg_path,
+        kv_events,
     } = *args;
     for (name, value) in [("--prefill-tps", prefill_tps), ("--decode-tps", decode_tps)] {
         if !(value.is_finite() && value > 0.0) {
@@ -590,8 +669,9 @@ pub fn run(args: &ReplayArgs) -> Result<(), String> {
         prefill_tokens_per_s: prefill_tps,
         decode_tokens_per_s: decode_tps,
         block_size,
+        kv_events,
     };
-    let fresh_router = || -> Result<Router, String> {
+    let fresh_router = || -> Result<Arc<Router>, String> {
         let source = match config {
             Some(path) => ConfigSource::from_file(path),
             None => ConfigSource::parse(
@@ -617,7 +697,9 @@ pub fn run(args: &ReplayArgs) -> Result<(), String> {
                 names.join(", ")
             ));
         }
-        Router::new(startup).map_err(|e| e.to_string())
+        Router::new(startup)
+            .map(Arc::new)
+            .map_err(|e| e.to_string())
     };
     fresh_router()?;
     let mut reports = Vec::new();
