@@ -37,6 +37,29 @@ pub struct Config {
     /// The OpenAI-compatible frontend: upstream timeouts, retries, health probes.
     #[serde(default)]
     pub frontend: FrontendSettings,
+    /// The Envoy external-processing endpoint picker (`ext_proc:`), off unless set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ext_proc: Option<ExtProcSettings>,
+}
+
+/// The endpoint picker for Envoy gateways (`ext_proc:`; `serve --ext-proc` overrides
+/// `listen`).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExtProcSettings {
+    /// Where the gRPC service listens, e.g. `0.0.0.0:9002`.
+    pub listen: std::net::SocketAddr,
+    /// A request body larger than this is refused (413) rather than buffered.
+    #[serde(default = "default_max_body_bytes")]
+    pub max_body_bytes: usize,
+}
+
+impl ExtProcSettings {
+    pub const DEFAULT_MAX_BODY_BYTES: usize = 16 << 20;
+}
+
+fn default_max_body_bytes() -> usize {
+    ExtProcSettings::DEFAULT_MAX_BODY_BYTES
 }
 
 /// How the KV index learns what a model's workers cache.
@@ -291,6 +314,10 @@ pub struct WorkerSpec {
     /// The worker's OpenAI-compatible engine, `http://host:port`, for the frontend.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
+    /// The engine's `ip:port` as a gateway reaches it: what the Envoy endpoint picker
+    /// answers. Without it, `url`'s host and port when the host is an IP address.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
     /// Where its engine publishes KV events (vLLM/SGLang ZeroMQ format), if it does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_events: Option<KvEventSource>,
@@ -346,8 +373,30 @@ impl WorkerSpec {
     pub fn partition(&self) -> PartitionKey {
         PartitionKey::new(self.model.clone(), self.worker_type.worker_type())
     }
+    /// The `ip:port` a gateway sends this worker's requests to, if it has one.
+    pub fn endpoint(&self) -> Option<std::net::SocketAddr> {
+        match &self.address {
+            Some(address) => address.parse().ok(),
+            None => self
+                .url
+                .as_deref()?
+                .strip_prefix("http://")?
+                .split('/')
+                .next()?
+                .parse()
+                .ok(),
+        }
+    }
+
     /// Checks the values serde cannot.
     pub fn validate(&self) -> Result<(), String> {
+        if let Some(address) = &self.address {
+            if address.parse::<std::net::SocketAddr>().is_err() {
+                return Err(format!(
+                    "`address` must be an IP address and port like 10.0.0.7:8000, got `{address}`"
+                ));
+            }
+        }
         if self.model.trim().is_empty() {
             return Err("`model` must not be empty".into());
         }

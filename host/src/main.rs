@@ -66,6 +66,10 @@ enum Command {
         /// Address to listen on; loopback by default.
         #[arg(long, default_value = "127.0.0.1:8080")]
         listen: std::net::SocketAddr,
+        /// Also serve the Envoy endpoint picker (ext_proc gRPC) on this address; overrides
+        /// the config's `ext_proc.listen`.
+        #[arg(long, value_name = "ADDR")]
+        ext_proc: Option<std::net::SocketAddr>,
     },
     /// Load every plugin, run every check, build every instance; print a summary.
     Check {
@@ -207,11 +211,28 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logs(cli.log_format);
     match cli.command {
-        Command::Serve { config, listen } => {
+        Command::Serve {
+            config,
+            listen,
+            ext_proc,
+        } => {
             let Some(startup) = startup_probed(config.as_ref(), true) else {
                 return ExitCode::FAILURE;
             };
             print!("{}", summary::check_summary(&startup));
+            let mut ext_proc_settings = startup.source.config.ext_proc.clone();
+            if let Some(address) = ext_proc {
+                match &mut ext_proc_settings {
+                    Some(settings) => settings.listen = address,
+                    None => {
+                        ext_proc_settings = Some(switchyard::config::ExtProcSettings {
+                            listen: address,
+                            max_body_bytes:
+                                switchyard::config::ExtProcSettings::DEFAULT_MAX_BODY_BYTES,
+                        })
+                    }
+                }
+            }
             let router = match Router::new(startup) {
                 Ok(router) => std::sync::Arc::new(router),
                 Err(e) => {
@@ -219,7 +240,11 @@ fn main() -> ExitCode {
                     return ExitCode::FAILURE;
                 }
             };
-            serve_until_signal(switchyard::serve::http_service::serve(router, listen))
+            serve_until_signal(switchyard::serve::http_service::serve(
+                router,
+                listen,
+                ext_proc_settings,
+            ))
         }
         Command::EngineSim(args) => serve_until_signal(engine_sim::run(args)),
         Command::ProbePlugin => {

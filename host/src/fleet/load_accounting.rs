@@ -100,6 +100,33 @@ impl LoadAccounting {
         Ok(*booking)
     }
 
+    /// Moves a booking to another worker (the request was served elsewhere, e.g. after a
+    /// gateway's retry): what it holds is released on the old worker and held on the new.
+    pub fn move_booking(&mut self, request_id: &str, to: WorkerId) -> Result<(), AccountingError> {
+        let booking = *self
+            .bookings
+            .get(request_id)
+            .ok_or_else(|| AccountingError::UnknownRequest(request_id.to_owned()))?;
+        if booking.worker == to {
+            return Ok(());
+        }
+        self.release(&booking);
+        let load = self.workers.entry(to).or_default();
+        if !booking.prefill_done {
+            load.active_prefill_tokens = load
+                .active_prefill_tokens
+                .saturating_add(booking.prefill_tokens);
+        }
+        load.active_decode_blocks = load
+            .active_decode_blocks
+            .saturating_add(booking.decode_blocks);
+        load.active_requests = load.active_requests.saturating_add(1);
+        if let Some(moved) = self.bookings.get_mut(request_id) {
+            moved.worker = to;
+        }
+        Ok(())
+    }
+
     /// Releases everything the request holds.
     pub fn free(&mut self, request_id: &str) -> Result<Booking, AccountingError> {
         let booking = self

@@ -116,6 +116,14 @@ pub struct Metrics {
     upstream_errors: AtomicU64,
     /// Frontend: from a request's arrival to the first byte of its answer.
     ttfb: LatencyHistogram,
+    /// Envoy endpoint picker: endpoints picked.
+    ext_proc_picks: AtomicU64,
+    /// Envoy endpoint picker: requests answered with an immediate response (an error).
+    ext_proc_refusals: AtomicU64,
+    /// Envoy endpoint picker: bookings moved to the endpoint that actually served.
+    ext_proc_rebooks: AtomicU64,
+    /// Envoy endpoint picker: from the end of the request body to the pick sent.
+    ext_proc_decision: LatencyHistogram,
     /// Now minus the publisher's timestamp of applied KV event batches that carry one.
     kv_event_lag: LatencyHistogram,
     /// (instance, component) -> errors; touched on the failure path only.
@@ -136,6 +144,10 @@ impl Metrics {
             upstream_retries: AtomicU64::new(0),
             upstream_errors: AtomicU64::new(0),
             ttfb: LatencyHistogram::default(),
+            ext_proc_picks: AtomicU64::new(0),
+            ext_proc_refusals: AtomicU64::new(0),
+            ext_proc_rebooks: AtomicU64::new(0),
+            ext_proc_decision: LatencyHistogram::default(),
             kv_event_lag: LatencyHistogram::default(),
         }
     }
@@ -165,6 +177,19 @@ impl Metrics {
 
     pub fn record_upstream_retry(&self) {
         self.upstream_retries.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn record_ext_proc_pick(&self, decision: Duration) {
+        self.ext_proc_picks.fetch_add(1, Ordering::Relaxed);
+        self.ext_proc_decision.record(decision.as_nanos() as u64);
+    }
+
+    pub fn record_ext_proc_refusal(&self) {
+        self.ext_proc_refusals.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn record_ext_proc_rebook(&self) {
+        self.ext_proc_rebooks.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn record_upstream_error(&self) {
@@ -422,6 +447,9 @@ impl Metrics {
             ("switchyard_reservations_expired", "Reservations released by expiry because nothing freed them (the last safety net).", &self.expired),
             ("switchyard_upstream_retries", "Frontend selections repeated after an engine refused the connection.", &self.upstream_retries),
             ("switchyard_upstream_errors", "Frontend requests that ended with an engine failure (connect, timeout, mid-answer).", &self.upstream_errors),
+            ("switchyard_ext_proc_picks", "Envoy endpoint picker: endpoints picked.", &self.ext_proc_picks),
+            ("switchyard_ext_proc_refusals", "Envoy endpoint picker: requests answered with an immediate (error) response.", &self.ext_proc_refusals),
+            ("switchyard_ext_proc_rebooks", "Envoy endpoint picker: bookings moved to the endpoint that actually served (after the gateway's retries).", &self.ext_proc_rebooks),
         ] {
             snapshot.family(name, help, counter, no_labels(Value::Count(counter_value.load(Ordering::Relaxed))));
         }
@@ -430,6 +458,12 @@ impl Metrics {
             "Frontend: from a request's arrival to the first byte of its answer.",
             histogram,
             no_labels(Value::Histogram(self.ttfb.snapshot())),
+        );
+        snapshot.family(
+            "switchyard_ext_proc_decision_seconds",
+            "Envoy endpoint picker: from the end of a request body to its pick.",
+            histogram,
+            no_labels(Value::Histogram(self.ext_proc_decision.snapshot())),
         );
         snapshot.family(
             "switchyard_kv_event_lag_seconds",

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Mutex, RwLock};
+use rustc_hash::FxHashSet;
 use serde::{Deserialize, Serialize};
 use switchyard_plugin_sdk::{WorkerId, WorkerInputs, WorkerType};
 
@@ -78,6 +79,10 @@ pub struct RouteRequest {
     pub tracks_prefill_tokens: bool,
     #[serde(default)]
     pub session: Option<SessionInfo>,
+    /// Only these workers are candidates (a gateway's subset hint, or the workers it can
+    /// reach); an empty set leaves none.
+    #[serde(skip)]
+    pub only: Option<Arc<FxHashSet<WorkerId>>>,
 }
 
 /// Where a request goes.
@@ -255,6 +260,26 @@ impl Router {
             );
         }
         Ok((selectors, stages))
+    }
+
+    /// Moves a request's booking to the worker that actually served it.
+    pub fn rebook(&self, request_id: &str, to: WorkerId) -> Result<(), RouteError> {
+        if self.state.read().workers.get(to).is_none() {
+            return Err(WorkerError::Unknown(to).into());
+        }
+        self.load.write().move_booking(request_id, to)?;
+        Ok(())
+    }
+
+    /// Every worker a gateway can send to (it has an `address`, or a `url` with an IP
+    /// host), with that endpoint.
+    pub fn endpoints(&self) -> Vec<(WorkerId, std::net::SocketAddr)> {
+        self.state
+            .read()
+            .workers
+            .all()
+            .filter_map(|spec| Some((spec.id(), spec.endpoint()?)))
+            .collect()
     }
 
     /// Removes a worker, its cached blocks and its bookings.
@@ -589,6 +614,24 @@ impl Router {
             overlaps: &overlaps,
             load: &load,
             request_blocks: query.request_blocks,
+        };
+        let allowed: Vec<WorkerId>;
+        let ids = match &query.request.only {
+            None => ids,
+            Some(only) => {
+                allowed = ids
+                    .iter()
+                    .filter(|id| only.contains(*id))
+                    .copied()
+                    .collect();
+                if allowed.is_empty() {
+                    return Err(RouteError::NoWorker(format!(
+                        "model `{}`: none of the endpoints the request may use is an eligible worker",
+                        query.request.model
+                    )));
+                }
+                &allowed
+            }
         };
         members.clear();
         let rows = ids.iter().map(|id| {

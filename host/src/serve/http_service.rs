@@ -18,10 +18,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 use switchyard_plugin_sdk::WorkerId;
 
+use crate::config::ExtProcSettings;
 use crate::fleet::kv_index::KvEvent;
 use crate::fleet::load_accounting::AccountingError;
 use crate::fleet::router::{RouteError, RouteRequest, Router};
 use crate::fleet::workers::{WorkerError, WorkerSpec};
+use crate::serve::ext_proc::{self, EndpointPicker};
 use crate::serve::frontend::{self, Frontend};
 
 type Shared = State<Arc<Router>>;
@@ -321,7 +323,11 @@ pub fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()
 }
 
 /// Serves until SIGINT or SIGTERM. Prints `switchyard listening on http://ADDR` once bound.
-pub async fn serve(router: Arc<Router>, listen: SocketAddr) -> std::io::Result<()> {
+pub async fn serve(
+    router: Arc<Router>,
+    listen: SocketAddr,
+    ext_proc: Option<ExtProcSettings>,
+) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
         std::io::Error::new(
             e.kind(),
@@ -334,6 +340,18 @@ pub async fn serve(router: Arc<Router>, listen: SocketAddr) -> std::io::Result<(
     tokio::spawn(frontend::health::probe_forever(frontend.clone()));
     router.subscribe_kv_events(&router.workers())?;
     println!("switchyard listening on http://{address}");
+    if let Some(settings) = ext_proc {
+        let picker = EndpointPicker::new(frontend.clone(), settings.max_body_bytes);
+        let listening = ext_proc::serve(picker, settings.listen);
+        // Bind errors end the whole process: an operator who asked for the picker must
+        // not get a router without it.
+        tokio::spawn(async move {
+            if let Err(e) = listening.await {
+                eprintln!("error: {e}");
+                std::process::exit(1);
+            }
+        });
+    }
     let expiry = router.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));

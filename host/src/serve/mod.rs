@@ -1,4 +1,6 @@
-//! Network services over the router: the HTTP API and the OpenAI-compatible frontend.
+//! Network services over the router: the HTTP API, the OpenAI-compatible frontend, and
+//! the endpoint picker for Envoy gateways (ext_proc).
 
+pub mod ext_proc;
 pub mod frontend;
 pub mod http_service;

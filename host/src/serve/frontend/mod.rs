@@ -48,7 +48,7 @@ pub struct OpenAiError {
 }
 
 impl OpenAiError {
-    fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
         OpenAiError {
             status,
             message: message.into(),
@@ -58,7 +58,11 @@ impl OpenAiError {
         }
     }
 
-    fn body(&self) -> serde_json::Value {
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    pub fn body(&self) -> serde_json::Value {
         json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
     }
 }
@@ -66,6 +70,18 @@ impl OpenAiError {
 impl IntoResponse for OpenAiError {
     fn into_response(self) -> Response {
         (self.status, Json(self.body())).into_response()
+    }
+}
+
+impl From<prompt::InvalidRequest> for OpenAiError {
+    fn from(invalid: prompt::InvalidRequest) -> Self {
+        let mut error = OpenAiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            invalid.message,
+        );
+        error.param = invalid.param;
+        error
     }
 }
 
@@ -173,6 +189,11 @@ impl Frontend {
         &self.client
     }
 
+    /// The tokenizer of `model`, if its config names one.
+    pub fn tokenizer(&self, model: &str) -> Option<&ModelTokenizer> {
+        self.tokenizers.get(model)
+    }
+
     pub fn settings(&self) -> &FrontendSettings {
         &self.settings
     }
@@ -208,15 +229,7 @@ impl Frontend {
                     prompt::parse(endpoint, &parsing, frontend.router.block_size(), |model| {
                         frontend.tokenizers.get(model)
                     })
-                    .map_err(|invalid| {
-                        let mut error = OpenAiError::new(
-                            StatusCode::BAD_REQUEST,
-                            "invalid_request_error",
-                            invalid.message,
-                        );
-                        error.param = invalid.param;
-                        error
-                    })?;
+                    .map_err(OpenAiError::from)?;
                 let prompt = Arc::new(prompt);
                 let selected = frontend.select_now(&prompt, first)?;
                 Ok((prompt, selected))
@@ -329,6 +342,8 @@ impl Frontend {
             block_hashes: Some(prompt.block_hashes.clone()),
             request_id: Some(request_id.clone()),
             expected_output_tokens: prompt.expected_output_tokens,
+            // (`Default` leaves it off; serde's default, and engines, have it on.)
+            tracks_prefill_tokens: true,
             ..Default::default()
         })?;
         Ok((decision, Lease::new(self.router.clone(), request_id)))
@@ -400,7 +415,7 @@ pub struct Lease {
 }
 
 impl Lease {
-    fn new(router: Arc<Router>, request_id: String) -> Self {
+    pub fn new(router: Arc<Router>, request_id: String) -> Self {
         Lease {
             router,
             request_id,
@@ -409,7 +424,11 @@ impl Lease {
         }
     }
 
-    fn prefill_complete(&mut self) {
+    pub fn request_id(&self) -> &str {
+        &self.request_id
+    }
+
+    pub fn prefill_complete(&mut self) {
         if !self.prefilled && !self.freed {
             self.prefilled = true;
             if let Err(error) = self.router.prefill_complete(&self.request_id) {
@@ -418,7 +437,7 @@ impl Lease {
         }
     }
 
-    fn free(&mut self) {
+    pub fn free(&mut self) {
         if !self.freed {
             self.freed = true;
             if let Err(error) = self.router.free(&self.request_id) {

@@ -245,6 +245,7 @@ impl<'a> Simulation<'a> {
                 labels: Default::default(),
                 preferred_taint_multiplier: None,
                 url: None,
+                address: None,
             };
             router
                 .add_worker(spec.clone())

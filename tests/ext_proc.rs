@@ -1,0 +1,697 @@
+//! The Envoy endpoint picker end to end: `switchyard serve --ext-proc` started here, and a
+//! gRPC client that drives each stream exactly as Envoy's ext_proc filter does in
+//! `FULL_DUPLEX_STREAMED` mode (protocol config and metadata on the messages, request
+//! headers, the body in several chunks, then the response path). There is no Envoy binary
+//! on these machines; docs/envoy.md says what this does and does not cover.
+
+mod support;
+
+use std::collections::HashMap;
+use std::process::Command;
+use std::time::Duration;
+
+use envoy_types::pb::envoy::config::core::v3::{HeaderMap, HeaderValue, Metadata};
+use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
+use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_client::ExternalProcessorClient;
+use envoy_types::pb::envoy::service::ext_proc::v3::{
+    body_mutation::Mutation, processing_request::Request, processing_response::Response, HttpBody,
+    HttpHeaders, ProcessingRequest, ProcessingResponse, ProtocolConfiguration,
+};
+use envoy_types::pb::google::protobuf::{value::Kind, ListValue, Struct, Value};
+use serde_json::{json, Value as Json};
+use support::*;
+use tokio::sync::mpsc;
+use tonic::transport::Channel;
+
+type Client = ExternalProcessorClient<Channel>;
+
+/// `switchyard serve` with `workers` (id, address) of model `demo`, plus `extra` config,
+/// the picker on a port of its own; returns the process, the HTTP base and the gRPC port.
+fn serve(dir: &std::path::Path, workers: &[(u64, String)], extra: &str) -> (Process, String, u16) {
+    let workers: String = workers
+        .iter()
+        .map(|(id, address)| {
+            format!("  - {{model: demo, worker_id: {id}, address: \"{address}\"}}\n")
+        })
+        .collect();
+    let config = write_config(
+        dir,
+        &format!("models:\n  demo: {{kv_tracking: predicted}}\n{extra}workers:\n{workers}"),
+    );
+    let port = free_port();
+    let process = Process::start(
+        Command::new(switchyard_bin())
+            .args(["serve", "--listen", "127.0.0.1:0", "--ext-proc"])
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--config")
+            .arg(&config)
+            .env("RUST_LOG", "warn"),
+        "switchyard listening on ",
+    );
+    let base = process.address.clone();
+    (process, base, port)
+}
+
+fn endpoints(n: u64) -> Vec<(u64, String)> {
+    (1..=n)
+        .map(|i| (i, format!("127.0.0.1:{}", 7000 + i)))
+        .collect()
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Connects to the picker, retrying while it starts (bounded).
+async fn client(port: u16) -> Client {
+    for _ in 0..100 {
+        if let Ok(client) =
+            ExternalProcessorClient::connect(format!("http://127.0.0.1:{port}")).await
+        {
+            return client;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the ext_proc service on port {port} did not come up");
+}
+
+fn chat(content: &str) -> Vec<u8> {
+    json!({"model": "demo", "max_tokens": 16, "stream": true,
+           "messages": [{"role": "user", "content": content}]})
+    .to_string()
+    .into_bytes()
+}
+
+fn string(s: &str) -> Value {
+    Value {
+        kind: Some(Kind::StringValue(s.into())),
+    }
+}
+
+fn metadata(namespace: &str, key: &str, value: Value) -> Metadata {
+    let mut inner = Struct::default();
+    inner.fields.insert(key.into(), value);
+    let mut metadata = Metadata::default();
+    metadata.filter_metadata.insert(namespace.into(), inner);
+    metadata
+}
+
+fn subset_hint(endpoints: &[&str]) -> Metadata {
+    let list = ListValue {
+        values: endpoints.iter().map(|e| string(e)).collect(),
+    };
+    metadata(
+        "envoy.lb.subset_hint",
+        "x-gateway-destination-endpoint-subset",
+        Value {
+            kind: Some(Kind::ListValue(list)),
+        },
+    )
+}
+
+fn served(endpoint: &str) -> Metadata {
+    metadata(
+        "envoy.lb",
+        "x-gateway-destination-endpoint-served",
+        string(endpoint),
+    )
+}
+
+/// What the picker answered a request with.
+#[derive(Debug)]
+enum Answer {
+    Picked(String),
+    Refused { status: i32, body: Json },
+}
+
+/// One HTTP request's ext_proc stream, driven as Envoy drives it.
+struct Envoy {
+    to_picker: Option<mpsc::Sender<ProcessingRequest>>,
+    from_picker: tonic::Streaming<ProcessingResponse>,
+    /// Envoy attaches the same filter metadata to every message.
+    metadata: Option<Metadata>,
+    first: bool,
+}
+
+impl Envoy {
+    async fn open(client: &mut Client, metadata: Option<Metadata>) -> Envoy {
+        let (to_picker, outbound) = mpsc::channel(16);
+        let from_picker = client
+            .process(tokio_stream::wrappers::ReceiverStream::new(outbound))
+            .await
+            .unwrap()
+            .into_inner();
+        Envoy {
+            to_picker: Some(to_picker),
+            from_picker,
+            metadata,
+            first: true,
+        }
+    }
+
+    async fn send(&mut self, request: Request) {
+        let protocol_config = std::mem::take(&mut self.first).then(|| ProtocolConfiguration {
+            request_body_mode: BodySendMode::FullDuplexStreamed as i32,
+            response_body_mode: BodySendMode::FullDuplexStreamed as i32,
+            ..Default::default()
+        });
+        let message = ProcessingRequest {
+            metadata_context: self.metadata.clone(),
+            protocol_config,
+            request: Some(request),
+            ..Default::default()
+        };
+        self.to_picker
+            .as_ref()
+            .unwrap()
+            .send(message)
+            .await
+            .unwrap();
+    }
+
+    async fn next(&mut self) -> ProcessingResponse {
+        tokio::time::timeout(Duration::from_secs(10), self.from_picker.message())
+            .await
+            .expect("the picker answers within 10 s")
+            .expect("the stream is healthy")
+            .expect("the picker did not end the stream")
+    }
+
+    /// Request headers, then `body` in `chunks` pieces; the pick (checked: header and
+    /// metadata equal, route cache cleared, the body passed back whole) or the refusal.
+    async fn request(
+        &mut self,
+        path: &str,
+        instance: Option<&str>,
+        body: &[u8],
+        chunks: usize,
+    ) -> Answer {
+        let mut headers = vec![
+            header(":method", "POST"),
+            header(":path", path),
+            header("content-type", "application/json"),
+        ];
+        if let Some(instance) = instance {
+            headers.push(header("x-switchyard-instance", instance));
+        }
+        self.send(Request::RequestHeaders(HttpHeaders {
+            headers: Some(HeaderMap { headers }),
+            end_of_stream: false,
+            ..Default::default()
+        }))
+        .await;
+        let size = body.len().div_ceil(chunks).max(1);
+        let pieces: Vec<&[u8]> = body.chunks(size).collect();
+        for (i, piece) in pieces.iter().enumerate() {
+            self.send(Request::RequestBody(HttpBody {
+                body: piece.to_vec(),
+                end_of_stream: i + 1 == pieces.len(),
+                ..Default::default()
+            }))
+            .await;
+        }
+        let first = self.next().await;
+        let picked = match first.response {
+            Some(Response::RequestHeaders(headers)) => {
+                let common = headers.response.unwrap();
+                assert!(common.clear_route_cache);
+                let set = common.header_mutation.unwrap().set_headers;
+                assert_eq!(set.len(), 1, "{set:?}");
+                let header = set[0].header.clone().unwrap();
+                assert_eq!(header.key, "x-gateway-destination-endpoint");
+                assert!(header.value.is_empty(), "raw_value only, never both");
+                let in_header = String::from_utf8(header.raw_value).unwrap();
+                let metadata = first.dynamic_metadata.unwrap();
+                let Some(Kind::StructValue(lb)) = &metadata.fields["envoy.lb"].kind else {
+                    panic!("envoy.lb must be a struct: {metadata:?}");
+                };
+                let Some(Kind::StringValue(in_metadata)) =
+                    &lb.fields["x-gateway-destination-endpoint"].kind
+                else {
+                    panic!("the metadata pick must be a string: {lb:?}");
+                };
+                assert_eq!(&in_header, in_metadata, "header and metadata must agree");
+                in_header
+            }
+            Some(Response::ImmediateResponse(immediate)) => {
+                return Answer::Refused {
+                    status: immediate.status.unwrap().code,
+                    body: serde_json::from_slice(&immediate.body).unwrap(),
+                }
+            }
+            other => panic!("expected the request headers answer, got {other:?}"),
+        };
+        let mut echoed = Vec::new();
+        loop {
+            let Some(Response::RequestBody(body)) = self.next().await.response else {
+                panic!("expected request body answers");
+            };
+            let Some(Mutation::StreamedResponse(chunk)) =
+                body.response.unwrap().body_mutation.unwrap().mutation
+            else {
+                panic!("full-duplex body answers are streamed responses");
+            };
+            echoed.extend_from_slice(&chunk.body);
+            if chunk.end_of_stream {
+                break;
+            }
+        }
+        assert_eq!(echoed, body, "the body goes upstream unchanged");
+        Answer::Picked(picked)
+    }
+
+    /// The response path: headers (with the served endpoint), then body chunks; each is
+    /// answered, the body passed back unchanged.
+    async fn response_headers(&mut self, served_by: Option<&str>) {
+        if let Some(endpoint) = served_by {
+            self.metadata = Some(served(endpoint));
+        }
+        self.send(Request::ResponseHeaders(HttpHeaders {
+            headers: Some(HeaderMap {
+                headers: vec![
+                    header(":status", "200"),
+                    header("content-type", "text/event-stream"),
+                ],
+            }),
+            ..Default::default()
+        }))
+        .await;
+        assert!(matches!(
+            self.next().await.response,
+            Some(Response::ResponseHeaders(_))
+        ));
+    }
+
+    async fn response_chunk(&mut self, data: &[u8], end_of_stream: bool) {
+        self.send(Request::ResponseBody(HttpBody {
+            body: data.to_vec(),
+            end_of_stream,
+            ..Default::default()
+        }))
+        .await;
+        let Some(Response::ResponseBody(body)) = self.next().await.response else {
+            panic!("expected a response body answer");
+        };
+        let Some(Mutation::StreamedResponse(chunk)) =
+            body.response.unwrap().body_mutation.unwrap().mutation
+        else {
+            panic!("full-duplex body answers are streamed responses");
+        };
+        assert_eq!(chunk.body, data);
+        assert_eq!(chunk.end_of_stream, end_of_stream);
+    }
+
+    /// Envoy half-closes after the last response.
+    fn half_close(&mut self) {
+        self.to_picker = None;
+    }
+}
+
+fn header(key: &str, value: &str) -> HeaderValue {
+    HeaderValue {
+        key: key.into(),
+        raw_value: value.as_bytes().to_vec(),
+        ..Default::default()
+    }
+}
+
+/// Per worker address: (active requests, active prefill tokens).
+async fn loads(base: &str) -> HashMap<String, (u64, u64)> {
+    let workers: Json = reqwest::get(format!("{base}/v1/workers"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    workers
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| {
+            let load = &w["load"];
+            (
+                w["address"].as_str().unwrap().to_owned(),
+                (
+                    load["active_requests"].as_u64().unwrap(),
+                    load["active_prefill_tokens"].as_u64().unwrap(),
+                ),
+            )
+        })
+        .collect()
+}
+
+/// Waits (bounded) until nothing is booked anywhere.
+async fn wait_for_zero_load(base: &str) {
+    let mut last = HashMap::new();
+    for _ in 0..100 {
+        last = loads(base).await;
+        if last
+            .values()
+            .all(|&(requests, tokens)| requests == 0 && tokens == 0)
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("bookings left behind: {last:?}");
+}
+
+#[test]
+fn a_request_is_picked_booked_moved_to_decode_and_freed_as_envoy_streams_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_router, base, port) = serve(dir.path(), &endpoints(3), "");
+    runtime().block_on(async {
+        let mut client = client(port).await;
+        let mut envoy = Envoy::open(&mut client, None).await;
+        let body = chat(&"a long shared system prompt ".repeat(40));
+        let Answer::Picked(endpoint) = envoy.request("/v1/chat/completions", None, &body, 3).await
+        else {
+            panic!("no pick");
+        };
+        let booked = loads(&base).await;
+        assert_eq!(booked[&endpoint].0, 1, "booked on the pick: {booked:?}");
+        assert!(booked[&endpoint].1 > 0, "prefill tokens booked: {booked:?}");
+        envoy.response_headers(Some(&endpoint)).await;
+        envoy
+            .response_chunk(b"data: {\"choices\": []}\n\n", false)
+            .await;
+        let decoding = loads(&base).await;
+        assert_eq!(
+            decoding[&endpoint],
+            (1, 0),
+            "the first chunk ends prefill: {decoding:?}"
+        );
+        envoy.response_chunk(b"data: [DONE]\n\n", true).await;
+        envoy.half_close();
+        wait_for_zero_load(&base).await;
+
+        // The same prompt again: its blocks are now predicted on that worker.
+        let mut again = Envoy::open(&mut client, None).await;
+        let Answer::Picked(second) = again.request("/v1/chat/completions", None, &body, 5).await
+        else {
+            panic!("no pick");
+        };
+        assert_eq!(second, endpoint, "prefix affinity through the picker");
+        // Envoy resets the stream (client gone) before any response: freed.
+        drop(again);
+        wait_for_zero_load(&base).await;
+
+        let metrics = reqwest::get(format!("{base}/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            metrics.contains("switchyard_ext_proc_picks_total 2"),
+            "{metrics}"
+        );
+    });
+}
+
+#[test]
+fn the_subset_hint_is_honoured_and_an_ineligible_subset_is_refused_with_503() {
+    let dir = tempfile::tempdir().unwrap();
+    let workers = endpoints(3);
+    let (_router, base, port) = serve(dir.path(), &workers, "");
+    runtime().block_on(async {
+        let mut client = client(port).await;
+        for target in [&workers[1].1, &workers[2].1] {
+            for i in 0..3 {
+                let mut envoy = Envoy::open(&mut client, Some(subset_hint(&[target]))).await;
+                let answer = envoy
+                    .request("/v1/chat/completions", None, &chat(&format!("p{i}")), 2)
+                    .await;
+                assert!(
+                    matches!(&answer, Answer::Picked(e) if e == target),
+                    "{answer:?}"
+                );
+            }
+        }
+        for subset in [vec!["10.9.9.9:8000"], vec![]] {
+            let mut envoy = Envoy::open(&mut client, Some(subset_hint(&subset))).await;
+            match envoy
+                .request("/v1/chat/completions", None, &chat("x"), 1)
+                .await
+            {
+                Answer::Refused { status, body } => {
+                    assert_eq!(status, 503, "{body}");
+                    assert!(
+                        body["error"]["message"]
+                            .as_str()
+                            .unwrap()
+                            .contains("subset"),
+                        "{body}"
+                    );
+                }
+                other => panic!("subset {subset:?}: {other:?}"),
+            }
+        }
+        // A comma-joined string is a subset too (some gateways send that).
+        let joined = metadata(
+            "envoy.lb.subset_hint",
+            "x-gateway-destination-endpoint-subset",
+            string(&format!("10.9.9.9:1, {}", workers[0].1)),
+        );
+        let mut envoy = Envoy::open(&mut client, Some(joined)).await;
+        let answer = envoy
+            .request("/v1/chat/completions", None, &chat("y"), 1)
+            .await;
+        assert!(
+            matches!(&answer, Answer::Picked(e) if *e == workers[0].1),
+            "{answer:?}"
+        );
+        drop(envoy);
+        wait_for_zero_load(&base).await;
+    });
+}
+
+#[test]
+fn the_served_endpoint_gets_the_booking_after_envoy_retried_elsewhere() {
+    let dir = tempfile::tempdir().unwrap();
+    let workers = endpoints(2);
+    let (_router, base, port) = serve(dir.path(), &workers, "");
+    runtime().block_on(async {
+        let mut client = client(port).await;
+        let mut envoy = Envoy::open(&mut client, None).await;
+        let Answer::Picked(picked) = envoy
+            .request("/v1/chat/completions", None, &chat("retry me"), 2)
+            .await
+        else {
+            panic!("no pick");
+        };
+        let other = workers
+            .iter()
+            .map(|(_, e)| e)
+            .find(|e| **e != picked)
+            .unwrap()
+            .clone();
+        envoy.response_headers(Some(&other)).await;
+        let moved = loads(&base).await;
+        assert_eq!(moved[&picked].0, 0, "{moved:?}");
+        assert_eq!(moved[&other].0, 1, "{moved:?}");
+        envoy.response_chunk(b"{}", true).await;
+        wait_for_zero_load(&base).await;
+        let metrics = reqwest::get(format!("{base}/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            metrics.contains("switchyard_ext_proc_rebooks_total 1"),
+            "{metrics}"
+        );
+    });
+}
+
+#[test]
+fn bad_bodies_and_unknown_models_get_openai_errors_as_immediate_responses() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_router, base, port) = serve(
+        dir.path(),
+        &endpoints(1),
+        "ext_proc: {listen: \"127.0.0.1:1\", max_body_bytes: 4096}\n",
+    );
+    runtime().block_on(async {
+        let mut client = client(port).await;
+        let cases: [(&[u8], i32, &str); 5] = [
+            (b"not json", 400, "not valid JSON"),
+            (br#"{"messages": []}"#, 400, "`model` is required"),
+            (
+                br#"{"model": "nope", "messages": [{"role": "user", "content": "hi"}]}"#,
+                404,
+                "nope",
+            ),
+            (br#"{"model": "demo", "messages": "hi"}"#, 400, "messages"),
+            (&[b'x'; 5000], 413, "max_body_bytes"),
+        ];
+        for (body, expected, needle) in cases {
+            let mut envoy = Envoy::open(&mut client, None).await;
+            match envoy.request("/v1/chat/completions", None, body, 2).await {
+                Answer::Refused { status, body } => {
+                    assert_eq!(status, expected, "{body}");
+                    let message = body["error"]["message"].as_str().unwrap();
+                    assert!(message.contains(needle), "{message}");
+                }
+                other => panic!("{}: {other:?}", String::from_utf8_lossy(body)),
+            }
+        }
+        wait_for_zero_load(&base).await;
+        let metrics = reqwest::get(format!("{base}/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        assert!(
+            metrics.contains("switchyard_ext_proc_refusals_total 5"),
+            "{metrics}"
+        );
+    });
+}
+
+#[test]
+fn a_thousand_concurrent_streams_leave_every_worker_at_zero_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_router, base, port) = serve(dir.path(), &endpoints(4), "");
+    runtime().block_on(async {
+        let clients: Vec<Client> =
+            futures_util::future::join_all((0..8).map(|_| client(port))).await;
+        let tasks = (0..1000).map(|i| {
+            let mut client = clients[i % clients.len()].clone();
+            tokio::spawn(async move {
+                let mut envoy = Envoy::open(&mut client, None).await;
+                let Answer::Picked(endpoint) = envoy
+                    .request(
+                        "/v1/chat/completions",
+                        None,
+                        &chat(&format!("conversation {}", i % 50)),
+                        2,
+                    )
+                    .await
+                else {
+                    panic!("no pick");
+                };
+                match i % 3 {
+                    // The whole exchange.
+                    0 => {
+                        envoy.response_headers(Some(&endpoint)).await;
+                        envoy.response_chunk(b"data: 1\n\n", false).await;
+                        envoy.response_chunk(b"data: [DONE]\n\n", true).await;
+                        envoy.half_close();
+                    }
+                    // Reset after the response started.
+                    1 => {
+                        envoy.response_headers(None).await;
+                        envoy.response_chunk(b"data: 1\n\n", false).await;
+                    }
+                    // Reset before any response.
+                    _ => {}
+                }
+                endpoint
+            })
+        });
+        let picks = futures_util::future::join_all(tasks).await;
+        let mut per_endpoint: HashMap<String, usize> = HashMap::new();
+        for pick in picks {
+            *per_endpoint.entry(pick.unwrap()).or_default() += 1;
+        }
+        assert_eq!(per_endpoint.values().sum::<usize>(), 1000);
+        assert!(per_endpoint.len() > 1, "the load spreads: {per_endpoint:?}");
+        wait_for_zero_load(&base).await;
+    });
+}
+
+#[test]
+fn plugin_policies_pick_through_ext_proc_what_v1_select_picks() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugins = format!(
+        "plugins:\n  - path: {}\n  - path: {}\n  - path: {}\nworker_selection:\n  instances:\n    - {{name: rust, type: least-busy}}\n    - {{name: c, type: c.least-busy}}\n    - {{name: cpp, type: cpp.least-busy}}\nrouter: {{block_size: 16}}\n",
+        rust_plugin("least_busy").display(),
+        cmake_plugin("least_busy_c").display(),
+        cmake_plugin("least_busy_cpp").display(),
+    );
+    let workers = endpoints(3);
+    let (_router, base, port) = serve(dir.path(), &workers, &plugins);
+    let address: HashMap<u64, String> = workers.iter().cloned().collect();
+    runtime().block_on(async {
+        let mut client = client(port).await;
+        let http = reqwest::Client::new();
+        for instance in ["rust", "c", "cpp"] {
+            let mut open = Vec::new();
+            for i in 0..6 {
+                let body = chat(&format!("{instance} request {i}"));
+                // The prompt as the picker hashes it, for /v1/select.
+                let prompt = switchyard::serve::frontend::prompt::parse(
+                    switchyard::serve::frontend::prompt::Endpoint::ChatCompletions,
+                    &body,
+                    16,
+                    |_| None,
+                )
+                .unwrap();
+                let selected: Json = http
+                    .post(format!("{base}/v1/select"))
+                    .json(&json!({"model": "demo", "instance": instance, "block_hashes": prompt.block_hashes}))
+                    .send()
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                let expected = &address[&selected["worker_id"].as_u64().unwrap()];
+                let mut envoy = Envoy::open(&mut client, None).await;
+                let answer = envoy.request("/v1/chat/completions", Some(instance), &body, 2).await;
+                assert!(matches!(&answer, Answer::Picked(e) if e == expected), "{instance} #{i}: /v1/select chose {expected}, ext_proc {answer:?}");
+                open.push(envoy); // stays booked: the next pick must go elsewhere
+            }
+            let busy = loads(&base).await;
+            assert!(busy.values().all(|&(requests, _)| requests == 2), "{instance}: least-busy spreads six requests two by two: {busy:?}");
+            drop(open);
+            wait_for_zero_load(&base).await;
+        }
+    });
+}
+
+#[test]
+fn grpc_health_answers_for_liveness_readiness_and_the_picker() {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::HealthCheckRequest;
+    let dir = tempfile::tempdir().unwrap();
+    let (_router, _base, port) = serve(dir.path(), &endpoints(1), "");
+    runtime().block_on(async {
+        let _ = client(port).await; // waits until it is up
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut health = HealthClient::new(channel);
+        for service in [
+            "liveness",
+            "readiness",
+            "envoy.service.ext_proc.v3.ExternalProcessor",
+        ] {
+            let status = health
+                .check(HealthCheckRequest {
+                    service: service.into(),
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .status;
+            assert_eq!(status, ServingStatus::Serving as i32, "{service}");
+        }
+        let unknown = health
+            .check(HealthCheckRequest {
+                service: "nope".into(),
+            })
+            .await;
+        assert_eq!(unknown.unwrap_err().code(), tonic::Code::NotFound);
+    });
+}
