@@ -2,6 +2,8 @@
 //! broken C fixtures, writing configs, running selections.
 #![allow(dead_code)]
 
+pub mod envoy;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -1,0 +1,208 @@
+//! The Envoy endpoint picker's decisions: per concurrency (1, 64, 512 streams at a time),
+//! decisions per second and the latency of one decision (from the request headers sent to
+//! the pick received, as Envoy sees it: body parse, selection, booking, gRPC both ways),
+//! for the built-in `default` policy and the Rust example plugin's `least-busy` side by
+//! side (rounds interleaved, so machine noise hits both alike). Every stream is completed
+//! as Envoy completes it (response headers, last body chunk, half-close), so bookings are
+//! freed and the fleet's load stays flat.
+//!
+//! `make bench-ext-proc` (or `make build && cargo bench -p switchyard --bench ext_proc`).
+//! Loopback only; the router it starts is killed when it ends.
+
+#[path = "../../tests/support/envoy.rs"]
+mod envoy;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use envoy::{client, Answer, Client, Envoy};
+
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+const WORKERS: u64 = 16;
+
+/// The router, and its HTTP address (for /metrics).
+fn start_router(dir: &std::path::Path, grpc_port: u16) -> (Process, String) {
+    let plugin =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/plugins/libleast_busy.so");
+    assert!(
+        plugin.exists(),
+        "{} is missing: run `make build` first",
+        plugin.display()
+    );
+    let workers: String = (1..=WORKERS)
+        .map(|i| {
+            format!(
+                "  - {{model: bench, worker_id: {i}, address: \"127.0.0.1:{}\"}}\n",
+                7000 + i
+            )
+        })
+        .collect();
+    let config = dir.join("switchyard.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "plugins:\n  - path: {}\nworker_selection:\n  instances:\n    - {{name: least-busy, type: least-busy}}\nmodels:\n  bench: {{kv_tracking: predicted}}\nworkers:\n{workers}",
+            plugin.display()
+        ),
+    )
+    .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--ext-proc"])
+        .arg(format!("127.0.0.1:{grpc_port}"))
+        .arg("--config")
+        .arg(&config)
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("switchyard starts");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let address = loop {
+        let line = lines.next().expect("announces its address").unwrap();
+        if let Some(address) = line.strip_prefix("switchyard listening on ") {
+            break address.to_owned();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    (Process(child), address)
+}
+
+/// The router's own mean decision time (end of body -> pick sent), from /metrics.
+async fn server_side_mean_ms(base: &str) -> f64 {
+    let metrics = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let value = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.trim().parse().ok())
+            .unwrap_or(0.0)
+    };
+    let count = value("switchyard_ext_proc_decision_seconds_count");
+    value("switchyard_ext_proc_decision_seconds_sum") / count.max(1.0) * 1e3
+}
+
+/// One request through the picker, completed as Envoy completes it; the decision time.
+async fn one(client: &mut Client, instance: &str, body: &[u8]) -> Duration {
+    let mut envoy = Envoy::open(client, None).await;
+    let started = Instant::now();
+    let Answer::Picked(endpoint) = envoy
+        .request("/v1/chat/completions", Some(instance), body, 1)
+        .await
+    else {
+        panic!("the picker refused a benchmark request");
+    };
+    let decided = started.elapsed();
+    envoy.response_headers(Some(&endpoint)).await;
+    envoy.response_chunk(b"data: [DONE]\n\n", true).await;
+    envoy.half_close();
+    decided
+}
+
+/// `requests` requests, `concurrency` at a time; decision times and decisions per second.
+async fn round(
+    clients: &[Client],
+    instance: &str,
+    concurrency: usize,
+    requests: usize,
+) -> (Vec<Duration>, f64) {
+    let started = Instant::now();
+    let per_task = requests / concurrency;
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|t| {
+            let mut client = clients[t % clients.len()].clone();
+            let instance = instance.to_owned();
+            tokio::spawn(async move {
+                let mut times = Vec::with_capacity(per_task);
+                for i in 0..per_task {
+                    // 64 conversations: prompts share prefixes, as chat traffic does.
+                    let body = format!(
+                        r#"{{"model":"bench","stream":true,"max_tokens":8,"messages":[{{"role":"system","content":"You are a helpful assistant for conversation {}."}},{{"role":"user","content":"Question {i} of task {t}"}}]}}"#,
+                        (t + i) % 64
+                    );
+                    times.push(one(&mut client, &instance, body.as_bytes()).await);
+                }
+                times
+            })
+        })
+        .collect();
+    let mut times = Vec::with_capacity(requests);
+    for task in tasks {
+        times.extend(task.await.unwrap());
+    }
+    let rate = times.len() as f64 / started.elapsed().as_secs_f64();
+    (times, rate)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize].as_secs_f64() * 1e3
+}
+
+fn main() {
+    // `cargo bench` passes --bench; a filter or --list from the test harness is ignored.
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let (_router, base) = start_router(dir.path(), port);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let clients: Vec<Client> = futures_util::future::join_all((0..8).map(|_| client(port))).await;
+        // Warm up both paths (connections, the blocking pool, the plugin's instance).
+        for instance in ["default", "least-busy"] {
+            round(&clients, instance, 8, 400).await;
+        }
+        println!(
+            "ext_proc decisions, {WORKERS} workers, 3 interleaved rounds per cell; latency = request headers sent -> pick received\n"
+        );
+        println!(
+            "{:>11}  {:<10} {:>12} {:>10} {:>10}",
+            "concurrency", "policy", "decisions/s", "p50 ms", "p99 ms"
+        );
+        for (concurrency, requests) in [(1usize, 600usize), (64, 3072), (512, 6144)] {
+            let mut results: Vec<(Vec<Duration>, f64)> = vec![(Vec::new(), 0.0), (Vec::new(), 0.0)];
+            for _ in 0..3 {
+                for (i, instance) in ["default", "least-busy"].iter().enumerate() {
+                    let (times, rate) = round(&clients, instance, concurrency, requests / 3).await;
+                    results[i].0.extend(times);
+                    results[i].1 += rate / 3.0;
+                }
+            }
+            let mut rates = Vec::new();
+            for (i, instance) in ["default", "least-busy"].iter().enumerate() {
+                let (times, rate) = &mut results[i];
+                times.sort();
+                println!(
+                    "{concurrency:>11}  {instance:<10} {rate:>12.0} {:>10.3} {:>10.3}",
+                    percentile(times, 0.50),
+                    percentile(times, 0.99)
+                );
+                rates.push(*rate);
+            }
+            println!("{:>11}  plugin / built-in decisions per second: {:.2}", "", rates[1] / rates[0]);
+        }
+        println!(
+            "\nthe router's own time per decision (end of body -> pick sent), mean over the run: {:.3} ms",
+            server_side_mean_ms(&base).await
+        );
+    });
+}
