@@ -299,6 +299,53 @@ fn bad_bodies_and_unknown_models_get_openai_errors_as_immediate_responses() {
 }
 
 #[test]
+fn requests_over_the_per_worker_limit_are_shed_with_429() {
+    let dir = tempfile::tempdir().unwrap();
+    let extra = "ext_proc: {listen: \"127.0.0.1:1\", max_requests_per_worker: 2}\n";
+    let (_router, base, port) = serve(dir.path(), &endpoints(2), extra);
+    runtime().block_on(async {
+        let mut client = client(port).await;
+        let mut open = Vec::new();
+        for i in 0..4 {
+            let mut envoy = Envoy::open(&mut client, None).await;
+            let answer = envoy
+                .request("/v1/chat/completions", None, &chat(&format!("r{i}")), 1)
+                .await;
+            assert!(matches!(answer, Answer::Picked(_)), "#{i}: {answer:?}");
+            open.push(envoy);
+        }
+        let mut shed = Envoy::open(&mut client, None).await;
+        match shed
+            .request("/v1/chat/completions", None, &chat("one too many"), 1)
+            .await
+        {
+            Answer::Refused { status, body } => {
+                assert_eq!(status, 429, "{body}");
+                assert!(
+                    body["error"]["message"]
+                        .as_str()
+                        .unwrap()
+                        .contains("max_requests_per_worker"),
+                    "{body}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        // One finishes: there is room again.
+        let mut done = open.pop().unwrap();
+        done.response_headers(None).await;
+        done.response_chunk(b"{}", true).await;
+        let mut again = Envoy::open(&mut client, None).await;
+        let answer = again
+            .request("/v1/chat/completions", None, &chat("room again"), 1)
+            .await;
+        assert!(matches!(answer, Answer::Picked(_)), "{answer:?}");
+        drop((open, again));
+        wait_for_zero_load(&base).await;
+    });
+}
+
+#[test]
 fn a_thousand_concurrent_streams_leave_every_worker_at_zero_load() {
     let dir = tempfile::tempdir().unwrap();
     let (_router, base, port) = serve(dir.path(), &endpoints(4), "");

@@ -52,10 +52,23 @@ pub struct ExtProcSettings {
     /// A request body larger than this is refused (413) rather than buffered.
     #[serde(default = "default_max_body_bytes")]
     pub max_body_bytes: usize,
+    /// Load shedding: a worker with this many active requests takes no more; when every
+    /// eligible worker has, the request is refused with 429. No limit when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_requests_per_worker: Option<u64>,
 }
 
 impl ExtProcSettings {
     pub const DEFAULT_MAX_BODY_BYTES: usize = 16 << 20;
+
+    /// Listening on `listen`, every other setting at its default.
+    pub fn listening(listen: std::net::SocketAddr) -> Self {
+        ExtProcSettings {
+            listen,
+            max_body_bytes: Self::DEFAULT_MAX_BODY_BYTES,
+            max_requests_per_worker: None,
+        }
+    }
 }
 
 fn default_max_body_bytes() -> usize {

@@ -225,11 +225,8 @@ fn main() -> ExitCode {
                 match &mut ext_proc_settings {
                     Some(settings) => settings.listen = address,
                     None => {
-                        ext_proc_settings = Some(switchyard::config::ExtProcSettings {
-                            listen: address,
-                            max_body_bytes:
-                                switchyard::config::ExtProcSettings::DEFAULT_MAX_BODY_BYTES,
-                        })
+                        ext_proc_settings =
+                            Some(switchyard::config::ExtProcSettings::listening(address))
                     }
                 }
             }

@@ -341,7 +341,7 @@ pub async fn serve(
     router.subscribe_kv_events(&router.workers())?;
     println!("switchyard listening on http://{address}");
     if let Some(settings) = ext_proc {
-        let picker = EndpointPicker::new(frontend.clone(), settings.max_body_bytes);
+        let picker = EndpointPicker::new(frontend.clone(), &settings);
         let listening = ext_proc::serve(picker, settings.listen);
         // Bind errors end the whole process: an operator who asked for the picker must
         // not get a router without it.

@@ -21,7 +21,9 @@
 //! `url` with an IP host), narrowed to the gateway's subset hint when it sends one.
 //! Errors are immediate responses with an OpenAI-style JSON body: 400 for a body that is
 //! not a request, 404 for an unknown model, 413 for a body over `max_body_bytes`, 503
-//! when no endpoint is eligible, 500 when the policy failed and `on_error` says so.
+//! when no endpoint is eligible, 429 when every eligible worker is at
+//! `max_requests_per_worker` (load shedding), 500 when the policy failed and `on_error`
+//! says so.
 
 mod messages;
 
@@ -46,6 +48,7 @@ use tonic::{Status, Streaming};
 
 use super::frontend::prompt::{self, Endpoint};
 use super::frontend::{Frontend, Lease, OpenAiError, INSTANCE_HEADER};
+use crate::config::ExtProcSettings;
 use crate::fleet::router::{RouteError, RouteRequest, Router};
 
 /// The gRPC service name Envoy calls (and the health service reports).
@@ -58,15 +61,17 @@ const QUEUE: usize = 16;
 pub struct EndpointPicker {
     frontend: Arc<Frontend>,
     max_body_bytes: usize,
+    max_requests_per_worker: Option<u64>,
     next_request: AtomicU64,
     id_prefix: String,
 }
 
 impl EndpointPicker {
-    pub fn new(frontend: Arc<Frontend>, max_body_bytes: usize) -> Self {
+    pub fn new(frontend: Arc<Frontend>, settings: &ExtProcSettings) -> Self {
         EndpointPicker {
             frontend,
-            max_body_bytes,
+            max_body_bytes: settings.max_body_bytes,
+            max_requests_per_worker: settings.max_requests_per_worker,
             next_request: AtomicU64::new(0),
             id_prefix: format!("epp-{:08x}", rand::random::<u32>()),
         }
@@ -400,11 +405,27 @@ fn decide(
     let prompt = prompt::parse(endpoint, body, router.block_size(), |model| {
         frontend.tokenizer(model)
     })?;
-    let eligible = eligible(router, subset.as_deref());
+    let mut eligible = eligible(router, subset.as_deref());
     if subset.is_some() && eligible.is_empty() {
         return Err(no_endpoint(
             "none of the endpoints in the gateway's subset hint is a switchyard worker",
         ));
+    }
+    if let Some(limit) = picker.max_requests_per_worker {
+        let loads: HashMap<WorkerId, u64> = router
+            .loads()
+            .into_iter()
+            .map(|(id, load)| (id, u64::from(load.active_requests)))
+            .collect();
+        let before = eligible.len();
+        eligible.retain(|(id, _)| loads.get(id).copied().unwrap_or(0) < limit);
+        if before > 0 && eligible.is_empty() {
+            return Err(OpenAiError::new(
+                axum::http::StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_exceeded",
+                format!("every eligible worker has {limit} active requests (ext_proc.max_requests_per_worker); retry later"),
+            ));
+        }
     }
     let request_id = format!(
         "{}-{}",
