@@ -157,6 +157,86 @@ fn a_request_is_picked_booked_moved_to_decode_and_freed_as_envoy_streams_it() {
 }
 
 #[test]
+fn envoy_proxies_to_real_engines_at_the_picked_endpoint() {
+    // Two engine-sim processes; the stand-in does what Envoy's ORIGINAL_DST cluster does
+    // with the pick: it sends the body to that ip:port and streams the answer back
+    // through the response path.
+    let engines: Vec<Process> = ["a", "b"]
+        .iter()
+        .map(|name| {
+            Process::start(
+                Command::new(switchyard_bin())
+                    .args([
+                        "engine-sim",
+                        "--model",
+                        "demo",
+                        "--name",
+                        name,
+                        "--listen",
+                        "127.0.0.1:0",
+                    ])
+                    .env("RUST_LOG", "warn"),
+                "engine-sim listening on ",
+            )
+        })
+        .collect();
+    let workers: Vec<(u64, String)> = engines
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            (
+                i as u64 + 1,
+                e.address.trim_start_matches("http://").to_owned(),
+            )
+        })
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+    let (_router, base, port) = serve(dir.path(), &workers, "");
+    runtime().block_on(async {
+        let mut client = client(port).await;
+        let http = reqwest::Client::new();
+        let names: HashMap<String, &str> = workers
+            .iter()
+            .map(|(_, address)| address.clone())
+            .zip(["a", "b"])
+            .collect();
+        for i in 0..6 {
+            let body = chat(&format!("a conversation of its own, number {i}"));
+            let mut envoy = Envoy::open(&mut client, None).await;
+            let Answer::Picked(endpoint) =
+                envoy.request("/v1/chat/completions", None, &body, 2).await
+            else {
+                panic!("no pick");
+            };
+            let upstream = http
+                .post(format!("http://{endpoint}/v1/chat/completions"))
+                .header("content-type", "application/json")
+                .body(body)
+                .send()
+                .await
+                .unwrap();
+            assert!(upstream.status().is_success());
+            envoy.response_headers(Some(&endpoint)).await;
+            let mut stream = upstream.bytes_stream();
+            let mut text = String::new();
+            while let Some(chunk) = futures_util::StreamExt::next(&mut stream).await {
+                let chunk = chunk.unwrap();
+                text.push_str(&String::from_utf8_lossy(&chunk));
+                envoy.response_chunk(&chunk, false).await;
+            }
+            envoy.response_chunk(b"", true).await;
+            envoy.half_close();
+            assert!(text.contains("[DONE]"), "{text}");
+            // engine-sim names itself in every chunk: the picked engine answered.
+            let name = format!("\"system_fingerprint\":\"{}\"", names[&endpoint]);
+            assert!(text.contains(&name), "{endpoint}: {text}");
+        }
+        wait_for_zero_load(&base).await;
+    });
+    drop(engines);
+}
+
+#[test]
 fn the_subset_hint_is_honoured_and_an_ineligible_subset_is_refused_with_503() {
     let dir = tempfile::tempdir().unwrap();
     let workers = endpoints(3);
