@@ -464,6 +464,9 @@ pub struct ConfigSource {
     pub text: String,
     /// Relative plugin paths are resolved against this folder.
     pub base_dir: PathBuf,
+    /// The file it was read from (None: the embedded default, or text from elsewhere):
+    /// what a reload reads again.
+    pub path: Option<PathBuf>,
 }
 
 impl ConfigSource {
@@ -475,7 +478,9 @@ impl ConfigSource {
             message: format!("cannot read the config: {e}. Check the --config path"),
         })?;
         let base_dir = path.parent().map(Path::to_path_buf).unwrap_or_default();
-        Self::parse(text, name, base_dir)
+        let mut source = Self::parse(text, name, base_dir)?;
+        source.path = Some(path.to_owned());
+        Ok(source)
     }
 
     /// The embedded default config; its plugin paths resolve against the executable's folder.
@@ -506,6 +511,7 @@ impl ConfigSource {
             name,
             text,
             base_dir,
+            path: None,
         })
     }
 

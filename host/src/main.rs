@@ -4,11 +4,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use switchyard::config::ConfigSource;
 use switchyard::fleet::router::Router;
 use switchyard::plugin::{PartitionKey, RequestContext};
 use switchyard::policy::{CandidateRow, Selector};
-use switchyard::startup::{start, Startup};
+use switchyard::startup::Startup;
 use switchyard::tools::engine_sim::{self, EngineSimArgs};
 use switchyard::tools::replay::{self, ReplayArgs};
 use switchyard::tools::summary;
@@ -95,7 +94,7 @@ enum Command {
     Replay(ReplayArgs),
     /// Run a simulated OpenAI-compatible inference engine (for tests, benchmarks, demos).
     EngineSim(EngineSimArgs),
-    /// Internal: exercise one plugin in this child process (see tools::probe).
+    /// Internal: exercise one plugin in this child process (see startup::probe).
     #[command(name = "__probe-plugin", hide = true)]
     ProbePlugin,
     /// Work with one plugin library.
@@ -148,28 +147,7 @@ fn startup(config: Option<&PathBuf>) -> Option<Startup> {
 /// Like `startup`; with `probe`, every plugin is first exercised in a child process
 /// (`check` and `serve`), and one that crashes there stops startup before it is loaded.
 fn startup_probed(config: Option<&PathBuf>, probe: bool) -> Option<Startup> {
-    let source = match config {
-        Some(path) => ConfigSource::from_file(path),
-        None => ConfigSource::embedded(),
-    };
-    let source = match source {
-        Ok(source) => source,
-        Err(e) => {
-            eprintln!("error: {e}");
-            return None;
-        }
-    };
-    if probe {
-        let failures = switchyard::tools::probe::probe_all(&source);
-        if !failures.is_empty() {
-            for failure in &failures {
-                eprintln!("error: {failure}");
-            }
-            eprintln!("{} error(s); nothing was started", failures.len());
-            return None;
-        }
-    }
-    match start(source) {
+    match switchyard::startup::load(config.map(PathBuf::as_path), probe) {
         Ok(startup) => Some(startup),
         Err(errors) => {
             for e in &errors {
@@ -245,7 +223,7 @@ fn main() -> ExitCode {
         }
         Command::EngineSim(args) => serve_until_signal(engine_sim::run(args)),
         Command::ProbePlugin => {
-            ExitCode::from(u8::try_from(switchyard::tools::probe::run_child()).unwrap_or(2))
+            ExitCode::from(u8::try_from(switchyard::startup::probe::run_child()).unwrap_or(2))
         }
         Command::Replay(args) => match replay::run(&args) {
             Ok(()) => ExitCode::SUCCESS,

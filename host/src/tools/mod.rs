@@ -2,6 +2,5 @@
 //! trace replay against simulated workers.
 
 pub mod engine_sim;
-pub mod probe;
 pub mod replay;
 pub mod summary;

@@ -2,7 +2,10 @@
 //! instance validated and built once per worker type. Collects every error, not just the
 //! first, so `switchyard check` can show them all.
 
+pub mod probe;
+
 use std::fmt;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -115,6 +118,24 @@ impl Startup {
     pub fn instance(&self, name: &str) -> Option<&Arc<InstanceFactory>> {
         self.instances.iter().find(|i| i.name == name)
     }
+}
+
+/// The whole startup path from a config file (the embedded default when None): read,
+/// probe each plugin in a child process (`probe`), load, check, build. Every error, as the
+/// lines `check` prints.
+pub fn load(config: Option<&Path>, probe: bool) -> Result<Startup, Vec<String>> {
+    let source = match config {
+        Some(path) => ConfigSource::from_file(path),
+        None => ConfigSource::embedded(),
+    }
+    .map_err(|e| vec![e.to_string()])?;
+    if probe {
+        let failures = probe::probe_all(&source);
+        if !failures.is_empty() {
+            return Err(failures.iter().map(ToString::to_string).collect());
+        }
+    }
+    start(source).map_err(|errors| errors.iter().map(ToString::to_string).collect())
 }
 
 pub fn start(source: ConfigSource) -> Result<Startup, Vec<StartupError>> {

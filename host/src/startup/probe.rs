@@ -19,7 +19,7 @@ use switchyard_plugin_sdk::{WorkerId, WorkerType};
 use crate::config::ConfigSource;
 use crate::plugin::{PartitionKey, PluginSpec, RequestContext};
 use crate::policy::{CandidateRow, Registry, Selector};
-use crate::startup::start;
+use super::start;
 
 /// How long a probe may take before it counts as hung.
 pub const PROBE_TIME_LIMIT: Duration = Duration::from_secs(20);
