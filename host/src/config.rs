@@ -264,6 +264,8 @@ pub struct RouterSettings {
     pub block_size: u32,
     /// Seconds after which a reserved request that was never freed is released.
     pub request_expiry_secs: u64,
+    /// Whether `POST /v1/admin/reload` is answered for clients other than loopback.
+    pub remote_admin: bool,
 }
 
 impl Default for RouterSettings {
@@ -271,6 +273,7 @@ impl Default for RouterSettings {
         RouterSettings {
             block_size: 16,
             request_expiry_secs: 600,
+            remote_admin: false,
         }
     }
 }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
@@ -105,7 +105,9 @@ pub struct Metrics {
     /// Per KV-event publisher, in subscription order.
     kv_sources: Mutex<Vec<Arc<KvSourceCounters>>>,
     /// Per configured instance; the map itself is fixed at startup.
-    instances: BTreeMap<String, InstanceCounters>,
+    /// Instances of every generation loaded (a reload adds the new ones; counters of a
+    /// name carry over).
+    instances: RwLock<BTreeMap<String, InstanceCounters>>,
     /// The zero of `tripped_until`.
     epoch: std::time::Instant,
     /// Reservations released by expiry because nothing freed them.
@@ -116,6 +118,11 @@ pub struct Metrics {
     upstream_errors: AtomicU64,
     /// Frontend: from a request's arrival to the first byte of its answer.
     ttfb: LatencyHistogram,
+    /// The config generation serving, and when it was loaded (Unix seconds, f64 bits).
+    generation: AtomicU64,
+    generation_loaded_at: AtomicU64,
+    reloads_ok: AtomicU64,
+    reloads_failed: AtomicU64,
     /// Envoy endpoint picker: endpoints picked.
     ext_proc_picks: AtomicU64,
     /// Envoy endpoint picker: requests answered with an immediate response (an error).
@@ -133,10 +140,12 @@ pub struct Metrics {
 impl Metrics {
     pub fn new<'a>(instances: impl IntoIterator<Item = &'a str>) -> Self {
         Metrics {
-            instances: instances
-                .into_iter()
-                .map(|name| (name.to_owned(), InstanceCounters::default()))
-                .collect(),
+            instances: RwLock::new(
+                instances
+                    .into_iter()
+                    .map(|name| (name.to_owned(), InstanceCounters::default()))
+                    .collect(),
+            ),
             errors: Mutex::new(BTreeMap::new()),
             kv_sources: Mutex::new(Vec::new()),
             epoch: std::time::Instant::now(),
@@ -144,6 +153,10 @@ impl Metrics {
             upstream_retries: AtomicU64::new(0),
             upstream_errors: AtomicU64::new(0),
             ttfb: LatencyHistogram::default(),
+            generation: AtomicU64::new(0),
+            generation_loaded_at: AtomicU64::new(0),
+            reloads_ok: AtomicU64::new(0),
+            reloads_failed: AtomicU64::new(0),
             ext_proc_picks: AtomicU64::new(0),
             ext_proc_refusals: AtomicU64::new(0),
             ext_proc_rebooks: AtomicU64::new(0),
@@ -179,6 +192,26 @@ impl Metrics {
         self.upstream_retries.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// The generation now serving.
+    pub fn record_generation(&self, number: u64, loaded_at: std::time::SystemTime) {
+        let at = loaded_at
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_secs_f64();
+        self.generation_loaded_at
+            .store(at.to_bits(), Ordering::Relaxed);
+        self.generation.store(number, Ordering::Relaxed);
+    }
+
+    pub fn record_reload(&self, ok: bool) {
+        let counter = if ok {
+            &self.reloads_ok
+        } else {
+            &self.reloads_failed
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
     pub fn record_ext_proc_pick(&self, decision: Duration) {
         self.ext_proc_picks.fetch_add(1, Ordering::Relaxed);
         self.ext_proc_decision.record(decision.as_nanos() as u64);
@@ -196,8 +229,16 @@ impl Metrics {
         self.upstream_errors.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Adds counters for instances not seen before (a reload's new instances).
+    pub fn add_instances<'a>(&self, names: impl IntoIterator<Item = &'a str>) {
+        let mut instances = self.instances.write();
+        for name in names {
+            instances.entry(name.to_owned()).or_default();
+        }
+    }
+
     pub fn record_selection(&self, instance: &str, elapsed: Duration) {
-        if let Some(c) = self.instances.get(instance) {
+        if let Some(c) = self.instances.read().get(instance) {
             c.latency.record(elapsed.as_nanos() as u64);
         }
     }
@@ -205,7 +246,8 @@ impl Metrics {
     /// Counts a selection of `instance` against its budget; returns true when this one
     /// trips the instance (its `trip_after`-th over-budget selection in a row).
     pub fn record_budget(&self, instance: &str, elapsed: Duration, budget: &CallBudget) -> bool {
-        let Some(c) = self.instances.get(instance) else {
+        let instances = self.instances.read();
+        let Some(c) = instances.get(instance) else {
             return false;
         };
         if elapsed <= budget.limit {
@@ -226,10 +268,15 @@ impl Metrics {
 
     /// Whether `instance` is tripped (its cool-down not over).
     pub fn is_tripped(&self, instance: &str) -> bool {
-        self.instances.get(instance).is_some_and(|c| {
-            let until = c.tripped_until.load(Ordering::Relaxed);
-            until > 0 && (self.epoch.elapsed().as_nanos() as u64) < until
-        })
+        self.instances
+            .read()
+            .get(instance)
+            .is_some_and(|c| self.tripped(c))
+    }
+
+    fn tripped(&self, c: &InstanceCounters) -> bool {
+        let until = c.tripped_until.load(Ordering::Relaxed);
+        until > 0 && (self.epoch.elapsed().as_nanos() as u64) < until
     }
 
     pub fn record_ttfb(&self, elapsed: Duration) {
@@ -249,13 +296,14 @@ impl Metrics {
     }
 
     pub fn record_fallback(&self, instance: &str) {
-        if let Some(c) = self.instances.get(instance) {
+        if let Some(c) = self.instances.read().get(instance) {
             c.fallbacks.fetch_add(1, Ordering::Relaxed);
         }
     }
 
     pub fn fallbacks(&self, instance: &str) -> u64 {
         self.instances
+            .read()
             .get(instance)
             .map_or(0, |c| c.fallbacks.load(Ordering::Relaxed))
     }
@@ -273,8 +321,9 @@ impl Metrics {
         let gauge = MetricType::Gauge;
         let histogram = MetricType::Histogram;
         let instance = |name: &str| vec![("instance".to_owned(), name.to_owned())];
+        let instances = self.instances.read();
         let per_instance = |value: &dyn Fn(&InstanceCounters) -> Value| -> Vec<Row> {
-            self.instances
+            instances
                 .iter()
                 .map(|(name, c)| (instance(name), value(c)))
                 .collect()
@@ -303,13 +352,12 @@ impl Metrics {
             counter,
             per_instance(&|c| Value::Count(c.over_budget.load(Ordering::Relaxed))),
         );
-        let tripped: Vec<Row> = self
-            .instances
-            .keys()
-            .map(|name| {
+        let tripped: Vec<Row> = instances
+            .iter()
+            .map(|(name, c)| {
                 (
                     instance(name),
-                    Value::Gauge(if self.is_tripped(name) { 1.0 } else { 0.0 }),
+                    Value::Gauge(if self.tripped(c) { 1.0 } else { 0.0 }),
                 )
             })
             .collect();
@@ -383,8 +431,7 @@ impl Metrics {
             histogram,
             per_stage(&|s| Value::Histogram(s.latency.snapshot())),
         );
-        let mut poisoned: BTreeMap<&str, u64> =
-            self.instances.keys().map(|i| (i.as_str(), 0)).collect();
+        let mut poisoned: BTreeMap<&str, u64> = instances.keys().map(|i| (i.as_str(), 0)).collect();
         for stage in stages.iter().filter(|s| s.stats.poisoned()) {
             *poisoned.entry(&stage.instance).or_default() += 1;
         }
@@ -458,6 +505,34 @@ impl Metrics {
             "Frontend: from a request's arrival to the first byte of its answer.",
             histogram,
             no_labels(Value::Histogram(self.ttfb.snapshot())),
+        );
+        snapshot.family(
+            "switchyard_config_generation",
+            "The config generation serving: 1 at startup, one more per successful reload.",
+            gauge,
+            no_labels(Value::Gauge(self.generation.load(Ordering::Relaxed) as f64)),
+        );
+        snapshot.family(
+            "switchyard_config_loaded_timestamp_seconds",
+            "When the serving generation was loaded (Unix time).",
+            gauge,
+            no_labels(Value::Gauge(f64::from_bits(
+                self.generation_loaded_at.load(Ordering::Relaxed),
+            ))),
+        );
+        snapshot.family(
+            "switchyard_config_reloads",
+            "Config reloads, by result (a failed one leaves the serving generation in place).",
+            counter,
+            [("ok", &self.reloads_ok), ("failed", &self.reloads_failed)]
+                .into_iter()
+                .map(|(result, c)| {
+                    (
+                        vec![("result".to_owned(), result.to_owned())],
+                        Value::Count(c.load(Ordering::Relaxed)),
+                    )
+                })
+                .collect(),
         );
         snapshot.family(
             "switchyard_ext_proc_decision_seconds",

@@ -1,6 +1,7 @@
 //! The fleet: workers, the KV index and load accounting (the routing state policies
 //! read), metrics, and the router that ties them to the configured policy instances.
 
+pub mod generation;
 pub mod kv_events;
 pub mod kv_index;
 pub mod load_accounting;

@@ -10,18 +10,19 @@ use rustc_hash::FxHashSet;
 use serde::{Deserialize, Serialize};
 use switchyard_plugin_sdk::{WorkerId, WorkerInputs, WorkerType};
 
+use super::generation::{Generation, SelectorSlot};
 use super::kv_events::hash_agreement::{EngineBlocks, Ignored};
 use super::kv_events::subscriber::{self, Subscription};
 use super::kv_events::wire::EngineEvent;
 use super::kv_events::ApplyOutcome;
 use super::kv_index::{hash_tokens, KvEvent, KvIndex, QueryResult, QueryScratch, Tier};
 use super::load_accounting::{AccountingError, LoadAccounting};
-use super::metrics::{Metrics, StageMetrics};
+use super::metrics::Metrics;
 use super::predicted_kv::PredictedKv;
 use super::workers::{WorkerError, WorkerSpec, Workers};
 use crate::config::{KvTracking, OnError};
 use crate::plugin::{PartitionKey, RequestContext, SessionInfo};
-use crate::policy::{CandidateRow, Candidates, InstanceFactory, SelectError, Selector};
+use crate::policy::{CandidateRow, Candidates, InstanceFactory, SelectError};
 use crate::startup::{Startup, BUILTIN_DEFAULT};
 
 /// The worker type a request asks for.
@@ -85,6 +86,18 @@ pub struct RouteRequest {
     pub only: Option<Arc<FxHashSet<WorkerId>>>,
 }
 
+/// What a reload changed.
+#[derive(Clone, Debug, Serialize)]
+pub struct ReloadOutcome {
+    pub generation: u64,
+    pub workers_added: usize,
+    pub workers_removed: usize,
+    pub workers_updated: usize,
+    /// Sections that changed but are read only at startup: they take effect at the next
+    /// restart.
+    pub needs_restart: Vec<String>,
+}
+
 /// Where a request goes.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct RouteDecision {
@@ -121,25 +134,16 @@ pub enum RouteError {
     Worker(#[from] WorkerError),
 }
 
-/// One instance's policy for one partition, behind its own lock (an instance is called
-/// by one thread at a time), with the input groups it reads known without that lock.
-struct SelectorSlot {
-    inputs: WorkerInputs,
-    selector: Mutex<Selector>,
-}
-
-/// Per-partition state: one selector per instance.
-type Selectors = HashMap<String, Arc<SelectorSlot>>;
-
 struct State {
     workers: Workers,
-    partitions: HashMap<PartitionKey, Selectors>,
-    /// Every stage of every selector, for metrics to read without their locks.
-    stages: Vec<StageMetrics>,
 }
 
 pub struct Router {
-    startup: Startup,
+    /// The config's plugins and instances now serving; swapped whole by a reload.
+    generation: RwLock<Arc<Generation>>,
+    /// Held while a generation gains partitions or is replaced: a new partition is never
+    /// built into a generation that a reload is about to retire.
+    changing: Mutex<()>,
     state: RwLock<State>,
     kv: RwLock<KvIndex>,
     load: RwLock<LoadAccounting>,
@@ -175,11 +179,10 @@ impl Router {
         let workers = startup.source.config.workers.clone();
         let metrics = Metrics::new(startup.instances.iter().map(|i| i.name.as_str()));
         let router = Router {
-            startup,
+            generation: RwLock::new(Arc::new(Generation::new(1, startup))),
+            changing: Mutex::new(()),
             state: RwLock::new(State {
                 workers: Workers::default(),
-                partitions: HashMap::new(),
-                stages: Vec::new(),
             }),
             kv: RwLock::new(KvIndex::default()),
             load: RwLock::new(LoadAccounting::new(expiry)),
@@ -192,74 +195,175 @@ impl Router {
         for spec in workers {
             router.add_worker(spec)?;
         }
+        let generation = router.generation();
+        router
+            .metrics
+            .record_generation(generation.number, generation.loaded_at);
         Ok(router)
     }
 
-    pub fn startup(&self) -> &Startup {
-        &self.startup
+    /// Serves `startup` (a config that went through the whole startup path: probes,
+    /// checks, builds) as the next generation. Its policies are built for every partition
+    /// first; only then is it swapped in, so a failure leaves the serving generation
+    /// untouched. Selections already running finish on the generation they started with.
+    /// Workers, bookings and the KV index carry over, except for workers the new config
+    /// no longer lists (removed) or lists differently (updated in place, or moved when
+    /// their model or type changed).
+    pub fn reload(self: &Arc<Self>, startup: Startup) -> Result<ReloadOutcome, Vec<String>> {
+        let result = self.swap_in(startup);
+        self.metrics.record_reload(result.is_ok());
+        result
+    }
+
+    fn swap_in(self: &Arc<Self>, startup: Startup) -> Result<ReloadOutcome, Vec<String>> {
+        let _changing = self.changing.lock();
+        let serving = self.generation();
+        let (old, new) = (&serving.startup.source.config, &startup.source.config);
+        if old.router.block_size != new.router.block_size {
+            return Err(vec![format!(
+                "{}: router.block_size changed from {} to {}; bookings and the KV index are counted in blocks of the running size, so it changes only with a restart",
+                startup.source.name, old.router.block_size, new.router.block_size
+            )]);
+        }
+        let tokenizers = |c: &crate::config::Config| -> Vec<(String, Option<std::path::PathBuf>)> {
+            c.models
+                .iter()
+                .map(|(model, settings)| (model.clone(), settings.tokenizer.clone()))
+                .collect()
+        };
+        let mut needs_restart = Vec::new();
+        if as_json(&old.frontend) != as_json(&new.frontend) {
+            needs_restart.push("frontend".to_owned());
+        }
+        if as_json(&old.ext_proc) != as_json(&new.ext_proc) {
+            needs_restart.push("ext_proc".to_owned());
+        }
+        if tokenizers(old) != tokenizers(new) {
+            needs_restart.push("models.*.tokenizer".to_owned());
+        }
+        let before: HashMap<WorkerId, &WorkerSpec> =
+            old.workers.iter().map(|w| (w.id(), w)).collect();
+        let after: HashMap<WorkerId, &WorkerSpec> =
+            new.workers.iter().map(|w| (w.id(), w)).collect();
+        let removed: Vec<WorkerId> = before
+            .keys()
+            .filter(|id| !after.contains_key(id))
+            .copied()
+            .collect();
+        let changed: Vec<WorkerSpec> = new
+            .workers
+            .iter()
+            .filter(|w| {
+                before
+                    .get(&w.id())
+                    .is_some_and(|old| as_json(*old) != as_json(*w))
+            })
+            .cloned()
+            .collect();
+        let added: Vec<WorkerSpec> = new
+            .workers
+            .iter()
+            .filter(|w| !before.contains_key(&w.id()))
+            .cloned()
+            .collect();
+
+        let next = Generation::new(serving.number + 1, startup);
+        let mut partitions: Vec<PartitionKey> = serving.partitions();
+        partitions.extend(added.iter().chain(&changed).map(WorkerSpec::partition));
+        partitions.sort();
+        partitions.dedup();
+        for partition in &partitions {
+            next.build_partition(partition).map_err(|e| vec![e])?;
+        }
+        let instances: Vec<String> = next
+            .startup
+            .instances
+            .iter()
+            .map(|i| i.name.clone())
+            .collect();
+        let (number, loaded_at) = (next.number, next.loaded_at);
+        *self.generation.write() = Arc::new(next);
+        self.metrics
+            .add_instances(instances.iter().map(String::as_str));
+        self.metrics.record_generation(number, loaded_at);
+
+        for id in &removed {
+            let _ = self.remove_worker(*id);
+        }
+        for spec in &changed {
+            let id = spec.id();
+            let same_partition = before[&id].partition() == spec.partition();
+            if same_partition {
+                // Bookings and cached blocks stay; the spec (capacity, labels, url, ...) is
+                // the new one.
+                let mut state = self.state.write();
+                let _ = state.workers.remove(id);
+                let _ = state.workers.add(spec.clone());
+            } else {
+                let _ = self.remove_worker(id);
+                let _ = self.state.write().workers.add(spec.clone());
+            }
+            if before[&id].kv_events != spec.kv_events {
+                self.subscriptions.lock().remove(&id);
+            }
+        }
+        for spec in &added {
+            if let Err(e) = self.state.write().workers.add(spec.clone()) {
+                tracing::warn!(error = %e, "reload: a new worker was not added");
+            }
+        }
+        let subscribe: Vec<WorkerSpec> = added.iter().chain(&changed).cloned().collect();
+        if let Err(e) = self.subscribe_kv_events(&subscribe) {
+            tracing::warn!(error = %e, "reload: cannot follow a worker's KV events");
+        }
+        Ok(ReloadOutcome {
+            generation: number,
+            workers_added: added.len(),
+            workers_removed: removed.len(),
+            workers_updated: changed.len(),
+            needs_restart,
+        })
+    }
+
+    /// The generation now serving (a selection holds on to the one it started with).
+    pub fn generation(&self) -> Arc<Generation> {
+        self.generation.read().clone()
     }
 
     pub fn block_size(&self) -> u32 {
-        self.startup.source.config.router.block_size
+        self.generation
+            .read()
+            .startup
+            .source
+            .config
+            .router
+            .block_size
     }
 
     /// Registers a worker; a new partition gets one policy instance per configured
     /// instance, built now.
     pub fn add_worker(&self, spec: WorkerSpec) -> Result<(), RouteError> {
         spec.validate().map_err(WorkerError::Invalid)?;
-        let partition = spec.partition();
-        // A new partition's instances are built (plugin code) before the state lock is
-        // taken, so selections and metrics never wait for a plugin's on_create.
-        let known = self.state.read().partitions.contains_key(&partition);
-        let built = if known {
-            None
-        } else {
-            Some(self.build_partition(&partition)?)
-        };
-        let state = &mut *self.state.write();
-        if let Some((selectors, stages)) = built {
-            // A concurrent add may have built the partition first; its selectors stay.
-            if let std::collections::hash_map::Entry::Vacant(entry) =
-                state.partitions.entry(partition)
-            {
-                entry.insert(selectors);
-                state.stages.extend(stages);
-            }
-        }
-        state.workers.add(spec)?;
+        let _changing = self.changing.lock();
+        self.ensure_partition(&self.generation(), &spec.partition())?;
+        self.state.write().workers.add(spec)?;
         Ok(())
     }
 
-    /// One selector per configured instance for `partition`, and their stages' counters.
-    fn build_partition(
+    /// Builds `partition`'s policies into `generation` if it has none yet: before the
+    /// worker is registered, and without the fleet's locks, so selections and metrics never
+    /// wait for a plugin's `on_create`. The caller holds `changing`.
+    fn ensure_partition(
         &self,
+        generation: &Generation,
         partition: &PartitionKey,
-    ) -> Result<(Selectors, Vec<StageMetrics>), RouteError> {
-        let mut selectors = Selectors::new();
-        let mut stages = Vec::new();
-        for instance in &self.startup.instances {
-            let policy = instance.build(partition).map_err(|e| {
-                RouteError::BadRequest(format!(
-                    "instance `{}` cannot be built for partition {partition}: {e}",
-                    instance.name
-                ))
-            })?;
-            stages.extend(policy.stages().map(|stage| StageMetrics {
-                instance: instance.name.clone(),
-                partition: partition.clone(),
-                name: stage.name.clone(),
-                kind: stage.kind,
-                stats: stage.stats.clone(),
-            }));
-            selectors.insert(
-                instance.name.clone(),
-                Arc::new(SelectorSlot {
-                    inputs: policy.inputs(),
-                    selector: Mutex::new(Selector::new(policy)),
-                }),
-            );
+    ) -> Result<(), RouteError> {
+        if generation.has_partition(partition) {
+            return Ok(());
         }
-        Ok((selectors, stages))
+        generation
+            .build_partition(partition)
+            .map_err(RouteError::BadRequest)
     }
 
     /// Moves a request's booking to the worker that actually served it.
@@ -372,7 +476,8 @@ impl Router {
     /// For models with `kv_tracking: predicted`: the prompt's blocks are now assumed
     /// cached on `worker`.
     pub fn predict_cached(&self, model: &str, worker: WorkerId, hashes: &[u64]) {
-        let Some(settings) = self.startup.source.config.models.get(model) else {
+        let generation = self.generation();
+        let Some(settings) = generation.startup.source.config.models.get(model) else {
             return;
         };
         if settings.kv_tracking != KvTracking::Predicted || hashes.is_empty() {
@@ -525,30 +630,22 @@ impl Router {
         self.load.read().active_bookings()
     }
 
-    fn instance(&self, name: &str) -> Result<&Arc<InstanceFactory>, RouteError> {
-        self.startup
-            .instance(name)
-            .ok_or_else(|| RouteError::UnknownInstance {
-                name: name.to_owned(),
-                known: self
-                    .startup
-                    .instances
-                    .iter()
-                    .map(|i| i.name.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", "),
-            })
-    }
-
     fn route(&self, request: &RouteRequest, reserve: bool) -> Result<RouteDecision, RouteError> {
         let request_id = validate(request, reserve)?;
+        let generation = self.generation();
         let instance_name = request
             .instance
             .as_deref()
-            .unwrap_or(&self.startup.default_instance);
-        let instance = self.instance(instance_name)?;
+            .unwrap_or(&generation.startup.default_instance);
+        let instance =
+            generation
+                .instance(instance_name)
+                .ok_or_else(|| RouteError::UnknownInstance {
+                    name: instance_name.to_owned(),
+                    known: generation.instance_names(),
+                })?;
         let partition = PartitionKey::new(request.model.clone(), request.worker_type.worker_type());
-        let block_size = self.block_size();
+        let block_size = generation.startup.source.config.router.block_size;
 
         SCRATCH.with(|scratch| {
             let scratch = &mut *scratch.borrow_mut();
@@ -561,6 +658,7 @@ impl Router {
                 request_blocks,
             };
             let (chosen, fallback) = self.select_with_fallback(
+                &generation,
                 instance,
                 &query,
                 &context,
@@ -592,8 +690,10 @@ impl Router {
     /// on return: plugin code never runs while they are held, so a slow component cannot
     /// stall the writers behind them, nor the readers behind those). Returns the
     /// instance's selector.
+    #[allow(clippy::too_many_arguments)]
     fn gather(
         &self,
+        generation: &Generation,
         name: &str,
         query: &Query<'_>,
         scratch: &mut QueryScratch,
@@ -601,11 +701,18 @@ impl Router {
         members: &mut Vec<(WorkerId, u32)>,
     ) -> Result<Arc<SelectorSlot>, RouteError> {
         let state = self.state.read();
-        let (ids, selectors) = partition_of(&state, query.request, query.partition)?;
-        let slot = selectors
-            .get(name)
-            .expect("every instance has a selector per partition")
-            .clone();
+        let ids = members_of(&state, query.request, query.partition)?;
+        // Every partition with members has its policies in the current generation; an
+        // older one (a reload happened meanwhile) may lack a partition added since.
+        let slot = generation
+            .selector(query.partition, name)
+            .or_else(|| self.generation().selector(query.partition, name))
+            .ok_or_else(|| {
+                RouteError::NoWorker(format!(
+                    "partition {} has no policies yet; retry",
+                    query.partition
+                ))
+            })?;
         let kv = self.kv.read();
         let overlaps = kv.query(query.hashes, scratch);
         let load = self.load.read();
@@ -646,8 +753,10 @@ impl Router {
     /// Runs `instance` over the partition's members; if it fails (not merely finding no
     /// worker) and its config says `on_error: fallback`, runs the built-in policy instead.
     /// Returns the chosen worker and whether the fallback chose it.
+    #[allow(clippy::too_many_arguments)]
     fn select_with_fallback(
         &self,
+        generation: &Generation,
         instance: &InstanceFactory,
         query: &Query<'_>,
         context: &RequestContext,
@@ -657,7 +766,7 @@ impl Router {
     ) -> Result<(WorkerId, bool), RouteError> {
         let mut run =
             |name: &str| -> Result<(Result<WorkerId, SelectError>, Duration), RouteError> {
-                let slot = self.gather(name, query, scratch, candidates, members)?;
+                let slot = self.gather(generation, name, query, scratch, candidates, members)?;
                 let started = Instant::now();
                 let result = slot.selector.lock().select_filled(context, candidates);
                 let elapsed = started.elapsed();
@@ -746,11 +855,17 @@ impl Router {
     /// Renders Prometheus metrics.
     pub fn render_metrics(&self) -> String {
         let loads = self.loads();
-        let state = self.state.read();
-        let plugins = self.startup.registry.plugins();
+        let generation = self.generation();
+        let plugins = generation.startup.registry.plugins();
+        let stages = generation.stages();
         self.metrics
-            .render(&state.stages, &loads, self.kv_blocks(), plugins)
+            .render(&stages, &loads, self.kv_blocks(), plugins)
     }
+}
+
+/// A value as JSON, to compare config sections.
+fn as_json<T: Serialize>(value: &T) -> serde_json::Value {
+    serde_json::to_value(value).unwrap_or_default()
 }
 
 /// Checks what serde cannot; returns the request id (required to reserve).
@@ -813,15 +928,15 @@ fn request_context(request: &RouteRequest, block_size: u32, request_blocks: u64)
     context
 }
 
-/// The members of the request's partition and its selectors; an error when it has none.
-fn partition_of<'s>(
+/// The members of the request's partition; an error when it has none.
+fn members_of<'s>(
     state: &'s State,
     request: &RouteRequest,
     partition: &PartitionKey,
-) -> Result<(&'s [WorkerId], &'s Selectors), RouteError> {
+) -> Result<&'s [WorkerId], RouteError> {
     let members = state.workers.members(partition);
-    match state.partitions.get(partition) {
-        Some(selectors) if !members.is_empty() => Ok((members, selectors)),
+    match members {
+        members if !members.is_empty() => Ok(members),
         _ if state.workers.unhealthy_in(partition) > 0 => Err(RouteError::NoWorker(format!(
             "model `{}`: every {} worker is unhealthy ({} out of the candidates)",
             request.model,

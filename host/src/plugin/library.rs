@@ -53,10 +53,15 @@ pub struct LoadedLibrary {
     pub registered: Registered,
 }
 
-/// Every library opened by this process, by canonical path. Never unloaded: instances,
-/// defs and strings of a plugin may live until exit.
-fn libraries() -> &'static Mutex<HashMap<PathBuf, &'static libloading::Library>> {
-    static LIBRARIES: OnceLock<Mutex<HashMap<PathBuf, &'static libloading::Library>>> =
+/// A library file: its canonical path and its identity on disk (device, inode). A new
+/// version renamed over the old one has the same path and another inode.
+type FileKey = (PathBuf, u64, u64);
+
+/// Every library opened by this process, by file. Never unloaded: instances, defs and
+/// strings of a plugin may live until exit (and a reload's old generation may still be
+/// finishing requests).
+fn libraries() -> &'static Mutex<HashMap<FileKey, &'static libloading::Library>> {
+    static LIBRARIES: OnceLock<Mutex<HashMap<FileKey, &'static libloading::Library>>> =
         OnceLock::new();
     LIBRARIES.get_or_init(Default::default)
 }
@@ -84,7 +89,9 @@ pub fn canonical(path: &Path) -> Result<PathBuf, LoadError> {
 /// whose bytes were hashed and checked, so a file replaced in between cannot slip past the
 /// pin; the descriptor then stays open for the life of the process, because the dynamic
 /// loader knows the library by that `/proc/self/fd/N` name and a reused number would name
-/// another library. An unpinned library is opened by its path, so that debuggers, which
+/// another library. So is a new version of a library already loaded from the same path (a
+/// reload after the file was renamed over): the dynamic loader would hand back the old one
+/// for the old name. Otherwise the library is opened by its path, so that debuggers, which
 /// find libraries by that name, see the real file.
 fn open(
     path: &Path,
@@ -92,15 +99,19 @@ fn open(
     pinned: bool,
 ) -> Result<&'static libloading::Library, LoadError> {
     use std::os::fd::AsRawFd;
+    use std::os::unix::fs::MetadataExt;
     let canonical = canonical(path)?;
+    let identity = file.metadata().map_err(not_found(path))?;
+    let key = (canonical.clone(), identity.dev(), identity.ino());
     let mut libraries = libraries().lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(library) = libraries.get(&canonical) {
+    if let Some(library) = libraries.get(&key) {
         return Ok(library);
     }
+    let replaced = libraries.keys().any(|(loaded, ..)| *loaded == canonical);
     let by_descriptor = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
     // Without /proc (unusual on Linux), the path: the checks then cover the file as it
     // was a moment ago.
-    let target = if pinned && by_descriptor.exists() {
+    let target = if (pinned || replaced) && by_descriptor.exists() {
         std::mem::forget(file);
         by_descriptor.clone()
     } else {
@@ -133,7 +144,7 @@ fn open(
             }
         })?;
     let library: &'static libloading::Library = Box::leak(Box::new(library.into()));
-    libraries.insert(canonical, library);
+    libraries.insert(key, library);
     Ok(library)
 }
 

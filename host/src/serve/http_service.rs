@@ -19,6 +19,7 @@ use serde_json::json;
 use switchyard_plugin_sdk::WorkerId;
 
 use crate::config::ExtProcSettings;
+use crate::fleet::generation::Generation;
 use crate::fleet::kv_index::KvEvent;
 use crate::fleet::load_accounting::AccountingError;
 use crate::fleet::router::{RouteError, RouteRequest, Router};
@@ -218,7 +219,8 @@ async fn kv_events(State(router): Shared, body: Bytes) -> Result<Response, ApiEr
 }
 
 async fn policies(State(router): Shared) -> Json<serde_json::Value> {
-    let startup = router.startup();
+    let generation = router.generation();
+    let startup = &generation.startup;
     let registry = &startup.registry;
     let components: Vec<_> = registry
         .components()
@@ -243,12 +245,68 @@ async fn policies(State(router): Shared) -> Json<serde_json::Value> {
         .collect();
     let plugins: Vec<_> = registry.plugins().iter().map(|p| json!(p)).collect();
     Json(json!({
+        "generation": generation_json(&generation),
         "default": startup.default_instance,
         "instances": instances,
         "policy_types": policies,
         "component_types": components,
         "plugins": plugins,
     }))
+}
+
+/// Which generation serves: its number, when it was loaded, from which config.
+fn generation_json(generation: &Generation) -> serde_json::Value {
+    let loaded_at = generation
+        .loaded_at
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64();
+    json!({
+        "number": generation.number,
+        "loaded_at_unix": loaded_at,
+        "config": generation.startup.source.name,
+    })
+}
+
+/// `POST /v1/admin/reload`: 200 with what changed, or 422 with every error (the serving
+/// config stays). Loopback clients only, unless `router.remote_admin`.
+async fn reload(
+    State(router): Shared,
+    peer: Option<axum::Extension<axum::extract::ConnectInfo<SocketAddr>>>,
+) -> Response {
+    let remote = peer.is_some_and(|p| !p.0 .0.ip().is_loopback());
+    if remote
+        && !router
+            .generation()
+            .startup
+            .source
+            .config
+            .router
+            .remote_admin
+    {
+        return (
+            StatusCode::FORBIDDEN,
+            Json(json!({"error": "reload is answered for loopback clients only; set router.remote_admin: true to allow others"})),
+        )
+            .into_response();
+    }
+    match super::reload::reload(router.clone()).await {
+        Ok(outcome) => Json(json!({
+            "reloaded": true,
+            "generation": generation_json(&router.generation()),
+            "changes": outcome,
+        }))
+        .into_response(),
+        Err(errors) => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Json(json!({
+                "reloaded": false,
+                "errors": errors,
+                "generation": generation_json(&router.generation()),
+            })),
+        )
+            .into_response(),
+    }
 }
 
 async fn metrics(State(router): Shared) -> Response {
@@ -290,6 +348,7 @@ pub fn app(router: Arc<Router>, frontend: Arc<Frontend>) -> HttpRouter {
         .route("/v1/workers/{id}", delete(remove_worker))
         .route("/v1/kv_events", post(kv_events))
         .route("/v1/policies", get(policies))
+        .route("/v1/admin/reload", post(reload))
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -339,6 +398,7 @@ pub async fn serve(
     let frontend = Frontend::new(router.clone()).map_err(std::io::Error::other)?;
     tokio::spawn(frontend::health::probe_forever(frontend.clone()));
     router.subscribe_kv_events(&router.workers())?;
+    super::reload::on_hangup(router.clone())?;
     println!("switchyard listening on http://{address}");
     if let Some(settings) = ext_proc {
         let picker = EndpointPicker::new(frontend.clone(), &settings);
@@ -373,7 +433,10 @@ pub async fn serve(
     let listener = listener.tap_io(|tcp| {
         let _ = tcp.set_nodelay(true);
     });
-    axum::serve(listener, app(router, frontend))
-        .with_graceful_shutdown(shutdown)
-        .await
+    axum::serve(
+        listener,
+        app(router, frontend).into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await
 }

@@ -16,10 +16,10 @@ use std::time::{Duration, Instant};
 use serde::{Deserialize, Serialize};
 use switchyard_plugin_sdk::{WorkerId, WorkerType};
 
+use super::start;
 use crate::config::ConfigSource;
 use crate::plugin::{PartitionKey, PluginSpec, RequestContext};
 use crate::policy::{CandidateRow, Registry, Selector};
-use super::start;
 
 /// How long a probe may take before it counts as hung.
 pub const PROBE_TIME_LIMIT: Duration = Duration::from_secs(20);

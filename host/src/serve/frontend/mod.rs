@@ -162,7 +162,8 @@ pub struct Frontend {
 impl Frontend {
     /// The frontend over `router`; fails naming every tokenizer that does not load.
     pub fn new(router: Arc<Router>) -> Result<Arc<Self>, String> {
-        let source = &router.startup().source;
+        let generation = router.generation();
+        let source = &generation.startup.source;
         let settings = source.config.frontend.clone();
         let tokenizers = load_tokenizers(source).map_err(|errors| errors.join("\n"))?;
         let client = reqwest::Client::builder()

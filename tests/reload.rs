@@ -1,0 +1,296 @@
+//! Reloading under traffic: `switchyard serve` in front of three `engine-sim` processes,
+//! a request through the frontend every millisecond for several seconds, and meanwhile
+//! reloads with a changed weight, with a new version of a plugin renamed over the old
+//! file, and with a broken config. No request may fail because of a reload; decisions
+//! follow the new generation once a reload has returned; bookings and the KV index
+//! survive. Every process is started and killed here; every loop is bounded.
+
+mod support;
+
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::*;
+
+fn engine(name: &str) -> Process {
+    Process::start(
+        Command::new(switchyard_bin())
+            .args([
+                "engine-sim",
+                "--model",
+                "demo",
+                "--name",
+                name,
+                "--listen",
+                "127.0.0.1:0",
+            ])
+            // Each answer takes ~20 ms: requests overlap, so load-aware scoring spreads them.
+            .args(["--decode-tps", "200"])
+            .env("RUST_LOG", "warn"),
+        "engine-sim listening on ",
+    )
+}
+
+/// The config: the fixture plugin at `plugin`, instance `v` = by-id (weight 1) plus active
+/// requests (weight `load_weight`).
+fn config(plugin: &std::path::Path, engines: &[Process], load_weight: f64) -> String {
+    let workers: String = engines
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            format!(
+                "  - {{model: demo, worker_id: {}, url: \"{}\"}}\n",
+                i + 1,
+                e.address
+            )
+        })
+        .collect();
+    format!(
+        "plugins:\n  - path: {}\nworker_selection:\n  default: v\n  instances:\n    - name: v\n      scorers: [{{type: fixture.by-id, weight: 1.0}}, {{type: builtin.active-requests, weight: {load_weight}}}]\n      picker: {{type: builtin.lowest-cost}}\nworkers:\n{workers}",
+        plugin.display()
+    )
+}
+
+/// Compiles the fixture (version `sign`) into `dir`, then renames it over `target`, as
+/// the docs tell vendors to replace a library.
+fn install_plugin(dir: &std::path::Path, target: &std::path::Path, sign: i32) {
+    let built = broken_plugin(
+        dir,
+        &format!("build{sign}"),
+        &[&format!("BY_ID_SIGN={sign}")],
+    );
+    std::fs::rename(built, target).unwrap();
+}
+
+struct Sent {
+    /// When the request was sent ...
+    at: Instant,
+    /// ... and when its answer's headers (with the decision) came back.
+    decided: Instant,
+    status: u16,
+    worker: u64,
+}
+
+async fn reload(client: &reqwest::Client, base: &str) -> (Instant, u16, Value) {
+    let response = client
+        .post(format!("{base}/v1/admin/reload"))
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (Instant::now(), status, response.json().await.unwrap())
+}
+
+/// Workers chosen by requests sent at or after `from` and decided before `to`.
+fn chosen(sent: &[Sent], from: Instant, to: Instant) -> Vec<u64> {
+    sent.iter()
+        .filter(|s| s.at >= from && s.decided < to)
+        .map(|s| s.worker)
+        .collect()
+}
+
+#[test]
+fn reloads_under_traffic_switch_decisions_and_drop_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let engines: Vec<Process> = ["a", "b", "c"].iter().map(|n| engine(n)).collect();
+    let plugin = dir.path().join("acme.so");
+    install_plugin(dir.path(), &plugin, 1);
+    let config_path = write_config(dir.path(), &config(&plugin, &engines, 0.0));
+    let router = Process::start(
+        Command::new(switchyard_bin())
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(&config_path)
+            .env("RUST_LOG", "warn"),
+        "switchyard listening on ",
+    );
+    let base = router.address.clone();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let client = reqwest::Client::new();
+        // State that must survive: a booking, and blocks cached on worker 2.
+        let kept: Value = client
+            .post(format!("{base}/v1/reserve"))
+            .json(&json!({"model": "demo", "request_id": "kept", "block_hashes": [1, 2, 3]}))
+            .send().await.unwrap().json().await.unwrap();
+        assert!(kept["worker_id"].is_u64(), "{kept}");
+        let stored = client
+            .post(format!("{base}/v1/kv_events"))
+            .json(&json!({"worker_id": 2, "events": [{"type": "stored", "block_hashes": [7001, 7002, 7003, 7004]}]}))
+            .send().await.unwrap();
+        assert!(stored.status().is_success(), "{}", stored.text().await.unwrap());
+
+        // Traffic: one streamed chat request every millisecond, for 5 s at most.
+        let sent: Arc<Mutex<Vec<Sent>>> = Arc::default();
+        let traffic = {
+            let (client, base, sent) = (client.clone(), base.clone(), sent.clone());
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_millis(1));
+                let mut tasks = Vec::new();
+                let started = Instant::now();
+                let mut i = 0u64;
+                while started.elapsed() < Duration::from_secs(5) {
+                    tick.tick().await;
+                    i += 1;
+                    let (client, base, sent) = (client.clone(), base.clone(), sent.clone());
+                    tasks.push(tokio::spawn(async move {
+                        let at = Instant::now();
+                        let response = client
+                            .post(format!("{base}/v1/chat/completions"))
+                            .json(&json!({"model": "demo", "stream": true, "max_tokens": 4,
+                                          "messages": [{"role": "user", "content": format!("request {i}")}]}))
+                            .send()
+                            .await
+                            .unwrap();
+                        let decided = Instant::now();
+                        let status = response.status().as_u16();
+                        let worker = response.headers().get("x-switchyard-worker")
+                            .and_then(|v| v.to_str().ok()?.parse().ok())
+                            .unwrap_or(0);
+                        let body = response.text().await.unwrap();
+                        assert!(status != 200 || body.contains("[DONE]"), "a stream ended early: {body}");
+                        sent.lock().unwrap().push(Sent { at, decided, status, worker });
+                    }));
+                }
+                for task in tasks {
+                    task.await.unwrap();
+                }
+            })
+        };
+
+        let started = Instant::now();
+        tokio::time::sleep(Duration::from_millis(1000)).await;
+        // 1. A changed weight: load now counts, so overlapping requests spread.
+        std::fs::write(&config_path, config(&plugin, &engines, 100.0)).unwrap();
+        let weight_started = Instant::now();
+        let (weight_done, status, answer) = reload(&client, &base).await;
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(answer["generation"]["number"], 2, "{answer}");
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+
+        // 2. A new version of the plugin renamed over the old file, load weight back to 0:
+        //    the new version prefers the highest worker id.
+        install_plugin(dir.path(), &plugin, -1);
+        std::fs::write(&config_path, config(&plugin, &engines, 0.0)).unwrap();
+        let version_started = Instant::now();
+        let (version_done, status, answer) = reload(&client, &base).await;
+        assert_eq!(status, 200, "{answer}");
+        assert_eq!(answer["generation"]["number"], 3, "{answer}");
+        tokio::time::sleep(Duration::from_millis(800)).await;
+
+        // 3. A broken config: refused with its errors; generation 3 keeps serving.
+        std::fs::write(&config_path, config(&plugin, &engines, 0.0).replace("fixture.by-id", "fixture.by-idd")).unwrap();
+        let (broken_done, status, answer) = reload(&client, &base).await;
+        assert_eq!(status, 422, "{answer}");
+        assert_eq!(answer["reloaded"], false);
+        assert_eq!(answer["generation"]["number"], 3, "{answer}");
+        let errors = answer["errors"].to_string();
+        assert!(errors.contains("fixture.by-idd") && errors.contains("config.yaml"), "{errors}");
+
+        traffic.await.unwrap();
+        let sent = std::mem::take(&mut *sent.lock().unwrap());
+        let end = Instant::now();
+        assert!(sent.len() > 1000, "only {} requests were sent", sent.len());
+        let failed: Vec<u16> = sent.iter().map(|s| s.status).filter(|s| *s != 200).collect();
+        assert!(failed.is_empty(), "{} requests failed during the reloads: {failed:?}", failed.len());
+
+        let before = chosen(&sent, started, weight_started);
+        assert!(!before.is_empty() && before.iter().all(|w| *w == 1), "version 1, no load weight: worker 1 only: {before:?}");
+        let weighted = chosen(&sent, weight_done, version_started);
+        assert!(weighted.iter().any(|w| *w != 1), "with the load weight, overlapping requests spread: {weighted:?}");
+        let after = chosen(&sent, version_done, end);
+        assert!(!after.is_empty() && after.iter().all(|w| *w == 3), "version 2 prefers worker 3 from the reload on: {after:?}");
+        assert!(chosen(&sent, broken_done, end).iter().all(|w| *w == 3));
+
+        // What survives: the booking (freeable) and worker 2's cached blocks.
+        let selected: Value = client
+            .post(format!("{base}/v1/select"))
+            .json(&json!({"model": "demo", "instance": "default", "block_hashes": [7001, 7002, 7003, 7004]}))
+            .send().await.unwrap().json().await.unwrap();
+        assert_eq!((&selected["worker_id"], &selected["device_overlap_blocks"]), (&json!(2), &json!(4)), "{selected}");
+        let workers: Value = client.get(format!("{base}/v1/workers")).send().await.unwrap().json().await.unwrap();
+        let busy: u64 = workers.as_array().unwrap().iter().map(|w| w["load"]["active_requests"].as_u64().unwrap()).sum();
+        assert_eq!(busy, 1, "only the kept booking remains: {workers}");
+        let freed = client.post(format!("{base}/v1/requests/kept/free")).send().await.unwrap();
+        assert!(freed.status().is_success(), "the booking made before the reloads is still known");
+        let policies: Value = client.get(format!("{base}/v1/policies")).send().await.unwrap().json().await.unwrap();
+        assert_eq!(policies["generation"]["number"], 3);
+        let metrics = client.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
+        for line in [
+            "switchyard_config_generation 3",
+            "switchyard_config_reloads_total{result=\"ok\"} 2",
+            "switchyard_config_reloads_total{result=\"failed\"} 1",
+        ] {
+            assert!(metrics.contains(line), "{line} missing:\n{metrics}");
+        }
+        // Both versions are loaded (different files at one path); the serving one is listed.
+        assert_eq!(metrics.matches("switchyard_plugin_info{").count(), 1, "{metrics}");
+    });
+    drop(engines);
+}
+
+fn resident_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
+
+#[test]
+fn fifty_reloads_leave_memory_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = dir.path().join("acme.so");
+    install_plugin(dir.path(), &plugin, 1);
+    let workers = "workers:\n  - {model: demo, worker_id: 1}\n  - {model: demo, worker_id: 2}\n  - {model: other, worker_id: 3}\n";
+    let yaml = |weight: f64| {
+        format!(
+            "plugins:\n  - path: {}\nworker_selection:\n  instances:\n    - name: v\n      scorers: [{{type: fixture.by-id, weight: {weight}}}]\n      picker: {{type: builtin.lowest-cost}}\n{workers}",
+            plugin.display()
+        )
+    };
+    let config_path = write_config(dir.path(), &yaml(1.0));
+    let router = Process::start(
+        Command::new(switchyard_bin())
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(&config_path)
+            .env("RUST_LOG", "warn"),
+        "switchyard listening on ",
+    );
+    let base = router.address.clone();
+    let reload = |n: usize| {
+        std::fs::write(&config_path, yaml(1.0 + n as f64)).unwrap();
+        let answer: Value = ureq::post(&format!("{base}/v1/admin/reload"))
+            .call()
+            .unwrap()
+            .into_json()
+            .unwrap();
+        assert_eq!(answer["reloaded"], true, "{answer}");
+    };
+    for n in 0..5 {
+        reload(n); // warm up: allocator arenas, thread pools
+    }
+    let before = resident_kib(router.pid());
+    for n in 5..55 {
+        reload(n);
+    }
+    let after = resident_kib(router.pid());
+    let per_reload = (after as f64 - before as f64) / 50.0;
+    eprintln!("resident memory: {before} KiB before, {after} KiB after 50 reloads: {per_reload:+.1} KiB per reload");
+    assert!(
+        per_reload < 256.0,
+        "memory grows {per_reload:.1} KiB per reload"
+    );
+    let policies: Value = ureq::get(&format!("{base}/v1/policies"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert_eq!(policies["generation"]["number"], 56);
+}
