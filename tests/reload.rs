@@ -48,7 +48,9 @@ fn config(plugin: &std::path::Path, engines: &[Process], load_weight: f64) -> St
         })
         .collect();
     format!(
-        "plugins:\n  - path: {}\nworker_selection:\n  default: v\n  instances:\n    - name: v\n      scorers: [{{type: fixture.by-id, weight: 1.0}}, {{type: builtin.active-requests, weight: {load_weight}}}]\n      picker: {{type: builtin.lowest-cost}}\nworkers:\n{workers}",
+        // Health probes off in effect: on a loaded test machine a late probe answer would
+        // take a worker out and change decisions this test predicts.
+        "frontend: {{health_interval_ms: 600000, health_timeout_ms: 10000}}\nplugins:\n  - path: {}\nworker_selection:\n  default: v\n  instances:\n    - name: v\n      scorers: [{{type: fixture.by-id, weight: 1.0}}, {{type: builtin.active-requests, weight: {load_weight}}}]\n      picker: {{type: builtin.lowest-cost}}\nworkers:\n{workers}",
         plugin.display()
     )
 }
@@ -125,20 +127,28 @@ fn reloads_under_traffic_switch_decisions_and_drop_nothing() {
             .send().await.unwrap();
         assert!(stored.status().is_success(), "{}", stored.text().await.unwrap());
 
-        // Traffic: one streamed chat request every millisecond, for 5 s at most.
+        // Traffic: one streamed chat request every millisecond until the reloads are done
+        // (30 s at most), at most 128 in flight (a loaded machine slows the rate rather
+        // than piling up connections).
         let sent: Arc<Mutex<Vec<Sent>>> = Arc::default();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let traffic = {
-            let (client, base, sent) = (client.clone(), base.clone(), sent.clone());
+            let (client, base, sent, stop) = (client.clone(), base.clone(), sent.clone(), stop.clone());
             tokio::spawn(async move {
                 let mut tick = tokio::time::interval(Duration::from_millis(1));
                 let mut tasks = Vec::new();
+                let in_flight = Arc::new(tokio::sync::Semaphore::new(128));
                 let started = Instant::now();
                 let mut i = 0u64;
-                while started.elapsed() < Duration::from_secs(5) {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed)
+                    && started.elapsed() < Duration::from_secs(30)
+                {
                     tick.tick().await;
                     i += 1;
+                    let permit = in_flight.clone().acquire_owned().await.unwrap();
                     let (client, base, sent) = (client.clone(), base.clone(), sent.clone());
                     tasks.push(tokio::spawn(async move {
+                        let _permit = permit;
                         let at = Instant::now();
                         let response = client
                             .post(format!("{base}/v1/chat/completions"))
@@ -192,6 +202,8 @@ fn reloads_under_traffic_switch_decisions_and_drop_nothing() {
         let errors = answer["errors"].to_string();
         assert!(errors.contains("fixture.by-idd") && errors.contains("config.yaml"), "{errors}");
 
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
         traffic.await.unwrap();
         let sent = std::mem::take(&mut *sent.lock().unwrap());
         let end = Instant::now();
