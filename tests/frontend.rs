@@ -638,3 +638,58 @@ fn an_engine_dying_mid_stream_ends_the_stream_with_an_error_event_and_frees() {
         );
     });
 }
+
+#[test]
+fn requests_over_max_in_flight_get_429_and_the_slots_come_back() {
+    let dir = tempfile::tempdir().unwrap();
+    // 8 tokens at 20 tokens/s: each answer takes ~0.4 s, so six sent at once overlap.
+    let engine = engine("slow", "127.0.0.1:0", &["--decode-tps", "20"]);
+    let yaml = format!(
+        "frontend: {{max_in_flight: 2}}\nworkers:\n  - {{model: demo, worker_id: 1, url: \"{}\"}}\n",
+        engine.address
+    );
+    let router = serve(&write_config(dir.path(), &yaml));
+    let base = router.address.clone();
+    runtime().block_on(async {
+        let client = reqwest::Client::new();
+        let send = |content: String| {
+            let (client, base) = (client.clone(), base.clone());
+            tokio::spawn(async move {
+                let response = client
+                    .post(format!("{base}/v1/chat/completions"))
+                    .json(&chat(&content, true, 8))
+                    .send()
+                    .await
+                    .unwrap();
+                let status = response.status().as_u16();
+                (status, response.text().await.unwrap())
+            })
+        };
+        let answers: Vec<(u16, String)> =
+            futures_util::future::join_all((0..6).map(|i| send(format!("request {i}"))))
+                .await
+                .into_iter()
+                .map(Result::unwrap)
+                .collect();
+        let ok = answers.iter().filter(|(s, _)| *s == 200).count();
+        let shed: Vec<&String> = answers
+            .iter()
+            .filter(|(s, _)| *s == 429)
+            .map(|(_, b)| b)
+            .collect();
+        assert_eq!((ok, shed.len()), (2, 4), "{answers:?}");
+        let error: Value = serde_json::from_str(shed[0]).unwrap();
+        assert_eq!(error["error"]["code"], "rate_limit_exceeded", "{error}");
+        assert!(error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("max_in_flight"));
+        // The answers are over: their slots are free again.
+        let (status, body) = send("after".into()).await.unwrap();
+        assert_eq!(status, 200, "{body}");
+        wait_for_zero_load(&client, &base).await;
+        assert!(metrics(&client, &base)
+            .await
+            .contains("switchyard_frontend_shed_total 4"));
+    });
+}

@@ -131,6 +131,10 @@ pub struct FrontendSettings {
     /// `GET /health` of every worker with a `url`, this often.
     pub health_interval_ms: u64,
     pub health_timeout_ms: u64,
+    /// Requests proxied at once; more are answered 429 at once. Each holds two sockets
+    /// (client and engine): the bound keeps an overload from exhausting the process's
+    /// file descriptors, which would also stop reloads and health probes.
+    pub max_in_flight: u64,
 }
 
 impl Default for FrontendSettings {
@@ -142,6 +146,7 @@ impl Default for FrontendSettings {
             unhealthy_cooldown_ms: 5_000,
             health_interval_ms: 2_000,
             health_timeout_ms: 1_000,
+            max_in_flight: 8_192,
         }
     }
 }
@@ -578,6 +583,7 @@ impl ConfigSource {
             ("request_timeout_secs", frontend.request_timeout_secs),
             ("health_interval_ms", frontend.health_interval_ms),
             ("health_timeout_ms", frontend.health_timeout_ms),
+            ("max_in_flight", frontend.max_in_flight),
         ] {
             if value == 0 {
                 let line = self

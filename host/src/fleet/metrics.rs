@@ -116,6 +116,8 @@ pub struct Metrics {
     upstream_retries: AtomicU64,
     /// Frontend: engine failures answered to clients (connect, timeout, mid-answer).
     upstream_errors: AtomicU64,
+    /// Frontend: requests answered 429 because `max_in_flight` were being proxied.
+    shed: AtomicU64,
     /// Frontend: from a request's arrival to the first byte of its answer.
     ttfb: LatencyHistogram,
     /// The config generation serving, and when it was loaded (Unix seconds, f64 bits).
@@ -152,6 +154,7 @@ impl Metrics {
             expired: AtomicU64::new(0),
             upstream_retries: AtomicU64::new(0),
             upstream_errors: AtomicU64::new(0),
+            shed: AtomicU64::new(0),
             ttfb: LatencyHistogram::default(),
             generation: AtomicU64::new(0),
             generation_loaded_at: AtomicU64::new(0),
@@ -223,6 +226,10 @@ impl Metrics {
 
     pub fn record_ext_proc_rebook(&self) {
         self.ext_proc_rebooks.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn record_shed(&self) {
+        self.shed.fetch_add(1, Ordering::Relaxed);
     }
 
     pub fn record_upstream_error(&self) {
@@ -494,6 +501,7 @@ impl Metrics {
             ("switchyard_reservations_expired", "Reservations released by expiry because nothing freed them (the last safety net).", &self.expired),
             ("switchyard_upstream_retries", "Frontend selections repeated after an engine refused the connection.", &self.upstream_retries),
             ("switchyard_upstream_errors", "Frontend requests that ended with an engine failure (connect, timeout, mid-answer).", &self.upstream_errors),
+            ("switchyard_frontend_shed", "Frontend requests answered 429 because frontend.max_in_flight requests were being proxied.", &self.shed),
             ("switchyard_ext_proc_picks", "Envoy endpoint picker: endpoints picked.", &self.ext_proc_picks),
             ("switchyard_ext_proc_refusals", "Envoy endpoint picker: requests answered with an immediate (error) response.", &self.ext_proc_refusals),
             ("switchyard_ext_proc_rebooks", "Envoy endpoint picker: bookings moved to the endpoint that actually served (after the gateway's retries).", &self.ext_proc_rebooks),

@@ -157,6 +157,8 @@ pub struct Frontend {
     next_request: AtomicU64,
     /// Distinguishes this process's request ids from another router's.
     id_prefix: String,
+    /// One permit per request being proxied (`frontend.max_in_flight`).
+    in_flight: Arc<tokio::sync::Semaphore>,
 }
 
 impl Frontend {
@@ -166,6 +168,9 @@ impl Frontend {
         let source = &generation.startup.source;
         let settings = source.config.frontend.clone();
         let tokenizers = load_tokenizers(source).map_err(|errors| errors.join("\n"))?;
+        let in_flight = usize::try_from(settings.max_in_flight)
+            .unwrap_or(usize::MAX)
+            .min(tokio::sync::Semaphore::MAX_PERMITS);
         let client = reqwest::Client::builder()
             .connect_timeout(Duration::from_millis(settings.connect_timeout_ms))
             .pool_idle_timeout(Duration::from_secs(30))
@@ -179,6 +184,7 @@ impl Frontend {
             tokenizers,
             next_request: AtomicU64::new(0),
             id_prefix: format!("sy-{:08x}", rand::random::<u32>()),
+            in_flight: Arc::new(tokio::sync::Semaphore::new(in_flight)),
         }))
     }
 
@@ -207,6 +213,19 @@ impl Frontend {
         body: Bytes,
     ) -> Response {
         let arrived = std::time::Instant::now();
+        let Ok(slot) = self.in_flight.clone().try_acquire_owned() else {
+            self.router.metrics.record_shed();
+            let mut error = OpenAiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_exceeded",
+                format!(
+                    "the router is proxying {} requests already (frontend.max_in_flight); retry later",
+                    self.settings.max_in_flight
+                ),
+            );
+            error.code = Some("rate_limit_exceeded");
+            return error.into_response();
+        };
         let instance = match headers.get(INSTANCE_HEADER).map(HeaderValue::to_str) {
             None => None,
             Some(Ok(name)) => Some(name.to_owned()),
@@ -304,7 +323,11 @@ impl Frontend {
                     )
                     .into_response();
                 }
-                Ok(response) => return self.respond(&prompt, decision, lease, response, arrived),
+                Ok(response) => {
+                    let mut lease = lease;
+                    lease.hold(slot);
+                    return self.respond(&prompt, decision, lease, response, arrived);
+                }
             }
         }
     }
@@ -413,6 +436,8 @@ pub struct Lease {
     request_id: String,
     prefilled: bool,
     freed: bool,
+    /// The frontend's in-flight slot, given back with the lease.
+    slot: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl Lease {
@@ -422,7 +447,13 @@ impl Lease {
             request_id,
             prefilled: false,
             freed: false,
+            slot: None,
         }
+    }
+
+    /// Keeps `slot` taken until the lease ends (the answer is relayed, or dropped).
+    pub fn hold(&mut self, slot: tokio::sync::OwnedSemaphorePermit) {
+        self.slot = Some(slot);
     }
 
     pub fn request_id(&self) -> &str {
