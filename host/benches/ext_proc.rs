@@ -145,6 +145,19 @@ async fn round(
     (times, rate)
 }
 
+/// CPU time (user + system) a process has used, in seconds, from /proc.
+fn cpu_seconds(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces) are space-separated; utime and
+    // stime are the 14th and 15th fields overall.
+    let after = stat.rsplit(')').next().unwrap_or_default();
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = fields.get(11..13).map_or(0.0, |f| {
+        f.iter().filter_map(|v| v.parse::<f64>().ok()).sum()
+    });
+    ticks / 100.0 // USER_HZ is 100 on Linux
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize].as_secs_f64() * 1e3
 }
@@ -160,7 +173,8 @@ fn main() {
         .local_addr()
         .unwrap()
         .port();
-    let (_router, base) = start_router(dir.path(), port);
+    let (router, base) = start_router(dir.path(), port);
+    let router_pid = router.0.id().to_string();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -180,6 +194,7 @@ fn main() {
         );
         for (concurrency, requests) in [(1usize, 600usize), (64, 3072), (512, 6144)] {
             let mut results: Vec<(Vec<Duration>, f64)> = vec![(Vec::new(), 0.0), (Vec::new(), 0.0)];
+            let (router_cpu, own_cpu) = (cpu_seconds(&router_pid), cpu_seconds("self"));
             for _ in 0..3 {
                 for (i, instance) in ["default", "least-busy"].iter().enumerate() {
                     let (times, rate) = round(&clients, instance, concurrency, requests / 3).await;
@@ -199,6 +214,13 @@ fn main() {
                 rates.push(*rate);
             }
             println!("{:>11}  plugin / built-in decisions per second: {:.2}", "", rates[1] / rates[0]);
+            let decisions = 2.0 * (requests / 3 * 3) as f64;
+            println!(
+                "{:>11}  CPU per decision: router {:.0} us, Envoy stand-in {:.0} us",
+                "",
+                (cpu_seconds(&router_pid) - router_cpu) / decisions * 1e6,
+                (cpu_seconds("self") - own_cpu) / decisions * 1e6
+            );
         }
         println!(
             "\nthe router's own time per decision (end of body -> pick sent), mean over the run: {:.3} ms",
