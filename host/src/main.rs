@@ -106,6 +106,8 @@ enum Command {
 
 #[derive(Subcommand)]
 enum PluginCommand {
+    /// Create a plugin project that builds out of the box (Rust, C or C++).
+    New(switchyard::tools::scaffold::NewArgs),
     /// Print a plugin's descriptor and registered types.
     Inspect {
         file: PathBuf,
@@ -291,6 +293,22 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Plugin {
+            command: PluginCommand::New(args),
+        } => match switchyard::tools::scaffold::new_plugin(&args) {
+            Ok(dir) => {
+                println!(
+                    "created {}: build and check it with {}/test.sh",
+                    dir.display(),
+                    dir.display()
+                );
+                ExitCode::SUCCESS
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Plugin {
             command: PluginCommand::Inspect { file, load, json },
         } => {
