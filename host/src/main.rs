@@ -97,6 +97,9 @@ enum Command {
     /// Internal: exercise one plugin in this child process (see startup::probe).
     #[command(name = "__probe-plugin", hide = true)]
     ProbePlugin,
+    /// Internal: test one plugin type in this child process (see tools::conformance).
+    #[command(name = "__plugin-test", hide = true)]
+    PluginTestChild,
     /// Work with one plugin library.
     Plugin {
         #[command(subcommand)]
@@ -108,6 +111,9 @@ enum Command {
 enum PluginCommand {
     /// Create a plugin project that builds out of the box (Rust, C or C++).
     New(switchyard::tools::scaffold::NewArgs),
+    /// Conformance run of a plugin library: every type on generated fleets, each in a
+    /// child process; a table (or JSON) and exit status 1 on any finding.
+    Test(switchyard::tools::conformance::TestArgs),
     /// Print a plugin's descriptor and registered types.
     Inspect {
         file: PathBuf,
@@ -293,6 +299,35 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::PluginTestChild => {
+            ExitCode::from(u8::try_from(switchyard::tools::conformance::run_child()).unwrap_or(2))
+        }
+        Command::Plugin {
+            command: PluginCommand::Test(args),
+        } => match switchyard::tools::conformance::run(&args) {
+            Ok(reports) => {
+                if args.json {
+                    println!(
+                        "{}",
+                        serde_json::to_string_pretty(&reports).unwrap_or_default()
+                    );
+                } else {
+                    print!(
+                        "{}",
+                        switchyard::tools::conformance::table(&args.file, &reports)
+                    );
+                }
+                if reports.iter().all(|r| r.passed()) {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::FAILURE
+                }
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::from(2)
+            }
+        },
         Command::Plugin {
             command: PluginCommand::New(args),
         } => match switchyard::tools::scaffold::new_plugin(&args) {

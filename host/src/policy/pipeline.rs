@@ -153,6 +153,47 @@ fn wrong_kind(called_as: ComponentKind) -> CallError {
     called_as.wrongly_called("built-in component of another kind")
 }
 
+/// What one component call wrote, unchecked (`plugin test` judges it).
+#[derive(Clone, Debug, PartialEq)]
+pub enum RawOutput {
+    Keep(Vec<u8>),
+    Costs(Vec<f64>),
+    Row(usize),
+}
+
+impl Stage {
+    /// Calls this component once over `candidates`, outside any pipeline: a filter's mask
+    /// (every byte 1 before the call), a scorer's costs (NaN before the call), a picker's
+    /// row over `costs`. Nothing is checked or compacted: conformance runs read what the
+    /// component wrote.
+    pub fn call_once(
+        &mut self,
+        request: &RequestContext,
+        candidates: &Candidates,
+        costs: &[f64],
+    ) -> Result<RawOutput, CallError> {
+        let mut error = ErrorBuffer::new();
+        request.with_abi(|raw| match self.kind {
+            ComponentKind::Filter => {
+                let mut keep = vec![1u8; candidates.len()];
+                let columns = candidates.columns(None);
+                self.filter(raw, &columns, &mut keep, &mut error)
+                    .map(|()| RawOutput::Keep(keep))
+            }
+            ComponentKind::Scorer => {
+                let mut out = vec![f64::NAN; candidates.len()];
+                let columns = candidates.columns(None);
+                self.score(raw, &columns, &mut out, &mut error)
+                    .map(|()| RawOutput::Costs(out))
+            }
+            ComponentKind::Picker => {
+                let columns = candidates.columns(Some(costs));
+                self.pick(raw, &columns, &mut error).map(RawOutput::Row)
+            }
+        })
+    }
+}
+
 /// Why a selection failed. Every variant names the component at fault, if any.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum SelectError {

@@ -144,7 +144,8 @@ fn probe_one(exe: &std::path::Path, input: &ProbeInput) -> Option<(String, Strin
 /// The child's exit code when the loader refused the plugin (no crash).
 const REFUSED: i32 = 3;
 
-fn describe(status: ExitStatus, finished: bool) -> String {
+/// How a child process ended, in words (the signal's name when one killed it).
+pub fn describe(status: ExitStatus, finished: bool) -> String {
     #[cfg(unix)]
     {
         use std::os::unix::process::ExitStatusExt;

@@ -1,6 +1,7 @@
 //! Operator tools built on the library: what `check` and `plugin inspect` print, trace
-//! replay against simulated workers, the engine simulator, and plugin project scaffolds.
+//! replay against simulated workers, the engine simulator, plugin project scaffolds and the plugin conformance run.
 
+pub mod conformance;
 pub mod engine_sim;
 pub mod replay;
 pub mod scaffold;

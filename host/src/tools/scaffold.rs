@@ -4,8 +4,8 @@
 //! project's own namespace (`NAME.`), so the scaffold is always code this repository
 //! builds and tests; beside it a build file (Cargo with the SDK, or CMake with
 //! `find_package(Switchyard)`), a config using both the policy type and the components
-//! composed, and `test.sh`, which builds the plugin and runs `switchyard check` and
-//! `switchyard select` on it.
+//! composed, and `test.sh`, which builds the plugin and runs `switchyard check`,
+//! `switchyard plugin test` and `switchyard select` on it.
 
 use std::path::{Path, PathBuf};
 
@@ -138,6 +138,8 @@ fn files(args: &NewArgs, sdk: Option<&Path>) -> Vec<(String, String)> {
              # SWITCHYARD names the switchyard binary (default: the one on PATH).\n\
              set -eu\ncd \"$(dirname \"$0\")\"\nSWITCHYARD=${{SWITCHYARD:-switchyard}}\n{build}\n\
              \"$SWITCHYARD\" check --config switchyard.yaml\n\
+             # The conformance run: every type on generated fleets (exit 1 on any finding).\n\
+             \"$SWITCHYARD\" plugin test {library}\n\
              # Worker 1 is busy (2 active requests), worker 2 idle: both instances pick worker 2.\n\
              for instance in {name} {name}-composed; do\n\
              \x20   picked=$(\"$SWITCHYARD\" select --config switchyard.yaml --instance \"$instance\" --worker 1:0:2 --worker 2:0:0)\n\
@@ -152,7 +154,7 @@ fn files(args: &NewArgs, sdk: Option<&Path>) -> Vec<(String, String)> {
              `{name}.least-busy` (a policy type) and its components `{name}.min-device-overlap`,\n\
              `{name}.active-requests` and `{name}.lowest-cost`: keep workers with enough cached\n\
              blocks, prefer the least busy. Change them into your own.\n\n\
-             ```sh\n{build}\nswitchyard check --config switchyard.yaml\n./test.sh   # build, check, and two decisions\n```\n\n\
+             ```sh\n{build}\nswitchyard check --config switchyard.yaml\n./test.sh   # build, check, the conformance run, two decisions\n```\n\n\
              Set the vendor in the source (`{VENDOR}`). The ABI and the guides: switchyard's\n\
              `docs/ABI.md` and `docs/writing-plugins-*.md`.\n",
             lang = args.lang

@@ -1,0 +1,638 @@
+//! `switchyard plugin test LIB.so`: a conformance run for a plugin's vendor to put in CI.
+//! Each registered type is exercised in a child process of its own (this binary's hidden
+//! `__plugin-test` subcommand), so a crash is a finding with the phase it happened in, not
+//! the end of the run:
+//!
+//! - parameters: the given ones (or `{}`) are accepted; an unknown key is refused;
+//! - each component on fleets of 1, 2, 7, 64, 1,024 and 10,000 candidates, with the
+//!   groups it declared and only those (an undeclared group is a NULL column, as in the
+//!   router), with zeros, maxima and random values: a filter writes only 0 or 1, a
+//!   scorer only finite costs, a picker a row in range;
+//! - the same input twice gives the same output (unless `--allow-random`), and a call
+//!   from another thread (one at a time, as the router calls) answers the same;
+//! - policy types: built for prefill, decode and select, each selection in range;
+//! - time per call and per candidate at 1,024 candidates.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rand::{Rng, SeedableRng};
+use serde::{Deserialize, Serialize};
+use switchyard_plugin_sdk::{WorkerId, WorkerType};
+
+use crate::plugin::{
+    ComponentKind, OwnedParams, PartitionKey, PluginSpec, RequestContext, RevisionRule,
+};
+use crate::policy::{
+    CandidateRow, Candidates, Origin, Policy, RawOutput, Registry, Selector, Stage,
+};
+
+/// The hidden subcommand a type is tested in.
+pub const SUBCOMMAND: &str = "__plugin-test";
+/// A key no plugin can mean: it must be refused.
+const UNKNOWN_KEY: &str = "switchyard_conformance_unknown_key";
+const FLEETS: [usize; 6] = [1, 2, 7, 64, 1024, 10_000];
+/// How long one type's run may take before it counts as hung.
+const TIME_LIMIT: Duration = Duration::from_secs(120);
+
+/// What `plugin test` takes.
+#[derive(clap::Args, Debug)]
+pub struct TestArgs {
+    /// The plugin library.
+    pub file: PathBuf,
+    /// Test only these types (repeat); every registered type by default.
+    #[arg(long = "type")]
+    pub types: Vec<String>,
+    /// Parameters (a JSON object) to build each type with; `{}` by default.
+    #[arg(long)]
+    pub params: Option<String>,
+    /// Types that are random by design: different answers for the same input pass.
+    #[arg(long)]
+    pub allow_random: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Serialize, Deserialize)]
+struct ChildInput {
+    file: PathBuf,
+    /// None: list the types.
+    type_name: Option<String>,
+    params: String,
+    allow_random: bool,
+}
+
+/// One check's verdict.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Finding {
+    pub check: String,
+    pub ok: bool,
+    pub detail: String,
+}
+
+/// What the child reports, one JSON object per line.
+#[derive(Serialize, Deserialize)]
+enum Line {
+    Types(Vec<(String, String)>),
+    /// The loader refused the library (no crash): why.
+    Refused(String),
+    Phase(String),
+    Finding(Finding),
+    Timing {
+        ns_per_call: f64,
+        ns_per_candidate: f64,
+    },
+    Done,
+}
+
+/// One type's results.
+#[derive(Debug, Serialize)]
+pub struct TypeReport {
+    pub type_name: String,
+    pub kind: String,
+    pub findings: Vec<Finding>,
+    pub ns_per_call: Option<f64>,
+    pub ns_per_candidate: Option<f64>,
+}
+
+impl TypeReport {
+    pub fn passed(&self) -> bool {
+        self.findings.iter().all(|f| f.ok)
+    }
+}
+
+fn emit(line: &Line) {
+    println!("{}", serde_json::to_string(line).unwrap_or_default());
+    let _ = std::io::stdout().flush();
+}
+
+/// Runs the child for `input`; its lines, and how it ended if it did not finish.
+fn child(input: &ChildInput) -> Result<(Vec<Line>, Option<String>), String> {
+    let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
+    let mut child = Command::new(exe)
+        .arg(SUBCOMMAND)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .map_err(|e| format!("cannot start the test process: {e}"))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        let _ = stdin.write_all(serde_json::to_string(input).unwrap_or_default().as_bytes());
+    }
+    let stdout = child.stdout.take();
+    let reader = std::thread::spawn(move || {
+        stdout.map_or_else(Vec::new, |out| {
+            BufReader::new(out)
+                .lines()
+                .map_while(Result::ok)
+                .filter_map(|l| serde_json::from_str::<Line>(&l).ok())
+                .collect::<Vec<_>>()
+        })
+    });
+    let started = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Some(status),
+            Ok(None) if started.elapsed() > TIME_LIMIT => {
+                let _ = child.kill();
+                let _ = child.wait();
+                break None;
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+            Err(_) => break None,
+        }
+    };
+    let lines = reader.join().unwrap_or_default();
+    let finished = lines.iter().any(|l| matches!(l, Line::Done));
+    let ended = match status {
+        _ if finished => None,
+        None => Some(format!("did not finish within {} s", TIME_LIMIT.as_secs())),
+        Some(status) => Some(crate::startup::probe::describe(status, false)),
+    };
+    Ok((lines, ended))
+}
+
+/// The conformance run: a report per type, or why it could not run.
+pub fn run(args: &TestArgs) -> Result<Vec<TypeReport>, String> {
+    let params = args.params.clone().unwrap_or_else(|| "{}".into());
+    if !serde_json::from_str::<serde_json::Value>(&params).is_ok_and(|v| v.is_object()) {
+        return Err(format!("--params must be a JSON object, got `{params}`"));
+    }
+    let (lines, ended) = child(&ChildInput {
+        file: args.file.clone(),
+        type_name: None,
+        params: params.clone(),
+        allow_random: args.allow_random,
+    })?;
+    if let Some(reason) = lines.iter().find_map(|l| match l {
+        Line::Refused(reason) => Some(reason.clone()),
+        _ => None,
+    }) {
+        return Err(format!("the library could not be loaded: {reason}"));
+    }
+    let mut types = lines
+        .into_iter()
+        .find_map(|l| match l {
+            Line::Types(types) => Some(types),
+            _ => None,
+        })
+        .ok_or_else(|| match ended {
+            Some(how) => format!(
+                "{}: the test process {how} while loading and registering the library",
+                args.file.display()
+            ),
+            None => format!("{}: the library could not be loaded", args.file.display()),
+        })?;
+    if !args.types.is_empty() {
+        if let Some(missing) = args
+            .types
+            .iter()
+            .find(|t| !types.iter().any(|(n, _)| n == *t))
+        {
+            let names: Vec<&str> = types.iter().map(|(n, _)| n.as_str()).collect();
+            return Err(format!(
+                "--type {missing}: the library registers no such type; it registers {}",
+                names.join(", ")
+            ));
+        }
+        types.retain(|(n, _)| args.types.contains(n));
+    }
+    let mut reports = Vec::new();
+    for (type_name, kind) in types {
+        let (lines, ended) = child(&ChildInput {
+            file: args.file.clone(),
+            type_name: Some(type_name.clone()),
+            params: params.clone(),
+            allow_random: args.allow_random,
+        })?;
+        let mut report = TypeReport {
+            type_name,
+            kind,
+            findings: Vec::new(),
+            ns_per_call: None,
+            ns_per_candidate: None,
+        };
+        let mut phase = String::from("starting");
+        for line in lines {
+            match line {
+                Line::Phase(p) => phase = p,
+                Line::Finding(f) => report.findings.push(f),
+                Line::Timing {
+                    ns_per_call,
+                    ns_per_candidate,
+                } => {
+                    report.ns_per_call = Some(ns_per_call);
+                    report.ns_per_candidate = Some(ns_per_candidate);
+                }
+                Line::Types(_) | Line::Refused(_) | Line::Done => {}
+            }
+        }
+        if let Some(how) = ended {
+            report.findings.push(Finding {
+                check: "no crash".into(),
+                ok: false,
+                detail: format!("the test process {how} while {phase}"),
+            });
+        }
+        reports.push(report);
+    }
+    Ok(reports)
+}
+
+/// The report as a table.
+pub fn table(file: &std::path::Path, reports: &[TypeReport]) -> String {
+    use std::fmt::Write as _;
+    let mut out = format!("plugin test {}\n", file.display());
+    for r in reports {
+        let timing = match (r.ns_per_call, r.ns_per_candidate) {
+            (Some(call), Some(candidate)) => {
+                format!(
+                    "  {:.1} us per call, {candidate:.1} ns per candidate at 1,024",
+                    call / 1e3
+                )
+            }
+            _ => String::new(),
+        };
+        let verdict = if r.passed() { "ok" } else { "FAIL" };
+        let _ = writeln!(out, "{verdict:<5}{} {}{timing}", r.kind, r.type_name);
+        for f in r.findings.iter().filter(|f| !f.ok) {
+            let _ = writeln!(out, "       {}: {}", f.check, f.detail);
+        }
+    }
+    let failed = reports.iter().filter(|r| !r.passed()).count();
+    let _ = writeln!(out, "{} type(s), {failed} failed", reports.len());
+    out
+}
+
+// ---- the child -------------------------------------------------------------------------
+
+fn finding(check: &str, ok: bool, detail: impl Into<String>) {
+    emit(&Line::Finding(Finding {
+        check: check.into(),
+        ok,
+        detail: detail.into(),
+    }));
+}
+
+fn params_with_unknown(params: &str) -> String {
+    let mut value: serde_json::Value = serde_json::from_str(params).unwrap_or_default();
+    if let Some(object) = value.as_object_mut() {
+        object.insert(UNKNOWN_KEY.into(), serde_json::Value::Bool(true));
+    }
+    value.to_string()
+}
+
+fn owned(params: &str) -> Option<OwnedParams> {
+    match serde_json::from_str(params).ok()? {
+        serde_json::Value::Object(object) => Some(OwnedParams::new(object)),
+        _ => None,
+    }
+}
+
+/// Candidate rows: zeros, maxima, or random values (seeded), every group set.
+fn rows(count: usize, variant: &str, rng: &mut rand::rngs::StdRng) -> Vec<CandidateRow> {
+    (0..count)
+        .map(|i| {
+            let mut row = CandidateRow::new(WorkerId {
+                worker_id: i as u64 + 1,
+                dp_rank: (i % 4) as u32,
+            });
+            match variant {
+                "maxima" => {
+                    row.cache.device_overlap_blocks = u32::MAX;
+                    row.cache.host_overlap_blocks = u32::MAX;
+                    row.cache.disk_overlap_blocks = u32::MAX;
+                    row.cache.shared_beyond_device_blocks = u32::MAX;
+                    row.load.active_prefill_tokens = u64::MAX;
+                    row.load.decode_cost_blocks = u64::MAX;
+                    row.load.active_requests = u32::MAX;
+                    row.preferred_taint_multiplier = f64::MAX;
+                }
+                "random" => {
+                    row.cache.device_overlap_blocks = rng.gen_range(0..64);
+                    row.cache.host_overlap_blocks = rng.gen_range(0..64);
+                    row.cache.disk_overlap_blocks = rng.gen_range(0..64);
+                    row.cache.shared_beyond_device_blocks = rng.gen_range(0..64);
+                    row.load.active_prefill_tokens = rng.gen_range(0..100_000);
+                    row.load.decode_cost_blocks = rng.gen_range(0..10_000);
+                    row.load.active_requests = rng.gen_range(0..256);
+                    row.preferred_taint_multiplier = if rng.gen_bool(0.5) {
+                        f64::NAN
+                    } else {
+                        rng.gen_range(0.0..4.0)
+                    };
+                }
+                _ => {} // zeros, and no taint
+            }
+            row
+        })
+        .collect()
+}
+
+/// Equal outputs; costs compare bit for bit (a NaN equals the same NaN: the non-finite
+/// check reports it, not this one).
+fn same(a: &RawOutput, b: &RawOutput) -> bool {
+    match (a, b) {
+        (RawOutput::Costs(a), RawOutput::Costs(b)) => {
+            a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+        }
+        _ => a == b,
+    }
+}
+
+/// What is wrong with one output, if anything.
+fn judge(
+    output: &RawOutput,
+    count: usize,
+    candidates: &Candidates,
+) -> Option<(&'static str, String)> {
+    match output {
+        RawOutput::Keep(keep) => keep.iter().position(|&k| k > 1).map(|row| {
+            (
+                "filter mask is 0 or 1",
+                format!(
+                    "wrote {} for worker {} (row {row})",
+                    keep[row],
+                    candidates.worker(row).worker_id
+                ),
+            )
+        }),
+        RawOutput::Costs(costs) => costs.iter().position(|c| !c.is_finite()).map(|row| {
+            (
+                "scorer costs are finite",
+                format!(
+                    "cost {} for worker {} (row {row})",
+                    costs[row],
+                    candidates.worker(row).worker_id
+                ),
+            )
+        }),
+        RawOutput::Row(row) if *row >= count => Some((
+            "picker row in range",
+            format!("returned row {row} of {count} candidates"),
+        )),
+        RawOutput::Row(_) => None,
+    }
+}
+
+fn test_component(stage: &mut Stage, allow_random: bool) {
+    let kind = stage.kind;
+    let mut rng = rand::rngs::StdRng::seed_from_u64(42);
+    let request = RequestContext::new(16, 64);
+    let mut failures: Vec<(&str, String)> = Vec::new();
+    let mut candidates = Candidates::default();
+    for &count in &FLEETS {
+        for variant in ["zeros", "maxima", "random"] {
+            emit(&Line::Phase(format!(
+                "calling it on {count} candidates ({variant} values)"
+            )));
+            candidates.fill(stage.inputs, rows(count, variant, &mut rng));
+            let costs: Vec<f64> = (0..count).map(|i| (i % 7) as f64).collect();
+            let first = match stage.call_once(&request, &candidates, &costs) {
+                Ok(output) => output,
+                Err(e) => {
+                    failures.push((
+                        "calls succeed",
+                        format!(
+                            "{count} candidates ({variant}): {} {}",
+                            e.status.name(),
+                            e.message
+                        ),
+                    ));
+                    continue;
+                }
+            };
+            if let Some(problem) = judge(&first, count, &candidates) {
+                failures.push((
+                    problem.0,
+                    format!("{count} candidates ({variant}): {}", problem.1),
+                ));
+            }
+            emit(&Line::Phase(format!(
+                "calling it again on the same {count} candidates ({variant})"
+            )));
+            if let Ok(second) = stage.call_once(&request, &candidates, &costs) {
+                if !same(&second, &first) && !allow_random {
+                    failures.push(("same input, same output", format!("{count} candidates ({variant}): two calls answered differently (pass --allow-random if the type is random by design)")));
+                }
+            }
+        }
+    }
+    emit(&Line::Phase("calling it from another thread".into()));
+    candidates.fill(stage.inputs, rows(64, "random", &mut rng));
+    let costs = vec![1.0; 64];
+    let here = stage.call_once(&request, &candidates, &costs).ok();
+    let there = std::thread::scope(|scope| {
+        scope
+            .spawn(|| stage.call_once(&request, &candidates, &costs).ok())
+            .join()
+            .ok()
+            .flatten()
+    });
+    let agree = match (&here, &there) {
+        (Some(a), Some(b)) => same(a, b),
+        (a, b) => a.is_none() && b.is_none(),
+    };
+    if !allow_random && here.is_some() && !agree {
+        failures.push((
+            "another thread, same output",
+            "a call from another thread answered differently".into(),
+        ));
+    }
+    // One finding per check: its first failure.
+    for check in [
+        "calls succeed",
+        "filter mask is 0 or 1",
+        "scorer costs are finite",
+        "picker row in range",
+        "same input, same output",
+        "another thread, same output",
+    ] {
+        let relevant = match check {
+            "filter mask is 0 or 1" => kind == ComponentKind::Filter,
+            "scorer costs are finite" => kind == ComponentKind::Scorer,
+            "picker row in range" => kind == ComponentKind::Picker,
+            _ => true,
+        };
+        if !relevant {
+            continue;
+        }
+        match failures.iter().find(|(c, _)| *c == check) {
+            Some((_, detail)) => finding(check, false, detail.clone()),
+            None => finding(check, true, ""),
+        }
+    }
+    emit(&Line::Phase("timing it on 1,024 candidates".into()));
+    candidates.fill(stage.inputs, rows(1024, "random", &mut rng));
+    let costs = vec![1.0; 1024];
+    let calls = 200;
+    let started = Instant::now();
+    for _ in 0..calls {
+        let _ = stage.call_once(&request, &candidates, &costs);
+    }
+    let per_call = started.elapsed().as_nanos() as f64 / f64::from(calls);
+    emit(&Line::Timing {
+        ns_per_call: per_call,
+        ns_per_candidate: per_call / 1024.0,
+    });
+}
+
+fn test_policy(policy: Policy, allow_random: bool) {
+    let mut selector = Selector::new(policy);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(42);
+    let request = RequestContext::new(16, 64);
+    let mut failure = None;
+    for &count in &FLEETS {
+        for variant in ["zeros", "maxima", "random"] {
+            emit(&Line::Phase(format!(
+                "selecting among {count} candidates ({variant} values)"
+            )));
+            let fleet = rows(count, variant, &mut rng);
+            let first = selector.select(&request, fleet.iter().copied());
+            let second = selector.select(&request, fleet.iter().copied());
+            match (&first, &second) {
+                (Err(e), _) if !e.is_no_worker() => failure = failure.or(Some(("selections succeed", format!("{count} candidates ({variant}): {e}")))),
+                (Ok(a), Ok(b)) if a != b && !allow_random => failure = failure.or(Some(("same input, same output", format!("{count} candidates ({variant}): picked worker {} then {} (pass --allow-random if the type is random by design)", a.worker_id, b.worker_id)))),
+                _ => {}
+            }
+        }
+    }
+    match failure {
+        Some((check, detail)) => finding(check, false, detail),
+        None => finding("selections succeed", true, ""),
+    }
+    let fleet = rows(1024, "random", &mut rng);
+    let calls = 200;
+    let started = Instant::now();
+    for _ in 0..calls {
+        let _ = selector.select(&request, fleet.iter().copied());
+    }
+    let per_call = started.elapsed().as_nanos() as f64 / f64::from(calls);
+    emit(&Line::Timing {
+        ns_per_call: per_call,
+        ns_per_candidate: per_call / 1024.0,
+    });
+}
+
+/// The child: reads its input (library, type, parameters) on stdin, lists or tests one
+/// type, one JSON line per phase and finding. Returns the exit code.
+pub fn run_child() -> i32 {
+    let mut text = String::new();
+    if std::io::Read::read_to_string(&mut std::io::stdin(), &mut text).is_err() {
+        return 2;
+    }
+    let Ok(input) = serde_json::from_str::<ChildInput>(&text) else {
+        return 2;
+    };
+    emit(&Line::Phase("loading and registering the library".into()));
+    let mut registry = Registry::with_builtins();
+    let spec = PluginSpec {
+        path: input.file.clone(),
+        sha256: None,
+        revision: RevisionRule::default(),
+    };
+    if let Err(e) = registry.load_plugin(&spec) {
+        emit(&Line::Refused(e.to_string()));
+        return 3;
+    }
+    let Some(type_name) = input.type_name else {
+        let mut types: Vec<(String, String)> = registry
+            .components()
+            .filter(|c| matches!(c.origin, Origin::Plugin { .. }))
+            .map(|c| (c.name.clone(), c.kind.as_str().to_owned()))
+            .collect();
+        types.extend(
+            registry
+                .policies()
+                .filter(|p| matches!(p.origin, Origin::Plugin { .. }))
+                .map(|p| (p.name.clone(), "policy".to_owned())),
+        );
+        types.sort();
+        emit(&Line::Types(types));
+        emit(&Line::Done);
+        return 0;
+    };
+    let (Some(params), Some(unknown)) = (
+        owned(&input.params),
+        owned(&params_with_unknown(&input.params)),
+    ) else {
+        return 2;
+    };
+    let partition = PartitionKey::new("conformance", WorkerType::Select);
+    if let Some(component) = registry.component(&type_name).cloned() {
+        emit(&Line::Phase("creating it with the given parameters".into()));
+        let stage = component.create(&params, &partition);
+        emit(&Line::Phase("creating it with an unknown parameter".into()));
+        let refused = component.create(&unknown, &partition).is_err();
+        finding(
+            "unknown parameters refused",
+            refused,
+            if refused {
+                String::new()
+            } else {
+                format!("accepted `{UNKNOWN_KEY}`: a misspelt key would be silently ignored; refuse keys you do not know")
+            },
+        );
+        match stage {
+            Ok(mut stage) => {
+                finding("given parameters accepted", true, "");
+                test_component(&mut stage, input.allow_random);
+            }
+            Err(e) => finding(
+                "given parameters accepted",
+                false,
+                format!("{e} (pass valid ones with --params)"),
+            ),
+        }
+    } else if let Some(policy_type) = registry.policy(&type_name).cloned() {
+        emit(&Line::Phase("validating the given parameters".into()));
+        let factory = policy_type.validate(&params);
+        let refused = policy_type.validate(&unknown).is_err();
+        finding(
+            "unknown parameters refused",
+            refused,
+            if refused {
+                String::new()
+            } else {
+                format!("accepted `{UNKNOWN_KEY}`: a misspelt key would be silently ignored; refuse keys you do not know")
+            },
+        );
+        match factory {
+            Ok(factory) => {
+                finding("given parameters accepted", true, "");
+                for worker_type in WorkerType::ALL {
+                    emit(&Line::Phase(format!(
+                        "building it for {}",
+                        worker_type.as_str()
+                    )));
+                    let built = factory
+                        .build(&PartitionKey::new("conformance", worker_type))
+                        .and_then(Policy::new);
+                    match built {
+                        Ok(policy) if worker_type == WorkerType::Select => {
+                            test_policy(policy, input.allow_random)
+                        }
+                        Ok(_) => {}
+                        Err(e) => finding(
+                            "builds for every worker type",
+                            false,
+                            format!("{}: {e}", worker_type.as_str()),
+                        ),
+                    }
+                }
+            }
+            Err(e) => finding(
+                "given parameters accepted",
+                false,
+                format!("{e} (pass valid ones with --params)"),
+            ),
+        }
+    } else {
+        return 2;
+    }
+    emit(&Line::Done);
+    0
+}

@@ -1,0 +1,143 @@
+//! `switchyard plugin test`: the conformance run catches, each in the type built for it, a
+//! mask value of 2, a NaN cost, an out-of-range row, a read of an undeclared input group
+//! (a crash, in the child, reported with its phase), nondeterminism and accepted unknown
+//! parameters; the shipped example plugins of all three languages pass it.
+
+mod support;
+
+use std::collections::HashMap;
+use std::process::Command;
+
+use serde_json::Value;
+use support::*;
+
+/// Runs `plugin test ARGS --json`: exit code, and per type its failed checks' details.
+fn plugin_test(args: &[&str]) -> (i32, HashMap<String, HashMap<String, String>>) {
+    let output = Command::new(switchyard_bin())
+        .args(["plugin", "test", "--json"])
+        .args(args)
+        .output()
+        .unwrap();
+    let reports: Value = serde_json::from_slice(&output.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{e}: {}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        )
+    });
+    let failed = reports
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            let findings = r["findings"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|f| f["ok"] == false)
+                .map(|f| {
+                    (
+                        f["check"].as_str().unwrap().to_owned(),
+                        f["detail"].as_str().unwrap().to_owned(),
+                    )
+                })
+                .collect();
+            (r["type_name"].as_str().unwrap().to_owned(), findings)
+        })
+        .collect();
+    (output.status.code().unwrap(), failed)
+}
+
+#[test]
+fn each_misbehaviour_is_found_in_the_type_built_for_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let library = broken_plugin(dir.path(), "fixture", &[]);
+    let (code, failed) = plugin_test(&[library.to_str().unwrap()]);
+    assert_eq!(code, 1);
+    let detail = |type_name: &str, check: &str| -> String {
+        failed[type_name]
+            .get(check)
+            .unwrap_or_else(|| panic!("{type_name}: no `{check}` finding: {:?}", failed[type_name]))
+            .clone()
+    };
+    assert!(detail("fixture.mask-two", "filter mask is 0 or 1").contains("wrote 2 for worker 1"));
+    assert!(detail("fixture.nan", "scorer costs are finite").contains("cost NaN for worker 2"));
+    assert!(detail("fixture.out-of-range", "picker row in range")
+        .contains("returned row 1 of 1 candidates"));
+    let crash = detail("fixture.reads-undeclared", "no crash");
+    assert!(
+        crash.contains("SIGSEGV") && crash.contains("while calling it on 1 candidates"),
+        "{crash}"
+    );
+    assert!(detail("fixture.random", "same input, same output").contains("--allow-random"));
+    for (type_name, findings) in &failed {
+        assert!(
+            findings
+                .get("unknown parameters refused")
+                .is_some_and(|d| d.contains("switchyard_conformance_unknown_key")),
+            "{type_name} ignores parameters: {findings:?}"
+        );
+    }
+    // A well-behaved component has no other finding (the checks do not cry wolf).
+    assert_eq!(
+        failed["fixture.keep-all"].len(),
+        1,
+        "{:?}",
+        failed["fixture.keep-all"]
+    );
+    assert!(
+        !failed["fixture.nan"].contains_key("same input, same output"),
+        "NaN is still the same NaN"
+    );
+
+    let (_, only) = plugin_test(&[
+        library.to_str().unwrap(),
+        "--type",
+        "fixture.random",
+        "--allow-random",
+    ]);
+    assert_eq!(only.len(), 1);
+    assert!(
+        !only["fixture.random"].contains_key("same input, same output"),
+        "{only:?}"
+    );
+}
+
+#[test]
+fn the_example_plugins_of_all_three_languages_pass() {
+    for library in [
+        rust_plugin("least_busy"),
+        cmake_plugin("least_busy_c"),
+        cmake_plugin("least_busy_cpp"),
+    ] {
+        let output = Command::new(switchyard_bin())
+            .args(["plugin", "test"])
+            .arg(&library)
+            .output()
+            .unwrap();
+        let table = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "{}: {table}", library.display());
+        assert!(table.contains("4 type(s), 0 failed"), "{table}");
+        assert!(table.contains("ns per candidate at 1,024"), "{table}");
+    }
+}
+
+#[test]
+fn bad_arguments_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let library = broken_plugin(dir.path(), "fixture", &[]);
+    let run = |args: &[&str]| {
+        let output = Command::new(switchyard_bin())
+            .args(["plugin", "test"])
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(output.status.code(), Some(2), "{args:?}");
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+    let lib = library.to_str().unwrap();
+    assert!(run(&[lib, "--type", "nope"])
+        .contains("--type nope: the library registers no such type; it registers fixture."));
+    assert!(run(&[lib, "--params", "[1]"]).contains("--params must be a JSON object"));
+    assert!(run(&["/nonexistent/lib.so"]).contains("could not be loaded"));
+}
