@@ -428,3 +428,95 @@ fn check_and_serve_refuse_a_plugin_that_crashes_in_its_probe_and_survive() {
     let output = switchyard(&["check", "--config", config.to_str().unwrap()], &[]);
     assert!(output.status.success(), "{}", text(&output.stderr));
 }
+
+#[test]
+fn select_explains_each_stage_per_worker_over_a_fleet_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "plugins:\n  - path: {}\nworker_selection:\n  instances:\n    - name: x\n      filters: [{{type: c.min-device-overlap, parameters: {{min_blocks: 2}}}}]\n      scorers: [{{type: c.active-requests, weight: 1.0}}, {{type: builtin.kv-overlap, weight: 2.0}}]\n      picker: {{type: builtin.lowest-cost}}\n",
+            cmake_plugin("least_busy_c").display()
+        ),
+    );
+    let fleet = dir.path().join("fleet.yaml");
+    std::fs::write(
+        &fleet,
+        "- {worker_id: 1, device_overlap_blocks: 4, active_requests: 3}\n- {worker_id: 2, active_requests: 0}\n- {worker_id: 3, dp_rank: 1, device_overlap_blocks: 8, active_requests: 1, preferred_taint_multiplier: 1.5}\n",
+    )
+    .unwrap();
+    let output = switchyard(
+        &[
+            "select",
+            "--config",
+            config.to_str().unwrap(),
+            "--instance",
+            "x",
+            "--fleet",
+            fleet.to_str().unwrap(),
+            "--explain",
+            "--blocks",
+            "16",
+        ],
+        &[],
+    );
+    let out = text(&output.stdout);
+    assert!(output.status.success(), "{out}{}", text(&output.stderr));
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(
+        lines[0].split_whitespace().collect::<Vec<_>>(),
+        [
+            "worker",
+            "dp",
+            "filter",
+            "c.min-device-overlap",
+            "c.active-requests",
+            "x1",
+            "builtin.kv-overlap",
+            "x2",
+            "total"
+        ],
+        "{out}"
+    );
+    // Worker 2 caches nothing: dropped, never scored. Worker 3: 1 active request, and
+    // kv-overlap's cost for 8 of 16 blocks cached; it has the lowest total.
+    let row = |i: usize| lines[i].split_whitespace().collect::<Vec<_>>();
+    assert_eq!(row(2), ["2", "0", "DROP", "-", "-", "-"], "{out}");
+    assert_eq!(&row(1)[..3], ["1", "0", "keep"], "{out}");
+    assert_eq!(&row(3)[..3], ["3", "1", "keep"], "{out}");
+    assert!(
+        lines[3].ends_with("<- picked by builtin.lowest-cost"),
+        "{out}"
+    );
+    assert_eq!(lines[4], "worker 3 dp_rank 1", "{out}");
+    let total = |i: usize| row(i)[5].parse::<f64>().unwrap();
+    let cost = |i: usize, c: usize| row(i)[c].parse::<f64>().unwrap();
+    assert_eq!(total(1), cost(1, 3) + 2.0 * cost(1, 4), "{out}");
+    assert!(total(3) < total(1), "{out}");
+
+    // A fleet file with a typo: the file, the line, and what a fleet is.
+    std::fs::write(
+        &fleet,
+        "- {worker_id: 1}\n- {worker_id: 2, actve_requests: 1}\n",
+    )
+    .unwrap();
+    let output = switchyard(
+        &[
+            "select",
+            "--config",
+            config.to_str().unwrap(),
+            "--fleet",
+            fleet.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let error = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        error.contains("fleet.yaml:2: not a fleet:")
+            && error.contains("unknown field `actve_requests`, expected one of `worker_id`"),
+        "{error}"
+    );
+    let output = switchyard(&["select", "--config", config.to_str().unwrap()], &[]);
+    assert!(text(&output.stderr).contains("give the candidates with --worker"));
+}

@@ -5,13 +5,10 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use switchyard::fleet::router::Router;
-use switchyard::plugin::{PartitionKey, RequestContext};
-use switchyard::policy::{CandidateRow, Selector};
 use switchyard::startup::Startup;
 use switchyard::tools::engine_sim::{self, EngineSimArgs};
 use switchyard::tools::replay::{self, ReplayArgs};
 use switchyard::tools::summary;
-use switchyard_plugin_sdk::{WorkerId, WorkerType};
 
 #[derive(Parser)]
 #[command(
@@ -77,19 +74,7 @@ enum Command {
         config: Option<PathBuf>,
     },
     /// Dry-run one selection through a configured instance, without a running router.
-    Select {
-        #[arg(long)]
-        config: Option<PathBuf>,
-        /// Instance name; the config's default when omitted.
-        #[arg(long)]
-        instance: Option<String>,
-        /// Prompt size in KV blocks.
-        #[arg(long, default_value_t = 16)]
-        blocks: u64,
-        /// A candidate as ID:DEVICE_OVERLAP_BLOCKS:ACTIVE_REQUESTS (repeat for each worker).
-        #[arg(long = "worker", value_parser = parse_worker, required = true)]
-        workers: Vec<CandidateRow>,
-    },
+    Select(switchyard::tools::dry_run::SelectArgs),
     /// Replay a request trace (Mooncake JSONL) against simulated workers, per policy.
     Replay(ReplayArgs),
     /// Run a simulated OpenAI-compatible inference engine (for tests, benchmarks, demos).
@@ -125,26 +110,6 @@ enum PluginCommand {
         #[arg(long)]
         json: bool,
     },
-}
-
-fn parse_worker(text: &str) -> Result<CandidateRow, String> {
-    let fields: Vec<&str> = text.split(':').collect();
-    let [id, device, active] = fields[..] else {
-        return Err(format!(
-            "expected ID:DEVICE_OVERLAP_BLOCKS:ACTIVE_REQUESTS, found `{text}`"
-        ));
-    };
-    let number = |what: &str, s: &str| {
-        s.parse::<u64>()
-            .map_err(|_| format!("{what} must be a whole number, found `{s}` in `{text}`"))
-    };
-    let mut row = CandidateRow::new(WorkerId {
-        worker_id: number("ID", id)?,
-        dp_rank: 0,
-    });
-    row.cache.device_overlap_blocks = number("DEVICE_OVERLAP_BLOCKS", device)? as u32;
-    row.load.active_requests = number("ACTIVE_REQUESTS", active)? as u32;
-    Ok(row)
 }
 
 /// Parses the config and runs startup; prints every error and returns None on failure.
@@ -262,39 +227,17 @@ fn main() -> ExitCode {
             },
             None => ExitCode::FAILURE,
         },
-        Command::Select {
-            config,
-            instance,
-            blocks,
-            workers,
-        } => {
-            let Some(startup) = startup(config.as_ref()) else {
+        Command::Select(args) => {
+            let Some(startup) = startup(args.config.as_ref()) else {
                 return ExitCode::FAILURE;
             };
-            let name = instance.unwrap_or_else(|| startup.default_instance.clone());
-            let Some(factory) = startup.instance(&name) else {
-                let names: Vec<_> = startup.instances.iter().map(|i| i.name.as_str()).collect();
-                eprintln!(
-                    "error: no instance `{name}`; the config has: {}",
-                    names.join(", ")
-                );
-                return ExitCode::FAILURE;
-            };
-            let policy = match factory.build(&PartitionKey::new("dry-run", WorkerType::Select)) {
-                Ok(policy) => policy,
-                Err(e) => {
-                    eprintln!("error: instance `{name}` cannot be built: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            let request = RequestContext::new(startup.source.config.router.block_size, blocks);
-            match Selector::new(policy).select(&request, workers) {
-                Ok(worker) => {
-                    println!("worker {} dp_rank {}", worker.worker_id, worker.dp_rank);
+            match switchyard::tools::dry_run::run(&args, &startup) {
+                Ok(out) => {
+                    print!("{out}");
                     ExitCode::SUCCESS
                 }
                 Err(e) => {
-                    eprintln!("error: instance `{name}`: {e}");
+                    eprintln!("error: {e}");
                     ExitCode::FAILURE
                 }
             }

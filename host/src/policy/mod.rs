@@ -13,5 +13,7 @@ pub mod registry;
 pub use candidates::{CandidateRow, Candidates};
 pub use error::{BuildError, Refusal};
 pub use instances::{CallBudget, ComponentUse, InstanceFactory, InstanceKind};
-pub use pipeline::{Policy, RawOutput, SelectError, Selector, Stage, StageImpl, StageStats};
+pub use pipeline::{
+    Policy, RawOutput, SelectError, SelectTrace, Selector, Stage, StageImpl, StageStats,
+};
 pub use registry::{ComponentType, Origin, PolicyFactory, PolicyType, Registry};

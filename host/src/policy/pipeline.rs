@@ -153,6 +153,19 @@ fn wrong_kind(called_as: ComponentKind) -> CallError {
     called_as.wrongly_called("built-in component of another kind")
 }
 
+/// Each worker's cost from one scorer.
+pub type WorkerCosts = Vec<(WorkerId, f64)>;
+
+/// What each stage of one selection did (`switchyard select --explain`).
+#[derive(Debug, Default)]
+pub struct SelectTrace {
+    /// Per filter, in order: its name and the workers it dropped.
+    pub filters: Vec<(Arc<str>, Vec<WorkerId>)>,
+    /// Per scorer, in order: its name, weight, and each remaining worker's cost.
+    pub scorers: Vec<(Arc<str>, f64, WorkerCosts)>,
+    pub picker: Option<Arc<str>>,
+}
+
 /// What one component call wrote, unchecked (`plugin test` judges it).
 #[derive(Clone, Debug, PartialEq)]
 pub enum RawOutput {
@@ -333,11 +346,13 @@ impl Policy {
     }
 
     /// Runs filters, scorers and the picker over `candidates` (compacted in place by the
-    /// filters). Returns the chosen row of the compacted set.
+    /// filters). Returns the chosen row of the compacted set. With `trace`, what each
+    /// stage did is recorded there (`select --explain`); without, nothing is allocated.
     pub fn select(
         &mut self,
         request: &AbiRequest<'_>,
         candidates: &mut Candidates,
+        mut trace: Option<&mut SelectTrace>,
     ) -> Result<usize, SelectError> {
         if candidates.is_empty() {
             return Err(SelectError::NoCandidates);
@@ -350,6 +365,13 @@ impl Policy {
                 stage.filter(request, &columns, &mut self.keep, &mut self.error)
             })
             .map_err(|f| failed(filter, f))?;
+            if let Some(trace) = trace.as_deref_mut() {
+                let dropped = (0..candidates.len())
+                    .filter(|&row| self.keep[row] == 0)
+                    .map(|row| candidates.worker(row))
+                    .collect();
+                trace.filters.push((filter.name.clone(), dropped));
+            }
             if self.keep.iter().all(|&k| k != 0) {
                 continue;
             }
@@ -371,6 +393,12 @@ impl Policy {
                 stage.score(request, &columns, &mut self.contribution, &mut self.error)
             })
             .map_err(|f| failed(scorer, f))?;
+            if let Some(trace) = trace.as_deref_mut() {
+                let costs = (0..count)
+                    .map(|row| (candidates.worker(row), self.contribution[row]))
+                    .collect();
+                trace.scorers.push((scorer.name.clone(), *weight, costs));
+            }
             for row in 0..count {
                 let cost = self.contribution[row];
                 let total = self.total[row] + *weight * cost;
@@ -392,6 +420,9 @@ impl Policy {
                 }
                 self.total[row] = total;
             }
+        }
+        if let Some(trace) = trace {
+            trace.picker = Some(self.picker.name.clone());
         }
         let columns = candidates.columns(Some(&self.total));
         let row = timed(&mut self.picker, |stage| {
@@ -470,8 +501,27 @@ impl Selector {
     ) -> Result<WorkerId, SelectError> {
         let policy = &mut self.policy;
         request
-            .with_abi(|raw| policy.select(raw, candidates))
+            .with_abi(|raw| policy.select(raw, candidates, None))
             .map(|row| candidates.worker(row))
+    }
+
+    /// Like `select`, recording what each stage did.
+    pub fn explain<I>(
+        &mut self,
+        request: &RequestContext,
+        rows: I,
+    ) -> (Result<WorkerId, SelectError>, SelectTrace)
+    where
+        I: IntoIterator<Item = CandidateRow>,
+        I::IntoIter: ExactSizeIterator,
+    {
+        let mut trace = SelectTrace::default();
+        self.candidates.fill(self.policy.inputs(), rows);
+        let (policy, candidates) = (&mut self.policy, &mut self.candidates);
+        let result = request
+            .with_abi(|raw| policy.select(raw, candidates, Some(&mut trace)))
+            .map(|row| candidates.worker(row));
+        (result, trace)
     }
 
     /// Runs the pipeline over `rows` for `request`; returns the chosen worker.
@@ -483,7 +533,7 @@ impl Selector {
         self.candidates.fill(self.policy.inputs(), rows);
         let (policy, candidates) = (&mut self.policy, &mut self.candidates);
         request
-            .with_abi(|raw| policy.select(raw, candidates))
+            .with_abi(|raw| policy.select(raw, candidates, None))
             .map(|row| candidates.worker(row))
     }
 }

@@ -2,6 +2,7 @@
 //! replay against simulated workers, the engine simulator, plugin project scaffolds and the plugin conformance run.
 
 pub mod conformance;
+pub mod dry_run;
 pub mod engine_sim;
 pub mod replay;
 pub mod scaffold;

@@ -1,0 +1,237 @@
+//! `switchyard select`: one instance's decision over a fleet given on the command line
+//! (`--worker`) or in a file (`--fleet`, every candidate field settable), without a router.
+//! With `--explain`, what each stage did per worker: each filter's verdict, each scorer's
+//! cost and the weighted total, and the pick.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use switchyard_plugin_sdk::{WorkerId, WorkerType};
+
+use crate::plugin::{PartitionKey, RequestContext};
+use crate::policy::{CandidateRow, SelectTrace, Selector};
+use crate::startup::Startup;
+
+/// What `select` takes.
+#[derive(clap::Args, Debug)]
+pub struct SelectArgs {
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Instance name; the config's default when omitted.
+    #[arg(long)]
+    pub instance: Option<String>,
+    /// Prompt size in KV blocks.
+    #[arg(long, default_value_t = 16)]
+    pub blocks: u64,
+    /// A candidate as ID:DEVICE_OVERLAP_BLOCKS:ACTIVE_REQUESTS (repeat for each worker).
+    #[arg(long = "worker", value_parser = parse_worker)]
+    pub workers: Vec<CandidateRow>,
+    /// The candidates as a YAML list, every field settable: worker_id, dp_rank,
+    /// device/host/disk_overlap_blocks, shared_beyond_device_blocks,
+    /// active_prefill_tokens, decode_cost_blocks, active_requests,
+    /// preferred_taint_multiplier.
+    #[arg(long)]
+    pub fleet: Option<PathBuf>,
+    /// Show each filter's verdict, each scorer's cost and the total per worker.
+    #[arg(long)]
+    pub explain: bool,
+}
+
+fn parse_worker(text: &str) -> Result<CandidateRow, String> {
+    let fields: Vec<&str> = text.split(':').collect();
+    let [id, device, active] = fields[..] else {
+        return Err(format!(
+            "expected ID:DEVICE_OVERLAP_BLOCKS:ACTIVE_REQUESTS, found `{text}`"
+        ));
+    };
+    let number = |what: &str, s: &str| {
+        s.parse::<u64>()
+            .map_err(|_| format!("{what} must be a whole number, found `{s}` in `{text}`"))
+    };
+    let mut row = CandidateRow::new(WorkerId {
+        worker_id: number("ID", id)?,
+        dp_rank: 0,
+    });
+    row.cache.device_overlap_blocks = number("DEVICE_OVERLAP_BLOCKS", device)? as u32;
+    row.load.active_requests = number("ACTIVE_REQUESTS", active)? as u32;
+    Ok(row)
+}
+
+/// One worker of a `--fleet` file.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FleetWorker {
+    worker_id: u64,
+    #[serde(default)]
+    dp_rank: u32,
+    #[serde(default)]
+    device_overlap_blocks: u32,
+    #[serde(default)]
+    host_overlap_blocks: u32,
+    #[serde(default)]
+    disk_overlap_blocks: u32,
+    #[serde(default)]
+    shared_beyond_device_blocks: u32,
+    #[serde(default)]
+    active_prefill_tokens: u64,
+    #[serde(default)]
+    decode_cost_blocks: u64,
+    #[serde(default)]
+    active_requests: u32,
+    #[serde(default)]
+    preferred_taint_multiplier: Option<f64>,
+}
+
+fn read_fleet(path: &Path) -> Result<Vec<CandidateRow>, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("{}: cannot read the fleet: {e}", path.display()))?;
+    let workers: Vec<FleetWorker> = serde_yaml::from_str(&text).map_err(|e| {
+        let line = e.location().map_or(String::new(), |l| format!(":{}", l.line()));
+        format!(
+            "{}{line}: not a fleet: {}. A fleet is a YAML list of workers, e.g. `- {{worker_id: 1, device_overlap_blocks: 4, active_requests: 2}}`",
+            path.display(),
+            e.to_string().split(" at line ").next().unwrap_or_default()
+        )
+    })?;
+    if workers.is_empty() {
+        return Err(format!("{}: the fleet has no workers", path.display()));
+    }
+    Ok(workers
+        .into_iter()
+        .map(|w| {
+            let mut row = CandidateRow::new(WorkerId {
+                worker_id: w.worker_id,
+                dp_rank: w.dp_rank,
+            });
+            row.cache.device_overlap_blocks = w.device_overlap_blocks;
+            row.cache.host_overlap_blocks = w.host_overlap_blocks;
+            row.cache.disk_overlap_blocks = w.disk_overlap_blocks;
+            row.cache.shared_beyond_device_blocks = w.shared_beyond_device_blocks;
+            row.load.active_prefill_tokens = w.active_prefill_tokens;
+            row.load.decode_cost_blocks = w.decode_cost_blocks;
+            row.load.active_requests = w.active_requests;
+            row.preferred_taint_multiplier = w.preferred_taint_multiplier.unwrap_or(f64::NAN);
+            row
+        })
+        .collect())
+}
+
+/// The decision (and with `--explain`, its table), or what went wrong.
+pub fn run(args: &SelectArgs, startup: &Startup) -> Result<String, String> {
+    let mut rows = args.workers.clone();
+    if let Some(path) = &args.fleet {
+        rows.extend(read_fleet(path)?);
+    }
+    if rows.is_empty() {
+        return Err(
+            "give the candidates with --worker ID:OVERLAP:ACTIVE (repeat) or --fleet FLEET.yaml"
+                .into(),
+        );
+    }
+    let name = args
+        .instance
+        .clone()
+        .unwrap_or_else(|| startup.default_instance.clone());
+    let Some(factory) = startup.instance(&name) else {
+        let names: Vec<_> = startup.instances.iter().map(|i| i.name.as_str()).collect();
+        return Err(format!(
+            "no instance `{name}`; the config has: {}",
+            names.join(", ")
+        ));
+    };
+    let policy = factory
+        .build(&PartitionKey::new("dry-run", WorkerType::Select))
+        .map_err(|e| format!("instance `{name}` cannot be built: {e}"))?;
+    let request = RequestContext::new(startup.source.config.router.block_size, args.blocks);
+    let mut selector = Selector::new(policy);
+    let (result, trace) = selector.explain(&request, rows.iter().copied());
+    let decision = match &result {
+        Ok(worker) => format!("worker {} dp_rank {}\n", worker.worker_id, worker.dp_rank),
+        Err(e) => format!("no pick: instance `{name}`: {e}\n"),
+    };
+    match (args.explain, result) {
+        (true, result) => Ok(explain(&rows, &trace, result.as_ref().ok()) + &decision),
+        (false, Ok(_)) => Ok(decision),
+        (false, Err(e)) => Err(format!("instance `{name}`: {e}")),
+    }
+}
+
+/// One row per worker: each filter's verdict, each scorer's cost (with its weight in the
+/// header), the weighted total, and the pick.
+fn explain(rows: &[CandidateRow], trace: &SelectTrace, picked: Option<&WorkerId>) -> String {
+    let mut header = vec!["worker".to_owned(), "dp".to_owned()];
+    header.extend(
+        trace
+            .filters
+            .iter()
+            .map(|(name, _)| format!("filter {name}")),
+    );
+    header.extend(
+        trace
+            .scorers
+            .iter()
+            .map(|(name, weight, _)| format!("{name} x{weight}")),
+    );
+    header.push("total".into());
+    let mut table: Vec<Vec<String>> = vec![header];
+    for row in rows {
+        let id = row.worker;
+        let mut cells = vec![id.worker_id.to_string(), id.dp_rank.to_string()];
+        let mut dropped_by = None;
+        for (name, dropped) in &trace.filters {
+            let verdict = if dropped_by.is_some() {
+                "-".to_owned()
+            } else if dropped.contains(&id) {
+                dropped_by = Some(name.clone());
+                "DROP".to_owned()
+            } else {
+                "keep".to_owned()
+            };
+            cells.push(verdict);
+        }
+        let mut total = 0.0;
+        let mut scored = false;
+        for (_, weight, costs) in &trace.scorers {
+            match costs.iter().find(|(w, _)| *w == id) {
+                Some((_, cost)) => {
+                    total += weight * cost;
+                    scored = true;
+                    cells.push(format!("{cost:.3}"));
+                }
+                None => cells.push("-".into()),
+            }
+        }
+        cells.push(if scored {
+            format!("{total:.3}")
+        } else {
+            "-".into()
+        });
+        if picked == Some(&id) {
+            let picker = trace.picker.as_deref().unwrap_or("the picker");
+            cells.push(format!("<- picked by {picker}"));
+        }
+        table.push(cells);
+    }
+    let columns = table.iter().map(Vec::len).max().unwrap_or(0);
+    let widths: Vec<usize> = (0..columns)
+        .map(|c| {
+            table
+                .iter()
+                .filter_map(|r| r.get(c))
+                .map(String::len)
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    let mut out = String::new();
+    for row in &table {
+        let line: Vec<String> = row
+            .iter()
+            .enumerate()
+            .map(|(c, cell)| format!("{cell:<width$}", width = widths[c]))
+            .collect();
+        let _ = writeln!(out, "{}", line.join("  ").trim_end());
+    }
+    out
+}
