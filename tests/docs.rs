@@ -38,6 +38,10 @@ fn check_and_select(dir: &Path, workers: &[&str]) -> String {
 
 #[test]
 fn readme_first_rust_plugin() {
+    // The README's commands as a user pastes them: the shell blocks run in bash, with
+    // only /tmp/my-policy moved into a temporary folder and the release binary replaced
+    // by this build's. The second block runs as in a fresh terminal: SWITCHYARD_REPO
+    // given, nothing else carried over.
     let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
     let section = readme
         .split("## Write your first Rust plugin")
@@ -45,35 +49,58 @@ fn readme_first_rust_plugin() {
         .expect("the section exists");
     let dir = tempfile::tempdir().unwrap();
     let krate = dir.path().join("my-policy");
-    std::fs::create_dir_all(krate.join("src")).unwrap();
-    // What `cargo new --lib` and the README's `cat >> Cargo.toml` produce.
-    std::fs::write(
-        krate.join("Cargo.toml"),
-        format!(
-            "[package]\nname = \"my-policy\"\nversion = \"0.1.0\"\nedition = \"2021\"\n\n[dependencies]\nswitchyard-plugin-sdk = {{ path = \"{}\" }}\n\n[lib]\ncrate-type = [\"cdylib\"]\n\n[workspace]\n",
-            repo().join("plugin-sdk").display()
-        ),
-    )
-    .unwrap();
-    std::fs::copy(repo().join("Cargo.lock"), krate.join("Cargo.lock")).unwrap();
+    let shell = blocks(section, "sh");
+    let localize = |script: &str| {
+        script
+            .replace("/tmp/my-policy", &krate.display().to_string())
+            .replace(
+                "\"$SWITCHYARD_REPO/target/release/switchyard\"",
+                &format!("\"{}\"", switchyard_bin().display()),
+            )
+    };
+    let bash = |script: String| {
+        let output = Command::new("bash")
+            .args(["-c", &script])
+            .current_dir(repo())
+            .env("SWITCHYARD_REPO", repo())
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{script}\nfailed:\n{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    bash(localize(&shell[0]));
     std::fs::write(krate.join("src/lib.rs"), &blocks(section, "rust")[0]).unwrap();
-    let built = build_plugin_crate(&krate);
-
-    let shell = blocks(section, "sh").join("\n");
-    let config = shell
-        .split("cat > switchyard.yaml <<EOF\n")
-        .nth(1)
-        .and_then(|c| c.split("\nEOF").next())
-        .expect("the config heredoc");
-    let config = config.replace(
-        "target/release/libmy_policy.so",
-        &built.join("libmy_policy.so").display().to_string(),
-    );
-    std::fs::write(dir.path().join("switchyard.yaml"), config).unwrap();
-    let chosen = check_and_select(dir.path(), &["1:0:5", "2:0:1"]);
+    let chosen = bash(localize(&shell[1]));
+    let promised = shell[1]
+        .lines()
+        .find_map(|l| l.strip_prefix("# "))
+        .expect("the README says what select prints");
+    assert!(chosen.contains("ok: 1 plugin(s)"), "{chosen}");
     assert!(
-        shell.contains(&format!("# {}", chosen.trim())),
-        "the README promises another answer than `{chosen}`"
+        chosen.trim_end().ends_with(promised),
+        "the README promises `{promised}`, select printed `{chosen}`"
+    );
+
+    // A failed first step stops the chain: nothing is appended to another Cargo.toml.
+    let occupied = localize(&shell[0]);
+    let before = std::fs::read_to_string(repo().join("Cargo.toml")).unwrap();
+    let output = Command::new("bash")
+        .args(["-c", &occupied])
+        .current_dir(repo())
+        .output()
+        .unwrap();
+    assert!(
+        !output.status.success(),
+        "cargo new into an existing folder must fail"
+    );
+    assert_eq!(
+        std::fs::read_to_string(repo().join("Cargo.toml")).unwrap(),
+        before
     );
 }
 
