@@ -272,3 +272,44 @@ fn pkg_config_points_into_the_prefix_it_was_installed_to() {
         .arg(&library));
     assert!(inspected.contains("oot.idle-only"), "{inspected}");
 }
+
+#[test]
+fn a_component_needing_groups_its_registration_left_out_is_refused_naming_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("undeclared.cpp");
+    std::fs::write(
+        &source,
+        r#"#include <switchyard/plugin.hpp>
+using namespace switchyard;
+namespace {
+class Busy final : public Scorer {
+public:
+    Busy(const Params &, const Partition &) {}
+    uint32_t required_inputs() const override { return inputs::load | inputs::cache; }
+    double score(const Request &, const Candidate &c) override { return c.active_requests(); }
+};
+void register_types(Registrar &registrar) { registrar.scorer<Busy>("oops.busy", inputs::cache); }
+}  // namespace
+SWITCHYARD_CPP_PLUGIN("oops", "0.1.0", "switchyard tests", register_types)
+"#,
+    )
+    .unwrap();
+    let library = dir.path().join("liboops.so");
+    run(Command::new("c++")
+        .args(["-std=c++17", "-shared", "-fPIC", "-Wall", "-Werror", "-I"])
+        .arg(repo().join("include"))
+        .arg(&source)
+        .arg("-o")
+        .arg(&library));
+    let error = start_error(
+        dir.path(),
+        &format!(
+            "plugins:\n  - path: {}\nworker_selection:\n  instances:\n    - name: o\n      scorers: [{{type: oops.busy}}]\n      picker: {{type: builtin.lowest-cost}}\n",
+            library.display()
+        ),
+    );
+    assert!(
+        error.contains("asks for cache, load but its type was registered with cache: register it with cache, load"),
+        "{error}"
+    );
+}

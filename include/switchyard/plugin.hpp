@@ -429,10 +429,25 @@ switchyard_component_def component_def(const char *type_name, uint32_t inputs) n
     return def;
 }
 
+// "cache, load", or "none".
+inline std::string group_names(uint32_t groups) {
+    std::string names;
+    const std::pair<uint32_t, const char *> all[] = {
+        {inputs::cache, "cache"}, {inputs::load, "load"}, {inputs::routing, "routing"}};
+    for (const auto &group : all) {
+        if ((groups & group.first) != 0) names += (names.empty() ? "" : ", ") + std::string(group.second);
+    }
+    return names.empty() ? "none" : names;
+}
+
 template <class Base>
 void check_inputs(const Base &component, uint32_t declared) {
-    if ((component.required_inputs() & ~declared) != 0) {
-        throw InvalidParameters("component reads input groups its type did not declare at registration");
+    uint32_t required = component.required_inputs();
+    if ((required & ~declared) != 0) {
+        throw InvalidParameters("the component's required_inputs() asks for " + group_names(required) +
+                                " but its type was registered with " + group_names(declared) + ": register it with " +
+                                group_names(required | declared) +
+                                " (and declare the same in its SWITCHYARD_DECLARE_* manifest line)");
     }
 }
 
