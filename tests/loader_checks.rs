@@ -412,3 +412,74 @@ fn a_library_cut_short_or_corrupted_is_refused_before_dlopen_maps_it() {
     );
     assert!(error.contains("missing entry symbol"), "{error}");
 }
+
+#[test]
+fn c_plugins_read_nested_parameters_through_json_pointers() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("nested.c");
+    std::fs::write(
+        &source,
+        r#"#include <switchyard/plugin.h>
+static switchyard_str s(const char *text) { switchyard_str out = {text, 0}; while (text[out.len]) out.len++; return out; }
+static int32_t create(void *user_data, const switchyard_params *p, const switchyard_partition *partition,
+                      void **out_instance, const switchyard_error *error) {
+    (void)user_data; (void)partition;
+    double max = 0, w0 = 0, w1 = 0, missing = -1; uint8_t strict = 0; switchyard_str zone = {0, 0};
+    int32_t found = p->callback_get_number(p, s("/limits/max"), &max)
+        | p->callback_get_number(p, s("/weights/0"), &w0) | p->callback_get_number(p, s("/weights/1"), &w1)
+        | p->callback_get_bool(p, s("/limits/strict"), &strict) | p->callback_get_string(p, s("/zones/0"), &zone);
+    int32_t past_end = p->callback_get_number(p, s("/weights/2"), &missing);
+    int32_t wrong = p->callback_get_number(p, s("/zones/0"), &missing);
+    if (found != SWITCHYARD_STATUS_OK || past_end != SWITCHYARD_STATUS_NOT_FOUND || wrong != SWITCHYARD_STATUS_WRONG_TYPE
+        || max != 7 || w0 != 1.5 || w1 != 2.5 || !strict || zone.len != 1 || zone.ptr[0] != 'a') {
+        switchyard_error_printf(error, "read max=%g w0=%g w1=%g strict=%d zone=%.*s past_end=%d wrong=%d", max, w0, w1,
+                                strict, (int)zone.len, zone.ptr ? zone.ptr : "", past_end, wrong);
+        return SWITCHYARD_STATUS_INVALID_PARAMETERS;
+    }
+    *out_instance = 0;
+    return SWITCHYARD_STATUS_OK;
+}
+static int32_t score(void *instance, const switchyard_request *request, const switchyard_candidates *candidates,
+                     double *costs, const switchyard_error *error) {
+    (void)instance; (void)request; (void)error;
+    for (size_t row = 0; row < candidates->count; row++) costs[row] = 0;
+    return SWITCHYARD_STATUS_OK;
+}
+static int32_t register_types(const switchyard_registrar *registrar, const switchyard_error *error) {
+    static const switchyard_component_def def = {sizeof(switchyard_component_def), SWITCHYARD_COMPONENT_SCORER, 0, 0,
+                                                 "nested.scorer", 0, create, 0, 0, score, 0};
+    return registrar->callback_register_component(registrar, &def, error);
+}
+SWITCHYARD_PLUGIN("nested", "0.1.0", "switchyard tests", register_types)
+"#,
+    )
+    .unwrap();
+    let library = dir.path().join("libnested.so");
+    let status = std::process::Command::new("cc")
+        .args([
+            "-std=c11", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror", "-I",
+        ])
+        .arg(repo().join("include"))
+        .arg(&source)
+        .arg("-o")
+        .arg(&library)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let config = |params: &str| {
+        format!(
+            "plugins:\n  - path: {}\nworker_selection:\n  instances:\n    - name: n\n      scorers: [{{type: nested.scorer, parameters: {params}}}]\n      picker: {{type: builtin.lowest-cost}}\n",
+            library.display()
+        )
+    };
+    let good = "{limits: {max: 7, strict: true}, weights: [1.5, 2.5], zones: [a]}";
+    assert!(start_yaml(dir.path(), &config(good)).is_ok());
+    let error = start_error(
+        dir.path(),
+        &config("{limits: {max: 8, strict: true}, weights: [1.5, 2.5], zones: [a]}"),
+    );
+    assert!(
+        error.contains("read max=8 w0=1.5 w1=2.5 strict=1 zone=a past_end=5 wrong=6"),
+        "{error}"
+    );
+}

@@ -192,19 +192,21 @@ typedef struct switchyard_params {
    */
   const void *host_data;
   /**
-   * Reads a top-level number. NOT_FOUND or WRONG_TYPE leave `out` untouched.
+   * Reads a number. `key` is a top-level key, or a JSON Pointer (RFC 6901) into nested
+   * objects and arrays: `/limits/max`, `/weights/0`. NOT_FOUND or WRONG_TYPE leave `out`
+   * untouched.
    */
   int32_t (*callback_get_number)(const struct switchyard_params *params,
                                  struct switchyard_str key,
                                  double *out);
   /**
-   * Reads a top-level boolean into `out` as 0 or 1.
+   * Reads a boolean into `out` as 0 or 1 (`key` as for `callback_get_number`).
    */
   int32_t (*callback_get_bool)(const struct switchyard_params *params,
                                struct switchyard_str key,
                                uint8_t *out);
   /**
-   * Reads a top-level string; `out` borrows from the params.
+   * Reads a string (`key` as for `callback_get_number`); `out` borrows from the params.
    */
   int32_t (*callback_get_string)(const struct switchyard_params *params,
                                  struct switchyard_str key,

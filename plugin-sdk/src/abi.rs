@@ -232,7 +232,9 @@ pub struct switchyard_params {
     pub json: switchyard_str,
     /// Host-private; pass the params pointer back to the callbacks.
     pub host_data: *const c_void,
-    /// Reads a top-level number. NOT_FOUND or WRONG_TYPE leave `out` untouched.
+    /// Reads a number. `key` is a top-level key, or a JSON Pointer (RFC 6901) into nested
+    /// objects and arrays: `/limits/max`, `/weights/0`. NOT_FOUND or WRONG_TYPE leave `out`
+    /// untouched.
     pub callback_get_number: Option<
         unsafe extern "C" fn(
             params: *const switchyard_params,
@@ -240,7 +242,7 @@ pub struct switchyard_params {
             out: *mut f64,
         ) -> i32,
     >,
-    /// Reads a top-level boolean into `out` as 0 or 1.
+    /// Reads a boolean into `out` as 0 or 1 (`key` as for `callback_get_number`).
     pub callback_get_bool: Option<
         unsafe extern "C" fn(
             params: *const switchyard_params,
@@ -248,7 +250,7 @@ pub struct switchyard_params {
             out: *mut u8,
         ) -> i32,
     >,
-    /// Reads a top-level string; `out` borrows from the params.
+    /// Reads a string (`key` as for `callback_get_number`); `out` borrows from the params.
     pub callback_get_string: Option<
         unsafe extern "C" fn(
             params: *const switchyard_params,

@@ -71,7 +71,22 @@ unsafe fn lookup<'a>(
     let owner = unsafe { owner(params) }.ok_or(Status::InvalidArgument)?;
     // SAFETY: per this function's contract.
     let key = unsafe { str_from_abi(key) }.ok_or(Status::InvalidArgument)?;
-    owner.object.get(key).ok_or(Status::NotFound)
+    find(&owner.object, key).ok_or(Status::NotFound)
+}
+
+/// A top-level key, or else a JSON Pointer (RFC 6901: `/limits/max`, `/weights/0`) into
+/// nested objects and arrays: C plugins read structured parameters without a JSON parser.
+fn find<'a>(object: &'a serde_json::Map<String, Value>, key: &str) -> Option<&'a Value> {
+    if let Some(value) = object.get(key) {
+        return Some(value);
+    }
+    let pointer = key.strip_prefix('/')?;
+    let (first, rest) = match pointer.find('/') {
+        Some(at) => (&pointer[..at], &pointer[at..]),
+        None => (pointer, ""),
+    };
+    let first = first.replace("~1", "/").replace("~0", "~");
+    object.get(&first)?.pointer(rest)
 }
 
 /// Writes a found value of the right type to `out`.
@@ -157,4 +172,33 @@ unsafe extern "C" fn key_at(
             None => Status::OutOfRange.code(),
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_and_json_pointers() {
+        let Value::Object(object) = serde_json::json!({
+            "max": 3, "limits": {"max": 7, "a/b": 1}, "weights": [1.5, 2.5], "/odd": true
+        }) else {
+            unreachable!()
+        };
+        assert_eq!(find(&object, "max"), Some(&serde_json::json!(3)));
+        assert_eq!(find(&object, "/limits/max"), Some(&serde_json::json!(7)));
+        assert_eq!(find(&object, "/limits/a~1b"), Some(&serde_json::json!(1)));
+        assert_eq!(find(&object, "/weights/1"), Some(&serde_json::json!(2.5)));
+        assert_eq!(find(&object, "/weights/2"), None);
+        assert_eq!(
+            find(&object, "/weights"),
+            Some(&serde_json::json!([1.5, 2.5]))
+        );
+        assert_eq!(
+            find(&object, "/odd"),
+            Some(&serde_json::json!(true)),
+            "a real key first"
+        );
+        assert_eq!(find(&object, "limits.max"), None);
+    }
 }
