@@ -163,22 +163,7 @@ fn envoy_proxies_to_real_engines_at_the_picked_endpoint() {
     // through the response path.
     let engines: Vec<Process> = ["a", "b"]
         .iter()
-        .map(|name| {
-            Process::start(
-                Command::new(switchyard_bin())
-                    .args([
-                        "engine-sim",
-                        "--model",
-                        "demo",
-                        "--name",
-                        name,
-                        "--listen",
-                        "127.0.0.1:0",
-                    ])
-                    .env("RUST_LOG", "warn"),
-                "engine-sim listening on ",
-            )
-        })
+        .map(|name| engine_sim(name, "127.0.0.1:0", &[]))
         .collect();
     let workers: Vec<(u64, String)> = engines
         .iter()

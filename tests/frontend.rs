@@ -13,26 +13,6 @@ use futures_util::StreamExt;
 use serde_json::{json, Value};
 use support::*;
 
-const ENGINE_ANNOUNCE: &str = "engine-sim listening on ";
-
-fn engine(name: &str, listen: &str, extra: &[&str]) -> Process {
-    Process::start(
-        Command::new(switchyard_bin())
-            .args([
-                "engine-sim",
-                "--model",
-                "demo",
-                "--name",
-                name,
-                "--listen",
-                listen,
-            ])
-            .args(extra)
-            .env("RUST_LOG", "warn"),
-        ENGINE_ANNOUNCE,
-    )
-}
-
 /// A router whose workers 1..=n are the given engine addresses, predicted KV tracking,
 /// and fast health probes.
 fn router(dir: &std::path::Path, engines: &[&str]) -> Process {
@@ -135,7 +115,7 @@ fn events(buffer: &mut String) -> Vec<String> {
 fn a_streamed_answer_is_relayed_while_the_engine_still_produces_it() {
     let dir = tempfile::tempdir().unwrap();
     // 8 tokens at 10 tokens/s: the engine needs ~0.8 s for the whole answer.
-    let engine = engine("solo", "127.0.0.1:0", &["--decode-tps", "10"]);
+    let engine = engine_sim("solo", "127.0.0.1:0", &["--decode-tps", "10"]);
     let router = router(dir.path(), &[&engine.address]);
     runtime().block_on(async {
         let client = reqwest::Client::new();
@@ -185,7 +165,7 @@ fn a_streamed_answer_is_relayed_while_the_engine_still_produces_it() {
 fn a_repeated_prompt_goes_back_to_the_worker_that_cached_it() {
     let dir = tempfile::tempdir().unwrap();
     let engines: Vec<_> = (0..3)
-        .map(|i| engine(&format!("e{i}"), "127.0.0.1:0", &[]))
+        .map(|i| engine_sim(&format!("e{i}"), "127.0.0.1:0", &[]))
         .collect();
     let urls: Vec<&str> = engines.iter().map(|e| e.address.as_str()).collect();
     let router = router(dir.path(), &urls);
@@ -266,7 +246,7 @@ fn a_repeated_prompt_goes_back_to_the_worker_that_cached_it() {
 #[test]
 fn bad_requests_get_openai_errors_and_book_nothing() {
     let dir = tempfile::tempdir().unwrap();
-    let engine = engine("e", "127.0.0.1:0", &[]);
+    let engine = engine_sim("e", "127.0.0.1:0", &[]);
     let router = router(dir.path(), &[&engine.address]);
     runtime().block_on(async {
         let client = reqwest::Client::new();
@@ -331,7 +311,7 @@ fn bad_requests_get_openai_errors_and_book_nothing() {
 }
 
 fn engine_failing() -> Process {
-    engine("failing", "127.0.0.1:0", &["--fail", "http500"])
+    engine_sim("failing", "127.0.0.1:0", &["--fail", "http500"])
 }
 
 #[test]
@@ -339,7 +319,7 @@ fn a_refused_engine_is_skipped_marked_unhealthy_and_comes_back() {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let down = format!("http://127.0.0.1:{port}");
-    let up = engine("up", "127.0.0.1:0", &[]);
+    let up = engine_sim("up", "127.0.0.1:0", &[]);
     let router = router(dir.path(), &[&down, &up.address]);
     let rt = runtime();
     rt.block_on(async {
@@ -363,7 +343,7 @@ fn a_refused_engine_is_skipped_marked_unhealthy_and_comes_back() {
         wait_for_zero_load(&client, &router.address).await;
     });
     // The engine comes up on that port; probes bring the worker back after its cool-down.
-    let _back = engine("back", &format!("127.0.0.1:{port}"), &[]);
+    let _back = engine_sim("back", &format!("127.0.0.1:{port}"), &[]);
     rt.block_on(async {
         let client = reqwest::Client::new();
         let mut healthy = false;
@@ -458,7 +438,7 @@ async fn streamed_request(
 fn a_thousand_streams_with_hangups_and_a_killed_engine_leave_no_booking() {
     let dir = tempfile::tempdir().unwrap();
     let mut engines: Vec<_> = (0..3)
-        .map(|i| engine(&format!("e{i}"), "127.0.0.1:0", &["--decode-tps", "100"]))
+        .map(|i| engine_sim(&format!("e{i}"), "127.0.0.1:0", &["--decode-tps", "100"]))
         .collect();
     let urls: Vec<String> = engines.iter().map(|e| e.address.clone()).collect();
     let urls: Vec<&str> = urls.iter().map(String::as_str).collect();
@@ -546,7 +526,7 @@ fn a_thousand_streams_with_hangups_and_a_killed_engine_leave_no_booking() {
 #[test]
 fn a_model_with_a_tokenizer_routes_on_its_tokens_and_refuses_what_its_template_refuses() {
     let dir = tempfile::tempdir().unwrap();
-    let engine = engine("e", "127.0.0.1:0", &[]);
+    let engine = engine_sim("e", "127.0.0.1:0", &[]);
     let tokenizer = repo().join("tests/fixtures/tokenizer/tokenizer.json");
     let yaml = format!(
         "models:\n  demo: {{kv_tracking: predicted, tokenizer: {}}}\nworkers:\n  - {{model: demo, worker_id: 1, url: \"{}\"}}\n",
@@ -606,7 +586,7 @@ fn a_model_with_a_tokenizer_routes_on_its_tokens_and_refuses_what_its_template_r
 #[test]
 fn an_engine_dying_mid_stream_ends_the_stream_with_an_error_event_and_frees() {
     let dir = tempfile::tempdir().unwrap();
-    let engine = engine("dying", "127.0.0.1:0", &["--fail", "abort-mid-stream"]);
+    let engine = engine_sim("dying", "127.0.0.1:0", &["--fail", "abort-mid-stream"]);
     let router = router(dir.path(), &[&engine.address]);
     runtime().block_on(async {
         let client = reqwest::Client::new();
@@ -643,7 +623,7 @@ fn an_engine_dying_mid_stream_ends_the_stream_with_an_error_event_and_frees() {
 fn requests_over_max_in_flight_get_429_and_the_slots_come_back() {
     let dir = tempfile::tempdir().unwrap();
     // 8 tokens at 20 tokens/s: each answer takes ~0.4 s, so six sent at once overlap.
-    let engine = engine("slow", "127.0.0.1:0", &["--decode-tps", "20"]);
+    let engine = engine_sim("slow", "127.0.0.1:0", &["--decode-tps", "20"]);
     let yaml = format!(
         "frontend: {{max_in_flight: 2}}\nworkers:\n  - {{model: demo, worker_id: 1, url: \"{}\"}}\n",
         engine.address

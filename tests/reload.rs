@@ -14,23 +14,9 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use support::*;
 
+/// Each answer takes ~20 ms: requests overlap, so load-aware scoring spreads them.
 fn engine(name: &str) -> Process {
-    Process::start(
-        Command::new(switchyard_bin())
-            .args([
-                "engine-sim",
-                "--model",
-                "demo",
-                "--name",
-                name,
-                "--listen",
-                "127.0.0.1:0",
-            ])
-            // Each answer takes ~20 ms: requests overlap, so load-aware scoring spreads them.
-            .args(["--decode-tps", "200"])
-            .env("RUST_LOG", "warn"),
-        "engine-sim listening on ",
-    )
+    engine_sim(name, "127.0.0.1:0", &["--decode-tps", "200"])
 }
 
 /// The config: the fixture plugin at `plugin`, instance `v` = by-id (weight 1) plus active

@@ -212,6 +212,26 @@ pub fn build_plugin_crate(krate: &Path) -> PathBuf {
     target.join("debug")
 }
 
+/// A `switchyard engine-sim` of model `demo` named `name` on `listen` (port 0: any), with
+/// `extra` arguments; killed when dropped.
+pub fn engine_sim(name: &str, listen: &str, extra: &[&str]) -> Process {
+    Process::start(
+        Command::new(switchyard_bin())
+            .args([
+                "engine-sim",
+                "--model",
+                "demo",
+                "--name",
+                name,
+                "--listen",
+                listen,
+            ])
+            .args(extra)
+            .env("RUST_LOG", "warn"),
+        "engine-sim listening on ",
+    )
+}
+
 /// A server process a test started: killed by its PID when dropped, so nothing outlives
 /// the test.
 pub struct Process {

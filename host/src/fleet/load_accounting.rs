@@ -67,20 +67,15 @@ impl LoadAccounting {
         if self.bookings.contains_key(request_id) {
             return Err(AccountingError::AlreadyReserved(request_id.to_owned()));
         }
-        let load = self.workers.entry(worker).or_default();
-        load.active_prefill_tokens = load.active_prefill_tokens.saturating_add(prefill_tokens);
-        load.active_decode_blocks = load.active_decode_blocks.saturating_add(decode_blocks);
-        load.active_requests = load.active_requests.saturating_add(1);
-        self.bookings.insert(
-            request_id.to_owned(),
-            Booking {
-                worker,
-                prefill_tokens,
-                decode_blocks,
-                prefill_done: false,
-                booked_at: Instant::now(),
-            },
-        );
+        let booking = Booking {
+            worker,
+            prefill_tokens,
+            decode_blocks,
+            prefill_done: false,
+            booked_at: Instant::now(),
+        };
+        self.hold(&booking);
+        self.bookings.insert(request_id.to_owned(), booking);
         Ok(())
     }
 
@@ -111,16 +106,10 @@ impl LoadAccounting {
             return Ok(());
         }
         self.release(&booking);
-        let load = self.workers.entry(to).or_default();
-        if !booking.prefill_done {
-            load.active_prefill_tokens = load
-                .active_prefill_tokens
-                .saturating_add(booking.prefill_tokens);
-        }
-        load.active_decode_blocks = load
-            .active_decode_blocks
-            .saturating_add(booking.decode_blocks);
-        load.active_requests = load.active_requests.saturating_add(1);
+        self.hold(&Booking {
+            worker: to,
+            ..booking
+        });
         if let Some(moved) = self.bookings.get_mut(request_id) {
             moved.worker = to;
         }
@@ -135,6 +124,20 @@ impl LoadAccounting {
             .ok_or_else(|| AccountingError::UnknownRequest(request_id.to_owned()))?;
         self.release(&booking);
         Ok(booking)
+    }
+
+    /// Adds what `booking` holds to its worker's load (`release` takes it off).
+    fn hold(&mut self, booking: &Booking) {
+        let load = self.workers.entry(booking.worker).or_default();
+        if !booking.prefill_done {
+            load.active_prefill_tokens = load
+                .active_prefill_tokens
+                .saturating_add(booking.prefill_tokens);
+        }
+        load.active_decode_blocks = load
+            .active_decode_blocks
+            .saturating_add(booking.decode_blocks);
+        load.active_requests = load.active_requests.saturating_add(1);
     }
 
     fn release(&mut self, booking: &Booking) {
