@@ -28,16 +28,18 @@ use abi_stable::StableAbi;
 pub const SWITCHYARD_ABI_MAJOR: u16 = 1;
 /// Minor version of the plugin ABI. Grows when fields or callbacks are appended; the host
 /// accepts plugins of any minor up to its own.
-pub const SWITCHYARD_ABI_MINOR: u16 = 0;
+pub const SWITCHYARD_ABI_MINOR: u16 = 1;
 /// Revision of the SDK that produced this header (the `switchyard-plugin-sdk` crate
 /// version). Informational by default; `revision: exact` in the router config demands an
 /// exact match.
 /// (The header's `#define` is written by the generator from the same crate version.)
 pub const SWITCHYARD_SDK_REVISION: &str = env!("CARGO_PKG_VERSION");
-/// Fingerprint of the ABI 1.0 layout (every struct's fields, sizes and alignments, every
+/// Fingerprint of this minor's layout (every struct's fields, sizes and alignments, every
 /// callback's signature). A plugin compiled against a hand-edited or stale header reports
 /// a different value and is refused.
-pub const SWITCHYARD_LAYOUT_FINGERPRINT: u64 = 0x260e_a2ef_56f0_67f2;
+pub const SWITCHYARD_LAYOUT_FINGERPRINT: u64 = 0xdb3e_d4eb_ab9f_0480;
+/// Fingerprint of the ABI 1.0 layout, which the router keeps accepting from 1.0 plugins.
+pub const SWITCHYARD_LAYOUT_FINGERPRINT_1_0: u64 = 0x260e_a2ef_56f0_67f2;
 /// Name of the one symbol a v1 plugin exports. Its type is `switchyard_entry_fn`.
 pub const SWITCHYARD_ENTRY_SYMBOL: &str = "switchyard_plugin_entry_v1";
 
@@ -69,8 +71,10 @@ pub const SWITCHYARD_INPUT_CACHE: u32 = 1;
 pub const SWITCHYARD_INPUT_LOAD: u32 = 2;
 /// Input group bit: routing constraints.
 pub const SWITCHYARD_INPUT_ROUTING: u32 = 4;
-/// Every input group this ABI version defines.
-pub const SWITCHYARD_INPUT_ALL: u32 = 7;
+/// Input group bit (ABI 1.1): each candidate's labels, read with `callback_get_label`.
+pub const SWITCHYARD_INPUT_LABELS: u32 = 8;
+/// Every input group this ABI version defines (1.0 defined 7: CACHE, LOAD, ROUTING).
+pub const SWITCHYARD_INPUT_ALL: u32 = 15;
 
 /// Worker type of a partition: prefill workers of a disaggregated deployment.
 pub const SWITCHYARD_WORKER_TYPE_PREFILL: u32 = 0;
@@ -219,6 +223,42 @@ pub struct switchyard_candidates {
     pub preferred_taint_multiplier: *const f64,
     /// Picker only: the sum of all weighted scorer costs per row.
     pub costs: *const f64,
+    /// LABELS (ABI 1.1): host-private; the host reads it back in `callback_get_label`.
+    pub labels_host_data: *const c_void,
+    /// LABELS (ABI 1.1): writes to `*out` the value of label `key` of the worker in `row`
+    /// (borrowed for the call). NOT_FOUND when that worker has no such label (`out`
+    /// untouched), OUT_OF_RANGE when `row >= count`. NULL when the component did not
+    /// declare LABELS, and absent (past `struct_size`) in a 1.0 router: check both, or use
+    /// `switchyard_candidate_label`.
+    pub callback_get_label: Option<
+        unsafe extern "C" fn(
+            candidates: *const switchyard_candidates,
+            row: usize,
+            key: switchyard_str,
+            out: *mut switchyard_str,
+        ) -> i32,
+    >,
+}
+
+/// What became of a request a component helped route (ABI 1.1): handed to the lifecycle
+/// notifications. Host-owned, valid for the call.
+#[repr(C)]
+#[cfg_attr(feature = "layout", derive(StableAbi))]
+pub struct switchyard_outcome {
+    /// `sizeof(switchyard_outcome)` as the host was compiled.
+    pub struct_size: u32,
+    /// Data-parallel rank of the picked worker.
+    pub dp_rank: u32,
+    /// The router's id for this routed request: the same in its `on_selected`,
+    /// `on_prefill_complete` and `on_finished`, unique within the router's run.
+    pub request_id: u64,
+    /// The worker picked (or, after a gateway's retry, the one that served).
+    pub worker_id: u64,
+    /// Seconds from the selection to prefill completion (the first token); NaN until
+    /// known.
+    pub seconds_to_prefill_complete: f64,
+    /// Seconds from the selection to the request's end; NaN until it ended.
+    pub seconds_to_finish: f64,
 }
 
 /// Parameters of a component or policy, as given in the config. Host-owned, valid for the
@@ -337,6 +377,40 @@ pub struct switchyard_component_def {
             error: *const switchyard_error,
         ) -> i32,
     >,
+    /// Optional (ABI 1.1): the request this instance took part in was routed to
+    /// `outcome->worker_id` and booked there (select-and-reserve, the frontend, the
+    /// gateway picker; not a dry-run select). Called right after the pick, before the next
+    /// selection of this instance, with the same one-thread-at-a-time discipline as
+    /// `on_filter`/`on_score`/`on_pick`. A failure is counted and logged, and changes
+    /// nothing. NULL: never called, and costs nothing.
+    pub on_selected: Option<
+        unsafe extern "C" fn(
+            instance: *mut c_void,
+            request: *const switchyard_request,
+            outcome: *const switchyard_outcome,
+            error: *const switchyard_error,
+        ) -> i32,
+    >,
+    /// Optional (ABI 1.1): the request's prefill completed (its first token).
+    /// `seconds_to_prefill_complete` is set. Called off the selection path, one thread
+    /// at a time per instance, possibly after later selections.
+    pub on_prefill_complete: Option<
+        unsafe extern "C" fn(
+            instance: *mut c_void,
+            outcome: *const switchyard_outcome,
+            error: *const switchyard_error,
+        ) -> i32,
+    >,
+    /// Optional (ABI 1.1): the request ended (freed, cancelled, expired, or its worker
+    /// removed); exactly once per `on_selected`. `seconds_to_finish` is set. Called as
+    /// `on_prefill_complete` is.
+    pub on_finished: Option<
+        unsafe extern "C" fn(
+            instance: *mut c_void,
+            outcome: *const switchyard_outcome,
+            error: *const switchyard_error,
+        ) -> i32,
+    >,
 }
 
 /// Handed to `on_build`: the policy adds its components here. Host-owned, valid for the
@@ -357,6 +431,21 @@ pub struct switchyard_policy_builder {
             builder: *const switchyard_policy_builder,
             def: *const switchyard_component_def,
             instance: *mut c_void,
+            weight: f64,
+            error: *const switchyard_error,
+        ) -> i32,
+    >,
+    /// ABI 1.1: adds an instance of a registered component type (a built-in such as
+    /// `builtin.lowest-cost`, or any plugin's) created by the router from `type_name` and
+    /// `params_json` (a JSON object; an empty string means `{}`), at this point of the
+    /// pipeline, with `weight` for scorers. INVALID_ARGUMENT for an unknown type,
+    /// INVALID_PARAMETERS when the type refuses the parameters; the message says which.
+    /// Absent (past `struct_size`) in a 1.0 router.
+    pub callback_add_registered: Option<
+        unsafe extern "C" fn(
+            builder: *const switchyard_policy_builder,
+            type_name: switchyard_str,
+            params_json: switchyard_str,
             weight: f64,
             error: *const switchyard_error,
         ) -> i32,

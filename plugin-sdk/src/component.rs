@@ -5,7 +5,10 @@
 use core::fmt;
 use core::ops::BitOr;
 
-use crate::abi::{SWITCHYARD_INPUT_CACHE, SWITCHYARD_INPUT_LOAD, SWITCHYARD_INPUT_ROUTING};
+use crate::abi::{
+    SWITCHYARD_INPUT_CACHE, SWITCHYARD_INPUT_LABELS, SWITCHYARD_INPUT_LOAD,
+    SWITCHYARD_INPUT_ROUTING,
+};
 use crate::view::{WorkerCandidate, WorkerCandidates, WorkerSelectionContext};
 
 /// The optional input groups a component reads. Request context and worker identity are
@@ -19,7 +22,12 @@ impl WorkerInputs {
     pub const CACHE: Self = Self(SWITCHYARD_INPUT_CACHE);
     pub const LOAD: Self = Self(SWITCHYARD_INPUT_LOAD);
     pub const ROUTING: Self = Self(SWITCHYARD_INPUT_ROUTING);
-    const KNOWN: u32 = SWITCHYARD_INPUT_CACHE | SWITCHYARD_INPUT_LOAD | SWITCHYARD_INPUT_ROUTING;
+    /// Each candidate's labels (ABI 1.1): `WorkerCandidate::label`.
+    pub const LABELS: Self = Self(SWITCHYARD_INPUT_LABELS);
+    const KNOWN: u32 = SWITCHYARD_INPUT_CACHE
+        | SWITCHYARD_INPUT_LOAD
+        | SWITCHYARD_INPUT_ROUTING
+        | SWITCHYARD_INPUT_LABELS;
 
     /// Keeps the known bits; unknown bits (from a newer ABI minor) are dropped.
     pub const fn from_bits(bits: u32) -> Self {
@@ -40,6 +48,7 @@ impl WorkerInputs {
             (Self::CACHE, "CACHE"),
             (Self::LOAD, "LOAD"),
             (Self::ROUTING, "ROUTING"),
+            (Self::LABELS, "LABELS"),
         ]
         .into_iter()
         .filter(|(group, _)| self.contains(*group))

@@ -152,6 +152,9 @@ fn component_def<C: Kind>(
         on_filter: None,
         on_score: None,
         on_pick: None,
+        on_selected: None,
+        on_prefill_complete: None,
+        on_finished: None,
     };
     C::install(&mut def);
     def

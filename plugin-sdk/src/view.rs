@@ -278,6 +278,45 @@ impl<'a> WorkerCandidates<'a> {
             })
         }
     }
+    /// Whether the LABELS group is readable here: the component declared it and the
+    /// router speaks ABI 1.1 or later (an older router's struct ends before the callback).
+    pub fn has_labels(&self) -> bool {
+        self.label_callback().is_some()
+    }
+    fn label_callback(
+        &self,
+    ) -> Option<
+        unsafe extern "C" fn(
+            *const switchyard_candidates,
+            usize,
+            switchyard_str,
+            *mut switchyard_str,
+        ) -> i32,
+    > {
+        let end = core::mem::offset_of!(switchyard_candidates, callback_get_label)
+            + core::mem::size_of::<usize>();
+        if (self.raw.struct_size as usize) < end {
+            return None;
+        }
+        self.raw.callback_get_label
+    }
+    /// The value of label `key` of the worker in `row`. `None` when the worker has no such
+    /// label, `row` is out of range, or LABELS was not declared (see `has_labels`).
+    pub fn label(&self, row: usize, key: &str) -> Option<&'a str> {
+        let get = self.label_callback()?;
+        let mut out = switchyard_str {
+            ptr: core::ptr::null(),
+            len: 0,
+        };
+        // SAFETY: the host's callback reads the candidates it was handed with (`from_abi`)
+        // and writes a string borrowed from them for `'a`.
+        let status = unsafe { get(self.raw, row, str_to_abi(key), &mut out) };
+        if status != SWITCHYARD_STATUS_OK {
+            return None;
+        }
+        // SAFETY: as above.
+        unsafe { str_from_abi(out) }
+    }
     /// Total costs per row; present in picker calls only.
     pub fn costs(&self) -> Option<&'a [f64]> {
         // SAFETY: as in `worker_ids`.
@@ -343,6 +382,10 @@ impl<'a> WorkerCandidate<'a> {
     pub fn preferred_taint_multiplier(&self) -> Option<Option<f64>> {
         let m = self.all.routing()?.preferred_taint_multiplier[self.row];
         Some((!m.is_nan()).then_some(m))
+    }
+    /// The value of the worker's label `key` (LABELS group); `None` when it has none.
+    pub fn label(&self, key: &str) -> Option<&'a str> {
+        self.all.label(self.row, key)
     }
     /// The row's total cost; picker calls only.
     pub fn cost(&self) -> Option<f64> {

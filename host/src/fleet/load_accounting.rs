@@ -175,6 +175,10 @@ impl LoadAccounting {
         self.bookings.retain(|_, b| b.worker != worker);
     }
 
+    pub fn is_booked(&self, request_id: &str) -> bool {
+        self.bookings.contains_key(request_id)
+    }
+
     pub fn active_bookings(&self) -> usize {
         self.bookings.len()
     }

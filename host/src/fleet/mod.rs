@@ -4,6 +4,7 @@
 pub mod generation;
 pub mod kv_events;
 pub mod kv_index;
+pub mod lifecycle;
 pub mod load_accounting;
 pub mod metrics;
 pub mod predicted_kv;

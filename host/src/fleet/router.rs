@@ -16,12 +16,13 @@ use super::kv_events::subscriber::{self, Subscription};
 use super::kv_events::wire::EngineEvent;
 use super::kv_events::ApplyOutcome;
 use super::kv_index::{hash_tokens, KvEvent, KvIndex, QueryResult, QueryScratch, Tier};
+use super::lifecycle::Lifecycles;
 use super::load_accounting::{AccountingError, LoadAccounting};
 use super::metrics::Metrics;
 use super::predicted_kv::PredictedKv;
 use super::workers::{WorkerError, WorkerSpec, Workers};
 use crate::config::{KvTracking, OnError};
-use crate::plugin::{PartitionKey, RequestContext, SessionInfo};
+use crate::plugin::{Outcome, PartitionKey, RequestContext, SessionInfo};
 use crate::policy::{CandidateRow, Candidates, InstanceFactory, SelectError};
 use crate::startup::{Startup, BUILTIN_DEFAULT};
 
@@ -154,7 +155,16 @@ pub struct Router {
     subscriptions: Mutex<HashMap<WorkerId, Subscription>>,
     /// Workers whose engine refused a connection: no probe brings them back before this.
     cooldown_until: Mutex<HashMap<WorkerId, Instant>>,
+    /// Requests whose policy asked for lifecycle notifications, and their delivery.
+    lifecycles: Lifecycles,
     pub metrics: Metrics,
+}
+
+/// A selection whose policy was told `on_selected`: followed until the request ends.
+struct Notified {
+    slot: Arc<SelectorSlot>,
+    outcome: Outcome,
+    at: Instant,
 }
 
 /// Per-thread buffers of one request: nothing is allocated once warm.
@@ -190,6 +200,7 @@ impl Router {
             engine_blocks: Mutex::new(HashMap::new()),
             subscriptions: Mutex::new(HashMap::new()),
             cooldown_until: Mutex::new(HashMap::new()),
+            lifecycles: Lifecycles::new(),
             metrics,
         };
         for spec in workers {
@@ -372,6 +383,7 @@ impl Router {
             return Err(WorkerError::Unknown(to).into());
         }
         self.load.write().move_booking(request_id, to)?;
+        self.lifecycles.moved(request_id, to);
         Ok(())
     }
 
@@ -395,6 +407,8 @@ impl Router {
         self.engine_blocks.lock().remove(&id);
         self.subscriptions.lock().remove(&id);
         self.cooldown_until.lock().remove(&id);
+        let load = self.load.read();
+        self.lifecycles.finish_unbooked(|id| load.is_booked(id));
         Ok(spec)
     }
 
@@ -599,11 +613,13 @@ impl Router {
 
     pub fn prefill_complete(&self, request_id: &str) -> Result<(), RouteError> {
         self.load.write().prefill_complete(request_id)?;
+        self.lifecycles.prefill_complete(request_id);
         Ok(())
     }
 
     pub fn free(&self, request_id: &str) -> Result<(), RouteError> {
         self.load.write().free(request_id)?;
+        self.lifecycles.finished(request_id);
         Ok(())
     }
 
@@ -612,6 +628,10 @@ impl Router {
     pub fn expire(&self) -> usize {
         let expired = self.load.write().expire(Instant::now());
         self.metrics.record_expired(expired);
+        if expired > 0 {
+            let load = self.load.read();
+            self.lifecycles.finish_unbooked(|id| load.is_booked(id));
+        }
         expired
     }
 
@@ -657,11 +677,12 @@ impl Router {
                 hashes,
                 request_blocks,
             };
-            let (chosen, fallback) = self.select_with_fallback(
+            let (chosen, fallback, notified) = self.select_with_fallback(
                 &generation,
                 instance,
                 &query,
                 &context,
+                reserve,
                 &mut scratch.query,
                 &mut scratch.candidates,
                 &mut scratch.members,
@@ -672,7 +693,16 @@ impl Router {
                 .find(|(id, _)| *id == chosen)
                 .map_or(0, |(_, device)| *device);
             if let (true, Some(id)) = (reserve, &request_id) {
-                self.reserve(request, id, chosen, request_blocks, device_overlap)?;
+                let booked = self.reserve(request, id, chosen, request_blocks, device_overlap);
+                if let Some(n) = notified {
+                    // Told `on_selected`: exactly one `on_finished` follows, now if the
+                    // booking failed.
+                    self.lifecycles.track(id, n.slot, n.outcome, n.at);
+                    if booked.is_err() {
+                        self.lifecycles.finished(id);
+                    }
+                }
+                booked?;
             }
             Ok(RouteDecision {
                 worker_id: chosen.worker_id,
@@ -752,7 +782,8 @@ impl Router {
 
     /// Runs `instance` over the partition's members; if it fails (not merely finding no
     /// worker) and its config says `on_error: fallback`, runs the built-in policy instead.
-    /// Returns the chosen worker and whether the fallback chose it.
+    /// Returns the chosen worker, whether the fallback chose it, and, when `booking` and
+    /// the deciding policy asked for lifecycle notifications, what it was told.
     #[allow(clippy::too_many_arguments)]
     fn select_with_fallback(
         &self,
@@ -760,16 +791,36 @@ impl Router {
         instance: &InstanceFactory,
         query: &Query<'_>,
         context: &RequestContext,
+        booking: bool,
         scratch: &mut QueryScratch,
         candidates: &mut Candidates,
         members: &mut Vec<(WorkerId, u32)>,
-    ) -> Result<(WorkerId, bool), RouteError> {
+    ) -> Result<(WorkerId, bool, Option<Notified>), RouteError> {
+        let mut notified = None;
         let mut run =
             |name: &str| -> Result<(Result<WorkerId, SelectError>, Duration), RouteError> {
                 let slot = self.gather(generation, name, query, scratch, candidates, members)?;
                 let started = Instant::now();
-                let result = slot.selector.lock().select_filled(context, candidates);
+                let mut selector = slot.selector.lock();
+                let result = selector.select_filled(context, candidates);
                 let elapsed = started.elapsed();
+                if let (true, Ok(worker), true) = (booking, &result, selector.policy.notified()) {
+                    // Before the lock is released: the instance hears of this pick before
+                    // it makes its next one.
+                    let outcome = Outcome {
+                        request_id: self.lifecycles.next_id(),
+                        worker: *worker,
+                        to_prefill_complete: None,
+                        to_finish: None,
+                    };
+                    selector.notify_selected(context, &outcome);
+                    notified = Some(Notified {
+                        slot: slot.clone(),
+                        outcome,
+                        at: started,
+                    });
+                }
+                drop(selector);
                 self.metrics.record_selection(name, elapsed);
                 Ok((result, elapsed))
             };
@@ -788,7 +839,8 @@ impl Router {
         {
             // Tripped for being slow: the built-in policy routes until the cool-down ends.
             self.metrics.record_fallback(&instance.name);
-            return by_default(run(BUILTIN_DEFAULT)?.0);
+            let picked = by_default(run(BUILTIN_DEFAULT)?.0)?;
+            return Ok((picked.0, picked.1, notified));
         }
         let (result, elapsed) = run(&instance.name)?;
         if let Some(budget) = &instance.budget {
@@ -802,7 +854,7 @@ impl Router {
             }
         }
         let error = match result {
-            Ok(worker) => return Ok((worker, false)),
+            Ok(worker) => return Ok((worker, false, notified)),
             Err(error) => error,
         };
         self.metrics
@@ -823,7 +875,8 @@ impl Router {
             });
         }
         self.metrics.record_fallback(&instance.name);
-        by_default(run(BUILTIN_DEFAULT)?.0)
+        let picked = by_default(run(BUILTIN_DEFAULT)?.0)?;
+        Ok((picked.0, picked.1, notified))
     }
 
     /// Books the request's uncached prefill tokens and its decode blocks on `chosen`.
@@ -997,6 +1050,9 @@ impl RowSource<'_> {
                 .get(id)
                 .and_then(|w| w.preferred_taint_multiplier)
                 .unwrap_or(f64::NAN);
+        }
+        if inputs.contains(WorkerInputs::LABELS) {
+            row.labels = Some(self.workers.labels(id));
         }
         (row, overlap.tier(Tier::Device))
     }

@@ -2,11 +2,12 @@
 //! (model x worker type). Aggregated workers form the `select` partition of their model.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 
 use switchyard_plugin_sdk::WorkerId;
 
 pub use crate::config::{WorkerRole, WorkerSpec};
-use crate::plugin::PartitionKey;
+use crate::plugin::{Labels, PartitionKey};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum WorkerError {
@@ -21,6 +22,8 @@ pub enum WorkerError {
 #[derive(Default)]
 pub struct Workers {
     by_id: HashMap<WorkerId, WorkerSpec>,
+    /// Each worker's labels as components read them (LABELS), made once per add.
+    labels: HashMap<WorkerId, Arc<Labels>>,
     /// The healthy workers of each partition: the candidates of its requests.
     partitions: BTreeMap<PartitionKey, Vec<WorkerId>>,
     /// Workers left out of their partition's candidates until healthy again.
@@ -38,12 +41,14 @@ impl Workers {
         let members = self.partitions.entry(spec.partition()).or_default();
         let new_partition = members.is_empty();
         members.push(id);
+        self.labels.insert(id, Labels::new(&spec.labels));
         self.by_id.insert(id, spec);
         Ok(new_partition)
     }
 
     pub fn remove(&mut self, id: WorkerId) -> Result<WorkerSpec, WorkerError> {
         let spec = self.by_id.remove(&id).ok_or(WorkerError::Unknown(id))?;
+        self.labels.remove(&id);
         if let Some(members) = self.partitions.get_mut(&spec.partition()) {
             members.retain(|w| *w != id);
         }
@@ -87,6 +92,11 @@ impl Workers {
 
     pub fn get(&self, id: WorkerId) -> Option<&WorkerSpec> {
         self.by_id.get(&id)
+    }
+
+    /// The worker's labels (shared; empty when it has none or is unknown).
+    pub fn labels(&self, id: WorkerId) -> Arc<Labels> {
+        self.labels.get(&id).cloned().unwrap_or_else(Labels::none)
     }
 
     /// The healthy workers of a partition (empty when unknown).

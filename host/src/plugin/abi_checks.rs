@@ -14,20 +14,41 @@ use super::load_error::LoadError;
 /// The highest ABI 1.x minor this host knows.
 pub const HOST_ABI_MINOR: u16 = SWITCHYARD_ABI_MINOR;
 
-/// Per ABI 1.x minor (index = minor): the layout fingerprint and the smallest size of
-/// each plugin-to-host struct. Appending a field in 1.(k+1) appends a row.
-const MINORS: [MinorLayout; 1] = [MinorLayout {
-    fingerprint: SWITCHYARD_LAYOUT_FINGERPRINT,
-    descriptor_size: size_of::<switchyard_plugin_descriptor>(),
-    component_def_size: size_of::<switchyard_component_def>(),
-    policy_def_size: size_of::<switchyard_policy_def>(),
-}];
+/// Per ABI 1.x minor (index = minor): the layout fingerprint, the smallest size of each
+/// plugin-to-host struct, and the input groups it defines. Appending a field in 1.(k+1)
+/// appends a row; earlier rows are frozen numbers (a test builds a plugin against the
+/// frozen 1.0 header and loads it).
+const MINORS: [MinorLayout; 2] = [
+    // 1.0
+    MinorLayout {
+        fingerprint: SWITCHYARD_LAYOUT_FINGERPRINT_1_0,
+        descriptor_size: 64,
+        component_def_size: 72,
+        policy_def_size: 48,
+        inputs: SWITCHYARD_INPUT_CACHE | SWITCHYARD_INPUT_LOAD | SWITCHYARD_INPUT_ROUTING,
+    },
+    // 1.1: LABELS, lifecycle notifications (component def), `callback_add_registered`.
+    MinorLayout {
+        fingerprint: SWITCHYARD_LAYOUT_FINGERPRINT,
+        descriptor_size: size_of::<switchyard_plugin_descriptor>(),
+        component_def_size: size_of::<switchyard_component_def>(),
+        policy_def_size: size_of::<switchyard_policy_def>(),
+        inputs: SWITCHYARD_INPUT_ALL,
+    },
+];
 
 struct MinorLayout {
     fingerprint: u64,
     descriptor_size: usize,
     component_def_size: usize,
     policy_def_size: usize,
+    /// The `SWITCHYARD_INPUT_*` bits this minor defines.
+    inputs: u32,
+}
+
+/// The input-group bits ABI `1.minor` defines (a known minor: the descriptor check ran).
+pub(super) fn inputs_of_minor(minor: u16) -> u32 {
+    MINORS[usize::from(minor).min(MINORS.len() - 1)].inputs
 }
 
 /// How strictly the plugin's SDK revision must match the host's (`revision:` in config).
@@ -102,6 +123,21 @@ pub(super) unsafe fn check_descriptor(
     descriptor: *const switchyard_plugin_descriptor,
     rule: RevisionRule,
 ) -> Result<PluginInfo, LoadError> {
+    // SAFETY: per this function's contract.
+    unsafe { check_descriptor_as(path, descriptor, rule, HOST_ABI_MINOR) }
+}
+
+/// `check_descriptor` as a router of ABI `1.host_minor` runs it (tests play an older
+/// router with it).
+///
+/// # Safety
+/// As for `check_descriptor`.
+unsafe fn check_descriptor_as(
+    path: &Path,
+    descriptor: *const switchyard_plugin_descriptor,
+    rule: RevisionRule,
+    host_minor: u16,
+) -> Result<PluginInfo, LoadError> {
     if descriptor.is_null() {
         return Err(LoadError::NullDescriptor {
             path: path.to_owned(),
@@ -116,11 +152,11 @@ pub(super) unsafe fn check_descriptor(
             expected: SWITCHYARD_ABI_MAJOR,
         });
     }
-    if head.abi_minor > HOST_ABI_MINOR {
+    if head.abi_minor > host_minor {
         return Err(LoadError::NewerMinor {
             path: path.to_owned(),
             found: head.abi_minor,
-            host: HOST_ABI_MINOR,
+            host: host_minor,
         });
     }
     let minor = &MINORS[usize::from(head.abi_minor)];
@@ -359,5 +395,58 @@ mod tests {
     #[test]
     fn every_known_minor_has_a_layout_row() {
         assert_eq!(MINORS.len(), usize::from(HOST_ABI_MINOR) + 1);
+        // Each minor only appends: sizes and input groups never shrink.
+        for pair in MINORS.windows(2) {
+            assert!(pair[1].descriptor_size >= pair[0].descriptor_size);
+            assert!(pair[1].component_def_size >= pair[0].component_def_size);
+            assert!(pair[1].policy_def_size >= pair[0].policy_def_size);
+            assert_eq!(pair[1].inputs & pair[0].inputs, pair[0].inputs);
+        }
+    }
+
+    fn descriptor_of_this_sdk() -> switchyard_plugin_descriptor {
+        unsafe extern "C" fn on_register(
+            _: *const switchyard_registrar,
+            _: *const switchyard_error,
+        ) -> i32 {
+            SWITCHYARD_STATUS_OK
+        }
+        switchyard_plugin_descriptor {
+            struct_size: size_of::<switchyard_plugin_descriptor>() as u32,
+            abi_major: SWITCHYARD_ABI_MAJOR,
+            abi_minor: SWITCHYARD_ABI_MINOR,
+            layout_fingerprint: SWITCHYARD_LAYOUT_FINGERPRINT,
+            component_def_size: size_of::<switchyard_component_def>() as u32,
+            policy_def_size: size_of::<switchyard_policy_def>() as u32,
+            sdk_revision: c"0.0.0".as_ptr(),
+            plugin_name: c"p".as_ptr(),
+            plugin_version: c"1".as_ptr(),
+            plugin_vendor: c"v".as_ptr(),
+            on_register: Some(on_register),
+        }
+    }
+
+    #[test]
+    fn a_router_of_the_previous_minor_refuses_a_plugin_of_this_one() {
+        let descriptor = descriptor_of_this_sdk();
+        let path = Path::new("/plugins/new.so");
+        // SAFETY: a complete descriptor of this SDK.
+        let this = unsafe { check_descriptor(path, &descriptor, RevisionRule::Compatible) };
+        assert!(this.is_ok(), "{:?}", this.err());
+        // SAFETY: as above.
+        let older = unsafe {
+            check_descriptor_as(
+                path,
+                &descriptor,
+                RevisionRule::Compatible,
+                SWITCHYARD_ABI_MINOR - 1,
+            )
+        };
+        let message = older.expect_err("an older router must refuse").to_string();
+        assert!(
+            message.contains(&format!("ABI 1.{SWITCHYARD_ABI_MINOR}"))
+                && message.contains(&format!("ABI 1.{}", SWITCHYARD_ABI_MINOR - 1)),
+            "{message}"
+        );
     }
 }

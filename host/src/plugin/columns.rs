@@ -3,6 +3,7 @@
 //! ABI struct, so a plugin and a built-in see identical data.
 
 use std::ptr;
+use std::sync::Arc;
 
 use switchyard_plugin_sdk::abi::switchyard_candidates;
 use switchyard_plugin_sdk::{
@@ -10,6 +11,7 @@ use switchyard_plugin_sdk::{
     WorkerSelectionContext,
 };
 
+use super::labels::{self, Labels};
 use super::request::AbiRequest;
 
 /// Index-aligned candidate columns. A group's columns are handed to a component only when
@@ -29,6 +31,7 @@ pub struct Columns<'a> {
     pub decode_cost_blocks: &'a [u64],
     pub active_requests: &'a [u32],
     pub preferred_taint_multiplier: &'a [f64],
+    pub labels: &'a [Arc<Labels>],
     /// Picker calls only: the total cost per row.
     pub costs: Option<&'a [f64]>,
 }
@@ -61,6 +64,9 @@ impl Columns<'_> {
         let routing = declared.contains(WorkerInputs::ROUTING)
             && self.inputs.contains(WorkerInputs::ROUTING)
             && whole(self.preferred_taint_multiplier.len());
+        let labels = declared.contains(WorkerInputs::LABELS)
+            && self.inputs.contains(WorkerInputs::LABELS)
+            && whole(self.labels.len());
         fn group<T>(present: bool, values: &[T]) -> *const T {
             if present {
                 values.as_ptr()
@@ -72,6 +78,7 @@ impl Columns<'_> {
             (cache, WorkerInputs::CACHE),
             (load, WorkerInputs::LOAD),
             (routing, WorkerInputs::ROUTING),
+            (labels, WorkerInputs::LABELS),
         ]
         .into_iter()
         .filter(|(on, _)| *on)
@@ -93,6 +100,16 @@ impl Columns<'_> {
             costs: match self.costs {
                 Some(costs) if whole(costs.len()) => costs.as_ptr(),
                 _ => ptr::null(),
+            },
+            labels_host_data: if labels {
+                labels::host_data(self.labels)
+            } else {
+                ptr::null()
+            },
+            callback_get_label: if labels {
+                Some(labels::get_label)
+            } else {
+                None
             },
         }
     }

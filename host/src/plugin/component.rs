@@ -3,11 +3,12 @@
 
 use std::ffi::c_void;
 use std::path::Path;
+use std::time::Duration;
 
 use switchyard_plugin_sdk::abi::*;
-use switchyard_plugin_sdk::{Status, WorkerInputs};
+use switchyard_plugin_sdk::{Status, WorkerId, WorkerInputs};
 
-use super::abi_checks::read_def;
+use super::abi_checks::{inputs_of_minor, read_def};
 use super::columns::Columns;
 use super::error_buffer::{CallError, ErrorBuffer};
 use super::load_error::LoadError;
@@ -56,6 +57,49 @@ impl ComponentKind {
             Self::Filter => "filter",
             Self::Scorer => "score",
             Self::Picker => "pick",
+        }
+    }
+}
+
+/// A lifecycle notification (ABI 1.1).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lifecycle {
+    Selected,
+    PrefillComplete,
+    Finished,
+}
+
+impl Lifecycle {
+    /// The ABI callback's name.
+    pub fn callback(self) -> &'static str {
+        match self {
+            Self::Selected => "on_selected",
+            Self::PrefillComplete => "on_prefill_complete",
+            Self::Finished => "on_finished",
+        }
+    }
+}
+
+/// What became of a routed request, as the lifecycle notifications report it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Outcome {
+    /// The router's id for the routed request (the same in all its notifications).
+    pub request_id: u64,
+    pub worker: WorkerId,
+    pub to_prefill_complete: Option<Duration>,
+    pub to_finish: Option<Duration>,
+}
+
+impl Outcome {
+    fn abi(&self) -> switchyard_outcome {
+        let seconds = |d: Option<Duration>| d.map_or(f64::NAN, |d| d.as_secs_f64());
+        switchyard_outcome {
+            struct_size: std::mem::size_of::<switchyard_outcome>() as u32,
+            dp_rank: self.worker.dp_rank,
+            request_id: self.request_id,
+            worker_id: self.worker.worker_id,
+            seconds_to_prefill_complete: seconds(self.to_prefill_complete),
+            seconds_to_finish: seconds(self.to_finish),
         }
     }
 }
@@ -128,12 +172,13 @@ impl ComponentDef {
                 "a registered component must set `on_create`".into(),
             ));
         }
-        let unknown = def.inputs & !SWITCHYARD_INPUT_ALL;
+        let defined = inputs_of_minor(abi_minor);
+        let unknown = def.inputs & !defined;
         if unknown != 0 {
             return Err(invalid(
                 &name,
                 format!(
-                    "declares input groups {unknown:#x} that ABI 1.{abi_minor} does not define (known: {SWITCHYARD_INPUT_ALL:#x}); declare only SWITCHYARD_INPUT_* bits"
+                    "declares input groups {unknown:#x} that ABI 1.{abi_minor} does not define (known: {defined:#x}); declare only SWITCHYARD_INPUT_* bits of the header it is built with"
                 ),
             ));
         }
@@ -284,6 +329,45 @@ impl ComponentInstance {
             ));
         }
         Ok(row)
+    }
+
+    /// Whether the plugin asked for any lifecycle notification (ABI 1.1). When none of a
+    /// policy's components did, the router tracks nothing for it.
+    pub fn notified(&self) -> bool {
+        let def = &self.def.def;
+        def.on_selected.is_some() || def.on_prefill_complete.is_some() || def.on_finished.is_some()
+    }
+
+    /// Delivers one notification, if the plugin set its callback. `request` is given for
+    /// `Selected` (the request just routed).
+    pub fn notify(
+        &mut self,
+        event: Lifecycle,
+        request: Option<&AbiRequest<'_>>,
+        outcome: &Outcome,
+        error: &mut ErrorBuffer,
+    ) -> Result<(), CallError> {
+        let outcome = outcome.abi();
+        let def = &self.def.def;
+        // SAFETY (each call): the instance was created for this def and is called by one
+        // thread (its selector's lock); request, outcome and error live for the call.
+        let code = match (event, def.on_selected, request) {
+            (Lifecycle::Selected, Some(on_selected), Some(request)) => unsafe {
+                on_selected(self.instance, &request.raw, &outcome, &error.as_abi())
+            },
+            (Lifecycle::PrefillComplete, ..) => match def.on_prefill_complete {
+                // SAFETY: as above.
+                Some(f) => unsafe { f(self.instance, &outcome, &error.as_abi()) },
+                None => return Ok(()),
+            },
+            (Lifecycle::Finished, ..) => match def.on_finished {
+                // SAFETY: as above.
+                Some(f) => unsafe { f(self.instance, &outcome, &error.as_abi()) },
+                None => return Ok(()),
+            },
+            _ => return Ok(()),
+        };
+        error.check(code)
     }
 
     /// A def's callback for another kind is never set (checked when it was read), so

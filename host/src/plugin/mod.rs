@@ -9,8 +9,8 @@
 //! - [`registrar`]: the host side of `on_register`.
 //! - [`component`]: component defs and the live instance handle the pipeline calls.
 //! - [`policy_def`]: policy defs, their validated factories and the builder.
-//! - [`params`], [`partition`], [`request`], [`columns`]: what crosses on each call, in
-//!   host form, and the ABI views made from it.
+//! - [`params`], [`partition`], [`request`], [`columns`], [`labels`]: what crosses on each
+//!   call, in host form, and the ABI views made from it.
 //! - [`error_buffer`]: the buffer plugins write messages into, `CallError`, and the panic
 //!   guard of every host callback.
 //!
@@ -25,6 +25,7 @@ pub mod columns;
 pub mod component;
 pub mod elf_check;
 pub mod error_buffer;
+pub mod labels;
 pub mod library;
 pub mod load_error;
 pub mod manifest;
@@ -36,14 +37,15 @@ pub mod request;
 
 pub use abi_checks::{PluginInfo, RevisionRule, HOST_ABI_MINOR};
 pub use columns::{builtin_filter, builtin_pick, builtin_score, Columns};
-pub use component::{ComponentDef, ComponentInstance, ComponentKind};
+pub use component::{ComponentDef, ComponentInstance, ComponentKind, Lifecycle, Outcome};
 pub use error_buffer::{CallError, ErrorBuffer};
+pub use labels::Labels;
 pub use library::{load, LoadedLibrary, LoadedPlugin, PluginSpec};
 pub use load_error::LoadError;
 pub use manifest::Manifest;
 pub use params::OwnedParams;
 pub use partition::PartitionKey;
-pub use policy_def::{BuiltComponent, PluginPolicyFactory, PolicyDef};
+pub use policy_def::{Built, BuiltComponent, PluginPolicyFactory, PolicyDef};
 pub use registrar::Registered;
 pub use request::{AbiRequest, InputTriggerName, RequestContext, SessionInfo};
 pub use switchyard_plugin_sdk::Status;

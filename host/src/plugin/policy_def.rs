@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use switchyard_plugin_sdk::abi::*;
-use switchyard_plugin_sdk::{write_error, Status, WorkerInputs};
+use switchyard_plugin_sdk::{str_from_abi, write_error, Status, WorkerInputs};
 
 use super::abi_checks::read_def;
 use super::call_window::CallWindow;
@@ -101,11 +101,26 @@ pub struct BuiltComponent {
     pub weight: f64,
 }
 
+/// What a plugin policy's `on_build` added, in order: its own component instances, or
+/// (ABI 1.1, `callback_add_registered`) registered types the router created, as `T`.
+pub enum Built<T> {
+    Plugin(BuiltComponent),
+    Registered { component: T, weight: f64 },
+}
+
+/// Creates an instance of a registered component type by name for `callback_add_registered`.
+/// The registry lives in the layer above; it hands this down.
+pub type CreateRegistered<'a, T> = &'a dyn Fn(&str, &OwnedParams) -> Result<T, CallError>;
+
 impl PluginPolicyFactory {
     /// Builds the components (filters and scorers in order, one picker) for `partition`.
     /// `on_build` returning OK although the host refused a component it added is an
     /// error too: the operator's component would silently be missing.
-    pub fn build(&self, partition: &PartitionKey) -> Result<Vec<BuiltComponent>, CallError> {
+    pub fn build<T>(
+        &self,
+        partition: &PartitionKey,
+        create_registered: CreateRegistered<'_, T>,
+    ) -> Result<Vec<Built<T>>, CallError> {
         let factory = self.factory.lock();
         let on_build =
             self.def.def.on_build.ok_or_else(|| {
@@ -116,13 +131,15 @@ impl PluginPolicyFactory {
             abi_minor: self.def.abi_minor,
             built: Vec::new(),
             refused: None,
+            create_registered,
         };
         let window = CallWindow::open(&mut context);
         let builder: &'static switchyard_policy_builder =
             Box::leak(Box::new(switchyard_policy_builder {
                 struct_size: std::mem::size_of::<switchyard_policy_builder>() as u32,
                 host_data: std::ptr::from_ref(window).cast_mut().cast(),
-                callback_add_component: Some(add_component),
+                callback_add_component: Some(add_component::<T>),
+                callback_add_registered: Some(add_registered::<T>),
             }));
         let mut error = ErrorBuffer::new();
         let code = partition.with_abi(|part| {
@@ -155,50 +172,28 @@ impl Drop for PluginPolicyFactory {
 }
 
 /// Collects the components a plugin policy adds during one `on_build` call.
-struct BuildContext<'a> {
+struct BuildContext<'a, T> {
     path: &'a Path,
     abi_minor: u16,
-    built: Vec<BuiltComponent>,
+    built: Vec<Built<T>>,
     /// The first component the host refused, kept even if the plugin ignores the status.
-    refused: Option<LoadError>,
+    refused: Option<String>,
+    create_registered: CreateRegistered<'a, T>,
 }
 
-/// `callback_add_component`: the host side of the builder.
+/// Runs `add` on the build context behind `builder`, or refuses a builder used after its
+/// `on_build` returned.
 ///
 /// # Safety
-/// Called by the plugin during `on_build`, with the builder it was handed.
-unsafe extern "C" fn add_component(
+/// `builder` must be NULL or a builder made by `PluginPolicyFactory::build::<T>`; `error`
+/// the plugin's buffer for this callback.
+unsafe fn with_context<T>(
     builder: *const switchyard_policy_builder,
-    def: *const switchyard_component_def,
-    instance: *mut c_void,
-    weight: f64,
     error: *const switchyard_error,
+    add: impl FnOnce(&mut BuildContext<'_, T>) -> i32,
 ) -> i32 {
-    let add = |context: &mut BuildContext<'_>| {
-        // SAFETY: the plugin hands over a def of its declared size.
-        match unsafe { ComponentDef::read(context.path, context.abi_minor, def, false) } {
-            Ok((name, def)) => {
-                context.built.push(BuiltComponent {
-                    name,
-                    kind: def.kind(),
-                    inputs: def.inputs(),
-                    instance: def.adopt(instance),
-                    weight,
-                });
-                Status::Ok.code()
-            }
-            Err(e) => {
-                // The host owns `instance` whatever the status; without a usable def it
-                // can only be leaked, which the message says.
-                // SAFETY: `error` is the buffer the plugin passed to this callback.
-                unsafe { write_error(error, &format!("{e} (the instance is leaked)")) };
-                context.refused.get_or_insert(e);
-                Status::InvalidArgument.code()
-            }
-        }
-    };
     // SAFETY: builders and their windows are never freed; the window was opened on a
-    // BuildContext.
+    // BuildContext<T> (per this function's contract).
     let window = unsafe {
         builder
             .as_ref()
@@ -206,12 +201,112 @@ unsafe extern "C" fn add_component(
     };
     host_guard(Some(error), Status::InvalidArgument.code(), || {
         // SAFETY: as above.
-        let done = window.and_then(|w| unsafe { w.with::<BuildContext<'_>, _>(add) });
+        let done = window.and_then(|w| unsafe { w.with::<BuildContext<'_, T>, _>(add) });
         done.unwrap_or_else(|| {
-            let message = "the builder was used after on_build returned: keep no pointer to it (the instance is leaked)";
+            let message = "the builder was used after on_build returned: keep no pointer to it";
             // SAFETY: `error` is the buffer the plugin passed to this callback.
             unsafe { write_error(error, message) };
             Status::InvalidArgument.code()
         })
     })
+}
+
+/// `callback_add_component`: the host side of the builder.
+///
+/// # Safety
+/// Called by the plugin during `on_build`, with the builder it was handed.
+unsafe extern "C" fn add_component<T>(
+    builder: *const switchyard_policy_builder,
+    def: *const switchyard_component_def,
+    instance: *mut c_void,
+    weight: f64,
+    error: *const switchyard_error,
+) -> i32 {
+    let add = |context: &mut BuildContext<'_, T>| {
+        // SAFETY: the plugin hands over a def of its declared size.
+        match unsafe { ComponentDef::read(context.path, context.abi_minor, def, false) } {
+            Ok((name, def)) => {
+                context.built.push(Built::Plugin(BuiltComponent {
+                    name,
+                    kind: def.kind(),
+                    inputs: def.inputs(),
+                    instance: def.adopt(instance),
+                    weight,
+                }));
+                Status::Ok.code()
+            }
+            Err(e) => {
+                // The host owns `instance` whatever the status; without a usable def it
+                // can only be leaked, which the message says.
+                let message = format!("{e} (the instance is leaked)");
+                // SAFETY: `error` is the buffer the plugin passed to this callback.
+                unsafe { write_error(error, &message) };
+                context.refused.get_or_insert(message);
+                Status::InvalidArgument.code()
+            }
+        }
+    };
+    // SAFETY: the plugin passes the builder of this on_build and its error buffer.
+    unsafe { with_context(builder, error, add) }
+}
+
+/// `callback_add_registered` (ABI 1.1): adds an instance of a registered type, created
+/// by the router from its name and JSON parameters.
+///
+/// # Safety
+/// Called by the plugin during `on_build`, with the builder it was handed and strings
+/// valid for the call.
+unsafe extern "C" fn add_registered<T>(
+    builder: *const switchyard_policy_builder,
+    type_name: switchyard_str,
+    params_json: switchyard_str,
+    weight: f64,
+    error: *const switchyard_error,
+) -> i32 {
+    let add = |context: &mut BuildContext<'_, T>| {
+        // SAFETY: the plugin's strings are valid for the call.
+        let (name, json) = unsafe { (str_from_abi(type_name), str_from_abi(params_json)) };
+        let result = match (name, json.map(str::trim)) {
+            (None | Some(""), _) => Err(CallError::new(
+                Status::InvalidArgument,
+                "callback_add_registered: the type name is empty, NULL or not UTF-8",
+            )),
+            (Some(name), json) => params_from_json(name, json.unwrap_or(""))
+                .and_then(|params| (context.create_registered)(name, &params)),
+        };
+        match result {
+            Ok(component) => {
+                context
+                    .built
+                    .push(Built::Registered { component, weight });
+                Status::Ok.code()
+            }
+            Err(e) => {
+                // SAFETY: `error` is the buffer the plugin passed to this callback.
+                unsafe { write_error(error, &e.message) };
+                context.refused.get_or_insert(e.message);
+                e.status.code()
+            }
+        }
+    };
+    // SAFETY: the plugin passes the builder of this on_build and its error buffer.
+    unsafe { with_context(builder, error, add) }
+}
+
+/// The parameters `callback_add_registered` was given: a JSON object, or empty for `{}`.
+fn params_from_json(type_name: &str, json: &str) -> Result<OwnedParams, CallError> {
+    if json.is_empty() {
+        return Ok(OwnedParams::new(Default::default()));
+    }
+    match serde_json::from_str::<serde_json::Value>(json) {
+        Ok(serde_json::Value::Object(object)) => Ok(OwnedParams::new(object)),
+        Ok(other) => Err(CallError::new(
+            Status::InvalidParameters,
+            format!("callback_add_registered(`{type_name}`): the parameters must be a JSON object, found `{other}`"),
+        )),
+        Err(e) => Err(CallError::new(
+            Status::InvalidParameters,
+            format!("callback_add_registered(`{type_name}`): the parameters are not JSON ({e}): `{json}`"),
+        )),
+    }
 }

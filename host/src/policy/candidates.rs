@@ -1,9 +1,11 @@
 //! The candidates of one request: index-aligned columns (the ABI's structure of arrays),
 //! filled in one pass from the router's rows and compacted in place by filters.
 
+use std::sync::Arc;
+
 use switchyard_plugin_sdk::{CandidateCache, CandidateLoad, WorkerId, WorkerInputs};
 
-use crate::plugin::Columns;
+use crate::plugin::{Columns, Labels};
 
 /// The candidates of one request, as index-aligned arrays (the ABI's layout). Only the
 /// groups in `groups` are filled.
@@ -20,16 +22,19 @@ pub struct Candidates {
     decode_cost_blocks: Vec<u64>,
     active_requests: Vec<u32>,
     preferred_taint_multiplier: Vec<f64>,
+    labels: Vec<Arc<Labels>>,
 }
 
 /// Everything known about one candidate; groups not computed are left at their defaults.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct CandidateRow {
     pub worker: WorkerId,
     pub cache: CandidateCache,
     pub load: CandidateLoad,
     /// NaN: no preferred-routing multiplier.
     pub preferred_taint_multiplier: f64,
+    /// None: no labels (or the LABELS group was not computed).
+    pub labels: Option<Arc<Labels>>,
 }
 
 impl CandidateRow {
@@ -48,6 +53,7 @@ impl CandidateRow {
                 active_requests: 0,
             },
             preferred_taint_multiplier: f64::NAN,
+            labels: None,
         }
     }
 }
@@ -66,6 +72,7 @@ impl Candidates {
         let cache = groups.contains(WorkerInputs::CACHE);
         let load = groups.contains(WorkerInputs::LOAD);
         let routing = groups.contains(WorkerInputs::ROUTING);
+        let with_labels = groups.contains(WorkerInputs::LABELS);
         // Columns are written through their spare capacity (no zero-fill first); each
         // wanted column gets its length set once every row is written.
         fn spare<T>(
@@ -91,6 +98,8 @@ impl Candidates {
         let decode = spare(&mut self.decode_cost_blocks, load, n);
         let active = spare(&mut self.active_requests, load, n);
         let taint = spare(&mut self.preferred_taint_multiplier, routing, n);
+        // Labels own a reference count: pushed, not written raw (only when LABELS is read).
+        self.labels.clear();
         let mut filled = 0;
         for (i, row) in rows.take(n).enumerate() {
             worker_id[i].write(row.worker.worker_id);
@@ -108,6 +117,9 @@ impl Candidates {
             }
             if routing {
                 taint[i].write(row.preferred_taint_multiplier);
+            }
+            if with_labels {
+                self.labels.push(row.labels.unwrap_or_else(Labels::none));
             }
             filled = i + 1;
         }
@@ -167,6 +179,13 @@ impl Candidates {
         let cache = self.groups.contains(WorkerInputs::CACHE);
         let load = self.groups.contains(WorkerInputs::LOAD);
         let routing = self.groups.contains(WorkerInputs::ROUTING);
+        if self.groups.contains(WorkerInputs::LABELS) {
+            let mut verdicts = keep.iter();
+            self.labels
+                .retain(|_| verdicts.next().is_some_and(|&k| k != 0));
+        } else {
+            self.labels.clear();
+        }
         compact(&mut self.worker_id, keep);
         compact(&mut self.dp_rank, keep);
         compact_or_drop(&mut self.device_overlap_blocks, keep, cache);
@@ -193,6 +212,7 @@ impl Candidates {
             decode_cost_blocks: &self.decode_cost_blocks,
             active_requests: &self.active_requests,
             preferred_taint_multiplier: &self.preferred_taint_multiplier,
+            labels: &self.labels,
             costs,
         }
     }

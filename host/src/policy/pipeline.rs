@@ -17,7 +17,7 @@ use super::error::BuildError;
 use super::histogram::LatencyHistogram;
 use crate::plugin::{
     builtin_filter, builtin_pick, builtin_score, AbiRequest, CallError, Columns, ComponentInstance,
-    ComponentKind, ErrorBuffer, RequestContext,
+    ComponentKind, ErrorBuffer, Lifecycle, Outcome, RequestContext,
 };
 
 /// How a stage runs: a built-in trait object, called directly, or a plugin instance,
@@ -130,6 +130,11 @@ impl Stage {
             StageImpl::Plugin(p) => p.pick(request, columns, error),
             _ => Err(wrong_kind(ComponentKind::Picker)),
         }
+    }
+
+    /// Whether this stage wants lifecycle notifications (plugin components that set them).
+    pub fn notified(&self) -> bool {
+        matches!(&self.imp, StageImpl::Plugin(instance) if instance.notified())
     }
 
     fn kind_matches(&self) -> bool {
@@ -264,6 +269,8 @@ pub struct Policy {
     scorers: Vec<(Stage, f64)>,
     picker: Stage,
     inputs: WorkerInputs,
+    /// Some stage wants lifecycle notifications.
+    notified: bool,
     keep: Vec<u8>,
     contribution: Vec<f64>,
     total: Vec<f64>,
@@ -314,12 +321,18 @@ impl Policy {
                 .fold(WorkerInputs::NONE, |acc, s| acc | s.inputs)
         };
         let needed_after = (0..filters.len()).map(|i| later(i + 1)).collect();
+        let notified = filters
+            .iter()
+            .chain(scorers.iter().map(|(s, _)| s))
+            .chain(std::iter::once(&picker))
+            .any(Stage::notified);
         Ok(Policy {
             filters,
             needed_after,
             scorers,
             picker,
             inputs,
+            notified,
             keep: Vec::new(),
             contribution: Vec::new(),
             total: Vec::new(),
@@ -330,6 +343,47 @@ impl Policy {
     /// The union of the groups its components read: what the router must compute.
     pub fn inputs(&self) -> WorkerInputs {
         self.inputs
+    }
+
+    /// Whether some component wants lifecycle notifications; when not, the router tracks
+    /// nothing for this policy's requests.
+    pub fn notified(&self) -> bool {
+        self.notified
+    }
+
+    /// Delivers `event` to every component that asked for it, in pipeline order. A failure
+    /// is counted on the stage and logged; it changes no decision.
+    pub fn notify(&mut self, event: Lifecycle, request: Option<&AbiRequest<'_>>, outcome: &Outcome) {
+        if !self.notified {
+            return;
+        }
+        let error = &mut self.error;
+        let stages = self
+            .filters
+            .iter_mut()
+            .chain(self.scorers.iter_mut().map(|(s, _)| s))
+            .chain(std::iter::once(&mut self.picker));
+        for stage in stages {
+            let StageImpl::Plugin(instance) = &mut stage.imp else {
+                continue;
+            };
+            if !instance.notified() {
+                continue;
+            }
+            if let Err(failure) = instance.notify(event, request, outcome, error) {
+                StageStats::add(&stage.stats.errors, 1);
+                if matches!(failure.status, Status::Panic | Status::Poisoned) {
+                    stage.stats.poisoned.store(true, Ordering::Relaxed);
+                }
+                tracing::warn!(
+                    component = %stage.name,
+                    callback = event.callback(),
+                    status = failure.status.name(),
+                    message = %failure.message,
+                    "a lifecycle notification failed"
+                );
+            }
+        }
     }
 
     /// Every stage, in pipeline order.
@@ -503,6 +557,13 @@ impl Selector {
         request
             .with_abi(|raw| policy.select(raw, candidates, None))
             .map(|row| candidates.worker(row))
+    }
+
+    /// Tells the components that asked (ABI 1.1 `on_selected`) that the request they just
+    /// helped route went to `outcome.worker`.
+    pub fn notify_selected(&mut self, request: &RequestContext, outcome: &Outcome) {
+        let policy = &mut self.policy;
+        request.with_abi(|raw| policy.notify(Lifecycle::Selected, Some(raw), outcome));
     }
 
     /// Like `select`, recording what each stage did.

@@ -11,9 +11,13 @@ use switchyard_plugin_sdk::{Params, Partition, PolicyError, PolicyParts, WorkerI
 use super::error::{BuildError, Refusal};
 use super::pipeline::{Stage, StageImpl};
 use crate::plugin::{
-    self, ComponentDef, ComponentKind, LoadError, LoadedPlugin, OwnedParams, PartitionKey,
-    PluginSpec, PolicyDef,
+    self, Built, CallError, ComponentDef, ComponentKind, LoadError, LoadedPlugin, OwnedParams,
+    PartitionKey, PluginSpec, PolicyDef, Status,
 };
+
+/// Every registered component type by name; shared with the plugin policies that compose
+/// them (`callback_add_registered`).
+type ComponentTable = BTreeMap<String, Arc<ComponentType>>;
 
 /// Where a type comes from.
 #[derive(Clone, Debug)]
@@ -94,8 +98,13 @@ pub struct PolicyType {
 }
 
 impl PolicyType {
-    /// Validates the parameters once; the factory then builds one policy per partition.
-    pub fn validate(&self, params: &OwnedParams) -> Result<PolicyFactory, BuildError> {
+    /// Validates the parameters once; the factory then builds one policy per partition
+    /// (a plugin policy may add any component type of `registry` to it).
+    pub fn validate(
+        &self,
+        params: &OwnedParams,
+        registry: &Registry,
+    ) -> Result<PolicyFactory, BuildError> {
         let refused = |refusal: Refusal| BuildError::Validate {
             policy_type: self.name.clone(),
             refusal,
@@ -113,6 +122,7 @@ impl PolicyType {
             PolicySource::Plugin(def) => Ok(PolicyFactory::Plugin {
                 name: self.name.clone(),
                 factory: def.validate(params).map_err(|e| refused(e.into()))?,
+                components: registry.components.clone(),
             }),
         }
     }
@@ -127,6 +137,7 @@ pub enum PolicyFactory {
     Plugin {
         name: String,
         factory: plugin::PluginPolicyFactory,
+        components: Arc<ComponentTable>,
     },
 }
 
@@ -142,21 +153,45 @@ impl PolicyFactory {
                 })?;
                 Ok(super::builtin::stages_of(name, parts))
             }
-            PolicyFactory::Plugin { name, factory } => {
-                let built = factory.build(partition).map_err(|e| BuildError::Build {
-                    policy_type: name.clone(),
-                    refusal: e.into(),
-                })?;
+            PolicyFactory::Plugin {
+                name,
+                factory,
+                components,
+            } => {
+                let create = |type_name: &str, params: &OwnedParams| {
+                    let Some(component) = components.get(type_name) else {
+                        let known: Vec<&str> = components.keys().map(String::as_str).collect();
+                        return Err(CallError::new(
+                            Status::InvalidArgument,
+                            format!(
+                                "callback_add_registered: no component type `{type_name}`; registered: {}",
+                                known.join(", ")
+                            ),
+                        ));
+                    };
+                    component
+                        .create(params, partition)
+                        .map_err(|e| CallError::new(Status::InvalidParameters, e.to_string()))
+                };
+                let built = factory
+                    .build(partition, &create)
+                    .map_err(|e| BuildError::Build {
+                        policy_type: name.clone(),
+                        refusal: e.into(),
+                    })?;
                 Ok(built
                     .into_iter()
-                    .map(|c| {
-                        let stage = Stage::new(
-                            Arc::from(c.name),
-                            c.kind,
-                            c.inputs,
-                            StageImpl::Plugin(c.instance),
-                        );
-                        (stage, c.weight)
+                    .map(|built| match built {
+                        Built::Plugin(c) => {
+                            let stage = Stage::new(
+                                Arc::from(c.name),
+                                c.kind,
+                                c.inputs,
+                                StageImpl::Plugin(c.instance),
+                            );
+                            (stage, c.weight)
+                        }
+                        Built::Registered { component, weight } => (component, weight),
                     })
                     .collect())
             }
@@ -167,7 +202,7 @@ impl PolicyFactory {
 /// Every type the router knows, and the plugins they came from.
 #[derive(Default)]
 pub struct Registry {
-    components: BTreeMap<String, Arc<ComponentType>>,
+    components: Arc<ComponentTable>,
     policies: BTreeMap<String, Arc<PolicyType>>,
     plugins: Vec<LoadedPlugin>,
 }
@@ -194,7 +229,7 @@ impl Registry {
         inputs: WorkerInputs,
         create: BuiltinComponentFn,
     ) {
-        self.components.insert(
+        Arc::make_mut(&mut self.components).insert(
             name.to_owned(),
             Arc::new(ComponentType {
                 name: name.to_owned(),
@@ -247,7 +282,7 @@ impl Registry {
                 origin,
                 source,
             };
-            self.components.insert(name, Arc::new(component));
+            Arc::make_mut(&mut self.components).insert(name, Arc::new(component));
         }
         for (name, def) in loaded.registered.policies {
             let origin = origin.clone();

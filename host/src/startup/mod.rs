@@ -214,7 +214,7 @@ fn builtin_default(
 ) -> Result<InstanceFactory, ConfigError> {
     let params = OwnedParams::new(source.config.worker_selection.builtin_default.clone());
     let policy = registry.policy(BUILTIN_DEFAULT).expect("built in");
-    match policy.validate(&params) {
+    match policy.validate(&params, registry) {
         Ok(factory) => Ok(InstanceFactory {
             name: BUILTIN_DEFAULT.to_owned(),
             on_error: OnError::Fail,
@@ -326,7 +326,7 @@ fn instance(
                 )))));
             };
             let params = OwnedParams::new(entry.parameters.clone());
-            let factory = policy.validate(&params).map_err(|error| Box::new(StartupError::InvalidParameters {
+            let factory = policy.validate(&params, registry).map_err(|error| Box::new(StartupError::InvalidParameters {
                 at: Location {
                     config: source.name.clone(),
                     line: type_line,

@@ -491,8 +491,8 @@ fn test_policy(policy: Policy, allow_random: bool) {
                 "selecting among {count} candidates ({variant} values)"
             )));
             let fleet = rows(count, variant, &mut rng);
-            let first = selector.select(&request, fleet.iter().copied());
-            let second = selector.select(&request, fleet.iter().copied());
+            let first = selector.select(&request, fleet.iter().cloned());
+            let second = selector.select(&request, fleet.iter().cloned());
             match (&first, &second) {
                 (Err(e), _) if !e.is_no_worker() => failure = failure.or(Some(("selections succeed", format!("{count} candidates ({variant}): {e}")))),
                 (Ok(a), Ok(b)) if a != b && !allow_random => failure = failure.or(Some(("same input, same output", format!("{count} candidates ({variant}): picked worker {} then {} (pass --allow-random if the type is random by design)", a.worker_id, b.worker_id)))),
@@ -508,7 +508,7 @@ fn test_policy(policy: Policy, allow_random: bool) {
     let calls = 200;
     let started = Instant::now();
     for _ in 0..calls {
-        let _ = selector.select(&request, fleet.iter().copied());
+        let _ = selector.select(&request, fleet.iter().cloned());
     }
     let per_call = started.elapsed().as_nanos() as f64 / f64::from(calls);
     emit(&Line::Timing {
@@ -589,8 +589,8 @@ pub fn run_child() -> i32 {
         }
     } else if let Some(policy_type) = registry.policy(&type_name).cloned() {
         emit(&Line::Phase("validating the given parameters".into()));
-        let factory = policy_type.validate(&params);
-        let refused = policy_type.validate(&unknown).is_err();
+        let factory = policy_type.validate(&params, &registry);
+        let refused = policy_type.validate(&unknown, &registry).is_err();
         finding(
             "unknown parameters refused",
             refused,

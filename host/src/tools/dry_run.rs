@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use switchyard_plugin_sdk::{WorkerId, WorkerType};
 
-use crate::plugin::{PartitionKey, RequestContext};
+use crate::plugin::{Labels, PartitionKey, RequestContext};
 use crate::policy::{CandidateRow, SelectTrace, Selector};
 use crate::startup::Startup;
 
@@ -30,7 +30,7 @@ pub struct SelectArgs {
     /// The candidates as a YAML list, every field settable: worker_id, dp_rank,
     /// device/host/disk_overlap_blocks, shared_beyond_device_blocks,
     /// active_prefill_tokens, decode_cost_blocks, active_requests,
-    /// preferred_taint_multiplier.
+    /// preferred_taint_multiplier, labels (a map).
     #[arg(long)]
     pub fleet: Option<PathBuf>,
     /// Show each filter's verdict, each scorer's cost and the total per worker.
@@ -81,6 +81,8 @@ struct FleetWorker {
     active_requests: u32,
     #[serde(default)]
     preferred_taint_multiplier: Option<f64>,
+    #[serde(default)]
+    labels: std::collections::BTreeMap<String, String>,
 }
 
 fn read_fleet(path: &Path) -> Result<Vec<CandidateRow>, String> {
@@ -112,6 +114,7 @@ fn read_fleet(path: &Path) -> Result<Vec<CandidateRow>, String> {
             row.load.decode_cost_blocks = w.decode_cost_blocks;
             row.load.active_requests = w.active_requests;
             row.preferred_taint_multiplier = w.preferred_taint_multiplier.unwrap_or(f64::NAN);
+            row.labels = Some(Labels::new(&w.labels));
             row
         })
         .collect())
@@ -145,7 +148,7 @@ pub fn run(args: &SelectArgs, startup: &Startup) -> Result<String, String> {
         .map_err(|e| format!("instance `{name}` cannot be built: {e}"))?;
     let request = RequestContext::new(startup.source.config.router.block_size, args.blocks);
     let mut selector = Selector::new(policy);
-    let (result, trace) = selector.explain(&request, rows.iter().copied());
+    let (result, trace) = selector.explain(&request, rows.iter().cloned());
     let decision = match &result {
         Ok(worker) => format!("worker {} dp_rank {}\n", worker.worker_id, worker.dp_rank),
         Err(e) => format!("no pick: instance `{name}`: {e}\n"),
