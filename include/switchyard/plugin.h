@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 /* Revision of the SDK this header belongs to (the crate version). */
 #define SWITCHYARD_SDK_REVISION "0.1.0"
@@ -28,14 +29,19 @@
  * Minor version of the plugin ABI. Grows when fields or callbacks are appended; the host
  * accepts plugins of any minor up to its own.
  */
-#define SWITCHYARD_ABI_MINOR 0
+#define SWITCHYARD_ABI_MINOR 1
 
 /**
- * Fingerprint of the ABI 1.0 layout (every struct's fields, sizes and alignments, every
+ * Fingerprint of this minor's layout (every struct's fields, sizes and alignments, every
  * callback's signature). A plugin compiled against a hand-edited or stale header reports
  * a different value and is refused.
  */
-#define SWITCHYARD_LAYOUT_FINGERPRINT 2742308371954690034
+#define SWITCHYARD_LAYOUT_FINGERPRINT 15798298651524007040ull
+
+/**
+ * Fingerprint of the ABI 1.0 layout, which the router keeps accepting from 1.0 plugins.
+ */
+#define SWITCHYARD_LAYOUT_FINGERPRINT_1_0 2742308371954690034
 
 /**
  * The call succeeded; out-parameters are written.
@@ -104,9 +110,14 @@
 #define SWITCHYARD_INPUT_ROUTING 4
 
 /**
- * Every input group this ABI version defines.
+ * Input group bit (ABI 1.1): each candidate's labels, read with `callback_get_label`.
  */
-#define SWITCHYARD_INPUT_ALL 7
+#define SWITCHYARD_INPUT_LABELS 8
+
+/**
+ * Every input group this ABI version defines (1.0 defined 7: CACHE, LOAD, ROUTING).
+ */
+#define SWITCHYARD_INPUT_ALL 15
 
 /**
  * Worker type of a partition: prefill workers of a disaggregated deployment.
@@ -410,7 +421,55 @@ typedef struct switchyard_candidates {
    * Picker only: the sum of all weighted scorer costs per row.
    */
   const double *costs;
+  /**
+   * LABELS (ABI 1.1): host-private; the host reads it back in `callback_get_label`.
+   */
+  const void *labels_host_data;
+  /**
+   * LABELS (ABI 1.1): writes to `*out` the value of label `key` of the worker in `row`
+   * (borrowed for the call). NOT_FOUND when that worker has no such label (`out`
+   * untouched), OUT_OF_RANGE when `row >= count`. NULL when the component did not
+   * declare LABELS, and absent (past `struct_size`) in a 1.0 router: check both, or use
+   * `switchyard_candidate_label`.
+   */
+  int32_t (*callback_get_label)(const struct switchyard_candidates *candidates,
+                                size_t row,
+                                struct switchyard_str key,
+                                struct switchyard_str *out);
 } switchyard_candidates;
+
+/**
+ * What became of a request a component helped route (ABI 1.1): handed to the lifecycle
+ * notifications. Host-owned, valid for the call.
+ */
+typedef struct switchyard_outcome {
+  /**
+   * `sizeof(switchyard_outcome)` as the host was compiled.
+   */
+  uint32_t struct_size;
+  /**
+   * Data-parallel rank of the picked worker.
+   */
+  uint32_t dp_rank;
+  /**
+   * The router's id for this routed request: the same in its `on_selected`,
+   * `on_prefill_complete` and `on_finished`, unique within the router's run.
+   */
+  uint64_t request_id;
+  /**
+   * The worker picked (or, after a gateway's retry, the one that served).
+   */
+  uint64_t worker_id;
+  /**
+   * Seconds from the selection to prefill completion (the first token); NaN until
+   * known.
+   */
+  double seconds_to_prefill_complete;
+  /**
+   * Seconds from the selection to the request's end; NaN until it ended.
+   */
+  double seconds_to_finish;
+} switchyard_outcome;
 
 /**
  * A component type: a filter, a scorer or a picker. Plugin-owned; the host copies
@@ -484,6 +543,34 @@ typedef struct switchyard_component_def {
                      const struct switchyard_candidates *candidates,
                      size_t *out_row,
                      const struct switchyard_error *error);
+  /**
+   * Optional (ABI 1.1): the request this instance took part in was routed to
+   * `outcome->worker_id` and booked there (select-and-reserve, the frontend, the
+   * gateway picker; not a dry-run select). Called right after the pick, before the next
+   * selection of this instance, with the same one-thread-at-a-time discipline as
+   * `on_filter`/`on_score`/`on_pick`. A failure is counted and logged, and changes
+   * nothing. NULL: never called, and costs nothing.
+   */
+  int32_t (*on_selected)(void *instance,
+                         const struct switchyard_request *request,
+                         const struct switchyard_outcome *outcome,
+                         const struct switchyard_error *error);
+  /**
+   * Optional (ABI 1.1): the request's prefill completed (its first token).
+   * `seconds_to_prefill_complete` is set. Called off the selection path, one thread
+   * at a time per instance, possibly after later selections.
+   */
+  int32_t (*on_prefill_complete)(void *instance,
+                                 const struct switchyard_outcome *outcome,
+                                 const struct switchyard_error *error);
+  /**
+   * Optional (ABI 1.1): the request ended (freed, cancelled, expired, or its worker
+   * removed); exactly once per `on_selected`. `seconds_to_finish` is set. Called as
+   * `on_prefill_complete` is.
+   */
+  int32_t (*on_finished)(void *instance,
+                         const struct switchyard_outcome *outcome,
+                         const struct switchyard_error *error);
 } switchyard_component_def;
 
 /**
@@ -510,6 +597,19 @@ typedef struct switchyard_policy_builder {
                                     void *instance,
                                     double weight,
                                     const struct switchyard_error *error);
+  /**
+   * ABI 1.1: adds an instance of a registered component type (a built-in such as
+   * `builtin.lowest-cost`, or any plugin's) created by the router from `type_name` and
+   * `params_json` (a JSON object; an empty string means `{}`), at this point of the
+   * pipeline, with `weight` for scorers. INVALID_ARGUMENT for an unknown type,
+   * INVALID_PARAMETERS when the type refuses the parameters; the message says which.
+   * Absent (past `struct_size`) in a 1.0 router.
+   */
+  int32_t (*callback_add_registered)(const struct switchyard_policy_builder *builder,
+                                     struct switchyard_str type_name,
+                                     struct switchyard_str params_json,
+                                     double weight,
+                                     const struct switchyard_error *error);
 } switchyard_policy_builder;
 
 /**
@@ -664,6 +764,52 @@ static inline void switchyard_error_printf(const switchyard_error *error, const 
     va_start(args, format);
     vsnprintf(error->buffer, error->capacity, format, args);
     va_end(args);
+}
+
+/* The value of label `key` (NUL-terminated) of the worker in `row` (ABI 1.1, LABELS
+ * group), or NULL when the worker has no such label, the component did not declare
+ * SWITCHYARD_INPUT_LABELS, or the router is older than 1.1. `*len` (if not NULL) gets the
+ * value's length; the value is borrowed for the call and is not NUL-terminated. */
+static inline const char *switchyard_candidate_label(const switchyard_candidates *candidates,
+                                                     size_t row, const char *key, size_t *len) {
+    switchyard_str out = { NULL, 0 };
+    switchyard_str wanted = { key, strlen(key) };
+    if (candidates == NULL
+        || candidates->struct_size < offsetof(switchyard_candidates, callback_get_label) + sizeof(void *)
+        || candidates->callback_get_label == NULL
+        || candidates->callback_get_label(candidates, row, wanted, &out) != SWITCHYARD_STATUS_OK) {
+        return NULL;
+    }
+    if (len != NULL) {
+        *len = out.len;
+    }
+    return out.ptr;
+}
+
+/* Whether label `key` of the worker in `row` equals `value` (both NUL-terminated). */
+static inline int switchyard_candidate_label_is(const switchyard_candidates *candidates,
+                                                size_t row, const char *key, const char *value) {
+    size_t len = 0;
+    const char *found = switchyard_candidate_label(candidates, row, key, &len);
+    return found != NULL && len == strlen(value) && memcmp(found, value, len) == 0;
+}
+
+/* Adds a registered component type (built-in or any plugin's) to the policy being built
+ * (ABI 1.1), e.g. switchyard_builder_add_registered(builder, "builtin.lowest-cost", "{}",
+ * 1.0, error). In a 1.0 router it fails with INVALID_ARGUMENT and says so. */
+static inline int32_t switchyard_builder_add_registered(const switchyard_policy_builder *builder,
+                                                        const char *type_name,
+                                                        const char *params_json, double weight,
+                                                        const switchyard_error *error) {
+    if (builder == NULL
+        || builder->struct_size < offsetof(switchyard_policy_builder, callback_add_registered) + sizeof(void *)
+        || builder->callback_add_registered == NULL) {
+        switchyard_error_printf(error, "this router's ABI predates callback_add_registered (1.1); cannot add `%s`", type_name);
+        return SWITCHYARD_STATUS_INVALID_ARGUMENT;
+    }
+    switchyard_str name = { type_name, strlen(type_name) };
+    switchyard_str params = { params_json, params_json == NULL ? 0 : strlen(params_json) };
+    return builder->callback_add_registered(builder, name, params, weight, error);
 }
 
 /* The static manifest (docs/ABI.md, "The static manifest"): NUL-terminated text records

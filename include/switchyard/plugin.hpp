@@ -24,6 +24,7 @@
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -35,6 +36,8 @@ inline constexpr uint32_t none = 0;
 inline constexpr uint32_t cache = SWITCHYARD_INPUT_CACHE;
 inline constexpr uint32_t load = SWITCHYARD_INPUT_LOAD;
 inline constexpr uint32_t routing = SWITCHYARD_INPUT_ROUTING;
+// ABI 1.1: each candidate's labels, Candidates::label(row, key).
+inline constexpr uint32_t labels = SWITCHYARD_INPUT_LABELS;
 }  // namespace inputs
 
 // Fails one call with SWITCHYARD_STATUS_ERROR; does not poison the instance.
@@ -259,6 +262,22 @@ public:
     }
     double cost(size_t row) const { return costs()[row]; }
 
+    // LABELS (ABI 1.1): the value of the worker's label `key`, empty when it has none.
+    // Borrowed for the call.
+    std::optional<std::string_view> label(size_t row, std::string_view key) const {
+        if (raw_->struct_size < offsetof(switchyard_candidates, callback_get_label) + sizeof(void *)) {
+            throw std::logic_error("labels need a router of ABI 1.1 or later");
+        }
+        if (raw_->callback_get_label == nullptr) {
+            throw std::logic_error("the component did not declare the LABELS input group");
+        }
+        switchyard_str out{nullptr, 0};
+        if (raw_->callback_get_label(raw_, row, detail::abi(key), &out) != SWITCHYARD_STATUS_OK) {
+            return std::nullopt;
+        }
+        return detail::view(out);
+    }
+
 private:
     template <class T>
     Column<T> column(const T *values, const char *group) const {
@@ -287,14 +306,45 @@ public:
     uint64_t decode_cost_blocks() const { return all_.decode_cost_blocks(row_); }
     uint32_t active_requests() const { return all_.active_requests(row_); }
     std::optional<double> preferred_taint_multiplier() const { return all_.preferred_taint_multiplier(row_); }
+    std::optional<std::string_view> label(std::string_view key) const { return all_.label(row_, key); }
 
 private:
     const Candidates &all_;
     size_t row_;
 };
 
+// What became of a routed request (ABI 1.1 lifecycle notifications). Borrowed.
+class Outcome {
+public:
+    explicit Outcome(const switchyard_outcome *raw) noexcept : raw_(raw) {}
+    // The router's id of the routed request: the same in all its notifications.
+    uint64_t request_id() const noexcept { return raw_->request_id; }
+    uint64_t worker_id() const noexcept { return raw_->worker_id; }
+    uint32_t dp_rank() const noexcept { return raw_->dp_rank; }
+    std::optional<double> seconds_to_prefill_complete() const noexcept { return known(raw_->seconds_to_prefill_complete); }
+    std::optional<double> seconds_to_finish() const noexcept { return known(raw_->seconds_to_finish); }
+
+private:
+    static std::optional<double> known(double v) noexcept { return v != v ? std::nullopt : std::optional<double>(v); }
+    const switchyard_outcome *raw_;
+};
+
+// Lifecycle notifications (ABI 1.1), for every component kind. Override any of them in
+// the concrete class: the layer sees the override at compile time and asks the router for
+// just those; a component that overrides none costs the router nothing. Called with the
+// instance's one-thread-at-a-time discipline; on_selected before the instance's next
+// selection, the other two later, off the selection path.
+class Lifecycle {
+public:
+    virtual ~Lifecycle() = default;
+    // The request this instance helped route was booked on outcome.worker_id().
+    virtual void on_selected(const Request &, const Outcome &) {}
+    virtual void on_prefill_complete(const Outcome &) {}
+    virtual void on_finished(const Outcome &) {}
+};
+
 // A hard requirement: keep or reject each worker.
-class Filter {
+class Filter : public Lifecycle {
 public:
     virtual ~Filter() = default;
     virtual uint32_t required_inputs() const { return inputs::none; }
@@ -308,7 +358,7 @@ public:
 };
 
 // A preference: one finite cost per worker, lower is better.
-class Scorer {
+class Scorer : public Lifecycle {
 public:
     virtual ~Scorer() = default;
     virtual uint32_t required_inputs() const { return inputs::none; }
@@ -322,7 +372,7 @@ public:
 };
 
 // The final choice: one row of the scored candidates (candidates.cost(row) is available).
-class Picker {
+class Picker : public Lifecycle {
 public:
     virtual ~Picker() = default;
     virtual uint32_t required_inputs() const { return inputs::none; }
@@ -399,6 +449,49 @@ inline int32_t on_pick(void *instance, const switchyard_request *request,
 }
 
 template <class Base>
+int32_t on_selected(void *instance, const switchyard_request *request, const switchyard_outcome *outcome,
+                    const switchyard_error *error) noexcept {
+    auto *slot = static_cast<Slot<Base> *>(instance);
+    return guard(error, &slot->poisoned, [&] { slot->component->on_selected(Request(request), Outcome(outcome)); });
+}
+template <class Base>
+int32_t on_prefill_complete(void *instance, const switchyard_outcome *outcome, const switchyard_error *error) noexcept {
+    auto *slot = static_cast<Slot<Base> *>(instance);
+    return guard(error, &slot->poisoned, [&] { slot->component->on_prefill_complete(Outcome(outcome)); });
+}
+template <class Base>
+int32_t on_finished(void *instance, const switchyard_outcome *outcome, const switchyard_error *error) noexcept {
+    auto *slot = static_cast<Slot<Base> *>(instance);
+    return guard(error, &slot->poisoned, [&] { slot->component->on_finished(Outcome(outcome)); });
+}
+
+// Sets the notification callbacks T overrides (a member of T itself, not of Lifecycle).
+template <class Base, class T>
+void install_lifecycle(switchyard_component_def &def) noexcept {
+    using Selected = decltype(&T::on_selected);
+    using Prefill = decltype(&T::on_prefill_complete);
+    using Finished = decltype(&T::on_finished);
+    if constexpr (!std::is_same_v<Selected, decltype(&Lifecycle::on_selected)>) def.on_selected = on_selected<Base>;
+    if constexpr (!std::is_same_v<Prefill, decltype(&Lifecycle::on_prefill_complete)>)
+        def.on_prefill_complete = on_prefill_complete<Base>;
+    if constexpr (!std::is_same_v<Finished, decltype(&Lifecycle::on_finished)>) def.on_finished = on_finished<Base>;
+}
+
+// The input groups T declares once, as `static constexpr uint32_t input_groups`.
+template <class T, class = void>
+struct declared_groups : std::false_type {};
+template <class T>
+struct declared_groups<T, std::void_t<decltype(T::input_groups)>> : std::true_type {};
+template <class T>
+constexpr uint32_t static_groups() {
+    if constexpr (declared_groups<T>::value) {
+        return T::input_groups;
+    } else {
+        return 0;
+    }
+}
+
+template <class Base>
 struct Kind;
 template <>
 struct Kind<Filter> {
@@ -433,7 +526,7 @@ switchyard_component_def component_def(const char *type_name, uint32_t inputs) n
 inline std::string group_names(uint32_t groups) {
     std::string names;
     const std::pair<uint32_t, const char *> all[] = {
-        {inputs::cache, "cache"}, {inputs::load, "load"}, {inputs::routing, "routing"}};
+        {inputs::cache, "cache"}, {inputs::load, "load"}, {inputs::routing, "routing"}, {inputs::labels, "labels"}};
     for (const auto &group : all) {
         if ((groups & group.first) != 0) names += (names.empty() ? "" : ", ") + std::string(group.second);
     }
@@ -473,19 +566,40 @@ public:
     PolicyBuilder(const switchyard_policy_builder *raw, const switchyard_error *error, std::string prefix) noexcept
         : raw_(raw), error_(error), prefix_(std::move(prefix)) {}
 
-    void add_filter(std::unique_ptr<Filter> filter) { add(std::move(filter), "filter." + std::to_string(filters_++), 1.0); }
-    void add_scorer(std::unique_ptr<Scorer> scorer, double weight = 1.0) {
-        add(std::move(scorer), "scorer." + std::to_string(scorers_++), weight);
+    // T is the concrete class (as std::make_unique<T> gives it): its lifecycle overrides
+    // are seen here.
+    template <class T>
+    void add_filter(std::unique_ptr<T> filter) {
+        add<Filter, T>(std::move(filter), "filter." + std::to_string(filters_++), 1.0);
     }
-    void set_picker(std::unique_ptr<Picker> picker) { add(std::move(picker), "picker", 1.0); }
+    template <class T>
+    void add_scorer(std::unique_ptr<T> scorer, double weight = 1.0) {
+        add<Scorer, T>(std::move(scorer), "scorer." + std::to_string(scorers_++), weight);
+    }
+    template <class T>
+    void set_picker(std::unique_ptr<T> picker) {
+        add<Picker, T>(std::move(picker), "picker", 1.0);
+    }
+
+    // ABI 1.1: adds a registered component type, built-in or any plugin's, created by the
+    // router: add_registered("builtin.lowest-cost"), add_registered("acme.zone", R"({"zone":"a"})").
+    void add_registered(const char *type_name, const char *params_json = "{}", double weight = 1.0) {
+        int32_t status = switchyard_builder_add_registered(raw_, type_name, params_json, weight, error_);
+        if (status != SWITCHYARD_STATUS_OK) {
+            throw Error(error_->buffer);
+        }
+    }
 
 private:
-    template <class Base>
-    void add(std::unique_ptr<Base> component, const std::string &part, double weight) {
+    template <class Base, class T>
+    void add(std::unique_ptr<T> component, const std::string &part, double weight) {
+        static_assert(std::is_base_of_v<Base, T>, "add_filter/add_scorer/set_picker: wrong component kind");
         std::string name = prefix_ + "/" + part;
-        switchyard_component_def def = detail::component_def<Base>(name.c_str(), component->required_inputs());
+        uint32_t groups = component->required_inputs() | detail::static_groups<T>();
+        switchyard_component_def def = detail::component_def<Base>(name.c_str(), groups);
+        detail::install_lifecycle<Base, T>(def);
         auto slot = std::make_unique<detail::Slot<Base>>();
-        slot->component = std::move(component);
+        slot->component = std::unique_ptr<Base>(std::move(component));
         // The host owns the instance from this call on, whatever the status.
         int32_t status = raw_->callback_add_component(raw_, &def, slot.release(), weight, error_);
         if (status != SWITCHYARD_STATUS_OK) {
@@ -554,6 +668,15 @@ public:
     template <class T>
     void picker(const char *type_name, uint32_t inputs) { component<Picker, T>(type_name, inputs); }
 
+    // Input groups declared once, in the class: `static constexpr uint32_t input_groups =
+    // switchyard::inputs::load;`. required_inputs() need not be overridden then.
+    template <class T>
+    void filter(const char *type_name) { component<Filter, T>(type_name, groups_of<T>()); }
+    template <class T>
+    void scorer(const char *type_name) { component<Scorer, T>(type_name, groups_of<T>()); }
+    template <class T>
+    void picker(const char *type_name) { component<Picker, T>(type_name, groups_of<T>()); }
+
     // T derives from PolicyFactory and is constructible from (const Params&).
     // `type_name` must be a string literal (it is kept for naming the built components).
     template <class T>
@@ -570,9 +693,17 @@ public:
     }
 
 private:
+    template <class T>
+    static constexpr uint32_t groups_of() {
+        static_assert(detail::declared_groups<T>::value,
+                      "register without input groups only a class that declares them: "
+                      "static constexpr uint32_t input_groups = switchyard::inputs::...;");
+        return T::input_groups;
+    }
     template <class Base, class T>
     void component(const char *type_name, uint32_t inputs) {
         switchyard_component_def def = detail::component_def<Base>(type_name, inputs);
+        detail::install_lifecycle<Base, T>(def);
         def.user_data = reinterpret_cast<void *>(static_cast<uintptr_t>(inputs));
         def.on_create = detail::on_create<Base, T>;
         check(raw_->callback_register_component(raw_, &def, error_));
