@@ -68,6 +68,23 @@ pub fn switchyard_bin() -> PathBuf {
 
 /// Compiles tests/fixtures/broken_plugin.c with `defines` into `dir/name.so`.
 pub fn broken_plugin(dir: &Path, name: &str, defines: &[&str]) -> PathBuf {
+    compile_c(
+        dir,
+        name,
+        &repo().join("tests/fixtures/broken_plugin.c"),
+        &repo().join("include"),
+        defines,
+    )
+}
+
+/// Compiles the C plugin `source` against the headers in `include` into `dir/name.so`.
+pub fn compile_c(
+    dir: &Path,
+    name: &str,
+    source: &Path,
+    include: &Path,
+    defines: &[&str],
+) -> PathBuf {
     let out = dir.join(format!("{name}.so"));
     let status = Command::new("cc")
         .args([
@@ -80,9 +97,9 @@ pub fn broken_plugin(dir: &Path, name: &str, defines: &[&str]) -> PathBuf {
             "-Wno-unused-function",
         ])
         .arg("-I")
-        .arg(repo().join("include"))
+        .arg(include)
         .args(defines.iter().map(|d| format!("-D{d}")))
-        .arg(repo().join("tests/fixtures/broken_plugin.c"))
+        .arg(source)
         .arg("-o")
         .arg(&out)
         .arg("-lm")
@@ -90,7 +107,8 @@ pub fn broken_plugin(dir: &Path, name: &str, defines: &[&str]) -> PathBuf {
         .expect("cc runs");
     assert!(
         status.success(),
-        "compiling the fixture {name} with {defines:?} failed"
+        "compiling {} as {name} with {defines:?} failed",
+        source.display()
     );
     out
 }

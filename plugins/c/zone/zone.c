@@ -145,7 +145,8 @@ static int32_t zone_build(void *factory, const switchyard_partition *partition,
         status = switchyard_builder_add_registered(builder, "builtin.active-requests", "", 1.0, error);
     }
     if (status == SWITCHYARD_STATUS_OK) {
-        status = switchyard_builder_add_registered(builder, "builtin.lowest-cost", "{}", 1.0, error);
+        status = switchyard_builder_add_registered(builder, "builtin.lowest-cost", "{\"tie_break\": \"worker-id\"}", 1.0,
+                                                   error);
     }
     return status;
 }

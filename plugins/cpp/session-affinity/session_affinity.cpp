@@ -7,6 +7,11 @@
 // session is forgotten. The table is shared by the instance's scorer and picker only:
 // one table per partition, as the host creates one policy per partition.
 //
+// Scorer `cpp.sticky-session` (ABI 1.1) does the same standalone, beside any other
+// components and any picker (a built-in one included): it learns where each session went
+// from the router's `on_selected` notification instead of from its own picker, so it
+// needs no partner component. It declares its input groups once (`input_groups`).
+//
 // Also registers `cpp.throwing-scorer`, a scorer that throws on every call once its
 // `throw_after` calls are used up: a fixture for fault-containment tests and demos.
 #include <cmath>
@@ -101,6 +106,45 @@ private:
     double weight_;
 };
 
+// Standalone: cost 0 on the worker the session was last routed to, `miss_cost` on the
+// others; learns the routing from on_selected.
+class StickySession final : public Scorer {
+public:
+    static constexpr uint32_t input_groups = inputs::none;
+
+    StickySession(const Params &params, const Partition &) {
+        params.allow_only({"miss_cost"});
+        miss_cost_ = params.number("miss_cost").value_or(1.0);
+        if (!std::isfinite(miss_cost_) || miss_cost_ < 0.0) {
+            throw InvalidParameters("miss_cost must be a finite non-negative number");
+        }
+    }
+    double score(const Request &, const Candidate &) override { return 0.0; }
+    void score_batch(const Request &request, const Candidates &c, double *costs) override {
+        auto session = request.session();
+        auto last = session ? table_.find(std::string(session->session_id())) : table_.end();
+        bool prefer = last != table_.end() && !ends_session(request);
+        for (size_t row = 0; row < c.size(); row++) {
+            bool sticky = prefer && c.worker_id(row) == last->second.worker_id && c.dp_rank(row) == last->second.dp_rank;
+            costs[row] = prefer && !sticky ? miss_cost_ : 0.0;
+        }
+    }
+    void on_selected(const Request &request, const Outcome &outcome) override {
+        auto session = request.session();
+        if (!session) return;
+        std::string id(session->session_id());
+        if (ends_session(request)) {
+            table_.erase(id);
+        } else {
+            table_[id] = WorkerKey{outcome.worker_id(), outcome.dp_rank()};
+        }
+    }
+
+private:
+    SessionTable table_;
+    double miss_cost_ = 1.0;
+};
+
 class ThrowingScorer final : public Scorer {
 public:
     ThrowingScorer(const Params &params, const Partition &) {
@@ -122,6 +166,7 @@ private:
 
 void register_types(Registrar &registrar) {
     registrar.policy<SessionAffinity>("cpp.session-affinity");
+    registrar.scorer<StickySession>("cpp.sticky-session");
     registrar.scorer<ThrowingScorer>("cpp.throwing-scorer", inputs::none);
 }
 
