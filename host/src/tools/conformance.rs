@@ -324,6 +324,17 @@ fn rows(count: usize, variant: &str, rng: &mut rand::rngs::StdRng) -> Vec<Candid
                     } else {
                         rng.gen_range(0.0..4.0)
                     };
+                    // Labels: some workers have none, the others a zone and a GPU type.
+                    if rng.gen_bool(0.75) {
+                        let labels: std::collections::BTreeMap<String, String> = [
+                            ("zone", ["a", "b", "c"][rng.gen_range(0..3)]),
+                            ("gpu", ["h100", "a100"][rng.gen_range(0..2)]),
+                        ]
+                        .into_iter()
+                        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                        .collect();
+                        row.labels = Some(crate::plugin::Labels::new(&labels));
+                    }
                 }
                 _ => {} // zeros, and no taint
             }
