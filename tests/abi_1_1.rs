@@ -51,7 +51,8 @@ impl Server {
 
     /// The worker `/v1/reserve` books request `id` on.
     fn reserve(&self, instance: &str, id: &str, session: Option<&str>) -> u64 {
-        let mut body = json!({"model": "m", "instance": instance, "block_hashes": [1, 2], "request_id": id});
+        let mut body =
+            json!({"model": "m", "instance": instance, "block_hashes": [1, 2], "request_id": id});
         if let Some(session) = session {
             body["session"] = json!({ "session_id": session });
         }
@@ -204,7 +205,13 @@ fn a_c_policy_type_composes_builtin_components_through_the_builder() {
     )
     .unwrap();
     let out = run(Command::new(switchyard_bin())
-        .args(["select", "--explain", "--instance", "zone-policy", "--config"])
+        .args([
+            "select",
+            "--explain",
+            "--instance",
+            "zone-policy",
+            "--config",
+        ])
         .arg(&config)
         .arg("--fleet")
         .arg(&fleet));
@@ -220,7 +227,11 @@ fn a_c_policy_type_composes_builtin_components_through_the_builder() {
     let picks: Vec<u64> = (0..4)
         .map(|n| server.reserve("zone-policy", &format!("p{n}"), None))
         .collect();
-    assert_eq!(picks, [2, 3, 2, 3], "zone a, least busy first, ties to the lowest id");
+    assert_eq!(
+        picks,
+        [2, 3, 2, 3],
+        "zone a, least busy first, ties to the lowest id"
+    );
 
     // A policy asking for a type nobody registered fails its build, naming the type.
     let bad = zoned_config(
@@ -232,7 +243,10 @@ fn a_c_policy_type_composes_builtin_components_through_the_builder() {
             .args(["check", "--config"])
             .arg(&bad),
     );
-    assert!(error.contains("`zone` must be a non-empty string"), "{error}");
+    assert!(
+        error.contains("`zone` must be a non-empty string"),
+        "{error}"
+    );
 }
 
 /// Runs a command that must fail; its stderr.
@@ -251,7 +265,11 @@ fn a_standalone_cpp_scorer_keeps_a_session_on_the_worker_on_selected_reported() 
     );
     let server = Server::start(&config);
     let i = "zone-filter";
-    assert_eq!(server.reserve(i, "s1-a", Some("s1")), 1, "all idle: lowest id");
+    assert_eq!(
+        server.reserve(i, "s1-a", Some("s1")),
+        1,
+        "all idle: lowest id"
+    );
     assert_eq!(server.reserve(i, "x", None), 2);
     assert_eq!(server.reserve(i, "y", None), 3);
     // Every worker has one request; s1 goes back to worker 1, whose load grows ...
@@ -307,7 +325,9 @@ fn lifecycle_notifications_arrive_once_each_and_in_order() {
     assert_eq!(server.reserve("logged", "r2", None), 1);
     // Its worker leaves: the booking goes, and with it the request.
     server.delete("/v1/workers/1");
-    let lines = wait_for_log(&log, |l| l.iter().filter(|l| l.starts_with("finished")).count() == 2);
+    let lines = wait_for_log(&log, |l| {
+        l.iter().filter(|l| l.starts_with("finished")).count() == 2
+    });
     assert_eq!(lines.len(), 5, "{lines:#?}");
     assert_eq!(lines[0], "selected 1 1 chat-7", "{lines:#?}");
     let fields = |line: &str| line.split(' ').map(str::to_owned).collect::<Vec<_>>();
@@ -317,10 +337,7 @@ fn lifecycle_notifications_arrive_once_each_and_in_order() {
     assert_eq!(&finished[..3], ["finished", "1", "1"], "{lines:#?}");
     let (to_prefill, to_finish): (f64, f64) =
         (finished[3].parse().unwrap(), finished[4].parse().unwrap());
-    assert!(
-        to_prefill >= 0.0 && to_finish >= to_prefill,
-        "{lines:#?}"
-    );
+    assert!(to_prefill >= 0.0 && to_finish >= to_prefill, "{lines:#?}");
     assert_eq!(lines[3], "selected 2 1 -", "{lines:#?}");
     let second = fields(&lines[4]);
     assert_eq!(&second[..4], ["finished", "2", "1", "nan"], "{lines:#?}");

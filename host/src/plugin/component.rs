@@ -349,12 +349,13 @@ impl ComponentInstance {
     ) -> Result<(), CallError> {
         let outcome = outcome.abi();
         let def = &self.def.def;
-        // SAFETY (each call): the instance was created for this def and is called by one
-        // thread (its selector's lock); request, outcome and error live for the call.
         let code = match (event, def.on_selected, request) {
-            (Lifecycle::Selected, Some(on_selected), Some(request)) => unsafe {
-                on_selected(self.instance, &request.raw, &outcome, &error.as_abi())
-            },
+            (Lifecycle::Selected, Some(on_selected), Some(request)) => {
+                // SAFETY: the instance was created for this def and is called
+                // by one thread (its selector's lock); request, outcome and error live
+                // for the call.
+                unsafe { on_selected(self.instance, &request.raw, &outcome, &error.as_abi()) }
+            }
             (Lifecycle::PrefillComplete, ..) => match def.on_prefill_complete {
                 // SAFETY: as above.
                 Some(f) => unsafe { f(self.instance, &outcome, &error.as_abi()) },

@@ -276,9 +276,7 @@ unsafe extern "C" fn add_registered<T>(
         };
         match result {
             Ok(component) => {
-                context
-                    .built
-                    .push(Built::Registered { component, weight });
+                context.built.push(Built::Registered { component, weight });
                 Status::Ok.code()
             }
             Err(e) => {

@@ -353,7 +353,12 @@ impl Policy {
 
     /// Delivers `event` to every component that asked for it, in pipeline order. A failure
     /// is counted on the stage and logged; it changes no decision.
-    pub fn notify(&mut self, event: Lifecycle, request: Option<&AbiRequest<'_>>, outcome: &Outcome) {
+    pub fn notify(
+        &mut self,
+        event: Lifecycle,
+        request: Option<&AbiRequest<'_>>,
+        outcome: &Outcome,
+    ) {
         if !self.notified {
             return;
         }
