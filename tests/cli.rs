@@ -186,7 +186,7 @@ fn inspect_reads_the_manifest_of_every_language_without_loading() {
         let manifest = &json["manifest"];
         assert_eq!(manifest["name"], name, "{json}");
         assert_eq!(manifest["abi_major"], 1);
-        assert_eq!(manifest["sdk_revision"], "0.1.0");
+        assert_eq!(manifest["sdk_revision"], env!("CARGO_PKG_VERSION"));
         let types = manifest["types"].as_array().unwrap();
         assert_eq!(types.len(), 4, "{json}");
         let declared = types.iter().find(|t| t["name"] == filter).expect(filter);

@@ -140,6 +140,7 @@ fn parse_inputs(text: &str) -> Result<WorkerInputs, String> {
             "cache" => WorkerInputs::CACHE.bits(),
             "load" => WorkerInputs::LOAD.bits(),
             "routing" => WorkerInputs::ROUTING.bits(),
+            "labels" => WorkerInputs::LABELS.bits(),
             other => other
                 .trim_end_matches(['u', 'l'])
                 .parse()
@@ -265,7 +266,11 @@ mod tests {
             WorkerInputs::CACHE | WorkerInputs::ROUTING
         );
         assert_eq!(parse_inputs("(0)").unwrap(), WorkerInputs::NONE);
-        assert!(parse_inputs("8").unwrap_err().contains("no input group"));
+        assert_eq!(
+            parse_inputs("inputs::labels | 2").unwrap(),
+            WorkerInputs::LABELS | WorkerInputs::LOAD
+        );
+        assert!(parse_inputs("16").unwrap_err().contains("no input group"));
         assert!(parse_inputs("inputs::gpu")
             .unwrap_err()
             .contains("`inputs::gpu`"));
