@@ -50,7 +50,7 @@ fn check_on_the_example_config_prints_the_summary() {
         "acme-least-busy 0.1.0",
         "acme-least-busy-c 0.1.0",
         "acme-least-busy-cpp 0.1.0",
-        "ABI:      1.0, SDK revision 0.1.0",
+        "ABI:      1.1, SDK revision 0.2.0",
         "policy  least-busy",
         "filter  acme.min-device-overlap  reads: CACHE",
         "scorer  cpp.active-requests  reads: LOAD",
@@ -137,7 +137,7 @@ fn inspect_load_prints_descriptor_and_registered_types_as_json() {
     let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
     assert_eq!(json["name"], "acme-least-busy");
     assert_eq!(json["abi_major"], 1);
-    assert_eq!(json["sdk_revision"], "0.1.0");
+    assert_eq!(json["sdk_revision"], env!("CARGO_PKG_VERSION"));
     let registered = json["registered"].as_array().unwrap();
     assert_eq!(registered.len(), 4);
     assert_eq!(registered[1]["name"], "acme.min-device-overlap");

@@ -116,7 +116,7 @@ fn newer_minor_than_host() {
     let lib = broken_plugin(dir.path(), "minor", &["DESC_MINOR=7"]);
     let error = load_error(dir.path(), &lib, "");
     assert!(
-        error.contains("built for ABI 1.7, newer than this router's ABI 1.0"),
+        error.contains("built for ABI 1.7, newer than this router's ABI 1.1"),
         "{error}"
     );
 }
@@ -127,7 +127,7 @@ fn truncated_descriptor() {
     let lib = broken_plugin(dir.path(), "short", &["DESC_SIZE=24"]);
     let error = load_error(dir.path(), &lib, "");
     assert!(
-        error.contains("switchyard_plugin_descriptor is 24 bytes, but ABI 1.0 requires at least"),
+        error.contains("switchyard_plugin_descriptor is 24 bytes, but ABI 1.1 requires at least"),
         "{error}"
     );
 }
@@ -138,7 +138,7 @@ fn truncated_component_def() {
     let lib = broken_plugin(dir.path(), "short_def", &["DEF_SIZE=16"]);
     let error = load_error(dir.path(), &lib, "");
     assert!(
-        error.contains("switchyard_component_def is 16 bytes, but ABI 1.0 requires at least"),
+        error.contains("switchyard_component_def is 16 bytes, but ABI 1.1 requires at least"),
         "{error}"
     );
 }
@@ -149,7 +149,7 @@ fn layout_fingerprint_mismatch() {
     let lib = broken_plugin(dir.path(), "fingerprint", &["DESC_FINGERPRINT=0x1234ull"]);
     let error = load_error(dir.path(), &lib, "");
     assert!(
-        error.contains("layout fingerprint mismatch for ABI 1.0"),
+        error.contains("layout fingerprint mismatch for ABI 1.1"),
         "{error}"
     );
     assert!(error.contains("found 0x0000000000001234"), "{error}");
@@ -457,7 +457,14 @@ SWITCHYARD_PLUGIN("nested", "0.1.0", "switchyard tests", register_types)
     let library = dir.path().join("libnested.so");
     let status = std::process::Command::new("cc")
         .args([
-            "-std=c11", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror", "-I",
+            "-std=c11",
+            "-shared",
+            "-fPIC",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-Wno-missing-field-initializers",
+            "-I",
         ])
         .arg(repo().join("include"))
         .arg(&source)

@@ -139,13 +139,31 @@ fn a_picker_that_answers_ok_without_a_row_says_so() {
 #[test]
 fn input_group_bits_the_abi_does_not_define_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let lib = broken_plugin(dir.path(), "bits", &["INPUTS=9"]);
+    let lib = broken_plugin(dir.path(), "bits", &["INPUTS=17"]);
     let error = start_error(
         dir.path(),
         &format!("plugins:\n  - path: {}\n", lib.display()),
     );
     assert!(
-        error.contains("type `fixture.keep-all`: declares input groups 0x8 that ABI 1.0 does not define (known: 0x7)"),
+        error.contains("type `fixture.keep-all`: declares input groups 0x10 that ABI 1.1 does not define (known: 0xf)"),
+        "{error}"
+    );
+    // LABELS (8) came with 1.1: a plugin declaring ABI 1.0 may not use it.
+    let lib = broken_plugin(
+        dir.path(),
+        "bits_1_0",
+        &[
+            "INPUTS=9",
+            "DESC_MINOR=0",
+            "DESC_FINGERPRINT=0x260ea2ef56f067f2ULL",
+        ],
+    );
+    let error = start_error(
+        dir.path(),
+        &format!("plugins:\n  - path: {}\n", lib.display()),
+    );
+    assert!(
+        error.contains("declares input groups 0x8 that ABI 1.0 does not define (known: 0x7)"),
         "{error}"
     );
 }
