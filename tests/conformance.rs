@@ -141,3 +141,29 @@ fn bad_arguments_are_named() {
     assert!(run(&[lib, "--params", "[1]"]).contains("--params must be a JSON object"));
     assert!(run(&["/nonexistent/lib.so"]).contains("could not be loaded"));
 }
+
+#[test]
+fn lifecycle_notifications_are_delivered_and_a_failing_one_is_found() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = repo().join("tests/fixtures/lifecycle_plugin.c");
+    let include = repo().join("include");
+    let log = dir.path().join("log.txt");
+    let params = format!("{{\"log\": \"{}\"}}", log.display());
+    let good = compile_c(dir.path(), "lifecycle", &source, &include, &[]);
+    let (code, failed) = plugin_test(&[good.to_str().unwrap(), "--params", &params]);
+    assert_eq!(code, 0, "{failed:?}");
+    let lines = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        lines.contains("selected 1 1 -") && lines.contains("prefill 1 1 0.250000") && lines.contains("finished 2 1 nan 0.500000"),
+        "every notification reached the component:\n{lines}"
+    );
+
+    let bad = compile_c(dir.path(), "failing", &source, &include, &["FAIL_SELECTED"]);
+    let (code, failed) = plugin_test(&[bad.to_str().unwrap(), "--params", &params]);
+    assert_eq!(code, 1);
+    let detail = &failed["fixture.lifecycle-log"]["lifecycle notifications succeed"];
+    assert!(
+        detail.contains("on_selected") && detail.contains("deliberate on_selected failure"),
+        "{detail}"
+    );
+}

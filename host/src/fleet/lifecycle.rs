@@ -53,7 +53,9 @@ impl Lifecycles {
             .name("switchyard-lifecycle".into())
             .spawn(move || {
                 for job in queue {
-                    job.slot
+                    // Failures are counted on the stage and logged by `notify`.
+                    let _ = job
+                        .slot
                         .selector
                         .lock()
                         .policy

@@ -813,7 +813,8 @@ impl Router {
                         to_prefill_complete: None,
                         to_finish: None,
                     };
-                    selector.notify_selected(context, &outcome);
+                    // Failures are counted on the stage and logged; they change nothing.
+                    let _ = selector.notify_selected(context, &outcome);
                     notified = Some(Notified {
                         slot: slot.clone(),
                         outcome,

@@ -137,6 +137,31 @@ impl Stage {
         matches!(&self.imp, StageImpl::Plugin(instance) if instance.notified())
     }
 
+    /// Delivers one lifecycle notification if the component asked for it; a failure is
+    /// counted on the stage (and poisons it on a panic).
+    pub fn notify(
+        &mut self,
+        event: Lifecycle,
+        request: Option<&AbiRequest<'_>>,
+        outcome: &Outcome,
+        error: &mut ErrorBuffer,
+    ) -> Result<(), CallError> {
+        let StageImpl::Plugin(instance) = &mut self.imp else {
+            return Ok(());
+        };
+        if !instance.notified() {
+            return Ok(());
+        }
+        instance
+            .notify(event, request, outcome, error)
+            .inspect_err(|failure| {
+                StageStats::add(&self.stats.errors, 1);
+                if matches!(failure.status, Status::Panic | Status::Poisoned) {
+                    self.stats.poisoned.store(true, Ordering::Relaxed);
+                }
+            })
+    }
+
     fn kind_matches(&self) -> bool {
         match &self.imp {
             StageImpl::Plugin(instance) => instance.kind() == self.kind,
@@ -352,15 +377,17 @@ impl Policy {
     }
 
     /// Delivers `event` to every component that asked for it, in pipeline order. A failure
-    /// is counted on the stage and logged; it changes no decision.
+    /// is counted on the stage and logged; it changes no decision. Returns the failures
+    /// (`plugin test` reports them; empty allocates nothing).
     pub fn notify(
         &mut self,
         event: Lifecycle,
         request: Option<&AbiRequest<'_>>,
         outcome: &Outcome,
-    ) {
+    ) -> Vec<(Arc<str>, CallError)> {
+        let mut failures = Vec::new();
         if !self.notified {
-            return;
+            return failures;
         }
         let error = &mut self.error;
         let stages = self
@@ -369,17 +396,7 @@ impl Policy {
             .chain(self.scorers.iter_mut().map(|(s, _)| s))
             .chain(std::iter::once(&mut self.picker));
         for stage in stages {
-            let StageImpl::Plugin(instance) = &mut stage.imp else {
-                continue;
-            };
-            if !instance.notified() {
-                continue;
-            }
-            if let Err(failure) = instance.notify(event, request, outcome, error) {
-                StageStats::add(&stage.stats.errors, 1);
-                if matches!(failure.status, Status::Panic | Status::Poisoned) {
-                    stage.stats.poisoned.store(true, Ordering::Relaxed);
-                }
+            if let Err(failure) = stage.notify(event, request, outcome, error) {
                 tracing::warn!(
                     component = %stage.name,
                     callback = event.callback(),
@@ -387,8 +404,10 @@ impl Policy {
                     message = %failure.message,
                     "a lifecycle notification failed"
                 );
+                failures.push((stage.name.clone(), failure));
             }
         }
+        failures
     }
 
     /// Every stage, in pipeline order.
@@ -566,9 +585,13 @@ impl Selector {
 
     /// Tells the components that asked (ABI 1.1 `on_selected`) that the request they just
     /// helped route went to `outcome.worker`.
-    pub fn notify_selected(&mut self, request: &RequestContext, outcome: &Outcome) {
+    pub fn notify_selected(
+        &mut self,
+        request: &RequestContext,
+        outcome: &Outcome,
+    ) -> Vec<(Arc<str>, CallError)> {
         let policy = &mut self.policy;
-        request.with_abi(|raw| policy.notify(Lifecycle::Selected, Some(raw), outcome));
+        request.with_abi(|raw| policy.notify(Lifecycle::Selected, Some(raw), outcome))
     }
 
     /// Like `select`, recording what each stage did.

@@ -23,7 +23,8 @@ use serde::{Deserialize, Serialize};
 use switchyard_plugin_sdk::{WorkerId, WorkerType};
 
 use crate::plugin::{
-    ComponentKind, OwnedParams, PartitionKey, PluginSpec, RequestContext, RevisionRule,
+    ComponentKind, ErrorBuffer, Lifecycle, Outcome, OwnedParams, PartitionKey, PluginSpec,
+    RequestContext, RevisionRule,
 };
 use crate::policy::{
     CandidateRow, Candidates, Origin, Policy, RawOutput, Registry, Selector, Stage,
@@ -389,6 +390,28 @@ fn judge(
     }
 }
 
+/// Two routed requests' notifications, as the router sends them: one served, one whose
+/// worker went away before its first token.
+fn lifecycle_script() -> [(Lifecycle, Outcome); 5] {
+    let worker = WorkerId {
+        worker_id: 1,
+        dp_rank: 0,
+    };
+    let outcome = |request_id, prefill: Option<f64>, finish: Option<f64>| Outcome {
+        request_id,
+        worker,
+        to_prefill_complete: prefill.map(Duration::from_secs_f64),
+        to_finish: finish.map(Duration::from_secs_f64),
+    };
+    [
+        (Lifecycle::Selected, outcome(1, None, None)),
+        (Lifecycle::Selected, outcome(2, None, None)),
+        (Lifecycle::PrefillComplete, outcome(1, Some(0.25), None)),
+        (Lifecycle::Finished, outcome(1, Some(0.25), Some(2.0))),
+        (Lifecycle::Finished, outcome(2, None, Some(0.5))),
+    ]
+}
+
 fn test_component(stage: &mut Stage, allow_random: bool) {
     let kind = stage.kind;
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
@@ -453,8 +476,27 @@ fn test_component(stage: &mut Stage, allow_random: bool) {
             "a call from another thread answered differently".into(),
         ));
     }
+    if stage.notified() {
+        emit(&Line::Phase(
+            "delivering its lifecycle notifications".into(),
+        ));
+        let mut error = ErrorBuffer::new();
+        for (event, outcome) in lifecycle_script() {
+            let result = request.with_abi(|raw| {
+                let selected = (event == Lifecycle::Selected).then_some(raw);
+                stage.notify(event, selected, &outcome, &mut error)
+            });
+            if let Err(e) = result {
+                failures.push((
+                    "lifecycle notifications succeed",
+                    format!("{}: {} {}", event.callback(), e.status.name(), e.message),
+                ));
+            }
+        }
+    }
     // One finding per check: its first failure.
     for check in [
+        "lifecycle notifications succeed",
         "calls succeed",
         "filter mask is 0 or 1",
         "scorer costs are finite",
@@ -463,6 +505,7 @@ fn test_component(stage: &mut Stage, allow_random: bool) {
         "another thread, same output",
     ] {
         let relevant = match check {
+            "lifecycle notifications succeed" => stage.notified(),
             "filter mask is 0 or 1" => kind == ComponentKind::Filter,
             "scorer costs are finite" => kind == ComponentKind::Scorer,
             "picker row in range" => kind == ComponentKind::Picker,
@@ -514,6 +557,32 @@ fn test_policy(policy: Policy, allow_random: bool) {
     match failure {
         Some((check, detail)) => finding(check, false, detail),
         None => finding("selections succeed", true, ""),
+    }
+    if selector.policy.notified() {
+        emit(&Line::Phase(
+            "delivering its lifecycle notifications".into(),
+        ));
+        let mut failed = None;
+        for (event, outcome) in lifecycle_script() {
+            let failures = if event == Lifecycle::Selected {
+                selector.notify_selected(&request, &outcome)
+            } else {
+                selector.policy.notify(event, None, &outcome)
+            };
+            if let Some((component, e)) = failures.into_iter().next() {
+                failed = failed.or(Some(format!(
+                    "{} of `{component}`: {} {}",
+                    event.callback(),
+                    e.status.name(),
+                    e.message
+                )));
+            }
+        }
+        finding(
+            "lifecycle notifications succeed",
+            failed.is_none(),
+            failed.unwrap_or_default(),
+        );
     }
     let fleet = rows(1024, "random", &mut rng);
     let calls = 200;
