@@ -154,7 +154,9 @@ fn lifecycle_notifications_are_delivered_and_a_failing_one_is_found() {
     assert_eq!(code, 0, "{failed:?}");
     let lines = std::fs::read_to_string(&log).unwrap();
     assert!(
-        lines.contains("selected 1 1 -") && lines.contains("prefill 1 1 0.250000") && lines.contains("finished 2 1 nan 0.500000"),
+        lines.contains("selected 1 1 -")
+            && lines.contains("prefill 1 1 0.250000")
+            && lines.contains("finished 2 1 nan 0.500000"),
         "every notification reached the component:\n{lines}"
     );
 

@@ -4,7 +4,7 @@
 use std::collections::{HashMap, HashSet};
 
 use rand::{Rng, SeedableRng};
-use switchyard::fleet::kv_index::{KvEvent, KvIndex, QueryScratch, Tier};
+use switchyard::fleet::kv_index::{IndexShape, KvEvent, KvIndex, QueryScratch, Tier};
 use switchyard_plugin_sdk::WorkerId;
 
 /// The obvious model: per worker and tier, the set of hashes held.
@@ -46,8 +46,31 @@ impl Reference {
 
 #[test]
 fn index_matches_the_reference_model_on_random_events() {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(42);
-    let workers: Vec<WorkerId> = (0..6)
+    random_walk(6, 3000, 4096, 2, 42);
+}
+
+/// Enough workers that holder sets become lists and bitsets, shared prefixes stored by
+/// many workers in one event (shared sets, copied on write), and a low sweep floor so
+/// departed workers are swept often.
+#[test]
+fn index_matches_the_reference_model_with_a_wide_fleet_and_frequent_sweeps() {
+    let mut seen = IndexShape::default();
+    for seed in 0..3 {
+        let shape = random_walk(300, 4000, 16, 6, seed);
+        seen.lists += shape.lists;
+        seen.bitsets += shape.bitsets;
+        seen.sweeps += shape.sweeps;
+    }
+    assert!(
+        seen.lists > 0 && seen.bitsets > 0 && seen.sweeps > 0,
+        "every representation and the sweep were exercised: {seen:?}"
+    );
+}
+
+/// `clears`: out of 20 events, how many clear a worker (one tier or all of it).
+fn random_walk(fleet: u64, steps: usize, sweep_floor: u64, clears: u32, seed: u64) -> IndexShape {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let workers: Vec<WorkerId> = (0..fleet)
         .map(|i| WorkerId {
             worker_id: i / 2,
             dp_rank: (i % 2) as u32,
@@ -57,17 +80,21 @@ fn index_matches_the_reference_model_on_random_events() {
     let chains: Vec<Vec<u64>> = (0..5)
         .map(|c| (0..20).map(|i| (c as u64) << 32 | i).collect())
         .collect();
-    let mut index = KvIndex::default();
+    let mut index = KvIndex::with_sweep_floor(sweep_floor);
     let mut reference = Reference::default();
     let mut scratch = QueryScratch::default();
     let tiers = Tier::ALL;
     let mut nonzero = 0;
-    for step in 0..3000 {
+    for step in 0..steps {
         let worker = workers[rng.gen_range(0..workers.len())];
         let tier = tiers[rng.gen_range(0..3)];
         let chain = &chains[rng.gen_range(0..chains.len())];
-        let event = match rng.gen_range(0..10) {
-            0..=5 => {
+        let roll = rng.gen_range(0..20);
+        let event = match roll {
+            _ if roll < clears => KvEvent::Cleared {
+                tier: if rng.gen_bool(0.5) { Some(tier) } else { None },
+            },
+            _ if roll < 14 => {
                 let start = if rng.gen_bool(0.7) {
                     0
                 } else {
@@ -80,7 +107,7 @@ fn index_matches_the_reference_model_on_random_events() {
                     block_hashes: chain[start..end].to_vec(),
                 }
             }
-            6..=8 => {
+            _ => {
                 let n = rng.gen_range(0..4);
                 KvEvent::Removed {
                     tier,
@@ -89,9 +116,6 @@ fn index_matches_the_reference_model_on_random_events() {
                         .collect(),
                 }
             }
-            _ => KvEvent::Cleared {
-                tier: if rng.gen_bool(0.5) { Some(tier) } else { None },
-            },
         };
         index.apply(worker, &event);
         reference.apply(worker, &event);
@@ -102,6 +126,17 @@ fn index_matches_the_reference_model_on_random_events() {
             let query = &query_chain[..len];
             let result = index.query(query, &mut scratch);
             let mut fleet = 0;
+            for t in tiers {
+                let pairs: usize = workers
+                    .iter()
+                    .map(|&w| reference.held.get(&(w, t)).map_or(0, HashSet::len))
+                    .sum();
+                assert_eq!(
+                    index.blocks()[t as usize],
+                    pairs,
+                    "step {step}: pairs in {t:?}"
+                );
+            }
             for &w in &workers {
                 for t in tiers {
                     let expected = reference.prefix(w, t, query);
@@ -127,4 +162,5 @@ fn index_matches_the_reference_model_on_random_events() {
         nonzero > 1000,
         "the random walk must exercise real overlaps, got {nonzero}"
     );
+    index.shape()
 }

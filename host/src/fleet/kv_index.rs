@@ -3,11 +3,19 @@
 //! overlap per tier, and how far the prefix is cached anywhere in the fleet.
 //!
 //! Block hashes are chained (each one covers its block and every block before it), so a
-//! hash names a whole prefix; the index keeps, per tier, hash -> the set of workers holding
-//! it (a bitset over dense worker slots) and, per worker, the hashes it holds (for removal
-//! and clearing).
+//! hash names a whole prefix. Per tier the index keeps hash -> holders in 4 bytes: one
+//! worker slot inline (most blocks are held by one worker), or the id of a holder set (a
+//! sorted list, or a bitset once that is smaller) shared by every block with the same
+//! holders and copied on write. The table is open addressing over two flat arrays, so a
+//! (block, worker) pair costs 14 to 28 bytes whatever the fleet's size. There is no
+//! per-worker list of hashes: removals name their hashes, and a worker that leaves is
+//! swept out lazily (see `Slots`).
+//!
+//! A query walks the request's hashes once per tier and records runs of blocks with equal
+//! holders (a shared system prompt is one run); a worker's overlap is then a few
+//! membership tests, made only for the candidates the router asks about.
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 
 use serde::{Deserialize, Serialize};
 use switchyard_plugin_sdk::WorkerId;
@@ -95,12 +103,22 @@ impl Overlap {
     }
 }
 
-/// Workers as dense slots, so holder sets are bitsets and query results are arrays.
+/// Workers as dense slots: holder sets store slots, not worker ids.
+///
+/// A worker that leaves (or clears every tier) is not swept out of the tables at once:
+/// its slot is marked dead, queries ignore it, and its pairs count as garbage until a
+/// sweep, which runs when garbage outgrows the live pairs (so its cost is paid once per
+/// cleared pair). Dead slots are reused only after that sweep.
 #[derive(Default)]
 struct Slots {
     by_worker: FxHashMap<WorkerId, u32>,
     count: u32,
     free: Vec<u32>,
+    dead: Vec<bool>,
+    /// Bit per live slot, for intersecting with bitset holder sets.
+    live_bits: Vec<u64>,
+    /// Per slot, the pairs it holds in each tier.
+    pairs: Vec<[u64; 3]>,
 }
 
 impl Slots {
@@ -110,10 +128,19 @@ impl Slots {
         }
         let slot = self.free.pop().unwrap_or_else(|| {
             self.count += 1;
+            self.dead.push(false);
+            self.pairs.push([0; 3]);
             self.count - 1
         });
+        self.dead[slot as usize] = false;
+        self.pairs[slot as usize] = [0; 3];
+        set_bit(&mut self.live_bits, slot);
         self.by_worker.insert(worker, slot);
         slot
+    }
+
+    fn is_live(&self, slot: u32) -> bool {
+        !self.dead.get(slot as usize).copied().unwrap_or(true)
     }
 }
 
@@ -125,131 +152,532 @@ fn set_bit(bits: &mut Vec<u64>, slot: u32) {
     bits[word] |= 1 << (slot % 64);
 }
 
-/// Clears a bit; true when no bit is left.
-fn clear_bit(bits: &mut [u64], slot: u32) -> bool {
+fn clear_bit(bits: &mut [u64], slot: u32) {
     if let Some(word) = bits.get_mut((slot / 64) as usize) {
         *word &= !(1 << (slot % 64));
     }
-    bits.iter().all(|&w| w == 0)
+}
+
+fn has_bit(bits: &[u64], slot: u32) -> bool {
+    bits.get((slot / 64) as usize)
+        .is_some_and(|w| w & (1 << (slot % 64)) != 0)
+}
+
+/// A block's holders, in 4 bytes: one slot, or (top bit set) the id of a holder set.
+/// Equal values mean equal holder sets, which queries use to skip runs of blocks.
+type Holders = u32;
+const SET: u32 = 1 << 31;
+
+fn is_set(holders: Holders) -> bool {
+    holders & SET != 0
+}
+
+/// Block hash -> holders: open addressing with linear probing, keys and values in two
+/// arrays (12 bytes a bucket, where a std map of (u64, u32) pads to 16 plus control
+/// bytes). Key 0 marks an empty bucket; a real hash of 0 is kept on the side.
+#[derive(Default)]
+struct BlockTable {
+    keys: Vec<u64>,
+    values: Vec<Holders>,
+    len: usize,
+    zero: Option<Holders>,
+}
+
+impl BlockTable {
+    fn home(&self, key: u64) -> usize {
+        // Fibonacci hashing: API clients may send small consecutive hashes (1, 2, 3...).
+        let bits = self.keys.len().trailing_zeros();
+        (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - bits)) as usize
+    }
+
+    fn len(&self) -> usize {
+        self.len + usize::from(self.zero.is_some())
+    }
+
+    /// The bucket holding `key`, if any (never for key 0).
+    #[inline]
+    fn find(&self, key: u64) -> Option<usize> {
+        if self.keys.is_empty() {
+            return None;
+        }
+        let mask = self.keys.len() - 1;
+        let mut at = self.home(key);
+        loop {
+            match self.keys[at] {
+                0 => return None,
+                k if k == key => return Some(at),
+                _ => at = (at + 1) & mask,
+            }
+        }
+    }
+
+    #[inline]
+    fn get(&self, key: u64) -> Option<Holders> {
+        if key == 0 {
+            return self.zero;
+        }
+        self.find(key).map(|at| self.values[at])
+    }
+
+    /// Sets `key`'s holders (inserting it if new).
+    fn set(&mut self, key: u64, holders: Holders) {
+        if key == 0 {
+            self.zero = Some(holders);
+            return;
+        }
+        if let Some(at) = self.find(key) {
+            self.values[at] = holders;
+            return;
+        }
+        if (self.len + 1) * 8 > self.keys.len() * 7 {
+            self.grow();
+        }
+        let mask = self.keys.len() - 1;
+        let mut at = self.home(key);
+        while self.keys[at] != 0 {
+            at = (at + 1) & mask;
+        }
+        self.keys[at] = key;
+        self.values[at] = holders;
+        self.len += 1;
+    }
+
+    fn grow(&mut self) {
+        let capacity = (self.keys.len() * 2).max(16);
+        let keys = std::mem::replace(&mut self.keys, vec![0; capacity]);
+        let values = std::mem::replace(&mut self.values, vec![0; capacity]);
+        self.len = 0;
+        for (key, holders) in keys.into_iter().zip(values) {
+            if key != 0 {
+                self.set(key, holders);
+            }
+        }
+    }
+
+    /// Removes `key`; backward-shift deletion keeps every probe chain unbroken without
+    /// tombstones.
+    fn remove(&mut self, key: u64) {
+        if key == 0 {
+            self.zero = None;
+            return;
+        }
+        let Some(mut hole) = self.find(key) else {
+            return;
+        };
+        let mask = self.keys.len() - 1;
+        let mut at = hole;
+        loop {
+            at = (at + 1) & mask;
+            let k = self.keys[at];
+            if k == 0 {
+                break;
+            }
+            let home = self.home(k);
+            if (at.wrapping_sub(home) & mask) >= (at.wrapping_sub(hole) & mask) {
+                self.keys[hole] = k;
+                self.values[hole] = self.values[at];
+                hole = at;
+            }
+        }
+        self.keys[hole] = 0;
+        self.len -= 1;
+    }
+
+    /// Replaces every entry's holders with `f`'s answer, removing those it answers None
+    /// for; the table is rebuilt when any went (sweeps only, never on the request path).
+    fn retain(&mut self, mut f: impl FnMut(Holders) -> Option<Holders>) {
+        const GONE: Holders = u32::MAX;
+        let mut removed = 0;
+        for (key, holders) in self.keys.iter().zip(self.values.iter_mut()) {
+            if *key != 0 {
+                *holders = f(*holders).unwrap_or_else(|| {
+                    removed += 1;
+                    GONE
+                });
+            }
+        }
+        self.zero = self.zero.and_then(&mut f);
+        if removed == 0 {
+            return;
+        }
+        let (keys, values) = (
+            std::mem::take(&mut self.keys),
+            std::mem::take(&mut self.values),
+        );
+        let zero = self.zero.take();
+        *self = BlockTable::default();
+        self.zero = zero;
+        for (key, holders) in keys.into_iter().zip(values) {
+            if key != 0 && holders != GONE {
+                self.set(key, holders);
+            }
+        }
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.keys.capacity() * 8 + self.values.capacity() * 4
+    }
+}
+
+/// A holder set of two or more slots: a sorted list while small, a bitset over slots
+/// once the list would be the larger of the two.
+#[derive(Clone, Debug)]
+enum Members {
+    List(Vec<u32>),
+    Bits { words: Vec<u64>, len: u32 },
+}
+
+/// Lists longer than this become bitsets when the bitset is no larger.
+const LIST_MIN: usize = 8;
+
+impl Members {
+    fn len(&self) -> usize {
+        match self {
+            Members::List(list) => list.len(),
+            Members::Bits { len, .. } => *len as usize,
+        }
+    }
+
+    #[inline]
+    fn contains(&self, slot: u32) -> bool {
+        match self {
+            Members::List(list) => list.binary_search(&slot).is_ok(),
+            Members::Bits { words, .. } => has_bit(words, slot),
+        }
+    }
+
+    /// Adds `slot` (not a member). `slots`: the slot count, to size a bitset.
+    fn insert(&mut self, slot: u32, slots: u32) {
+        match self {
+            Members::List(list) => {
+                let at = list.binary_search(&slot).unwrap_or_else(|at| at);
+                list.insert(at, slot);
+                let words = slots.div_ceil(64) as usize;
+                if list.len() > LIST_MIN && list.len() * 4 >= words * 8 {
+                    let mut bits = vec![0; words];
+                    for &s in list.iter() {
+                        set_bit(&mut bits, s);
+                    }
+                    let len = list.len() as u32;
+                    *self = Members::Bits { words: bits, len };
+                }
+            }
+            Members::Bits { words, len } => {
+                set_bit(words, slot);
+                *len += 1;
+            }
+        }
+    }
+
+    /// Removes `slot` (a member).
+    fn remove(&mut self, slot: u32) {
+        match self {
+            Members::List(list) => {
+                if let Ok(at) = list.binary_search(&slot) {
+                    list.remove(at);
+                }
+            }
+            Members::Bits { words, len } => {
+                clear_bit(words, slot);
+                *len -= 1;
+                if (*len as usize) <= LIST_MIN {
+                    let mut list = Vec::with_capacity(*len as usize);
+                    self.for_each(|s| list.push(s));
+                    *self = Members::List(list);
+                }
+            }
+        }
+    }
+
+    /// Calls `f` with each member, in order.
+    fn for_each(&self, mut f: impl FnMut(u32)) {
+        match self {
+            Members::List(list) => list.iter().for_each(|&s| f(s)),
+            Members::Bits { words, .. } => {
+                for (i, &word) in words.iter().enumerate() {
+                    let mut bits = word;
+                    while bits != 0 {
+                        f(i as u32 * 64 + bits.trailing_zeros());
+                        bits &= bits - 1;
+                    }
+                }
+            }
+        }
+    }
+
+    fn first(&self) -> Option<u32> {
+        let mut first = None;
+        self.for_each(|s| {
+            first.get_or_insert(s);
+        });
+        first
+    }
+
+    fn heap_bytes(&self) -> usize {
+        match self {
+            Members::List(list) => list.capacity() * 4,
+            Members::Bits { words, .. } => words.capacity() * 8,
+        }
+    }
+}
+
+/// Holder sets, shared by every block whose holders are equal (the blocks of a prefix
+/// stored together, such as a system prompt every worker holds), copied on write.
+#[derive(Default)]
+struct HolderSets {
+    sets: Vec<(u32, Members)>,
+    free: Vec<u32>,
+}
+
+impl HolderSets {
+    fn get(&self, holders: Holders) -> &Members {
+        &self.sets[(holders & !SET) as usize].1
+    }
+
+    fn add(&mut self, members: Members) -> Holders {
+        match self.free.pop() {
+            Some(id) => {
+                self.sets[id as usize] = (1, members);
+                id | SET
+            }
+            None => {
+                self.sets.push((1, members));
+                (self.sets.len() as u32 - 1) | SET
+            }
+        }
+    }
+
+    fn retain(&mut self, holders: Holders) {
+        if is_set(holders) {
+            self.sets[(holders & !SET) as usize].0 += 1;
+        }
+    }
+
+    fn release(&mut self, holders: Holders) {
+        if is_set(holders) {
+            let id = holders & !SET;
+            let entry = &mut self.sets[id as usize];
+            entry.0 -= 1;
+            if entry.0 == 0 {
+                entry.1 = Members::List(Vec::new());
+                self.free.push(id);
+            }
+        }
+    }
+
+    #[inline]
+    fn contains(&self, holders: Holders, slot: u32) -> bool {
+        if is_set(holders) {
+            self.get(holders).contains(slot)
+        } else {
+            holders == slot
+        }
+    }
+
+    /// `holders` plus `slot`, and whether `slot` was new; consumes the caller's reference
+    /// to `holders` and returns one to the result.
+    fn with(&mut self, holders: Holders, slot: u32, slots: u32) -> (Holders, bool) {
+        if !is_set(holders) {
+            if holders == slot {
+                return (holders, false);
+            }
+            let (a, b) = (holders.min(slot), holders.max(slot));
+            return (self.add(Members::List(vec![a, b])), true);
+        }
+        let id = (holders & !SET) as usize;
+        if self.sets[id].1.contains(slot) {
+            return (holders, false);
+        }
+        if self.sets[id].0 == 1 {
+            self.sets[id].1.insert(slot, slots);
+            return (holders, true);
+        }
+        let mut members = self.sets[id].1.clone();
+        members.insert(slot, slots);
+        self.sets[id].0 -= 1;
+        (self.add(members), true)
+    }
+
+    /// `holders` minus `slot` (None when empty), and whether `slot` was a member; consumes
+    /// the caller's reference as `with` does.
+    fn without(&mut self, holders: Holders, slot: u32) -> (Option<Holders>, bool) {
+        if !is_set(holders) {
+            return if holders == slot {
+                (None, true)
+            } else {
+                (Some(holders), false)
+            };
+        }
+        let id = (holders & !SET) as usize;
+        if !self.sets[id].1.contains(slot) {
+            return (Some(holders), false);
+        }
+        let mut members = if self.sets[id].0 == 1 {
+            std::mem::replace(&mut self.sets[id].1, Members::List(Vec::new()))
+        } else {
+            self.sets[id].1.clone()
+        };
+        self.release(holders);
+        members.remove(slot);
+        (Some(self.compact(members)), true)
+    }
+
+    /// A set of one becomes that slot; otherwise a new set (the caller holds nothing yet).
+    fn compact(&mut self, members: Members) -> Holders {
+        match members.first() {
+            Some(only) if members.len() == 1 => only,
+            _ => self.add(members),
+        }
+    }
+
+    fn heap_bytes(&self) -> usize {
+        self.sets.capacity() * std::mem::size_of::<(u32, Members)>()
+            + self.sets.iter().map(|(_, m)| m.heap_bytes()).sum::<usize>()
+            + self.free.capacity() * 4
+    }
 }
 
 #[derive(Default)]
 struct TierIndex {
-    /// block hash -> bitset of the slots holding it
-    holders: FxHashMap<u64, Vec<u64>>,
-    /// slot -> the hashes it holds (for removal and clearing)
-    held: FxHashMap<u32, FxHashSet<u64>>,
+    table: BlockTable,
+    sets: HolderSets,
 }
 
 impl TierIndex {
-    fn store(&mut self, slot: u32, hashes: &[u64]) {
-        let held = self.held.entry(slot).or_default();
+    /// Adds `slot` to each block's holders; returns how many pairs are new. Consecutive
+    /// blocks whose holders were equal stay equal (one shared set, not a copy each).
+    fn store(&mut self, slot: u32, hashes: &[u64], slots: u32) -> u64 {
+        let mut added = 0;
+        // The previous block's holders before and after, and whether `slot` was new there.
+        let mut last: Option<(Holders, Holders, bool)> = None;
         for &hash in hashes {
-            if held.insert(hash) {
-                set_bit(self.holders.entry(hash).or_default(), slot);
+            let old = self.table.get(hash);
+            let (new, was_added) = match (old, last) {
+                (None, _) => (slot, true),
+                (Some(old), Some((prev_old, prev_new, prev_added))) if old == prev_old => {
+                    if prev_new != old {
+                        self.sets.retain(prev_new);
+                        self.sets.release(old);
+                    }
+                    (prev_new, prev_added)
+                }
+                (Some(old), _) => self.sets.with(old, slot, slots),
+            };
+            if old != Some(new) {
+                self.table.set(hash, new);
             }
+            last = old.map(|old| (old, new, was_added));
+            added += u64::from(was_added);
         }
+        added
     }
 
-    fn remove(&mut self, slot: u32, hashes: impl IntoIterator<Item = u64>) {
-        let Some(held) = self.held.get_mut(&slot) else {
-            return;
-        };
+    /// Removes `slot` from each block's holders; returns how many pairs it held.
+    fn remove(&mut self, slot: u32, hashes: impl IntoIterator<Item = u64>) -> u64 {
+        let mut removed = 0;
         for hash in hashes {
-            if held.remove(&hash) {
-                if let Some(bits) = self.holders.get_mut(&hash) {
-                    if clear_bit(bits, slot) {
-                        self.holders.remove(&hash);
-                    }
-                }
+            let Some(old) = self.table.get(hash) else {
+                continue;
+            };
+            let (new, was_member) = self.sets.without(old, slot);
+            match new {
+                Some(new) if new != old => self.table.set(hash, new),
+                Some(_) => {}
+                None => self.table.remove(hash),
             }
+            removed += u64::from(was_member);
         }
+        removed
     }
 
-    fn clear(&mut self, slot: u32) {
-        if let Some(held) = self.held.remove(&slot) {
-            for hash in held {
-                if let Some(bits) = self.holders.get_mut(&hash) {
-                    if clear_bit(bits, slot) {
-                        self.holders.remove(&hash);
-                    }
-                }
-            }
-        }
-    }
-
-    /// Walks the request's hashes keeping the bitset of slots that matched every block so
-    /// far; a slot's prefix ends where it drops out. Cost: blocks x words, not blocks x
-    /// workers. Writes `prefix[slot][tier]`; returns the longest prefix.
-    fn prefixes(
-        &self,
-        hashes: &[u64],
-        tier: usize,
-        active: &mut Vec<u64>,
-        prefix: &mut [[u32; 3]],
-    ) -> u32 {
-        active.clear();
-        let Some(first) = hashes.first().and_then(|h| self.holders.get(h)) else {
-            return 0;
-        };
-        active.extend_from_slice(first);
-        let mut record = |word: usize, mut bits: u64, depth: u32| {
-            while bits != 0 {
-                prefix[word * 64 + bits.trailing_zeros() as usize][tier] = depth;
-                bits &= bits - 1;
-            }
-        };
-        let mut depth = 1u32;
-        for hash in &hashes[1..] {
-            let next = self.holders.get(hash).map_or(&[][..], Vec::as_slice);
+    /// Drops every slot `gone` says from every holder set: one pass over the sets (shared
+    /// ones once) and one over the table.
+    fn sweep(&mut self, gone: impl Fn(u32) -> bool) {
+        for (refs, members) in &mut self.sets.sets {
             let mut any = false;
-            for (word, bits) in active.iter_mut().enumerate() {
-                let kept = *bits & next.get(word).copied().unwrap_or(0);
-                record(word, *bits & !kept, depth);
-                *bits = kept;
-                any |= kept != 0;
+            members.for_each(|s| any |= gone(s));
+            if *refs > 0 && any {
+                let mut kept = Vec::with_capacity(members.len());
+                members.for_each(|s| {
+                    if !gone(s) {
+                        kept.push(s)
+                    }
+                });
+                let slots = kept.last().map_or(0, |s| s + 1);
+                let mut rebuilt = Members::List(Vec::new());
+                for s in kept {
+                    rebuilt.insert(s, slots);
+                }
+                *members = rebuilt;
             }
-            if !any {
-                return depth;
+        }
+        let sets = &mut self.sets;
+        self.table.retain(|holders| {
+            if !is_set(holders) {
+                return (!gone(holders)).then_some(holders);
             }
-            depth += 1;
-        }
-        for (word, &bits) in active.iter().enumerate() {
-            record(word, bits, depth);
-        }
-        depth
+            let keep = match sets.get(holders).len() {
+                0 => None,
+                1 => sets.get(holders).first(),
+                _ => return Some(holders),
+            };
+            sets.release(holders);
+            keep
+        });
     }
 
-    fn blocks(&self) -> usize {
-        self.held.values().map(FxHashSet::len).sum()
+    fn heap_bytes(&self) -> usize {
+        self.table.heap_bytes() + self.sets.heap_bytes()
     }
+}
+
+/// A run of consecutive request blocks with equal holders, ending at depth `end`.
+#[derive(Clone, Copy, Debug)]
+struct Run {
+    holders: Holders,
+    end: u32,
 }
 
 /// Reusable buffers for queries, so a lookup allocates nothing once warm.
 #[derive(Default)]
 pub struct QueryScratch {
-    prefix: Vec<[u32; 3]>,
-    active: Vec<u64>,
+    runs: [Vec<Run>; 3],
+    few: Vec<u32>,
+    bits: Vec<u64>,
 }
 
-/// The result of a query, borrowed from the index and the scratch.
+/// The result of a query, borrowed from the index and the scratch: per tier, the runs of
+/// blocks with equal holders. A worker's overlap is read on demand, in a few membership
+/// tests (one per run it holds, plus one), so the query's cost follows the request's
+/// length, not the fleet's size.
 pub struct QueryResult<'a> {
-    slots: &'a Slots,
-    prefix: &'a [[u32; 3]],
+    index: &'a KvIndex,
+    runs: [&'a [Run]; 3],
     /// The longest prefix of the request cached by any one worker in any tier.
     pub fleet_prefix: u32,
 }
 
 impl QueryResult<'_> {
     /// The worker's overlap; zero in every tier when it holds nothing of the prefix.
+    #[inline]
     pub fn overlap(&self, worker: WorkerId) -> Overlap {
-        let slot = self.slots.by_worker.get(&worker);
-        Overlap {
-            tiers: slot
-                .and_then(|&s| self.prefix.get(s as usize))
-                .copied()
-                .unwrap_or_default(),
+        let mut overlap = Overlap::default();
+        if self.runs.iter().all(|r| r.is_empty()) {
+            return overlap;
         }
+        let Some(&slot) = self.index.slots.by_worker.get(&worker) else {
+            return overlap;
+        };
+        for (tier, runs) in self.runs.iter().enumerate() {
+            let sets = &self.index.tiers[tier].sets;
+            for run in runs.iter() {
+                if !sets.contains(run.holders, slot) {
+                    break;
+                }
+                overlap.tiers[tier] = run.end;
+            }
+        }
+        overlap
     }
     /// Blocks of the request beyond the worker's device prefix that are cached somewhere
     /// in the fleet (and could be fetched instead of recomputed).
@@ -258,10 +686,34 @@ impl QueryResult<'_> {
     }
 }
 
-#[derive(Default)]
 pub struct KvIndex {
     slots: Slots,
     tiers: [TierIndex; 3],
+    /// Live pairs per tier.
+    live: [u64; 3],
+    /// Pairs of dead slots still in the tables (swept once they outgrow the live ones).
+    garbage: u64,
+    /// Garbage below this is never swept (a sweep walks every table).
+    sweep_floor: u64,
+    sweeps: u64,
+}
+
+/// How the index holds its pairs (tests and the memory benchmark read it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IndexShape {
+    /// Blocks with one holder, stored inline.
+    pub inline: usize,
+    /// Holder sets held as sorted lists, and as bitsets.
+    pub lists: usize,
+    pub bitsets: usize,
+    /// Sweeps of departed workers so far.
+    pub sweeps: u64,
+}
+
+impl Default for KvIndex {
+    fn default() -> Self {
+        KvIndex::with_sweep_floor(4096)
+    }
 }
 
 impl KvIndex {
@@ -271,60 +723,230 @@ impl KvIndex {
                 tier, block_hashes, ..
             } => {
                 let slot = self.slots.get_or_insert(worker);
-                self.tiers[tier.index()].store(slot, block_hashes)
+                let t = tier.index();
+                let added = self.tiers[t].store(slot, block_hashes, self.slots.count);
+                self.live[t] += added;
+                self.slots.pairs[slot as usize][t] += added;
             }
             KvEvent::Removed { tier, block_hashes } => {
                 if let Some(&slot) = self.slots.by_worker.get(&worker) {
-                    self.tiers[tier.index()].remove(slot, block_hashes.iter().copied())
+                    let t = tier.index();
+                    let removed = self.tiers[t].remove(slot, block_hashes.iter().copied());
+                    self.live[t] -= removed;
+                    self.slots.pairs[slot as usize][t] -= removed;
                 }
             }
             KvEvent::Cleared { tier: Some(tier) } => {
                 if let Some(&slot) = self.slots.by_worker.get(&worker) {
-                    self.tiers[tier.index()].clear(slot)
+                    let t = tier.index();
+                    self.tiers[t].sweep(|s| s == slot);
+                    self.live[t] -= std::mem::take(&mut self.slots.pairs[slot as usize][t]);
                 }
             }
             KvEvent::Cleared { tier: None } => self.remove_worker(worker),
         }
     }
 
-    /// Forgets everything a worker held (it left the fleet, or cleared every tier).
+    /// An index that sweeps dead workers' pairs once they number more than `floor` and
+    /// the live ones (tests use a small floor to exercise sweeps).
+    pub fn with_sweep_floor(floor: u64) -> Self {
+        KvIndex {
+            slots: Slots::default(),
+            tiers: Default::default(),
+            live: [0; 3],
+            garbage: 0,
+            sweep_floor: floor,
+            sweeps: 0,
+        }
+    }
+
+    /// Forgets everything a worker held (it left the fleet, or cleared every tier): its
+    /// slot is dead at once, its pairs swept later (see `Slots`).
     pub fn remove_worker(&mut self, worker: WorkerId) {
-        if let Some(slot) = self.slots.by_worker.remove(&worker) {
-            for tier in &mut self.tiers {
-                tier.clear(slot);
-            }
+        let Some(slot) = self.slots.by_worker.remove(&worker) else {
+            return;
+        };
+        self.slots.dead[slot as usize] = true;
+        clear_bit(&mut self.slots.live_bits, slot);
+        let pairs = std::mem::take(&mut self.slots.pairs[slot as usize]);
+        for (live, held) in self.live.iter_mut().zip(pairs) {
+            *live -= held;
+        }
+        self.garbage += pairs.iter().sum::<u64>();
+        if self.garbage > self.live.iter().sum::<u64>().max(self.sweep_floor) {
+            self.sweep_dead();
+        } else if self.garbage == 0 {
             self.slots.free.push(slot);
         }
     }
 
+    /// Removes dead slots' pairs from every tier and frees the slots for reuse.
+    fn sweep_dead(&mut self) {
+        let dead = std::mem::take(&mut self.slots.dead);
+        for tier in &mut self.tiers {
+            tier.sweep(|s| dead.get(s as usize).copied().unwrap_or(false));
+        }
+        for (slot, &is_dead) in dead.iter().enumerate() {
+            if is_dead {
+                self.slots.free.push(slot as u32);
+            }
+        }
+        self.slots.dead = vec![false; dead.len()];
+        // Free slots are marked dead until reused, so queries never count them.
+        for &slot in &self.slots.free {
+            self.slots.dead[slot as usize] = true;
+        }
+        self.garbage = 0;
+        self.sweeps += 1;
+    }
+
     /// Per-worker contiguous prefix overlap per tier for `hashes`.
     pub fn query<'a>(&'a self, hashes: &[u64], scratch: &'a mut QueryScratch) -> QueryResult<'a> {
-        scratch.prefix.clear();
-        scratch.prefix.resize(self.slots.count as usize, [0; 3]);
         let mut fleet_prefix = 0;
-        for tier in Tier::ALL {
-            let depth = self.tiers[tier.index()].prefixes(
-                hashes,
-                tier.index(),
-                &mut scratch.active,
-                &mut scratch.prefix,
-            );
-            fleet_prefix = fleet_prefix.max(depth);
+        for (t, tier) in self.tiers.iter().enumerate() {
+            let runs = &mut scratch.runs[t];
+            runs.clear();
+            if tier.table.len() == 0 {
+                continue;
+            }
+            for (depth, &hash) in hashes.iter().enumerate() {
+                let Some(holders) = tier.table.get(hash) else {
+                    break;
+                };
+                let end = depth as u32 + 1;
+                match runs.last_mut() {
+                    Some(run) if run.holders == holders => run.end = end,
+                    _ => runs.push(Run { holders, end }),
+                }
+            }
+            let deepest = self.deepest_held(tier, runs, &mut scratch.few, &mut scratch.bits);
+            fleet_prefix = fleet_prefix.max(deepest);
         }
+        let scratch: &'a QueryScratch = scratch;
         QueryResult {
-            slots: &self.slots,
-            prefix: &scratch.prefix,
+            index: self,
+            runs: [&scratch.runs[0], &scratch.runs[1], &scratch.runs[2]],
             fleet_prefix,
         }
     }
 
-    /// Blocks held per tier, for metrics.
+    /// How deep along `runs` some one live slot holds every block: the holder sets of
+    /// successive runs intersected, as a short list (`few`) or, while wide, a bitset.
+    fn deepest_held(
+        &self,
+        tier: &TierIndex,
+        runs: &[Run],
+        few: &mut Vec<u32>,
+        bits: &mut Vec<u64>,
+    ) -> u32 {
+        let Some(first) = runs.first() else {
+            return 0;
+        };
+        few.clear();
+        bits.clear();
+        let mut wide = false;
+        if !is_set(first.holders) {
+            if self.slots.is_live(first.holders) {
+                few.push(first.holders);
+            }
+        } else {
+            match tier.sets.get(first.holders) {
+                Members::Bits { words, .. } => {
+                    bits.extend(words.iter().zip(&self.slots.live_bits).map(|(a, b)| a & b));
+                    wide = bits.iter().any(|&w| w != 0);
+                    if !wide {
+                        return 0;
+                    }
+                }
+                Members::List(list) => {
+                    few.extend(list.iter().copied().filter(|&s| self.slots.is_live(s)))
+                }
+            }
+        }
+        if !wide && few.is_empty() {
+            return 0;
+        }
+        let mut depth = first.end;
+        for run in &runs[1..] {
+            if wide {
+                let members = is_set(run.holders).then(|| tier.sets.get(run.holders));
+                match members {
+                    Some(Members::Bits { words, .. }) => {
+                        let mut any = false;
+                        let others = words.iter().chain(std::iter::repeat(&0));
+                        for (a, b) in bits.iter_mut().zip(others) {
+                            *a &= b;
+                            any |= *a != 0;
+                        }
+                        if !any {
+                            return depth;
+                        }
+                    }
+                    Some(members) => {
+                        members.for_each(|s| {
+                            if has_bit(bits, s) {
+                                few.push(s)
+                            }
+                        });
+                        wide = false;
+                    }
+                    None => {
+                        if has_bit(bits, run.holders) {
+                            few.push(run.holders);
+                        }
+                        wide = false;
+                    }
+                }
+                if !wide && few.is_empty() {
+                    return depth;
+                }
+            } else {
+                few.retain(|&s| tier.sets.contains(run.holders, s));
+                if few.is_empty() {
+                    return depth;
+                }
+            }
+            depth = run.end;
+        }
+        depth
+    }
+
+    pub fn shape(&self) -> IndexShape {
+        let mut shape = IndexShape {
+            sweeps: self.sweeps,
+            ..IndexShape::default()
+        };
+        for tier in &self.tiers {
+            shape.inline += (0..tier.table.keys.len())
+                .filter(|&i| tier.table.keys[i] != 0 && !is_set(tier.table.values[i]))
+                .count()
+                + usize::from(tier.table.zero.is_some_and(|h| !is_set(h)));
+            for (refs, members) in &tier.sets.sets {
+                match members {
+                    _ if *refs == 0 => {}
+                    Members::List(_) => shape.lists += 1,
+                    Members::Bits { .. } => shape.bitsets += 1,
+                }
+            }
+        }
+        shape
+    }
+
+    /// Pairs held per tier, for metrics.
     pub fn blocks(&self) -> [usize; 3] {
-        [
-            self.tiers[0].blocks(),
-            self.tiers[1].blocks(),
-            self.tiers[2].blocks(),
-        ]
+        self.live.map(|pairs| pairs as usize)
+    }
+
+    /// Bytes the index has allocated (tables, holder sets, slots), for the memory
+    /// benchmark; allocator overhead not included.
+    pub fn heap_bytes(&self) -> usize {
+        let slots = &self.slots;
+        self.tiers.iter().map(TierIndex::heap_bytes).sum::<usize>()
+            + slots.by_worker.capacity() * (std::mem::size_of::<(WorkerId, u32)>() + 1)
+            + slots.free.capacity() * 4
+            + slots.dead.capacity()
+            + slots.live_bits.capacity() * 8
+            + slots.pairs.capacity() * 24
     }
 }
 
