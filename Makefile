@@ -4,7 +4,7 @@
 CARGO ?= cargo
 CMAKE_BUILD := target/cmake
 
-.PHONY: run demo test lint fuzz build plugins check-tools bench bench-frontend bench-kv-events bench-ext-proc clean
+.PHONY: run demo test lint fuzz build plugins check-tools bench bench-frontend bench-kv-events bench-kv-index bench-ext-proc clean
 
 check-tools:
 	@./scripts/check-tools
@@ -47,6 +47,9 @@ bench-frontend: build
 
 bench-kv-events: build
 	$(CARGO) bench -p switchyard --bench kv_events
+
+bench-kv-index: build
+	$(CARGO) bench -p switchyard --bench kv_index
 
 bench-ext-proc: build
 	$(CARGO) bench -p switchyard --bench ext_proc
