@@ -662,16 +662,25 @@ impl QueryResult<'_> {
     #[inline]
     pub fn overlap(&self, worker: WorkerId) -> Overlap {
         let mut overlap = Overlap::default();
-        if self.runs.iter().all(|r| r.is_empty()) {
+        if self.fleet_prefix == 0 {
             return overlap;
         }
         let Some(&slot) = self.index.slots.by_worker.get(&worker) else {
             return overlap;
         };
         for (tier, runs) in self.runs.iter().enumerate() {
-            let sets = &self.index.tiers[tier].sets;
+            let sets = &self.index.tiers[tier].sets.sets;
             for run in runs.iter() {
-                if !sets.contains(run.holders, slot) {
+                let held = if run.holders & SET == 0 {
+                    run.holders == slot
+                } else {
+                    match sets.get((run.holders & !SET) as usize) {
+                        Some((_, Members::Bits { words, .. })) => has_bit(words, slot),
+                        Some((_, Members::List(list))) => list.binary_search(&slot).is_ok(),
+                        None => false,
+                    }
+                };
+                if !held {
                     break;
                 }
                 overlap.tiers[tier] = run.end;
