@@ -61,12 +61,12 @@ fn warm_selections_do_not_allocate() {
     for instance in ["builtin", "rust", "c", "cpp", "default"] {
         let mut selector = selector(&startup, instance);
         selector
-            .select(&request, candidates.iter().cloned())
+            .select(&request, candidates.iter().copied())
             .unwrap(); // grows the buffers
         let before = ALLOCATIONS.load(Ordering::Relaxed);
         for _ in 0..100 {
             selector
-                .select(&request, candidates.iter().cloned())
+                .select(&request, candidates.iter().copied())
                 .unwrap();
         }
         let allocations = ALLOCATIONS.load(Ordering::Relaxed) - before;

@@ -158,17 +158,27 @@ fn child(spec: &str) {
         let index: KvIndex = build(workers, blocks);
         let seconds = started.elapsed().as_secs_f64();
         let check = index.query_all(&query_hashes(blocks), workers, &mut Scratch::default());
-        println!("{} {seconds} {}", resident_bytes() - before, index.heap_bytes());
+        println!(
+            "{} {seconds} {}",
+            resident_bytes() - before,
+            index.heap_bytes()
+        );
         (index.heap_bytes(), check)
     } else {
         let index: bitset_baseline::KvIndex = build(workers, blocks);
         let seconds = started.elapsed().as_secs_f64();
-        let check = Index::query_all(&index, &query_hashes(blocks), workers, &mut Scratch::default());
+        let check = Index::query_all(
+            &index,
+            &query_hashes(blocks),
+            workers,
+            &mut Scratch::default(),
+        );
         println!("{} {seconds} 0", resident_bytes() - before);
         (0, check)
     };
     // Both indexes must agree on the overlaps they are timed on.
-    let expected = workers * SYSTEM_PROMPT.min(blocks) + (64.min(blocks) - SYSTEM_PROMPT.min(blocks));
+    let expected =
+        workers * SYSTEM_PROMPT.min(blocks) + (64.min(blocks) - SYSTEM_PROMPT.min(blocks));
     assert_eq!(check, expected, "{which}: overlaps");
     let _ = heap;
 }
@@ -187,7 +197,11 @@ fn memory_table() {
                 .env(CHILD, format!("{which},{workers},{blocks}"))
                 .output()
                 .unwrap();
-            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
             let text = String::from_utf8_lossy(&out.stdout);
             let fields: Vec<f64> = text
                 .split_whitespace()
@@ -339,7 +353,11 @@ mod bitset_baseline {
             }
         }
 
-        pub fn query<'a>(&'a self, hashes: &[u64], scratch: &'a mut QueryScratch) -> QueryResult<'a> {
+        pub fn query<'a>(
+            &'a self,
+            hashes: &[u64],
+            scratch: &'a mut QueryScratch,
+        ) -> QueryResult<'a> {
             scratch.prefix.clear();
             scratch.prefix.resize(self.count as usize, 0);
             scratch.active.clear();

@@ -116,7 +116,7 @@ fn bench_selection(c: &mut Criterion, startup: &Startup) {
         group.throughput(Throughput::Elements(1));
         for (label, mut selector) in selectors(startup) {
             group.bench_with_input(BenchmarkId::new(label, size), &rows, |b, rows| {
-                b.iter(|| black_box(selector.select(&request, rows.iter().cloned()).unwrap()))
+                b.iter(|| black_box(selector.select(&request, rows.iter().copied()).unwrap()))
             });
         }
     }
@@ -196,7 +196,7 @@ fn side_by_side(startup: &Startup, size: usize) -> Vec<(&'static str, f64, f64)>
         for (i, (_, selector)) in selectors.iter_mut().enumerate() {
             let start = Instant::now();
             for _ in 0..per_round {
-                black_box(selector.select(&request, rows.iter().cloned()).unwrap());
+                black_box(selector.select(&request, rows.iter().copied()).unwrap());
             }
             samples[i].push(start.elapsed().as_secs_f64() / per_round as f64);
         }

@@ -777,6 +777,9 @@ impl Router {
             row
         });
         candidates.fill(slot.inputs, rows);
+        if slot.inputs.contains(WorkerInputs::LABELS) {
+            candidates.fill_labels(ids.iter().map(|id| state.workers.labels(*id)));
+        }
         Ok(slot)
     }
 
@@ -1051,9 +1054,6 @@ impl RowSource<'_> {
                 .get(id)
                 .and_then(|w| w.preferred_taint_multiplier)
                 .unwrap_or(f64::NAN);
-        }
-        if inputs.contains(WorkerInputs::LABELS) {
-            row.labels = Some(self.workers.labels(id));
         }
         (row, overlap.tier(Tier::Device))
     }

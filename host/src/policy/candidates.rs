@@ -25,16 +25,16 @@ pub struct Candidates {
     labels: Vec<Arc<Labels>>,
 }
 
-/// Everything known about one candidate; groups not computed are left at their defaults.
-#[derive(Clone, Debug)]
+/// Everything known about one candidate but its labels (`Candidates::fill_labels`);
+/// groups not computed are left at their defaults. `Copy`, so the per-request fill is a
+/// plain copy per row.
+#[derive(Clone, Copy, Debug)]
 pub struct CandidateRow {
     pub worker: WorkerId,
     pub cache: CandidateCache,
     pub load: CandidateLoad,
     /// NaN: no preferred-routing multiplier.
     pub preferred_taint_multiplier: f64,
-    /// None: no labels (or the LABELS group was not computed).
-    pub labels: Option<Arc<Labels>>,
 }
 
 impl CandidateRow {
@@ -53,7 +53,6 @@ impl CandidateRow {
                 active_requests: 0,
             },
             preferred_taint_multiplier: f64::NAN,
-            labels: None,
         }
     }
 }
@@ -69,10 +68,11 @@ impl Candidates {
         let rows = rows.into_iter();
         let n = rows.len();
         self.groups = groups;
+        // Set by `fill_labels`, if the group is wanted.
+        self.labels.clear();
         let cache = groups.contains(WorkerInputs::CACHE);
         let load = groups.contains(WorkerInputs::LOAD);
         let routing = groups.contains(WorkerInputs::ROUTING);
-        let with_labels = groups.contains(WorkerInputs::LABELS);
         // Columns are written through their spare capacity (no zero-fill first); each
         // wanted column gets its length set once every row is written.
         fn spare<T>(
@@ -98,8 +98,6 @@ impl Candidates {
         let decode = spare(&mut self.decode_cost_blocks, load, n);
         let active = spare(&mut self.active_requests, load, n);
         let taint = spare(&mut self.preferred_taint_multiplier, routing, n);
-        // Labels own a reference count: pushed, not written raw (only when LABELS is read).
-        self.labels.clear();
         let mut filled = 0;
         for (i, row) in rows.take(n).enumerate() {
             worker_id[i].write(row.worker.worker_id);
@@ -117,9 +115,6 @@ impl Candidates {
             }
             if routing {
                 taint[i].write(row.preferred_taint_multiplier);
-            }
-            if with_labels {
-                self.labels.push(row.labels.unwrap_or_else(Labels::none));
             }
             filled = i + 1;
         }
@@ -139,6 +134,19 @@ impl Candidates {
         commit(&mut self.decode_cost_blocks, load, filled);
         commit(&mut self.active_requests, load, filled);
         commit(&mut self.preferred_taint_multiplier, routing, filled);
+    }
+
+    /// Sets the LABELS column, one entry per row in fill order, when the set holds that
+    /// group (otherwise does nothing); rows past the given labels have none. Kept apart
+    /// from `fill`: labels are reference-counted, and rows stay plain copies.
+    pub fn fill_labels(&mut self, labels: impl IntoIterator<Item = Arc<Labels>>) {
+        self.labels.clear();
+        if !self.groups.contains(WorkerInputs::LABELS) {
+            return;
+        }
+        let rows = self.len();
+        self.labels.extend(labels.into_iter().take(rows));
+        self.labels.resize_with(rows, Labels::none);
     }
 
     pub fn len(&self) -> usize {

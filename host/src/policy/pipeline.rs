@@ -17,7 +17,7 @@ use super::error::BuildError;
 use super::histogram::LatencyHistogram;
 use crate::plugin::{
     builtin_filter, builtin_pick, builtin_score, AbiRequest, CallError, Columns, ComponentInstance,
-    ComponentKind, ErrorBuffer, Lifecycle, Outcome, RequestContext,
+    ComponentKind, ErrorBuffer, Labels, Lifecycle, Outcome, RequestContext,
 };
 
 /// How a stage runs: a built-in trait object, called directly, or a plugin instance,
@@ -594,11 +594,12 @@ impl Selector {
         request.with_abi(|raw| policy.notify(Lifecycle::Selected, Some(raw), outcome))
     }
 
-    /// Like `select`, recording what each stage did.
+    /// Like `select_labeled`, recording what each stage did.
     pub fn explain<I>(
         &mut self,
         request: &RequestContext,
         rows: I,
+        labels: &[Arc<Labels>],
     ) -> (Result<WorkerId, SelectError>, SelectTrace)
     where
         I: IntoIterator<Item = CandidateRow>,
@@ -606,6 +607,7 @@ impl Selector {
     {
         let mut trace = SelectTrace::default();
         self.candidates.fill(self.policy.inputs(), rows);
+        self.candidates.fill_labels(labels.iter().cloned());
         let (policy, candidates) = (&mut self.policy, &mut self.candidates);
         let result = request
             .with_abi(|raw| policy.select(raw, candidates, Some(&mut trace)))
@@ -619,7 +621,25 @@ impl Selector {
         I: IntoIterator<Item = CandidateRow>,
         I::IntoIter: ExactSizeIterator,
     {
+        self.select_labeled(request, rows, &[])
+    }
+
+    /// `select` with each row's labels (index-aligned; read only if some component
+    /// declared LABELS).
+    pub fn select_labeled<I>(
+        &mut self,
+        request: &RequestContext,
+        rows: I,
+        labels: &[Arc<Labels>],
+    ) -> Result<WorkerId, SelectError>
+    where
+        I: IntoIterator<Item = CandidateRow>,
+        I::IntoIter: ExactSizeIterator,
+    {
         self.candidates.fill(self.policy.inputs(), rows);
+        if !labels.is_empty() {
+            self.candidates.fill_labels(labels.iter().cloned());
+        }
         let (policy, candidates) = (&mut self.policy, &mut self.candidates);
         request
             .with_abi(|raw| policy.select(raw, candidates, None))

@@ -230,7 +230,7 @@ pub fn run_child() -> i32 {
         for worker_type in WorkerType::ALL {
             if let Ok(policy) = instance.build(&PartitionKey::new("probe", worker_type)) {
                 let mut selector = Selector::new(policy);
-                let _ = selector.select(&RequestContext::new(16, 16), rows.iter().cloned());
+                let _ = selector.select(&RequestContext::new(16, 16), rows.iter().copied());
             }
         }
     }

@@ -16,6 +16,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
@@ -23,7 +24,7 @@ use serde::{Deserialize, Serialize};
 use switchyard_plugin_sdk::{WorkerId, WorkerType};
 
 use crate::plugin::{
-    ComponentKind, ErrorBuffer, Lifecycle, Outcome, OwnedParams, PartitionKey, PluginSpec,
+    ComponentKind, ErrorBuffer, Labels, Lifecycle, Outcome, OwnedParams, PartitionKey, PluginSpec,
     RequestContext, RevisionRule,
 };
 use crate::policy::{
@@ -293,6 +294,25 @@ fn owned(params: &str) -> Option<OwnedParams> {
     }
 }
 
+/// Labels for `count` rows: a quarter have none, the others a zone and a GPU type.
+fn labels(count: usize, rng: &mut rand::rngs::StdRng) -> Vec<Arc<Labels>> {
+    (0..count)
+        .map(|_| {
+            if rng.gen_bool(0.25) {
+                return Labels::none();
+            }
+            let map: std::collections::BTreeMap<String, String> = [
+                ("zone", ["a", "b", "c"][rng.gen_range(0..3)]),
+                ("gpu", ["h100", "a100"][rng.gen_range(0..2)]),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+            Labels::new(&map)
+        })
+        .collect()
+}
+
 /// Candidate rows: zeros, maxima, or random values (seeded), every group set.
 fn rows(count: usize, variant: &str, rng: &mut rand::rngs::StdRng) -> Vec<CandidateRow> {
     (0..count)
@@ -325,17 +345,6 @@ fn rows(count: usize, variant: &str, rng: &mut rand::rngs::StdRng) -> Vec<Candid
                     } else {
                         rng.gen_range(0.0..4.0)
                     };
-                    // Labels: some workers have none, the others a zone and a GPU type.
-                    if rng.gen_bool(0.75) {
-                        let labels: std::collections::BTreeMap<String, String> = [
-                            ("zone", ["a", "b", "c"][rng.gen_range(0..3)]),
-                            ("gpu", ["h100", "a100"][rng.gen_range(0..2)]),
-                        ]
-                        .into_iter()
-                        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                        .collect();
-                        row.labels = Some(crate::plugin::Labels::new(&labels));
-                    }
                 }
                 _ => {} // zeros, and no taint
             }
@@ -424,6 +433,7 @@ fn test_component(stage: &mut Stage, allow_random: bool) {
                 "calling it on {count} candidates ({variant} values)"
             )));
             candidates.fill(stage.inputs, rows(count, variant, &mut rng));
+            candidates.fill_labels(labels(count, &mut rng));
             let costs: Vec<f64> = (0..count).map(|i| (i % 7) as f64).collect();
             let first = match stage.call_once(&request, &candidates, &costs) {
                 Ok(output) => output,
@@ -457,6 +467,7 @@ fn test_component(stage: &mut Stage, allow_random: bool) {
     }
     emit(&Line::Phase("calling it from another thread".into()));
     candidates.fill(stage.inputs, rows(64, "random", &mut rng));
+    candidates.fill_labels(labels(64, &mut rng));
     let costs = vec![1.0; 64];
     let here = stage.call_once(&request, &candidates, &costs).ok();
     let there = std::thread::scope(|scope| {
@@ -521,6 +532,7 @@ fn test_component(stage: &mut Stage, allow_random: bool) {
     }
     emit(&Line::Phase("timing it on 1,024 candidates".into()));
     candidates.fill(stage.inputs, rows(1024, "random", &mut rng));
+    candidates.fill_labels(labels(1024, &mut rng));
     let costs = vec![1.0; 1024];
     let calls = 200;
     let started = Instant::now();
@@ -545,8 +557,9 @@ fn test_policy(policy: Policy, allow_random: bool) {
                 "selecting among {count} candidates ({variant} values)"
             )));
             let fleet = rows(count, variant, &mut rng);
-            let first = selector.select(&request, fleet.iter().cloned());
-            let second = selector.select(&request, fleet.iter().cloned());
+            let tags = labels(count, &mut rng);
+            let first = selector.select_labeled(&request, fleet.iter().copied(), &tags);
+            let second = selector.select_labeled(&request, fleet.iter().copied(), &tags);
             match (&first, &second) {
                 (Err(e), _) if !e.is_no_worker() => failure = failure.or(Some(("selections succeed", format!("{count} candidates ({variant}): {e}")))),
                 (Ok(a), Ok(b)) if a != b && !allow_random => failure = failure.or(Some(("same input, same output", format!("{count} candidates ({variant}): picked worker {} then {} (pass --allow-random if the type is random by design)", a.worker_id, b.worker_id)))),
@@ -585,10 +598,11 @@ fn test_policy(policy: Policy, allow_random: bool) {
         );
     }
     let fleet = rows(1024, "random", &mut rng);
+    let tags = labels(1024, &mut rng);
     let calls = 200;
     let started = Instant::now();
     for _ in 0..calls {
-        let _ = selector.select(&request, fleet.iter().cloned());
+        let _ = selector.select_labeled(&request, fleet.iter().copied(), &tags);
     }
     let per_call = started.elapsed().as_nanos() as f64 / f64::from(calls);
     emit(&Line::Timing {

@@ -5,6 +5,7 @@
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::Deserialize;
 use switchyard_plugin_sdk::{WorkerId, WorkerType};
@@ -85,7 +86,8 @@ struct FleetWorker {
     labels: std::collections::BTreeMap<String, String>,
 }
 
-fn read_fleet(path: &Path) -> Result<Vec<CandidateRow>, String> {
+/// The fleet's rows, and each row's labels.
+fn read_fleet(path: &Path) -> Result<Vec<(CandidateRow, Arc<Labels>)>, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("{}: cannot read the fleet: {e}", path.display()))?;
     let workers: Vec<FleetWorker> = serde_yaml::from_str(&text).map_err(|e| {
@@ -114,8 +116,7 @@ fn read_fleet(path: &Path) -> Result<Vec<CandidateRow>, String> {
             row.load.decode_cost_blocks = w.decode_cost_blocks;
             row.load.active_requests = w.active_requests;
             row.preferred_taint_multiplier = w.preferred_taint_multiplier.unwrap_or(f64::NAN);
-            row.labels = Some(Labels::new(&w.labels));
-            row
+            (row, Labels::new(&w.labels))
         })
         .collect())
 }
@@ -123,8 +124,12 @@ fn read_fleet(path: &Path) -> Result<Vec<CandidateRow>, String> {
 /// The decision (and with `--explain`, its table), or what went wrong.
 pub fn run(args: &SelectArgs, startup: &Startup) -> Result<String, String> {
     let mut rows = args.workers.clone();
+    let mut labels = vec![Labels::none(); rows.len()];
     if let Some(path) = &args.fleet {
-        rows.extend(read_fleet(path)?);
+        for (row, row_labels) in read_fleet(path)? {
+            rows.push(row);
+            labels.push(row_labels);
+        }
     }
     if rows.is_empty() {
         return Err(
@@ -148,7 +153,7 @@ pub fn run(args: &SelectArgs, startup: &Startup) -> Result<String, String> {
         .map_err(|e| format!("instance `{name}` cannot be built: {e}"))?;
     let request = RequestContext::new(startup.source.config.router.block_size, args.blocks);
     let mut selector = Selector::new(policy);
-    let (result, trace) = selector.explain(&request, rows.iter().cloned());
+    let (result, trace) = selector.explain(&request, rows.iter().copied(), &labels);
     let decision = match &result {
         Ok(worker) => format!("worker {} dp_rank {}\n", worker.worker_id, worker.dp_rank),
         Err(e) => format!("no pick: instance `{name}`: {e}\n"),
