@@ -288,6 +288,42 @@ fn bench(c: &mut Criterion) {
             |b, h| b.iter(|| black_box(baseline.query_all(h, workers, &mut scratch))),
         );
     }
+    // Every worker holds a different prefix of one 64-block chain (a popular prompt cached
+    // to different depths): 64 distinct holder sets along the request, the case the
+    // router's select-and-reserve benchmark builds.
+    for workers in [1_024u64, 10_000] {
+        let chain: Vec<u64> = (0..64).map(|i| 1_000 + i).collect();
+        let held = |w: u64| ((w * 7919) % 65) as usize;
+        let load = |index: &mut dyn FnMut(WorkerId, &KvEvent)| {
+            for w in 0..workers {
+                let event = KvEvent::Stored {
+                    tier: Tier::Device,
+                    parent_hash: None,
+                    block_hashes: chain[..held(w)].to_vec(),
+                };
+                index(worker(w), &event);
+            }
+        };
+        let mut new = KvIndex::default();
+        load(&mut |w, e| new.apply(w, e));
+        let mut old = bitset_baseline::KvIndex::default();
+        load(&mut |w, e| old.apply(w, e));
+        let mut scratch = Scratch::default();
+        let case = format!("{workers} prefixes");
+        group.bench_function(BenchmarkId::new("query64", &case), |b| {
+            b.iter(|| black_box(Index::query(&new, &chain, &mut scratch)))
+        });
+        group.bench_function(BenchmarkId::new("baseline query64", &case), |b| {
+            b.iter(|| black_box(Index::query(&old, &chain, &mut scratch)))
+        });
+        group.bench_function(BenchmarkId::new("query64+overlap-all", &case), |b| {
+            b.iter(|| black_box(new.query_all(&chain, workers, &mut scratch)))
+        });
+        group.bench_function(
+            BenchmarkId::new("baseline query64+overlap-all", &case),
+            |b| b.iter(|| black_box(old.query_all(&chain, workers, &mut scratch))),
+        );
+    }
     group.finish();
 }
 
@@ -309,13 +345,13 @@ mod bitset_baseline {
 
     #[derive(Default)]
     pub struct QueryScratch {
-        prefix: Vec<u32>,
+        prefix: Vec<[u32; 3]>,
         active: Vec<u64>,
     }
 
     pub struct QueryResult<'a> {
         index: &'a KvIndex,
-        prefix: &'a [u32],
+        prefix: &'a [[u32; 3]],
         pub fleet_prefix: u32,
     }
 
@@ -325,8 +361,7 @@ mod bitset_baseline {
                 .by_worker
                 .get(&worker)
                 .and_then(|&s| self.prefix.get(s as usize))
-                .copied()
-                .unwrap_or(0)
+                .map_or(0, |tiers| tiers[0])
         }
     }
 
@@ -358,8 +393,10 @@ mod bitset_baseline {
             hashes: &[u64],
             scratch: &'a mut QueryScratch,
         ) -> QueryResult<'a> {
+            // As the original: one [device, host, disk] entry per slot, cleared per query
+            // (this baseline holds the device tier only; the others stay empty).
             scratch.prefix.clear();
-            scratch.prefix.resize(self.count as usize, 0);
+            scratch.prefix.resize(self.count as usize, [0; 3]);
             scratch.active.clear();
             let mut depth = 0u32;
             if let Some(first) = hashes.first().and_then(|h| self.holders.get(h)) {
@@ -367,7 +404,7 @@ mod bitset_baseline {
                 let prefix = &mut scratch.prefix;
                 let mut record = |word: usize, mut bits: u64, depth: u32| {
                     while bits != 0 {
-                        prefix[word * 64 + bits.trailing_zeros() as usize] = depth;
+                        prefix[word * 64 + bits.trailing_zeros() as usize][0] = depth;
                         bits &= bits - 1;
                     }
                 };

@@ -644,6 +644,30 @@ pub struct QueryScratch {
     runs: [Vec<Run>; 3],
     few: Vec<u32>,
     bits: Vec<u64>,
+    dense: Dense,
+}
+
+/// Per slot, the depths a query found in each tier: the result when some tier's runs are
+/// too many to test per read. Cleared per such query (one sequential fill, cheaper than
+/// checking a stamp on every scattered write).
+#[derive(Default)]
+struct Dense {
+    depth: Vec<[u32; 3]>,
+}
+
+impl Dense {
+    /// Starts a query's result over `slots` slots.
+    fn start(&mut self, slots: usize) {
+        self.depth.clear();
+        self.depth.resize(slots, [0; 3]);
+    }
+
+    #[inline]
+    fn record(&mut self, slot: u32, tier: usize, depth: u32) {
+        if let Some(depths) = self.depth.get_mut(slot as usize) {
+            depths[tier] = depth;
+        }
+    }
 }
 
 /// The result of a query, borrowed from the index and the scratch: per tier, the runs of
@@ -653,6 +677,8 @@ pub struct QueryScratch {
 pub struct QueryResult<'a> {
     index: &'a KvIndex,
     runs: [&'a [Run]; 3],
+    /// Set when the answer is a dense per-slot result instead of the runs.
+    dense: Option<&'a Dense>,
     /// The longest prefix of the request cached by any one worker in any tier.
     pub fleet_prefix: u32,
 }
@@ -661,13 +687,24 @@ impl QueryResult<'_> {
     /// The worker's overlap; zero in every tier when it holds nothing of the prefix.
     #[inline]
     pub fn overlap(&self, worker: WorkerId) -> Overlap {
-        let mut overlap = Overlap::default();
         if self.fleet_prefix == 0 {
-            return overlap;
+            return Overlap::default();
         }
         let Some(&slot) = self.index.slots.by_worker.get(&worker) else {
-            return overlap;
+            return Overlap::default();
         };
+        match self.dense {
+            Some(dense) => Overlap {
+                tiers: dense.depth.get(slot as usize).copied().unwrap_or_default(),
+            },
+            None => self.overlap_by_runs(slot),
+        }
+    }
+
+    /// The overlap of `slot`, tested run by run (few runs).
+    #[inline]
+    fn overlap_by_runs(&self, slot: u32) -> Overlap {
+        let mut overlap = Overlap::default();
         for (tier, runs) in self.runs.iter().enumerate() {
             let sets = &self.index.tiers[tier].sets.sets;
             for run in runs.iter() {
@@ -688,6 +725,7 @@ impl QueryResult<'_> {
         }
         overlap
     }
+
     /// Blocks of the request beyond the worker's device prefix that are cached somewhere
     /// in the fleet (and could be fetched instead of recomputed).
     pub fn shared_beyond_device(&self, overlap: &Overlap) -> u32 {
@@ -705,7 +743,14 @@ pub struct KvIndex {
     /// Garbage below this is never swept (a sweep walks every table).
     sweep_floor: u64,
     sweeps: u64,
+    /// A tier whose request path has more runs than this is answered densely.
+    lazy_runs: usize,
 }
+
+/// Up to this many runs, a worker's overlap is read by testing its membership run by run;
+/// beyond, the query writes each holder's depth once (a request many workers hold to
+/// different depths).
+const LAZY_RUNS: usize = 4;
 
 /// How the index holds its pairs (tests and the memory benchmark read it).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -766,7 +811,15 @@ impl KvIndex {
             garbage: 0,
             sweep_floor: floor,
             sweeps: 0,
+            lazy_runs: LAZY_RUNS,
         }
+    }
+
+    /// Answers tiers with more than `runs` runs densely (tests set 0 and a large value to
+    /// check both ways against each other).
+    #[doc(hidden)]
+    pub fn set_lazy_runs(&mut self, runs: usize) {
+        self.lazy_runs = runs;
     }
 
     /// Forgets everything a worker held (it left the fleet, or cleared every tier): its
@@ -811,9 +864,8 @@ impl KvIndex {
 
     /// Per-worker contiguous prefix overlap per tier for `hashes`.
     pub fn query<'a>(&'a self, hashes: &[u64], scratch: &'a mut QueryScratch) -> QueryResult<'a> {
-        let mut fleet_prefix = 0;
-        for (t, tier) in self.tiers.iter().enumerate() {
-            let runs = &mut scratch.runs[t];
+        let mut most_runs = 0;
+        for (tier, runs) in self.tiers.iter().zip(&mut scratch.runs) {
             runs.clear();
             if tier.table.len() == 0 {
                 continue;
@@ -828,15 +880,137 @@ impl KvIndex {
                     _ => runs.push(Run { holders, end }),
                 }
             }
-            let deepest = self.deepest_held(tier, runs, &mut scratch.few, &mut scratch.bits);
+            most_runs = most_runs.max(runs.len());
+        }
+        let dense = most_runs > self.lazy_runs;
+        if dense {
+            scratch.dense.start(self.slots.count as usize);
+        }
+        let mut fleet_prefix = 0;
+        for (t, tier) in self.tiers.iter().enumerate() {
+            let (runs, few, bits) = (&scratch.runs[t], &mut scratch.few, &mut scratch.bits);
+            let deepest = if dense {
+                self.materialize(tier, t, runs, &mut scratch.dense, few, bits)
+            } else {
+                self.deepest_held(tier, runs, few, bits)
+            };
             fleet_prefix = fleet_prefix.max(deepest);
         }
         let scratch: &'a QueryScratch = scratch;
         QueryResult {
             index: self,
             runs: [&scratch.runs[0], &scratch.runs[1], &scratch.runs[2]],
+            dense: dense.then_some(&scratch.dense),
             fleet_prefix,
         }
+    }
+
+    /// Writes into `dense` the depth of every slot that holds the first run: walking the
+    /// runs with the set still holding every block so far (a list, or a bitset while
+    /// wide), each slot that drops out gets the depth of the last run it held.
+    /// Returns the deepest depth a live slot reached.
+    fn materialize(
+        &self,
+        tier: &TierIndex,
+        t: usize,
+        runs: &[Run],
+        dense: &mut Dense,
+        few: &mut Vec<u32>,
+        bits: &mut Vec<u64>,
+    ) -> u32 {
+        let Some(first) = runs.first() else {
+            return 0;
+        };
+        // The walk ends where the last slots drop out, which is the deepest any slot
+        // holds; dead slots (departed workers not yet swept) must not count for the fleet,
+        // so with any about, the deepest live one is found separately.
+        let any_dead = self.garbage > 0 || !self.slots.free.is_empty();
+        let deepest = |held: u32| {
+            if any_dead {
+                self.deepest_held(tier, runs, &mut Vec::new(), &mut Vec::new())
+            } else {
+                held
+            }
+        };
+        let record = |dense: &mut Dense, slot: u32, depth: u32| dense.record(slot, t, depth);
+        few.clear();
+        bits.clear();
+        let mut wide = false;
+        if !is_set(first.holders) {
+            few.push(first.holders);
+        } else {
+            match tier.sets.get(first.holders) {
+                Members::Bits { words, .. } => {
+                    bits.extend_from_slice(words);
+                    wide = true;
+                }
+                Members::List(list) => few.extend_from_slice(list),
+            }
+        }
+        let mut held = first.end;
+        for run in &runs[1..] {
+            if wide {
+                match is_set(run.holders).then(|| tier.sets.get(run.holders)) {
+                    Some(Members::Bits { words, .. }) => {
+                        let mut any = false;
+                        for (w, active) in bits.iter_mut().enumerate() {
+                            let next = words.get(w).copied().unwrap_or(0);
+                            let mut dropped = *active & !next;
+                            while dropped != 0 {
+                                let slot = w as u32 * 64 + dropped.trailing_zeros();
+                                record(dense, slot, held);
+                                dropped &= dropped - 1;
+                            }
+                            *active &= next;
+                            any |= *active != 0;
+                        }
+                        if !any {
+                            return deepest(held);
+                        }
+                    }
+                    _ => {
+                        // Narrowing to a list or one slot: keep those of them still held,
+                        // record every other slot of the bitset.
+                        for (w, &active) in bits.iter().enumerate() {
+                            let mut each = active;
+                            while each != 0 {
+                                let slot = w as u32 * 64 + each.trailing_zeros();
+                                if tier.sets.contains(run.holders, slot) {
+                                    few.push(slot);
+                                } else {
+                                    record(dense, slot, held);
+                                }
+                                each &= each - 1;
+                            }
+                        }
+                        wide = false;
+                    }
+                }
+            } else {
+                few.retain(|&slot| {
+                    let still = tier.sets.contains(run.holders, slot);
+                    if !still {
+                        record(dense, slot, held);
+                    }
+                    still
+                });
+            }
+            if !wide && few.is_empty() {
+                return deepest(held);
+            }
+            held = run.end;
+        }
+        for &slot in few.iter() {
+            record(dense, slot, held);
+        }
+        for (w, &active) in bits.iter().enumerate().filter(|_| wide) {
+            let mut each = active;
+            while each != 0 {
+                record(dense, w as u32 * 64 + each.trailing_zeros(), held);
+                each &= each - 1;
+            }
+        }
+        deepest(held)
     }
 
     /// How deep along `runs` some one live slot holds every block: the holder sets of
@@ -1013,5 +1187,45 @@ mod tests {
         assert_eq!(a[0], b[0]);
         assert_ne!(a[1], b[1]);
         assert_ne!(a[2], b[2], "a later block differs when an earlier one does");
+    }
+}
+
+#[cfg(test)]
+mod prefix_tests {
+    use super::*;
+
+    /// Many workers each holding a prefix of one chain, stored in one event each: every
+    /// worker's overlap is exactly its prefix, in both read modes.
+    #[test]
+    fn prefixes_of_one_chain_read_back_exactly() {
+        let chain: Vec<u64> = (0..64).map(|i| 1_000 + i).collect();
+        for lazy_runs in [0, usize::MAX] {
+            let mut index = KvIndex::default();
+            index.set_lazy_runs(lazy_runs);
+            let held = |w: u64| ((w * 7919) % 65) as usize;
+            for w in 0..1024u64 {
+                let event = KvEvent::Stored {
+                    tier: Tier::Device,
+                    parent_hash: None,
+                    block_hashes: chain[..held(w)].to_vec(),
+                };
+                index.apply(
+                    WorkerId {
+                        worker_id: w,
+                        dp_rank: 0,
+                    },
+                    &event,
+                );
+            }
+            let mut scratch = QueryScratch::default();
+            let result = index.query(&chain, &mut scratch);
+            for w in 0..1024u64 {
+                let overlap = result.overlap(WorkerId {
+                    worker_id: w,
+                    dp_rank: 0,
+                });
+                assert_eq!(overlap.tier(Tier::Device) as usize, held(w), "worker {w}");
+            }
+        }
     }
 }

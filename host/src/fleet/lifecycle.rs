@@ -8,7 +8,7 @@
 //! own, so neither the async executor nor the caller of `/v1/free` ever runs plugin code.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Instant;
@@ -36,6 +36,9 @@ pub struct Lifecycles {
     next_id: AtomicU64,
     /// By the client's request id.
     tracked: Mutex<HashMap<String, Tracked>>,
+    /// `tracked.len()`, read without the lock: with no policy asking for notifications,
+    /// prefill-complete and free pay one atomic load here and nothing else.
+    count: AtomicUsize,
     jobs: Mutex<mpsc::Sender<Job>>,
 }
 
@@ -68,6 +71,7 @@ impl Lifecycles {
         Lifecycles {
             next_id: AtomicU64::new(1),
             tracked: Mutex::new(HashMap::new()),
+            count: AtomicUsize::new(0),
             jobs: Mutex::new(jobs),
         }
     }
@@ -86,7 +90,8 @@ impl Lifecycles {
         outcome: Outcome,
         selected_at: Instant,
     ) {
-        self.tracked.lock().insert(
+        let mut tracked = self.tracked.lock();
+        tracked.insert(
             request_id.to_owned(),
             Tracked {
                 slot,
@@ -94,6 +99,7 @@ impl Lifecycles {
                 selected_at,
             },
         );
+        self.count.store(tracked.len(), Ordering::Relaxed);
     }
 
     fn send(&self, slot: Arc<SelectorSlot>, event: Lifecycle, outcome: Outcome) {
@@ -106,6 +112,9 @@ impl Lifecycles {
 
     /// The request's prefill completed (its first token).
     pub fn prefill_complete(&self, request_id: &str) {
+        if self.count.load(Ordering::Relaxed) == 0 {
+            return;
+        }
         let mut tracked = self.tracked.lock();
         let Some(t) = tracked.get_mut(request_id) else {
             return;
@@ -118,6 +127,9 @@ impl Lifecycles {
 
     /// The request now runs on `worker` (a gateway's retry served it elsewhere).
     pub fn moved(&self, request_id: &str, worker: WorkerId) {
+        if self.count.load(Ordering::Relaxed) == 0 {
+            return;
+        }
         if let Some(t) = self.tracked.lock().get_mut(request_id) {
             t.outcome.worker = worker;
         }
@@ -125,7 +137,16 @@ impl Lifecycles {
 
     /// The request ended: its one `on_finished`.
     pub fn finished(&self, request_id: &str) {
-        let Some(mut t) = self.tracked.lock().remove(request_id) else {
+        if self.count.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        let removed = {
+            let mut tracked = self.tracked.lock();
+            let removed = tracked.remove(request_id);
+            self.count.store(tracked.len(), Ordering::Relaxed);
+            removed
+        };
+        let Some(mut t) = removed else {
             return;
         };
         t.outcome.to_finish = Some(t.selected_at.elapsed());
@@ -135,6 +156,9 @@ impl Lifecycles {
     /// Ends every followed request that `still_booked` no longer knows (expired, or its
     /// worker was removed).
     pub fn finish_unbooked(&self, still_booked: impl Fn(&str) -> bool) {
+        if self.count.load(Ordering::Relaxed) == 0 {
+            return;
+        }
         let gone: Vec<String> = self
             .tracked
             .lock()
