@@ -281,6 +281,44 @@ fn a_standalone_cpp_scorer_keeps_a_session_on_the_worker_on_selected_reported() 
     assert_eq!(server.reserve(i, "s2-b", Some("s2")), 2);
 }
 
+#[test]
+fn a_rust_scorer_learns_from_on_selected_through_the_sdk_lifecycle() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        "plugins:\n  - path: {}\nworkers:\n  - {{model: m, worker_id: 1}}\n  - {{model: m, worker_id: 2}}\n  - {{model: m, worker_id: 3}}\nworker_selection:\n  default: zone-filter\n  instances:\n    - name: zone-filter\n      scorers: [{{type: panicky.sticky, parameters: {{miss_cost: 100}}}}, {{type: builtin.active-requests}}]\n      picker: {{type: builtin.lowest-cost, parameters: {{tie_break: worker-id}}}}\n",
+        rust_plugin("panicky").display()
+    );
+    let server = Server::start(&write_config(dir.path(), &yaml));
+    let i = "zone-filter";
+    assert_eq!(server.reserve(i, "s1-a", Some("s1")), 1);
+    assert_eq!(server.reserve(i, "x", None), 2);
+    assert_eq!(server.reserve(i, "y", None), 3);
+    assert_eq!(
+        server.reserve(i, "s1-b", Some("s1")),
+        1,
+        "back to its worker"
+    );
+    assert_eq!(server.reserve(i, "s2-a", Some("s2")), 2);
+    assert_eq!(
+        server.reserve(i, "s1-c", Some("s1")),
+        1,
+        "even as the busiest"
+    );
+
+    // Asking for notifications the registration did not declare is refused at creation.
+    let undeclared = format!(
+        "plugins:\n  - path: {}\nworker_selection:\n  instances:\n    - name: u\n      scorers: [{{type: panicky.sticky-undeclared}}]\n      picker: {{type: builtin.lowest-cost}}\n",
+        rust_plugin("panicky").display()
+    );
+    let sub = dir.path().join("undeclared");
+    std::fs::create_dir_all(&sub).unwrap();
+    let error = start_error(&sub, &undeclared);
+    assert!(
+        error.contains("asks for lifecycle notifications") && error.contains("notified_scorer"),
+        "{error}"
+    );
+}
+
 /// The lines of the fixture's notification log once `ready` accepts them.
 fn wait_for_log(path: &Path, ready: impl Fn(&[String]) -> bool) -> Vec<String> {
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -9,7 +9,7 @@ use crate::abi::{
     SWITCHYARD_INPUT_CACHE, SWITCHYARD_INPUT_LABELS, SWITCHYARD_INPUT_LOAD,
     SWITCHYARD_INPUT_ROUTING,
 };
-use crate::view::{WorkerCandidate, WorkerCandidates, WorkerSelectionContext};
+use crate::view::{Outcome, WorkerCandidate, WorkerCandidates, WorkerSelectionContext};
 
 /// The optional input groups a component reads. Request context and worker identity are
 /// always available; the host computes a group only when some component declares it, and
@@ -75,6 +75,59 @@ impl fmt::Debug for WorkerInputs {
     }
 }
 
+/// The lifecycle notifications a component asks for (ABI 1.1).
+#[derive(Clone, Copy, PartialEq, Eq, Default, Debug)]
+pub struct Notifications(u8);
+
+impl Notifications {
+    pub const NONE: Self = Self(0);
+    /// `Lifecycle::on_selected`.
+    pub const SELECTED: Self = Self(1);
+    /// `Lifecycle::on_prefill_complete`.
+    pub const PREFILL_COMPLETE: Self = Self(2);
+    /// `Lifecycle::on_finished`.
+    pub const FINISHED: Self = Self(4);
+    pub const fn contains(self, other: Self) -> bool {
+        self.0 & other.0 == other.0
+    }
+    pub const fn union(self, other: Self) -> Self {
+        Self(self.0 | other.0)
+    }
+}
+
+impl BitOr for Notifications {
+    type Output = Self;
+    fn bitor(self, rhs: Self) -> Self {
+        self.union(rhs)
+    }
+}
+
+/// What became of the requests a component helped route (ABI 1.1; docs/ABI.md says when
+/// each is called). Implement it beside `WorkerFilter` / `WorkerScorer` / `WorkerPicker`
+/// and return `Some(self)` from their `lifecycle`; only the notifications `notifications`
+/// names are delivered, and a component without any costs the router nothing.
+pub trait Lifecycle: Send {
+    /// Which notifications to deliver.
+    fn notifications(&self) -> Notifications;
+    /// The request this instance helped route was booked on `outcome.worker()`; called
+    /// before the instance's next selection.
+    fn on_selected(
+        &mut self,
+        _context: &WorkerSelectionContext<'_>,
+        _outcome: &Outcome<'_>,
+    ) -> Result<(), PolicyError> {
+        Ok(())
+    }
+    /// The request's first token arrived.
+    fn on_prefill_complete(&mut self, _outcome: &Outcome<'_>) -> Result<(), PolicyError> {
+        Ok(())
+    }
+    /// The request ended; exactly once per `on_selected`.
+    fn on_finished(&mut self, _outcome: &Outcome<'_>) -> Result<(), PolicyError> {
+        Ok(())
+    }
+}
+
 /// An error a component returns; its message reaches the operator through the host.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PolicyError {
@@ -134,6 +187,10 @@ pub trait WorkerFilter: Send {
         }
         Ok(())
     }
+    /// Its lifecycle notifications, if it wants any (see `Lifecycle`).
+    fn lifecycle(&mut self) -> Option<&mut dyn Lifecycle> {
+        None
+    }
 }
 
 /// A preference: one finite cost per worker, lower is better.
@@ -158,6 +215,10 @@ pub trait WorkerScorer: Send {
         }
         Ok(())
     }
+    /// Its lifecycle notifications, if it wants any (see `Lifecycle`).
+    fn lifecycle(&mut self) -> Option<&mut dyn Lifecycle> {
+        None
+    }
 }
 
 /// The final choice: one row of the scored candidates (`candidates.costs()` is present).
@@ -170,6 +231,10 @@ pub trait WorkerPicker: Send {
         context: &WorkerSelectionContext<'_>,
         candidates: &WorkerCandidates<'_>,
     ) -> Result<usize, PolicyError>;
+    /// Its lifecycle notifications, if it wants any (see `Lifecycle`).
+    fn lifecycle(&mut self) -> Option<&mut dyn Lifecycle> {
+        None
+    }
 }
 
 /// The components a policy builds for one partition.

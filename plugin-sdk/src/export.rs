@@ -7,9 +7,11 @@ use std::ffi::CString;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::abi::*;
-use crate::component::{PolicyParts, WorkerFilter, WorkerInputs, WorkerPicker, WorkerScorer};
+use crate::component::{
+    Lifecycle, Notifications, PolicyParts, WorkerFilter, WorkerInputs, WorkerPicker, WorkerScorer,
+};
 use crate::params::Params;
-use crate::view::{Partition, WorkerCandidates, WorkerSelectionContext};
+use crate::view::{Outcome, Partition, WorkerCandidates, WorkerSelectionContext};
 use crate::PolicyError;
 
 /// Writes `message` into a host error buffer, truncated on a UTF-8 boundary.
@@ -102,13 +104,22 @@ type CreateFn<C> = dyn Fn(&Params<'_>, &Partition<'_>) -> Result<C, PolicyError>
 trait Kind: Send + Sized + 'static {
     const KIND: u32;
     fn inputs(&self) -> WorkerInputs;
+    fn lifecycle(&mut self) -> Option<&mut dyn Lifecycle>;
     fn install(def: &mut switchyard_component_def);
+    /// The notifications this instance wants.
+    fn notifications(&mut self) -> Notifications {
+        self.lifecycle()
+            .map_or(Notifications::NONE, |l| l.notifications())
+    }
 }
 
 impl Kind for Box<dyn WorkerFilter> {
     const KIND: u32 = SWITCHYARD_COMPONENT_FILTER;
     fn inputs(&self) -> WorkerInputs {
         self.required_worker_inputs()
+    }
+    fn lifecycle(&mut self) -> Option<&mut dyn Lifecycle> {
+        WorkerFilter::lifecycle(self.as_mut())
     }
     fn install(def: &mut switchyard_component_def) {
         def.on_filter = Some(on_filter);
@@ -120,6 +131,9 @@ impl Kind for Box<dyn WorkerScorer> {
     fn inputs(&self) -> WorkerInputs {
         self.required_worker_inputs()
     }
+    fn lifecycle(&mut self) -> Option<&mut dyn Lifecycle> {
+        WorkerScorer::lifecycle(self.as_mut())
+    }
     fn install(def: &mut switchyard_component_def) {
         def.on_score = Some(on_score);
     }
@@ -130,6 +144,9 @@ impl Kind for Box<dyn WorkerPicker> {
     fn inputs(&self) -> WorkerInputs {
         self.required_worker_inputs()
     }
+    fn lifecycle(&mut self) -> Option<&mut dyn Lifecycle> {
+        WorkerPicker::lifecycle(self.as_mut())
+    }
     fn install(def: &mut switchyard_component_def) {
         def.on_pick = Some(on_pick);
     }
@@ -138,6 +155,7 @@ impl Kind for Box<dyn WorkerPicker> {
 fn component_def<C: Kind>(
     type_name: &CStr,
     inputs: WorkerInputs,
+    notifications: Notifications,
     user_data: *mut c_void,
 ) -> switchyard_component_def {
     let mut def = switchyard_component_def {
@@ -157,7 +175,89 @@ fn component_def<C: Kind>(
         on_finished: None,
     };
     C::install(&mut def);
+    if notifications.contains(Notifications::SELECTED) {
+        def.on_selected = Some(on_selected::<C>);
+    }
+    if notifications.contains(Notifications::PREFILL_COMPLETE) {
+        def.on_prefill_complete = Some(on_prefill_complete::<C>);
+    }
+    if notifications.contains(Notifications::FINISHED) {
+        def.on_finished = Some(on_finished::<C>);
+    }
     def
+}
+
+/// Runs `notify` on the instance's `Lifecycle` at the boundary.
+///
+/// # Safety
+/// `instance` must come from `into_instance::<C>`; `error` is the host's for the call.
+unsafe fn lifecycle_call<C: Kind>(
+    instance: *mut c_void,
+    error: *const switchyard_error,
+    notify: impl FnOnce(&mut dyn Lifecycle) -> Result<(), PolicyError>,
+) -> i32 {
+    // SAFETY: per this function's contract.
+    let slot = unsafe { slot::<C>(instance) };
+    guard(
+        error,
+        Some(&mut slot.poisoned),
+        SWITCHYARD_STATUS_ERROR,
+        || match slot.component.lifecycle() {
+            Some(lifecycle) => notify(lifecycle),
+            None => Ok(()),
+        },
+    )
+}
+
+/// # Safety
+/// Called by the host per ABI 1.1 with an instance of this def and pointers valid for the
+/// call.
+unsafe extern "C" fn on_selected<C: Kind>(
+    instance: *mut c_void,
+    request: *const switchyard_request,
+    outcome: *const switchyard_outcome,
+    error: *const switchyard_error,
+) -> i32 {
+    // SAFETY: the host passes an instance of this def, and request and outcome valid for
+    // the call.
+    unsafe {
+        lifecycle_call::<C>(instance, error, |l| {
+            l.on_selected(
+                &WorkerSelectionContext::from_abi(&*request),
+                &Outcome::from_abi(&*outcome),
+            )
+        })
+    }
+}
+
+/// # Safety
+/// As for `on_selected`.
+unsafe extern "C" fn on_prefill_complete<C: Kind>(
+    instance: *mut c_void,
+    outcome: *const switchyard_outcome,
+    error: *const switchyard_error,
+) -> i32 {
+    // SAFETY: as in `on_selected`.
+    unsafe {
+        lifecycle_call::<C>(instance, error, |l| {
+            l.on_prefill_complete(&Outcome::from_abi(&*outcome))
+        })
+    }
+}
+
+/// # Safety
+/// As for `on_selected`.
+unsafe extern "C" fn on_finished<C: Kind>(
+    instance: *mut c_void,
+    outcome: *const switchyard_outcome,
+    error: *const switchyard_error,
+) -> i32 {
+    // SAFETY: as in `on_selected`.
+    unsafe {
+        lifecycle_call::<C>(instance, error, |l| {
+            l.on_finished(&Outcome::from_abi(&*outcome))
+        })
+    }
 }
 
 fn into_instance<C: Kind>(component: C) -> *mut c_void {
@@ -350,13 +450,19 @@ unsafe extern "C" fn on_destroy_factory(factory: *mut c_void) {
 fn add_part<C: Kind>(
     builder: &switchyard_policy_builder,
     name: String,
-    component: C,
+    mut component: C,
     weight: f64,
     error: *const switchyard_error,
 ) -> Result<(), PolicyError> {
     let name =
         CString::new(name).map_err(|_| PolicyError::failed("component name contains NUL"))?;
-    let def = component_def::<C>(&name, component.inputs(), core::ptr::null_mut());
+    let notifications = component.notifications();
+    let def = component_def::<C>(
+        &name,
+        component.inputs(),
+        notifications,
+        core::ptr::null_mut(),
+    );
     let add = builder
         .callback_add_component
         .ok_or_else(|| PolicyError::failed("the host's builder has no add_component callback"))?;
@@ -413,12 +519,13 @@ impl Registrar<'_> {
         &mut self,
         type_name: &str,
         inputs: WorkerInputs,
+        notifications: Notifications,
         create: Box<CreateFn<C>>,
     ) -> Result<(), PolicyError> {
         let name =
             CString::new(type_name).map_err(|_| PolicyError::failed("type name contains NUL"))?;
         let user_data = Box::into_raw(Box::new(create));
-        let mut def = component_def::<C>(&name, inputs, user_data.cast());
+        let mut def = component_def::<C>(&name, inputs, notifications, user_data.cast());
         def.on_create = Some(on_create::<C>);
         let register = self.raw.callback_register_component.ok_or_else(|| {
             PolicyError::failed("the host's registrar has no register_component callback")
@@ -442,13 +549,7 @@ impl Registrar<'_> {
         inputs: WorkerInputs,
         create: impl Fn(&Params<'_>, &Partition<'_>) -> Result<F, PolicyError> + Send + Sync + 'static,
     ) -> Result<(), PolicyError> {
-        self.component::<Box<dyn WorkerFilter>>(
-            type_name,
-            inputs,
-            Box::new(move |p, part| {
-                checked(inputs, Box::new(create(p, part)?) as Box<dyn WorkerFilter>)
-            }),
-        )
+        self.notified_filter(type_name, inputs, Notifications::NONE, create)
     }
 
     /// Registers a scorer type. `inputs` must cover what its instances declare.
@@ -458,13 +559,7 @@ impl Registrar<'_> {
         inputs: WorkerInputs,
         create: impl Fn(&Params<'_>, &Partition<'_>) -> Result<S, PolicyError> + Send + Sync + 'static,
     ) -> Result<(), PolicyError> {
-        self.component::<Box<dyn WorkerScorer>>(
-            type_name,
-            inputs,
-            Box::new(move |p, part| {
-                checked(inputs, Box::new(create(p, part)?) as Box<dyn WorkerScorer>)
-            }),
-        )
+        self.notified_scorer(type_name, inputs, Notifications::NONE, create)
     }
 
     /// Registers a picker type. `inputs` must cover what its instances declare.
@@ -474,11 +569,72 @@ impl Registrar<'_> {
         inputs: WorkerInputs,
         create: impl Fn(&Params<'_>, &Partition<'_>) -> Result<P, PolicyError> + Send + Sync + 'static,
     ) -> Result<(), PolicyError> {
+        self.notified_picker(type_name, inputs, Notifications::NONE, create)
+    }
+
+    /// `filter`, for a type whose instances implement `Lifecycle`: the router delivers
+    /// `notifications` (which must cover what the instances ask for).
+    pub fn notified_filter<F: WorkerFilter + 'static>(
+        &mut self,
+        type_name: &str,
+        inputs: WorkerInputs,
+        notifications: Notifications,
+        create: impl Fn(&Params<'_>, &Partition<'_>) -> Result<F, PolicyError> + Send + Sync + 'static,
+    ) -> Result<(), PolicyError> {
+        let declared = (inputs, notifications);
+        self.component::<Box<dyn WorkerFilter>>(
+            type_name,
+            inputs,
+            notifications,
+            Box::new(move |p, part| {
+                checked(
+                    declared,
+                    Box::new(create(p, part)?) as Box<dyn WorkerFilter>,
+                )
+            }),
+        )
+    }
+
+    /// `scorer`, for a type whose instances implement `Lifecycle` (see `notified_filter`).
+    pub fn notified_scorer<S: WorkerScorer + 'static>(
+        &mut self,
+        type_name: &str,
+        inputs: WorkerInputs,
+        notifications: Notifications,
+        create: impl Fn(&Params<'_>, &Partition<'_>) -> Result<S, PolicyError> + Send + Sync + 'static,
+    ) -> Result<(), PolicyError> {
+        let declared = (inputs, notifications);
+        self.component::<Box<dyn WorkerScorer>>(
+            type_name,
+            inputs,
+            notifications,
+            Box::new(move |p, part| {
+                checked(
+                    declared,
+                    Box::new(create(p, part)?) as Box<dyn WorkerScorer>,
+                )
+            }),
+        )
+    }
+
+    /// `picker`, for a type whose instances implement `Lifecycle` (see `notified_filter`).
+    pub fn notified_picker<P: WorkerPicker + 'static>(
+        &mut self,
+        type_name: &str,
+        inputs: WorkerInputs,
+        notifications: Notifications,
+        create: impl Fn(&Params<'_>, &Partition<'_>) -> Result<P, PolicyError> + Send + Sync + 'static,
+    ) -> Result<(), PolicyError> {
+        let declared = (inputs, notifications);
         self.component::<Box<dyn WorkerPicker>>(
             type_name,
             inputs,
+            notifications,
             Box::new(move |p, part| {
-                checked(inputs, Box::new(create(p, part)?) as Box<dyn WorkerPicker>)
+                checked(
+                    declared,
+                    Box::new(create(p, part)?) as Box<dyn WorkerPicker>,
+                )
             }),
         )
     }
@@ -523,17 +679,26 @@ impl Registrar<'_> {
     }
 }
 
-/// Refuses a component that reads more groups than its type declared (the host computes
-/// only declared groups, so it would find them missing).
-fn checked<C: Kind>(declared: WorkerInputs, component: C) -> Result<C, PolicyError> {
+/// Refuses a component that reads more groups, or wants more notifications, than its
+/// type declared (the host computes only declared groups, and delivers only declared
+/// notifications).
+fn checked<C: Kind>(
+    (declared, notifications): (WorkerInputs, Notifications),
+    mut component: C,
+) -> Result<C, PolicyError> {
     let wanted = component.inputs();
-    if declared.contains(wanted) {
-        Ok(component)
-    } else {
-        Err(PolicyError::failed(format!(
+    if !declared.contains(wanted) {
+        return Err(PolicyError::failed(format!(
             "component reads input groups {wanted:?} but its type was registered with {declared:?}"
-        )))
+        )));
     }
+    let asked = component.notifications();
+    if !notifications.contains(asked) {
+        return Err(PolicyError::failed(format!(
+            "component asks for lifecycle notifications {asked:?} but its type was registered with {notifications:?}: register it with `notified_filter` / `notified_scorer` / `notified_picker` and those notifications"
+        )));
+    }
+    Ok(component)
 }
 
 /// Runs the plugin's register function behind the boundary. Used by `export_plugin!`.

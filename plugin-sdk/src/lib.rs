@@ -21,13 +21,14 @@ mod status;
 mod view;
 
 pub use component::{
-    PolicyError, PolicyParts, WorkerFilter, WorkerInputs, WorkerPicker, WorkerScorer,
+    Lifecycle, Notifications, PolicyError, PolicyParts, WorkerFilter, WorkerInputs, WorkerPicker,
+    WorkerScorer,
 };
 pub use export::{write_error, Registrar};
 pub use params::Params;
 pub use status::Status;
 pub use view::{
     str_from_abi, str_to_abi, CacheInputs, CandidateCache, CandidateLoad, InputTrigger, LoadInputs,
-    Partition, RoutingInputs, SessionContext, WorkerCandidate, WorkerCandidates, WorkerId,
+    Outcome, Partition, RoutingInputs, SessionContext, WorkerCandidate, WorkerCandidates, WorkerId,
     WorkerSelectionContext, WorkerType,
 };

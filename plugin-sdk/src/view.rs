@@ -163,6 +163,36 @@ impl<'a> WorkerSelectionContext<'a> {
     }
 }
 
+/// What became of a routed request, as a lifecycle notification reports it (ABI 1.1).
+#[derive(Clone, Copy)]
+pub struct Outcome<'a> {
+    raw: &'a switchyard_outcome,
+}
+
+impl<'a> Outcome<'a> {
+    /// # Safety
+    /// `raw` must be a valid host-provided outcome for `'a`.
+    pub unsafe fn from_abi(raw: &'a switchyard_outcome) -> Self {
+        Outcome { raw }
+    }
+    /// The router's id for the routed request: the same in all its notifications.
+    pub fn request_id(&self) -> u64 {
+        self.raw.request_id
+    }
+    pub fn worker(&self) -> WorkerId {
+        WorkerId {
+            worker_id: self.raw.worker_id,
+            dp_rank: self.raw.dp_rank,
+        }
+    }
+    pub fn seconds_to_prefill_complete(&self) -> Option<f64> {
+        Some(self.raw.seconds_to_prefill_complete).filter(|s| !s.is_nan())
+    }
+    pub fn seconds_to_finish(&self) -> Option<f64> {
+        Some(self.raw.seconds_to_finish).filter(|s| !s.is_nan())
+    }
+}
+
 /// Worker identity: ID and data-parallel rank.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct WorkerId {
