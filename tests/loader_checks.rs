@@ -454,25 +454,13 @@ SWITCHYARD_PLUGIN("nested", "0.1.0", "switchyard tests", register_types)
 "#,
     )
     .unwrap();
-    let library = dir.path().join("libnested.so");
-    let status = std::process::Command::new("cc")
-        .args([
-            "-std=c11",
-            "-shared",
-            "-fPIC",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            "-Wno-missing-field-initializers",
-            "-I",
-        ])
-        .arg(repo().join("include"))
-        .arg(&source)
-        .arg("-o")
-        .arg(&library)
-        .status()
-        .unwrap();
-    assert!(status.success());
+    let library = compile_c(
+        dir.path(),
+        "libnested",
+        &source,
+        &repo().join("include"),
+        &[],
+    );
     let config = |params: &str| {
         format!(
             "plugins:\n  - path: {}\nworker_selection:\n  instances:\n    - name: n\n      scorers: [{{type: nested.scorer, parameters: {params}}}]\n      picker: {{type: builtin.lowest-cost}}\n",

@@ -889,8 +889,15 @@ impl KvIndex {
         let mut fleet_prefix = 0;
         for (t, tier) in self.tiers.iter().enumerate() {
             let (runs, few, bits) = (&scratch.runs[t], &mut scratch.few, &mut scratch.bits);
+            // Dead slots (departed workers not yet swept) must not count for the fleet;
+            // with any about, the deepest live one is found by `deepest_held`.
             let deepest = if dense {
-                self.materialize(tier, t, runs, &mut scratch.dense, few, bits)
+                let any_dead = self.garbage > 0 || !self.slots.free.is_empty();
+                let deepest = self.materialize(tier, t, runs, &mut scratch.dense, few, bits);
+                match any_dead {
+                    true => self.deepest_held(tier, runs, few, bits),
+                    false => deepest,
+                }
             } else {
                 self.deepest_held(tier, runs, few, bits)
             };
@@ -908,7 +915,7 @@ impl KvIndex {
     /// Writes into `dense` the depth of every slot that holds the first run: walking the
     /// runs with the set still holding every block so far (a list, or a bitset while
     /// wide), each slot that drops out gets the depth of the last run it held.
-    /// Returns the deepest depth a live slot reached.
+    /// Returns the deepest depth any slot reached, dead ones included.
     fn materialize(
         &self,
         tier: &TierIndex,
@@ -921,17 +928,8 @@ impl KvIndex {
         let Some(first) = runs.first() else {
             return 0;
         };
-        // The walk ends where the last slots drop out, which is the deepest any slot
-        // holds; dead slots (departed workers not yet swept) must not count for the fleet,
-        // so with any about, the deepest live one is found separately.
-        let any_dead = self.garbage > 0 || !self.slots.free.is_empty();
-        let deepest = |held: u32| {
-            if any_dead {
-                self.deepest_held(tier, runs, &mut Vec::new(), &mut Vec::new())
-            } else {
-                held
-            }
-        };
+        // The walk ends where the last slots drop out: the deepest any slot holds (dead
+        // ones included; `query` corrects for those).
         let record = |dense: &mut Dense, slot: u32, depth: u32| dense.record(slot, t, depth);
         few.clear();
         bits.clear();
@@ -965,7 +963,7 @@ impl KvIndex {
                             any |= *active != 0;
                         }
                         if !any {
-                            return deepest(held);
+                            return held;
                         }
                     }
                     _ => {
@@ -996,7 +994,7 @@ impl KvIndex {
                 });
             }
             if !wide && few.is_empty() {
-                return deepest(held);
+                return held;
             }
             held = run.end;
         }
@@ -1010,7 +1008,7 @@ impl KvIndex {
                 each &= each - 1;
             }
         }
-        deepest(held)
+        held
     }
 
     /// How deep along `runs` some one live slot holds every block: the holder sets of
