@@ -21,13 +21,7 @@ struct Server {
 
 impl Server {
     fn start(config: &Path) -> Server {
-        let process = Process::start(
-            Command::new(switchyard_bin())
-                .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-                .arg(config)
-                .env("RUST_LOG", "warn"),
-            "switchyard listening on ",
-        );
+        let process = serve(config);
         let base = process.address.clone();
         Server {
             _process: process,

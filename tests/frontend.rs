@@ -34,16 +34,6 @@ fn router(dir: &std::path::Path, engines: &[&str]) -> Process {
     serve(&write_config(dir, &yaml))
 }
 
-fn serve(config: &std::path::Path) -> Process {
-    Process::start(
-        Command::new(switchyard_bin())
-            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-            .arg(config)
-            .env("RUST_LOG", "warn"),
-        "switchyard listening on ",
-    )
-}
-
 fn chat(content: &str, stream: bool, max_tokens: u64) -> Value {
     json!({"model": "demo", "stream": stream, "max_tokens": max_tokens,
            "messages": [{"role": "system", "content": "You are a routing test."}, {"role": "user", "content": content}]})

@@ -21,13 +21,7 @@ impl Server {
     }
 
     fn start_logging(config: &std::path::Path, level: &str) -> Server {
-        let process = Process::start(
-            Command::new(switchyard_bin())
-                .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-                .arg(config)
-                .env("RUST_LOG", level),
-            "switchyard listening on ",
-        );
+        let process = serve_logging(config, level);
         let base = process.address.clone();
         Server { process, base }
     }

@@ -226,13 +226,7 @@ fn engine_events_over_zeromq_feed_the_index_with_replay_and_restart() {
             ports.0, ports.1
         ),
     );
-    let router = Process::start(
-        Command::new(switchyard_bin())
-            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-            .arg(&config)
-            .env("RUST_LOG", "warn"),
-        "switchyard listening on ",
-    );
+    let router = serve(&config);
     let (a, b, c) = (prompt(1, 4), prompt(2, 4), prompt(3, 4));
     assert_eq!(overlap(&router, &a), 0);
 

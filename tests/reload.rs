@@ -7,7 +7,6 @@
 
 mod support;
 
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -86,13 +85,7 @@ fn reloads_under_traffic_switch_decisions_and_drop_nothing() {
     let plugin = dir.path().join("acme.so");
     install_plugin(dir.path(), &plugin, 1);
     let config_path = write_config(dir.path(), &config(&plugin, &engines, 0.0));
-    let router = Process::start(
-        Command::new(switchyard_bin())
-            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-            .arg(&config_path)
-            .env("RUST_LOG", "warn"),
-        "switchyard listening on ",
-    );
+    let router = serve(&config_path);
     let base = router.address.clone();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -254,13 +247,7 @@ fn fifty_reloads_leave_memory_bounded() {
         )
     };
     let config_path = write_config(dir.path(), &yaml(1.0));
-    let router = Process::start(
-        Command::new(switchyard_bin())
-            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-            .arg(&config_path)
-            .env("RUST_LOG", "warn"),
-        "switchyard listening on ",
-    );
+    let router = serve(&config_path);
     let base = router.address.clone();
     let reload = |n: usize| {
         std::fs::write(&config_path, yaml(1.0 + n as f64)).unwrap();

@@ -233,6 +233,23 @@ pub fn build_plugin_crate(krate: &Path) -> PathBuf {
     target.join("debug")
 }
 
+/// `switchyard serve` of `config` on a loopback port the system picks, logging at `warn`;
+/// killed when dropped.
+pub fn serve(config: &Path) -> Process {
+    serve_logging(config, "warn")
+}
+
+/// `serve`, logging at `level` (`RUST_LOG`).
+pub fn serve_logging(config: &Path, level: &str) -> Process {
+    Process::start(
+        Command::new(switchyard_bin())
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(config)
+            .env("RUST_LOG", level),
+        "switchyard listening on ",
+    )
+}
+
 /// A `switchyard engine-sim` of model `demo` named `name` on `listen` (port 0: any), with
 /// `extra` arguments; killed when dropped.
 pub fn engine_sim(name: &str, listen: &str, extra: &[&str]) -> Process {

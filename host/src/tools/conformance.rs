@@ -399,6 +399,18 @@ fn judge(
     }
 }
 
+fn unknown_parameters_refused(refused: bool) {
+    finding(
+        "unknown parameters refused",
+        refused,
+        if refused {
+            String::new()
+        } else {
+            format!("accepted `{UNKNOWN_KEY}`: a misspelt key would be silently ignored; refuse keys you do not know")
+        },
+    );
+}
+
 /// Two routed requests' notifications, as the router sends them: one served, one whose
 /// worker went away before its first token.
 fn lifecycle_script() -> [(Lifecycle, Outcome); 5] {
@@ -661,15 +673,7 @@ pub fn run_child() -> i32 {
         let stage = component.create(&params, &partition);
         emit(&Line::Phase("creating it with an unknown parameter".into()));
         let refused = component.create(&unknown, &partition).is_err();
-        finding(
-            "unknown parameters refused",
-            refused,
-            if refused {
-                String::new()
-            } else {
-                format!("accepted `{UNKNOWN_KEY}`: a misspelt key would be silently ignored; refuse keys you do not know")
-            },
-        );
+        unknown_parameters_refused(refused);
         match stage {
             Ok(mut stage) => {
                 finding("given parameters accepted", true, "");
@@ -685,15 +689,7 @@ pub fn run_child() -> i32 {
         emit(&Line::Phase("validating the given parameters".into()));
         let factory = policy_type.validate(&params, &registry);
         let refused = policy_type.validate(&unknown, &registry).is_err();
-        finding(
-            "unknown parameters refused",
-            refused,
-            if refused {
-                String::new()
-            } else {
-                format!("accepted `{UNKNOWN_KEY}`: a misspelt key would be silently ignored; refuse keys you do not know")
-            },
-        );
+        unknown_parameters_refused(refused);
         match factory {
             Ok(factory) => {
                 finding("given parameters accepted", true, "");
