@@ -581,18 +581,9 @@ impl Registrar<'_> {
         notifications: Notifications,
         create: impl Fn(&Params<'_>, &Partition<'_>) -> Result<F, PolicyError> + Send + Sync + 'static,
     ) -> Result<(), PolicyError> {
-        let declared = (inputs, notifications);
-        self.component::<Box<dyn WorkerFilter>>(
-            type_name,
-            inputs,
-            notifications,
-            Box::new(move |p, part| {
-                checked(
-                    declared,
-                    Box::new(create(p, part)?) as Box<dyn WorkerFilter>,
-                )
-            }),
-        )
+        self.typed(type_name, inputs, notifications, create, |c: F| {
+            Box::new(c) as Box<dyn WorkerFilter>
+        })
     }
 
     /// `scorer`, for a type whose instances implement `Lifecycle` (see `notified_filter`).
@@ -603,18 +594,9 @@ impl Registrar<'_> {
         notifications: Notifications,
         create: impl Fn(&Params<'_>, &Partition<'_>) -> Result<S, PolicyError> + Send + Sync + 'static,
     ) -> Result<(), PolicyError> {
-        let declared = (inputs, notifications);
-        self.component::<Box<dyn WorkerScorer>>(
-            type_name,
-            inputs,
-            notifications,
-            Box::new(move |p, part| {
-                checked(
-                    declared,
-                    Box::new(create(p, part)?) as Box<dyn WorkerScorer>,
-                )
-            }),
-        )
+        self.typed(type_name, inputs, notifications, create, |c: S| {
+            Box::new(c) as Box<dyn WorkerScorer>
+        })
     }
 
     /// `picker`, for a type whose instances implement `Lifecycle` (see `notified_filter`).
@@ -625,17 +607,27 @@ impl Registrar<'_> {
         notifications: Notifications,
         create: impl Fn(&Params<'_>, &Partition<'_>) -> Result<P, PolicyError> + Send + Sync + 'static,
     ) -> Result<(), PolicyError> {
+        self.typed(type_name, inputs, notifications, create, |c: P| {
+            Box::new(c) as Box<dyn WorkerPicker>
+        })
+    }
+
+    /// Registers a component type whose instances are `T`, held behind the ABI as `C`
+    /// (`erase` boxes one), checked against what the type declares when created.
+    fn typed<C: Kind, T: 'static>(
+        &mut self,
+        type_name: &str,
+        inputs: WorkerInputs,
+        notifications: Notifications,
+        create: impl Fn(&Params<'_>, &Partition<'_>) -> Result<T, PolicyError> + Send + Sync + 'static,
+        erase: fn(T) -> C,
+    ) -> Result<(), PolicyError> {
         let declared = (inputs, notifications);
-        self.component::<Box<dyn WorkerPicker>>(
+        self.component::<C>(
             type_name,
             inputs,
             notifications,
-            Box::new(move |p, part| {
-                checked(
-                    declared,
-                    Box::new(create(p, part)?) as Box<dyn WorkerPicker>,
-                )
-            }),
+            Box::new(move |p, part| checked(declared, erase(create(p, part)?))),
         )
     }
 
