@@ -40,6 +40,121 @@ pub struct Config {
     /// The Envoy external-processing endpoint picker (`ext_proc:`), off unless set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ext_proc: Option<ExtProcSettings>,
+    /// Supervision of plugins run with `isolation: process` (docs/isolation.md).
+    #[serde(default)]
+    pub isolation: IsolationSettings,
+}
+
+/// Where a plugin library runs (`plugins[].isolation`).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(untagged)]
+pub enum Isolation {
+    /// `none` (the default): in the router's process, as fast as built-in code.
+    /// `process`: in a supervised child process of its own.
+    Mode(IsolationMode),
+    /// `{process: NAME}`: in the child process `NAME`, shared by every library naming it
+    /// (one per vendor, say).
+    Group { process: String },
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IsolationMode {
+    #[default]
+    None,
+    Process,
+}
+
+impl<'de> Deserialize<'de> for Isolation {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Group {
+            process: String,
+        }
+        let expected = "expected `none`, `process` (a child process of its own) or `{process: NAME}` (a child shared by every plugin naming NAME)";
+        let value = serde_yaml::Value::deserialize(deserializer)?;
+        match &value {
+            serde_yaml::Value::String(s) if s == "none" => Ok(Isolation::Mode(IsolationMode::None)),
+            serde_yaml::Value::String(s) if s == "process" => {
+                Ok(Isolation::Mode(IsolationMode::Process))
+            }
+            serde_yaml::Value::Mapping(_) => match serde_yaml::from_value::<Group>(value) {
+                Ok(group) if !group.process.trim().is_empty() => Ok(Isolation::Group {
+                    process: group.process,
+                }),
+                Ok(_) => Err(D::Error::custom(format!(
+                    "isolation: the process name is empty; {expected}"
+                ))),
+                Err(e) => Err(D::Error::custom(format!("isolation: {e}; {expected}"))),
+            },
+            other => Err(D::Error::custom(format!(
+                "isolation: {expected}, found {}",
+                serde_yaml::to_string(other).unwrap_or_default().trim()
+            ))),
+        }
+    }
+}
+
+impl Default for Isolation {
+    fn default() -> Self {
+        Isolation::Mode(IsolationMode::None)
+    }
+}
+
+impl Isolation {
+    /// The child process a library runs in (None: in process). A library with
+    /// `isolation: process` gets a child of its own, named after its file.
+    pub fn process_group(&self, path: &Path) -> Option<String> {
+        match self {
+            Isolation::Mode(IsolationMode::None) => None,
+            Isolation::Mode(IsolationMode::Process) => Some(format!("{}", path.display())),
+            Isolation::Group { process } => Some(process.clone()),
+        }
+    }
+}
+
+/// How isolated plugin processes are supervised (`isolation:`).
+#[derive(Clone, Debug, Deserialize, Serialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct IsolationSettings {
+    /// A component call that takes longer fails (its instance's `on_error` answers).
+    pub call_deadline_ms: f64,
+    /// A call still running this long after its deadline: the child is killed and restarted.
+    pub kill_after_ms: u64,
+    /// Creating instances and other control requests to a child give up after this long.
+    pub control_timeout_ms: u64,
+    /// First wait before restarting a child that died; doubled per death in a row up to
+    /// `restart_backoff_max_ms`, back to the first after a minute up.
+    pub restart_backoff_ms: u64,
+    pub restart_backoff_max_ms: u64,
+    /// A child's data limit (RLIMIT_DATA: heap, private mappings, thread stacks), if any.
+    pub memory_limit_mb: Option<u64>,
+    /// A child's CPU-time limit in seconds (RLIMIT_CPU: the kernel kills it past that).
+    pub cpu_time_limit_secs: Option<u64>,
+    /// The most candidates one isolated call may carry (sizes each shared-memory channel;
+    /// only the pages a fleet touches are resident).
+    pub max_candidates: usize,
+    /// How long a caller spins before it sleeps on the futex, waiting for an answer (and
+    /// a child's call thread waiting for the next call), in microseconds.
+    pub spin_us: u64,
+}
+
+impl Default for IsolationSettings {
+    fn default() -> Self {
+        IsolationSettings {
+            call_deadline_ms: 50.0,
+            kill_after_ms: 1_000,
+            control_timeout_ms: 10_000,
+            restart_backoff_ms: 100,
+            restart_backoff_max_ms: 10_000,
+            memory_limit_mb: None,
+            cpu_time_limit_secs: None,
+            max_candidates: 65_536,
+            spin_us: 50,
+        }
+    }
 }
 
 /// The endpoint picker for Envoy gateways (`ext_proc:`; `serve --ext-proc` overrides
@@ -162,6 +277,9 @@ pub struct PluginEntry {
     /// library that crashes is refused instead of taking the router down.
     #[serde(default = "yes")]
     pub probe: bool,
+    /// `none` (default), `process`, or `{process: NAME}` (docs/isolation.md).
+    #[serde(default)]
+    pub isolation: Isolation,
 }
 
 fn yes() -> bool {

@@ -6,6 +6,7 @@
 //!   plugin code or implements `extern "C"` functions: the loader, the ABI checks, the
 //!   registrar, builder and params callbacks, component and policy handles.
 //! - [`config`]: the YAML config.
+//! - [`isolation`]: plugins run in supervised child processes (`isolation: process`).
 //! - [`policy`]: the registry of types, the built-ins, configured instances and the
 //!   filter -> score -> pick pipeline.
 //! - [`startup`]: from config to loaded plugins and validated instances.
@@ -15,6 +16,7 @@
 
 pub mod config;
 pub mod fleet;
+pub mod isolation;
 pub mod plugin;
 pub mod policy;
 pub mod serve;

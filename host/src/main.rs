@@ -82,6 +82,9 @@ enum Command {
     /// Internal: exercise one plugin in this child process (see startup::probe).
     #[command(name = "__probe-plugin", hide = true)]
     ProbePlugin,
+    /// The isolated plugin process (`isolation: process`), started by the router.
+    #[command(name = "__isolated-plugins", hide = true)]
+    IsolatedPlugins,
     /// Internal: test one plugin type in this child process (see tools::conformance).
     #[command(name = "__plugin-test", hide = true)]
     PluginTestChild,
@@ -195,6 +198,9 @@ fn main() -> ExitCode {
             ))
         }
         Command::EngineSim(args) => serve_until_signal(engine_sim::run(args)),
+        Command::IsolatedPlugins => {
+            ExitCode::from(u8::try_from(switchyard::isolation::child::run()).unwrap_or(2))
+        }
         Command::ProbePlugin => {
             ExitCode::from(u8::try_from(switchyard::startup::probe::run_child()).unwrap_or(2))
         }

@@ -52,7 +52,7 @@ pub(super) fn inputs_of_minor(minor: u16) -> u32 {
 }
 
 /// How strictly the plugin's SDK revision must match the host's (`revision:` in config).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum RevisionRule {
     /// Any revision of the same ABI major whose other checks pass.
@@ -63,7 +63,7 @@ pub enum RevisionRule {
 }
 
 /// What a plugin declared, after every check passed.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct PluginInfo {
     pub name: String,
     pub version: String,

@@ -21,6 +21,9 @@ use super::request::AbiRequest;
 pub struct Columns<'a> {
     /// The groups filled in these columns.
     pub inputs: WorkerInputs,
+    /// Identifies these contents: the same version means the same values (0: unknown).
+    /// An isolation channel copies columns once per version, not once per stage.
+    pub version: u64,
     pub worker_id: &'a [u64],
     pub dp_rank: &'a [u32],
     pub device_overlap_blocks: &'a [u32],

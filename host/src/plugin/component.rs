@@ -91,7 +91,21 @@ pub struct Outcome {
 }
 
 impl Outcome {
-    fn abi(&self) -> switchyard_outcome {
+    /// The host form of an outcome read back from its ABI form.
+    pub(super) fn from_abi(raw: &switchyard_outcome) -> Self {
+        let duration = |s: f64| (s.is_finite() && s >= 0.0).then(|| Duration::from_secs_f64(s));
+        Outcome {
+            request_id: raw.request_id,
+            worker: WorkerId {
+                worker_id: raw.worker_id,
+                dp_rank: raw.dp_rank,
+            },
+            to_prefill_complete: duration(raw.seconds_to_prefill_complete),
+            to_finish: duration(raw.seconds_to_finish),
+        }
+    }
+
+    pub(super) fn abi(&self) -> switchyard_outcome {
         let seconds = |d: Option<Duration>| d.map_or(f64::NAN, |d| d.as_secs_f64());
         switchyard_outcome {
             struct_size: std::mem::size_of::<switchyard_outcome>() as u32,

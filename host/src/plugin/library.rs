@@ -27,7 +27,7 @@ pub struct PluginSpec {
 }
 
 /// A library that passed every check.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct LoadedPlugin {
     pub path: PathBuf,
     #[serde(flatten)]
@@ -36,6 +36,8 @@ pub struct LoadedPlugin {
     pub sha256: String,
     pub types: Vec<String>,
     /// The static manifest; `None` for a library without one (a hand-written descriptor).
+    /// Not sent back by an isolated child (it was checked there).
+    #[serde(skip_deserializing)]
     pub manifest: Option<Manifest>,
 }
 

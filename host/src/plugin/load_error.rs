@@ -12,6 +12,10 @@ use switchyard_plugin_sdk::Status;
 /// found and what to do.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
+    /// What an isolated child process reported of a library it was asked to load (the
+    /// loader's own message there, or how the plugin killed the child).
+    #[error("{message}")]
+    InChild { path: PathBuf, message: String },
     #[error("{}: plugin file not found ({source}). Check the `path:` in the config; relative paths are resolved against the config file's folder", path.display())]
     FileNotFound {
         path: PathBuf,

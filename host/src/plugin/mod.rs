@@ -11,6 +11,7 @@
 //! - [`policy_def`]: policy defs, their validated factories and the builder.
 //! - [`params`], [`partition`], [`request`], [`columns`], [`labels`]: what crosses on each
 //!   call, in host form, and the ABI views made from it.
+//! - [`shared_call`]: one call of an isolated plugin, laid out in shared memory.
 //! - [`error_buffer`]: the buffer plugins write messages into, `CallError`, and the panic
 //!   guard of every host callback.
 //!
@@ -34,6 +35,7 @@ pub mod partition;
 pub mod policy_def;
 pub mod registrar;
 pub mod request;
+pub mod shared_call;
 
 pub use abi_checks::{PluginInfo, RevisionRule, HOST_ABI_MINOR};
 pub use columns::{builtin_filter, builtin_pick, builtin_score, Columns};

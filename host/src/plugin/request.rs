@@ -109,3 +109,13 @@ pub struct AbiRequest<'a> {
     pub(super) raw: switchyard_request,
     borrows: PhantomData<&'a RequestContext>,
 }
+
+impl AbiRequest<'_> {
+    /// A request whose pointers (the session) the caller keeps valid while it is used.
+    pub(super) fn from_raw(raw: switchyard_request) -> Self {
+        AbiRequest {
+            raw,
+            borrows: PhantomData,
+        }
+    }
+}

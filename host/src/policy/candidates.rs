@@ -1,6 +1,7 @@
 //! The candidates of one request: index-aligned columns (the ABI's structure of arrays),
 //! filled in one pass from the router's rows and compacted in place by filters.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use switchyard_plugin_sdk::{CandidateCache, CandidateLoad, WorkerId, WorkerInputs};
@@ -23,6 +24,15 @@ pub struct Candidates {
     active_requests: Vec<u32>,
     preferred_taint_multiplier: Vec<f64>,
     labels: Vec<Arc<Labels>>,
+    /// Changes whenever the contents do (see `Columns::version`).
+    version: u64,
+}
+
+/// Versions unique in the process: a policy may see the buffers of several threads.
+static NEXT_VERSION: AtomicU64 = AtomicU64::new(1);
+
+fn next_version() -> u64 {
+    NEXT_VERSION.fetch_add(1, Ordering::Relaxed)
 }
 
 /// Everything known about one candidate but its labels (`Candidates::fill_labels`);
@@ -68,6 +78,7 @@ impl Candidates {
         let rows = rows.into_iter();
         let n = rows.len();
         self.groups = groups;
+        self.version = next_version();
         // Set by `fill_labels`, if the group is wanted.
         self.labels.clear();
         let cache = groups.contains(WorkerInputs::CACHE);
@@ -140,6 +151,7 @@ impl Candidates {
     /// group (otherwise does nothing); rows past the given labels have none. Kept apart
     /// from `fill`: labels are reference-counted, and rows stay plain copies.
     pub fn fill_labels(&mut self, labels: impl IntoIterator<Item = Arc<Labels>>) {
+        self.version = next_version();
         self.labels.clear();
         if !self.groups.contains(WorkerInputs::LABELS) {
             return;
@@ -183,6 +195,7 @@ impl Candidates {
                 values.clear();
             }
         }
+        self.version = next_version();
         self.groups = WorkerInputs::from_bits(self.groups.bits() & still_needed.bits());
         let cache = self.groups.contains(WorkerInputs::CACHE);
         let load = self.groups.contains(WorkerInputs::LOAD);
@@ -210,6 +223,7 @@ impl Candidates {
     pub fn columns<'a>(&'a self, costs: Option<&'a [f64]>) -> Columns<'a> {
         Columns {
             inputs: self.groups,
+            version: self.version,
             worker_id: &self.worker_id,
             dp_rank: &self.dp_rank,
             device_overlap_blocks: &self.device_overlap_blocks,

@@ -15,6 +15,7 @@ use switchyard_plugin_sdk::{
 use super::candidates::{CandidateRow, Candidates};
 use super::error::BuildError;
 use super::histogram::LatencyHistogram;
+use crate::isolation::{share_channels, RemoteInstance};
 use crate::plugin::{
     builtin_filter, builtin_pick, builtin_score, AbiRequest, CallError, Columns, ComponentInstance,
     ComponentKind, ErrorBuffer, Labels, Lifecycle, Outcome, RequestContext,
@@ -27,6 +28,8 @@ pub enum StageImpl {
     Scorer(Box<dyn WorkerScorer>),
     Picker(Box<dyn WorkerPicker>),
     Plugin(ComponentInstance),
+    /// A plugin instance in an isolated process, called through shared memory.
+    Isolated(RemoteInstance),
 }
 
 /// Per-stage counters. Only the thread running the stage writes them (its selector's
@@ -94,6 +97,9 @@ impl Stage {
                     .map_err(builtin_failure)
             }
             StageImpl::Plugin(p) => p.filter(request, columns, keep, error),
+            StageImpl::Isolated(p) if p.kind() == ComponentKind::Filter => {
+                p.filter(request, columns, keep)
+            }
             _ => Err(wrong_kind(ComponentKind::Filter)),
         }
     }
@@ -112,6 +118,9 @@ impl Stage {
                     .map_err(builtin_failure)
             }
             StageImpl::Plugin(p) => p.score(request, columns, costs, error),
+            StageImpl::Isolated(p) if p.kind() == ComponentKind::Scorer => {
+                p.score(request, columns, costs)
+            }
             _ => Err(wrong_kind(ComponentKind::Scorer)),
         }
     }
@@ -128,13 +137,18 @@ impl Stage {
                 builtin_pick(picker.as_mut(), request, columns, inputs).map_err(builtin_failure)
             }
             StageImpl::Plugin(p) => p.pick(request, columns, error),
+            StageImpl::Isolated(p) if p.kind() == ComponentKind::Picker => p.pick(request, columns),
             _ => Err(wrong_kind(ComponentKind::Picker)),
         }
     }
 
     /// Whether this stage wants lifecycle notifications (plugin components that set them).
     pub fn notified(&self) -> bool {
-        matches!(&self.imp, StageImpl::Plugin(instance) if instance.notified())
+        match &self.imp {
+            StageImpl::Plugin(instance) => instance.notified(),
+            StageImpl::Isolated(instance) => instance.notified(),
+            _ => false,
+        }
     }
 
     /// Delivers one lifecycle notification if the component asked for it; a failure is
@@ -146,25 +160,26 @@ impl Stage {
         outcome: &Outcome,
         error: &mut ErrorBuffer,
     ) -> Result<(), CallError> {
-        let StageImpl::Plugin(instance) = &mut self.imp else {
-            return Ok(());
-        };
-        if !instance.notified() {
+        if !self.notified() {
             return Ok(());
         }
-        instance
-            .notify(event, request, outcome, error)
-            .inspect_err(|failure| {
-                StageStats::add(&self.stats.errors, 1);
-                if matches!(failure.status, Status::Panic | Status::Poisoned) {
-                    self.stats.poisoned.store(true, Ordering::Relaxed);
-                }
-            })
+        let result = match &mut self.imp {
+            StageImpl::Plugin(instance) => instance.notify(event, request, outcome, error),
+            StageImpl::Isolated(instance) => instance.notify(event, request, outcome),
+            _ => Ok(()),
+        };
+        result.inspect_err(|failure| {
+            StageStats::add(&self.stats.errors, 1);
+            if matches!(failure.status, Status::Panic | Status::Poisoned) {
+                self.stats.poisoned.store(true, Ordering::Relaxed);
+            }
+        })
     }
 
     fn kind_matches(&self) -> bool {
         match &self.imp {
             StageImpl::Plugin(instance) => instance.kind() == self.kind,
+            StageImpl::Isolated(instance) => instance.kind() == self.kind,
             _ => matches!(
                 (&self.imp, self.kind),
                 (StageImpl::Filter(_), ComponentKind::Filter)
@@ -332,7 +347,17 @@ impl Policy {
                 found: pickers.len(),
             });
         }
-        let picker = pickers.remove(0);
+        let mut picker = pickers.remove(0);
+        share_channels(
+            filters
+                .iter_mut()
+                .chain(scorers.iter_mut().map(|(s, _)| s))
+                .chain(std::iter::once(&mut picker))
+                .filter_map(|stage| match &mut stage.imp {
+                    StageImpl::Isolated(instance) => Some(instance),
+                    _ => None,
+                }),
+        );
         let inputs = filters
             .iter()
             .chain(scorers.iter().map(|(s, _)| s))

@@ -10,6 +10,8 @@ use switchyard_plugin_sdk::{Params, Partition, PolicyError, PolicyParts, WorkerI
 
 use super::error::{BuildError, Refusal};
 use super::pipeline::{Stage, StageImpl};
+use crate::config::IsolationSettings;
+use crate::isolation::{self, BuiltPart, IsolatedProcess};
 use crate::plugin::{
     self, Built, CallError, ComponentDef, ComponentKind, LoadError, LoadedPlugin, OwnedParams,
     PartitionKey, PluginSpec, PolicyDef, Status,
@@ -23,14 +25,32 @@ type ComponentTable = BTreeMap<String, Arc<ComponentType>>;
 #[derive(Clone, Debug)]
 pub enum Origin {
     Builtin,
-    Plugin { path: PathBuf, plugin: String },
+    Plugin {
+        path: PathBuf,
+        plugin: String,
+        /// The isolated process it runs in (`isolation: process`), if any.
+        process: Option<String>,
+    },
 }
 
 impl fmt::Display for Origin {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Origin::Builtin => f.write_str("the router (built-in)"),
-            Origin::Plugin { path, plugin } => write!(f, "plugin `{plugin}` ({})", path.display()),
+            Origin::Plugin {
+                path,
+                plugin,
+                process: None,
+            } => write!(f, "plugin `{plugin}` ({})", path.display()),
+            Origin::Plugin {
+                path,
+                plugin,
+                process: Some(process),
+            } => write!(
+                f,
+                "plugin `{plugin}` ({}, isolated in process `{process}`)",
+                path.display()
+            ),
         }
     }
 }
@@ -45,6 +65,7 @@ pub type BuildFn = dyn FnMut(&Partition<'_>) -> Result<PolicyParts, PolicyError>
 enum ComponentSource {
     Builtin(BuiltinComponentFn),
     Plugin(ComponentDef),
+    Isolated(Arc<IsolatedProcess>),
 }
 
 /// A registered filter, scorer or picker type.
@@ -75,6 +96,17 @@ impl ComponentType {
                 def.create(params, partition)
                     .map_err(|e| refused(e.into()))?,
             ),
+            ComponentSource::Isolated(process) => StageImpl::Isolated(
+                isolation::create_component(
+                    process,
+                    &self.name,
+                    self.kind,
+                    self.inputs,
+                    params.json(),
+                    partition,
+                )
+                .map_err(|e| refused(e.into()))?,
+            ),
         };
         Ok(Stage::new(
             Arc::from(self.name.as_str()),
@@ -88,6 +120,7 @@ impl ComponentType {
 enum PolicySource {
     Builtin(BuiltinPolicyFn),
     Plugin(Arc<PolicyDef>),
+    Isolated(Arc<IsolatedProcess>),
 }
 
 /// A registered policy type.
@@ -124,6 +157,16 @@ impl PolicyType {
                 factory: def.validate(params).map_err(|e| refused(e.into()))?,
                 components: registry.components.clone(),
             }),
+            PolicySource::Isolated(process) => {
+                isolation::validate_policy(process, &self.name, params.json())
+                    .map_err(|e| refused(e.into()))?;
+                Ok(PolicyFactory::Isolated {
+                    name: self.name.clone(),
+                    process: process.clone(),
+                    params: params.json().to_owned(),
+                    components: registry.components.clone(),
+                })
+            }
         }
     }
 }
@@ -139,6 +182,35 @@ pub enum PolicyFactory {
         factory: plugin::PluginPolicyFactory,
         components: Arc<ComponentTable>,
     },
+    /// A policy type of an isolated library: built in its process for each partition.
+    Isolated {
+        name: String,
+        process: Arc<IsolatedProcess>,
+        params: String,
+        components: Arc<ComponentTable>,
+    },
+}
+
+/// Creates a registered component type for a plugin policy's `callback_add_registered`.
+fn create_registered(
+    components: &ComponentTable,
+    type_name: &str,
+    params: &OwnedParams,
+    partition: &PartitionKey,
+) -> Result<Stage, CallError> {
+    let Some(component) = components.get(type_name) else {
+        let known: Vec<&str> = components.keys().map(String::as_str).collect();
+        return Err(CallError::new(
+            Status::InvalidArgument,
+            format!(
+                "callback_add_registered: no component type `{type_name}`; registered: {}",
+                known.join(", ")
+            ),
+        ));
+    };
+    component
+        .create(params, partition)
+        .map_err(|e| CallError::new(Status::InvalidParameters, e.to_string()))
 }
 
 impl PolicyFactory {
@@ -159,19 +231,7 @@ impl PolicyFactory {
                 components,
             } => {
                 let create = |type_name: &str, params: &OwnedParams| {
-                    let Some(component) = components.get(type_name) else {
-                        let known: Vec<&str> = components.keys().map(String::as_str).collect();
-                        return Err(CallError::new(
-                            Status::InvalidArgument,
-                            format!(
-                                "callback_add_registered: no component type `{type_name}`; registered: {}",
-                                known.join(", ")
-                            ),
-                        ));
-                    };
-                    component
-                        .create(params, partition)
-                        .map_err(|e| CallError::new(Status::InvalidParameters, e.to_string()))
+                    create_registered(components, type_name, params, partition)
                 };
                 let built = factory
                     .build(partition, &create)
@@ -195,6 +255,47 @@ impl PolicyFactory {
                     })
                     .collect())
             }
+            PolicyFactory::Isolated {
+                name,
+                process,
+                params,
+                components,
+            } => {
+                let failed = |e: CallError| BuildError::Build {
+                    policy_type: name.clone(),
+                    refusal: e.into(),
+                };
+                let registered = components.keys().cloned().collect();
+                let parts = isolation::build_policy(process, name, params, partition, registered)
+                    .map_err(failed)?;
+                parts
+                    .into_iter()
+                    .map(|part| match part {
+                        BuiltPart::Own(instance, weight) => Ok((
+                            Stage::new(
+                                Arc::from(instance.name()),
+                                instance.kind(),
+                                instance.inputs(),
+                                StageImpl::Isolated(instance),
+                            ),
+                            weight,
+                        )),
+                        BuiltPart::Registered {
+                            type_name,
+                            params,
+                            weight,
+                        } => {
+                            let params = match serde_json::from_str(&params) {
+                                Ok(serde_json::Value::Object(map)) => OwnedParams::new(map),
+                                _ => OwnedParams::default(),
+                            };
+                            create_registered(components, &type_name, &params, partition)
+                                .map(|stage| (stage, weight))
+                                .map_err(failed)
+                        }
+                    })
+                    .collect()
+            }
         }
     }
 }
@@ -205,6 +306,8 @@ pub struct Registry {
     components: Arc<ComponentTable>,
     policies: BTreeMap<String, Arc<PolicyType>>,
     plugins: Vec<LoadedPlugin>,
+    /// Isolated processes by name (`isolation: process`).
+    processes: BTreeMap<String, Arc<IsolatedProcess>>,
 }
 
 impl Registry {
@@ -270,6 +373,7 @@ impl Registry {
         let origin = Origin::Plugin {
             path: loaded.plugin.path.clone(),
             plugin: loaded.plugin.info.name.clone(),
+            process: None,
         };
         for (name, def) in loaded.registered.components {
             let (kind, inputs) = (def.kind(), def.inputs());
@@ -298,6 +402,79 @@ impl Registry {
         }
         self.plugins.push(loaded.plugin);
         Ok(())
+    }
+
+    /// Loads one plugin library into the isolated process `process` (started on first
+    /// use) and adds its types; their instances live and run in that process.
+    pub fn load_plugin_isolated(
+        &mut self,
+        spec: &PluginSpec,
+        process: &str,
+        settings: &IsolationSettings,
+    ) -> Result<(), LoadError> {
+        let child = match self.processes.get(process) {
+            Some(child) => child.clone(),
+            None => {
+                let child =
+                    IsolatedProcess::start(process, settings).map_err(|e| LoadError::InChild {
+                        path: spec.path.clone(),
+                        message: format!(
+                            "{}: cannot start the isolated process `{process}`: {e}",
+                            spec.path.display()
+                        ),
+                    })?;
+                self.processes.insert(process.to_owned(), child.clone());
+                child
+            }
+        };
+        let taken = self
+            .components
+            .iter()
+            .map(|(name, c)| (name.clone(), c.origin.to_string()))
+            .chain(
+                self.policies
+                    .iter()
+                    .map(|(name, p)| (name.clone(), p.origin.to_string())),
+            )
+            .collect();
+        let library = child.load(spec, taken)?;
+        let origin = Origin::Plugin {
+            path: library.plugin.path.clone(),
+            plugin: library.plugin.info.name.clone(),
+            process: Some(process.to_owned()),
+        };
+        for info in library.components {
+            let kind = match info.kind.as_str() {
+                "filter" => ComponentKind::Filter,
+                "scorer" => ComponentKind::Scorer,
+                _ => ComponentKind::Picker,
+            };
+            let component = ComponentType {
+                name: info.name.clone(),
+                kind,
+                inputs: WorkerInputs::from_bits(info.inputs),
+                origin: origin.clone(),
+                source: ComponentSource::Isolated(child.clone()),
+            };
+            Arc::make_mut(&mut self.components).insert(info.name, Arc::new(component));
+        }
+        for name in library.policies {
+            self.policies.insert(
+                name.clone(),
+                Arc::new(PolicyType {
+                    name,
+                    origin: origin.clone(),
+                    source: PolicySource::Isolated(child.clone()),
+                }),
+            );
+        }
+        self.plugins.push(library.plugin);
+        Ok(())
+    }
+
+    /// The isolated processes (for metrics).
+    pub fn processes(&self) -> impl Iterator<Item = &Arc<IsolatedProcess>> {
+        self.processes.values()
     }
 
     pub fn plugins(&self) -> &[LoadedPlugin] {

@@ -196,7 +196,13 @@ fn load_plugins(source: &ConfigSource, errors: &mut Vec<StartupError>) -> Regist
             sha256: entry.sha256.clone(),
             revision: entry.revision,
         };
-        if let Err(error) = registry.load_plugin(&spec) {
+        let loaded = match entry.isolation.process_group(&spec.path) {
+            Some(process) => {
+                registry.load_plugin_isolated(&spec, &process, &source.config.isolation)
+            }
+            None => registry.load_plugin(&spec),
+        };
+        if let Err(error) = loaded {
             let at = Location {
                 config: source.name.clone(),
                 line: source.line_of("path", &entry.path.to_string_lossy(), 0),

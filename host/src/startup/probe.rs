@@ -10,7 +10,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
-use std::process::{Command, ExitStatus, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
@@ -55,7 +55,8 @@ pub fn probe_all(source: &ConfigSource) -> Vec<ProbeFailure> {
     };
     let mut failures = Vec::new();
     for (index, entry) in source.config.plugins.iter().enumerate() {
-        if !entry.probe {
+        // An isolated plugin needs no probe: it is loaded in its own process anyway.
+        if !entry.probe || entry.isolation.process_group(&entry.path).is_some() {
             continue;
         }
         let input = ProbeInput {
@@ -137,37 +138,12 @@ fn probe_one(exe: &std::path::Path, input: &ProbeInput) -> Option<(String, Strin
         Some(status) if status.success() && finished => None,
         // A plugin the loader refuses is reported by the in-process checks, in detail.
         Some(status) if status.code() == Some(REFUSED) => None,
-        Some(status) => Some((phase, describe(status, finished))),
+        Some(status) => Some((phase, crate::isolation::describe_exit(status, finished))),
     }
 }
 
 /// The child's exit code when the loader refused the plugin (no crash).
 const REFUSED: i32 = 3;
-
-/// How a child process ended, in words (the signal's name when one killed it).
-pub fn describe(status: ExitStatus, finished: bool) -> String {
-    #[cfg(unix)]
-    {
-        use std::os::unix::process::ExitStatusExt;
-        if let Some(signal) = status.signal() {
-            let name = match signal {
-                4 => " (SIGILL)",
-                6 => " (SIGABRT)",
-                7 => " (SIGBUS)",
-                8 => " (SIGFPE)",
-                9 => " (SIGKILL)",
-                11 => " (SIGSEGV)",
-                _ => "",
-            };
-            return format!("was killed by signal {signal}{name}");
-        }
-    }
-    match status.code() {
-        Some(code) if !finished => format!("made the process exit with status {code}"),
-        Some(code) => format!("ended the probe with status {code}"),
-        None => "ended the probe abnormally".to_owned(),
-    }
-}
 
 fn phase(name: &str) {
     println!("phase: {name}");

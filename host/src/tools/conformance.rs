@@ -152,7 +152,7 @@ fn child(input: &ChildInput) -> Result<(Vec<Line>, Option<String>), String> {
     let ended = match status {
         _ if finished => None,
         None => Some(format!("did not finish within {} s", TIME_LIMIT.as_secs())),
-        Some(status) => Some(crate::startup::probe::describe(status, false)),
+        Some(status) => Some(crate::isolation::describe_exit(status, false)),
     };
     Ok((lines, ended))
 }

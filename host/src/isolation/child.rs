@@ -1,0 +1,366 @@
+//! The isolated child: `switchyard __isolated-plugins`, started by the router with the
+//! control connection as fd 3. It loads the libraries the router names, creates and builds
+//! their instances, and runs one thread per call channel that serves component calls from
+//! shared memory. Whatever a plugin does to this process, the router only sees it die.
+
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::control::{ComponentInfo, Connection, Part, Reply, Request};
+use super::region::{post, wait_for, Region};
+use crate::plugin::shared_call::{CallLayout, Op, SharedCall};
+use crate::plugin::{
+    self, Built, CallError, ComponentDef, ComponentInstance, ErrorBuffer, OwnedParams, PluginSpec,
+    PolicyDef, Status,
+};
+
+/// The hidden subcommand's name.
+pub const SUBCOMMAND: &str = "__isolated-plugins";
+/// The fd the control connection is inherited as.
+pub const CONTROL_FD: i32 = 3;
+/// How long a call thread spins for the next call before it sleeps (environment of the
+/// child, set by the router from `isolation.spin_us`).
+pub const SPIN_ENV: &str = "SWITCHYARD_ISOLATION_SPIN_US";
+
+type Instances = Arc<Mutex<HashMap<u32, Arc<Mutex<ComponentInstance>>>>>;
+
+struct Child {
+    components: HashMap<String, ComponentDef>,
+    policies: HashMap<String, Arc<PolicyDef>>,
+    /// Who registered each name (this child's libraries, and the router's).
+    taken: HashMap<String, String>,
+    instances: Instances,
+    next_id: u32,
+    spin: Duration,
+}
+
+/// The child's main: serves the control connection until the router closes it.
+pub fn run() -> i32 {
+    // SAFETY: the router passed the control connection as fd 3 (`Supervisor::spawn`), and
+    // nothing else in this process uses that fd.
+    let control = unsafe { Connection::inherited(CONTROL_FD) };
+    let spin = std::env::var(SPIN_ENV)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(Duration::from_micros(50), Duration::from_micros);
+    let mut child = Child {
+        components: HashMap::new(),
+        policies: HashMap::new(),
+        taken: HashMap::new(),
+        instances: Arc::default(),
+        next_id: 1,
+        spin,
+    };
+    loop {
+        let (request, fd) = match control.receive::<Request>() {
+            Ok(message) => message,
+            // The router closed the connection (or is gone): nothing more to serve.
+            Err(_) => return 0,
+        };
+        let reply = match request {
+            Request::Destroy { ids } => {
+                let mut instances = child.instances.lock().unwrap_or_else(|e| e.into_inner());
+                for id in ids {
+                    instances.remove(&id);
+                }
+                continue;
+            }
+            other => child.handle(other, fd),
+        };
+        if control.send(&reply, None).is_err() {
+            return 0;
+        }
+    }
+}
+
+fn failed(e: &CallError) -> Reply {
+    Reply::Failed {
+        status: e.status.code(),
+        message: e.message.clone(),
+    }
+}
+
+impl Child {
+    fn handle(&mut self, request: Request, fd: Option<OwnedFd>) -> Reply {
+        match request {
+            Request::Load {
+                path,
+                sha256,
+                revision,
+                taken,
+            } => self.load(
+                PluginSpec {
+                    path,
+                    sha256,
+                    revision,
+                },
+                taken,
+            ),
+            Request::Create {
+                type_name,
+                params,
+                partition,
+            } => {
+                let Some(def) = self.components.get(&type_name) else {
+                    return failed(&unknown(&type_name));
+                };
+                let params = match parse_params(&params) {
+                    Ok(p) => p,
+                    Err(e) => return failed(&e),
+                };
+                match def.create(&params, &partition.key()) {
+                    Ok(instance) => {
+                        let notified = instance.notified();
+                        Reply::Created {
+                            id: self.keep(instance),
+                            notified,
+                        }
+                    }
+                    Err(e) => failed(&e),
+                }
+            }
+            Request::Validate { type_name, params } => match self.factory(&type_name, &params) {
+                Ok(_) => Reply::Ok,
+                Err(e) => failed(&e),
+            },
+            Request::Build {
+                type_name,
+                params,
+                partition,
+                registered,
+            } => self.build(&type_name, &params, &partition.key(), &registered),
+            Request::OpenChannel { rows, label_bytes } => {
+                let Some(fd) = fd else {
+                    return failed(&CallError::new(Status::InvalidArgument, "no region"));
+                };
+                match Region::map(fd) {
+                    Ok(region) if region.len() >= CallLayout::new(rows, label_bytes).size() => {
+                        let layout = CallLayout::new(rows, label_bytes);
+                        let instances = self.instances.clone();
+                        let spin = self.spin;
+                        let spawned = std::thread::Builder::new()
+                            .name("isolated-calls".into())
+                            .spawn(move || serve_channel(region, layout, instances, spin));
+                        match spawned {
+                            Ok(_) => Reply::Ok,
+                            Err(e) => failed(&CallError::new(Status::Error, e.to_string())),
+                        }
+                    }
+                    Ok(_) => failed(&CallError::new(
+                        Status::InvalidArgument,
+                        "the region is smaller than its layout",
+                    )),
+                    Err(e) => failed(&CallError::new(Status::Error, e.to_string())),
+                }
+            }
+            Request::Destroy { .. } => Reply::Ok,
+        }
+    }
+
+    fn load(&mut self, spec: PluginSpec, taken: Vec<(String, String)>) -> Reply {
+        self.taken.extend(taken);
+        let taken = self.taken.clone();
+        let taken_by = |name: &str| taken.get(name).cloned();
+        let loaded = match plugin::load(&spec, &taken_by) {
+            Ok(loaded) => loaded,
+            Err(e) => {
+                return Reply::Refused {
+                    message: e.to_string(),
+                }
+            }
+        };
+        let origin = format!(
+            "plugin `{}` ({})",
+            loaded.plugin.info.name,
+            loaded.plugin.path.display()
+        );
+        let mut components = Vec::new();
+        for (name, def) in loaded.registered.components {
+            components.push(ComponentInfo {
+                name: name.clone(),
+                kind: def.kind().as_str().to_owned(),
+                inputs: def.inputs().bits(),
+            });
+            self.taken.insert(name.clone(), origin.clone());
+            self.components.insert(name, def);
+        }
+        let mut policies = Vec::new();
+        for (name, def) in loaded.registered.policies {
+            policies.push(name.clone());
+            self.taken.insert(name.clone(), origin.clone());
+            self.policies.insert(name, def);
+        }
+        Reply::Loaded {
+            plugin: loaded.plugin,
+            components,
+            policies,
+        }
+    }
+
+    fn keep(&mut self, instance: ComponentInstance) -> u32 {
+        let id = self.next_id;
+        self.next_id = self.next_id.wrapping_add(1).max(1);
+        self.instances
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id, Arc::new(Mutex::new(instance)));
+        id
+    }
+
+    fn factory(
+        &self,
+        type_name: &str,
+        params: &str,
+    ) -> Result<plugin::PluginPolicyFactory, CallError> {
+        let def = self
+            .policies
+            .get(type_name)
+            .ok_or_else(|| unknown(type_name))?;
+        let params = parse_params(params)?;
+        def.validate(&params)
+    }
+
+    fn build(
+        &mut self,
+        type_name: &str,
+        params: &str,
+        partition: &plugin::PartitionKey,
+        registered: &[String],
+    ) -> Reply {
+        let factory = match self.factory(type_name, params) {
+            Ok(f) => f,
+            Err(e) => return failed(&e),
+        };
+        // A registered type of this child's own libraries is created here; any other the
+        // router creates (it may be a built-in, or live in another process).
+        enum Registered {
+            Own(ComponentInstance, String),
+            Router(String, String),
+        }
+        let components = &self.components;
+        let create = |name: &str, params: &OwnedParams| -> Result<Registered, CallError> {
+            if let Some(def) = components.get(name) {
+                return def
+                    .create(params, partition)
+                    .map(|i| Registered::Own(i, name.to_owned()));
+            }
+            if registered.iter().any(|r| r == name) {
+                return Ok(Registered::Router(
+                    name.to_owned(),
+                    params.json().to_owned(),
+                ));
+            }
+            Err(CallError::new(
+                Status::InvalidArgument,
+                format!(
+                    "callback_add_registered: no component type `{name}`; registered: {}",
+                    registered.join(", ")
+                ),
+            ))
+        };
+        let built = match factory.build(partition, &create) {
+            Ok(built) => built,
+            Err(e) => return failed(&e),
+        };
+        let mut parts = Vec::new();
+        for item in built {
+            parts.push(match item {
+                Built::Plugin(c) => {
+                    let notified = c.instance.notified();
+                    Part::Own {
+                        id: self.keep(c.instance),
+                        name: c.name,
+                        kind: c.kind.as_str().to_owned(),
+                        inputs: c.inputs.bits(),
+                        weight: c.weight,
+                        notified,
+                    }
+                }
+                Built::Registered {
+                    component: Registered::Own(instance, name),
+                    weight,
+                } => {
+                    let def = &self.components[&name];
+                    let (kind, inputs) = (def.kind(), def.inputs());
+                    let notified = instance.notified();
+                    Part::Own {
+                        id: self.keep(instance),
+                        name,
+                        kind: kind.as_str().to_owned(),
+                        inputs: inputs.bits(),
+                        weight,
+                        notified,
+                    }
+                }
+                Built::Registered {
+                    component: Registered::Router(type_name, params),
+                    weight,
+                } => Part::Registered {
+                    type_name,
+                    params,
+                    weight,
+                },
+            });
+        }
+        Reply::Built { parts }
+    }
+}
+
+fn unknown(type_name: &str) -> CallError {
+    CallError::new(
+        Status::InvalidArgument,
+        format!("no type `{type_name}` in this isolated process"),
+    )
+}
+
+fn parse_params(json: &str) -> Result<OwnedParams, CallError> {
+    match serde_json::from_str::<serde_json::Value>(json) {
+        Ok(serde_json::Value::Object(map)) => Ok(OwnedParams::new(map)),
+        _ => Err(CallError::new(
+            Status::InvalidParameters,
+            "parameters are not a JSON object",
+        )),
+    }
+}
+
+/// One call channel: waits for a call, runs it, posts the answer; until `Close`.
+fn serve_channel(region: Region, layout: CallLayout, instances: Instances, spin: Duration) {
+    // SAFETY: the region is mapped for this thread's whole life and laid out by `layout`
+    // (its size was checked against it).
+    let mut call = unsafe { SharedCall::new(region.base(), layout) };
+    let mut error = ErrorBuffer::new();
+    let mut last = call
+        .sync()
+        .call_seq
+        .load(std::sync::atomic::Ordering::Acquire);
+    loop {
+        let sync = call.sync();
+        let Some(seq) = wait_for(&sync.call_seq, &sync.child_waiting, last, spin, None) else {
+            continue;
+        };
+        last = seq;
+        let (op, id) = call.posted();
+        if op == Some(Op::Close) {
+            return;
+        }
+        let instance = instances
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&id)
+            .cloned();
+        match instance {
+            Some(instance) => {
+                let mut instance = instance.lock().unwrap_or_else(|e| e.into_inner());
+                call.run(&mut instance, &mut error);
+            }
+            None => call.answer_error(&CallError::new(
+                Status::InvalidArgument,
+                format!("no instance {id} in the isolated process"),
+            )),
+        }
+        let sync = call.sync();
+        post(&sync.done_seq, &sync.parent_waiting, seq);
+    }
+}

@@ -1,0 +1,689 @@
+//! Isolated instances as the pipeline sees them: a [`RemoteInstance`] per stage, calling
+//! through a shared-memory [`Channel`] into its process. The stages of one policy that
+//! live in the same process share one channel (they are called by one thread at a time),
+//! so a request's columns are copied into it once, and one call thread serves them all.
+//!
+//! Instances are rebuilt in every new incarnation of their process from their
+//! [`BuildUnit`]'s recipe (a component type, or a policy type for a partition).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+use switchyard_plugin_sdk::WorkerInputs;
+
+use super::control::{Part, Partition, Reply, Request};
+use super::region::{post, wait_for, Region};
+use super::supervisor::IsolatedProcess;
+use crate::plugin::shared_call::{CallLayout, Op, SharedCall, BROKEN};
+use crate::plugin::{
+    AbiRequest, CallError, Columns, ComponentKind, Lifecycle, Outcome, PartitionKey, Status,
+};
+
+/// Bytes of labels one call may carry.
+const LABEL_BYTES: usize = 4 << 20;
+
+/// An instance id in one incarnation: `incarnation << 32 | id`, 0 when not built there.
+#[derive(Default)]
+pub struct InstanceSlot(AtomicU64);
+
+impl InstanceSlot {
+    fn set(&self, incarnation: u32, id: u32) {
+        self.0.store(
+            u64::from(incarnation) << 32 | u64::from(id),
+            Ordering::SeqCst,
+        );
+    }
+
+    fn id_in(&self, incarnation: u32) -> Option<u32> {
+        let v = self.0.load(Ordering::SeqCst);
+        ((v >> 32) as u32 == incarnation && v != 0).then_some(v as u32)
+    }
+}
+
+/// How a set of instances is made, so that a new incarnation can make them again.
+pub enum Recipe {
+    Component {
+        type_name: String,
+        params: String,
+        partition: PartitionKey,
+    },
+    Policy {
+        type_name: String,
+        params: String,
+        partition: PartitionKey,
+        /// Every component type the router has (for `add_registered`).
+        registered: Vec<String>,
+    },
+}
+
+/// The instances one recipe made in the process (destroyed there when dropped).
+pub struct BuildUnit {
+    process: Arc<IsolatedProcess>,
+    recipe: Recipe,
+    /// One per component the recipe makes in the process, in order.
+    slots: Vec<Arc<InstanceSlot>>,
+}
+
+/// A component a policy build made, as the pipeline needs it.
+pub enum BuiltPart {
+    Own(RemoteInstance, f64),
+    /// A registered type the router must create (a built-in, or another process's).
+    Registered {
+        type_name: String,
+        params: String,
+        weight: f64,
+    },
+}
+
+fn refused(reply: Reply) -> CallError {
+    match reply {
+        Reply::Failed { status, message } => CallError::new(Status::from_code(status), message),
+        other => CallError::new(Status::Error, format!("unexpected answer {other:?}")),
+    }
+}
+
+impl BuildUnit {
+    /// Runs the recipe in the current incarnation; the answer's parts.
+    fn run(&self) -> Result<(u32, Vec<Part>), CallError> {
+        let incarnation = self.process.incarnation();
+        let reply = match &self.recipe {
+            Recipe::Component {
+                type_name,
+                params,
+                partition,
+            } => self.process.request(
+                &Request::Create {
+                    type_name: type_name.clone(),
+                    params: params.clone(),
+                    partition: Partition::of(partition),
+                },
+                None,
+            )?,
+            Recipe::Policy {
+                type_name,
+                params,
+                partition,
+                registered,
+            } => self.process.request(
+                &Request::Build {
+                    type_name: type_name.clone(),
+                    params: params.clone(),
+                    partition: Partition::of(partition),
+                    registered: registered.clone(),
+                },
+                None,
+            )?,
+        };
+        match reply {
+            Reply::Created { id, notified } => Ok((
+                incarnation,
+                vec![Part::Own {
+                    id,
+                    name: String::new(),
+                    kind: String::new(),
+                    inputs: 0,
+                    weight: 0.0,
+                    notified,
+                }],
+            )),
+            Reply::Built { parts } => Ok((incarnation, parts)),
+            other => Err(refused(other)),
+        }
+    }
+
+    /// Builds the instances again in a new incarnation (same shape, or an error).
+    pub(super) fn rebuild(&self) -> Result<(), String> {
+        let (incarnation, parts) = self.run().map_err(|e| e.to_string())?;
+        let ids: Vec<u32> = parts
+            .iter()
+            .filter_map(|p| match p {
+                Part::Own { id, .. } => Some(*id),
+                Part::Registered { .. } => None,
+            })
+            .collect();
+        if ids.len() != self.slots.len() {
+            let message = format!(
+                "the rebuilt policy has {} components of its own, not {}",
+                ids.len(),
+                self.slots.len()
+            );
+            self.process.tell(&Request::Destroy { ids });
+            return Err(message);
+        }
+        for (slot, id) in self.slots.iter().zip(ids) {
+            slot.set(incarnation, id);
+        }
+        Ok(())
+    }
+}
+
+impl Drop for BuildUnit {
+    fn drop(&mut self) {
+        let incarnation = self.process.incarnation();
+        let ids: Vec<u32> = self
+            .slots
+            .iter()
+            .filter_map(|s| s.id_in(incarnation))
+            .collect();
+        if !ids.is_empty() && self.process.is_up() {
+            self.process.tell(&Request::Destroy { ids });
+        }
+    }
+}
+
+/// Creates an instance of an isolated component type.
+pub fn create_component(
+    process: &Arc<IsolatedProcess>,
+    name: &str,
+    kind: ComponentKind,
+    inputs: WorkerInputs,
+    params: &str,
+    partition: &PartitionKey,
+) -> Result<RemoteInstance, CallError> {
+    let slot = Arc::new(InstanceSlot::default());
+    let mut unit = BuildUnit {
+        process: process.clone(),
+        recipe: Recipe::Component {
+            type_name: name.to_owned(),
+            params: params.to_owned(),
+            partition: partition.clone(),
+        },
+        slots: vec![slot.clone()],
+    };
+    let (incarnation, parts) = unit.run()?;
+    let Some(Part::Own { id, notified, .. }) = parts.into_iter().next() else {
+        unit.slots.clear();
+        return Err(CallError::new(Status::Error, "no instance was created"));
+    };
+    slot.set(incarnation, id);
+    let unit = Arc::new(unit);
+    process.add_unit(&unit);
+    Ok(RemoteInstance {
+        unit,
+        slot,
+        name: Arc::from(name),
+        kind,
+        inputs,
+        notified,
+        channel: None,
+    })
+}
+
+/// Validates parameters for an isolated policy type (in its process).
+pub fn validate_policy(
+    process: &Arc<IsolatedProcess>,
+    type_name: &str,
+    params: &str,
+) -> Result<(), CallError> {
+    let request = Request::Validate {
+        type_name: type_name.to_owned(),
+        params: params.to_owned(),
+    };
+    match process.request(&request, None)? {
+        Reply::Ok => Ok(()),
+        other => Err(refused(other)),
+    }
+}
+
+/// Builds an isolated policy type for `partition`: its parts in pipeline order.
+pub fn build_policy(
+    process: &Arc<IsolatedProcess>,
+    type_name: &str,
+    params: &str,
+    partition: &PartitionKey,
+    registered: Vec<String>,
+) -> Result<Vec<BuiltPart>, CallError> {
+    let mut unit = BuildUnit {
+        process: process.clone(),
+        recipe: Recipe::Policy {
+            type_name: type_name.to_owned(),
+            params: params.to_owned(),
+            partition: partition.clone(),
+            registered,
+        },
+        slots: Vec::new(),
+    };
+    let (incarnation, parts) = unit.run()?;
+    // Slots first (the unit must hold them all before its instances share it).
+    enum Pending {
+        Own(Arc<InstanceSlot>, String, ComponentKind, u32, f64, bool),
+        Registered(String, String, f64),
+    }
+    let pending: Vec<Pending> = parts
+        .into_iter()
+        .map(|part| match part {
+            Part::Own {
+                id,
+                name,
+                kind,
+                inputs,
+                weight,
+                notified,
+            } => {
+                let slot = Arc::new(InstanceSlot::default());
+                slot.set(incarnation, id);
+                unit.slots.push(slot.clone());
+                let kind = match kind.as_str() {
+                    "filter" => ComponentKind::Filter,
+                    "scorer" => ComponentKind::Scorer,
+                    _ => ComponentKind::Picker,
+                };
+                Pending::Own(slot, name, kind, inputs, weight, notified)
+            }
+            Part::Registered {
+                type_name,
+                params,
+                weight,
+            } => Pending::Registered(type_name, params, weight),
+        })
+        .collect();
+    let unit = Arc::new(unit);
+    process.add_unit(&unit);
+    Ok(pending
+        .into_iter()
+        .map(|p| match p {
+            Pending::Own(slot, name, kind, inputs, weight, notified) => BuiltPart::Own(
+                RemoteInstance {
+                    unit: unit.clone(),
+                    slot,
+                    name: Arc::from(name.as_str()),
+                    kind,
+                    inputs: WorkerInputs::from_bits(inputs),
+                    notified,
+                    channel: None,
+                },
+                weight,
+            ),
+            Pending::Registered(type_name, params, weight) => BuiltPart::Registered {
+                type_name,
+                params,
+                weight,
+            },
+        })
+        .collect())
+}
+
+/// A component instance living in an isolated process.
+pub struct RemoteInstance {
+    unit: Arc<BuildUnit>,
+    slot: Arc<InstanceSlot>,
+    name: Arc<str>,
+    kind: ComponentKind,
+    inputs: WorkerInputs,
+    notified: bool,
+    channel: Option<Arc<Channel>>,
+}
+
+/// What a call hands back.
+enum Answer<'a> {
+    Keep(&'a mut [u8]),
+    Costs(&'a mut [f64]),
+    Row(&'a mut usize),
+    Nothing,
+}
+
+impl RemoteInstance {
+    pub fn kind(&self) -> ComponentKind {
+        self.kind
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn inputs(&self) -> WorkerInputs {
+        self.inputs
+    }
+
+    pub fn notified(&self) -> bool {
+        self.notified
+    }
+
+    pub fn process(&self) -> &Arc<IsolatedProcess> {
+        &self.unit.process
+    }
+
+    /// Calls through `channel` from now on (shared with the policy's other stages there).
+    pub fn attach(&mut self, channel: Arc<Channel>) {
+        self.channel = Some(channel);
+    }
+
+    fn channel(&mut self) -> Arc<Channel> {
+        self.channel
+            .get_or_insert_with(|| Channel::new(&self.unit.process))
+            .clone()
+    }
+
+    pub fn filter(
+        &mut self,
+        request: &AbiRequest<'_>,
+        columns: &Columns<'_>,
+        keep: &mut [u8],
+    ) -> Result<(), CallError> {
+        keep.fill(1);
+        let channel = self.channel();
+        channel.call(
+            self,
+            Op::Filter,
+            Some(request),
+            Some(columns),
+            None,
+            Answer::Keep(keep),
+        )
+    }
+
+    pub fn score(
+        &mut self,
+        request: &AbiRequest<'_>,
+        columns: &Columns<'_>,
+        costs: &mut [f64],
+    ) -> Result<(), CallError> {
+        let channel = self.channel();
+        channel.call(
+            self,
+            Op::Score,
+            Some(request),
+            Some(columns),
+            None,
+            Answer::Costs(costs),
+        )
+    }
+
+    pub fn pick(
+        &mut self,
+        request: &AbiRequest<'_>,
+        columns: &Columns<'_>,
+    ) -> Result<usize, CallError> {
+        let channel = self.channel();
+        let mut row = usize::MAX;
+        channel.call(
+            self,
+            Op::Pick,
+            Some(request),
+            Some(columns),
+            None,
+            Answer::Row(&mut row),
+        )?;
+        if row == usize::MAX {
+            return Err(CallError::new(
+                Status::OutOfRange,
+                "the picker returned OK without writing a row to *out_row",
+            ));
+        }
+        Ok(row)
+    }
+
+    pub fn notify(
+        &mut self,
+        event: Lifecycle,
+        request: Option<&AbiRequest<'_>>,
+        outcome: &Outcome,
+    ) -> Result<(), CallError> {
+        if !self.notified {
+            return Ok(());
+        }
+        let channel = self.channel();
+        channel.call(
+            self,
+            Op::Notify,
+            request,
+            None,
+            Some((event, outcome)),
+            Answer::Nothing,
+        )
+    }
+}
+
+/// Gives the isolated stages of one policy one channel per process.
+pub fn share_channels<'a>(instances: impl Iterator<Item = &'a mut RemoteInstance>) {
+    let mut channels: Vec<Arc<Channel>> = Vec::new();
+    for instance in instances {
+        let process = instance.unit.process.clone();
+        let channel = match channels.iter().find(|c| Arc::ptr_eq(&c.process, &process)) {
+            Some(channel) => channel.clone(),
+            None => {
+                let channel = Channel::new(&process);
+                channels.push(channel.clone());
+                channel
+            }
+        };
+        instance.attach(channel);
+    }
+}
+
+/// A shared-memory call channel into a process, and the call thread serving it there.
+pub struct Channel {
+    process: Arc<IsolatedProcess>,
+    call: Mutex<Link>,
+    /// The region in use, for the supervisor to break when the process dies.
+    live: Mutex<Option<Arc<Region>>>,
+    /// The call in flight (`on_score of `x``), for death reports.
+    phase: Mutex<Option<(Arc<str>, &'static str)>>,
+    stuck_since: Mutex<Option<(Instant, Arc<str>)>>,
+}
+
+struct Link {
+    incarnation: u32,
+    region: Option<Arc<Region>>,
+    call: Option<SharedCall>,
+    seq: u32,
+}
+
+impl Channel {
+    fn new(process: &Arc<IsolatedProcess>) -> Arc<Channel> {
+        let channel = Arc::new(Channel {
+            process: process.clone(),
+            call: Mutex::new(Link {
+                incarnation: 0,
+                region: None,
+                call: None,
+                seq: 0,
+            }),
+            live: Mutex::new(None),
+            phase: Mutex::new(None),
+            stuck_since: Mutex::new(None),
+        });
+        process.add_channel(&channel);
+        channel
+    }
+
+    /// Opens a region in the current incarnation (a call thread starts there).
+    fn open(&self, link: &mut Link) -> Result<(), CallError> {
+        let incarnation = self.process.incarnation();
+        let layout = CallLayout::new(self.process.settings.max_candidates, LABEL_BYTES);
+        let region = Region::create("switchyard-isolation", layout.size())
+            .map_err(|e| CallError::new(Status::Error, format!("shared memory: {e}")))?;
+        let reply = self.process.request(
+            &Request::OpenChannel {
+                rows: layout.rows(),
+                label_bytes: LABEL_BYTES,
+            },
+            Some(region.fd()),
+        )?;
+        if !matches!(reply, Reply::Ok) {
+            return Err(refused(reply));
+        }
+        let region = Arc::new(region);
+        // SAFETY: the region is mapped, page-aligned, `layout.size()` bytes, and lives
+        // in `link.region` as long as the call does.
+        link.call = Some(unsafe { SharedCall::new(region.base(), layout) });
+        link.region = Some(region.clone());
+        link.seq = 0;
+        link.incarnation = incarnation;
+        *self.live.lock() = Some(region);
+        *self.stuck_since.lock() = None;
+        Ok(())
+    }
+
+    /// After a restart: a fresh region in the new incarnation.
+    pub(super) fn reopen(&self) {
+        let mut link = self.call.lock();
+        if let Err(e) = self.open(&mut link) {
+            tracing::error!(process = %self.process.name, error = %e, "reopening an isolation channel failed; it is retried at its next call");
+        }
+    }
+
+    /// The process died: a caller waiting on this channel returns now.
+    pub(super) fn break_off(&self) {
+        if let Some(region) = self.live.lock().take() {
+            // SAFETY: the region is mapped and laid out by a `CallLayout` (`open`).
+            let call = unsafe {
+                SharedCall::new(
+                    region.base(),
+                    CallLayout::new(self.process.settings.max_candidates, LABEL_BYTES),
+                )
+            };
+            let sync = call.sync();
+            post(&sync.done_seq, &sync.parent_waiting, BROKEN);
+            super::region::futex_wake(&sync.done_seq);
+        }
+    }
+
+    pub(super) fn phase(&self) -> Option<String> {
+        self.phase
+            .lock()
+            .as_ref()
+            .map(|(name, callback)| format!("running {callback} of `{name}`"))
+    }
+
+    /// The component of a call stuck longer than `limit` past its deadline, if any.
+    pub(super) fn stuck_longer_than(&self, limit: Duration) -> Option<String> {
+        self.stuck_since
+            .lock()
+            .as_ref()
+            .filter(|(since, _)| since.elapsed() > limit)
+            .map(|(_, name)| format!("`{name}`"))
+    }
+
+    fn call(
+        &self,
+        instance: &RemoteInstance,
+        op: Op,
+        request: Option<&AbiRequest<'_>>,
+        columns: Option<&Columns<'_>>,
+        notification: Option<(Lifecycle, &Outcome)>,
+        answer: Answer<'_>,
+    ) -> Result<(), CallError> {
+        let process = &self.process;
+        let mut link = self.call.lock();
+        if !process.is_up() {
+            return Err(process.down_error());
+        }
+        let incarnation = process.incarnation();
+        if link.incarnation != incarnation || link.call.is_none() {
+            self.open(&mut link)?;
+        }
+        let Some(id) = instance.slot.id_in(incarnation) else {
+            process.refused_calls.fetch_add(1, Ordering::Relaxed);
+            return Err(CallError::new(
+                Status::Error,
+                format!(
+                    "`{}` is not built in the isolated process `{}` since its restart",
+                    instance.name, process.name
+                ),
+            ));
+        };
+        let previous = link.seq;
+        let Link {
+            call, seq: posted, ..
+        } = &mut *link;
+        let Some(call) = call.as_mut() else {
+            return Err(process.down_error());
+        };
+        match call.sync().done_seq.load(Ordering::Acquire) {
+            done if done == previous => {
+                *self.stuck_since.lock() = None;
+            }
+            BROKEN => return Err(process.down_error()),
+            _ => {
+                process.refused_calls.fetch_add(1, Ordering::Relaxed);
+                return Err(CallError::new(
+                    Status::Error,
+                    format!(
+                        "the isolated process `{}` is still running a call that missed its deadline",
+                        process.name
+                    ),
+                ));
+            }
+        }
+        call.write_call(op, id, request, columns, instance.inputs, notification)?;
+        let seq = match previous.wrapping_add(1) {
+            BROKEN => 1,
+            s => s,
+        };
+        let callback = match op {
+            Op::Filter => "on_filter",
+            Op::Score => "on_score",
+            Op::Pick => "on_pick",
+            _ => "a lifecycle notification",
+        };
+        *self.phase.lock() = Some((instance.name.clone(), callback));
+        process.calls.fetch_add(1, Ordering::Relaxed);
+        let settings = &process.settings;
+        let deadline = Instant::now() + Duration::from_secs_f64(settings.call_deadline_ms / 1e3);
+        let sync = call.sync();
+        post(&sync.call_seq, &sync.child_waiting, seq);
+        *posted = seq;
+        let done = wait_for(
+            &sync.done_seq,
+            &sync.parent_waiting,
+            previous,
+            Duration::from_micros(settings.spin_us),
+            Some(deadline),
+        );
+        *self.phase.lock() = None;
+        match done {
+            Some(d) if d == seq => {}
+            Some(BROKEN) => return Err(process.down_error()),
+            None => {
+                process.deadline_misses.fetch_add(1, Ordering::Relaxed);
+                *self.stuck_since.lock() = Some((Instant::now(), instance.name.clone()));
+                return Err(CallError::new(
+                    Status::Error,
+                    format!(
+                        "{callback} of `{}` in the isolated process `{}` missed its deadline of {} ms (isolation.call_deadline_ms); if it does not return within {} ms the process is killed and restarted",
+                        instance.name, process.name, settings.call_deadline_ms, settings.kill_after_ms
+                    ),
+                ));
+            }
+            Some(other) => {
+                return Err(CallError::new(
+                    Status::Error,
+                    format!(
+                        "the isolated process `{}` answered call {other}, not {seq}",
+                        process.name
+                    ),
+                ))
+            }
+        }
+        call.read_status()?;
+        match answer {
+            Answer::Keep(keep) => call.read_keep(keep),
+            Answer::Costs(costs) => call.read_costs(costs),
+            Answer::Row(row) => *row = call.read_row(),
+            Answer::Nothing => {}
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Channel {
+    fn drop(&mut self) {
+        let mut link = self.call.lock();
+        if link.incarnation != self.process.incarnation() || !self.process.is_up() {
+            return;
+        }
+        let seq = link.seq.wrapping_add(1).max(1);
+        if let Some(call) = link.call.as_mut() {
+            if call
+                .write_call(Op::Close, 0, None, None, WorkerInputs::NONE, None)
+                .is_ok()
+            {
+                let sync = call.sync();
+                post(&sync.call_seq, &sync.child_waiting, seq);
+            }
+        }
+    }
+}
