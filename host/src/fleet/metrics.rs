@@ -18,6 +18,7 @@ use switchyard_plugin_sdk::WorkerId;
 use super::kv_events::ApplyOutcome;
 use super::kv_index::Tier;
 use super::load_accounting::WorkerLoad;
+use crate::isolation::ProcessSnapshot;
 use crate::plugin::{ComponentKind, LoadedPlugin, PartitionKey};
 use crate::policy::histogram::{HistogramSnapshot, LatencyHistogram};
 use crate::policy::{CallBudget, StageStats};
@@ -322,6 +323,7 @@ impl Metrics {
         loads: &[(WorkerId, WorkerLoad)],
         kv_blocks: [usize; 3],
         plugins: &[LoadedPlugin],
+        processes: &[ProcessSnapshot],
     ) -> String {
         let mut snapshot = Snapshot::default();
         let counter = MetricType::Counter;
@@ -579,6 +581,8 @@ impl Metrics {
             plugin_rows,
         );
 
+        render_isolation(&mut snapshot, processes);
+
         let mut registry = prometheus_client::registry::Registry::default();
         registry.register_collector(Box::new(snapshot));
         let mut out = String::new();
@@ -586,6 +590,60 @@ impl Metrics {
         let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &registry);
         out
     }
+}
+
+/// The isolated plugin processes' series (`isolation: process`).
+fn render_isolation(snapshot: &mut Snapshot, processes: &[ProcessSnapshot]) {
+    let process = |p: &ProcessSnapshot| vec![("process".to_owned(), p.name.clone())];
+    let each = |value: &dyn Fn(&ProcessSnapshot) -> Value| -> Vec<Row> {
+        processes.iter().map(|p| (process(p), value(p))).collect()
+    };
+    snapshot.family(
+        "switchyard_isolated_process_up",
+        "1 while the isolated plugin process runs and serves calls, 0 while it is restarted.",
+        MetricType::Gauge,
+        each(&|p| Value::Gauge(if p.up { 1.0 } else { 0.0 })),
+    );
+    snapshot.family(
+        "switchyard_isolated_process_restarts",
+        "Restarts of the isolated plugin process after it died or was killed.",
+        MetricType::Counter,
+        each(&|p| Value::Count(p.restarts)),
+    );
+    let exits = processes
+        .iter()
+        .flat_map(|p| {
+            p.exits.iter().map(move |(cause, n)| {
+                let mut labels = process(p);
+                labels.push(("cause".to_owned(), cause.clone()));
+                (labels, Value::Count(*n))
+            })
+        })
+        .collect();
+    snapshot.family(
+        "switchyard_isolated_process_exits",
+        "Deaths of the isolated plugin process by cause: signal:NAME, exit:CODE, killed:deadline, killed:control timeout.",
+        MetricType::Counter,
+        exits,
+    );
+    snapshot.family(
+        "switchyard_isolated_calls",
+        "Component calls sent to the isolated plugin process.",
+        MetricType::Counter,
+        each(&|p| Value::Count(p.calls)),
+    );
+    snapshot.family(
+        "switchyard_isolated_deadline_misses",
+        "Isolated component calls that missed isolation.call_deadline_ms (answered through on_error).",
+        MetricType::Counter,
+        each(&|p| Value::Count(p.deadline_misses)),
+    );
+    snapshot.family(
+        "switchyard_isolated_refused_calls",
+        "Isolated component calls refused at once: the process was down, restarting, or still busy with a late call.",
+        MetricType::Counter,
+        each(&|p| Value::Count(p.refused_calls)),
+    );
 }
 
 impl Metrics {

@@ -915,8 +915,14 @@ impl Router {
         let generation = self.generation();
         let plugins = generation.startup.registry.plugins();
         let stages = generation.stages();
+        let processes: Vec<_> = generation
+            .startup
+            .registry
+            .processes()
+            .map(|p| p.snapshot())
+            .collect();
         self.metrics
-            .render(&stages, &loads, self.kv_blocks(), plugins)
+            .render(&stages, &loads, self.kv_blocks(), plugins, &processes)
     }
 }
 

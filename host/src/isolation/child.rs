@@ -331,10 +331,9 @@ fn serve_channel(region: Region, layout: CallLayout, instances: Instances, spin:
     // (its size was checked against it).
     let mut call = unsafe { SharedCall::new(region.base(), layout) };
     let mut error = ErrorBuffer::new();
-    let mut last = call
-        .sync()
-        .call_seq
-        .load(std::sync::atomic::Ordering::Acquire);
+    // A fresh region starts at 0, and the first call may be posted before this thread
+    // runs: it must not take that call's number for the last one served.
+    let mut last = 0;
     loop {
         let sync = call.sync();
         let Some(seq) = wait_for(&sync.call_seq, &sync.child_waiting, last, spin, None) else {

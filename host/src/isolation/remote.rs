@@ -633,9 +633,8 @@ impl Channel {
             Duration::from_micros(settings.spin_us),
             Some(deadline),
         );
-        *self.phase.lock() = None;
         match done {
-            Some(d) if d == seq => {}
+            Some(d) if d == seq => *self.phase.lock() = None,
             Some(BROKEN) => return Err(process.down_error()),
             None => {
                 process.deadline_misses.fetch_add(1, Ordering::Relaxed);

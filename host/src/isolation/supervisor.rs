@@ -66,8 +66,9 @@ pub struct IsolatedProcess {
     pub(super) deadline_misses: AtomicU64,
     pub(super) refused_calls: AtomicU64,
     pub(super) calls: AtomicU64,
-    /// A kill the supervisor ordered, and why (reported instead of SIGKILL).
-    kill_reason: Mutex<Option<String>>,
+    /// A kill the supervisor ordered: its metric label and why, in words (reported
+    /// instead of SIGKILL).
+    kill_reason: Mutex<Option<(&'static str, String)>>,
     stop: AtomicBool,
 }
 
@@ -107,14 +108,13 @@ impl IsolatedProcess {
         let inherited = child.raw_fd();
         let memory = self.settings.memory_limit_mb.map(|mb| mb << 20);
         let cpu = self.settings.cpu_time_limit_secs;
-        let router = std::process::id();
         let mut command = Command::new(exe);
         command
             .arg(SUBCOMMAND)
             .env(SPIN_ENV, self.settings.spin_us.to_string())
             .stdin(Stdio::null());
         // SAFETY: only async-signal-safe calls between fork and exec: dup2, fcntl,
-        // setrlimit, prctl, getppid.
+        // setrlimit, prctl.
         unsafe {
             command.pre_exec(move || {
                 if libc::dup2(inherited, CONTROL_FD) < 0 {
@@ -136,12 +136,12 @@ impl IsolatedProcess {
                 if let Some(secs) = cpu {
                     limit(libc::RLIMIT_CPU, secs);
                 }
-                // No setuid escalation from plugin code, and no orphan when the router dies.
+                // No core files of plugin crashes (each would be the size of the process),
+                // and no setuid escalation from plugin code. (No PR_SET_PDEATHSIG: it fires
+                // when the spawning *thread* ends; a child ends when its control connection
+                // closes, which the router's death does too.)
+                limit(libc::RLIMIT_CORE, 0);
                 libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
-                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-                if libc::getppid() as u32 != router {
-                    libc::_exit(1);
-                }
                 Ok(())
             });
         }
@@ -206,10 +206,13 @@ impl IsolatedProcess {
                 );
                 drop(current);
                 if timed_out {
-                    self.kill(format!(
-                        "killed:control timeout ({} ms)",
-                        self.settings.control_timeout_ms
-                    ));
+                    self.kill(
+                        "killed:control_timeout",
+                        format!(
+                            "it did not answer a control request within {} ms (isolation.control_timeout_ms)",
+                            self.settings.control_timeout_ms
+                        ),
+                    );
                 }
                 Err(CallError::new(
                     Status::Error,
@@ -230,13 +233,14 @@ impl IsolatedProcess {
         }
     }
 
-    /// Kills the current incarnation (the supervisor then reports `reason` and restarts).
-    pub(super) fn kill(&self, reason: String) {
+    /// Kills the current incarnation; the supervisor then reports it as `label` (a
+    /// metric label) because of `why`, and restarts it.
+    pub(super) fn kill(&self, label: &'static str, why: String) {
         let mut current = self.current.lock();
         if let Some(incarnation) = current.as_mut() {
-            let mut why = self.kill_reason.lock();
-            if why.is_none() {
-                *why = Some(reason);
+            let mut reason = self.kill_reason.lock();
+            if reason.is_none() {
+                *reason = Some((label, why));
             }
             let _ = incarnation.process.kill();
         }
@@ -309,13 +313,7 @@ impl IsolatedProcess {
         drop(current);
         self.up.store(false, Ordering::SeqCst);
         let (cause, label) = match self.kill_reason.lock().take() {
-            Some(reason) => (
-                format!(
-                    "was killed by the router ({})",
-                    reason.trim_start_matches("killed:")
-                ),
-                reason,
-            ),
+            Some((label, why)) => (format!("was killed by the router: {why}"), label.to_owned()),
             None => (super::describe_exit(status, false), exit_label(status)),
         };
         let phase = self.in_flight();
@@ -465,10 +463,13 @@ fn supervise(weak: &Weak<IsolatedProcess>) {
                 .iter()
                 .find_map(|c| c.stuck_longer_than(kill_after))
             {
-                process.kill(format!(
-                    "killed:deadline ({stuck} still running {} ms past its deadline)",
-                    process.settings.kill_after_ms
-                ));
+                process.kill(
+                    "killed:deadline",
+                    format!(
+                        "{stuck} was still running {} ms past its deadline (isolation.kill_after_ms)",
+                        process.settings.kill_after_ms
+                    ),
+                );
             }
             if process.reap().is_none() {
                 continue;
@@ -495,7 +496,8 @@ fn supervise(weak: &Weak<IsolatedProcess>) {
             Ok(()) => up_since = Instant::now(),
             Err(e) => {
                 tracing::error!(process = %process.name, error = %e, "restarting an isolated plugin process failed; trying again after the backoff");
-                process.kill("killed:restart failed".into());
+                let e = format!("restarting failed: {e}");
+                process.kill("killed:restart_failed", e);
             }
         }
     }
