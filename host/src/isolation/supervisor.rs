@@ -19,6 +19,10 @@ use super::remote::{BuildUnit, Channel};
 use crate::config::IsolationSettings;
 use crate::plugin::{CallError, LoadError, LoadedPlugin, PluginSpec, Status};
 
+/// The `switchyard` executable to start isolated processes from, when the router runs
+/// inside another program (tests, benchmarks); by default the running executable.
+pub const EXE_ENV: &str = "SWITCHYARD_EXE";
+
 /// What an isolated library registered.
 pub struct IsolatedLibrary {
     pub plugin: LoadedPlugin,
@@ -104,7 +108,10 @@ impl IsolatedProcess {
 
     fn spawn(&self) -> std::io::Result<()> {
         let (parent, child) = Connection::pair()?;
-        let exe = std::env::current_exe()?;
+        let exe = match std::env::var_os(EXE_ENV) {
+            Some(exe) => std::path::PathBuf::from(exe),
+            None => std::env::current_exe()?,
+        };
         let inherited = child.raw_fd();
         let memory = self.settings.memory_limit_mb.map(|mb| mb << 20);
         let cpu = self.settings.cpu_time_limit_secs;

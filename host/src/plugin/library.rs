@@ -39,6 +39,9 @@ pub struct LoadedPlugin {
     /// Not sent back by an isolated child (it was checked there).
     #[serde(skip_deserializing)]
     pub manifest: Option<Manifest>,
+    /// The isolated process it runs in (`isolation: process`); None: in the router's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isolated_in: Option<String>,
 }
 
 /// What can be learned of a plugin file without loading it.
@@ -256,6 +259,7 @@ pub fn load(spec: &PluginSpec, taken_by: TakenBy<'_>) -> Result<LoadedLibrary, L
             sha256,
             types: registered.names.clone(),
             manifest,
+            isolated_in: None,
         },
         registered,
     })

@@ -468,7 +468,9 @@ impl Registry {
                 }),
             );
         }
-        self.plugins.push(library.plugin);
+        let mut plugin = library.plugin;
+        plugin.isolated_in = Some(process.to_owned());
+        self.plugins.push(plugin);
         Ok(())
     }
 

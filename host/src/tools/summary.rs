@@ -55,6 +55,12 @@ fn write_plugin(out: &mut String, registry: &Registry, plugin: &LoadedPlugin) {
     let resolved = std::fs::canonicalize(&plugin.path).unwrap_or_else(|_| plugin.path.clone());
     let _ = writeln!(out, "    path:     {}", resolved.display());
     let _ = writeln!(out, "    sha256:   {}", plugin.sha256);
+    if let Some(process) = &plugin.isolated_in {
+        let _ = writeln!(
+            out,
+            "    isolated: in process `{process}` (isolation: process)"
+        );
+    }
     let _ = writeln!(
         out,
         "    ABI:      {}.{}, SDK revision {}, layout {}",

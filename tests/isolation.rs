@@ -1,0 +1,288 @@
+//! Isolation for untrusted plugins (`isolation: process`), with real libraries built for
+//! each fault: a scorer that aborts, exits, dies of SIGSEGV, writes far past its costs
+//! array, sleeps 5 seconds, or throws out of its C callback, each while a flag file
+//! exists. Under `serve` with `on_error: fallback` the router stays up, every request is
+//! answered, the child is restarted, the counters say what happened, and once the flag is
+//! gone routing goes through the plugin again. The same abort in process kills the router
+//! (so the test would fail without isolation). And decisions through isolated plugins
+//! equal the in-process ones.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::*;
+
+/// The faulty fixture built with `-DFAULT_{fault}` (as C++ for `THROW`).
+fn faulty_library(dir: &Path, fault: &str) -> PathBuf {
+    let source = repo().join("tests/fixtures/faulty_plugin.c");
+    if fault != "THROW" {
+        return compile_c(
+            dir,
+            &format!("faulty_{fault}"),
+            &source,
+            &repo().join("include"),
+            &[&format!("FAULT_{fault}")],
+        );
+    }
+    let out = dir.join("faulty_THROW.so");
+    let status = Command::new("c++")
+        .args([
+            "-std=c++17",
+            "-x",
+            "c++",
+            "-shared",
+            "-fPIC",
+            "-Wall",
+            "-Werror",
+        ])
+        .arg("-I")
+        .arg(repo().join("include"))
+        .args(["-DFAULT_THROW"])
+        .arg(&source)
+        .arg("-o")
+        .arg(&out)
+        .status()
+        .expect("c++ runs");
+    assert!(status.success(), "compiling the C++ faulty fixture failed");
+    out
+}
+
+fn config(library: &Path, flag: &Path, isolation: &str) -> String {
+    format!(
+        "plugins:\n  - path: {}\n    isolation: {isolation}\n\
+         isolation: {{call_deadline_ms: 300, kill_after_ms: 300, restart_backoff_ms: 50}}\n\
+         worker_selection:\n  default: faulty\n  instances:\n\
+         \x20   - name: faulty\n      on_error: fallback\n\
+         \x20     scorers: [{{type: fixture.faulty, parameters: {{flag: {}}}}}]\n\
+         \x20     picker: {{type: builtin.lowest-cost}}\n\
+         workers:\n  - {{model: demo, worker_id: 1}}\n  - {{model: demo, worker_id: 2}}\n",
+        library.display(),
+        flag.display()
+    )
+}
+
+fn select(base: &str) -> Result<Value, String> {
+    ureq::post(&format!("{base}/v1/select"))
+        .timeout(Duration::from_secs(20))
+        .send_json(json!({"model": "demo", "token_ids": [1, 2, 3, 4]}))
+        .map_err(|e| e.to_string())?
+        .into_json()
+        .map_err(|e| e.to_string())
+}
+
+fn metrics(base: &str) -> String {
+    ureq::get(&format!("{base}/metrics"))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap()
+}
+
+/// The value of the series whose line starts with `prefix` (0 when absent).
+fn series(metrics: &str, prefix: &str) -> f64 {
+    metrics
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Polls `what` until it holds, for at most 15 s.
+fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !check() {
+        assert!(
+            start.elapsed() < Duration::from_secs(15),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn every_fault_is_contained_answered_by_fallback_counted_and_recovered_from() {
+    let dir = tempfile::tempdir().unwrap();
+    let flag = dir.path().join("misbehave");
+    // The cause label each fault's death is counted under.
+    let faults = [
+        ("ABORT", "signal:SIGABRT"),
+        ("EXIT", "exit:0"),
+        ("SEGV", "signal:SIGSEGV"),
+        ("OVERRUN", "signal:SIG"),
+        ("SLEEP", "killed:deadline"),
+        ("THROW", "signal:SIGABRT"),
+    ];
+    for (fault, cause) in faults {
+        let library = faulty_library(dir.path(), fault);
+        let config_path = write_config(dir.path(), &config(&library, &flag, "process"));
+        std::fs::write(&flag, "").unwrap();
+        let server = serve(&config_path);
+        let base = server.address.clone();
+        let process = format!("{{process=\"{}\"", library.display());
+
+        // While the library misbehaves: every request is answered, by the fallback.
+        for _ in 0..4 {
+            let decision = select(&base).unwrap_or_else(|e| panic!("{fault}: {e}"));
+            assert_eq!(decision["fallback"], true, "{fault}: {decision}");
+        }
+        let exits = format!("switchyard_isolated_process_exits_total{process},cause=\"{cause}");
+        eventually(&format!("{fault}: a death counted as {cause}"), || {
+            series(&metrics(&base), &exits) >= 1.0
+        });
+        assert!(
+            ureq::get(&format!("{base}/healthz")).call().is_ok(),
+            "{fault}: the router answers /healthz"
+        );
+
+        // Once it behaves, the restarted child routes again: through the plugin.
+        std::fs::remove_file(&flag).unwrap();
+        eventually(
+            &format!("{fault}: routing through the plugin again"),
+            || select(&base).is_ok_and(|d| d["fallback"] == false),
+        );
+        let text = metrics(&base);
+        assert!(
+            series(
+                &text,
+                &format!("switchyard_isolated_process_restarts_total{process}")
+            ) >= 1.0,
+            "{fault}: restarted\n{text}"
+        );
+        assert_eq!(
+            series(&text, &format!("switchyard_isolated_process_up{process}")),
+            1.0,
+            "{fault}"
+        );
+        assert!(
+            series(&text, "switchyard_fallbacks_total{instance=\"faulty\"}") >= 4.0,
+            "{fault}: fallbacks counted\n{text}"
+        );
+        if fault == "SLEEP" {
+            assert!(
+                series(
+                    &text,
+                    &format!("switchyard_isolated_deadline_misses_total{process}")
+                ) >= 1.0,
+                "{fault}: the missed deadline is counted\n{text}"
+            );
+        }
+        drop(server);
+    }
+}
+
+#[test]
+fn without_isolation_the_same_abort_takes_the_router_down() {
+    let dir = tempfile::tempdir().unwrap();
+    let flag = dir.path().join("misbehave");
+    let library = faulty_library(dir.path(), "ABORT");
+    let config_path = write_config(dir.path(), &config(&library, &flag, "none"));
+    let mut server = serve(&config_path);
+    let base = server.address.clone();
+    assert_eq!(select(&base).unwrap()["fallback"], false);
+    std::fs::write(&flag, "").unwrap();
+    assert!(select(&base).is_err(), "the request dies with the router");
+    let status = server.child.wait().unwrap();
+    assert!(!status.success(), "the router died: {status}");
+}
+
+/// A fleet for the decision comparison, from a seed.
+fn fleet(seed: u64, size: usize) -> Vec<W> {
+    let mut state = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    let mut next = move |modulo: u64| {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (state >> 33) % modulo
+    };
+    (0..size)
+        .map(|i| W {
+            id: i as u64 + 1,
+            device: next(20) as u32,
+            active: next(8) as u32,
+        })
+        .collect()
+}
+
+#[test]
+fn decisions_through_isolated_plugins_equal_the_in_process_ones() {
+    std::env::set_var("SWITCHYARD_EXE", switchyard_bin());
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = |rust: &str, c: &str, cpp: &str| {
+        format!(
+            "plugins:\n  - path: {}\n    isolation: {rust}\n  - path: {}\n    isolation: {c}\n  - path: {}\n    isolation: {cpp}\n\
+             worker_selection:\n  instances:\n\
+             \x20   - {{name: rust, type: least-busy, parameters: {{min_device_overlap_blocks: 3}}}}\n\
+             \x20   - {{name: c, type: c.least-busy, parameters: {{min_device_overlap_blocks: 3}}}}\n\
+             \x20   - {{name: cpp, type: cpp.least-busy, parameters: {{min_device_overlap_blocks: 3}}}}\n\
+             \x20   - name: mixed\n      filters: [{{type: c.min-device-overlap, parameters: {{min_blocks: 2}}}}]\n\
+             \x20     scorers: [{{type: cpp.active-requests, weight: 1.0}}, {{type: builtin.kv-overlap, weight: 0.5}}, {{type: acme.active-requests, weight: 2.0}}]\n\
+             \x20     picker: {{type: c.lowest-cost}}\n",
+            rust_plugin("least_busy").display(),
+            cmake_plugin("least_busy_c").display(),
+            cmake_plugin("least_busy_cpp").display(),
+        )
+    };
+    let isolated_dir = dir.path().join("isolated");
+    std::fs::create_dir_all(&isolated_dir).unwrap();
+    let isolated = start_yaml(
+        &isolated_dir,
+        &yaml("process", "{process: vendor}", "{process: vendor}"),
+    )
+    .expect("isolated config starts");
+    let in_process = start_yaml(dir.path(), &yaml("none", "none", "none")).expect("starts");
+    assert_eq!(
+        isolated.registry.processes().count(),
+        2,
+        "the Rust library alone, C and C++ together"
+    );
+    let mut compared = 0;
+    for instance in ["rust", "c", "cpp", "mixed"] {
+        let mut a = selector(&isolated, instance);
+        let mut b = selector(&in_process, instance);
+        for seed in 0..150u64 {
+            let size = match seed % 10 {
+                0 => 1024,
+                n => 1 + (seed as usize * 7 + n as usize) % 64,
+            };
+            let workers = fleet(seed, size);
+            let blocks = 8 + seed % 16;
+            let (x, y) = (
+                support::select(&mut a, blocks, &workers),
+                support::select(&mut b, blocks, &workers),
+            );
+            match (&x, &y) {
+                (Ok(x), Ok(y)) => assert_eq!(x, y, "{instance}, fleet {seed}"),
+                (Err(x), Err(y)) => assert_eq!(x.to_string(), y.to_string(), "{instance}"),
+                _ => panic!("{instance}, fleet {seed}: isolated {x:?}, in process {y:?}"),
+            }
+            compared += 1;
+        }
+    }
+    assert_eq!(compared, 600);
+}
+
+#[test]
+fn an_unknown_isolation_mode_is_refused_with_what_is_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    let error = start_error(
+        dir.path(),
+        &format!(
+            "plugins:\n  - path: {}\n    isolation: sandbox\n",
+            rust_plugin("least_busy").display()
+        ),
+    );
+    assert!(
+        error.contains("config.yaml:2")
+            && error.contains("expected `none`, `process`")
+            && error.contains("{process: NAME}")
+            && error.contains("sandbox"),
+        "{error}"
+    );
+}
