@@ -4,7 +4,7 @@
 CARGO ?= cargo
 CMAKE_BUILD := target/cmake
 
-.PHONY: run demo test lint fuzz build plugins check-tools bench bench-frontend bench-kv-events bench-kv-index bench-ext-proc clean
+.PHONY: run demo test lint fuzz build plugins check-tools bench bench-frontend bench-kv-events bench-kv-index bench-ext-proc bench-isolation clean
 
 check-tools:
 	@./scripts/check-tools
@@ -53,6 +53,9 @@ bench-kv-index: build
 
 bench-ext-proc: build
 	$(CARGO) bench -p switchyard --bench ext_proc
+
+bench-isolation: build
+	$(CARGO) bench -p switchyard --bench isolation
 
 clean:
 	rm -rf target

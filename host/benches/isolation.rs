@@ -1,0 +1,157 @@
+//! Isolation benchmark: the three languages' `least-busy` plugins in the router's process
+//! and each in an isolated child process (`isolation: process`), at 8 to 10,000 workers
+//! with requests of 64 blocks. Variants run in interleaved rounds, so machine noise hits
+//! them alike; it prints, per language and fleet size, the time per selection, the ratio
+//! isolated / in-process and the time isolation adds.
+//!
+//! Run: `make bench-isolation`.
+
+use std::hint::black_box;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use rand::{Rng, SeedableRng};
+use switchyard::config::ConfigSource;
+use switchyard::plugin::{PartitionKey, RequestContext};
+use switchyard::policy::{CandidateRow, Selector};
+use switchyard::startup::{start, Startup};
+use switchyard_plugin_sdk::{WorkerId, WorkerType};
+
+const SIZES: [usize; 4] = [8, 128, 1024, 10_000];
+const REQUEST_BLOCKS: u64 = 64;
+const LANGUAGES: [(&str, &str); 3] = [
+    ("rust", "least-busy"),
+    ("c", "c.least-busy"),
+    ("cpp", "cpp.least-busy"),
+];
+
+fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_owned()
+}
+
+fn plugin(path: PathBuf) -> String {
+    assert!(
+        path.exists(),
+        "{} is missing: run `make bench-isolation` (it builds the plugins first)",
+        path.display()
+    );
+    path.display().to_string()
+}
+
+fn startup(isolation: &str) -> Startup {
+    let out = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_owned();
+    let yaml = format!(
+        "plugins:\n  - {{path: {}, isolation: {isolation}}}\n  - {{path: {}, isolation: {isolation}}}\n  - {{path: {}, isolation: {isolation}}}\n\
+         worker_selection:\n  instances:\n\
+         \x20   - {{name: rust, type: least-busy, parameters: {{min_device_overlap_blocks: 4}}}}\n\
+         \x20   - {{name: c, type: c.least-busy, parameters: {{min_device_overlap_blocks: 4}}}}\n\
+         \x20   - {{name: cpp, type: cpp.least-busy, parameters: {{min_device_overlap_blocks: 4}}}}\n",
+        plugin(out.join("libleast_busy.so")),
+        plugin(repo().join("target/plugins/libleast_busy_c.so")),
+        plugin(repo().join("target/plugins/libleast_busy_cpp.so")),
+    );
+    let source = ConfigSource::parse(yaml, "<bench>".into(), repo()).unwrap();
+    start(source).unwrap_or_else(|e| panic!("{e:?}"))
+}
+
+/// The fleet of the selection benchmark: device overlap 0..64 blocks, 0..32 active.
+fn fleet(size: usize) -> Vec<CandidateRow> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(size as u64);
+    (0..size)
+        .map(|i| {
+            let mut row = CandidateRow::new(WorkerId {
+                worker_id: i as u64,
+                dp_rank: 0,
+            });
+            let device = rng.gen_range(0..64);
+            row.cache.device_overlap_blocks = device;
+            row.cache.host_overlap_blocks = device + rng.gen_range(0..8);
+            row.cache.disk_overlap_blocks = row.cache.host_overlap_blocks;
+            row.load.active_requests = rng.gen_range(0..32);
+            row.load.active_prefill_tokens = u64::from(row.load.active_requests) * 512;
+            row.load.decode_cost_blocks = u64::from(row.load.active_requests) * 40;
+            row
+        })
+        .collect()
+}
+
+fn selector(startup: &Startup, instance: &str) -> Selector {
+    let policy = startup
+        .instance(instance)
+        .unwrap()
+        .build(&PartitionKey::new("bench", WorkerType::Select))
+        .unwrap();
+    Selector::new(policy)
+}
+
+/// Median and fastest seconds per selection, in-process then isolated, over 41
+/// interleaved rounds.
+fn side_by_side(
+    in_process: &mut Selector,
+    isolated: &mut Selector,
+    size: usize,
+) -> [(f64, f64); 2] {
+    let request = RequestContext::new(16, REQUEST_BLOCKS);
+    let rows = fleet(size);
+    let per_round = (100_000 / size).clamp(5, 2_000);
+    let mut samples = [Vec::new(), Vec::new()];
+    for _ in 0..41 {
+        for (i, selector) in [&mut *in_process, &mut *isolated].into_iter().enumerate() {
+            let start = Instant::now();
+            for _ in 0..per_round {
+                black_box(selector.select(&request, rows.iter().copied()).unwrap());
+            }
+            samples[i].push(start.elapsed().as_secs_f64() / per_round as f64);
+        }
+    }
+    samples.map(|mut s| {
+        s.sort_by(f64::total_cmp);
+        (s[s.len() / 2], s[0])
+    })
+}
+
+fn main() {
+    // Isolated processes are this build's `switchyard` binary.
+    std::env::set_var("SWITCHYARD_EXE", env!("CARGO_BIN_EXE_switchyard"));
+    let in_process = startup("none");
+    let isolated = startup("process");
+    println!("isolated vs in-process selection, 41 interleaved rounds (median, fastest):");
+    println!(
+        "{:>8}  {:<5} {:>12} {:>12} {:>8} {:>11} {:>12} {:>12} {:>8}",
+        "workers",
+        "lang",
+        "in-process",
+        "isolated",
+        "ratio",
+        "added",
+        "in (fast)",
+        "iso (fast)",
+        "ratio"
+    );
+    for size in SIZES {
+        for (language, _) in LANGUAGES {
+            let mut a = selector(&in_process, language);
+            let mut b = selector(&isolated, language);
+            let [(a_med, a_fast), (b_med, b_fast)] = side_by_side(&mut a, &mut b, size);
+            println!(
+                "{size:>8}  {language:<5} {:>9.2} us {:>9.2} us {:>8.2} {:>8.2} us {:>9.2} us {:>9.2} us {:>8.2}",
+                a_med * 1e6,
+                b_med * 1e6,
+                b_med / a_med,
+                (b_med - a_med) * 1e6,
+                a_fast * 1e6,
+                b_fast * 1e6,
+                b_fast / a_fast
+            );
+        }
+    }
+}
