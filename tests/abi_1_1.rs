@@ -331,6 +331,17 @@ fn wait_for_log(path: &Path, ready: impl Fn(&[String]) -> bool) -> Vec<String> {
 
 #[test]
 fn lifecycle_notifications_arrive_once_each_and_in_order() {
+    lifecycle_notifications("none");
+}
+
+#[test]
+fn lifecycle_notifications_reach_an_isolated_plugin_alike() {
+    lifecycle_notifications("process");
+}
+
+/// Routes two requests through a scorer that logs its notifications (in the router's
+/// process, or `isolation: process`); checks what it heard, and in what order.
+fn lifecycle_notifications(isolation: &str) {
     let dir = tempfile::tempdir().unwrap();
     let lib = compile_c(
         dir.path(),
@@ -341,7 +352,7 @@ fn lifecycle_notifications_arrive_once_each_and_in_order() {
     );
     let log = dir.path().join("notifications.log");
     let yaml = format!(
-        "plugins:\n  - path: {}\nworkers:\n  - {{model: m, worker_id: 1}}\n  - {{model: m, worker_id: 2}}\nworker_selection:\n  default: logged\n  instances:\n    - name: logged\n      scorers: [{{type: fixture.lifecycle-log, parameters: {{log: \"{}\"}}}}, {{type: builtin.active-requests}}]\n      picker: {{type: builtin.lowest-cost, parameters: {{tie_break: worker-id}}}}\n",
+        "plugins:\n  - path: {}\n    isolation: {isolation}\nworkers:\n  - {{model: m, worker_id: 1}}\n  - {{model: m, worker_id: 2}}\nworker_selection:\n  default: logged\n  instances:\n    - name: logged\n      scorers: [{{type: fixture.lifecycle-log, parameters: {{log: \"{}\"}}}}, {{type: builtin.active-requests}}]\n      picker: {{type: builtin.lowest-cost, parameters: {{tie_break: worker-id}}}}\n",
         lib.display(),
         log.display()
     );

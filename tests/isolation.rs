@@ -286,3 +286,45 @@ fn an_unknown_isolation_mode_is_refused_with_what_is_accepted() {
         "{error}"
     );
 }
+
+#[test]
+fn labels_cross_to_an_isolated_policy_that_composes_the_routers_built_ins() {
+    let dir = tempfile::tempdir().unwrap();
+    let fleet = dir.path().join("fleet.yaml");
+    std::fs::write(
+        &fleet,
+        "- {worker_id: 1, labels: {zone: b}}\n- {worker_id: 2, active_requests: 4, labels: {zone: a, gpu: h100}}\n- {worker_id: 3, active_requests: 1, labels: {zone: a}}\n- {worker_id: 4, labels: {zone: a}, active_requests: 3}\n",
+    )
+    .unwrap();
+    let explain = |isolation: &str| {
+        let sub = dir.path().join(isolation);
+        std::fs::create_dir_all(&sub).unwrap();
+        let config = write_config(
+            &sub,
+            &format!(
+                "plugins:\n  - path: {}\n    isolation: {isolation}\n\
+                 worker_selection:\n  instances:\n\
+                 \x20   - {{name: zone-policy, type: c.zone-least-busy, parameters: {{zone: a}}}}\n\
+                 \x20   - name: zone-filter\n      filters: [{{type: c.label-equals, parameters: {{key: zone, value: a}}}}]\n\
+                 \x20     scorers: [{{type: builtin.active-requests}}]\n      picker: {{type: builtin.lowest-cost}}\n",
+                cmake_plugin("zone_c").display()
+            ),
+        );
+        ["zone-policy", "zone-filter"].map(|instance| {
+            run(Command::new(switchyard_bin())
+                .args(["select", "--explain", "--instance", instance, "--config"])
+                .arg(&config)
+                .arg("--fleet")
+                .arg(&fleet))
+        })
+    };
+    let (isolated, in_process) = (explain("process"), explain("none"));
+    assert_eq!(isolated, in_process);
+    assert!(
+        isolated[0].contains("filter c.label-equals")
+            && isolated[0].contains("builtin.active-requests")
+            && isolated[0].ends_with("worker 3 dp_rank 0\n"),
+        "the plugin's label filter (in its process), then the router's scorer and picker:\n{}",
+        isolated[0]
+    );
+}
