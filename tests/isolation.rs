@@ -328,3 +328,48 @@ fn labels_cross_to_an_isolated_policy_that_composes_the_routers_built_ins() {
         isolated[0]
     );
 }
+
+#[test]
+fn check_reports_an_isolated_library_that_crashes_loading_or_creating_naming_file_phase_and_cause()
+{
+    let dir = tempfile::tempdir().unwrap();
+    for (define, phase, cause) in [
+        (
+            "CTOR_ABORT",
+            "loading (constructors) and registering",
+            "SIGABRT",
+        ),
+        (
+            "REGISTER_SEGV",
+            "loading (constructors) and registering",
+            "SIGSEGV",
+        ),
+        (
+            "CREATE_SEGV",
+            "creating an instance of `fixture.keep-all`",
+            "SIGSEGV",
+        ),
+    ] {
+        let lib = broken_plugin(dir.path(), &format!("crash_{define}"), &[define]);
+        let config = write_config(
+            dir.path(),
+            &format!(
+                "plugins:\n  - path: {}\n    isolation: process\nworker_selection:\n  instances:\n    - name: c\n      filters: [{{type: fixture.keep-all}}]\n      picker: {{type: builtin.lowest-cost}}\n",
+                lib.display()
+            ),
+        );
+        let output = Command::new(switchyard_bin())
+            .args(["check", "--config"])
+            .arg(&config)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(1), "{define}: {stderr}");
+        for expected in [&lib.display().to_string(), phase, cause] {
+            assert!(
+                stderr.contains(expected),
+                "{define}: `{expected}` in {stderr}"
+            );
+        }
+    }
+}

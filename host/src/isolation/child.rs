@@ -193,7 +193,7 @@ impl Child {
             self.policies.insert(name, def);
         }
         Reply::Loaded {
-            plugin: loaded.plugin,
+            plugin: Box::new(loaded.plugin),
             components,
             policies,
         }

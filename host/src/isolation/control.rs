@@ -50,6 +50,24 @@ pub enum Request {
     OpenChannel { rows: usize, label_bytes: usize },
 }
 
+impl Request {
+    /// What the child is asked to do, in words (for the report of a death meanwhile).
+    pub fn describe(&self) -> String {
+        match self {
+            Request::Load { path, .. } => {
+                format!("loading (constructors) and registering {}", path.display())
+            }
+            Request::Create { type_name, .. } => format!("creating an instance of `{type_name}`"),
+            Request::Build { type_name, .. } => format!("building the policy `{type_name}`"),
+            Request::Validate { type_name, .. } => {
+                format!("validating parameters of the policy `{type_name}`")
+            }
+            Request::Destroy { .. } => "destroying instances".into(),
+            Request::OpenChannel { .. } => "opening a call channel".into(),
+        }
+    }
+}
+
 /// A component the child created for a policy build, or a registered type it asked for.
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Part {
@@ -80,7 +98,7 @@ pub struct ComponentInfo {
 #[derive(Debug, Serialize, Deserialize)]
 pub enum Reply {
     Loaded {
-        plugin: crate::plugin::LoadedPlugin,
+        plugin: Box<crate::plugin::LoadedPlugin>,
         components: Vec<ComponentInfo>,
         policies: Vec<String>,
     },

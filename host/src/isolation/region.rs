@@ -131,7 +131,7 @@ pub fn wait_for(
             return Some(now);
         }
         spins += 1;
-        if spins % 64 != 0 {
+        if !spins.is_multiple_of(64) {
             std::hint::spin_loop();
             continue;
         }

@@ -30,6 +30,9 @@ pub struct IsolatedLibrary {
     pub policies: Vec<String>,
 }
 
+/// A library an isolated process loads, and the names the router had taken before it.
+type Library = (PluginSpec, Vec<(String, String)>);
+
 /// Counters of one isolated process, for `/metrics`.
 #[derive(Debug, Clone)]
 pub struct ProcessSnapshot {
@@ -60,7 +63,7 @@ pub struct IsolatedProcess {
     up: AtomicBool,
     pid: AtomicU32,
     /// Libraries to load in every new incarnation, with the names taken before each.
-    libraries: Mutex<Vec<(PluginSpec, Vec<(String, String)>)>>,
+    libraries: Mutex<Vec<Library>>,
     channels: Mutex<Vec<Weak<Channel>>>,
     units: Mutex<Vec<Weak<BuildUnit>>>,
     /// Why the last incarnation ended (for the errors of calls while it is down).
@@ -70,6 +73,8 @@ pub struct IsolatedProcess {
     pub(super) deadline_misses: AtomicU64,
     pub(super) refused_calls: AtomicU64,
     pub(super) calls: AtomicU64,
+    /// The control request in progress, in words (for death reports).
+    control_phase: Mutex<Option<String>>,
     /// A kill the supervisor ordered: its metric label and why, in words (reported
     /// instead of SIGKILL).
     kill_reason: Mutex<Option<(&'static str, String)>>,
@@ -96,6 +101,7 @@ impl IsolatedProcess {
             refused_calls: AtomicU64::new(0),
             calls: AtomicU64::new(0),
             kill_reason: Mutex::new(None),
+            control_phase: Mutex::new(None),
             stop: AtomicBool::new(false),
         });
         process.spawn()?;
@@ -200,37 +206,47 @@ impl IsolatedProcess {
             drop(current);
             return Err(self.down_error());
         };
+        *self.control_phase.lock() = Some(request.describe());
         let answer = incarnation
             .control
             .send(request, fd)
             .and_then(|()| incarnation.control.receive::<Reply>());
-        match answer {
+        drop(current);
+        let answer = match answer {
             Ok((reply, _)) => Ok(reply),
             Err(e) => {
-                let timed_out = matches!(
+                if matches!(
                     e.kind(),
                     std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                );
-                drop(current);
-                if timed_out {
+                ) {
                     self.kill(
                         "killed:control_timeout",
                         format!(
-                            "it did not answer a control request within {} ms (isolation.control_timeout_ms)",
+                            "it did not answer within {} ms (isolation.control_timeout_ms)",
                             self.settings.control_timeout_ms
                         ),
                     );
                 }
+                // The process is gone or going: say how it ended, and doing what.
+                let start = Instant::now();
+                while self.is_up() && self.reap().is_none() {
+                    if start.elapsed() > Duration::from_secs(5) {
+                        break;
+                    }
+                    std::thread::sleep(Duration::from_millis(5));
+                }
                 Err(CallError::new(
                     Status::Error,
                     format!(
-                        "the isolated process `{}` did not answer ({e}){}",
+                        "the isolated process `{}` failed: {}",
                         self.name,
-                        if timed_out { "; it was killed" } else { "" }
+                        self.last_exit.lock()
                     ),
                 ))
             }
-        }
+        };
+        *self.control_phase.lock() = None;
+        answer
     }
 
     /// Sends a request that has no answer.
@@ -278,36 +294,18 @@ impl IsolatedProcess {
             }) => {
                 self.libraries.lock().push((spec.clone(), taken));
                 Ok(IsolatedLibrary {
-                    plugin,
+                    plugin: *plugin,
                     components,
                     policies,
                 })
             }
             Ok(Reply::Refused { message }) => Err(in_child(message)),
             Ok(other) => Err(in_child(format!("unexpected answer {other:?}"))),
-            Err(_) => {
-                // The child died loading it: wait for its status to say how.
-                let cause = self.wait_for_exit(Duration::from_secs(2));
-                Err(in_child(format!(
-                    "{}: the plugin {cause} in its isolated process `{}` while loading (constructors) and registering. Loaded into the router, it would have taken the router down: fix the plugin",
-                    spec.path.display(),
-                    self.name
-                )))
-            }
-        }
-    }
-
-    /// How the current incarnation ended, once it has (waits up to `limit`).
-    fn wait_for_exit(&self, limit: Duration) -> String {
-        let start = Instant::now();
-        loop {
-            if let Some(cause) = self.reap() {
-                return cause;
-            }
-            if start.elapsed() > limit {
-                return "stopped answering".into();
-            }
-            std::thread::sleep(Duration::from_millis(5));
+            Err(e) => Err(in_child(format!(
+                "{}: {}. Loaded into the router, it would have taken the router down: fix the plugin",
+                spec.path.display(),
+                e.message
+            ))),
         }
     }
 
@@ -349,11 +347,14 @@ impl IsolatedProcess {
             .join(", ")
     }
 
-    /// What the process was doing: the calls in flight, in words.
+    /// What the process was doing: the control request and the calls in flight, in words.
     fn in_flight(&self) -> String {
-        let calls: Vec<String> = live(&self.channels)
-            .iter()
-            .filter_map(|c| c.phase())
+        let calls: Vec<String> = self
+            .control_phase
+            .lock()
+            .clone()
+            .into_iter()
+            .chain(live(&self.channels).iter().filter_map(|c| c.phase()))
             .collect();
         if calls.is_empty() {
             String::new()

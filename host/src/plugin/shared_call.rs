@@ -611,9 +611,9 @@ impl SharedCall {
         };
         let strings = fields.strings.as_ptr();
         let text = |at: usize, len: usize, present: bool| switchyard_str {
-            // SAFETY: `at + len <= STRING_BYTES` (clamped above).
             ptr: if present {
-                unsafe { strings.add(at) }.cast()
+                // `at + len <= STRING_BYTES` (clamped above): inside the strings field.
+                strings.wrapping_add(at).cast()
             } else {
                 ptr::null()
             },
@@ -725,10 +725,10 @@ mod tests {
         for rows in [1, 7, 1024, 65_536] {
             let layout = CallLayout::new(rows, 4096);
             let widths = [8, 4, 4, 4, 4, 4, 8, 8, 4, 8, 8, 8, 1, 4, 1];
-            for i in 0..COLUMNS {
+            for (i, width) in widths.iter().enumerate() {
                 assert_eq!(layout.offsets[i] % 64, 0);
                 let len = if i == COLUMNS - 1 { 4096 } else { rows };
-                let end = layout.offsets[i] + widths[i] * len;
+                let end = layout.offsets[i] + width * len;
                 let next = layout.offsets.get(i + 1).copied().unwrap_or(layout.size);
                 assert!(end <= next, "column {i} runs into the next");
             }
