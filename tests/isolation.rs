@@ -373,3 +373,46 @@ fn check_reports_an_isolated_library_that_crashes_loading_or_creating_naming_fil
         }
     }
 }
+
+/// The first fenced block of `lang` in a doc.
+fn doc_block(doc: &str, lang: &str) -> String {
+    let text = std::fs::read_to_string(repo().join(doc)).unwrap();
+    let start = text.find(&format!("```{lang}\n")).expect("a block") + lang.len() + 4;
+    text[start..][..text[start..].find("```").unwrap()].to_owned()
+}
+
+#[test]
+fn the_documented_isolation_configs_parse_to_what_they_say() {
+    use switchyard::config::{ConfigSource, Isolation, IsolationMode, IsolationSettings};
+    let parse = |doc: &str| {
+        ConfigSource::parse(doc_block(doc, "yaml"), doc.into(), repo())
+            .unwrap_or_else(|e| panic!("{doc}: {e}"))
+    };
+    let guide = parse("docs/isolation.md");
+    let modes: Vec<&Isolation> = guide.config.plugins.iter().map(|p| &p.isolation).collect();
+    assert_eq!(
+        modes,
+        [
+            &Isolation::Mode(IsolationMode::Process),
+            &Isolation::Group {
+                process: "vendor".into()
+            },
+            &Isolation::Group {
+                process: "vendor".into()
+            },
+            &Isolation::Mode(IsolationMode::None),
+        ]
+    );
+    let settings = &guide.config.isolation;
+    assert_eq!(
+        (
+            settings.call_deadline_ms,
+            settings.memory_limit_mb,
+            settings.cpu_time_limit_secs
+        ),
+        (50.0, Some(4096), Some(86_400))
+    );
+    // The configuration reference shows the defaults.
+    let reference = parse("docs/configuration.md");
+    assert_eq!(reference.config.isolation, IsolationSettings::default());
+}
