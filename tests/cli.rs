@@ -367,22 +367,22 @@ fn check_and_serve_refuse_a_plugin_that_crashes_in_its_probe_and_survive() {
     for (define, phase, cause) in [
         (
             "CTOR_ABORT",
-            "loading (constructors) and registration",
+            "loading (constructors) and registering",
             "killed by signal 6 (SIGABRT)",
         ),
         (
             "REGISTER_SEGV",
-            "loading (constructors) and registration",
+            "loading (constructors) and registering",
             "killed by signal 11 (SIGSEGV)",
         ),
         (
             "CREATE_SEGV",
-            "building every instance",
+            "creating an instance of `fixture.keep-all`",
             "killed by signal 11 (SIGSEGV)",
         ),
         (
             "FILTER_SEGV",
-            "the first call of each instance",
+            "running on_filter of `fixture.keep-all`",
             "killed by signal 11 (SIGSEGV)",
         ),
     ] {

@@ -80,8 +80,6 @@ enum Command {
     /// Run a simulated OpenAI-compatible inference engine (for tests, benchmarks, demos).
     EngineSim(EngineSimArgs),
     /// Internal: exercise one plugin in this child process (see startup::probe).
-    #[command(name = "__probe-plugin", hide = true)]
-    ProbePlugin,
     /// The isolated plugin process (`isolation: process`), started by the router.
     #[command(name = "__isolated-plugins", hide = true)]
     IsolatedPlugins,
@@ -200,9 +198,6 @@ fn main() -> ExitCode {
         Command::EngineSim(args) => serve_until_signal(engine_sim::run(args)),
         Command::IsolatedPlugins => {
             ExitCode::from(u8::try_from(switchyard::isolation::child::run()).unwrap_or(2))
-        }
-        Command::ProbePlugin => {
-            ExitCode::from(u8::try_from(switchyard::startup::probe::run_child()).unwrap_or(2))
         }
         Command::Replay(args) => match replay::run(&args) {
             Ok(()) => ExitCode::SUCCESS,

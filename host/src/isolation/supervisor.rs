@@ -68,6 +68,8 @@ pub struct IsolatedProcess {
     units: Mutex<Vec<Weak<BuildUnit>>>,
     /// Why the last incarnation ended (for the errors of calls while it is down).
     last_exit: Mutex<String>,
+    /// The last death: how it ended and what the process was doing, in words.
+    last_death: Mutex<Option<(String, String)>>,
     restarts: AtomicU64,
     exits: Mutex<BTreeMap<String, u64>>,
     pub(super) deadline_misses: AtomicU64,
@@ -95,6 +97,7 @@ impl IsolatedProcess {
             channels: Mutex::default(),
             units: Mutex::default(),
             last_exit: Mutex::new("it has not started".into()),
+            last_death: Mutex::new(None),
             restarts: AtomicU64::new(0),
             exits: Mutex::default(),
             deadline_misses: AtomicU64::new(0),
@@ -286,13 +289,18 @@ impl IsolatedProcess {
             path: spec.path.clone(),
             message,
         };
-        match self.request(&request, None) {
+        // Listed before it loads, so that a death while loading names it.
+        self.libraries.lock().push((spec.clone(), taken));
+        let answer = self.request(&request, None);
+        if !matches!(answer, Ok(Reply::Loaded { .. })) {
+            self.libraries.lock().pop();
+        }
+        match answer {
             Ok(Reply::Loaded {
                 plugin,
                 components,
                 policies,
             }) => {
-                self.libraries.lock().push((spec.clone(), taken));
                 Ok(IsolatedLibrary {
                     plugin: *plugin,
                     components,
@@ -323,6 +331,10 @@ impl IsolatedProcess {
         };
         let phase = self.in_flight();
         *self.last_exit.lock() = format!("the process {cause}{phase}");
+        *self.last_death.lock() = Some((
+            cause.clone(),
+            phase.trim_start_matches(" while ").to_owned(),
+        ));
         *self.exits.lock().entry(label).or_default() += 1;
         for channel in live(&self.channels) {
             channel.break_off();
@@ -397,6 +409,12 @@ impl IsolatedProcess {
         self.restarts.fetch_add(1, Ordering::Relaxed);
         tracing::warn!(process = %self.name, pid = self.pid.load(Ordering::Relaxed), "isolated plugin process restarted; its instances are rebuilt");
         Ok(())
+    }
+
+    /// How the process last died and what it was doing then, if it ever died.
+    pub fn death(&self) -> Option<(String, String)> {
+        self.reap();
+        self.last_death.lock().clone()
     }
 
     pub(super) fn add_channel(&self, channel: &Arc<Channel>) {

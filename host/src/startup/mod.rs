@@ -141,6 +141,16 @@ pub fn load(config: Option<&Path>, probe: bool) -> Result<Startup, Vec<String>> 
 pub fn start(source: ConfigSource) -> Result<Startup, Vec<StartupError>> {
     let mut errors: Vec<StartupError> = Vec::new();
     let registry = load_plugins(&source, &mut errors);
+    assemble(source, registry, errors)
+}
+
+/// The rest of startup, over a registry with the config's plugins loaded (and the errors
+/// loading them gave): config checks, instances validated and built.
+fn assemble(
+    source: ConfigSource,
+    registry: Registry,
+    mut errors: Vec<StartupError>,
+) -> Result<Startup, Vec<StartupError>> {
     let (config_errors, sound_entries) = source.validate();
     errors.extend(config_errors.into_iter().map(StartupError::from));
 
