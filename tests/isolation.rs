@@ -52,9 +52,14 @@ fn faulty_library(dir: &Path, fault: &str) -> PathBuf {
 }
 
 fn config(library: &Path, flag: &Path, isolation: &str) -> String {
+    config_limited(library, flag, isolation, "")
+}
+
+/// `config`, with more `isolation:` settings (`, key: value` each).
+fn config_limited(library: &Path, flag: &Path, isolation: &str, settings: &str) -> String {
     format!(
         "plugins:\n  - path: {}\n    isolation: {isolation}\n\
-         isolation: {{call_deadline_ms: 300, kill_after_ms: 300, restart_backoff_ms: 50}}\n\
+         isolation: {{call_deadline_ms: 300, kill_after_ms: 300, restart_backoff_ms: 50{settings}}}\n\
          worker_selection:\n  default: faulty\n  instances:\n\
          \x20   - name: faulty\n      on_error: fallback\n\
          \x20     scorers: [{{type: fixture.faulty, parameters: {{flag: {}}}}}]\n\
@@ -116,10 +121,20 @@ fn every_fault_is_contained_answered_by_fallback_counted_and_recovered_from() {
         ("OVERRUN", "signal:SIG"),
         ("SLEEP", "killed:deadline"),
         ("THROW", "signal:SIGABRT"),
+        // Past `memory_limit_mb: 256`: malloc fails in the child, not the router.
+        ("HOG", "signal:SIGSEGV"),
     ];
     for (fault, cause) in faults {
         let library = faulty_library(dir.path(), fault);
-        let config_path = write_config(dir.path(), &config(&library, &flag, "process"));
+        let settings = if fault == "HOG" {
+            ", memory_limit_mb: 256"
+        } else {
+            ""
+        };
+        let config_path = write_config(
+            dir.path(),
+            &config_limited(&library, &flag, "process", settings),
+        );
         std::fs::write(&flag, "").unwrap();
         let server = serve(&config_path);
         let base = server.address.clone();
