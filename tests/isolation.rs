@@ -345,14 +345,18 @@ fn labels_cross_to_an_isolated_policy_that_composes_the_routers_built_ins() {
 }
 
 #[test]
-fn check_reports_an_isolated_library_that_crashes_loading_or_creating_naming_file_phase_and_cause()
-{
+fn check_reports_an_isolated_library_that_crashes_or_hangs_loading_or_creating() {
     let dir = tempfile::tempdir().unwrap();
     for (define, phase, cause) in [
         (
             "CTOR_ABORT",
             "loading (constructors) and registering",
             "SIGABRT",
+        ),
+        (
+            "CTOR_HANG",
+            "loading (constructors) and registering",
+            "killed by the router: it did not answer within 500 ms",
         ),
         (
             "REGISTER_SEGV",
@@ -369,7 +373,7 @@ fn check_reports_an_isolated_library_that_crashes_loading_or_creating_naming_fil
         let config = write_config(
             dir.path(),
             &format!(
-                "plugins:\n  - path: {}\n    isolation: process\nworker_selection:\n  instances:\n    - name: c\n      filters: [{{type: fixture.keep-all}}]\n      picker: {{type: builtin.lowest-cost}}\n",
+                "plugins:\n  - path: {}\n    isolation: process\nisolation: {{control_timeout_ms: 500}}\nworker_selection:\n  instances:\n    - name: c\n      filters: [{{type: fixture.keep-all}}]\n      picker: {{type: builtin.lowest-cost}}\n",
                 lib.display()
             ),
         );

@@ -520,6 +520,10 @@ impl Channel {
     /// After a restart: a fresh region in the new incarnation.
     pub(super) fn reopen(&self) {
         let mut link = self.call.lock();
+        // A call may have opened it in this incarnation already.
+        if link.incarnation == self.process.incarnation() && link.call.is_some() {
+            return;
+        }
         if let Err(e) = self.open(&mut link) {
             tracing::error!(process = %self.process.name, error = %e, "reopening an isolation channel failed; it is retried at its next call");
         }

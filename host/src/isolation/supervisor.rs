@@ -50,7 +50,7 @@ pub struct ProcessSnapshot {
 
 struct Incarnation {
     process: std::process::Child,
-    control: Connection,
+    control: Arc<Connection>,
 }
 
 /// One supervised child process running some plugin libraries.
@@ -58,6 +58,9 @@ pub struct IsolatedProcess {
     pub name: String,
     pub settings: IsolationSettings,
     current: Mutex<Option<Incarnation>>,
+    /// Serializes control requests (one answer at a time on the connection), without
+    /// holding `current`: the supervisor must be able to reap and kill meanwhile.
+    control: Mutex<()>,
     /// Bumped per start; channels and instance slots remember the one they belong to.
     incarnation: AtomicU32,
     up: AtomicBool,
@@ -90,6 +93,7 @@ impl IsolatedProcess {
             name: name.to_owned(),
             settings: settings.clone(),
             current: Mutex::new(None),
+            control: Mutex::new(()),
             incarnation: AtomicU32::new(0),
             up: AtomicBool::new(false),
             pid: AtomicU32::new(0),
@@ -169,7 +173,7 @@ impl IsolatedProcess {
         self.pid.store(process.id(), Ordering::Relaxed);
         *self.current.lock() = Some(Incarnation {
             process,
-            control: parent,
+            control: Arc::new(parent),
         });
         self.incarnation.fetch_add(1, Ordering::SeqCst);
         self.up.store(true, Ordering::SeqCst);
@@ -204,17 +208,15 @@ impl IsolatedProcess {
         request: &Request,
         fd: Option<&OwnedFd>,
     ) -> Result<Reply, CallError> {
-        let current = self.current.lock();
-        let Some(incarnation) = current.as_ref().filter(|_| self.is_up()) else {
-            drop(current);
-            return Err(self.down_error());
+        let _one_at_a_time = self.control.lock();
+        let connection = match self.current.lock().as_ref() {
+            Some(incarnation) if self.is_up() => incarnation.control.clone(),
+            _ => return Err(self.down_error()),
         };
         *self.control_phase.lock() = Some(request.describe());
-        let answer = incarnation
-            .control
+        let answer = connection
             .send(request, fd)
-            .and_then(|()| incarnation.control.receive::<Reply>());
-        drop(current);
+            .and_then(|()| connection.receive::<Reply>());
         let answer = match answer {
             Ok((reply, _)) => Ok(reply),
             Err(e) => {
