@@ -352,7 +352,7 @@ fn lifecycle_notifications(isolation: &str) {
     );
     let log = dir.path().join("notifications.log");
     let yaml = format!(
-        "plugins:\n  - path: {}\n    isolation: {isolation}\nworkers:\n  - {{model: m, worker_id: 1}}\n  - {{model: m, worker_id: 2}}\nworker_selection:\n  default: logged\n  instances:\n    - name: logged\n      scorers: [{{type: fixture.lifecycle-log, parameters: {{log: \"{}\"}}}}, {{type: builtin.active-requests}}]\n      picker: {{type: builtin.lowest-cost, parameters: {{tie_break: worker-id}}}}\n",
+        "plugins:\n  - path: {}\n    isolation: {isolation}\nisolation: {{call_deadline_ms: 30000}}\nworkers:\n  - {{model: m, worker_id: 1}}\n  - {{model: m, worker_id: 2}}\nworker_selection:\n  default: logged\n  instances:\n    - name: logged\n      scorers: [{{type: fixture.lifecycle-log, parameters: {{log: \"{}\"}}}}, {{type: builtin.active-requests}}]\n      picker: {{type: builtin.lowest-cost, parameters: {{tie_break: worker-id}}}}\n",
         lib.display(),
         log.display()
     );

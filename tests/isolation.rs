@@ -59,7 +59,7 @@ fn config(library: &Path, flag: &Path, isolation: &str) -> String {
 fn config_limited(library: &Path, flag: &Path, isolation: &str, settings: &str) -> String {
     format!(
         "plugins:\n  - path: {}\n    isolation: {isolation}\n\
-         isolation: {{call_deadline_ms: 300, kill_after_ms: 300, restart_backoff_ms: 50{settings}}}\n\
+         isolation: {{call_deadline_ms: 300, kill_after_ms: 2000, restart_backoff_ms: 50{settings}}}\n\
          worker_selection:\n  default: faulty\n  instances:\n\
          \x20   - name: faulty\n      on_error: fallback\n\
          \x20     scorers: [{{type: fixture.faulty, parameters: {{flag: {}}}}}]\n\
@@ -232,6 +232,7 @@ fn decisions_through_isolated_plugins_equal_the_in_process_ones() {
     let yaml = |rust: &str, c: &str, cpp: &str| {
         format!(
             "plugins:\n  - path: {}\n    isolation: {rust}\n  - path: {}\n    isolation: {c}\n  - path: {}\n    isolation: {cpp}\n\
+             isolation: {{call_deadline_ms: 30000}}\n\
              worker_selection:\n  instances:\n\
              \x20   - {{name: rust, type: least-busy, parameters: {{min_device_overlap_blocks: 3}}}}\n\
              \x20   - {{name: c, type: c.least-busy, parameters: {{min_device_overlap_blocks: 3}}}}\n\
@@ -317,7 +318,7 @@ fn labels_cross_to_an_isolated_policy_that_composes_the_routers_built_ins() {
         let config = write_config(
             &sub,
             &format!(
-                "plugins:\n  - path: {}\n    isolation: {isolation}\n\
+                "plugins:\n  - path: {}\n    isolation: {isolation}\nisolation: {{call_deadline_ms: 30000}}\n\
                  worker_selection:\n  instances:\n\
                  \x20   - {{name: zone-policy, type: c.zone-least-busy, parameters: {{zone: a}}}}\n\
                  \x20   - name: zone-filter\n      filters: [{{type: c.label-equals, parameters: {{key: zone, value: a}}}}]\n\
