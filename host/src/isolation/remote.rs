@@ -133,6 +133,19 @@ impl BuildUnit {
         }
     }
 
+    /// Runs the recipe, again if the process restarted meanwhile (its answer would name
+    /// instances of a process that is gone, and the restart's rebuild would not know it).
+    fn run_in_current(&self) -> Result<(u32, Vec<Part>), CallError> {
+        let mut tries = 0;
+        loop {
+            let (incarnation, parts) = self.run()?;
+            tries += 1;
+            if incarnation == self.process.incarnation() || tries == 3 {
+                return Ok((incarnation, parts));
+            }
+        }
+    }
+
     /// Builds the instances again in a new incarnation (same shape, or an error).
     pub(super) fn rebuild(&self) -> Result<(), String> {
         let (incarnation, parts) = self.run().map_err(|e| e.to_string())?;
@@ -192,7 +205,7 @@ pub fn create_component(
         },
         slots: vec![slot.clone()],
     };
-    let (incarnation, parts) = unit.run()?;
+    let (incarnation, parts) = unit.run_in_current()?;
     let Some(Part::Own { id, notified, .. }) = parts.into_iter().next() else {
         unit.slots.clear();
         return Err(CallError::new(Status::Error, "no instance was created"));
@@ -245,7 +258,7 @@ pub fn build_policy(
         },
         slots: Vec::new(),
     };
-    let (incarnation, parts) = unit.run()?;
+    let (incarnation, parts) = unit.run_in_current()?;
     // Slots first (the unit must hold them all before its instances share it).
     enum Pending {
         Own(Arc<InstanceSlot>, String, ComponentKind, u32, f64, bool),
