@@ -191,6 +191,41 @@ fn every_fault_is_contained_answered_by_fallback_counted_and_recovered_from() {
 }
 
 #[test]
+fn a_seccomp_filtered_child_that_starts_a_program_is_killed_and_an_unfiltered_one_is_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let flag = dir.path().join("misbehave");
+    let library = faulty_library(dir.path(), "EXEC");
+    std::fs::write(&flag, "").unwrap();
+    for seccomp in [false, true] {
+        let config_path = write_config(
+            dir.path(),
+            // Starting a program may be slow on a loaded machine: a generous deadline.
+            &config_limited(&library, &flag, "process", &format!(", seccomp: {seccomp}"))
+                .replace("call_deadline_ms: 300,", "call_deadline_ms: 30000,"),
+        );
+        let server = serve(&config_path);
+        let base = server.address.clone();
+        let decision = select(&base).unwrap();
+        let exits = format!(
+            "switchyard_isolated_process_exits_total{{process=\"{}\",cause=\"signal:SIGSYS\"}}",
+            library.display()
+        );
+        if seccomp {
+            assert_eq!(decision["fallback"], true, "{decision}");
+            eventually("the filtered child's death counted as SIGSYS", || {
+                series(&metrics(&base), &exits) >= 1.0
+            });
+        } else {
+            assert_eq!(
+                decision["fallback"], false,
+                "without the filter it may: {decision}"
+            );
+            assert_eq!(series(&metrics(&base), &exits), 0.0);
+        }
+    }
+}
+
+#[test]
 fn without_isolation_the_same_abort_takes_the_router_down() {
     let dir = tempfile::tempdir().unwrap();
     let flag = dir.path().join("misbehave");

@@ -133,6 +133,9 @@ pub struct IsolationSettings {
     pub memory_limit_mb: Option<u64>,
     /// A child's CPU-time limit in seconds (RLIMIT_CPU: the kernel kills it past that).
     pub cpu_time_limit_secs: Option<u64>,
+    /// A seccomp filter in each child: plugin code that starts a program or process, or
+    /// traces another, kills the child (SIGSYS).
+    pub seccomp: bool,
     /// The most candidates one isolated call may carry (sizes each shared-memory channel;
     /// only the pages a fleet touches are resident).
     pub max_candidates: usize,
@@ -151,6 +154,7 @@ impl Default for IsolationSettings {
             restart_backoff_max_ms: 10_000,
             memory_limit_mb: None,
             cpu_time_limit_secs: None,
+            seccomp: false,
             max_candidates: 65_536,
             spin_us: 50,
         }

@@ -23,6 +23,8 @@ pub const CONTROL_FD: i32 = 3;
 /// How long a call thread spins for the next call before it sleeps (environment of the
 /// child, set by the router from `isolation.spin_us`).
 pub const SPIN_ENV: &str = "SWITCHYARD_ISOLATION_SPIN_US";
+/// Set to `1` when the child must filter its system calls (`isolation.seccomp`).
+pub const SECCOMP_ENV: &str = "SWITCHYARD_ISOLATION_SECCOMP";
 
 type Instances = Arc<Mutex<HashMap<u32, Arc<Mutex<ComponentInstance>>>>>;
 
@@ -41,6 +43,12 @@ pub fn run() -> i32 {
     // SAFETY: the router passed the control connection as fd 3 (`Supervisor::spawn`), and
     // nothing else in this process uses that fd.
     let control = unsafe { Connection::inherited(CONTROL_FD) };
+    if std::env::var(SECCOMP_ENV).is_ok_and(|v| v == "1") {
+        if let Err(e) = super::seccomp::install() {
+            eprintln!("switchyard: the isolated process cannot install its seccomp filter ({e}); set `isolation.seccomp: false` on this machine");
+            return 4;
+        }
+    }
     let spin = std::env::var(SPIN_ENV)
         .ok()
         .and_then(|v| v.parse().ok())

@@ -9,7 +9,7 @@
 //!   their calls cross (one per policy and process).
 //! - [`region`]: memfd regions and the futex waits on their sequence words.
 //! - [`control`]: the control connection's messages.
-//! - [`child`]: the child process itself.
+//! - [`child`]: the child process itself; [`seccomp`]: its optional system-call filter.
 //!
 //! The call's layout in shared memory is the plugin boundary's (`plugin::shared_call`).
 
@@ -17,6 +17,7 @@ pub mod child;
 pub mod control;
 pub mod region;
 pub mod remote;
+pub mod seccomp;
 pub mod supervisor;
 
 pub use remote::{

@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::child::{CONTROL_FD, SPIN_ENV, SUBCOMMAND};
+use super::child::{CONTROL_FD, SECCOMP_ENV, SPIN_ENV, SUBCOMMAND};
 use super::control::{ComponentInfo, Connection, Reply, Request};
 use super::remote::{BuildUnit, Channel};
 use crate::config::IsolationSettings;
@@ -132,6 +132,7 @@ impl IsolatedProcess {
         command
             .arg(SUBCOMMAND)
             .env(SPIN_ENV, self.settings.spin_us.to_string())
+            .env(SECCOMP_ENV, if self.settings.seccomp { "1" } else { "0" })
             .stdin(Stdio::null());
         // SAFETY: only async-signal-safe calls between fork and exec: dup2, fcntl,
         // setrlimit, prctl.
