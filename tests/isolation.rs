@@ -463,9 +463,10 @@ fn the_documented_isolation_configs_parse_to_what_they_say() {
         (
             settings.call_deadline_ms,
             settings.memory_limit_mb,
-            settings.cpu_time_limit_secs
+            settings.cpu_time_limit_secs,
+            settings.seccomp
         ),
-        (50.0, Some(4096), Some(86_400))
+        (50.0, Some(4096), Some(86_400), true)
     );
     // The configuration reference shows the defaults.
     let reference = parse("docs/configuration.md");
