@@ -282,12 +282,7 @@ impl IsolatedProcess {
         spec: &PluginSpec,
         taken: Vec<(String, String)>,
     ) -> Result<IsolatedLibrary, LoadError> {
-        let request = Request::Load {
-            path: spec.path.clone(),
-            sha256: spec.sha256.clone(),
-            revision: spec.revision,
-            taken: taken.clone(),
-        };
+        let request = load_request(spec, taken.clone());
         let in_child = |message: String| LoadError::InChild {
             path: spec.path.clone(),
             message,
@@ -384,17 +379,12 @@ impl IsolatedProcess {
         self.spawn().map_err(|e| format!("cannot start: {e}"))?;
         let libraries = self.libraries.lock().clone();
         for (spec, taken) in libraries {
-            let request = Request::Load {
-                path: spec.path.clone(),
-                sha256: spec.sha256.clone(),
-                revision: spec.revision,
-                taken,
-            };
-            match self.request(&request, None) {
+            match self.request(&load_request(&spec, taken), None) {
                 Ok(Reply::Loaded { .. }) => {}
+                Ok(Reply::Refused { message }) => return Err(message),
                 Ok(other) => {
                     return Err(format!(
-                        "{} no longer loads: {other:?}",
+                        "{}: unexpected answer {other:?}",
                         spec.path.display()
                     ))
                 }
@@ -453,6 +443,15 @@ impl Drop for IsolatedProcess {
             let _ = incarnation.process.kill();
             let _ = incarnation.process.wait();
         }
+    }
+}
+
+fn load_request(spec: &PluginSpec, taken: Vec<(String, String)>) -> Request {
+    Request::Load {
+        path: spec.path.clone(),
+        sha256: spec.sha256.clone(),
+        revision: spec.revision,
+        taken,
     }
 }
 

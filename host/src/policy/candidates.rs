@@ -10,7 +10,6 @@ use crate::plugin::{Columns, Labels};
 
 /// The candidates of one request, as index-aligned arrays (the ABI's layout). Only the
 /// groups in `groups` are filled.
-#[derive(Default)]
 pub struct Candidates {
     groups: WorkerInputs,
     worker_id: Vec<u64>,
@@ -28,11 +27,29 @@ pub struct Candidates {
     version: u64,
 }
 
-/// Versions unique in the process: a policy may see the buffers of several threads.
-static NEXT_VERSION: AtomicU64 = AtomicU64::new(1);
+/// Bits of a version that count changes; the bits above identify the set, so that
+/// versions stay unique in the process (a policy may see several threads' sets).
+const CHANGE_BITS: u32 = 40;
 
-fn next_version() -> u64 {
-    NEXT_VERSION.fetch_add(1, Ordering::Relaxed)
+impl Default for Candidates {
+    fn default() -> Self {
+        static NEXT_SET: AtomicU64 = AtomicU64::new(1);
+        Candidates {
+            groups: WorkerInputs::default(),
+            worker_id: Vec::new(),
+            dp_rank: Vec::new(),
+            device_overlap_blocks: Vec::new(),
+            host_overlap_blocks: Vec::new(),
+            disk_overlap_blocks: Vec::new(),
+            shared_beyond_device_blocks: Vec::new(),
+            active_prefill_tokens: Vec::new(),
+            decode_cost_blocks: Vec::new(),
+            active_requests: Vec::new(),
+            preferred_taint_multiplier: Vec::new(),
+            labels: Vec::new(),
+            version: NEXT_SET.fetch_add(1, Ordering::Relaxed) << CHANGE_BITS,
+        }
+    }
 }
 
 /// Everything known about one candidate but its labels (`Candidates::fill_labels`);
@@ -78,7 +95,7 @@ impl Candidates {
         let rows = rows.into_iter();
         let n = rows.len();
         self.groups = groups;
-        self.version = next_version();
+        self.touch();
         // Set by `fill_labels`, if the group is wanted.
         self.labels.clear();
         let cache = groups.contains(WorkerInputs::CACHE);
@@ -151,7 +168,7 @@ impl Candidates {
     /// group (otherwise does nothing); rows past the given labels have none. Kept apart
     /// from `fill`: labels are reference-counted, and rows stay plain copies.
     pub fn fill_labels(&mut self, labels: impl IntoIterator<Item = Arc<Labels>>) {
-        self.version = next_version();
+        self.touch();
         self.labels.clear();
         if !self.groups.contains(WorkerInputs::LABELS) {
             return;
@@ -163,6 +180,13 @@ impl Candidates {
 
     pub fn len(&self) -> usize {
         self.worker_id.len()
+    }
+
+    /// The contents changed: a new version (no shared counter on the request path).
+    fn touch(&mut self) {
+        let set = self.version >> CHANGE_BITS << CHANGE_BITS;
+        let changes = (self.version + 1) & ((1 << CHANGE_BITS) - 1);
+        self.version = set | changes;
     }
 
     pub fn is_empty(&self) -> bool {
@@ -195,7 +219,7 @@ impl Candidates {
                 values.clear();
             }
         }
-        self.version = next_version();
+        self.touch();
         self.groups = WorkerInputs::from_bits(self.groups.bits() & still_needed.bits());
         let cache = self.groups.contains(WorkerInputs::CACHE);
         let load = self.groups.contains(WorkerInputs::LOAD);
