@@ -472,3 +472,63 @@ fn the_documented_isolation_configs_parse_to_what_they_say() {
     let reference = parse("docs/configuration.md");
     assert_eq!(reference.config.isolation, IsolationSettings::default());
 }
+
+#[test]
+fn isolated_policies_serve_many_threads_at_once() {
+    std::env::set_var("SWITCHYARD_EXE", switchyard_bin());
+    let dir = tempfile::tempdir().unwrap();
+    let startup = start_yaml(
+        dir.path(),
+        &format!(
+            "plugins:\n  - {{path: {}, isolation: {{process: vendor}}}}\n  - {{path: {}, isolation: {{process: vendor}}}}\n\
+             isolation: {{call_deadline_ms: 30000}}\n\
+             worker_selection:\n  instances:\n\
+             \x20   - {{name: c, type: c.least-busy}}\n\
+             \x20   - {{name: cpp, type: cpp.least-busy}}\n",
+            cmake_plugin("least_busy_c").display(),
+            cmake_plugin("least_busy_cpp").display(),
+        ),
+    )
+    .expect("starts");
+    // Four policies (two instances, two partitions each) in one child, each behind its
+    // own lock as the router holds them, called from eight threads at once.
+    let selectors: Vec<std::sync::Mutex<switchyard::policy::Selector>> = ["c", "cpp"]
+        .into_iter()
+        .flat_map(|instance| {
+            let factory = startup.instance(instance).unwrap();
+            ["m1", "m2"].map(|model| {
+                std::sync::Mutex::new(switchyard::policy::Selector::new(
+                    factory
+                        .build(&switchyard::plugin::PartitionKey::new(
+                            model,
+                            switchyard_plugin_sdk::WorkerType::Select,
+                        ))
+                        .unwrap(),
+                ))
+            })
+        })
+        .collect();
+    let selectors = &selectors;
+    std::thread::scope(|scope| {
+        for thread in 0..8u64 {
+            scope.spawn(move || {
+                for round in 0..250u64 {
+                    let workers = fleet(thread * 1000 + round, 1 + (round as usize % 40));
+                    // The least busy worker among those the filter keeps (overlap >= 0).
+                    let least = workers.iter().map(|w| w.active).min().unwrap();
+                    let mut selector = selectors[(thread + round) as usize % 4].lock().unwrap();
+                    let chosen = support::select(&mut selector, 8, &workers)
+                        .unwrap_or_else(|e| panic!("thread {thread}, round {round}: {e}"));
+                    let active = workers.iter().find(|w| w.id == chosen).unwrap().active;
+                    assert_eq!(active, least, "thread {thread}, round {round}");
+                }
+            });
+        }
+    });
+    let process = startup.registry.processes().next().unwrap().snapshot();
+    assert!(process.calls >= 2000 * 3, "{process:?}");
+    assert!(
+        process.exits.is_empty() && process.deadline_misses == 0,
+        "{process:?}"
+    );
+}
