@@ -363,10 +363,23 @@ impl RemoteInstance {
         self.channel = Some(channel);
     }
 
-    fn channel(&mut self) -> Arc<Channel> {
+    /// One call through this instance's channel (its own, until a policy shares one).
+    fn call(
+        &mut self,
+        op: Op,
+        request: Option<&AbiRequest<'_>>,
+        columns: Option<&Columns<'_>>,
+        notification: Option<(Lifecycle, &Outcome)>,
+        answer: Answer<'_>,
+    ) -> Result<(), CallError> {
+        let target = Target {
+            slot: &self.slot,
+            name: &self.name,
+            inputs: self.inputs,
+        };
         self.channel
             .get_or_insert_with(|| Channel::new(&self.unit.process))
-            .clone()
+            .call(target, op, request, columns, notification, answer)
     }
 
     pub fn filter(
@@ -375,16 +388,8 @@ impl RemoteInstance {
         columns: &Columns<'_>,
         keep: &mut [u8],
     ) -> Result<(), CallError> {
-        keep.fill(1);
-        let channel = self.channel();
-        channel.call(
-            self,
-            Op::Filter,
-            Some(request),
-            Some(columns),
-            None,
-            Answer::Keep(keep),
-        )
+        let answer = Answer::Keep(keep);
+        self.call(Op::Filter, Some(request), Some(columns), None, answer)
     }
 
     pub fn score(
@@ -393,15 +398,8 @@ impl RemoteInstance {
         columns: &Columns<'_>,
         costs: &mut [f64],
     ) -> Result<(), CallError> {
-        let channel = self.channel();
-        channel.call(
-            self,
-            Op::Score,
-            Some(request),
-            Some(columns),
-            None,
-            Answer::Costs(costs),
-        )
+        let answer = Answer::Costs(costs);
+        self.call(Op::Score, Some(request), Some(columns), None, answer)
     }
 
     pub fn pick(
@@ -409,16 +407,9 @@ impl RemoteInstance {
         request: &AbiRequest<'_>,
         columns: &Columns<'_>,
     ) -> Result<usize, CallError> {
-        let channel = self.channel();
         let mut row = usize::MAX;
-        channel.call(
-            self,
-            Op::Pick,
-            Some(request),
-            Some(columns),
-            None,
-            Answer::Row(&mut row),
-        )?;
+        let answer = Answer::Row(&mut row);
+        self.call(Op::Pick, Some(request), Some(columns), None, answer)?;
         if row == usize::MAX {
             return Err(CallError::new(
                 Status::OutOfRange,
@@ -437,16 +428,16 @@ impl RemoteInstance {
         if !self.notified {
             return Ok(());
         }
-        let channel = self.channel();
-        channel.call(
-            self,
-            Op::Notify,
-            request,
-            None,
-            Some((event, outcome)),
-            Answer::Nothing,
-        )
+        let notification = Some((event, outcome));
+        self.call(Op::Notify, request, None, notification, Answer::Nothing)
     }
+}
+
+/// The instance a channel call is for.
+struct Target<'a> {
+    slot: &'a InstanceSlot,
+    name: &'a Arc<str>,
+    inputs: WorkerInputs,
 }
 
 /// Gives the isolated stages of one policy one channel per process.
@@ -472,9 +463,16 @@ pub struct Channel {
     call: Mutex<Link>,
     /// The region in use, for the supervisor to break when the process dies.
     live: Mutex<Option<Arc<Region>>>,
-    /// The call in flight (`on_score of `x``), for death reports.
-    phase: Mutex<Option<(Arc<str>, &'static str)>>,
-    stuck_since: Mutex<Option<(Instant, Arc<str>)>>,
+    /// The call in flight, for death reports and the supervisor's deadline kills.
+    in_flight: Mutex<InFlight>,
+}
+
+#[derive(Default)]
+struct InFlight {
+    /// The component and callback of the call in flight (kept after a missed deadline).
+    call: Option<(Arc<str>, &'static str)>,
+    /// When that call missed its deadline.
+    stuck_since: Option<Instant>,
 }
 
 struct Link {
@@ -495,8 +493,7 @@ impl Channel {
                 seq: 0,
             }),
             live: Mutex::new(None),
-            phase: Mutex::new(None),
-            stuck_since: Mutex::new(None),
+            in_flight: Mutex::default(),
         });
         process.add_channel(&channel);
         channel
@@ -526,7 +523,7 @@ impl Channel {
         link.seq = 0;
         link.incarnation = incarnation;
         *self.live.lock() = Some(region);
-        *self.stuck_since.lock() = None;
+        *self.in_flight.lock() = InFlight::default();
         Ok(())
     }
 
@@ -559,24 +556,25 @@ impl Channel {
     }
 
     pub(super) fn phase(&self) -> Option<String> {
-        self.phase
+        self.in_flight
             .lock()
+            .call
             .as_ref()
             .map(|(name, callback)| format!("running {callback} of `{name}`"))
     }
 
     /// The component of a call stuck longer than `limit` past its deadline, if any.
     pub(super) fn stuck_longer_than(&self, limit: Duration) -> Option<String> {
-        self.stuck_since
-            .lock()
-            .as_ref()
-            .filter(|(since, _)| since.elapsed() > limit)
-            .map(|(_, name)| format!("`{name}`"))
+        let in_flight = self.in_flight.lock();
+        match (&in_flight.call, in_flight.stuck_since) {
+            (Some((name, _)), Some(since)) if since.elapsed() > limit => Some(format!("`{name}`")),
+            _ => None,
+        }
     }
 
     fn call(
         &self,
-        instance: &RemoteInstance,
+        instance: Target<'_>,
         op: Op,
         request: Option<&AbiRequest<'_>>,
         columns: Option<&Columns<'_>>,
@@ -610,9 +608,7 @@ impl Channel {
             return Err(process.down_error());
         };
         match call.sync().done_seq.load(Ordering::Acquire) {
-            done if done == previous => {
-                *self.stuck_since.lock() = None;
-            }
+            done if done == previous => {}
             BROKEN => return Err(process.down_error()),
             _ => {
                 process.refused_calls.fetch_add(1, Ordering::Relaxed);
@@ -636,7 +632,11 @@ impl Channel {
             Op::Pick => "on_pick",
             _ => "a lifecycle notification",
         };
-        *self.phase.lock() = Some((instance.name.clone(), callback));
+        // A late call that has come back since is over: this one replaces it.
+        *self.in_flight.lock() = InFlight {
+            call: Some((instance.name.clone(), callback)),
+            stuck_since: None,
+        };
         process.calls.fetch_add(1, Ordering::Relaxed);
         let settings = &process.settings;
         let deadline = Instant::now() + Duration::from_secs_f64(settings.call_deadline_ms / 1e3);
@@ -651,11 +651,11 @@ impl Channel {
             Some(deadline),
         );
         match done {
-            Some(d) if d == seq => *self.phase.lock() = None,
+            Some(d) if d == seq => self.in_flight.lock().call = None,
             Some(BROKEN) => return Err(process.down_error()),
             None => {
                 process.deadline_misses.fetch_add(1, Ordering::Relaxed);
-                *self.stuck_since.lock() = Some((Instant::now(), instance.name.clone()));
+                self.in_flight.lock().stuck_since = Some(Instant::now());
                 return Err(CallError::new(
                     Status::Error,
                     format!(
