@@ -6,82 +6,38 @@
 //!
 //! Run: `make bench-isolation`.
 
+mod common;
+
 use std::hint::black_box;
-use std::path::PathBuf;
 use std::time::Instant;
 
-use rand::{Rng, SeedableRng};
 use switchyard::config::ConfigSource;
 use switchyard::plugin::{PartitionKey, RequestContext};
-use switchyard::policy::{CandidateRow, Selector};
+use switchyard::policy::Selector;
 use switchyard::startup::{start, Startup};
-use switchyard_plugin_sdk::{WorkerId, WorkerType};
+use switchyard_plugin_sdk::WorkerType;
+
+use common::{fleet, least_busy_plugins, repo};
 
 const SIZES: [usize; 4] = [8, 128, 1024, 10_000];
 const REQUEST_BLOCKS: u64 = 64;
-const LANGUAGES: [(&str, &str); 3] = [
-    ("rust", "least-busy"),
-    ("c", "c.least-busy"),
-    ("cpp", "cpp.least-busy"),
-];
-
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_owned()
-}
-
-fn plugin(path: PathBuf) -> String {
-    assert!(
-        path.exists(),
-        "{} is missing: run `make bench-isolation` (it builds the plugins first)",
-        path.display()
-    );
-    path.display().to_string()
-}
+/// The instances of `startup`'s config, one per plugin language.
+const LANGUAGES: [&str; 3] = ["rust", "c", "cpp"];
 
 fn startup(isolation: &str) -> Startup {
-    let out = std::env::current_exe()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .to_owned();
+    let [rust, c, cpp] = least_busy_plugins("bench-isolation");
     let yaml = format!(
         "plugins:\n  - {{path: {}, isolation: {isolation}}}\n  - {{path: {}, isolation: {isolation}}}\n  - {{path: {}, isolation: {isolation}}}\n\
          worker_selection:\n  instances:\n\
          \x20   - {{name: rust, type: least-busy, parameters: {{min_device_overlap_blocks: 4}}}}\n\
          \x20   - {{name: c, type: c.least-busy, parameters: {{min_device_overlap_blocks: 4}}}}\n\
          \x20   - {{name: cpp, type: cpp.least-busy, parameters: {{min_device_overlap_blocks: 4}}}}\n",
-        plugin(out.join("libleast_busy.so")),
-        plugin(repo().join("target/plugins/libleast_busy_c.so")),
-        plugin(repo().join("target/plugins/libleast_busy_cpp.so")),
+        rust,
+        c,
+        cpp,
     );
     let source = ConfigSource::parse(yaml, "<bench>".into(), repo()).unwrap();
     start(source).unwrap_or_else(|e| panic!("{e:?}"))
-}
-
-/// The fleet of the selection benchmark: device overlap 0..64 blocks, 0..32 active.
-fn fleet(size: usize) -> Vec<CandidateRow> {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(size as u64);
-    (0..size)
-        .map(|i| {
-            let mut row = CandidateRow::new(WorkerId {
-                worker_id: i as u64,
-                dp_rank: 0,
-            });
-            let device = rng.gen_range(0..64);
-            row.cache.device_overlap_blocks = device;
-            row.cache.host_overlap_blocks = device + rng.gen_range(0..8);
-            row.cache.disk_overlap_blocks = row.cache.host_overlap_blocks;
-            row.load.active_requests = rng.gen_range(0..32);
-            row.load.active_prefill_tokens = u64::from(row.load.active_requests) * 512;
-            row.load.decode_cost_blocks = u64::from(row.load.active_requests) * 40;
-            row
-        })
-        .collect()
 }
 
 fn selector(startup: &Startup, instance: &str) -> Selector {
@@ -138,7 +94,7 @@ fn main() {
         "ratio"
     );
     for size in SIZES {
-        for (language, _) in LANGUAGES {
+        for language in LANGUAGES {
             let mut a = selector(&in_process, language);
             let mut b = selector(&isolated, language);
             let [(a_med, a_fast), (b_med, b_fast)] = side_by_side(&mut a, &mut b, size);

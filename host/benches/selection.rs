@@ -6,8 +6,9 @@
 //! After criterion's timings it prints plugin / built-in ratios measured side by side:
 //! the variants run in interleaved rounds, so machine noise hits them alike.
 
+mod common;
+
 use std::hint::black_box;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput};
@@ -17,9 +18,11 @@ use switchyard::fleet::router::{RouteRequest, Router};
 use switchyard::fleet::workers::WorkerSpec;
 use switchyard::plugin::PartitionKey;
 use switchyard::plugin::RequestContext;
-use switchyard::policy::{CandidateRow, Selector};
+use switchyard::policy::Selector;
 use switchyard::startup::{start, Startup};
 use switchyard_plugin_sdk::{WorkerId, WorkerType};
+
+use common::{fleet, least_busy_plugins, repo};
 
 const SIZES: [usize; 4] = [8, 128, 1024, 10_000];
 const REQUEST_BLOCKS: u64 = 64;
@@ -31,63 +34,20 @@ const VARIANTS: [(&str, &str); 5] = [
     ("default-policy", "default"),
 ];
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_owned()
-}
-
-fn plugin(path: PathBuf) -> String {
-    assert!(
-        path.exists(),
-        "{} is missing: run `make bench` (it builds the plugins first)",
-        path.display()
-    );
-    path.display().to_string()
-}
-
 fn startup() -> Startup {
-    let out = std::env::current_exe()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .to_owned();
+    let [rust, c, cpp] = least_busy_plugins("bench");
     let yaml = format!(
         "plugins:\n  - path: {}\n  - path: {}\n  - path: {}\nworker_selection:\n  builtin_default: {{seed: 1}}\n  instances:\n\
          \x20   - {{name: builtin-least-busy, type: builtin.least-busy, parameters: {{min_device_overlap_blocks: 4}}}}\n\
          \x20   - {{name: rust, type: least-busy, parameters: {{min_device_overlap_blocks: 4}}}}\n\
          \x20   - {{name: c, type: c.least-busy, parameters: {{min_device_overlap_blocks: 4}}}}\n\
          \x20   - {{name: cpp, type: cpp.least-busy, parameters: {{min_device_overlap_blocks: 4}}}}\n",
-        plugin(out.join("libleast_busy.so")),
-        plugin(repo().join("target/plugins/libleast_busy_c.so")),
-        plugin(repo().join("target/plugins/libleast_busy_cpp.so")),
+        rust,
+        c,
+        cpp,
     );
     let source = ConfigSource::parse(yaml, "<bench>".into(), repo()).unwrap();
     start(source).unwrap_or_else(|e| panic!("{e:?}"))
-}
-
-/// A fixed synthetic fleet: device overlap 0..64 blocks, 0..32 active requests.
-fn fleet(size: usize) -> Vec<CandidateRow> {
-    let mut rng = rand::rngs::StdRng::seed_from_u64(size as u64);
-    (0..size)
-        .map(|i| {
-            let mut row = CandidateRow::new(WorkerId {
-                worker_id: i as u64,
-                dp_rank: 0,
-            });
-            let device = rng.gen_range(0..64);
-            row.cache.device_overlap_blocks = device;
-            row.cache.host_overlap_blocks = device + rng.gen_range(0..8);
-            row.cache.disk_overlap_blocks = row.cache.host_overlap_blocks;
-            row.load.active_requests = rng.gen_range(0..32);
-            row.load.active_prefill_tokens = u64::from(row.load.active_requests) * 512;
-            row.load.decode_cost_blocks = u64::from(row.load.active_requests) * 40;
-            row
-        })
-        .collect()
 }
 
 fn selectors(startup: &Startup) -> Vec<(&'static str, Selector)> {

@@ -1,0 +1,62 @@
+//! What the selection and isolation benchmarks share: where the example plugins are, and
+//! the synthetic fleet both measure on.
+
+use std::path::PathBuf;
+
+use rand::{Rng, SeedableRng};
+use switchyard::policy::CandidateRow;
+use switchyard_plugin_sdk::WorkerId;
+
+pub fn repo() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_owned()
+}
+
+/// The three languages' least-busy example libraries (Rust from this build's output
+/// folder, C and C++ from CMake's), as config paths; `make` names the target that
+/// builds them.
+pub fn least_busy_plugins(make: &str) -> [String; 3] {
+    let out = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_owned();
+    [
+        out.join("libleast_busy.so"),
+        repo().join("target/plugins/libleast_busy_c.so"),
+        repo().join("target/plugins/libleast_busy_cpp.so"),
+    ]
+    .map(|path| {
+        assert!(
+            path.exists(),
+            "{} is missing: run `make {make}` (it builds the plugins first)",
+            path.display()
+        );
+        path.display().to_string()
+    })
+}
+
+/// A fixed synthetic fleet: device overlap 0..64 blocks, 0..32 active requests.
+pub fn fleet(size: usize) -> Vec<CandidateRow> {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(size as u64);
+    (0..size)
+        .map(|i| {
+            let mut row = CandidateRow::new(WorkerId {
+                worker_id: i as u64,
+                dp_rank: 0,
+            });
+            let device = rng.gen_range(0..64);
+            row.cache.device_overlap_blocks = device;
+            row.cache.host_overlap_blocks = device + rng.gen_range(0..8);
+            row.cache.disk_overlap_blocks = row.cache.host_overlap_blocks;
+            row.load.active_requests = rng.gen_range(0..32);
+            row.load.active_prefill_tokens = u64::from(row.load.active_requests) * 512;
+            row.load.decode_cost_blocks = u64::from(row.load.active_requests) * 40;
+            row
+        })
+        .collect()
+}
