@@ -365,6 +365,9 @@ fn lifecycle_notifications(isolation: &str) {
     assert_eq!(server.reserve("logged", "r1", Some("chat-7")), 1);
     server.post("/v1/requests/r1/prefill_complete", json!({}));
     server.post("/v1/requests/r1/free", json!({}));
+    // Prefill-complete and finished are delivered off the request path, so another
+    // request's `on_selected` may overtake them; the order checked below is per request.
+    wait_for_log(&log, |l| l.iter().any(|l| l.starts_with("finished 1 ")));
     assert_eq!(server.reserve("logged", "r2", None), 1);
     // Its worker leaves: the booking goes, and with it the request.
     server.delete("/v1/workers/1");

@@ -9,16 +9,6 @@ use std::process::Command;
 
 use support::*;
 
-/// The fenced blocks of `lang` in a Markdown file, in order.
-fn blocks(markdown: &str, lang: &str) -> Vec<String> {
-    let fence = format!("```{lang}\n");
-    markdown
-        .split(&fence)
-        .skip(1)
-        .map(|rest| rest.split("```").next().unwrap_or_default().to_owned())
-        .collect()
-}
-
 fn check_and_select(dir: &Path, workers: &[&str]) -> String {
     let summary = run(Command::new(switchyard_bin()).current_dir(dir).args([
         "check",

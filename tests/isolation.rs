@@ -429,19 +429,16 @@ fn check_reports_an_isolated_library_that_crashes_or_hangs_loading_or_creating()
     }
 }
 
-/// The first fenced block of `lang` in a doc.
-fn doc_block(doc: &str, lang: &str) -> String {
-    let text = std::fs::read_to_string(repo().join(doc)).unwrap();
-    let start = text.find(&format!("```{lang}\n")).expect("a block") + lang.len() + 4;
-    text[start..][..text[start..].find("```").unwrap()].to_owned()
-}
-
 #[test]
 fn the_documented_isolation_configs_parse_to_what_they_say() {
     use switchyard::config::{ConfigSource, Isolation, IsolationMode, IsolationSettings};
     let parse = |doc: &str| {
-        ConfigSource::parse(doc_block(doc, "yaml"), doc.into(), repo())
-            .unwrap_or_else(|e| panic!("{doc}: {e}"))
+        let text = std::fs::read_to_string(repo().join(doc)).unwrap();
+        let first = blocks(&text, "yaml")
+            .into_iter()
+            .next()
+            .expect("a YAML block");
+        ConfigSource::parse(first, doc.into(), repo()).unwrap_or_else(|e| panic!("{doc}: {e}"))
     };
     let guide = parse("docs/isolation.md");
     let modes: Vec<&Isolation> = guide.config.plugins.iter().map(|p| &p.isolation).collect();

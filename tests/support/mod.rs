@@ -116,6 +116,16 @@ pub fn compile_c(
     out
 }
 
+/// The fenced blocks of `lang` in a Markdown file, in order.
+pub fn blocks(markdown: &str, lang: &str) -> Vec<String> {
+    let fence = format!("```{lang}\n");
+    markdown
+        .split(&fence)
+        .skip(1)
+        .map(|rest| rest.split("```").next().unwrap_or_default().to_owned())
+        .collect()
+}
+
 /// Writes `yaml` as `dir/config.yaml`.
 pub fn write_config(dir: &Path, yaml: &str) -> PathBuf {
     let path = dir.join("config.yaml");
