@@ -67,15 +67,8 @@ pub fn run() -> i32 {
             // The router closed the connection (or is gone): nothing more to serve.
             Err(_) => return 0,
         };
-        let reply = match request {
-            Request::Destroy { ids } => {
-                let mut instances = child.instances.lock().unwrap_or_else(|e| e.into_inner());
-                for id in ids {
-                    instances.remove(&id);
-                }
-                continue;
-            }
-            other => child.handle(other, fd),
+        let Some(reply) = child.handle(request, fd) else {
+            continue;
         };
         if control.send(&reply, None).is_err() {
             return 0;
@@ -91,8 +84,9 @@ fn failed(e: &CallError) -> Reply {
 }
 
 impl Child {
-    fn handle(&mut self, request: Request, fd: Option<OwnedFd>) -> Reply {
-        match request {
+    /// The answer to `request` (None for `Destroy`, which has none).
+    fn handle(&mut self, request: Request, fd: Option<OwnedFd>) -> Option<Reply> {
+        let reply = match request {
             Request::Load {
                 path,
                 sha256,
@@ -112,11 +106,11 @@ impl Child {
                 partition,
             } => {
                 let Some(def) = self.components.get(&type_name) else {
-                    return failed(&unknown(&type_name));
+                    return Some(failed(&unknown(&type_name)));
                 };
                 let params = match parse_params(&params) {
                     Ok(p) => p,
-                    Err(e) => return failed(&e),
+                    Err(e) => return Some(failed(&e)),
                 };
                 match def.create(&params, &partition.key()) {
                     Ok(instance) => {
@@ -141,7 +135,10 @@ impl Child {
             } => self.build(&type_name, &params, &partition.key(), &registered),
             Request::OpenChannel { rows, label_bytes } => {
                 let Some(fd) = fd else {
-                    return failed(&CallError::new(Status::InvalidArgument, "no region"));
+                    return Some(failed(&CallError::new(
+                        Status::InvalidArgument,
+                        "no region",
+                    )));
                 };
                 match Region::map(fd) {
                     Ok(region) if region.len() >= CallLayout::new(rows, label_bytes).size() => {
@@ -163,8 +160,15 @@ impl Child {
                     Err(e) => failed(&CallError::new(Status::Error, e.to_string())),
                 }
             }
-            Request::Destroy { .. } => Reply::Ok,
-        }
+            Request::Destroy { ids } => {
+                let mut instances = self.instances.lock().unwrap_or_else(|e| e.into_inner());
+                for id in ids {
+                    instances.remove(&id);
+                }
+                return None;
+            }
+        };
+        Some(reply)
     }
 
     fn load(&mut self, spec: PluginSpec, taken: Vec<(String, String)>) -> Reply {

@@ -38,7 +38,6 @@ type Library = (PluginSpec, Vec<(String, String)>);
 pub struct ProcessSnapshot {
     pub name: String,
     pub up: bool,
-    pub pid: Option<u32>,
     pub restarts: u64,
     /// Deaths by cause (`signal:SIGSEGV`, `exit:0`, `killed:deadline`, ...).
     pub exits: BTreeMap<String, u64>,
@@ -426,7 +425,6 @@ impl IsolatedProcess {
         ProcessSnapshot {
             name: self.name.clone(),
             up: self.is_up(),
-            pid: self.is_up().then(|| self.pid.load(Ordering::Relaxed)),
             restarts: self.restarts.load(Ordering::Relaxed),
             exits: self.exits.lock().clone(),
             deadline_misses: self.deadline_misses.load(Ordering::Relaxed),
