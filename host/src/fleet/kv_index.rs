@@ -103,6 +103,9 @@ impl Overlap {
     }
 }
 
+/// The slot of a worker that holds nothing.
+pub const NO_SLOT: u32 = u32::MAX;
+
 /// Workers as dense slots: holder sets store slots, not worker ids.
 ///
 /// A worker that leaves (or clears every tier) is not swept out of the tables at once:
@@ -119,6 +122,8 @@ struct Slots {
     live_bits: Vec<u64>,
     /// Per slot, the pairs it holds in each tier.
     pairs: Vec<[u64; 3]>,
+    /// Changes whenever a worker gains or loses a slot.
+    epoch: u64,
 }
 
 impl Slots {
@@ -136,6 +141,7 @@ impl Slots {
         self.pairs[slot as usize] = [0; 3];
         set_bit(&mut self.live_bits, slot);
         self.by_worker.insert(worker, slot);
+        self.epoch += 1;
         slot
     }
 
@@ -687,12 +693,16 @@ impl QueryResult<'_> {
     /// The worker's overlap; zero in every tier when it holds nothing of the prefix.
     #[inline]
     pub fn overlap(&self, worker: WorkerId) -> Overlap {
-        if self.fleet_prefix == 0 {
+        self.overlap_of_slot(self.index.slot_of(worker))
+    }
+
+    /// The overlap of the worker in `slot` (`KvIndex::slot_of`, valid while the index's
+    /// `slots_epoch` is unchanged): no worker lookup, for callers that keep slots.
+    #[inline]
+    pub fn overlap_of_slot(&self, slot: u32) -> Overlap {
+        if self.fleet_prefix == 0 || slot == NO_SLOT {
             return Overlap::default();
         }
-        let Some(&slot) = self.index.slots.by_worker.get(&worker) else {
-            return Overlap::default();
-        };
         match self.dense {
             Some(dense) => Overlap {
                 tiers: dense.depth.get(slot as usize).copied().unwrap_or_default(),
@@ -828,6 +838,7 @@ impl KvIndex {
         let Some(slot) = self.slots.by_worker.remove(&worker) else {
             return;
         };
+        self.slots.epoch += 1;
         self.slots.dead[slot as usize] = true;
         clear_bit(&mut self.slots.live_bits, slot);
         let pairs = std::mem::take(&mut self.slots.pairs[slot as usize]);
@@ -860,6 +871,21 @@ impl KvIndex {
         }
         self.garbage = 0;
         self.sweeps += 1;
+    }
+
+    /// The worker's slot (`NO_SLOT` when it holds nothing): what `QueryResult::overlap_of_slot`
+    /// takes.
+    pub fn slot_of(&self, worker: WorkerId) -> u32 {
+        self.slots
+            .by_worker
+            .get(&worker)
+            .copied()
+            .unwrap_or(NO_SLOT)
+    }
+
+    /// Changes whenever some worker's `slot_of` does.
+    pub fn slots_epoch(&self) -> u64 {
+        self.slots.epoch
     }
 
     /// Per-worker contiguous prefix overlap per tier for `hashes`.

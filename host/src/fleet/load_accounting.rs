@@ -41,6 +41,8 @@ pub struct LoadAccounting {
     workers: FxHashMap<WorkerId, WorkerLoad>,
     bookings: FxHashMap<String, Booking>,
     expiry: Duration,
+    /// Workers whose load changed since `for_each_changed` (repeats possible).
+    changed: Vec<WorkerId>,
 }
 
 impl LoadAccounting {
@@ -49,6 +51,7 @@ impl LoadAccounting {
             workers: FxHashMap::default(),
             bookings: FxHashMap::default(),
             expiry,
+            changed: Vec::new(),
         }
     }
 
@@ -87,6 +90,7 @@ impl LoadAccounting {
             .ok_or_else(|| AccountingError::UnknownRequest(request_id.to_owned()))?;
         if !booking.prefill_done {
             booking.prefill_done = true;
+            self.changed.push(booking.worker);
             let load = self.workers.entry(booking.worker).or_default();
             load.active_prefill_tokens = load
                 .active_prefill_tokens
@@ -128,6 +132,7 @@ impl LoadAccounting {
 
     /// Adds what `booking` holds to its worker's load (`release` takes it off).
     fn hold(&mut self, booking: &Booking) {
+        self.changed.push(booking.worker);
         let load = self.workers.entry(booking.worker).or_default();
         if !booking.prefill_done {
             load.active_prefill_tokens = load
@@ -141,6 +146,7 @@ impl LoadAccounting {
     }
 
     fn release(&mut self, booking: &Booking) {
+        self.changed.push(booking.worker);
         let load = self.workers.entry(booking.worker).or_default();
         if !booking.prefill_done {
             load.active_prefill_tokens = load
@@ -173,6 +179,17 @@ impl LoadAccounting {
     pub fn remove_worker(&mut self, worker: WorkerId) {
         self.workers.remove(&worker);
         self.bookings.retain(|_, b| b.worker != worker);
+    }
+
+    /// Calls `f` with each worker whose load changed since the last call, and its load
+    /// now, in the order of the changes.
+    pub fn for_each_changed(&mut self, mut f: impl FnMut(WorkerId, WorkerLoad)) {
+        for worker in self.changed.drain(..) {
+            f(
+                worker,
+                self.workers.get(&worker).copied().unwrap_or_default(),
+            );
+        }
     }
 
     pub fn is_booked(&self, request_id: &str) -> bool {

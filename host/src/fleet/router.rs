@@ -8,14 +8,15 @@ use std::time::{Duration, Instant};
 use parking_lot::{Mutex, RwLock};
 use rustc_hash::FxHashSet;
 use serde::{Deserialize, Serialize};
-use switchyard_plugin_sdk::{WorkerId, WorkerInputs, WorkerType};
+use switchyard_plugin_sdk::{CandidateCache, WorkerId, WorkerType};
 
 use super::generation::{Generation, SelectorSlot};
+use super::kept_columns::FleetColumns;
 use super::kv_events::hash_agreement::{EngineBlocks, Ignored};
 use super::kv_events::subscriber::{self, Subscription};
 use super::kv_events::wire::EngineEvent;
 use super::kv_events::ApplyOutcome;
-use super::kv_index::{hash_tokens, KvEvent, KvIndex, QueryResult, QueryScratch, Tier};
+use super::kv_index::{hash_tokens, KvEvent, KvIndex, QueryScratch, Tier, NO_SLOT};
 use super::lifecycle::Lifecycles;
 use super::load_accounting::{AccountingError, LoadAccounting};
 use super::metrics::Metrics;
@@ -23,7 +24,7 @@ use super::predicted_kv::PredictedKv;
 use super::workers::{WorkerError, WorkerSpec, Workers};
 use crate::config::{KvTracking, OnError};
 use crate::plugin::{Outcome, PartitionKey, RequestContext, SessionInfo};
-use crate::policy::{CandidateRow, Candidates, InstanceFactory, SelectError};
+use crate::policy::{Candidates, InstanceFactory, SelectError};
 use crate::startup::{Startup, BUILTIN_DEFAULT};
 
 /// The worker type a request asks for.
@@ -148,6 +149,9 @@ pub struct Router {
     state: RwLock<State>,
     kv: RwLock<KvIndex>,
     load: RwLock<LoadAccounting>,
+    /// Each partition's candidate columns, kept as bookings and members change. Taken
+    /// after `state`, `kv` and `load` when taken with them.
+    columns: Mutex<FleetColumns>,
     predicted: Mutex<PredictedKv>,
     /// Per worker, its engine's block hashes -> the router's (KV events from engines).
     engine_blocks: Mutex<HashMap<WorkerId, EngineBlocks>>,
@@ -170,12 +174,19 @@ struct Notified {
 /// Per-thread buffers of one request: nothing is allocated once warm.
 #[derive(Default)]
 struct Scratch {
-    query: QueryScratch,
     hashed: Vec<u64>,
-    /// The candidates, filled under the fleet's locks and run by the policy without them.
+    selection: SelectionScratch,
+}
+
+/// The buffers of one selection.
+#[derive(Default)]
+struct SelectionScratch {
+    query: QueryScratch,
+    /// The candidates: a partition's kept columns, lent, and the request's own, written
+    /// under the fleet's locks and run by the policy without them.
     candidates: Candidates,
-    /// Each candidate's id and device-cache overlap, in fill order.
-    members: Vec<(WorkerId, u32)>,
+    /// Which candidates a gateway's subset hint allows.
+    allowed: Vec<u8>,
 }
 
 thread_local! {
@@ -196,6 +207,7 @@ impl Router {
             }),
             kv: RwLock::new(KvIndex::default()),
             load: RwLock::new(LoadAccounting::new(expiry)),
+            columns: Mutex::new(FleetColumns::default()),
             predicted: Mutex::new(PredictedKv::default()),
             engine_blocks: Mutex::new(HashMap::new()),
             subscriptions: Mutex::new(HashMap::new()),
@@ -307,19 +319,20 @@ impl Router {
             if same_partition {
                 // Bookings and cached blocks stay; the spec (capacity, labels, url, ...) is
                 // the new one.
-                let mut state = self.state.write();
-                let _ = state.workers.remove(id);
-                let _ = state.workers.add(spec.clone());
+                self.change_workers(|workers| {
+                    let _ = workers.remove(id);
+                    let _ = workers.add(spec.clone());
+                });
             } else {
                 let _ = self.remove_worker(id);
-                let _ = self.state.write().workers.add(spec.clone());
+                let _ = self.change_workers(|workers| workers.add(spec.clone()));
             }
             if before[&id].kv_events != spec.kv_events {
                 self.subscriptions.lock().remove(&id);
             }
         }
         for spec in &added {
-            if let Err(e) = self.state.write().workers.add(spec.clone()) {
+            if let Err(e) = self.change_workers(|workers| workers.add(spec.clone())) {
                 tracing::warn!(error = %e, "reload: a new worker was not added");
             }
         }
@@ -334,6 +347,33 @@ impl Router {
             workers_updated: changed.len(),
             needs_restart,
         })
+    }
+
+    /// Changes the worker registry and, before any selection sees the change, the kept
+    /// columns of the partitions it touched (under the registry's lock, so concurrent
+    /// changes reach the columns in the order they happened).
+    fn change_workers<R>(&self, change: impl FnOnce(&mut Workers) -> R) -> R {
+        let mut state = self.state.write();
+        let result = change(&mut state.workers);
+        let mut changed = state.workers.take_changed().peekable();
+        if changed.peek().is_some() {
+            let load = self.load.read();
+            let mut columns = self.columns.lock();
+            for partition in changed {
+                columns.rebuild(&partition, &state.workers, &load);
+            }
+        }
+        result
+    }
+
+    /// Changes bookings and, under the same lock, the kept columns of the workers whose
+    /// load changed.
+    fn book<R>(&self, change: impl FnOnce(&mut LoadAccounting) -> R) -> R {
+        let mut load = self.load.write();
+        let result = change(&mut load);
+        let mut columns = self.columns.lock();
+        load.for_each_changed(|worker, now| columns.set_load(worker, now));
+        result
     }
 
     /// The generation now serving (a selection holds on to the one it started with).
@@ -357,7 +397,7 @@ impl Router {
         spec.validate().map_err(WorkerError::Invalid)?;
         let _changing = self.changing.lock();
         self.ensure_partition(&self.generation(), &spec.partition())?;
-        self.state.write().workers.add(spec)?;
+        self.change_workers(|workers| workers.add(spec))?;
         Ok(())
     }
 
@@ -382,7 +422,7 @@ impl Router {
         if self.state.read().workers.get(to).is_none() {
             return Err(WorkerError::Unknown(to).into());
         }
-        self.load.write().move_booking(request_id, to)?;
+        self.book(|load| load.move_booking(request_id, to))?;
         self.lifecycles.moved(request_id, to);
         Ok(())
     }
@@ -400,9 +440,9 @@ impl Router {
 
     /// Removes a worker, its cached blocks and its bookings.
     pub fn remove_worker(&self, id: WorkerId) -> Result<WorkerSpec, RouteError> {
-        let spec = self.state.write().workers.remove(id)?;
+        let spec = self.change_workers(|workers| workers.remove(id))?;
         self.kv.write().remove_worker(id);
-        self.load.write().remove_worker(id);
+        self.book(|load| load.remove_worker(id));
         self.predicted.lock().remove_worker(id);
         self.engine_blocks.lock().remove(&id);
         self.subscriptions.lock().remove(&id);
@@ -441,7 +481,7 @@ impl Router {
         self.cooldown_until
             .lock()
             .insert(id, Instant::now() + cooldown);
-        if self.state.write().workers.set_healthy(id, false) {
+        if self.change_workers(|workers| workers.set_healthy(id, false)) {
             tracing::warn!(
                 worker = id.worker_id,
                 dp_rank = id.dp_rank,
@@ -463,7 +503,7 @@ impl Router {
             }
             cooldowns.remove(&id);
         }
-        if self.state.write().workers.set_healthy(id, healthy) {
+        if self.change_workers(|workers| workers.set_healthy(id, healthy)) {
             match healthy {
                 true => tracing::info!(
                     worker = id.worker_id,
@@ -612,13 +652,13 @@ impl Router {
     }
 
     pub fn prefill_complete(&self, request_id: &str) -> Result<(), RouteError> {
-        self.load.write().prefill_complete(request_id)?;
+        self.book(|load| load.prefill_complete(request_id))?;
         self.lifecycles.prefill_complete(request_id);
         Ok(())
     }
 
     pub fn free(&self, request_id: &str) -> Result<(), RouteError> {
-        self.load.write().free(request_id)?;
+        self.book(|load| load.free(request_id))?;
         self.lifecycles.finished(request_id);
         Ok(())
     }
@@ -626,7 +666,7 @@ impl Router {
     /// Releases reservations older than the configured expiry (the last safety net;
     /// counted in metrics).
     pub fn expire(&self) -> usize {
-        let expired = self.load.write().expire(Instant::now());
+        let expired = self.book(|load| load.expire(Instant::now()));
         self.metrics.record_expired(expired);
         if expired > 0 {
             let load = self.load.read();
@@ -677,21 +717,21 @@ impl Router {
                 hashes,
                 request_blocks,
             };
-            let (chosen, fallback, notified) = self.select_with_fallback(
+            let selected = self.select_with_fallback(
                 &generation,
                 instance,
                 &query,
                 &context,
                 reserve,
-                &mut scratch.query,
-                &mut scratch.candidates,
-                &mut scratch.members,
-            )?;
-            let device_overlap = scratch
-                .members
-                .iter()
-                .find(|(id, _)| *id == chosen)
-                .map_or(0, |(_, device)| *device);
+                &mut scratch.selection,
+            );
+            let candidates = &mut scratch.selection.candidates;
+            let device_overlap = selected
+                .as_ref()
+                .map_or(0, |(chosen, ..)| candidates.device_overlap(*chosen));
+            // Given back now: the booking below can then update the columns in place.
+            candidates.release();
+            let (chosen, fallback, notified) = selected?;
             if let (true, Some(id)) = (reserve, &request_id) {
                 let booked = self.reserve(request, id, chosen, request_blocks, device_overlap);
                 if let Some(n) = notified {
@@ -716,22 +756,28 @@ impl Router {
         })
     }
 
-    /// Fills `candidates` for the instance `name` under the fleet's read locks (released
-    /// on return: plugin code never runs while they are held, so a slow component cannot
-    /// stall the writers behind them, nor the readers behind those). Returns the
+    /// Sets `scratch.candidates` up for the instance `name` under the fleet's read locks
+    /// (released on return: plugin code never runs while they are held, so a slow
+    /// component cannot stall the writers behind them, nor the readers behind those): the
+    /// partition's kept columns, lent, and the request's cache overlaps. Returns the
     /// instance's selector.
-    #[allow(clippy::too_many_arguments)]
     fn gather(
         &self,
         generation: &Generation,
         name: &str,
         query: &Query<'_>,
-        scratch: &mut QueryScratch,
-        candidates: &mut Candidates,
-        members: &mut Vec<(WorkerId, u32)>,
+        scratch: &mut SelectionScratch,
     ) -> Result<Arc<SelectorSlot>, RouteError> {
         let state = self.state.read();
-        let ids = members_of(&state, query.request, query.partition)?;
+        let kv = self.kv.read();
+        let lent = self.columns.lock().lend(query.partition, &kv);
+        let Some(lent) = lent.filter(|lent| !lent.columns.is_empty()) else {
+            members_of(&state, query.request, query.partition)?;
+            return Err(RouteError::NoWorker(format!(
+                "partition {} has no candidates yet; retry",
+                query.partition
+            )));
+        };
         // Every partition with members has its policies in the current generation; an
         // older one (a reload happened meanwhile) may lack a partition added since.
         let slot = generation
@@ -743,42 +789,38 @@ impl Router {
                     query.partition
                 ))
             })?;
-        let kv = self.kv.read();
-        let overlaps = kv.query(query.hashes, scratch);
-        let load = self.load.read();
-        let rows = RowSource {
-            workers: &state.workers,
-            overlaps: &overlaps,
-            load: &load,
-            request_blocks: query.request_blocks,
-        };
-        let allowed: Vec<WorkerId>;
-        let ids = match &query.request.only {
-            None => ids,
-            Some(only) => {
-                allowed = ids
-                    .iter()
-                    .filter(|id| only.contains(*id))
-                    .copied()
-                    .collect();
-                if allowed.is_empty() {
-                    return Err(RouteError::NoWorker(format!(
-                        "model `{}`: none of the endpoints the request may use is an eligible worker",
-                        query.request.model
-                    )));
-                }
-                &allowed
+        let candidates = &mut scratch.candidates;
+        candidates.lend(slot.inputs, lent.columns);
+        let overlaps = kv.query(query.hashes, &mut scratch.query);
+        let kv_slots = &lent.kv_slots;
+        candidates.fill_request(query.request_blocks, |row| {
+            let overlap = overlaps.overlap_of_slot(kv_slots.get(row).copied().unwrap_or(NO_SLOT));
+            CandidateCache {
+                device_overlap_blocks: overlap.tier(Tier::Device),
+                host_overlap_blocks: overlap.tier(Tier::Host),
+                disk_overlap_blocks: overlap.tier(Tier::Disk),
+                shared_beyond_device_blocks: overlaps.shared_beyond_device(&overlap),
             }
-        };
-        members.clear();
-        let rows = ids.iter().map(|id| {
-            let (row, device) = rows.row(*id, slot.inputs);
-            members.push((*id, device));
-            row
         });
-        candidates.fill(slot.inputs, rows);
-        if slot.inputs.contains(WorkerInputs::LABELS) {
-            candidates.fill_labels(ids.iter().map(|id| state.workers.labels(*id)));
+        drop(kv);
+        drop(state);
+        if let Some(only) = &query.request.only {
+            let columns = candidates.columns(None);
+            scratch.allowed.clear();
+            scratch
+                .allowed
+                .extend(columns.worker_id.iter().zip(columns.dp_rank).map(
+                    |(&worker_id, &dp_rank)| {
+                        u8::from(only.contains(&WorkerId { worker_id, dp_rank }))
+                    },
+                ));
+            if scratch.allowed.iter().all(|&allowed| allowed == 0) {
+                return Err(RouteError::NoWorker(format!(
+                    "model `{}`: none of the endpoints the request may use is an eligible worker",
+                    query.request.model
+                )));
+            }
+            candidates.retain(&scratch.allowed, slot.inputs);
         }
         Ok(slot)
     }
@@ -787,7 +829,6 @@ impl Router {
     /// worker) and its config says `on_error: fallback`, runs the built-in policy instead.
     /// Returns the chosen worker, whether the fallback chose it, and, when `booking` and
     /// the deciding policy asked for lifecycle notifications, what it was told.
-    #[allow(clippy::too_many_arguments)]
     fn select_with_fallback(
         &self,
         generation: &Generation,
@@ -795,17 +836,15 @@ impl Router {
         query: &Query<'_>,
         context: &RequestContext,
         booking: bool,
-        scratch: &mut QueryScratch,
-        candidates: &mut Candidates,
-        members: &mut Vec<(WorkerId, u32)>,
+        scratch: &mut SelectionScratch,
     ) -> Result<(WorkerId, bool, Option<Notified>), RouteError> {
         let mut notified = None;
         let mut run =
             |name: &str| -> Result<(Result<WorkerId, SelectError>, Duration), RouteError> {
-                let slot = self.gather(generation, name, query, scratch, candidates, members)?;
+                let slot = self.gather(generation, name, query, scratch)?;
                 let started = Instant::now();
                 let mut selector = slot.selector.lock();
-                let result = selector.select_filled(context, candidates);
+                let result = selector.select_filled(context, &mut scratch.candidates);
                 let elapsed = started.elapsed();
                 if let (true, Ok(worker), true) = (booking, &result, selector.policy.notified()) {
                     // Before the lock is released: the instance hears of this pick before
@@ -903,9 +942,7 @@ impl Router {
             .expected_output_tokens
             .unwrap_or(0)
             .div_ceil(block_size);
-        self.load
-            .write()
-            .reserve(id, chosen, prefill_tokens, new_blocks + output_blocks)?;
+        self.book(|load| load.reserve(id, chosen, prefill_tokens, new_blocks + output_blocks))?;
         Ok(())
     }
 
@@ -1021,46 +1058,4 @@ struct Query<'a> {
     partition: &'a PartitionKey,
     hashes: &'a [u64],
     request_blocks: u64,
-}
-
-/// What the router knows of each worker for one request: its candidate row, with only
-/// the groups the policy reads computed.
-struct RowSource<'a> {
-    workers: &'a Workers,
-    overlaps: &'a QueryResult<'a>,
-    load: &'a LoadAccounting,
-    request_blocks: u64,
-}
-
-impl RowSource<'_> {
-    /// The candidate row of worker `id`, and its device-cache overlap. Inlined into the
-    /// column fill (per worker, per request: a call each cost ~20 % of select-and-reserve).
-    #[inline(always)]
-    fn row(&self, id: WorkerId, inputs: WorkerInputs) -> (CandidateRow, u32) {
-        let mut row = CandidateRow::new(id);
-        let overlap = self.overlaps.overlap(id);
-        if inputs.contains(WorkerInputs::CACHE) {
-            row.cache.device_overlap_blocks = overlap.tier(Tier::Device);
-            row.cache.host_overlap_blocks = overlap.tier(Tier::Host);
-            row.cache.disk_overlap_blocks = overlap.tier(Tier::Disk);
-            row.cache.shared_beyond_device_blocks = self.overlaps.shared_beyond_device(&overlap);
-        }
-        if inputs.contains(WorkerInputs::LOAD) {
-            let new_blocks = self
-                .request_blocks
-                .saturating_sub(u64::from(overlap.tier(Tier::Device)));
-            let load = self.load.load(id);
-            row.load.active_prefill_tokens = load.active_prefill_tokens;
-            row.load.decode_cost_blocks = load.active_decode_blocks + new_blocks;
-            row.load.active_requests = load.active_requests;
-        }
-        if inputs.contains(WorkerInputs::ROUTING) {
-            row.preferred_taint_multiplier = self
-                .workers
-                .get(id)
-                .and_then(|w| w.preferred_taint_multiplier)
-                .unwrap_or(f64::NAN);
-        }
-        (row, overlap.tier(Tier::Device))
-    }
 }

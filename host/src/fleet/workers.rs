@@ -28,6 +28,8 @@ pub struct Workers {
     partitions: BTreeMap<PartitionKey, Vec<WorkerId>>,
     /// Workers left out of their partition's candidates until healthy again.
     unhealthy: HashSet<WorkerId>,
+    /// Partitions whose members or their specs changed since `take_changed`.
+    changed: Vec<PartitionKey>,
 }
 
 impl Workers {
@@ -41,6 +43,7 @@ impl Workers {
         let members = self.partitions.entry(spec.partition()).or_default();
         let new_partition = members.is_empty();
         members.push(id);
+        self.changed.push(spec.partition());
         self.labels.insert(id, Labels::new(&spec.labels));
         self.by_id.insert(id, spec);
         Ok(new_partition)
@@ -52,6 +55,7 @@ impl Workers {
         if let Some(members) = self.partitions.get_mut(&spec.partition()) {
             members.retain(|w| *w != id);
         }
+        self.changed.push(spec.partition());
         self.unhealthy.remove(&id);
         Ok(spec)
     }
@@ -63,7 +67,7 @@ impl Workers {
             return false;
         };
         let members = self.partitions.entry(spec.partition()).or_default();
-        if healthy && self.unhealthy.remove(&id) {
+        let changed = if healthy && self.unhealthy.remove(&id) {
             members.push(id);
             true
         } else if !healthy && self.unhealthy.insert(id) {
@@ -71,7 +75,20 @@ impl Workers {
             true
         } else {
             false
+        };
+        if changed {
+            self.changed.push(spec.partition());
         }
+        changed
+    }
+
+    /// The partitions whose members (or their specs) changed since the last call, each
+    /// once.
+    pub fn take_changed(&mut self) -> impl Iterator<Item = PartitionKey> {
+        let mut changed = std::mem::take(&mut self.changed);
+        changed.sort();
+        changed.dedup();
+        changed.into_iter()
     }
 
     pub fn is_healthy(&self, id: WorkerId) -> bool {

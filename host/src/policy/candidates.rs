@@ -1,5 +1,10 @@
-//! The candidates of one request: index-aligned columns (the ABI's structure of arrays),
-//! filled in one pass from the router's rows and compacted in place by filters.
+//! The candidates of one request: index-aligned columns (the ABI's structure of arrays).
+//!
+//! What does not depend on the request (identity, booked load, routing, labels) is a
+//! [`KeptColumns`]: the router keeps one per partition up to date as bookings change and
+//! lends it to each selection (shared, never written while lent), so a request writes
+//! only what depends on it: its cache overlaps and decode cost. A filter that drops rows
+//! compacts into this set's own buffers; one that drops none costs nothing.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -8,10 +13,98 @@ use switchyard_plugin_sdk::{CandidateCache, CandidateLoad, WorkerId, WorkerInput
 
 use crate::plugin::{Columns, Labels};
 
-/// The candidates of one request, as index-aligned arrays (the ABI's layout). Only the
-/// groups in `groups` are filled.
-pub struct Candidates {
-    groups: WorkerInputs,
+/// The request-independent columns of a set of workers, index-aligned.
+#[derive(Clone, Debug, Default)]
+pub struct KeptColumns {
+    pub worker_id: Vec<u64>,
+    pub dp_rank: Vec<u32>,
+    pub active_prefill_tokens: Vec<u64>,
+    /// Decode blocks already booked; a request's decode cost adds its uncached blocks.
+    pub active_decode_blocks: Vec<u64>,
+    pub active_requests: Vec<u32>,
+    /// NaN: no preferred-routing multiplier.
+    pub preferred_taint_multiplier: Vec<f64>,
+    /// Shared, so that copying the columns (while a selection reads the previous ones)
+    /// does not touch every worker's labels.
+    pub labels: Arc<Vec<Arc<Labels>>>,
+}
+
+impl KeptColumns {
+    pub fn len(&self) -> usize {
+        self.worker_id.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.worker_id.is_empty()
+    }
+
+    pub fn worker(&self, row: usize) -> WorkerId {
+        WorkerId {
+            worker_id: self.worker_id[row],
+            dp_rank: self.dp_rank[row],
+        }
+    }
+
+    /// The row of `worker`, if it is one of these.
+    pub fn row_of(&self, worker: WorkerId) -> Option<usize> {
+        self.worker_id
+            .iter()
+            .zip(&self.dp_rank)
+            .position(|(&id, &rank)| id == worker.worker_id && rank == worker.dp_rank)
+    }
+
+    /// Sets a row's booked load.
+    pub fn set_load(&mut self, row: usize, prefill_tokens: u64, decode_blocks: u64, requests: u32) {
+        if let (Some(p), Some(d), Some(a)) = (
+            self.active_prefill_tokens.get_mut(row),
+            self.active_decode_blocks.get_mut(row),
+            self.active_requests.get_mut(row),
+        ) {
+            (*p, *d, *a) = (prefill_tokens, decode_blocks, requests);
+        }
+    }
+
+    /// Empties every column, keeping their buffers.
+    pub fn clear(&mut self) {
+        self.worker_id.clear();
+        self.dp_rank.clear();
+        self.active_prefill_tokens.clear();
+        self.active_decode_blocks.clear();
+        self.active_requests.clear();
+        self.preferred_taint_multiplier.clear();
+        Arc::make_mut(&mut self.labels).clear();
+    }
+
+    /// Becomes a copy of `other`, reusing these buffers.
+    pub fn copy_from(&mut self, other: &KeptColumns) {
+        self.worker_id.clone_from(&other.worker_id);
+        self.dp_rank.clone_from(&other.dp_rank);
+        self.active_prefill_tokens
+            .clone_from(&other.active_prefill_tokens);
+        self.active_decode_blocks
+            .clone_from(&other.active_decode_blocks);
+        self.active_requests.clone_from(&other.active_requests);
+        self.preferred_taint_multiplier
+            .clone_from(&other.preferred_taint_multiplier);
+        self.labels = other.labels.clone();
+    }
+}
+
+/// The columns that depend on the request, aligned with the kept rows.
+#[derive(Default)]
+struct RequestColumns {
+    /// Written for every request (the booking and the decode cost read it); handed to
+    /// components only with the CACHE group.
+    device_overlap_blocks: Vec<u32>,
+    host_overlap_blocks: Vec<u32>,
+    disk_overlap_blocks: Vec<u32>,
+    shared_beyond_device_blocks: Vec<u32>,
+    decode_cost_blocks: Vec<u64>,
+}
+
+/// Every column, holding only the rows the filters so far kept.
+#[derive(Default)]
+struct Compacted {
     worker_id: Vec<u64>,
     dp_rank: Vec<u32>,
     device_overlap_blocks: Vec<u32>,
@@ -23,6 +116,91 @@ pub struct Candidates {
     active_requests: Vec<u32>,
     preferred_taint_multiplier: Vec<f64>,
     labels: Vec<Arc<Labels>>,
+}
+
+impl Compacted {
+    /// Becomes rows `rows` of `from`, in the groups `groups` (identity always).
+    fn gather(&mut self, from: &Columns<'_>, rows: &[u32], groups: WorkerInputs) {
+        fn pick<T: Copy>(to: &mut Vec<T>, from: &[T], rows: &[u32], wanted: bool) {
+            to.clear();
+            if wanted {
+                to.extend(rows.iter().map(|&row| from[row as usize]));
+            }
+        }
+        let cache = groups.contains(WorkerInputs::CACHE);
+        let load = groups.contains(WorkerInputs::LOAD);
+        let routing = groups.contains(WorkerInputs::ROUTING);
+        pick(&mut self.worker_id, from.worker_id, rows, true);
+        pick(&mut self.dp_rank, from.dp_rank, rows, true);
+        pick(
+            &mut self.device_overlap_blocks,
+            from.device_overlap_blocks,
+            rows,
+            cache,
+        );
+        pick(
+            &mut self.host_overlap_blocks,
+            from.host_overlap_blocks,
+            rows,
+            cache,
+        );
+        pick(
+            &mut self.disk_overlap_blocks,
+            from.disk_overlap_blocks,
+            rows,
+            cache,
+        );
+        pick(
+            &mut self.shared_beyond_device_blocks,
+            from.shared_beyond_device_blocks,
+            rows,
+            cache,
+        );
+        pick(
+            &mut self.active_prefill_tokens,
+            from.active_prefill_tokens,
+            rows,
+            load,
+        );
+        pick(
+            &mut self.decode_cost_blocks,
+            from.decode_cost_blocks,
+            rows,
+            load,
+        );
+        pick(&mut self.active_requests, from.active_requests, rows, load);
+        pick(
+            &mut self.preferred_taint_multiplier,
+            from.preferred_taint_multiplier,
+            rows,
+            routing,
+        );
+        self.labels.clear();
+        if groups.contains(WorkerInputs::LABELS) {
+            let labels = from.labels;
+            self.labels
+                .extend(rows.iter().map(|&row| labels[row as usize].clone()));
+        }
+    }
+}
+
+/// The candidates of one request, as index-aligned arrays (the ABI's layout). Only the
+/// groups in `groups` are filled.
+pub struct Candidates {
+    groups: WorkerInputs,
+    /// The request-independent columns: a partition's, lent for this request, or this
+    /// set's own when filled from rows.
+    kept: Arc<KeptColumns>,
+    /// This set's own kept columns while `kept` is lent.
+    own: Option<Arc<KeptColumns>>,
+    request: RequestColumns,
+    /// Two sets of compacted columns: a filter's survivors are gathered from the current
+    /// columns into the other one.
+    compacted: [Compacted; 2],
+    /// Which of `compacted` holds the columns now; none: `kept` and `request` do.
+    current: Option<usize>,
+    /// The rows a filter kept, for the compaction.
+    survivors: Vec<u32>,
     /// Changes whenever the contents do (see `Columns::version`).
     version: u64,
 }
@@ -36,17 +214,12 @@ impl Default for Candidates {
         static NEXT_SET: AtomicU64 = AtomicU64::new(1);
         Candidates {
             groups: WorkerInputs::default(),
-            worker_id: Vec::new(),
-            dp_rank: Vec::new(),
-            device_overlap_blocks: Vec::new(),
-            host_overlap_blocks: Vec::new(),
-            disk_overlap_blocks: Vec::new(),
-            shared_beyond_device_blocks: Vec::new(),
-            active_prefill_tokens: Vec::new(),
-            decode_cost_blocks: Vec::new(),
-            active_requests: Vec::new(),
-            preferred_taint_multiplier: Vec::new(),
-            labels: Vec::new(),
+            kept: Arc::default(),
+            own: None,
+            request: RequestColumns::default(),
+            compacted: Default::default(),
+            current: None,
+            survivors: Vec::new(),
             version: NEXT_SET.fetch_add(1, Ordering::Relaxed) << CHANGE_BITS,
         }
     }
@@ -84,9 +257,32 @@ impl CandidateRow {
     }
 }
 
+/// `n` rows of `column`'s spare capacity when `wanted` (the column is emptied either
+/// way): columns are written in place, without a zero-fill first, and committed once
+/// every row is written.
+fn spare<T>(column: &mut Vec<T>, wanted: bool, n: usize) -> &mut [std::mem::MaybeUninit<T>] {
+    column.clear();
+    if wanted {
+        column.reserve(n);
+        &mut column.spare_capacity_mut()[..n]
+    } else {
+        &mut []
+    }
+}
+
+/// # Safety
+/// When `wanted`, rows `0..filled` of `column`'s spare capacity were written.
+unsafe fn commit<T>(column: &mut Vec<T>, wanted: bool, filled: usize) {
+    if wanted {
+        // SAFETY: per this function's contract.
+        unsafe { column.set_len(filled) };
+    }
+}
+
 impl Candidates {
     /// Fills the set from `rows` for a request that needs `groups`, in one pass over the
-    /// rows writing each needed column in place (buffers are reused).
+    /// rows writing each needed column in place (buffers are reused). For callers that
+    /// hold rows (tools, tests); the router lends kept columns instead (`lend`).
     pub fn fill<I>(&mut self, groups: WorkerInputs, rows: I)
     where
         I: IntoIterator<Item = CandidateRow>,
@@ -94,38 +290,27 @@ impl Candidates {
     {
         let rows = rows.into_iter();
         let n = rows.len();
-        self.groups = groups;
-        self.touch();
-        // Set by `fill_labels`, if the group is wanted.
-        self.labels.clear();
+        self.start(groups);
         let cache = groups.contains(WorkerInputs::CACHE);
         let load = groups.contains(WorkerInputs::LOAD);
         let routing = groups.contains(WorkerInputs::ROUTING);
-        // Columns are written through their spare capacity (no zero-fill first); each
-        // wanted column gets its length set once every row is written.
-        fn spare<T>(
-            column: &mut Vec<T>,
-            wanted: bool,
-            n: usize,
-        ) -> &mut [std::mem::MaybeUninit<T>] {
-            column.clear();
-            if wanted {
-                column.reserve(n);
-                &mut column.spare_capacity_mut()[..n]
-            } else {
-                &mut []
-            }
-        }
-        let worker_id = spare(&mut self.worker_id, true, n);
-        let dp_rank = spare(&mut self.dp_rank, true, n);
-        let device = spare(&mut self.device_overlap_blocks, cache, n);
-        let host = spare(&mut self.host_overlap_blocks, cache, n);
-        let disk = spare(&mut self.disk_overlap_blocks, cache, n);
-        let shared = spare(&mut self.shared_beyond_device_blocks, cache, n);
-        let prefill = spare(&mut self.active_prefill_tokens, load, n);
-        let decode = spare(&mut self.decode_cost_blocks, load, n);
-        let active = spare(&mut self.active_requests, load, n);
-        let taint = spare(&mut self.preferred_taint_multiplier, routing, n);
+        self.release();
+        // Unique once given back: no copy is made.
+        let kept = Arc::make_mut(&mut self.kept);
+        // Set by `fill_labels`, if the group is wanted.
+        Arc::make_mut(&mut kept.labels).clear();
+        kept.active_decode_blocks.clear();
+        let worker_id = spare(&mut kept.worker_id, true, n);
+        let dp_rank = spare(&mut kept.dp_rank, true, n);
+        let prefill = spare(&mut kept.active_prefill_tokens, load, n);
+        let active = spare(&mut kept.active_requests, load, n);
+        let taint = spare(&mut kept.preferred_taint_multiplier, routing, n);
+        let request = &mut self.request;
+        let device = spare(&mut request.device_overlap_blocks, cache, n);
+        let host = spare(&mut request.host_overlap_blocks, cache, n);
+        let disk = spare(&mut request.disk_overlap_blocks, cache, n);
+        let shared = spare(&mut request.shared_beyond_device_blocks, cache, n);
+        let decode = spare(&mut request.decode_cost_blocks, load, n);
         let mut filled = 0;
         for (i, row) in rows.take(n).enumerate() {
             worker_id[i].write(row.worker.worker_id);
@@ -146,22 +331,21 @@ impl Candidates {
             }
             filled = i + 1;
         }
-        fn commit<T>(column: &mut Vec<T>, wanted: bool, filled: usize) {
-            if wanted {
-                // SAFETY: rows 0..filled of the spare capacity were written above.
-                unsafe { column.set_len(filled) };
-            }
+        // SAFETY: rows 0..filled of each wanted column were written above.
+        unsafe {
+            let kept = Arc::make_mut(&mut self.kept);
+            commit(&mut kept.worker_id, true, filled);
+            commit(&mut kept.dp_rank, true, filled);
+            commit(&mut kept.active_prefill_tokens, load, filled);
+            commit(&mut kept.active_requests, load, filled);
+            commit(&mut kept.preferred_taint_multiplier, routing, filled);
+            let request = &mut self.request;
+            commit(&mut request.device_overlap_blocks, cache, filled);
+            commit(&mut request.host_overlap_blocks, cache, filled);
+            commit(&mut request.disk_overlap_blocks, cache, filled);
+            commit(&mut request.shared_beyond_device_blocks, cache, filled);
+            commit(&mut request.decode_cost_blocks, load, filled);
         }
-        commit(&mut self.worker_id, true, filled);
-        commit(&mut self.dp_rank, true, filled);
-        commit(&mut self.device_overlap_blocks, cache, filled);
-        commit(&mut self.host_overlap_blocks, cache, filled);
-        commit(&mut self.disk_overlap_blocks, cache, filled);
-        commit(&mut self.shared_beyond_device_blocks, cache, filled);
-        commit(&mut self.active_prefill_tokens, load, filled);
-        commit(&mut self.decode_cost_blocks, load, filled);
-        commit(&mut self.active_requests, load, filled);
-        commit(&mut self.preferred_taint_multiplier, routing, filled);
     }
 
     /// Sets the LABELS column, one entry per row in fill order, when the set holds that
@@ -169,17 +353,105 @@ impl Candidates {
     /// from `fill`: labels are reference-counted, and rows stay plain copies.
     pub fn fill_labels(&mut self, labels: impl IntoIterator<Item = Arc<Labels>>) {
         self.touch();
-        self.labels.clear();
-        if !self.groups.contains(WorkerInputs::LABELS) {
-            return;
+        let wanted = self.groups.contains(WorkerInputs::LABELS);
+        let kept = self.own_kept();
+        let rows = kept.len();
+        let column = Arc::make_mut(&mut kept.labels);
+        column.clear();
+        if wanted {
+            column.extend(labels.into_iter().take(rows));
+            column.resize_with(rows, Labels::none);
         }
-        let rows = self.len();
-        self.labels.extend(labels.into_iter().take(rows));
-        self.labels.resize_with(rows, Labels::none);
+    }
+
+    /// Starts a request over `kept`, a partition's columns, lent until `release` (or the
+    /// next fill): nothing of them is copied. `fill_request` then writes what depends on
+    /// the request.
+    pub fn lend(&mut self, groups: WorkerInputs, kept: Arc<KeptColumns>) {
+        self.start(groups);
+        let own = std::mem::replace(&mut self.kept, kept);
+        if self.own.is_none() {
+            self.own = Some(own);
+        }
+    }
+
+    /// Writes the request's columns for the lent rows: each row's cache overlap (from
+    /// `overlap`, called once per row in order) and, with LOAD, its decode cost (booked
+    /// blocks plus the request's blocks not cached on the device).
+    #[inline]
+    pub fn fill_request(
+        &mut self,
+        request_blocks: u64,
+        mut overlap: impl FnMut(usize) -> CandidateCache,
+    ) {
+        self.touch();
+        let n = self.kept.len();
+        let cache = self.groups.contains(WorkerInputs::CACHE);
+        let load =
+            self.groups.contains(WorkerInputs::LOAD) && self.kept.active_decode_blocks.len() == n;
+        let booked = &self.kept.active_decode_blocks;
+        let request = &mut self.request;
+        let device = spare(&mut request.device_overlap_blocks, true, n);
+        let host = spare(&mut request.host_overlap_blocks, cache, n);
+        let disk = spare(&mut request.disk_overlap_blocks, cache, n);
+        let shared = spare(&mut request.shared_beyond_device_blocks, cache, n);
+        let decode = spare(&mut request.decode_cost_blocks, load, n);
+        for i in 0..n {
+            let row = overlap(i);
+            device[i].write(row.device_overlap_blocks);
+            if cache {
+                host[i].write(row.host_overlap_blocks);
+                disk[i].write(row.disk_overlap_blocks);
+                shared[i].write(row.shared_beyond_device_blocks);
+            }
+            if load {
+                let uncached = request_blocks.saturating_sub(u64::from(row.device_overlap_blocks));
+                decode[i].write(booked[i] + uncached);
+            }
+        }
+        // SAFETY: rows 0..n of each wanted column were written above.
+        unsafe {
+            commit(&mut request.device_overlap_blocks, true, n);
+            commit(&mut request.host_overlap_blocks, cache, n);
+            commit(&mut request.disk_overlap_blocks, cache, n);
+            commit(&mut request.shared_beyond_device_blocks, cache, n);
+            commit(&mut request.decode_cost_blocks, load, n);
+        }
+    }
+
+    /// Gives back lent columns (their partition can then update them in place).
+    pub fn release(&mut self) {
+        if let Some(own) = self.own.take() {
+            self.kept = own;
+        }
+    }
+
+    /// The device-cache overlap `fill_request` wrote for `worker` (0 if not a row).
+    pub fn device_overlap(&self, worker: WorkerId) -> u32 {
+        self.kept
+            .row_of(worker)
+            .and_then(|row| self.request.device_overlap_blocks.get(row).copied())
+            .unwrap_or(0)
+    }
+
+    fn start(&mut self, groups: WorkerInputs) {
+        self.groups = groups;
+        self.current = None;
+        self.touch();
+    }
+
+    /// This set's own kept columns, lent ones given back first.
+    fn own_kept(&mut self) -> &mut KeptColumns {
+        self.release();
+        // Unique once given back: no copy is made.
+        Arc::make_mut(&mut self.kept)
     }
 
     pub fn len(&self) -> usize {
-        self.worker_id.len()
+        match self.current {
+            Some(i) => self.compacted[i].worker_id.len(),
+            None => self.kept.len(),
+        }
     }
 
     /// The contents changed: a new version (no shared counter on the request path).
@@ -190,75 +462,82 @@ impl Candidates {
     }
 
     pub fn is_empty(&self) -> bool {
-        self.worker_id.is_empty()
+        self.len() == 0
     }
 
     pub fn worker(&self, row: usize) -> WorkerId {
+        let columns = self.columns(None);
         WorkerId {
-            worker_id: self.worker_id[row],
-            dp_rank: self.dp_rank[row],
+            worker_id: columns.worker_id[row],
+            dp_rank: columns.dp_rank[row],
         }
     }
 
     /// Keeps the rows whose `keep` byte is non-zero, in order. Only identity and the groups
-    /// in `still_needed` are compacted; the others are dropped (and read as absent).
-    pub(super) fn retain(&mut self, keep: &[u8], still_needed: WorkerInputs) {
-        // Branch-free: every row is copied, the write position advances only for kept rows.
-        fn compact<T: Copy>(values: &mut Vec<T>, keep: &[u8]) {
-            let mut next = 0;
-            for (row, &k) in keep.iter().enumerate().take(values.len()) {
-                values[next] = values[row];
-                next += usize::from(k != 0);
-            }
-            values.truncate(next);
+    /// in `still_needed` are kept; the others are dropped (and read as absent). The rows
+    /// are gathered into this set's own buffers: lent columns are never written.
+    pub fn retain(&mut self, keep: &[u8], still_needed: WorkerInputs) {
+        let n = self.len().min(keep.len());
+        // Branch-free: every row is written, the write position advances only for kept
+        // rows.
+        self.survivors.clear();
+        self.survivors.resize(n, 0);
+        let mut next = 0;
+        for (row, &k) in keep[..n].iter().enumerate() {
+            self.survivors[next] = row as u32;
+            next += usize::from(k != 0);
         }
-        fn compact_or_drop<T: Copy>(values: &mut Vec<T>, keep: &[u8], needed: bool) {
-            if needed {
-                compact(values, keep);
-            } else {
-                values.clear();
-            }
-        }
+        self.survivors.truncate(next);
         self.touch();
         self.groups = WorkerInputs::from_bits(self.groups.bits() & still_needed.bits());
-        let cache = self.groups.contains(WorkerInputs::CACHE);
-        let load = self.groups.contains(WorkerInputs::LOAD);
-        let routing = self.groups.contains(WorkerInputs::ROUTING);
-        if self.groups.contains(WorkerInputs::LABELS) {
-            let mut verdicts = keep.iter();
-            self.labels
-                .retain(|_| verdicts.next().is_some_and(|&k| k != 0));
-        } else {
-            self.labels.clear();
-        }
-        compact(&mut self.worker_id, keep);
-        compact(&mut self.dp_rank, keep);
-        compact_or_drop(&mut self.device_overlap_blocks, keep, cache);
-        compact_or_drop(&mut self.host_overlap_blocks, keep, cache);
-        compact_or_drop(&mut self.disk_overlap_blocks, keep, cache);
-        compact_or_drop(&mut self.shared_beyond_device_blocks, keep, cache);
-        compact_or_drop(&mut self.active_prefill_tokens, keep, load);
-        compact_or_drop(&mut self.decode_cost_blocks, keep, load);
-        compact_or_drop(&mut self.active_requests, keep, load);
-        compact_or_drop(&mut self.preferred_taint_multiplier, keep, routing);
+        let into = match self.current {
+            Some(i) => 1 - i,
+            None => 0,
+        };
+        // Taken out for the gather (moving the buffers, not copying them), so the current
+        // columns can be read meanwhile.
+        let mut compacted = std::mem::take(&mut self.compacted[into]);
+        compacted.gather(&self.columns(None), &self.survivors, self.groups);
+        self.compacted[into] = compacted;
+        self.current = Some(into);
     }
 
     /// The columns as the boundary hands them to components; `costs` for pickers.
     pub fn columns<'a>(&'a self, costs: Option<&'a [f64]>) -> Columns<'a> {
+        if let Some(i) = self.current {
+            let c = &self.compacted[i];
+            return Columns {
+                inputs: self.groups,
+                version: self.version,
+                worker_id: &c.worker_id,
+                dp_rank: &c.dp_rank,
+                device_overlap_blocks: &c.device_overlap_blocks,
+                host_overlap_blocks: &c.host_overlap_blocks,
+                disk_overlap_blocks: &c.disk_overlap_blocks,
+                shared_beyond_device_blocks: &c.shared_beyond_device_blocks,
+                active_prefill_tokens: &c.active_prefill_tokens,
+                decode_cost_blocks: &c.decode_cost_blocks,
+                active_requests: &c.active_requests,
+                preferred_taint_multiplier: &c.preferred_taint_multiplier,
+                labels: &c.labels,
+                costs,
+            };
+        }
+        let (kept, request) = (&*self.kept, &self.request);
         Columns {
             inputs: self.groups,
             version: self.version,
-            worker_id: &self.worker_id,
-            dp_rank: &self.dp_rank,
-            device_overlap_blocks: &self.device_overlap_blocks,
-            host_overlap_blocks: &self.host_overlap_blocks,
-            disk_overlap_blocks: &self.disk_overlap_blocks,
-            shared_beyond_device_blocks: &self.shared_beyond_device_blocks,
-            active_prefill_tokens: &self.active_prefill_tokens,
-            decode_cost_blocks: &self.decode_cost_blocks,
-            active_requests: &self.active_requests,
-            preferred_taint_multiplier: &self.preferred_taint_multiplier,
-            labels: &self.labels,
+            worker_id: &kept.worker_id,
+            dp_rank: &kept.dp_rank,
+            device_overlap_blocks: &request.device_overlap_blocks,
+            host_overlap_blocks: &request.host_overlap_blocks,
+            disk_overlap_blocks: &request.disk_overlap_blocks,
+            shared_beyond_device_blocks: &request.shared_beyond_device_blocks,
+            active_prefill_tokens: &kept.active_prefill_tokens,
+            decode_cost_blocks: &request.decode_cost_blocks,
+            active_requests: &kept.active_requests,
+            preferred_taint_multiplier: &kept.preferred_taint_multiplier,
+            labels: &kept.labels,
             costs,
         }
     }

@@ -10,7 +10,7 @@ pub mod instances;
 pub mod pipeline;
 pub mod registry;
 
-pub use candidates::{CandidateRow, Candidates};
+pub use candidates::{CandidateRow, Candidates, KeptColumns};
 pub use error::{BuildError, Refusal};
 pub use instances::{CallBudget, ComponentUse, InstanceFactory, InstanceKind};
 pub use pipeline::{
