@@ -1,5 +1,6 @@
 //! Thousands of interleaved reserve / prefill-complete / free calls from several threads
-//! through the router: every worker's counts return to zero. An instance over its call
+//! through the router: every worker's counts return to zero, and the candidate columns
+//! kept per partition agree with the bookings and the registry. An instance over its call
 //! budget is tripped to the fallback policy.
 
 mod support;
@@ -10,6 +11,8 @@ use rand::{Rng, SeedableRng};
 use support::*;
 use switchyard::fleet::router::{RouteRequest, Router};
 use switchyard::fleet::workers::WorkerSpec;
+use switchyard::plugin::PartitionKey;
+use switchyard_plugin_sdk::{WorkerId, WorkerType};
 
 #[test]
 fn interleaved_reservations_return_every_count_to_zero() {
@@ -82,6 +85,139 @@ fn interleaved_reservations_return_every_count_to_zero() {
             Default::default(),
             "worker {worker:?} did not return to zero"
         );
+    }
+}
+
+/// Bookings from several threads while workers fail and recover their health, join and
+/// leave: once quiet, the candidate columns the router keeps per partition hold exactly
+/// the healthy members, each with its booked load, and every count is back to zero.
+#[test]
+fn kept_candidate_columns_follow_bookings_health_and_membership() {
+    let dir = tempfile::tempdir().unwrap();
+    let startup = start_yaml(
+        dir.path(),
+        "worker_selection:\n  builtin_default: {temperature: 0.5, seed: 3}\n",
+    )
+    .unwrap();
+    let router = Arc::new(Router::new(startup).unwrap());
+    let spec = |id: u64| -> WorkerSpec {
+        serde_json::from_value(serde_json::json!({"model": "m", "worker_id": id})).unwrap()
+    };
+    for id in 0..16 {
+        router.add_worker(spec(id)).unwrap();
+    }
+    let partition = PartitionKey::new("m", WorkerType::Select);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let bookers: Vec<_> = (0..3u64)
+        .map(|t| {
+            let router = router.clone();
+            std::thread::spawn(move || {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(t);
+                let mut open: Vec<String> = Vec::new();
+                for n in 0..3000 {
+                    if rng.gen_bool(0.6) && open.len() < 32 {
+                        let id = format!("t{t}-r{n}");
+                        let request = RouteRequest {
+                            model: "m".into(),
+                            block_hashes: Some((0..rng.gen_range(1..40)).collect()),
+                            request_id: Some(id.clone()),
+                            expected_output_tokens: Some(rng.gen_range(0..200)),
+                            ..Default::default()
+                        };
+                        // Every worker may be unhealthy or gone for a moment.
+                        if router.select_and_reserve(&request).is_ok() {
+                            open.push(id);
+                        }
+                    } else if !open.is_empty() {
+                        let id = open.swap_remove(rng.gen_range(0..open.len()));
+                        if rng.gen_bool(0.3) {
+                            let _ = router.prefill_complete(&id);
+                        }
+                        // Gone with its worker, if that left.
+                        let _ = router.free(&id);
+                    }
+                }
+                open
+            })
+        })
+        .collect();
+    let churn = {
+        let (router, stop) = (router.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(99);
+            let mut next = 16;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let id = WorkerId {
+                    worker_id: rng.gen_range(0..next),
+                    dp_rank: 0,
+                };
+                match rng.gen_range(0..4) {
+                    0 => router.mark_unhealthy(id, std::time::Duration::ZERO),
+                    1 => router.record_probe(id, true),
+                    2 => {
+                        router.add_worker(spec(next)).unwrap();
+                        next += 1;
+                    }
+                    _ => {
+                        let _ = router.remove_worker(id);
+                    }
+                }
+                std::thread::sleep(std::time::Duration::from_micros(200));
+            }
+        })
+    };
+    let open: Vec<String> = bookers
+        .into_iter()
+        .flat_map(|t| t.join().unwrap())
+        .collect();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    churn.join().unwrap();
+
+    let check = || {
+        let columns = router.kept_columns(&partition).unwrap();
+        let loads: std::collections::HashMap<_, _> = router.loads().into_iter().collect();
+        let mut kept: Vec<WorkerId> = (0..columns.len()).map(|row| columns.worker(row)).collect();
+        for (row, id) in kept.iter().enumerate() {
+            let load = loads[id];
+            assert_eq!(
+                (
+                    columns.active_prefill_tokens[row],
+                    columns.active_decode_blocks[row],
+                    columns.active_requests[row]
+                ),
+                (
+                    load.active_prefill_tokens,
+                    load.active_decode_blocks,
+                    load.active_requests
+                ),
+                "worker {id:?}"
+            );
+        }
+        let mut healthy: Vec<WorkerId> = router
+            .workers()
+            .iter()
+            .map(|w| w.id())
+            .filter(|id| router.is_healthy(*id))
+            .collect();
+        kept.sort_by_key(|w| (w.worker_id, w.dp_rank));
+        healthy.sort_by_key(|w| (w.worker_id, w.dp_rank));
+        assert_eq!(
+            kept, healthy,
+            "the columns hold exactly the healthy members"
+        );
+        loads
+    };
+    let loads = check();
+    assert!(
+        loads.values().any(|l| l.active_requests > 0),
+        "some bookings are still open: {} requests",
+        open.len()
+    );
+    for id in &open {
+        let _ = router.free(id);
+    }
+    for load in check().values() {
+        assert_eq!(*load, Default::default());
     }
 }
 

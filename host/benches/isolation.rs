@@ -17,7 +17,7 @@ use switchyard::policy::Selector;
 use switchyard::startup::{start, Startup};
 use switchyard_plugin_sdk::WorkerType;
 
-use common::{fleet, least_busy_plugins, repo};
+use common::{fleet, kept, least_busy_plugins, repo};
 
 const SIZES: [usize; 4] = [8, 128, 1024, 10_000];
 const REQUEST_BLOCKS: u64 = 64;
@@ -58,13 +58,18 @@ fn side_by_side(
 ) -> [(f64, f64); 2] {
     let request = RequestContext::new(16, REQUEST_BLOCKS);
     let rows = fleet(size);
+    let kept = kept(&rows);
     let per_round = (100_000 / size).clamp(5, 2_000);
     let mut samples = [Vec::new(), Vec::new()];
     for _ in 0..41 {
         for (i, selector) in [&mut *in_process, &mut *isolated].into_iter().enumerate() {
             let start = Instant::now();
             for _ in 0..per_round {
-                black_box(selector.select(&request, rows.iter().copied()).unwrap());
+                black_box(
+                    selector
+                        .select_lent(&request, &kept, |row| rows[row].cache)
+                        .unwrap(),
+                );
             }
             samples[i].push(start.elapsed().as_secs_f64() / per_round as f64);
         }

@@ -2,6 +2,11 @@
 //! C and C++ plugins, plus the built-in `default` policy, at 8 to 10,000 workers with
 //! requests of 64 blocks; then whole select-and-reserve calls through the router.
 //!
+//! A selection runs as the router's does: over a partition's kept columns, lent, with the
+//! request's cache overlaps written per row. The side-by-side table also times the
+//! built-in policy over columns filled row by row from scratch (`built-in, rows`: what
+//! tools and tests do, and what the router did per request before it kept columns).
+//!
 //! Run: `make bench` (builds the plugins, then `cargo bench -p switchyard --bench selection`).
 //! After criterion's timings it prints plugin / built-in ratios measured side by side:
 //! the variants run in interleaved rounds, so machine noise hits them alike.
@@ -22,7 +27,7 @@ use switchyard::policy::Selector;
 use switchyard::startup::{start, Startup};
 use switchyard_plugin_sdk::{WorkerId, WorkerType};
 
-use common::{fleet, least_busy_plugins, repo};
+use common::{fleet, kept, least_busy_plugins, repo};
 
 const SIZES: [usize; 4] = [8, 128, 1024, 10_000];
 const REQUEST_BLOCKS: u64 = 64;
@@ -51,7 +56,14 @@ fn startup() -> Startup {
 }
 
 fn selectors(startup: &Startup) -> Vec<(&'static str, Selector)> {
-    VARIANTS
+    selectors_of(startup, &VARIANTS)
+}
+
+fn selectors_of(
+    startup: &Startup,
+    variants: &[(&'static str, &str)],
+) -> Vec<(&'static str, Selector)> {
+    variants
         .iter()
         .map(|(label, instance)| {
             let policy = startup
@@ -73,10 +85,17 @@ fn bench_selection(c: &mut Criterion, startup: &Startup) {
         .measurement_time(Duration::from_secs(2));
     for size in SIZES {
         let rows = fleet(size);
+        let kept = kept(&rows);
         group.throughput(Throughput::Elements(1));
         for (label, mut selector) in selectors(startup) {
             group.bench_with_input(BenchmarkId::new(label, size), &rows, |b, rows| {
-                b.iter(|| black_box(selector.select(&request, rows.iter().copied()).unwrap()))
+                b.iter(|| {
+                    black_box(
+                        selector
+                            .select_lent(&request, &kept, |row| rows[row].cache)
+                            .unwrap(),
+                    )
+                })
             });
         }
     }
@@ -149,14 +168,27 @@ fn bench_router(c: &mut Criterion) {
 fn side_by_side(startup: &Startup, size: usize) -> Vec<(&'static str, f64, f64)> {
     let request = RequestContext::new(16, REQUEST_BLOCKS);
     let rows = fleet(size);
+    let kept = kept(&rows);
     let mut selectors = selectors(startup);
+    // The built-in policy again, over columns filled from rows.
+    let built_in = selectors_of(startup, &VARIANTS[..1]).remove(0).1;
+    selectors.push(("built-in, rows", built_in));
     let per_round = (200_000 / size).clamp(5, 5_000);
     let mut samples: Vec<Vec<f64>> = vec![Vec::new(); selectors.len()];
+    let from_rows = selectors.len() - 1;
     for _ in 0..41 {
         for (i, (_, selector)) in selectors.iter_mut().enumerate() {
             let start = Instant::now();
             for _ in 0..per_round {
-                black_box(selector.select(&request, rows.iter().copied()).unwrap());
+                if i == from_rows {
+                    black_box(selector.select(&request, rows.iter().copied()).unwrap());
+                } else {
+                    black_box(
+                        selector
+                            .select_lent(&request, &kept, |row| rows[row].cache)
+                            .unwrap(),
+                    );
+                }
             }
             samples[i].push(start.elapsed().as_secs_f64() / per_round as f64);
         }

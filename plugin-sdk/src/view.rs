@@ -352,6 +352,27 @@ impl<'a> WorkerCandidates<'a> {
         // SAFETY: as in `worker_ids`.
         unsafe { array(self.raw.costs, self.raw.count) }
     }
+    /// For pickers: the row of the lowest cost (in `f64::total_cmp`'s order), ties to the
+    /// lowest (worker id, dp rank), so the choice does not depend on candidate order.
+    /// `None` without costs or candidates. One pass; ids are read only on ties.
+    pub fn lowest_cost_row(&self) -> Option<usize> {
+        let costs = self.costs()?;
+        let (ids, ranks) = (self.worker_ids(), self.dp_ranks());
+        // `total_cmp`'s order as plain integers, so the best cost stays in a register.
+        let order = |cost: f64| {
+            let bits = cost.to_bits() as i64;
+            bits ^ (((bits >> 63) as u64) >> 1) as i64
+        };
+        let key = |row: usize| (ids.get(row), ranks.get(row));
+        let (mut best, mut lowest) = (0, order(*costs.first()?));
+        for (row, &cost) in costs.iter().enumerate().skip(1) {
+            let cost = order(cost);
+            if cost < lowest || (cost == lowest && key(row) < key(best)) {
+                (best, lowest) = (row, cost);
+            }
+        }
+        Some(best)
+    }
     /// One row, for per-candidate component methods.
     pub fn row(&self, row: usize) -> WorkerCandidate<'a> {
         WorkerCandidate { all: *self, row }

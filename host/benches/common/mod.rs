@@ -4,7 +4,9 @@
 use std::path::PathBuf;
 
 use rand::{Rng, SeedableRng};
-use switchyard::policy::CandidateRow;
+use std::sync::Arc;
+
+use switchyard::policy::{CandidateRow, KeptColumns};
 use switchyard_plugin_sdk::WorkerId;
 
 pub fn repo() -> PathBuf {
@@ -38,6 +40,25 @@ pub fn least_busy_plugins(make: &str) -> [String; 3] {
         );
         path.display().to_string()
     })
+}
+
+/// The request-independent columns of `rows`, as the router keeps them per partition
+/// (booked decode blocks: the rows' decode cost less a 64-block request's uncached part).
+pub fn kept(rows: &[CandidateRow]) -> Arc<KeptColumns> {
+    let mut kept = KeptColumns::default();
+    for row in rows {
+        let uncached = 64u64.saturating_sub(u64::from(row.cache.device_overlap_blocks));
+        kept.worker_id.push(row.worker.worker_id);
+        kept.dp_rank.push(row.worker.dp_rank);
+        kept.active_prefill_tokens
+            .push(row.load.active_prefill_tokens);
+        kept.active_decode_blocks
+            .push(row.load.decode_cost_blocks.saturating_sub(uncached));
+        kept.active_requests.push(row.load.active_requests);
+        kept.preferred_taint_multiplier
+            .push(row.preferred_taint_multiplier);
+    }
+    Arc::new(kept)
 }
 
 /// A fixed synthetic fleet: device overlap 0..64 blocks, 0..32 active requests.

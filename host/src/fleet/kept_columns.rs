@@ -129,6 +129,24 @@ impl PartitionColumns {
         })
     }
 
+    /// The latest buffer with every change, one no selection holds (a copy if the latest
+    /// is lent); returns its index.
+    fn unlent_latest(&mut self) -> usize {
+        let latest = self.catch_up();
+        if !self.buffers[latest].is_lent() {
+            return latest;
+        }
+        let i = self.free_buffer();
+        // `free_buffer` may have moved buffers; `self.latest` follows.
+        let latest = &self.buffers[self.latest];
+        let (source, layout, applied) = (latest.columns.clone(), latest.layout, latest.applied);
+        Arc::make_mut(&mut self.buffers[i].columns).copy_from(&source);
+        let b = &mut self.buffers[i];
+        (b.layout, b.applied) = (layout, applied);
+        self.latest = i;
+        i
+    }
+
     /// Makes the latest buffer hold every change; returns its index.
     fn catch_up(&mut self) -> usize {
         let seq = self.seq();
@@ -177,9 +195,17 @@ pub struct FleetColumns {
 }
 
 impl FleetColumns {
-    /// Rebuilds `partition`'s columns from its healthy members (in `workers`' order) and
-    /// their bookings.
-    pub fn rebuild(&mut self, partition: &PartitionKey, workers: &Workers, load: &LoadAccounting) {
+    /// Brings `partition`'s columns in line with its healthy members (in `workers`'
+    /// order) and their bookings. When members were only `appended`, the new ones are
+    /// added as rows (so a fleet of N workers joining one by one costs O(N), not O(N^2));
+    /// otherwise the columns are rebuilt whole.
+    pub fn rebuild(
+        &mut self,
+        partition: &PartitionKey,
+        workers: &Workers,
+        load: &LoadAccounting,
+        appended: bool,
+    ) {
         let index = match self.index.get(partition) {
             Some(&index) => index,
             None => {
@@ -190,24 +216,35 @@ impl FleetColumns {
             }
         };
         let p = &mut self.partitions[index];
-        let old = &p.buffers[p.latest].columns;
-        for row in 0..old.len() {
-            let id = old.worker(row);
-            if self.rows.get(&id).is_some_and(|&(at, _)| at == index) {
-                self.rows.remove(&id);
+        let members = workers.members(partition);
+        let i = p.catch_up();
+        let old = &p.buffers[i].columns;
+        let kept = old.len();
+        let keep_rows = appended
+            && kept <= members.len()
+            && (kept == 0 || old.worker(kept - 1) == members[kept - 1]);
+        if !keep_rows {
+            for row in 0..kept {
+                let id = old.worker(row);
+                if self.rows.get(&id).is_some_and(|&(at, _)| at == index) {
+                    self.rows.remove(&id);
+                }
             }
         }
-        p.layout += 1;
-        p.log_start = p.seq();
-        p.log.clear();
-        p.kv_for = None;
-        let i = p.free_buffer();
-        let b = &mut p.buffers[i];
-        let columns = Arc::make_mut(&mut b.columns);
-        columns.clear();
-        let members = workers.members(partition);
-        let mut labels = Vec::with_capacity(members.len());
-        for (row, &id) in members.iter().enumerate() {
+        let i = if keep_rows {
+            p.unlent_latest()
+        } else {
+            p.free_buffer()
+        };
+        let columns = Arc::make_mut(&mut p.buffers[i].columns);
+        let first = if keep_rows {
+            kept
+        } else {
+            columns.clear();
+            0
+        };
+        let labels = Arc::make_mut(&mut columns.labels);
+        for (row, &id) in members.iter().enumerate().skip(first) {
             let booked = load.load(id);
             columns.worker_id.push(id.worker_id);
             columns.dp_rank.push(id.dp_rank);
@@ -227,7 +264,13 @@ impl FleetColumns {
             labels.push(workers.labels(id));
             self.rows.insert(id, (index, row as u32));
         }
-        columns.labels = Arc::new(labels);
+        // Every other buffer is now of an older layout, and the log has nothing for this
+        // one.
+        p.layout += 1;
+        p.log_start = p.seq();
+        p.log.clear();
+        p.kv_for = None;
+        let b = &mut p.buffers[i];
         b.layout = p.layout;
         b.applied = p.log_start;
         p.latest = i;
@@ -313,7 +356,7 @@ mod tests {
         for id in 0..40 {
             workers.add(spec(id)).unwrap();
         }
-        fleet.rebuild(&partition(), &workers, &load);
+        fleet.rebuild(&partition(), &workers, &load, true);
         let mut held: Vec<(Arc<KeptColumns>, Vec<(WorkerId, WorkerLoad)>)> = Vec::new();
         let mut booked: Vec<String> = Vec::new();
         let mut next_id = 40;
@@ -380,8 +423,8 @@ mod tests {
                 _ => {}
             }
             load.for_each_changed(|worker, now| fleet.set_load(worker, now));
-            if workers.take_changed().next().is_some() {
-                fleet.rebuild(&partition(), &workers, &load);
+            for (partition, appended) in workers.take_changed() {
+                fleet.rebuild(&partition, &workers, &load, appended);
             }
             most_held = most_held.max(held.len());
             assert!(fleet.partitions[0].buffers.len() <= most_held + MOST_BUFFERS + 1);

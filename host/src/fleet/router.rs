@@ -24,7 +24,7 @@ use super::predicted_kv::PredictedKv;
 use super::workers::{WorkerError, WorkerSpec, Workers};
 use crate::config::{KvTracking, OnError};
 use crate::plugin::{Outcome, PartitionKey, RequestContext, SessionInfo};
-use crate::policy::{Candidates, InstanceFactory, SelectError};
+use crate::policy::{Candidates, InstanceFactory, KeptColumns, SelectError};
 use crate::startup::{Startup, BUILTIN_DEFAULT};
 
 /// The worker type a request asks for.
@@ -355,12 +355,12 @@ impl Router {
     fn change_workers<R>(&self, change: impl FnOnce(&mut Workers) -> R) -> R {
         let mut state = self.state.write();
         let result = change(&mut state.workers);
-        let mut changed = state.workers.take_changed().peekable();
-        if changed.peek().is_some() {
+        let changed = state.workers.take_changed();
+        if !changed.is_empty() {
             let load = self.load.read();
             let mut columns = self.columns.lock();
-            for partition in changed {
-                columns.rebuild(&partition, &state.workers, &load);
+            for (partition, appended) in changed {
+                columns.rebuild(&partition, &state.workers, &load, appended);
             }
         }
         result
@@ -684,6 +684,15 @@ impl Router {
             .all()
             .map(|w| (w.id(), load.load(w.id())))
             .collect()
+    }
+
+    /// The candidate columns the next selection of `partition` would be lent (tests
+    /// compare them with the registry and the bookings).
+    #[doc(hidden)]
+    pub fn kept_columns(&self, partition: &PartitionKey) -> Option<Arc<KeptColumns>> {
+        let kv = self.kv.read();
+        let lent = self.columns.lock().lend(partition, &kv)?;
+        Some(lent.columns)
     }
 
     pub fn active_bookings(&self) -> usize {

@@ -28,8 +28,9 @@ pub struct Workers {
     partitions: BTreeMap<PartitionKey, Vec<WorkerId>>,
     /// Workers left out of their partition's candidates until healthy again.
     unhealthy: HashSet<WorkerId>,
-    /// Partitions whose members or their specs changed since `take_changed`.
-    changed: Vec<PartitionKey>,
+    /// Partitions whose members or their specs changed since `take_changed`, and whether
+    /// the change only appended members.
+    changed: Vec<(PartitionKey, bool)>,
 }
 
 impl Workers {
@@ -43,7 +44,7 @@ impl Workers {
         let members = self.partitions.entry(spec.partition()).or_default();
         let new_partition = members.is_empty();
         members.push(id);
-        self.changed.push(spec.partition());
+        self.changed.push((spec.partition(), true));
         self.labels.insert(id, Labels::new(&spec.labels));
         self.by_id.insert(id, spec);
         Ok(new_partition)
@@ -55,7 +56,7 @@ impl Workers {
         if let Some(members) = self.partitions.get_mut(&spec.partition()) {
             members.retain(|w| *w != id);
         }
-        self.changed.push(spec.partition());
+        self.changed.push((spec.partition(), false));
         self.unhealthy.remove(&id);
         Ok(spec)
     }
@@ -67,28 +68,30 @@ impl Workers {
             return false;
         };
         let members = self.partitions.entry(spec.partition()).or_default();
-        let changed = if healthy && self.unhealthy.remove(&id) {
+        let change = if healthy && self.unhealthy.remove(&id) {
             members.push(id);
-            true
+            Some(true)
         } else if !healthy && self.unhealthy.insert(id) {
             members.retain(|w| *w != id);
-            true
+            Some(false)
         } else {
-            false
+            None
         };
-        if changed {
-            self.changed.push(spec.partition());
+        if let Some(appended) = change {
+            self.changed.push((spec.partition(), appended));
         }
-        changed
+        change.is_some()
     }
 
     /// The partitions whose members (or their specs) changed since the last call, each
-    /// once.
-    pub fn take_changed(&mut self) -> impl Iterator<Item = PartitionKey> {
+    /// once, with whether members were only appended to it (the others kept their place
+    /// and spec).
+    pub fn take_changed(&mut self) -> Vec<(PartitionKey, bool)> {
         let mut changed = std::mem::take(&mut self.changed);
         changed.sort();
-        changed.dedup();
-        changed.into_iter()
+        // Sorted, a partition's `false` comes first: `dedup` keeps it.
+        changed.dedup_by(|later, first| later.0 == first.0);
+        changed
     }
 
     pub fn is_healthy(&self, id: WorkerId) -> bool {

@@ -387,12 +387,7 @@ impl WorkerPicker for LowestCost {
     ) -> Result<usize, PolicyError> {
         let costs = c.costs().ok_or("costs unavailable")?;
         let row = if self.by_worker_id {
-            (0..costs.len()).min_by(|&a, &b| {
-                costs[a].total_cmp(&costs[b]).then_with(|| {
-                    (c.worker(a).worker_id, c.worker(a).dp_rank)
-                        .cmp(&(c.worker(b).worker_id, c.worker(b).dp_rank))
-                })
-            })
+            c.lowest_cost_row()
         } else {
             lowest_random(costs, &mut self.rng)
         };

@@ -119,67 +119,81 @@ struct Compacted {
 }
 
 impl Compacted {
-    /// Becomes rows `rows` of `from`, in the groups `groups` (identity always).
-    fn gather(&mut self, from: &Columns<'_>, rows: &[u32], groups: WorkerInputs) {
-        fn pick<T: Copy>(to: &mut Vec<T>, from: &[T], rows: &[u32], wanted: bool) {
+    /// Becomes the rows of `from` whose `keep` byte is non-zero, in the groups `groups`
+    /// (identity always).
+    fn gather(&mut self, from: &Columns<'_>, keep: &[u8], groups: WorkerInputs) {
+        /// Branch-free: every row is written, the write position advances only past kept
+        /// ones (a filter's drops are scattered and unpredictable).
+        fn pick<T: Copy>(to: &mut Vec<T>, from: &[T], keep: &[u8], wanted: bool) {
             to.clear();
-            if wanted {
-                to.extend(rows.iter().map(|&row| from[row as usize]));
+            if !wanted {
+                return;
             }
+            let n = from.len().min(keep.len());
+            to.reserve(n);
+            let out = to.as_mut_ptr();
+            let mut next = 0;
+            for (value, &k) in from.iter().zip(keep) {
+                // SAFETY: `next` <= the row's index < n <= the capacity reserved above,
+                // and `T: Copy` has nothing to drop.
+                unsafe { out.add(next).write(*value) };
+                next += usize::from(k != 0);
+            }
+            // SAFETY: rows 0..next were written above.
+            unsafe { to.set_len(next) };
         }
         let cache = groups.contains(WorkerInputs::CACHE);
         let load = groups.contains(WorkerInputs::LOAD);
         let routing = groups.contains(WorkerInputs::ROUTING);
-        pick(&mut self.worker_id, from.worker_id, rows, true);
-        pick(&mut self.dp_rank, from.dp_rank, rows, true);
+        pick(&mut self.worker_id, from.worker_id, keep, true);
+        pick(&mut self.dp_rank, from.dp_rank, keep, true);
         pick(
             &mut self.device_overlap_blocks,
             from.device_overlap_blocks,
-            rows,
+            keep,
             cache,
         );
         pick(
             &mut self.host_overlap_blocks,
             from.host_overlap_blocks,
-            rows,
+            keep,
             cache,
         );
         pick(
             &mut self.disk_overlap_blocks,
             from.disk_overlap_blocks,
-            rows,
+            keep,
             cache,
         );
         pick(
             &mut self.shared_beyond_device_blocks,
             from.shared_beyond_device_blocks,
-            rows,
+            keep,
             cache,
         );
         pick(
             &mut self.active_prefill_tokens,
             from.active_prefill_tokens,
-            rows,
+            keep,
             load,
         );
         pick(
             &mut self.decode_cost_blocks,
             from.decode_cost_blocks,
-            rows,
+            keep,
             load,
         );
-        pick(&mut self.active_requests, from.active_requests, rows, load);
+        pick(&mut self.active_requests, from.active_requests, keep, load);
         pick(
             &mut self.preferred_taint_multiplier,
             from.preferred_taint_multiplier,
-            rows,
+            keep,
             routing,
         );
         self.labels.clear();
         if groups.contains(WorkerInputs::LABELS) {
-            let labels = from.labels;
-            self.labels
-                .extend(rows.iter().map(|&row| labels[row as usize].clone()));
+            let kept = from.labels.iter().zip(keep).filter(|(_, &k)| k != 0);
+            self.labels.extend(kept.map(|(labels, _)| labels.clone()));
         }
     }
 }
@@ -199,8 +213,6 @@ pub struct Candidates {
     compacted: [Compacted; 2],
     /// Which of `compacted` holds the columns now; none: `kept` and `request` do.
     current: Option<usize>,
-    /// The rows a filter kept, for the compaction.
-    survivors: Vec<u32>,
     /// Changes whenever the contents do (see `Columns::version`).
     version: u64,
 }
@@ -219,7 +231,6 @@ impl Default for Candidates {
             request: RequestColumns::default(),
             compacted: Default::default(),
             current: None,
-            survivors: Vec::new(),
             version: NEXT_SET.fetch_add(1, Ordering::Relaxed) << CHANGE_BITS,
         }
     }
@@ -477,17 +488,7 @@ impl Candidates {
     /// in `still_needed` are kept; the others are dropped (and read as absent). The rows
     /// are gathered into this set's own buffers: lent columns are never written.
     pub fn retain(&mut self, keep: &[u8], still_needed: WorkerInputs) {
-        let n = self.len().min(keep.len());
-        // Branch-free: every row is written, the write position advances only for kept
-        // rows.
-        self.survivors.clear();
-        self.survivors.resize(n, 0);
-        let mut next = 0;
-        for (row, &k) in keep[..n].iter().enumerate() {
-            self.survivors[next] = row as u32;
-            next += usize::from(k != 0);
-        }
-        self.survivors.truncate(next);
+        let keep = &keep[..self.len().min(keep.len())];
         self.touch();
         self.groups = WorkerInputs::from_bits(self.groups.bits() & still_needed.bits());
         let into = match self.current {
@@ -497,7 +498,7 @@ impl Candidates {
         // Taken out for the gather (moving the buffers, not copying them), so the current
         // columns can be read meanwhile.
         let mut compacted = std::mem::take(&mut self.compacted[into]);
-        compacted.gather(&self.columns(None), &self.survivors, self.groups);
+        compacted.gather(&self.columns(None), keep, self.groups);
         self.compacted[into] = compacted;
         self.current = Some(into);
     }

@@ -9,10 +9,11 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use switchyard_plugin_sdk::{
-    PolicyError, Status, WorkerFilter, WorkerId, WorkerInputs, WorkerPicker, WorkerScorer,
+    CandidateCache, PolicyError, Status, WorkerFilter, WorkerId, WorkerInputs, WorkerPicker,
+    WorkerScorer,
 };
 
-use super::candidates::{CandidateRow, Candidates};
+use super::candidates::{CandidateRow, Candidates, KeptColumns};
 use super::error::BuildError;
 use super::histogram::LatencyHistogram;
 use crate::isolation::{share_channels, RemoteInstance};
@@ -502,26 +503,32 @@ impl Policy {
                     .collect();
                 trace.scorers.push((scorer.name.clone(), *weight, costs));
             }
-            for row in 0..count {
-                let cost = self.contribution[row];
-                let total = self.total[row] + *weight * cost;
-                let bad = if !cost.is_finite() {
-                    Some(("cost", cost))
-                } else if !total.is_finite() {
-                    Some(("running total", total))
-                } else {
-                    None
-                };
-                if let Some((what, value)) = bad {
-                    StageStats::add(&scorer.stats.errors, 1);
-                    return Err(SelectError::NonFiniteCost {
-                        component: scorer.name.clone(),
-                        what,
-                        value,
-                        worker: candidates.worker(row),
-                    });
-                }
-                self.total[row] = total;
+            // Every row is added and checked without a branch (vectorized); the first bad
+            // row is looked for only when there is one.
+            let mut all_finite = true;
+            for (total, &cost) in self.total.iter_mut().zip(&self.contribution) {
+                let sum = *total + *weight * cost;
+                all_finite &= cost.is_finite() & sum.is_finite();
+                *total = sum;
+            }
+            if !all_finite {
+                let (row, what, value) = (0..count)
+                    .find_map(|row| {
+                        let (cost, total) = (self.contribution[row], self.total[row]);
+                        if !cost.is_finite() {
+                            Some((row, "cost", cost))
+                        } else {
+                            (!total.is_finite()).then_some((row, "running total", total))
+                        }
+                    })
+                    .unwrap_or((0, "cost", f64::NAN));
+                StageStats::add(&scorer.stats.errors, 1);
+                return Err(SelectError::NonFiniteCost {
+                    component: scorer.name.clone(),
+                    what,
+                    value,
+                    worker: candidates.worker(row),
+                });
             }
         }
         if let Some(trace) = trace {
@@ -606,6 +613,26 @@ impl Selector {
         request
             .with_abi(|raw| policy.select(raw, candidates, None))
             .map(|row| candidates.worker(row))
+    }
+
+    /// Runs the pipeline over `kept` (lent for this call, not copied) and the request's
+    /// cache overlaps, one per row from `overlap`: the router's per-request path, for
+    /// benchmarks and tests.
+    pub fn select_lent(
+        &mut self,
+        request: &RequestContext,
+        kept: &Arc<KeptColumns>,
+        overlap: impl FnMut(usize) -> CandidateCache,
+    ) -> Result<WorkerId, SelectError> {
+        self.candidates.lend(self.policy.inputs(), kept.clone());
+        self.candidates
+            .fill_request(request.request_blocks, overlap);
+        let (policy, candidates) = (&mut self.policy, &mut self.candidates);
+        let result = request
+            .with_abi(|raw| policy.select(raw, candidates, None))
+            .map(|row| candidates.worker(row));
+        self.candidates.release();
+        result
     }
 
     /// Tells the components that asked (ABI 1.1 `on_selected`) that the request they just

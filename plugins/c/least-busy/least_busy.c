@@ -157,14 +157,19 @@ static int32_t lowest_cost_pick(void *instance, const switchyard_request *reques
         switchyard_error_printf(error, "no eligible worker");
         return SWITCHYARD_STATUS_ERROR;
     }
+    const double *costs = candidates->costs;
+    const uint64_t *ids = candidates->worker_id;
     size_t best = 0;
+    double best_cost = costs[0];
     for (size_t row = 1; row < candidates->count; row++) {
-        double cost = candidates->costs[row], best_cost = candidates->costs[best];
-        uint64_t id = candidates->worker_id[row], best_id = candidates->worker_id[best];
+        double cost = costs[row];
+        /* Ids are read only on equal costs. */
         if (cost < best_cost ||
-            (cost == best_cost && (id < best_id || (id == best_id && candidates->dp_rank[row] <
-                                                                          candidates->dp_rank[best])))) {
+            (cost == best_cost &&
+             (ids[row] < ids[best] ||
+              (ids[row] == ids[best] && candidates->dp_rank[row] < candidates->dp_rank[best])))) {
             best = row;
+            best_cost = cost;
         }
     }
     *out_row = best;

@@ -69,9 +69,14 @@ public:
         auto ids = c.worker_id();
         auto ranks = c.dp_rank();
         size_t best = 0;
+        double best_cost = costs[0];
         for (size_t row = 1; row < costs.size(); row++) {
-            if (std::make_tuple(costs[row], ids[row], ranks[row]) < std::make_tuple(costs[best], ids[best], ranks[best])) {
+            // Ids are compared only on equal costs.
+            if (costs[row] < best_cost ||
+                (costs[row] == best_cost &&
+                 std::make_tuple(ids[row], ranks[row]) < std::make_tuple(ids[best], ranks[best]))) {
                 best = row;
+                best_cost = costs[row];
             }
         }
         return best;

@@ -85,14 +85,9 @@ impl WorkerPicker for LowestCostPicker {
         _context: &WorkerSelectionContext<'_>,
         candidates: &WorkerCandidates<'_>,
     ) -> Result<usize, PolicyError> {
-        let costs = candidates.costs().ok_or("costs unavailable")?;
-        (0..candidates.len())
-            .min_by(|&a, &b| {
-                costs[a].total_cmp(&costs[b]).then_with(|| {
-                    let (wa, wb) = (candidates.worker(a), candidates.worker(b));
-                    (wa.worker_id, wa.dp_rank).cmp(&(wb.worker_id, wb.dp_rank))
-                })
-            })
+        // Ties to the lowest worker id: the SDK's helper, also the built-in picker's.
+        candidates
+            .lowest_cost_row()
             .ok_or_else(|| PolicyError::failed("no eligible worker"))
     }
 }
