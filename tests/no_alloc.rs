@@ -1,14 +1,18 @@
 //! The per-request path allocates nothing once warm: a counting global allocator watches
 //! selections through the built-in policy and the Rust, C and C++ plugins (host side and
-//! Rust plugin side; the C/C++ examples do not allocate in their callbacks either).
+//! Rust plugin side; the C/C++ examples do not allocate in their callbacks either), over
+//! columns filled from rows and over kept columns lent as the router does.
 
 mod support;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use std::sync::Arc;
 use support::*;
+
 use switchyard::plugin::RequestContext;
+use switchyard::policy::KeptColumns;
 
 struct Counting;
 
@@ -57,6 +61,18 @@ fn warm_selections_do_not_allocate() {
         })
         .collect();
     let candidates = rows(&fleet);
+    // The same fleet as a partition's kept columns, as the router lends them.
+    let mut kept = KeptColumns::default();
+    for row in &candidates {
+        kept.worker_id.push(row.worker.worker_id);
+        kept.dp_rank.push(row.worker.dp_rank);
+        kept.active_prefill_tokens
+            .push(row.load.active_prefill_tokens);
+        kept.active_decode_blocks.push(0);
+        kept.active_requests.push(row.load.active_requests);
+        kept.preferred_taint_multiplier.push(f64::NAN);
+    }
+    let kept = Arc::new(kept);
     let request = RequestContext::new(16, 64);
     for instance in ["builtin", "rust", "c", "cpp", "default"] {
         let mut selector = selector(&startup, instance);
@@ -73,6 +89,21 @@ fn warm_selections_do_not_allocate() {
         assert_eq!(
             allocations, 0,
             "instance {instance}: {allocations} allocations in 100 warm selections"
+        );
+        let lent = |selector: &mut switchyard::policy::Selector| {
+            selector
+                .select_lent(&request, &kept, |row| candidates[row].cache)
+                .unwrap()
+        };
+        lent(&mut selector); // grows the request's buffers
+        let before = ALLOCATIONS.load(Ordering::Relaxed);
+        for _ in 0..100 {
+            lent(&mut selector);
+        }
+        let allocations = ALLOCATIONS.load(Ordering::Relaxed) - before;
+        assert_eq!(
+            allocations, 0,
+            "instance {instance}: {allocations} allocations in 100 warm selections over lent columns"
         );
     }
 }

@@ -357,7 +357,9 @@ mod tests {
             workers.add(spec(id)).unwrap();
         }
         fleet.rebuild(&partition(), &workers, &load, true);
-        let mut held: Vec<(Arc<KeptColumns>, Vec<(WorkerId, WorkerLoad)>)> = Vec::new();
+        // Columns a selection holds, and what they held when lent.
+        type Held = (Arc<KeptColumns>, Vec<(WorkerId, WorkerLoad)>);
+        let mut held: Vec<Held> = Vec::new();
         let mut booked: Vec<String> = Vec::new();
         let mut next_id = 40;
         let mut most_held = 0;
