@@ -70,8 +70,17 @@ static int32_t min_overlap_filter(void *instance, const switchyard_request *requ
         switchyard_error_printf(error, "cache input unavailable");
         return SWITCHYARD_STATUS_ERROR;
     }
-    for (size_t row = 0; row < candidates->count; row++) {
-        keep[row] = (double)candidates->device_overlap_blocks[row] >= self->min_blocks;
+    /* Read into locals first: `keep` is a byte array, which may alias anything, so reads
+     * through `candidates` or `self` would be repeated per row. And compare in integers:
+     * for a whole number of blocks d and a threshold m >= 0, d >= m exactly when
+     * d >= ceil(m), and an integer comparison vectorizes where a conversion to double
+     * does not. */
+    const uint32_t *device = candidates->device_overlap_blocks;
+    const size_t count = candidates->count;
+    const uint64_t threshold =
+        self->min_blocks > 4294967296.0 ? UINT64_MAX : (uint64_t)ceil(self->min_blocks);
+    for (size_t row = 0; row < count; row++) {
+        keep[row] = device[row] >= threshold;
     }
     return SWITCHYARD_STATUS_OK;
 }
@@ -119,8 +128,10 @@ static int32_t active_requests_score(void *instance, const switchyard_request *r
         switchyard_error_printf(error, "load input unavailable");
         return SWITCHYARD_STATUS_ERROR;
     }
-    for (size_t row = 0; row < candidates->count; row++) {
-        costs[row] = (double)candidates->active_requests[row];
+    const uint32_t *active = candidates->active_requests;
+    const size_t count = candidates->count;
+    for (size_t row = 0; row < count; row++) {
+        costs[row] = (double)active[row];
     }
     return SWITCHYARD_STATUS_OK;
 }
