@@ -357,18 +357,22 @@ impl<'a> WorkerCandidates<'a> {
     /// `None` without costs or candidates. One pass; ids are read only on ties.
     pub fn lowest_cost_row(&self) -> Option<usize> {
         let costs = self.costs()?;
-        let (ids, ranks) = (self.worker_ids(), self.dp_ranks());
-        // `total_cmp`'s order as plain integers, so the best cost stays in a register.
+        // `total_cmp`'s order as plain integers: the best (cost, id, rank) stays in
+        // registers, and a row is one tuple comparison.
         let order = |cost: f64| {
             let bits = cost.to_bits() as i64;
             bits ^ (((bits >> 63) as u64) >> 1) as i64
         };
-        let key = |row: usize| (ids.get(row), ranks.get(row));
-        let (mut best, mut lowest) = (0, order(*costs.first()?));
-        for (row, &cost) in costs.iter().enumerate().skip(1) {
-            let cost = order(cost);
-            if cost < lowest || (cost == lowest && key(row) < key(best)) {
-                (best, lowest) = (row, cost);
+        let mut rows = costs
+            .iter()
+            .zip(self.worker_ids())
+            .zip(self.dp_ranks())
+            .map(|((&cost, &id), &rank)| (order(cost), id, rank))
+            .enumerate();
+        let (mut best, mut lowest) = rows.next()?;
+        for (row, key) in rows {
+            if key < lowest {
+                (best, lowest) = (row, key);
             }
         }
         Some(best)

@@ -736,6 +736,12 @@ impl QueryResult<'_> {
         overlap
     }
 
+    /// Every slot's depth per tier, when the answer is dense (indexed by slot; slots past
+    /// the end and `NO_SLOT` hold nothing). `None`: read overlaps with `overlap_of_slot`.
+    pub fn dense_depths(&self) -> Option<&[[u32; 3]]> {
+        self.dense.map(|dense| dense.depth.as_slice())
+    }
+
     /// Blocks of the request beyond the worker's device prefix that are cached somewhere
     /// in the fleet (and could be fetched instead of recomputed).
     pub fn shared_beyond_device(&self, overlap: &Overlap) -> u32 {

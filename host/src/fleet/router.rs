@@ -16,7 +16,7 @@ use super::kv_events::hash_agreement::{EngineBlocks, Ignored};
 use super::kv_events::subscriber::{self, Subscription};
 use super::kv_events::wire::EngineEvent;
 use super::kv_events::ApplyOutcome;
-use super::kv_index::{hash_tokens, KvEvent, KvIndex, QueryScratch, Tier, NO_SLOT};
+use super::kv_index::{hash_tokens, KvEvent, KvIndex, Overlap, QueryScratch, Tier, NO_SLOT};
 use super::lifecycle::Lifecycles;
 use super::load_accounting::{AccountingError, LoadAccounting};
 use super::metrics::Metrics;
@@ -802,15 +802,26 @@ impl Router {
         candidates.lend(slot.inputs, lent.columns);
         let overlaps = kv.query(query.hashes, &mut scratch.query);
         let kv_slots = &lent.kv_slots;
-        candidates.fill_request(query.request_blocks, |row| {
-            let overlap = overlaps.overlap_of_slot(kv_slots.get(row).copied().unwrap_or(NO_SLOT));
-            CandidateCache {
-                device_overlap_blocks: overlap.tier(Tier::Device),
-                host_overlap_blocks: overlap.tier(Tier::Host),
-                disk_overlap_blocks: overlap.tier(Tier::Disk),
-                shared_beyond_device_blocks: overlaps.shared_beyond_device(&overlap),
+        let cache = |overlap: Overlap| CandidateCache {
+            device_overlap_blocks: overlap.tier(Tier::Device),
+            host_overlap_blocks: overlap.tier(Tier::Host),
+            disk_overlap_blocks: overlap.tier(Tier::Disk),
+            shared_beyond_device_blocks: overlaps.shared_beyond_device(&overlap),
+        };
+        // One loop per form of the answer, so the per-row read is a plain one.
+        match overlaps.dense_depths() {
+            _ if overlaps.fleet_prefix == 0 => {
+                candidates.fill_request(query.request_blocks, |_| cache(Overlap::default()))
             }
-        });
+            Some(depths) => candidates.fill_request(query.request_blocks, |row| {
+                let slot = kv_slots.get(row).copied().unwrap_or(NO_SLOT);
+                let tiers = depths.get(slot as usize).copied().unwrap_or_default();
+                cache(Overlap { tiers })
+            }),
+            None => candidates.fill_request(query.request_blocks, |row| {
+                cache(overlaps.overlap_of_slot(kv_slots.get(row).copied().unwrap_or(NO_SLOT)))
+            }),
+        }
         drop(kv);
         drop(state);
         if let Some(only) = &query.request.only {
