@@ -398,15 +398,12 @@ impl Candidates {
         self.touch();
         let n = self.kept.len();
         let cache = self.groups.contains(WorkerInputs::CACHE);
-        let load =
-            self.groups.contains(WorkerInputs::LOAD) && self.kept.active_decode_blocks.len() == n;
-        let booked = &self.kept.active_decode_blocks;
+        let load = self.groups.contains(WorkerInputs::LOAD);
         let request = &mut self.request;
         let device = spare(&mut request.device_overlap_blocks, true, n);
         let host = spare(&mut request.host_overlap_blocks, cache, n);
         let disk = spare(&mut request.disk_overlap_blocks, cache, n);
         let shared = spare(&mut request.shared_beyond_device_blocks, cache, n);
-        let decode = spare(&mut request.decode_cost_blocks, load, n);
         for i in 0..n {
             let row = overlap(i);
             device[i].write(row.device_overlap_blocks);
@@ -415,10 +412,6 @@ impl Candidates {
                 disk[i].write(row.disk_overlap_blocks);
                 shared[i].write(row.shared_beyond_device_blocks);
             }
-            if load {
-                let uncached = request_blocks.saturating_sub(u64::from(row.device_overlap_blocks));
-                decode[i].write(booked[i] + uncached);
-            }
         }
         // SAFETY: rows 0..n of each wanted column were written above.
         unsafe {
@@ -426,7 +419,17 @@ impl Candidates {
             commit(&mut request.host_overlap_blocks, cache, n);
             commit(&mut request.disk_overlap_blocks, cache, n);
             commit(&mut request.shared_beyond_device_blocks, cache, n);
-            commit(&mut request.decode_cost_blocks, load, n);
+        }
+        // The decode cost in a second pass over plain slices, which vectorizes.
+        request.decode_cost_blocks.clear();
+        if load && self.kept.active_decode_blocks.len() == n {
+            let booked = self.kept.active_decode_blocks.iter();
+            let uncached = request.device_overlap_blocks.iter();
+            request
+                .decode_cost_blocks
+                .extend(booked.zip(uncached).map(|(&booked, &device)| {
+                    booked + request_blocks.saturating_sub(u64::from(device))
+                }));
         }
     }
 
