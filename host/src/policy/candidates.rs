@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use switchyard_plugin_sdk::{CandidateCache, CandidateLoad, WorkerId, WorkerInputs};
 
+use super::compaction::compact_into;
 use crate::plugin::{Columns, Labels};
 
 /// The request-independent columns of a set of workers, index-aligned.
@@ -122,25 +123,11 @@ impl Compacted {
     /// Becomes the rows of `from` whose `keep` byte is non-zero, in the groups `groups`
     /// (identity always).
     fn gather(&mut self, from: &Columns<'_>, keep: &[u8], groups: WorkerInputs) {
-        /// Branch-free: every row is written, the write position advances only past kept
-        /// ones (a filter's drops are scattered and unpredictable).
         fn pick<T: Copy>(to: &mut Vec<T>, from: &[T], keep: &[u8], wanted: bool) {
-            to.clear();
-            if !wanted {
-                return;
+            match wanted {
+                true => compact_into(to, from, keep),
+                false => to.clear(),
             }
-            let n = from.len().min(keep.len());
-            to.reserve(n);
-            let out = to.as_mut_ptr();
-            let mut next = 0;
-            for (value, &k) in from.iter().zip(keep) {
-                // SAFETY: `next` <= the row's index < n <= the capacity reserved above,
-                // and `T: Copy` has nothing to drop.
-                unsafe { out.add(next).write(*value) };
-                next += usize::from(k != 0);
-            }
-            // SAFETY: rows 0..next were written above.
-            unsafe { to.set_len(next) };
         }
         let cache = groups.contains(WorkerInputs::CACHE);
         let load = groups.contains(WorkerInputs::LOAD);

@@ -4,6 +4,7 @@
 
 pub mod builtin;
 pub mod candidates;
+pub mod compaction;
 pub mod error;
 pub mod histogram;
 pub mod instances;
