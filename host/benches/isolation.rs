@@ -17,7 +17,7 @@ use switchyard::policy::Selector;
 use switchyard::startup::{start, Startup};
 use switchyard_plugin_sdk::WorkerType;
 
-use common::{fleet, kept, least_busy_plugins, repo};
+use common::{fleet, kept, least_busy_plugins, overlaps, repo};
 
 const SIZES: [usize; 4] = [8, 128, 1024, 10_000];
 const REQUEST_BLOCKS: u64 = 64;
@@ -58,7 +58,7 @@ fn side_by_side(
 ) -> [(f64, f64); 2] {
     let request = RequestContext::new(16, REQUEST_BLOCKS);
     let rows = fleet(size);
-    let kept = kept(&rows);
+    let (kept, overlaps) = (kept(&rows), overlaps(&rows));
     let per_round = (100_000 / size).clamp(5, 2_000);
     let mut samples = [Vec::new(), Vec::new()];
     for _ in 0..41 {
@@ -67,7 +67,7 @@ fn side_by_side(
             for _ in 0..per_round {
                 black_box(
                     selector
-                        .select_lent(&request, &kept, |row| rows[row].cache)
+                        .select_lent(&request, &kept, |row| overlaps[row])
                         .unwrap(),
                 );
             }

@@ -27,7 +27,7 @@ use switchyard::policy::Selector;
 use switchyard::startup::{start, Startup};
 use switchyard_plugin_sdk::{WorkerId, WorkerType};
 
-use common::{fleet, kept, least_busy_plugins, repo};
+use common::{fleet, kept, least_busy_plugins, overlaps, repo};
 
 const SIZES: [usize; 4] = [8, 128, 1024, 10_000];
 const REQUEST_BLOCKS: u64 = 64;
@@ -85,14 +85,14 @@ fn bench_selection(c: &mut Criterion, startup: &Startup) {
         .measurement_time(Duration::from_secs(2));
     for size in SIZES {
         let rows = fleet(size);
-        let kept = kept(&rows);
+        let (kept, overlaps) = (kept(&rows), overlaps(&rows));
         group.throughput(Throughput::Elements(1));
         for (label, mut selector) in selectors(startup) {
-            group.bench_with_input(BenchmarkId::new(label, size), &rows, |b, rows| {
+            group.bench_with_input(BenchmarkId::new(label, size), &overlaps, |b, overlaps| {
                 b.iter(|| {
                     black_box(
                         selector
-                            .select_lent(&request, &kept, |row| rows[row].cache)
+                            .select_lent(&request, &kept, |row| overlaps[row])
                             .unwrap(),
                     )
                 })
@@ -168,7 +168,7 @@ fn bench_router(c: &mut Criterion) {
 fn side_by_side(startup: &Startup, size: usize) -> Vec<(&'static str, f64, f64)> {
     let request = RequestContext::new(16, REQUEST_BLOCKS);
     let rows = fleet(size);
-    let kept = kept(&rows);
+    let (kept, overlaps) = (kept(&rows), overlaps(&rows));
     let mut selectors = selectors(startup);
     // The built-in policy again, over columns filled from rows.
     let built_in = selectors_of(startup, &VARIANTS[..1]).remove(0).1;
@@ -185,7 +185,7 @@ fn side_by_side(startup: &Startup, size: usize) -> Vec<(&'static str, f64, f64)>
                 } else {
                     black_box(
                         selector
-                            .select_lent(&request, &kept, |row| rows[row].cache)
+                            .select_lent(&request, &kept, |row| overlaps[row])
                             .unwrap(),
                     );
                 }

@@ -7,6 +7,7 @@ use rand::{Rng, SeedableRng};
 use std::sync::Arc;
 
 use switchyard::policy::{CandidateRow, KeptColumns};
+use switchyard_plugin_sdk::CandidateCache;
 use switchyard_plugin_sdk::WorkerId;
 
 pub fn repo() -> PathBuf {
@@ -59,6 +60,12 @@ pub fn kept(rows: &[CandidateRow]) -> Arc<KeptColumns> {
             .push(row.preferred_taint_multiplier);
     }
     Arc::new(kept)
+}
+
+/// The request's cache overlaps per row, packed as the KV index answers them (the rows
+/// themselves are four times wider).
+pub fn overlaps(rows: &[CandidateRow]) -> Vec<CandidateCache> {
+    rows.iter().map(|row| row.cache).collect()
 }
 
 /// A fixed synthetic fleet: device overlap 0..64 blocks, 0..32 active requests.
