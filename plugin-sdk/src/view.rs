@@ -447,3 +447,76 @@ impl<'a> WorkerCandidate<'a> {
         Some(self.all.costs()?[self.row])
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ptr;
+
+    /// `lowest_cost_row` over (cost, worker id) rows, dp rank 0.
+    fn lowest(rows: &[(f64, u64)]) -> Option<usize> {
+        let costs: Vec<f64> = rows.iter().map(|r| r.0).collect();
+        let ids: Vec<u64> = rows.iter().map(|r| r.1).collect();
+        let ranks = vec![0u32; rows.len()];
+        let raw = switchyard_candidates {
+            struct_size: std::mem::size_of::<switchyard_candidates>() as u32,
+            inputs: 0,
+            count: rows.len(),
+            worker_id: ids.as_ptr(),
+            dp_rank: ranks.as_ptr(),
+            device_overlap_blocks: ptr::null(),
+            host_overlap_blocks: ptr::null(),
+            disk_overlap_blocks: ptr::null(),
+            shared_beyond_device_blocks: ptr::null(),
+            active_prefill_tokens: ptr::null(),
+            decode_cost_blocks: ptr::null(),
+            active_requests: ptr::null(),
+            preferred_taint_multiplier: ptr::null(),
+            costs: costs.as_ptr(),
+            labels_host_data: ptr::null(),
+            callback_get_label: None,
+        };
+        // SAFETY: every non-NULL array holds `count` elements and outlives the view.
+        unsafe { WorkerCandidates::from_abi(&raw) }.lowest_cost_row()
+    }
+
+    /// The lowest cost in `f64::total_cmp`'s order, ties to the lowest worker id,
+    /// whatever the row order: checked against a sort.
+    #[test]
+    fn lowest_cost_row_is_the_total_order_minimum_with_ties_to_the_lowest_id() {
+        assert_eq!(lowest(&[]), None);
+        assert_eq!(lowest(&[(3.0, 9), (1.0, 8), (1.0, 2), (2.0, 1)]), Some(2));
+        // -0.0 is below 0.0 in the total order, whatever the ids.
+        assert_eq!(lowest(&[(0.0, 1), (-0.0, 7)]), Some(1));
+        // Infinities and NaN: the total order still decides.
+        assert_eq!(lowest(&[(f64::INFINITY, 3), (f64::NAN, 1)]), Some(0));
+        assert_eq!(lowest(&[(f64::NAN, 3), (f64::NAN, 1)]), Some(1));
+        assert_eq!(lowest(&[(f64::NAN, 3), (-f64::NAN, 5), (1.0, 1)]), Some(1));
+        let mut seed = 7u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for len in 1..200 {
+            let rows: Vec<(f64, u64)> = (0..len)
+                .map(|_| ((next() % 5) as f64 - 2.0, next() % 50))
+                .collect();
+            let expected = (0..len)
+                .min_by(|&a, &b| {
+                    rows[a]
+                        .0
+                        .total_cmp(&rows[b].0)
+                        .then(rows[a].1.cmp(&rows[b].1))
+                })
+                .unwrap();
+            let got = lowest(&rows).unwrap();
+            assert_eq!(
+                (rows[got].0.to_bits(), rows[got].1),
+                (rows[expected].0.to_bits(), rows[expected].1),
+                "{rows:?}"
+            );
+        }
+    }
+}
