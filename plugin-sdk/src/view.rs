@@ -357,22 +357,23 @@ impl<'a> WorkerCandidates<'a> {
     /// `None` without costs or candidates. One pass; ids are read only on ties.
     pub fn lowest_cost_row(&self) -> Option<usize> {
         let costs = self.costs()?;
-        // `total_cmp`'s order as plain integers: the best (cost, id, rank) stays in
-        // registers, and a row is one tuple comparison.
+        let n = costs.len().min(self.len());
+        let (costs, ids, ranks) = (&costs[..n], &self.worker_ids()[..n], &self.dp_ranks()[..n]);
+        // `total_cmp`'s order as plain integers, so the best key stays in registers; ids
+        // and ranks are read only for rows that cost no more than the best so far.
         let order = |cost: f64| {
             let bits = cost.to_bits() as i64;
             bits ^ (((bits >> 63) as u64) >> 1) as i64
         };
-        let mut rows = costs
-            .iter()
-            .zip(self.worker_ids())
-            .zip(self.dp_ranks())
-            .map(|((&cost, &id), &rank)| (order(cost), id, rank))
-            .enumerate();
-        let (mut best, mut lowest) = rows.next()?;
-        for (row, key) in rows {
-            if key < lowest {
-                (best, lowest) = (row, key);
+        let mut lowest = (order(*costs.first()?), ids[0], ranks[0]);
+        let mut best = 0;
+        for (row, &cost) in costs.iter().enumerate().skip(1) {
+            let cost = order(cost);
+            if cost <= lowest.0 {
+                let key = (cost, ids[row], ranks[row]);
+                if key < lowest {
+                    (best, lowest) = (row, key);
+                }
             }
         }
         Some(best)

@@ -71,14 +71,17 @@ static int32_t min_overlap_filter(void *instance, const switchyard_request *requ
         return SWITCHYARD_STATUS_ERROR;
     }
     /* Read into locals first: `keep` is a byte array, which may alias anything, so reads
-     * through `candidates` or `self` would be repeated per row. And compare in integers:
-     * for a whole number of blocks d and a threshold m >= 0, d >= m exactly when
-     * d >= ceil(m), and an integer comparison vectorizes where a conversion to double
-     * does not. */
+     * through `candidates` or `self` would be repeated per row. And compare in the
+     * column's own type: for a whole number of blocks d and a threshold m >= 0, d >= m
+     * exactly when d >= ceil(m), and a 32-bit integer comparison vectorizes where a
+     * conversion to double (or a 64-bit comparison) does not. */
     const uint32_t *device = candidates->device_overlap_blocks;
     const size_t count = candidates->count;
-    const uint64_t threshold =
-        self->min_blocks > 4294967296.0 ? UINT64_MAX : (uint64_t)ceil(self->min_blocks);
+    if (self->min_blocks > 4294967295.0) {
+        memset(keep, 0, count); /* more blocks than any worker can hold */
+        return SWITCHYARD_STATUS_OK;
+    }
+    const uint32_t threshold = (uint32_t)ceil(self->min_blocks);
     for (size_t row = 0; row < count; row++) {
         keep[row] = device[row] >= threshold;
     }

@@ -4,6 +4,7 @@
 //
 // Registers the policy type `cpp.least-busy` and its components standalone as
 // `cpp.min-device-overlap`, `cpp.active-requests` and `cpp.lowest-cost`.
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -38,14 +39,17 @@ public:
     // The batch form: one loop over the column, no virtual call per candidate.
     void keep_batch(const Request &, const Candidates &c, uint8_t *out) override {
         // Locals, not members: `out` is a byte array, which may alias `min_blocks_`, so
-        // the compiler would reread it per row. Compared in integers (d >= m exactly when
-        // d >= ceil(m), for whole blocks d), which vectorizes where double does not.
+        // the compiler would reread it per row. Compared in the column's own type (d >= m
+        // exactly when d >= ceil(m), for whole blocks d): a 32-bit comparison vectorizes
+        // where a double (or 64-bit) one does not.
         auto device = c.device_overlap_blocks();
-        const uint64_t threshold = min_blocks_ > 4294967296.0
-                                       ? UINT64_MAX
-                                       : static_cast<uint64_t>(std::ceil(min_blocks_));
         const uint32_t *blocks = device.begin();
         const size_t count = device.size();
+        if (min_blocks_ > 4294967295.0) {
+            std::fill(out, out + count, uint8_t{0});  // more than any worker can hold
+            return;
+        }
+        const auto threshold = static_cast<uint32_t>(std::ceil(min_blocks_));
         for (size_t row = 0; row < count; row++) {
             out[row] = blocks[row] >= threshold;
         }
