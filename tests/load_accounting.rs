@@ -14,20 +14,29 @@ use switchyard::fleet::workers::WorkerSpec;
 use switchyard::plugin::PartitionKey;
 use switchyard_plugin_sdk::{WorkerId, WorkerType};
 
-#[test]
-fn interleaved_reservations_return_every_count_to_zero() {
-    let dir = tempfile::tempdir().unwrap();
+/// Worker `id` of model `m`.
+fn spec(id: u64) -> WorkerSpec {
+    serde_json::from_value(serde_json::json!({"model": "m", "worker_id": id})).unwrap()
+}
+
+/// A router on the built-in default policy with workers 0..`workers` of model `m`.
+fn router_with(dir: &std::path::Path, workers: u64) -> Arc<Router> {
     let startup = start_yaml(
-        dir.path(),
+        dir,
         "worker_selection:\n  builtin_default: {temperature: 0.5, seed: 3}\n",
     )
     .unwrap();
     let router = Arc::new(Router::new(startup).unwrap());
-    for id in 0..8 {
-        let spec: WorkerSpec =
-            serde_json::from_value(serde_json::json!({"model": "m", "worker_id": id})).unwrap();
-        router.add_worker(spec).unwrap();
+    for id in 0..workers {
+        router.add_worker(spec(id)).unwrap();
     }
+    router
+}
+
+#[test]
+fn interleaved_reservations_return_every_count_to_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let router = router_with(dir.path(), 8);
     let threads: Vec<_> = (0..4u64)
         .map(|t| {
             let router = router.clone();
@@ -94,18 +103,7 @@ fn interleaved_reservations_return_every_count_to_zero() {
 #[test]
 fn kept_candidate_columns_follow_bookings_health_and_membership() {
     let dir = tempfile::tempdir().unwrap();
-    let startup = start_yaml(
-        dir.path(),
-        "worker_selection:\n  builtin_default: {temperature: 0.5, seed: 3}\n",
-    )
-    .unwrap();
-    let router = Arc::new(Router::new(startup).unwrap());
-    let spec = |id: u64| -> WorkerSpec {
-        serde_json::from_value(serde_json::json!({"model": "m", "worker_id": id})).unwrap()
-    };
-    for id in 0..16 {
-        router.add_worker(spec(id)).unwrap();
-    }
+    let router = router_with(dir.path(), 16);
     let partition = PartitionKey::new("m", WorkerType::Select);
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let bookers: Vec<_> = (0..3u64)
