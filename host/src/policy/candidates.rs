@@ -12,6 +12,7 @@ use std::sync::Arc;
 use switchyard_plugin_sdk::{CandidateCache, CandidateLoad, WorkerId, WorkerInputs};
 
 use super::compaction::compact_into;
+use super::request_columns::RequestColumns;
 use crate::plugin::{Columns, Labels};
 
 /// The request-independent columns of a set of workers, index-aligned.
@@ -89,18 +90,6 @@ impl KeptColumns {
             .clone_from(&other.preferred_taint_multiplier);
         self.labels = other.labels.clone();
     }
-}
-
-/// The columns that depend on the request, aligned with the kept rows.
-#[derive(Default)]
-struct RequestColumns {
-    /// Written for every request (the booking and the decode cost read it); handed to
-    /// components only with the CACHE group.
-    device_overlap_blocks: Vec<u32>,
-    host_overlap_blocks: Vec<u32>,
-    disk_overlap_blocks: Vec<u32>,
-    shared_beyond_device_blocks: Vec<u32>,
-    decode_cost_blocks: Vec<u64>,
 }
 
 /// Every column, holding only the rows the filters so far kept.
@@ -380,44 +369,15 @@ impl Candidates {
     pub fn fill_request(
         &mut self,
         request_blocks: u64,
-        mut overlap: impl FnMut(usize) -> CandidateCache,
+        overlap: impl FnMut(usize) -> CandidateCache,
     ) {
         self.touch();
-        let n = self.kept.len();
         let cache = self.groups.contains(WorkerInputs::CACHE);
         let load = self.groups.contains(WorkerInputs::LOAD);
-        let request = &mut self.request;
-        let device = spare(&mut request.device_overlap_blocks, true, n);
-        let host = spare(&mut request.host_overlap_blocks, cache, n);
-        let disk = spare(&mut request.disk_overlap_blocks, cache, n);
-        let shared = spare(&mut request.shared_beyond_device_blocks, cache, n);
-        for i in 0..n {
-            let row = overlap(i);
-            device[i].write(row.device_overlap_blocks);
-            if cache {
-                host[i].write(row.host_overlap_blocks);
-                disk[i].write(row.disk_overlap_blocks);
-                shared[i].write(row.shared_beyond_device_blocks);
-            }
-        }
-        // SAFETY: rows 0..n of each wanted column were written above.
-        unsafe {
-            commit(&mut request.device_overlap_blocks, true, n);
-            commit(&mut request.host_overlap_blocks, cache, n);
-            commit(&mut request.disk_overlap_blocks, cache, n);
-            commit(&mut request.shared_beyond_device_blocks, cache, n);
-        }
-        // The decode cost in a second pass over plain slices, which vectorizes.
-        request.decode_cost_blocks.clear();
-        if load && self.kept.active_decode_blocks.len() == n {
-            let booked = self.kept.active_decode_blocks.iter();
-            let uncached = request.device_overlap_blocks.iter();
-            request
-                .decode_cost_blocks
-                .extend(booked.zip(uncached).map(|(&booked, &device)| {
-                    booked + request_blocks.saturating_sub(u64::from(device))
-                }));
-        }
+        let kept = &*self.kept;
+        let booked = load.then_some(&kept.active_decode_blocks[..]);
+        self.request
+            .write(kept.len(), cache, booked, request_blocks, overlap);
     }
 
     /// Gives back lent columns (their partition can then update them in place).

@@ -10,6 +10,7 @@ pub mod histogram;
 pub mod instances;
 pub mod pipeline;
 pub mod registry;
+mod request_columns;
 
 pub use candidates::{CandidateRow, Candidates, KeptColumns};
 pub use error::{BuildError, Refusal};

@@ -476,7 +476,8 @@ impl Policy {
                     .collect();
                 trace.filters.push((filter.name.clone(), dropped));
             }
-            if self.keep.iter().all(|&k| k != 0) {
+            // A byte search (vectorized), not a per-byte loop.
+            if !self.keep.contains(&0) {
                 continue;
             }
             candidates.retain(&self.keep, still_needed);
@@ -487,34 +488,59 @@ impl Policy {
             }
         }
         let count = candidates.len();
+        // The first scorer, at weight 1, writes the totals themselves: its sum with the
+        // zero totals is the cost itself (but -0.0 becomes 0.0), computed in place, so no
+        // second buffer is filled and read.
+        let first_in_place = self
+            .scorers
+            .first()
+            .is_some_and(|(_, weight)| *weight == 1.0);
         self.total.clear();
-        self.total.resize(count, 0.0);
-        for (scorer, weight) in &mut self.scorers {
-            self.contribution.clear();
-            self.contribution.resize(count, f64::NAN);
+        if !first_in_place {
+            self.total.resize(count, 0.0);
+        }
+        for (index, (scorer, weight)) in self.scorers.iter_mut().enumerate() {
+            let in_place = index == 0 && first_in_place;
+            let costs = match in_place {
+                true => &mut self.total,
+                false => &mut self.contribution,
+            };
+            costs.clear();
+            costs.resize(count, f64::NAN);
             let columns = candidates.columns(None);
             timed(scorer, |stage| {
-                stage.score(request, &columns, &mut self.contribution, &mut self.error)
+                stage.score(request, &columns, costs, &mut self.error)
             })
             .map_err(|f| failed(scorer, f))?;
             if let Some(trace) = trace.as_deref_mut() {
                 let costs = (0..count)
-                    .map(|row| (candidates.worker(row), self.contribution[row]))
+                    .map(|row| (candidates.worker(row), costs[row]))
                     .collect();
                 trace.scorers.push((scorer.name.clone(), *weight, costs));
             }
             // Every row is added and checked without a branch (vectorized); the first bad
             // row is looked for only when there is one.
             let mut all_finite = true;
-            for (total, &cost) in self.total.iter_mut().zip(&self.contribution) {
-                let sum = *total + *weight * cost;
-                all_finite &= cost.is_finite() & sum.is_finite();
-                *total = sum;
+            if in_place {
+                for total in &mut self.total {
+                    *total += 0.0;
+                    all_finite &= total.is_finite();
+                }
+            } else {
+                for (total, &cost) in self.total.iter_mut().zip(&self.contribution) {
+                    let sum = *total + *weight * cost;
+                    all_finite &= cost.is_finite() & sum.is_finite();
+                    *total = sum;
+                }
             }
             if !all_finite {
+                let costs = match in_place {
+                    true => &self.total,
+                    false => &self.contribution,
+                };
                 let (row, what, value) = (0..count)
                     .find_map(|row| {
-                        let (cost, total) = (self.contribution[row], self.total[row]);
+                        let (cost, total) = (costs[row], self.total[row]);
                         if !cost.is_finite() {
                             Some((row, "cost", cost))
                         } else {
