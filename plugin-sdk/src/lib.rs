@@ -15,6 +15,7 @@ mod component;
 pub mod export;
 #[cfg(feature = "layout")]
 pub mod layout;
+mod lowest_cost;
 pub mod manifest;
 mod params;
 mod status;

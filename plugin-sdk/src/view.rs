@@ -354,29 +354,9 @@ impl<'a> WorkerCandidates<'a> {
     }
     /// For pickers: the row of the lowest cost (in `f64::total_cmp`'s order), ties to the
     /// lowest (worker id, dp rank), so the choice does not depend on candidate order.
-    /// `None` without costs or candidates. One pass; ids are read only on ties.
+    /// `None` without costs or candidates. Ids are read only for rows at the lowest cost.
     pub fn lowest_cost_row(&self) -> Option<usize> {
-        let costs = self.costs()?;
-        let n = costs.len().min(self.len());
-        let (costs, ids, ranks) = (&costs[..n], &self.worker_ids()[..n], &self.dp_ranks()[..n]);
-        // `total_cmp`'s order as plain integers, so the best key stays in registers; ids
-        // and ranks are read only for rows that cost no more than the best so far.
-        let order = |cost: f64| {
-            let bits = cost.to_bits() as i64;
-            bits ^ (((bits >> 63) as u64) >> 1) as i64
-        };
-        let mut lowest = (order(*costs.first()?), ids[0], ranks[0]);
-        let mut best = 0;
-        for (row, &cost) in costs.iter().enumerate().skip(1) {
-            let cost = order(cost);
-            if cost <= lowest.0 {
-                let key = (cost, ids[row], ranks[row]);
-                if key < lowest {
-                    (best, lowest) = (row, key);
-                }
-            }
-        }
-        Some(best)
+        crate::lowest_cost::lowest_cost_row(self.costs()?, self.worker_ids(), self.dp_ranks())
     }
     /// One row, for per-candidate component methods.
     pub fn row(&self, row: usize) -> WorkerCandidate<'a> {
@@ -481,43 +461,12 @@ mod tests {
         unsafe { WorkerCandidates::from_abi(&raw) }.lowest_cost_row()
     }
 
-    /// The lowest cost in `f64::total_cmp`'s order, ties to the lowest worker id,
-    /// whatever the row order: checked against a sort.
+    /// The view hands its costs, ids and ranks to the helper (checked against a sort in
+    /// `lowest_cost`).
     #[test]
-    fn lowest_cost_row_is_the_total_order_minimum_with_ties_to_the_lowest_id() {
+    fn lowest_cost_row_reads_the_views_columns() {
         assert_eq!(lowest(&[]), None);
         assert_eq!(lowest(&[(3.0, 9), (1.0, 8), (1.0, 2), (2.0, 1)]), Some(2));
-        // -0.0 is below 0.0 in the total order, whatever the ids.
         assert_eq!(lowest(&[(0.0, 1), (-0.0, 7)]), Some(1));
-        // Infinities and NaN: the total order still decides.
-        assert_eq!(lowest(&[(f64::INFINITY, 3), (f64::NAN, 1)]), Some(0));
-        assert_eq!(lowest(&[(f64::NAN, 3), (f64::NAN, 1)]), Some(1));
-        assert_eq!(lowest(&[(f64::NAN, 3), (-f64::NAN, 5), (1.0, 1)]), Some(1));
-        let mut seed = 7u64;
-        let mut next = move || {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
-            seed
-        };
-        for len in 1..200 {
-            let rows: Vec<(f64, u64)> = (0..len)
-                .map(|_| ((next() % 5) as f64 - 2.0, next() % 50))
-                .collect();
-            let expected = (0..len)
-                .min_by(|&a, &b| {
-                    rows[a]
-                        .0
-                        .total_cmp(&rows[b].0)
-                        .then(rows[a].1.cmp(&rows[b].1))
-                })
-                .unwrap();
-            let got = lowest(&rows).unwrap();
-            assert_eq!(
-                (rows[got].0.to_bits(), rows[got].1),
-                (rows[expected].0.to_bits(), rows[expected].1),
-                "{rows:?}"
-            );
-        }
     }
 }

@@ -1,0 +1,197 @@
+//! The row of the lowest cost, ties to the lowest (worker id, dp rank): the picker most
+//! policies end with, so it is written once here for the built-in one and Rust plugins.
+//!
+//! Two passes over the costs instead of one: the plain float minimum first (two costs per
+//! instruction, no branch), then only the rows at that minimum are compared by
+//! `f64::total_cmp` and id. One pass that compares keys row by row is bound by its
+//! branches when many rows tie, as idle workers do.
+
+/// The row of the lowest cost in `f64::total_cmp`'s order, ties to the lowest
+/// (id, rank); `None` when there are no rows. Reads `min(costs, ids, ranks)` rows.
+pub(crate) fn lowest_cost_row(costs: &[f64], ids: &[u64], ranks: &[u32]) -> Option<usize> {
+    let n = costs.len().min(ids.len()).min(ranks.len());
+    let (costs, ids, ranks) = (&costs[..n], &ids[..n], &ranks[..n]);
+    // NaN has no place in the float order; the total order then decides row by row.
+    let Some(minimum) = plain_minimum(costs) else {
+        return lowest_of(costs, ids, ranks, 0..n, None).map(|(row, _)| row);
+    };
+    // Four rows at a time, read only if one is at the minimum (-0.0 == 0.0, so both are;
+    // the total order then puts -0.0 first).
+    let whole = n / 4 * 4;
+    let mut best = None;
+    for (start, quad) in (0..whole).step_by(4).zip(costs.chunks_exact(4)) {
+        let at = |i: usize| quad[i] == minimum;
+        if at(0) | at(1) | at(2) | at(3) {
+            best = lowest_of(costs, ids, ranks, start..start + 4, best);
+        }
+    }
+    lowest_of(costs, ids, ranks, whole..n, best).map(|(row, _)| row)
+}
+
+/// `total_cmp`'s order as plain integers, so the best key stays in registers.
+#[inline]
+fn order(cost: f64) -> i64 {
+    let bits = cost.to_bits() as i64;
+    bits ^ (((bits >> 63) as u64) >> 1) as i64
+}
+
+/// A row's place: (cost in the total order, worker id, dp rank).
+type Key = (i64, u64, u32);
+
+/// The lowest of `best` and `rows` by key.
+#[inline]
+fn lowest_of(
+    costs: &[f64],
+    ids: &[u64],
+    ranks: &[u32],
+    rows: core::ops::Range<usize>,
+    mut best: Option<(usize, Key)>,
+) -> Option<(usize, Key)> {
+    for row in rows {
+        let cost = order(costs[row]);
+        // Ids are read only for rows that cost no more than the best so far.
+        if best.is_none_or(|(_, lowest)| cost <= lowest.0) {
+            let key = (cost, ids[row], ranks[row]);
+            if best.is_none_or(|(_, lowest)| key < lowest) {
+                best = Some((row, key));
+            }
+        }
+    }
+    best
+}
+
+/// The least cost by `<`, or `None` if some cost is NaN (or there are none).
+fn plain_minimum(costs: &[f64]) -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: SSE2 is part of x86-64.
+        unsafe { sse2::plain_minimum(costs) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let mut minimum = *costs.first()?;
+        for &cost in costs {
+            if cost.is_nan() {
+                return None;
+            }
+            minimum = if cost < minimum { cost } else { minimum };
+        }
+        Some(minimum)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod sse2 {
+    use core::arch::x86_64::*;
+
+    /// # Safety
+    /// SSE2 is available (always, on x86-64).
+    #[target_feature(enable = "sse2")]
+    pub(super) unsafe fn plain_minimum(costs: &[f64]) -> Option<f64> {
+        let first = *costs.first()?;
+        // Four independent minimums of two lanes each, and NaN flags beside them, so no
+        // instruction waits on the one before.
+        let mut lanes = [_mm_set1_pd(first); 4];
+        let mut unordered = [_mm_setzero_pd(); 4];
+        let mut eights = costs.chunks_exact(8);
+        for eight in &mut eights {
+            for (pair, (lane, nan)) in lanes.iter_mut().zip(&mut unordered).enumerate() {
+                // SAFETY: the chunk holds 8 values.
+                let values = unsafe { _mm_loadu_pd(eight.as_ptr().add(2 * pair)) };
+                *lane = _mm_min_pd(values, *lane);
+                *nan = _mm_or_pd(*nan, _mm_cmpunord_pd(values, values));
+            }
+        }
+        if unordered.iter().any(|&nan| _mm_movemask_pd(nan) != 0) {
+            return None;
+        }
+        let mut minimums = [0.0; 8];
+        for (pair, lane) in lanes.iter().enumerate() {
+            // SAFETY: `minimums` holds 8 values.
+            unsafe { _mm_storeu_pd(minimums.as_mut_ptr().add(2 * pair), *lane) };
+        }
+        let mut minimum = first;
+        for &cost in minimums.iter().chain(eights.remainder()) {
+            if cost.is_nan() {
+                return None;
+            }
+            minimum = if cost < minimum { cost } else { minimum };
+        }
+        Some(minimum)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `lowest_cost_row` over (cost, worker id) rows, dp rank 0.
+    fn lowest(rows: &[(f64, u64)]) -> Option<usize> {
+        let costs: Vec<f64> = rows.iter().map(|r| r.0).collect();
+        let ids: Vec<u64> = rows.iter().map(|r| r.1).collect();
+        lowest_cost_row(&costs, &ids, &vec![0; rows.len()])
+    }
+
+    /// The lowest cost in `f64::total_cmp`'s order, ties to the lowest worker id,
+    /// whatever the row order and length: checked against a sort.
+    #[test]
+    fn lowest_cost_row_is_the_total_order_minimum_with_ties_to_the_lowest_id() {
+        assert_eq!(lowest(&[]), None);
+        assert_eq!(lowest(&[(3.0, 9), (1.0, 8), (1.0, 2), (2.0, 1)]), Some(2));
+        // -0.0 is below 0.0 in the total order, whatever the ids and the rows around.
+        assert_eq!(lowest(&[(0.0, 1), (-0.0, 7)]), Some(1));
+        assert_eq!(
+            lowest(&[(0.0, 1), (1.0, 0), (2.0, 0), (3.0, 0), (4.0, 0), (-0.0, 7)]),
+            Some(5)
+        );
+        // Infinities and NaN: the total order still decides.
+        assert_eq!(lowest(&[(f64::INFINITY, 3), (f64::NAN, 1)]), Some(0));
+        assert_eq!(lowest(&[(f64::NAN, 3), (f64::NAN, 1)]), Some(1));
+        assert_eq!(lowest(&[(f64::NAN, 3), (-f64::NAN, 5), (1.0, 1)]), Some(1));
+        assert_eq!(lowest(&[(f64::INFINITY, 3), (f64::INFINITY, 1)]), Some(1));
+        let mut seed = 7u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let special = [
+            f64::NAN,
+            -f64::NAN,
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            0.0,
+            -0.0,
+        ];
+        for len in 1..200 {
+            for with_special in [false, true] {
+                let rows: Vec<(f64, u64)> = (0..len)
+                    .map(|_| {
+                        let cost = match with_special && next() % 8 == 0 {
+                            true => special[(next() % 6) as usize],
+                            false => (next() % 5) as f64 - 2.0,
+                        };
+                        (cost, next() % 50)
+                    })
+                    .collect();
+                let expected = (0..len)
+                    .min_by(|&a, &b| {
+                        rows[a]
+                            .0
+                            .total_cmp(&rows[b].0)
+                            .then(rows[a].1.cmp(&rows[b].1))
+                    })
+                    .unwrap();
+                let (cost, id) = rows[expected];
+                let got = lowest(&rows).unwrap();
+                assert!(
+                    rows[got].0.total_cmp(&cost).is_eq() && rows[got].1 == id,
+                    "len {len}: got row {got} {:?}, expected {expected} {:?}",
+                    rows[got],
+                    rows[expected]
+                );
+            }
+        }
+    }
+}
