@@ -19,6 +19,7 @@ mod lowest_cost;
 pub mod manifest;
 mod params;
 mod status;
+mod threshold;
 mod view;
 
 pub use component::{
@@ -28,6 +29,7 @@ pub use component::{
 pub use export::{write_error, Registrar};
 pub use params::Params;
 pub use status::Status;
+pub use threshold::keep_at_least;
 pub use view::{
     str_from_abi, str_to_abi, CacheInputs, CandidateCache, CandidateLoad, InputTrigger, LoadInputs,
     Outcome, Partition, RoutingInputs, SessionContext, WorkerCandidate, WorkerCandidates, WorkerId,

@@ -167,9 +167,7 @@ impl WorkerFilter for MinDeviceOverlap {
             .cache()
             .ok_or("cache input unavailable")?
             .device_overlap_blocks;
-        for (slot, &blocks) in keep.iter_mut().zip(device) {
-            *slot = f64::from(blocks) >= self.min_blocks;
-        }
+        switchyard_plugin_sdk::keep_at_least(device, self.min_blocks, keep);
         Ok(())
     }
 }

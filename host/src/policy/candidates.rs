@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use switchyard_plugin_sdk::{CandidateCache, CandidateLoad, WorkerId, WorkerInputs};
 
-use super::compaction::compact_into;
+use super::compaction::KeepBits;
 use super::request_columns::RequestColumns;
 use crate::plugin::{Columns, Labels};
 
@@ -111,59 +111,59 @@ struct Compacted {
 impl Compacted {
     /// Becomes the rows of `from` whose `keep` byte is non-zero, in the groups `groups`
     /// (identity always).
-    fn gather(&mut self, from: &Columns<'_>, keep: &[u8], groups: WorkerInputs) {
-        fn pick<T: Copy>(to: &mut Vec<T>, from: &[T], keep: &[u8], wanted: bool) {
+    fn gather(&mut self, from: &Columns<'_>, keep: &[u8], bits: &KeepBits, groups: WorkerInputs) {
+        fn pick<T: Copy>(to: &mut Vec<T>, from: &[T], bits: &KeepBits, wanted: bool) {
             match wanted {
-                true => compact_into(to, from, keep),
+                true => bits.compact(to, from),
                 false => to.clear(),
             }
         }
         let cache = groups.contains(WorkerInputs::CACHE);
         let load = groups.contains(WorkerInputs::LOAD);
         let routing = groups.contains(WorkerInputs::ROUTING);
-        pick(&mut self.worker_id, from.worker_id, keep, true);
-        pick(&mut self.dp_rank, from.dp_rank, keep, true);
+        pick(&mut self.worker_id, from.worker_id, bits, true);
+        pick(&mut self.dp_rank, from.dp_rank, bits, true);
         pick(
             &mut self.device_overlap_blocks,
             from.device_overlap_blocks,
-            keep,
+            bits,
             cache,
         );
         pick(
             &mut self.host_overlap_blocks,
             from.host_overlap_blocks,
-            keep,
+            bits,
             cache,
         );
         pick(
             &mut self.disk_overlap_blocks,
             from.disk_overlap_blocks,
-            keep,
+            bits,
             cache,
         );
         pick(
             &mut self.shared_beyond_device_blocks,
             from.shared_beyond_device_blocks,
-            keep,
+            bits,
             cache,
         );
         pick(
             &mut self.active_prefill_tokens,
             from.active_prefill_tokens,
-            keep,
+            bits,
             load,
         );
         pick(
             &mut self.decode_cost_blocks,
             from.decode_cost_blocks,
-            keep,
+            bits,
             load,
         );
-        pick(&mut self.active_requests, from.active_requests, keep, load);
+        pick(&mut self.active_requests, from.active_requests, bits, load);
         pick(
             &mut self.preferred_taint_multiplier,
             from.preferred_taint_multiplier,
-            keep,
+            bits,
             routing,
         );
         self.labels.clear();
@@ -189,6 +189,8 @@ pub struct Candidates {
     compacted: [Compacted; 2],
     /// Which of `compacted` holds the columns now; none: `kept` and `request` do.
     current: Option<usize>,
+    /// The last filter's keep mask as bits, read once for every column.
+    bits: KeepBits,
     /// Changes whenever the contents do (see `Columns::version`).
     version: u64,
 }
@@ -207,6 +209,7 @@ impl Default for Candidates {
             request: RequestColumns::default(),
             compacted: Default::default(),
             current: None,
+            bits: KeepBits::default(),
             version: NEXT_SET.fetch_add(1, Ordering::Relaxed) << CHANGE_BITS,
         }
     }
@@ -448,7 +451,8 @@ impl Candidates {
         // Taken out for the gather (moving the buffers, not copying them), so the current
         // columns can be read meanwhile.
         let mut compacted = std::mem::take(&mut self.compacted[into]);
-        compacted.gather(&self.columns(None), keep, self.groups);
+        self.bits.read(keep);
+        compacted.gather(&self.columns(None), keep, &self.bits, self.groups);
         self.compacted[into] = compacted;
         self.current = Some(into);
     }

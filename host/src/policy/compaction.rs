@@ -1,43 +1,98 @@
-//! Compaction of one column by a filter's keep mask: the rows whose keep byte is
-//! non-zero, in order. The hot loop of every filter that drops rows (one pass per column
-//! later stages read), so with AVX2 it moves 8 rows of 4 bytes, or 4 rows of 8 bytes,
-//! per instruction through a table of lane permutations; elsewhere, and for the rows
-//! past the last whole vector, a branch-free scalar loop.
+//! Compaction of columns by a filter's keep mask: the rows whose keep byte is non-zero,
+//! in order. The hot loop of every filter that drops rows (one pass per column later
+//! stages read), so the mask is read once into bits ([`KeepBits`]), and with AVX2 each
+//! column moves 8 rows of 4 bytes, or 4 rows of 8 bytes, per instruction through a table
+//! of lane permutations; elsewhere, and for the rows past the last whole byte of bits, a
+//! branch-free scalar loop.
 
-/// Sets `to` to the rows of `from` whose `keep` byte is non-zero, in order (rows past
-/// either's end are dropped). `to`'s buffer is reused.
-pub fn compact_into<T: Copy>(to: &mut Vec<T>, from: &[T], keep: &[u8]) {
-    let n = from.len().min(keep.len());
-    to.clear();
-    to.reserve(n);
-    let out = to.as_mut_ptr();
-    let (done, mut next) = vectorized(out, &from[..n], &keep[..n]);
-    for (value, &k) in from[done..n].iter().zip(&keep[done..n]) {
-        // SAFETY: `next` <= the row's index < n <= the capacity reserved above, and
-        // `T: Copy` has nothing to drop.
-        unsafe { out.add(next).write(*value) };
-        next += usize::from(k != 0);
-    }
-    // SAFETY: rows 0..next were written above (or by `vectorized`).
-    unsafe { to.set_len(next) };
+/// A keep mask as one bit per row (8 rows a byte, row 0 in bit 0), read once per filter
+/// and used for every column. The buffer is reused.
+#[derive(Default)]
+pub struct KeepBits {
+    bits: Vec<u8>,
+    rows: usize,
 }
 
-/// Compacts the leading whole vectors of `from` into `out` where the CPU can; returns
-/// the rows done and the rows written.
+impl KeepBits {
+    /// Becomes `keep`'s mask: a row is kept when its byte is non-zero.
+    pub fn read(&mut self, keep: &[u8]) {
+        self.rows = keep.len();
+        self.bits.clear();
+        let done = read_16s(keep, &mut self.bits);
+        self.bits.extend(keep[done..].chunks(8).map(|eight| {
+            eight
+                .iter()
+                .enumerate()
+                .fold(0u8, |bits, (row, &k)| bits | (u8::from(k != 0) << row))
+        }));
+    }
+
+    /// Rows the mask covers.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Sets `to` to the rows of `from` this mask keeps, in order (rows past either's end
+    /// are dropped). `to`'s buffer is reused.
+    pub fn compact<T: Copy>(&self, to: &mut Vec<T>, from: &[T]) {
+        let n = from.len().min(self.rows);
+        to.clear();
+        to.reserve(n);
+        let out = to.as_mut_ptr();
+        let whole = &self.bits[..n / 8];
+        let (mut row, mut next) = vectorized(out, &from[..whole.len() * 8], whole);
+        while row < n {
+            let kept = (self.bits[row / 8] >> (row % 8)) & 1;
+            // SAFETY: `next` <= `row` < n <= the capacity reserved above, and `T: Copy`
+            // has nothing to drop.
+            unsafe { out.add(next).write(from[row]) };
+            next += usize::from(kept);
+            row += 1;
+        }
+        // SAFETY: rows 0..next were written above (or by `vectorized`).
+        unsafe { to.set_len(next) };
+    }
+}
+
+/// Appends the bits of `keep`'s leading whole 16-row chunks to `bits`, 16 rows per
+/// instruction; returns the rows read.
 #[cfg(target_arch = "x86_64")]
-fn vectorized<T: Copy>(out: *mut T, from: &[T], keep: &[u8]) -> (usize, usize) {
+fn read_16s(keep: &[u8], bits: &mut Vec<u8>) -> usize {
+    use std::arch::x86_64::*;
+    let sixteens = keep.chunks_exact(16);
+    let done = keep.len() - sixteens.remainder().len();
+    bits.extend(sixteens.flat_map(|sixteen| {
+        // SAFETY: SSE2 is part of x86-64, and the chunk holds 16 bytes.
+        let dropped = unsafe {
+            let bytes = _mm_loadu_si128(sixteen.as_ptr().cast());
+            _mm_movemask_epi8(_mm_cmpeq_epi8(bytes, _mm_setzero_si128()))
+        };
+        (!dropped as u16).to_le_bytes()
+    }));
+    done
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn read_16s(_: &[u8], _: &mut Vec<u8>) -> usize {
+    0
+}
+
+/// Compacts `from` (8 rows per byte of `bits`) into `out` where the CPU can; returns the
+/// rows done and the rows written.
+#[cfg(target_arch = "x86_64")]
+fn vectorized<T: Copy>(out: *mut T, from: &[T], bits: &[u8]) -> (usize, usize) {
     if !std::arch::is_x86_feature_detected!("avx2")
         || !std::arch::is_x86_feature_detected!("popcnt")
     {
         return (0, 0);
     }
     // SAFETY: AVX2 and POPCNT are available (checked above); `out` has room for `from.len()`
-    // elements (the caller's contract), and elements of 4 or 8 bytes are moved as plain
-    // bits, which is a copy of a `Copy` value.
+    // elements (the caller's contract), `from` holds 8 rows per byte of `bits`, and
+    // elements of 4 or 8 bytes are moved as plain bits, which is a copy of a `Copy` value.
     unsafe {
         match std::mem::size_of::<T>() {
-            4 => avx2::compact_4(out.cast(), from.as_ptr().cast(), keep),
-            8 => avx2::compact_8(out.cast(), from.as_ptr().cast(), keep),
+            4 => avx2::compact_4(out.cast(), from.as_ptr().cast(), bits),
+            8 => avx2::compact_8(out.cast(), from.as_ptr().cast(), bits),
             _ => (0, 0),
         }
     }
@@ -89,85 +144,48 @@ mod avx2 {
         table
     }
 
-    /// One bit per byte of `bytes`, set where the byte is non-zero (a kept row).
-    #[target_feature(enable = "avx2")]
-    fn kept_bits(bytes: __m128i) -> u32 {
-        !(_mm_movemask_epi8(_mm_cmpeq_epi8(bytes, _mm_setzero_si128())) as u32)
-    }
-
     /// # Safety
-    /// AVX2 and POPCNT are available; `from` holds `keep.len()` elements of 4 bytes; `out` has room
-    /// for as many.
+    /// AVX2 and POPCNT are available; `from` holds 8 elements of 4 bytes per byte of
+    /// `bits`; `out` has room for as many.
     #[target_feature(enable = "avx2,popcnt")]
-    pub unsafe fn compact_4(out: *mut u32, from: *const u32, keep: &[u8]) -> (usize, usize) {
-        let (mut row, mut next) = (0, 0);
-        while row + 8 <= keep.len() {
-            // SAFETY: rows row..row + 8 exist in `keep` and `from`, and `next` <= `row`,
-            // so the 8 lanes stored at `next` stay within `out`'s room.
-            let (bytes, values) = unsafe {
-                (
-                    _mm_loadl_epi64(keep.as_ptr().add(row).cast()),
-                    _mm256_loadu_si256(from.add(row).cast()),
-                )
-            };
-            let mask = kept_bits(bytes) & 0xff;
-            // SAFETY: the table row holds 8 lanes.
-            let order = unsafe { _mm256_loadu_si256(LANES_4[mask as usize].as_ptr().cast()) };
-            let packed = _mm256_permutevar8x32_epi32(values, order);
-            // SAFETY: as above.
-            unsafe { _mm256_storeu_si256(out.add(next).cast(), packed) };
+    pub unsafe fn compact_4(out: *mut u32, from: *const u32, bits: &[u8]) -> (usize, usize) {
+        let mut next = 0;
+        for (eight, &mask) in bits.iter().enumerate() {
+            let row = eight * 8;
+            // SAFETY: rows row..row + 8 exist in `from`, and `next` <= `row`, so the 8
+            // lanes stored at `next` stay within `out`'s room; the table row holds 8 lanes.
+            unsafe {
+                let values = _mm256_loadu_si256(from.add(row).cast());
+                let order = _mm256_loadu_si256(LANES_4[mask as usize].as_ptr().cast());
+                let packed = _mm256_permutevar8x32_epi32(values, order);
+                _mm256_storeu_si256(out.add(next).cast(), packed);
+            }
             next += mask.count_ones() as usize;
-            row += 8;
         }
-        (row, next)
+        (bits.len() * 8, next)
     }
 
     /// # Safety
     /// As `compact_4`, for elements of 8 bytes.
     #[target_feature(enable = "avx2,popcnt")]
-    pub unsafe fn compact_8(out: *mut u64, from: *const u64, keep: &[u8]) -> (usize, usize) {
-        let (mut row, mut next) = (0, 0);
-        // 8 rows a step, one mask for two permutations, then 4 at a time.
-        while row + 8 <= keep.len() {
-            // SAFETY: as in `compact_4`: rows row..row + 8 exist, and each half's 4
-            // lanes are stored at or before its own rows.
-            let (bytes, low, high) = unsafe {
-                (
-                    _mm_loadl_epi64(keep.as_ptr().add(row).cast()),
-                    _mm256_loadu_si256(from.add(row).cast()),
-                    _mm256_loadu_si256(from.add(row + 4).cast()),
-                )
-            };
-            let mask = kept_bits(bytes) & 0xff;
-            for (half, values) in [(mask & 0xf, low), (mask >> 4, high)] {
-                // SAFETY: the table row holds 8 lanes; the store as above.
+    pub unsafe fn compact_8(out: *mut u64, from: *const u64, bits: &[u8]) -> (usize, usize) {
+        let mut next = 0;
+        // One byte of bits, two permutations of 4 rows.
+        for (eight, &mask) in bits.iter().enumerate() {
+            let row = eight * 8;
+            for (half, offset) in [(mask & 0xf, 0), (mask >> 4, 4)] {
+                // SAFETY: as in `compact_4`: rows row..row + 8 exist, and each half's 4
+                // lanes are stored at or before its own rows.
                 unsafe {
+                    let values = _mm256_loadu_si256(from.add(row + offset).cast());
                     let order = _mm256_loadu_si256(LANES_8[half as usize].as_ptr().cast());
                     let packed = _mm256_permutevar8x32_epi32(values, order);
                     _mm256_storeu_si256(out.add(next).cast(), packed);
                 }
                 next += half.count_ones() as usize;
             }
-            row += 8;
         }
-        while row + 4 <= keep.len() {
-            // SAFETY: as in `compact_4`, with 4 rows.
-            let (word, values) = unsafe {
-                (
-                    keep.as_ptr().add(row).cast::<i32>().read_unaligned(),
-                    _mm256_loadu_si256(from.add(row).cast()),
-                )
-            };
-            let mask = kept_bits(_mm_cvtsi32_si128(word)) & 0xf;
-            // SAFETY: the table row holds 8 lanes.
-            let order = unsafe { _mm256_loadu_si256(LANES_8[mask as usize].as_ptr().cast()) };
-            let packed = _mm256_permutevar8x32_epi32(values, order);
-            // SAFETY: as above.
-            unsafe { _mm256_storeu_si256(out.add(next).cast(), packed) };
-            next += mask.count_ones() as usize;
-            row += 4;
-        }
-        (row, next)
+        (bits.len() * 8, next)
     }
 }
 
@@ -192,6 +210,7 @@ mod tests {
         let mut out32 = Vec::new();
         let mut out64 = Vec::new();
         let mut outf = Vec::new();
+        let mut bits = KeepBits::default();
         for len in (0..70).chain([1023, 1024, 1025, 10_000]) {
             for density in [0.0, 0.05, 0.5, 0.94, 1.0] {
                 let keep: Vec<u8> = (0..len)
@@ -206,16 +225,17 @@ mod tests {
                 let a: Vec<u32> = (0..len).map(|_| rng.gen()).collect();
                 let b: Vec<u64> = (0..len).map(|_| rng.gen()).collect();
                 let c: Vec<f64> = (0..len).map(|_| rng.gen::<f64>() - 0.5).collect();
-                compact_into(&mut out32, &a, &keep);
-                compact_into(&mut out64, &b, &keep);
-                compact_into(&mut outf, &c, &keep);
+                bits.read(&keep);
+                bits.compact(&mut out32, &a);
+                bits.compact(&mut out64, &b);
+                bits.compact(&mut outf, &c);
                 assert_eq!(out32, reference(&a, &keep), "len {len} density {density}");
                 assert_eq!(out64, reference(&b, &keep), "len {len} density {density}");
                 assert_eq!(outf, reference(&c, &keep), "len {len} density {density}");
                 // A shorter mask drops the rows past it.
-                let short = &keep[..len / 2];
-                compact_into(&mut out64, &b, short);
-                assert_eq!(out64, reference(&b[..len / 2], short));
+                // A shorter column keeps its own rows only.
+                bits.compact(&mut out64, &b[..len / 2]);
+                assert_eq!(out64, reference(&b[..len / 2], &keep));
             }
         }
     }

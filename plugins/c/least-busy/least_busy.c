@@ -196,13 +196,19 @@ static int32_t lowest_cost_pick(void *instance, const switchyard_request *reques
         lowest = lanes[lane] < lowest ? lanes[lane] : lowest;
     }
     /* Then the lowest (worker_id, dp_rank) among the rows at that cost, four rows at a
-     * time: most quads hold none and cost one test. */
+     * time: most quads hold none, which their own minimum (above `lowest`) tells in one
+     * comparison. */
     size_t best = SIZE_MAX;
     for (size_t start = 0; start < count; start += 4) {
         size_t end = start + 4 < count ? start + 4 : count;
-        if (end - start == 4 && !((costs[start] == lowest) | (costs[start + 1] == lowest) |
-                                  (costs[start + 2] == lowest) | (costs[start + 3] == lowest))) {
-            continue;
+        if (end - start == 4) {
+            const double *quad = costs + start;
+            double low = quad[0] < quad[1] ? quad[0] : quad[1];
+            low = quad[2] < low ? quad[2] : low;
+            low = quad[3] < low ? quad[3] : low;
+            if (low > lowest) {
+                continue;
+            }
         }
         for (size_t row = start; row < end; row++) {
             if (costs[row] == lowest &&

@@ -98,13 +98,17 @@ public:
         }
         const double lowest = *std::min_element(std::begin(lanes), std::end(lanes));
         // Then the lowest (worker_id, dp_rank) among the rows at that cost, four rows at a
-        // time: most quads hold none and cost one test.
+        // time: most quads hold none, which their own minimum (above `lowest`) tells in one
+        // comparison.
         size_t best = count;
         for (size_t start = 0; start < count; start += 4) {
             const size_t end = std::min(start + 4, count);
-            if (end - start == 4 && !((costs[start] == lowest) | (costs[start + 1] == lowest) |
-                                      (costs[start + 2] == lowest) | (costs[start + 3] == lowest))) {
-                continue;
+            if (end - start == 4) {
+                const double *quad = costs.begin() + start;
+                double low = quad[0] < quad[1] ? quad[0] : quad[1];
+                low = quad[2] < low ? quad[2] : low;
+                low = quad[3] < low ? quad[3] : low;
+                if (low > lowest) continue;
             }
             for (size_t r = start; r < end; r++) {
                 if (costs[r] == lowest &&

@@ -39,9 +39,7 @@ impl WorkerFilter for MinimumDeviceOverlapFilter {
             .cache()
             .ok_or("cache input unavailable")?
             .device_overlap_blocks;
-        for (slot, &blocks) in keep.iter_mut().zip(device) {
-            *slot = f64::from(blocks) >= self.minimum_blocks;
-        }
+        switchyard_plugin_sdk::keep_at_least(device, self.minimum_blocks, keep);
         Ok(())
     }
 }
