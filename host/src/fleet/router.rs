@@ -24,6 +24,7 @@ use super::predicted_kv::PredictedKv;
 use super::workers::{WorkerError, WorkerSpec, Workers};
 use crate::config::{KvTracking, OnError};
 use crate::plugin::{Outcome, PartitionKey, RequestContext, SessionInfo};
+use crate::policy::histogram::Stopwatch;
 use crate::policy::{Candidates, InstanceFactory, KeptColumns, SelectError};
 use crate::startup::{Startup, BUILTIN_DEFAULT};
 
@@ -196,6 +197,8 @@ thread_local! {
 impl Router {
     /// A router over a started config, with the config's static workers.
     pub fn new(startup: Startup) -> Result<Self, RouteError> {
+        // Before any request: the first selection must not wait for the calibration.
+        Stopwatch::calibrate();
         let expiry = Duration::from_secs(startup.source.config.router.request_expiry_secs);
         let workers = startup.source.config.workers.clone();
         let metrics = Metrics::new(startup.instances.iter().map(|i| i.name.as_str()));
@@ -862,10 +865,10 @@ impl Router {
         let mut run =
             |name: &str| -> Result<(Result<WorkerId, SelectError>, Duration), RouteError> {
                 let slot = self.gather(generation, name, query, scratch)?;
-                let started = Instant::now();
+                let stopwatch = Stopwatch::start();
                 let mut selector = slot.selector.lock();
                 let result = selector.select_filled(context, &mut scratch.candidates);
-                let elapsed = started.elapsed();
+                let elapsed = stopwatch.elapsed();
                 if let (true, Ok(worker), true) = (booking, &result, selector.policy.notified()) {
                     // Before the lock is released: the instance hears of this pick before
                     // it makes its next one.
@@ -880,7 +883,7 @@ impl Router {
                     notified = Some(Notified {
                         slot: slot.clone(),
                         outcome,
-                        at: started,
+                        at: Instant::now(),
                     });
                 }
                 drop(selector);

@@ -6,7 +6,6 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
 
 use switchyard_plugin_sdk::{
     CandidateCache, PolicyError, Status, WorkerFilter, WorkerId, WorkerInputs, WorkerPicker,
@@ -15,7 +14,7 @@ use switchyard_plugin_sdk::{
 
 use super::candidates::{CandidateRow, Candidates, KeptColumns};
 use super::error::BuildError;
-use super::histogram::LatencyHistogram;
+use super::histogram::{LatencyHistogram, Stopwatch};
 use crate::isolation::{share_channels, RemoteInstance};
 use crate::plugin::{
     builtin_filter, builtin_pick, builtin_score, AbiRequest, CallError, Columns, ComponentInstance,
@@ -586,12 +585,12 @@ fn timed<T>(
     stage: &mut Stage,
     call: impl FnOnce(&mut Stage) -> Result<T, CallError>,
 ) -> Result<T, CallError> {
-    let start = Instant::now();
+    let stopwatch = Stopwatch::start();
     let result = call(stage);
     stage
         .stats
         .latency
-        .record_exclusive(start.elapsed().as_nanos() as u64);
+        .record_exclusive(stopwatch.elapsed_nanos());
     result
 }
 
