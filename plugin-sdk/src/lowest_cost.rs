@@ -3,8 +3,9 @@
 //!
 //! Two passes over the costs instead of one: the plain float minimum first (two costs per
 //! instruction, no branch), then only the rows at that minimum are compared by
-//! `f64::total_cmp` and id. One pass that compares keys row by row is bound by its
-//! branches when many rows tie, as idle workers do.
+//! `f64::total_cmp` and id, and when many rows tie (idle workers) a quad of rows is
+//! compared at once by its least id. One pass comparing keys row by row is bound by its
+//! branches.
 
 /// The row of the lowest cost in `f64::total_cmp`'s order, ties to the lowest
 /// (id, rank); `None` when there are no rows. Reads `min(costs, ids, ranks)` rows.
@@ -18,12 +19,27 @@ pub(crate) fn lowest_cost_row(costs: &[f64], ids: &[u64], ranks: &[u32]) -> Opti
     // Four rows at a time, read only if one is at the minimum (-0.0 == 0.0, so both are;
     // the total order then puts -0.0 first).
     let whole = n / 4 * 4;
-    let mut best = None;
+    let mut best: Option<(usize, Key)> = None;
     for (start, quad) in (0..whole).step_by(4).zip(costs.chunks_exact(4)) {
-        let at = |i: usize| quad[i] == minimum;
-        if at(0) | at(1) | at(2) | at(3) {
-            best = lowest_of(costs, ids, ranks, start..start + 4, best);
+        if !holds(quad, minimum) {
+            continue;
         }
+        let at = |i: usize| quad[i] == minimum;
+        // Ties (idle workers all cost the same): a quad whose rows at the best's exact
+        // cost all have higher ids cannot hold a better row, which the least of four ids
+        // tells without a branch per row. A row at the minimum with other bits (the other
+        // zero) forces the row-by-row comparison, as does an equal id (ranks decide).
+        if let Some((_, (best_order, best_id, _))) = best {
+            let id = |i: usize| match (order(quad[i]) == best_order, at(i)) {
+                (true, _) => ids[start + i],
+                (false, true) => 0,
+                (false, false) => u64::MAX,
+            };
+            if id(0).min(id(1)).min(id(2).min(id(3))) > best_id {
+                continue;
+            }
+        }
+        best = lowest_of(costs, ids, ranks, start..start + 4, best);
     }
     lowest_of(costs, ids, ranks, whole..n, best).map(|(row, _)| row)
 }
@@ -60,6 +76,21 @@ fn lowest_of(
     best
 }
 
+/// Whether some of the four costs equals `minimum`: one test for the quad.
+#[inline]
+fn holds(quad: &[f64], minimum: f64) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: SSE2 is part of x86-64.
+        unsafe { sse2::holds(quad, minimum) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        quad.iter()
+            .fold(false, |any, &cost| any | (cost == minimum))
+    }
+}
+
 /// The least cost by `<`, or `None` if some cost is NaN (or there are none).
 fn plain_minimum(costs: &[f64]) -> Option<f64> {
     #[cfg(target_arch = "x86_64")]
@@ -83,6 +114,23 @@ fn plain_minimum(costs: &[f64]) -> Option<f64> {
 #[cfg(target_arch = "x86_64")]
 mod sse2 {
     use core::arch::x86_64::*;
+
+    /// # Safety
+    /// SSE2 is available (always, on x86-64); `quad` holds 4 costs.
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    pub(super) unsafe fn holds(quad: &[f64], minimum: f64) -> bool {
+        let minimum = _mm_set1_pd(minimum);
+        // SAFETY: the quad holds 4 values (the caller's contract).
+        let (low, high) = unsafe {
+            (
+                _mm_loadu_pd(quad.as_ptr()),
+                _mm_loadu_pd(quad.as_ptr().add(2)),
+            )
+        };
+        let equal = _mm_or_pd(_mm_cmpeq_pd(low, minimum), _mm_cmpeq_pd(high, minimum));
+        _mm_movemask_pd(equal) != 0
+    }
 
     /// # Safety
     /// SSE2 is available (always, on x86-64).
@@ -165,12 +213,17 @@ mod tests {
             -0.0,
         ];
         for len in 1..200 {
-            for with_special in [false, true] {
+            // Mixed costs, with and without the special values; then all tied (idle
+            // workers) at 0.0 with a few -0.0 among them.
+            for case in 0..3 {
                 let rows: Vec<(f64, u64)> = (0..len)
                     .map(|_| {
-                        let cost = match with_special && next() % 8 == 0 {
-                            true => special[(next() % 6) as usize],
-                            false => (next() % 5) as f64 - 2.0,
+                        let cost = match case {
+                            0 => (next() % 5) as f64 - 2.0,
+                            1 if next() % 8 == 0 => special[(next() % 6) as usize],
+                            1 => (next() % 5) as f64 - 2.0,
+                            _ if next() % 64 == 0 => -0.0,
+                            _ => 0.0,
                         };
                         (cost, next() % 50)
                     })
