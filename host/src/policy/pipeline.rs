@@ -523,12 +523,12 @@ impl Policy {
             if in_place {
                 for total in &mut self.total {
                     *total += 0.0;
-                    all_finite &= total.is_finite();
+                    all_finite &= finite(*total);
                 }
             } else {
                 for (total, &cost) in self.total.iter_mut().zip(&self.contribution) {
                     let sum = *total + *weight * cost;
-                    all_finite &= cost.is_finite() & sum.is_finite();
+                    all_finite &= finite(cost) & finite(sum);
                     *total = sum;
                 }
             }
@@ -579,6 +579,13 @@ impl Policy {
     pub fn last_costs(&self) -> &[f64] {
         &self.total
     }
+}
+
+/// `x.is_finite()` in two vector instructions rather than four: x - x is 0 for every
+/// finite x and NaN for infinities and NaN.
+#[inline]
+fn finite(x: f64) -> bool {
+    x - x == 0.0
 }
 
 fn timed<T>(
