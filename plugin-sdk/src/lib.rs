@@ -5,6 +5,10 @@
 //! - [`WorkerFilter`], [`WorkerScorer`], [`WorkerPicker`]: the safe component traits.
 //! - [`Registrar`]: registers component and policy types.
 //! - [`export_plugin!`]: exports the entry symbol and writes the static [`manifest`].
+//! - Batch helpers for the components most policies use, written once for the host's
+//!   built-in ones and Rust plugins alike: [`keep_at_least`] (a count threshold, compared
+//!   in the column's own type) and [`WorkerCandidates::lowest_cost_row`] (the picker:
+//!   lowest cost, ties to the lowest worker id).
 //!
 //! A Rust plugin goes through exactly the same C ABI as a C or C++ plugin.
 #![deny(unsafe_op_in_unsafe_fn)]
