@@ -29,8 +29,9 @@ pub(crate) fn lowest_cost_row(costs: &[f64], ids: &[u64], ranks: &[u32]) -> Opti
         // cost all have higher ids cannot hold a better row, which the least of four ids
         // tells without a branch per row. A row at the minimum with other bits (the other
         // zero) forces the row-by-row comparison, as does an equal id (ranks decide).
-        if let Some((_, (best_order, best_id, _))) = best {
-            let id = |i: usize| match (order(quad[i]) == best_order, at(i)) {
+        if let Some((best_row, (_, best_id, _))) = best {
+            let best_bits = costs[best_row].to_bits();
+            let id = |i: usize| match (quad[i].to_bits() == best_bits, at(i)) {
                 (true, _) => ids[start + i],
                 (false, true) => 0,
                 (false, false) => u64::MAX,
