@@ -232,7 +232,6 @@ mod tests {
                 assert_eq!(out32, reference(&a, &keep), "len {len} density {density}");
                 assert_eq!(out64, reference(&b, &keep), "len {len} density {density}");
                 assert_eq!(outf, reference(&c, &keep), "len {len} density {density}");
-                // A shorter mask drops the rows past it.
                 // A shorter column keeps its own rows only.
                 bits.compact(&mut out64, &b[..len / 2]);
                 assert_eq!(out64, reference(&b[..len / 2], &keep));
