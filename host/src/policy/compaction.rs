@@ -27,11 +27,6 @@ impl KeepBits {
         }));
     }
 
-    /// Rows the mask covers.
-    pub fn rows(&self) -> usize {
-        self.rows
-    }
-
     /// Sets `to` to the rows of `from` this mask keeps, in order (rows past either's end
     /// are dropped). `to`'s buffer is reused.
     pub fn compact<T: Copy>(&self, to: &mut Vec<T>, from: &[T]) {
