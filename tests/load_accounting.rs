@@ -33,6 +33,17 @@ fn router_with(dir: &std::path::Path, workers: u64) -> Arc<Router> {
     router
 }
 
+/// A request `id` for model `m`: 1 to 39 blocks, up to 200 expected output tokens.
+fn random_request(rng: &mut impl Rng, id: &str) -> RouteRequest {
+    RouteRequest {
+        model: "m".into(),
+        block_hashes: Some((0..rng.gen_range(1..40)).collect()),
+        request_id: Some(id.to_owned()),
+        expected_output_tokens: Some(rng.gen_range(0..200)),
+        ..Default::default()
+    }
+}
+
 #[test]
 fn interleaved_reservations_return_every_count_to_zero() {
     let dir = tempfile::tempdir().unwrap();
@@ -49,12 +60,8 @@ fn interleaved_reservations_return_every_count_to_zero() {
                         0 | 1 if open.len() < 64 => {
                             let id = format!("t{t}-r{n}");
                             let request = RouteRequest {
-                                model: "m".into(),
-                                block_hashes: Some((0..rng.gen_range(1..40)).collect()),
-                                request_id: Some(id.clone()),
-                                expected_output_tokens: Some(rng.gen_range(0..200)),
                                 tracks_prefill_tokens: true,
-                                ..Default::default()
+                                ..random_request(&mut rng, &id)
                             };
                             router.select_and_reserve(&request).unwrap();
                             open.push((id, false));
@@ -115,13 +122,7 @@ fn kept_candidate_columns_follow_bookings_health_and_membership() {
                 for n in 0..3000 {
                     if rng.gen_bool(0.6) && open.len() < 32 {
                         let id = format!("t{t}-r{n}");
-                        let request = RouteRequest {
-                            model: "m".into(),
-                            block_hashes: Some((0..rng.gen_range(1..40)).collect()),
-                            request_id: Some(id.clone()),
-                            expected_output_tokens: Some(rng.gen_range(0..200)),
-                            ..Default::default()
-                        };
+                        let request = random_request(&mut rng, &id);
                         // Every worker may be unhealthy or gone for a moment.
                         if router.select_and_reserve(&request).is_ok() {
                             open.push(id);
