@@ -3,8 +3,9 @@
 
 use std::collections::{HashMap, HashSet};
 
+use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
-use switchyard::fleet::kv_index::{IndexShape, KvEvent, KvIndex, QueryScratch, Tier};
+use switchyard::fleet::kv_index::{IndexShape, KvEvent, KvIndex, QueryScratch, SlotRows, Tier};
 use switchyard_plugin_sdk::WorkerId;
 
 /// The obvious model: per worker and tier, the set of hashes held.
@@ -95,6 +96,8 @@ fn random_walk(
     index.set_lazy_runs(lazy_runs);
     let mut reference = Reference::default();
     let mut scratch = QueryScratch::default();
+    let mut rows = SlotRows::default();
+    let mut columns: [Vec<u32>; 3] = Default::default();
     let tiers = Tier::ALL;
     let mut nonzero = 0;
     for step in 0..steps {
@@ -162,11 +165,34 @@ fn random_walk(
                 }
             }
             assert_eq!(result.fleet_prefix, fleet, "step {step}");
-            for &w in &workers {
-                assert_eq!(
-                    result.shared_beyond_device(&result.overlap(w)),
-                    fleet - reference.prefix(w, Tier::Device, query)
-                );
+            // The same answer in a partition's row order: some of the workers, shuffled,
+            // and one the index has never seen.
+            let mut members: Vec<WorkerId> = workers
+                .iter()
+                .copied()
+                .filter(|_| rng.gen_bool(0.7))
+                .collect();
+            members.shuffle(&mut rng);
+            members.push(WorkerId {
+                worker_id: u64::MAX,
+                dp_rank: 0,
+            });
+            rows.set(members.iter().map(|&w| index.slot_of(w)));
+            for column in &mut columns {
+                column.clear();
+                column.resize(members.len(), u32::MAX);
+            }
+            let [device, host, disk] = &mut columns;
+            let fleet_of_rows = index.query_rows(query, &mut scratch, &rows, [device, host, disk]);
+            assert_eq!(fleet_of_rows, fleet, "step {step}");
+            for (row, &w) in members.iter().enumerate() {
+                for t in tiers {
+                    assert_eq!(
+                        columns[t as usize][row],
+                        reference.prefix(w, t, query),
+                        "step {step}: row {row} worker {w:?} tier {t:?} query {query:?}"
+                    );
+                }
             }
         }
     }

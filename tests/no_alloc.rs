@@ -92,7 +92,14 @@ fn warm_selections_do_not_allocate() {
         );
         let lent = |selector: &mut switchyard::policy::Selector| {
             selector
-                .select_lent(&request, &kept, |row| candidates[row].cache)
+                .select_lent(&request, &kept, |[device, host, disk]| {
+                    for (row, c) in candidates.iter().enumerate() {
+                        device[row] = c.cache.device_overlap_blocks;
+                        host[row] = c.cache.host_overlap_blocks;
+                        disk[row] = c.cache.disk_overlap_blocks;
+                    }
+                    64
+                })
                 .unwrap()
         };
         lent(&mut selector); // grows the request's buffers

@@ -67,7 +67,7 @@ fn side_by_side(
             for _ in 0..per_round {
                 black_box(
                     selector
-                        .select_lent(&request, &kept, |row| overlaps[row])
+                        .select_lent(&request, &kept, |out| overlaps.write(out))
                         .unwrap(),
                 );
             }

@@ -62,10 +62,35 @@ pub fn kept(rows: &[CandidateRow]) -> Arc<KeptColumns> {
     Arc::new(kept)
 }
 
-/// The request's cache overlaps per row, packed as the KV index answers them (the rows
-/// themselves are four times wider).
-pub fn overlaps(rows: &[CandidateRow]) -> Vec<CandidateCache> {
-    rows.iter().map(|row| row.cache).collect()
+/// The request's cache overlaps, one column per tier as the KV index writes them.
+pub struct Overlaps {
+    tiers: [Vec<u32>; 3],
+    fleet_prefix: u32,
+}
+
+impl Overlaps {
+    /// What the router's KV query does per request: every row's overlaps written into
+    /// the candidates' columns; returns the fleet prefix.
+    pub fn write(&self, out: [&mut [u32]; 3]) -> u32 {
+        for (column, tier) in out.into_iter().zip(&self.tiers) {
+            column.copy_from_slice(tier);
+        }
+        self.fleet_prefix
+    }
+}
+
+pub fn overlaps(rows: &[CandidateRow]) -> Overlaps {
+    let column = |tier: fn(&CandidateCache) -> u32| rows.iter().map(|r| tier(&r.cache)).collect();
+    let tiers: [Vec<u32>; 3] = [
+        column(|c| c.device_overlap_blocks),
+        column(|c| c.host_overlap_blocks),
+        column(|c| c.disk_overlap_blocks),
+    ];
+    let fleet_prefix = tiers.iter().flatten().copied().max().unwrap_or(0);
+    Overlaps {
+        tiers,
+        fleet_prefix,
+    }
 }
 
 /// A fixed synthetic fleet: device overlap 0..64 blocks, 0..32 active requests.

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use rustc_hash::FxHashMap;
 use switchyard_plugin_sdk::WorkerId;
 
-use super::kv_index::KvIndex;
+use super::kv_index::{KvIndex, SlotRows};
 use super::load_accounting::{LoadAccounting, WorkerLoad};
 use super::workers::Workers;
 use crate::plugin::PartitionKey;
@@ -45,7 +45,7 @@ impl Buffer {
 /// What a selection borrows of a partition: its columns, and each row's KV-index slot.
 pub struct Lent {
     pub columns: Arc<KeptColumns>,
-    pub kv_slots: Arc<Vec<u32>>,
+    pub kv_slots: Arc<SlotRows>,
 }
 
 /// One partition's columns: versioned buffers and the changes not yet in all of them.
@@ -58,7 +58,7 @@ struct PartitionColumns {
     log: Vec<(u32, WorkerLoad)>,
     log_start: u64,
     /// Each row's slot in the KV index, for the layout and index slot epoch in `kv_for`.
-    kv_slots: Arc<Vec<u32>>,
+    kv_slots: Arc<SlotRows>,
     kv_for: Option<(u64, u64)>,
 }
 
@@ -292,9 +292,8 @@ impl FleetColumns {
         let columns = p.buffers[latest].columns.clone();
         let kv_for = (p.layout, kv.slots_epoch());
         if p.kv_for != Some(kv_for) {
-            let slots = Arc::make_mut(&mut p.kv_slots);
-            slots.clear();
-            slots.extend((0..columns.len()).map(|row| kv.slot_of(columns.worker(row))));
+            Arc::make_mut(&mut p.kv_slots)
+                .set((0..columns.len()).map(|row| kv.slot_of(columns.worker(row))));
             p.kv_for = Some(kv_for);
         }
         Some(Lent {

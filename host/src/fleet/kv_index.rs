@@ -17,6 +17,9 @@
 
 use rustc_hash::FxHashMap;
 
+mod held_runs;
+use held_runs::HeldRuns;
+
 use serde::{Deserialize, Serialize};
 use switchyard_plugin_sdk::WorkerId;
 
@@ -105,6 +108,45 @@ impl Overlap {
 
 /// The slot of a worker that holds nothing.
 pub const NO_SLOT: u32 = u32::MAX;
+
+/// The row of a slot outside a partition.
+const NO_ROW: u32 = u32::MAX;
+
+/// A partition's rows as the index's slots, both ways: how `KvIndex::query_rows` writes
+/// its answer in row order.
+#[derive(Clone, Debug, Default)]
+pub struct SlotRows {
+    slot_of_row: Vec<u32>,
+    /// Per slot up to the highest of the partition's, its row (`NO_ROW`: none).
+    row_of_slot: Vec<u32>,
+}
+
+impl SlotRows {
+    /// Rebuilds from each row's slot (`KvIndex::slot_of`; `NO_SLOT` for a worker that
+    /// holds nothing).
+    pub fn set(&mut self, slot_of_row: impl IntoIterator<Item = u32>) {
+        self.slot_of_row.clear();
+        self.slot_of_row.extend(slot_of_row);
+        self.row_of_slot.clear();
+        for (row, &slot) in self.slot_of_row.iter().enumerate() {
+            if slot == NO_SLOT {
+                continue;
+            }
+            if self.row_of_slot.len() <= slot as usize {
+                self.row_of_slot.resize(slot as usize + 1, NO_ROW);
+            }
+            self.row_of_slot[slot as usize] = row as u32;
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.slot_of_row.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.slot_of_row.is_empty()
+    }
+}
 
 /// Workers as dense slots: holder sets store slots, not worker ids.
 ///
@@ -648,31 +690,59 @@ struct Run {
 #[derive(Default)]
 pub struct QueryScratch {
     runs: [Vec<Run>; 3],
-    few: Vec<u32>,
-    bits: Vec<u64>,
+    walk: Walk,
     dense: Dense,
 }
 
-/// Per slot, the depths a query found in each tier: the result when some tier's runs are
-/// too many to test per read. Cleared per such query (one sequential fill, cheaper than
-/// checking a stamp on every scattered write).
+/// What walking one tier's runs needs: the slots still holding every block so far, as a
+/// short list or (while wide) a bitset, and the counts of the dense walk.
 #[derive(Default)]
-struct Dense {
-    depth: Vec<[u32; 3]>,
+struct Walk {
+    few: Vec<u32>,
+    bits: Vec<u64>,
+    held: HeldRuns,
 }
 
-impl Dense {
-    /// Starts a query's result over `slots` slots.
-    fn start(&mut self, slots: usize) {
-        self.depth.clear();
-        self.depth.resize(slots, [0; 3]);
-    }
+/// Per slot, the depths a query found, one column per tier: the result when some tier's
+/// runs are too many to test per read. Every slot is written by each such query.
+#[derive(Default)]
+struct Dense {
+    depth: [Vec<u32>; 3],
+}
 
+/// Where a dense answer is written: rows, each a slot.
+trait SlotOrder {
+    /// The slot of `row` (`NO_SLOT`: one that holds nothing).
+    fn slot_of_row(&self, row: usize) -> u32;
+    /// The row of `slot` (`NO_ROW`: none).
+    fn row_of_slot(&self, slot: u32) -> u32;
+}
+
+/// Every slot as its own row: the per-slot answer of `query`.
+struct EverySlot;
+
+impl SlotOrder for EverySlot {
     #[inline]
-    fn record(&mut self, slot: u32, tier: usize, depth: u32) {
-        if let Some(depths) = self.depth.get_mut(slot as usize) {
-            depths[tier] = depth;
-        }
+    fn slot_of_row(&self, row: usize) -> u32 {
+        row as u32
+    }
+    #[inline]
+    fn row_of_slot(&self, slot: u32) -> u32 {
+        slot
+    }
+}
+
+impl SlotOrder for SlotRows {
+    #[inline]
+    fn slot_of_row(&self, row: usize) -> u32 {
+        self.slot_of_row.get(row).copied().unwrap_or(NO_SLOT)
+    }
+    #[inline]
+    fn row_of_slot(&self, slot: u32) -> u32 {
+        self.row_of_slot
+            .get(slot as usize)
+            .copied()
+            .unwrap_or(NO_ROW)
     }
 }
 
@@ -696,16 +766,18 @@ impl QueryResult<'_> {
         self.overlap_of_slot(self.index.slot_of(worker))
     }
 
-    /// The overlap of the worker in `slot` (`KvIndex::slot_of`, valid while the index's
-    /// `slots_epoch` is unchanged): no worker lookup, for callers that keep slots.
+    /// The overlap of the worker in `slot`.
     #[inline]
-    pub fn overlap_of_slot(&self, slot: u32) -> Overlap {
+    fn overlap_of_slot(&self, slot: u32) -> Overlap {
         if self.fleet_prefix == 0 || slot == NO_SLOT {
             return Overlap::default();
         }
         match self.dense {
             Some(dense) => Overlap {
-                tiers: dense.depth.get(slot as usize).copied().unwrap_or_default(),
+                tiers: dense
+                    .depth
+                    .each_ref()
+                    .map(|tier| tier.get(slot as usize).copied().unwrap_or(0)),
             },
             None => self.overlap_by_runs(slot),
         }
@@ -714,38 +786,9 @@ impl QueryResult<'_> {
     /// The overlap of `slot`, tested run by run (few runs).
     #[inline]
     fn overlap_by_runs(&self, slot: u32) -> Overlap {
-        let mut overlap = Overlap::default();
-        for (tier, runs) in self.runs.iter().enumerate() {
-            let sets = &self.index.tiers[tier].sets.sets;
-            for run in runs.iter() {
-                let held = if run.holders & SET == 0 {
-                    run.holders == slot
-                } else {
-                    match sets.get((run.holders & !SET) as usize) {
-                        Some((_, Members::Bits { words, .. })) => has_bit(words, slot),
-                        Some((_, Members::List(list))) => list.binary_search(&slot).is_ok(),
-                        None => false,
-                    }
-                };
-                if !held {
-                    break;
-                }
-                overlap.tiers[tier] = run.end;
-            }
+        Overlap {
+            tiers: [0, 1, 2].map(|t| self.index.depth_by_runs(t, self.runs[t], slot)),
         }
-        overlap
-    }
-
-    /// Every slot's depth per tier, when the answer is dense (indexed by slot; slots past
-    /// the end and `NO_SLOT` hold nothing). `None`: read overlaps with `overlap_of_slot`.
-    pub fn dense_depths(&self) -> Option<&[[u32; 3]]> {
-        self.dense.map(|dense| dense.depth.as_slice())
-    }
-
-    /// Blocks of the request beyond the worker's device prefix that are cached somewhere
-    /// in the fleet (and could be fetched instead of recomputed).
-    pub fn shared_beyond_device(&self, overlap: &Overlap) -> u32 {
-        self.fleet_prefix.saturating_sub(overlap.tier(Tier::Device))
     }
 }
 
@@ -896,8 +939,68 @@ impl KvIndex {
 
     /// Per-worker contiguous prefix overlap per tier for `hashes`.
     pub fn query<'a>(&'a self, hashes: &[u64], scratch: &'a mut QueryScratch) -> QueryResult<'a> {
+        let dense = self.find_runs(hashes, &mut scratch.runs);
+        let QueryScratch {
+            runs,
+            walk,
+            dense: depths,
+        } = scratch;
+        let mut fleet_prefix = 0;
+        for (t, column) in depths.depth.iter_mut().enumerate() {
+            let out = dense.then(|| {
+                column.resize(self.slots.count as usize, 0);
+                (&EverySlot, &mut column[..])
+            });
+            fleet_prefix = fleet_prefix.max(self.walk_tier(t, &runs[t], walk, out));
+        }
+        let scratch: &'a QueryScratch = scratch;
+        QueryResult {
+            index: self,
+            runs: [&scratch.runs[0], &scratch.runs[1], &scratch.runs[2]],
+            dense: dense.then_some(&scratch.dense),
+            fleet_prefix,
+        }
+    }
+
+    /// The answer of `query` written in the order of `rows` (a partition's rows as
+    /// slots): each row's depth per tier into `out`, one column per tier of `rows.len()`,
+    /// every row written (zero where it holds nothing). Returns the fleet prefix. What a
+    /// router that reads every candidate wants: no per-slot answer to gather from.
+    pub fn query_rows(
+        &self,
+        hashes: &[u64],
+        scratch: &mut QueryScratch,
+        rows: &SlotRows,
+        out: [&mut [u32]; 3],
+    ) -> u32 {
+        let dense = self.find_runs(hashes, &mut scratch.runs);
+        let QueryScratch { runs, walk, .. } = scratch;
+        let mut fleet_prefix = 0;
+        for (t, column) in out.into_iter().enumerate() {
+            if dense {
+                let deepest = self.walk_tier(t, &runs[t], walk, Some((rows, &mut *column)));
+                fleet_prefix = fleet_prefix.max(deepest);
+                continue;
+            }
+            let deepest = self.walk_tier::<SlotRows>(t, &runs[t], walk, None);
+            fleet_prefix = fleet_prefix.max(deepest);
+            column.fill(0);
+            if deepest > 0 {
+                for (depth, &slot) in column.iter_mut().zip(&rows.slot_of_row) {
+                    if slot != NO_SLOT {
+                        *depth = self.depth_by_runs(t, &runs[t], slot);
+                    }
+                }
+            }
+        }
+        fleet_prefix
+    }
+
+    /// Per tier, the runs of `hashes`' blocks with equal holders; true when some tier's
+    /// runs are too many to test per read (the answer is then walked once, densely).
+    fn find_runs(&self, hashes: &[u64], runs: &mut [Vec<Run>; 3]) -> bool {
         let mut most_runs = 0;
-        for (tier, runs) in self.tiers.iter().zip(&mut scratch.runs) {
+        for (tier, runs) in self.tiers.iter().zip(runs) {
             runs.clear();
             if tier.table.len() == 0 {
                 continue;
@@ -914,91 +1017,148 @@ impl KvIndex {
             }
             most_runs = most_runs.max(runs.len());
         }
-        let dense = most_runs > self.lazy_runs;
-        if dense {
-            scratch.dense.start(self.slots.count as usize);
-        }
-        let mut fleet_prefix = 0;
-        for (t, tier) in self.tiers.iter().enumerate() {
-            let (runs, few, bits) = (&scratch.runs[t], &mut scratch.few, &mut scratch.bits);
-            // Dead slots (departed workers not yet swept) must not count for the fleet;
-            // with any about, the deepest live one is found by `deepest_held`.
-            let deepest = if dense {
-                let any_dead = self.garbage > 0 || !self.slots.free.is_empty();
-                let deepest = self.materialize(tier, t, runs, &mut scratch.dense, few, bits);
-                match any_dead {
-                    true => self.deepest_held(tier, runs, few, bits),
-                    false => deepest,
-                }
+        most_runs > self.lazy_runs
+    }
+
+    /// How deep `slot` holds along tier `t`'s runs, tested run by run (few runs).
+    #[inline]
+    fn depth_by_runs(&self, t: usize, runs: &[Run], slot: u32) -> u32 {
+        let sets = &self.tiers[t].sets.sets;
+        let mut depth = 0;
+        for run in runs {
+            let held = if run.holders & SET == 0 {
+                run.holders == slot
             } else {
-                self.deepest_held(tier, runs, few, bits)
+                match sets.get((run.holders & !SET) as usize) {
+                    Some((_, Members::Bits { words, .. })) => has_bit(words, slot),
+                    Some((_, Members::List(list))) => list.binary_search(&slot).is_ok(),
+                    None => false,
+                }
             };
-            fleet_prefix = fleet_prefix.max(deepest);
+            if !held {
+                break;
+            }
+            depth = run.end;
         }
-        let scratch: &'a QueryScratch = scratch;
-        QueryResult {
-            index: self,
-            runs: [&scratch.runs[0], &scratch.runs[1], &scratch.runs[2]],
-            dense: dense.then_some(&scratch.dense),
-            fleet_prefix,
+        depth
+    }
+
+    /// The deepest any live slot holds along tier `t`'s runs; with `dense`, also every
+    /// row's depth, written into its column (the dense answer).
+    fn walk_tier<O: SlotOrder>(
+        &self,
+        t: usize,
+        runs: &[Run],
+        walk: &mut Walk,
+        dense: Option<(&O, &mut [u32])>,
+    ) -> u32 {
+        let tier = &self.tiers[t];
+        let Some((order, out)) = dense else {
+            return self.deepest_held(tier, runs, &mut walk.few, &mut walk.bits);
+        };
+        let deepest = self.materialize(tier, runs, walk, order, out);
+        // Dead slots (departed workers not yet swept) must not count for the fleet; with
+        // any about, the deepest live one is found by `deepest_held`.
+        match self.garbage > 0 || !self.slots.free.is_empty() {
+            true => self.deepest_held(tier, runs, &mut walk.few, &mut walk.bits),
+            false => deepest,
         }
     }
 
-    /// Writes into `dense` the depth of every slot that holds the first run: walking the
-    /// runs with the set still holding every block so far (a list, or a bitset while
-    /// wide), each slot that drops out gets the depth of the last run it held.
-    /// Returns the deepest depth any slot reached, dead ones included.
-    fn materialize(
+    /// Writes every row's depth along `runs` into `out`: the end of the last run its slot
+    /// holds, with every run before (0 for none). Leading runs held by bitsets are counted
+    /// at once (`HeldRuns`); past them, the set still holding every block so far (a list,
+    /// or a bitset while wide) is walked run by run, and each slot that drops out gets the
+    /// depth of the last run it held. Returns the deepest depth any slot reached, dead
+    /// ones included.
+    fn materialize<O: SlotOrder>(
         &self,
         tier: &TierIndex,
-        t: usize,
         runs: &[Run],
-        dense: &mut Dense,
-        few: &mut Vec<u32>,
-        bits: &mut Vec<u64>,
+        walk: &mut Walk,
+        order: &O,
+        out: &mut [u32],
     ) -> u32 {
-        let Some(first) = runs.first() else {
-            return 0;
-        };
-        // The walk ends where the last slots drop out: the deepest any slot holds (dead
-        // ones included; `query` corrects for those).
-        let record = |dense: &mut Dense, slot: u32, depth: u32| dense.record(slot, t, depth);
+        let Walk { few, bits, held } = walk;
         few.clear();
         bits.clear();
+        let Some(first) = runs.first() else {
+            out.fill(0);
+            return 0;
+        };
+        let record = |out: &mut [u32], slot: u32, depth: u32| {
+            if let Some(d) = out.get_mut(order.row_of_slot(slot) as usize) {
+                *d = depth;
+            }
+        };
+        let bitset = |run: &Run| match is_set(run.holders).then(|| tier.sets.get(run.holders)) {
+            Some(Members::Bits { words, .. }) => Some(&words[..]),
+            _ => None,
+        };
+        let counted = runs
+            .iter()
+            .take(held_runs::MOST_RUNS)
+            .take_while(|run| bitset(run).is_some())
+            .count();
         let mut wide = false;
-        if !is_set(first.holders) {
-            few.push(first.holders);
+        let mut from = 1;
+        let mut depth = first.end;
+        if counted > 1 {
+            bits.extend_from_slice(bitset(first).unwrap_or_default());
+            let walked = held.walk(
+                bits,
+                runs[..counted]
+                    .iter()
+                    .map(|run| (bitset(run).unwrap_or_default(), run.end)),
+            );
+            for (row, d) in out.iter_mut().enumerate() {
+                *d = held.depth(order.slot_of_row(row));
+            }
+            depth = runs[walked - 1].end;
+            if walked < counted || counted == runs.len() {
+                return depth;
+            }
+            // Some slots hold every counted run: the walk goes on with them.
+            wide = true;
+            from = counted;
         } else {
-            match tier.sets.get(first.holders) {
-                Members::Bits { words, .. } => {
+            out.fill(0);
+            match bitset(first) {
+                Some(words) => {
                     bits.extend_from_slice(words);
                     wide = true;
                 }
-                Members::List(list) => few.extend_from_slice(list),
+                None if is_set(first.holders) => {
+                    if let Members::List(list) = tier.sets.get(first.holders) {
+                        few.extend_from_slice(list);
+                    }
+                }
+                None => few.push(first.holders),
             }
         }
-        let mut held = first.end;
-        for run in &runs[1..] {
+        // The walk ends where the last slots drop out: the deepest any slot holds (dead
+        // ones included; `walk_tier` corrects for those).
+        for run in &runs[from..] {
             if wide {
-                match is_set(run.holders).then(|| tier.sets.get(run.holders)) {
-                    Some(Members::Bits { words, .. }) => {
+                match bitset(run) {
+                    Some(words) => {
                         let mut any = false;
                         for (w, active) in bits.iter_mut().enumerate() {
                             let next = words.get(w).copied().unwrap_or(0);
                             let mut dropped = *active & !next;
                             while dropped != 0 {
                                 let slot = w as u32 * 64 + dropped.trailing_zeros();
-                                record(dense, slot, held);
+                                record(out, slot, depth);
                                 dropped &= dropped - 1;
                             }
                             *active &= next;
                             any |= *active != 0;
                         }
                         if !any {
-                            return held;
+                            return depth;
                         }
                     }
-                    _ => {
+                    None => {
                         // Narrowing to a list or one slot: keep those of them still held,
                         // record every other slot of the bitset.
                         for (w, &active) in bits.iter().enumerate() {
@@ -1008,7 +1168,7 @@ impl KvIndex {
                                 if tier.sets.contains(run.holders, slot) {
                                     few.push(slot);
                                 } else {
-                                    record(dense, slot, held);
+                                    record(out, slot, depth);
                                 }
                                 each &= each - 1;
                             }
@@ -1020,27 +1180,27 @@ impl KvIndex {
                 few.retain(|&slot| {
                     let still = tier.sets.contains(run.holders, slot);
                     if !still {
-                        record(dense, slot, held);
+                        record(out, slot, depth);
                     }
                     still
                 });
             }
             if !wide && few.is_empty() {
-                return held;
+                return depth;
             }
-            held = run.end;
+            depth = run.end;
         }
         for &slot in few.iter() {
-            record(dense, slot, held);
+            record(out, slot, depth);
         }
         for (w, &active) in bits.iter().enumerate().filter(|_| wide) {
             let mut each = active;
             while each != 0 {
-                record(dense, w as u32 * 64 + each.trailing_zeros(), held);
+                record(out, w as u32 * 64 + each.trailing_zeros(), depth);
                 each &= each - 1;
             }
         }
-        held
+        depth
     }
 
     /// How deep along `runs` some one live slot holds every block: the holder sets of

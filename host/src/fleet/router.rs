@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Mutex, RwLock};
 use rustc_hash::FxHashSet;
 use serde::{Deserialize, Serialize};
-use switchyard_plugin_sdk::{CandidateCache, WorkerId, WorkerType};
+use switchyard_plugin_sdk::{WorkerId, WorkerType};
 
 use super::generation::{Generation, SelectorSlot};
 use super::kept_columns::FleetColumns;
@@ -16,7 +16,7 @@ use super::kv_events::hash_agreement::{EngineBlocks, Ignored};
 use super::kv_events::subscriber::{self, Subscription};
 use super::kv_events::wire::EngineEvent;
 use super::kv_events::ApplyOutcome;
-use super::kv_index::{hash_tokens, KvEvent, KvIndex, Overlap, QueryScratch, Tier, NO_SLOT};
+use super::kv_index::{hash_tokens, KvEvent, KvIndex, QueryScratch};
 use super::lifecycle::Lifecycles;
 use super::load_accounting::{AccountingError, LoadAccounting};
 use super::metrics::Metrics;
@@ -803,28 +803,10 @@ impl Router {
             })?;
         let candidates = &mut scratch.candidates;
         candidates.lend(slot.inputs, lent.columns);
-        let overlaps = kv.query(query.hashes, &mut scratch.query);
-        let kv_slots = &lent.kv_slots;
-        let cache = |overlap: Overlap| CandidateCache {
-            device_overlap_blocks: overlap.tier(Tier::Device),
-            host_overlap_blocks: overlap.tier(Tier::Host),
-            disk_overlap_blocks: overlap.tier(Tier::Disk),
-            shared_beyond_device_blocks: overlaps.shared_beyond_device(&overlap),
-        };
-        // One loop per form of the answer, so the per-row read is a plain one.
-        match overlaps.dense_depths() {
-            _ if overlaps.fleet_prefix == 0 => {
-                candidates.fill_request(query.request_blocks, |_| cache(Overlap::default()))
-            }
-            Some(depths) => candidates.fill_request(query.request_blocks, |row| {
-                let slot = kv_slots.get(row).copied().unwrap_or(NO_SLOT);
-                let tiers = depths.get(slot as usize).copied().unwrap_or_default();
-                cache(Overlap { tiers })
-            }),
-            None => candidates.fill_request(query.request_blocks, |row| {
-                cache(overlaps.overlap_of_slot(kv_slots.get(row).copied().unwrap_or(NO_SLOT)))
-            }),
-        }
+        let query_scratch = &mut scratch.query;
+        candidates.fill_request(query.request_blocks, |tiers| {
+            kv.query_rows(query.hashes, query_scratch, &lent.kv_slots, tiers)
+        });
         drop(kv);
         drop(state);
         if let Some(only) = &query.request.only {

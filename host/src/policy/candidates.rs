@@ -365,14 +365,16 @@ impl Candidates {
         }
     }
 
-    /// Writes the request's columns for the lent rows: each row's cache overlap (from
-    /// `overlap`, called once per row in order) and, with LOAD, its decode cost (booked
-    /// blocks plus the request's blocks not cached on the device).
+    /// Writes the request's columns for the lent rows: `overlaps` writes each row's
+    /// device, host and disk overlaps into the three columns it is given (one value per
+    /// lent row) and returns the fleet prefix; the blocks shared beyond the device and,
+    /// with LOAD, the decode cost (booked blocks plus the request's blocks not cached on
+    /// the device) follow from them.
     #[inline]
     pub fn fill_request(
         &mut self,
         request_blocks: u64,
-        overlap: impl FnMut(usize) -> CandidateCache,
+        overlaps: impl FnOnce([&mut [u32]; 3]) -> u32,
     ) {
         self.touch();
         let cache = self.groups.contains(WorkerInputs::CACHE);
@@ -380,7 +382,7 @@ impl Candidates {
         let kept = &*self.kept;
         let booked = load.then_some(&kept.active_decode_blocks[..]);
         self.request
-            .write(kept.len(), cache, booked, request_blocks, overlap);
+            .write(kept.len(), cache, booked, request_blocks, overlaps);
     }
 
     /// Gives back lent columns (their partition can then update them in place).

@@ -8,8 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use switchyard_plugin_sdk::{
-    CandidateCache, PolicyError, Status, WorkerFilter, WorkerId, WorkerInputs, WorkerPicker,
-    WorkerScorer,
+    PolicyError, Status, WorkerFilter, WorkerId, WorkerInputs, WorkerPicker, WorkerScorer,
 };
 
 use super::candidates::{CandidateRow, Candidates, KeptColumns};
@@ -649,17 +648,17 @@ impl Selector {
     }
 
     /// Runs the pipeline over `kept` (lent for this call, not copied) and the request's
-    /// cache overlaps, one per row from `overlap`: the router's per-request path, for
-    /// benchmarks and tests.
+    /// cache overlaps, written by `overlaps` as `Candidates::fill_request` says: the
+    /// router's per-request path, for benchmarks and tests.
     pub fn select_lent(
         &mut self,
         request: &RequestContext,
         kept: &Arc<KeptColumns>,
-        overlap: impl FnMut(usize) -> CandidateCache,
+        overlaps: impl FnOnce([&mut [u32]; 3]) -> u32,
     ) -> Result<WorkerId, SelectError> {
         self.candidates.lend(self.policy.inputs(), kept.clone());
         self.candidates
-            .fill_request(request.request_blocks, overlap);
+            .fill_request(request.request_blocks, overlaps);
         let (policy, candidates) = (&mut self.policy, &mut self.candidates);
         let result = request
             .with_abi(|raw| policy.select(raw, candidates, None))
