@@ -34,6 +34,31 @@ impl HeldRuns {
         active: &mut [u64],
         runs: impl ExactSizeIterator<Item = (&'a [u64], u32)>,
     ) -> usize {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2.
+            return unsafe { self.walk_avx2(active, runs) };
+        }
+        self.walk_planes(active, runs)
+    }
+
+    /// `walk` with 256-bit vectors for its passes over words, and for the spread.
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    fn walk_avx2<'a>(
+        &mut self,
+        active: &mut [u64],
+        runs: impl ExactSizeIterator<Item = (&'a [u64], u32)>,
+    ) -> usize {
+        self.walk_planes(active, runs)
+    }
+
+    #[inline(always)]
+    fn walk_planes<'a>(
+        &mut self,
+        active: &mut [u64],
+        runs: impl ExactSizeIterator<Item = (&'a [u64], u32)>,
+    ) -> usize {
         let words = active.len();
         let bits = (usize::BITS - runs.len().leading_zeros()).max(1) as usize;
         self.planes.clear();
@@ -81,6 +106,7 @@ impl HeldRuns {
 }
 
 /// `active &= holders` (missing words are empty); false when nothing is left.
+#[inline(always)]
 fn intersect(active: &mut [u64], holders: &[u64]) -> bool {
     let held = holders.len().min(active.len());
     let (both, beyond) = active.split_at_mut(held);
