@@ -18,7 +18,7 @@
 use rustc_hash::FxHashMap;
 
 mod held_runs;
-use held_runs::HeldRuns;
+use held_runs::{HeldRuns, RunHolders};
 
 use serde::{Deserialize, Serialize};
 use switchyard_plugin_sdk::WorkerId;
@@ -592,6 +592,17 @@ struct TierIndex {
 }
 
 impl TierIndex {
+    /// `run`'s holders as the counted walk reads them.
+    fn run_holders<'a>(&'a self, run: &'a Run) -> RunHolders<'a> {
+        match is_set(run.holders) {
+            true => match self.sets.get(run.holders) {
+                Members::Bits { words, .. } => RunHolders::Bits(words),
+                Members::List(list) => RunHolders::Slots(list),
+            },
+            false => RunHolders::Slots(std::slice::from_ref(&run.holders)),
+        }
+    }
+
     /// Adds `slot` to each block's holders; returns how many pairs are new. Consecutive
     /// blocks whose holders were equal stay equal (one shared set, not a copy each).
     fn store(&mut self, slot: u32, hashes: &[u64], slots: u32) -> u64 {
@@ -712,8 +723,8 @@ struct Dense {
 
 /// Where a dense answer is written: rows, each a slot.
 trait SlotOrder {
-    /// The slot of `row` (`NO_SLOT`: one that holds nothing).
-    fn slot_of_row(&self, row: usize) -> u32;
+    /// The rows in order, as slots (`NO_SLOT`: one that holds nothing).
+    fn slots(&self) -> impl Iterator<Item = u32> + '_;
     /// The row of `slot` (`NO_ROW`: none).
     fn row_of_slot(&self, slot: u32) -> u32;
 }
@@ -722,9 +733,8 @@ trait SlotOrder {
 struct EverySlot;
 
 impl SlotOrder for EverySlot {
-    #[inline]
-    fn slot_of_row(&self, row: usize) -> u32 {
-        row as u32
+    fn slots(&self) -> impl Iterator<Item = u32> + '_ {
+        0..
     }
     #[inline]
     fn row_of_slot(&self, slot: u32) -> u32 {
@@ -733,9 +743,8 @@ impl SlotOrder for EverySlot {
 }
 
 impl SlotOrder for SlotRows {
-    #[inline]
-    fn slot_of_row(&self, row: usize) -> u32 {
-        self.slot_of_row.get(row).copied().unwrap_or(NO_SLOT)
+    fn slots(&self) -> impl Iterator<Item = u32> + '_ {
+        self.slot_of_row.iter().copied()
     }
     #[inline]
     fn row_of_slot(&self, slot: u32) -> u32 {
@@ -1095,45 +1104,44 @@ impl KvIndex {
             Some(Members::Bits { words, .. }) => Some(&words[..]),
             _ => None,
         };
-        let counted = runs
-            .iter()
-            .take(held_runs::MOST_RUNS)
-            .take_while(|run| bitset(run).is_some())
-            .count();
         let mut wide = false;
         let mut from = 1;
         let mut depth = first.end;
-        if counted > 1 {
-            bits.extend_from_slice(bitset(first).unwrap_or_default());
-            let walked = held.walk(
-                bits,
-                runs[..counted]
-                    .iter()
-                    .map(|run| (bitset(run).unwrap_or_default(), run.end)),
-            );
-            for (row, d) in out.iter_mut().enumerate() {
-                *d = held.depth(order.slot_of_row(row));
-            }
-            depth = runs[walked - 1].end;
-            if walked < counted || counted == runs.len() {
-                return depth;
-            }
-            // Some slots hold every counted run: the walk goes on with them.
-            wide = true;
-            from = counted;
-        } else {
-            out.fill(0);
-            match bitset(first) {
-                Some(words) => {
-                    bits.extend_from_slice(words);
-                    wide = true;
+        match bitset(first) {
+            // Held widely: up to `MOST_RUNS` runs counted at once.
+            Some(words) if runs.len() > 1 => {
+                bits.extend_from_slice(words);
+                let counted = runs.len().min(held_runs::MOST_RUNS);
+                let walked = held.walk(
+                    bits,
+                    runs[..counted]
+                        .iter()
+                        .map(|run| (tier.run_holders(run), run.end)),
+                );
+                held.write_depths(order.slots(), out);
+                depth = runs[walked - 1].end;
+                if walked < counted || counted == runs.len() {
+                    return depth;
                 }
-                None if is_set(first.holders) => {
-                    if let Members::List(list) = tier.sets.get(first.holders) {
-                        few.extend_from_slice(list);
+                // Some slots hold every counted run: the walk goes on with them.
+                wide = true;
+                from = counted;
+            }
+            Some(words) => {
+                out.fill(0);
+                bits.extend_from_slice(words);
+                wide = true;
+            }
+            None => {
+                out.fill(0);
+                match is_set(first.holders) {
+                    true => {
+                        if let Members::List(list) = tier.sets.get(first.holders) {
+                            few.extend_from_slice(list);
+                        }
                     }
+                    false => few.push(first.holders),
                 }
-                None => few.push(first.holders),
             }
         }
         // The walk ends where the last slots drop out: the deepest any slot holds (dead
@@ -1385,14 +1393,15 @@ mod prefix_tests {
     use super::*;
 
     /// Many workers each holding a prefix of one chain, stored in one event each: every
-    /// worker's overlap is exactly its prefix, in both read modes.
+    /// worker's overlap is exactly its prefix, in both read modes. The longer chain has
+    /// more distinct holder sets than the dense walk counts at once.
     #[test]
     fn prefixes_of_one_chain_read_back_exactly() {
-        let chain: Vec<u64> = (0..64).map(|i| 1_000 + i).collect();
-        for lazy_runs in [0, usize::MAX] {
+        for (blocks, lazy_runs) in [(64, 0), (64, usize::MAX), (400, 0)] {
+            let chain: Vec<u64> = (0..blocks).map(|i| 1_000 + i).collect();
             let mut index = KvIndex::default();
             index.set_lazy_runs(lazy_runs);
-            let held = |w: u64| ((w * 7919) % 65) as usize;
+            let held = |w: u64| ((w * 7919) % (blocks + 1)) as usize;
             for w in 0..1024u64 {
                 let event = KvEvent::Stored {
                     tier: Tier::Device,

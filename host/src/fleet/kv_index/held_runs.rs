@@ -13,26 +13,48 @@
 /// Counts stay in a byte: a longer stretch is walked in parts.
 pub(super) const MOST_RUNS: usize = 255;
 
+/// A run's holders as the walk reads them.
+#[derive(Clone, Copy)]
+pub(super) enum RunHolders<'a> {
+    /// A bitset over slots (missing words are empty).
+    Bits(&'a [u64]),
+    /// A few slots.
+    Slots(&'a [u32]),
+}
+
 /// Scratch for the walk, reused across queries.
-#[derive(Default)]
 pub(super) struct HeldRuns {
     /// `planes[p * words + w]`: bit `p` of the counts of the slots of word `w`.
     planes: Vec<u64>,
     /// Per slot, how many runs of the stretch it holds.
     counts: Vec<u8>,
-    /// `table[c]`: the depth of a slot that holds `c` runs (0 for none).
-    table: Vec<u32>,
+    /// `table[c]`: the depth of a slot that holds `c` runs (0 for none, and past the
+    /// runs walked).
+    table: [u32; MOST_RUNS + 1],
+    /// The slots still held after a run of `RunHolders::Slots`.
+    kept: Vec<u64>,
+}
+
+impl Default for HeldRuns {
+    fn default() -> Self {
+        HeldRuns {
+            planes: Vec::new(),
+            counts: Vec::new(),
+            table: [0; MOST_RUNS + 1],
+            kept: Vec::new(),
+        }
+    }
 }
 
 impl HeldRuns {
-    /// Walks `runs` (each run's holder bitset and the depth it ends at, at most
-    /// `MOST_RUNS`) with `active` starting as the first run's holders and ending as the
-    /// slots that hold every run walked. Stops early when no slot holds the next run;
-    /// returns how many runs were walked.
+    /// Walks `runs` (each run's holders and the depth it ends at, at most `MOST_RUNS`)
+    /// with `active` starting as the first run's holders and ending as the slots that
+    /// hold every run walked. Stops early when no slot holds the next run; returns how
+    /// many runs were walked.
     pub fn walk<'a>(
         &mut self,
         active: &mut [u64],
-        runs: impl ExactSizeIterator<Item = (&'a [u64], u32)>,
+        runs: impl ExactSizeIterator<Item = (RunHolders<'a>, u32)>,
     ) -> usize {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
@@ -48,7 +70,7 @@ impl HeldRuns {
     fn walk_avx2<'a>(
         &mut self,
         active: &mut [u64],
-        runs: impl ExactSizeIterator<Item = (&'a [u64], u32)>,
+        runs: impl ExactSizeIterator<Item = (RunHolders<'a>, u32)>,
     ) -> usize {
         self.walk_planes(active, runs)
     }
@@ -57,19 +79,19 @@ impl HeldRuns {
     fn walk_planes<'a>(
         &mut self,
         active: &mut [u64],
-        runs: impl ExactSizeIterator<Item = (&'a [u64], u32)>,
+        runs: impl ExactSizeIterator<Item = (RunHolders<'a>, u32)>,
     ) -> usize {
         let words = active.len();
         let bits = (usize::BITS - runs.len().leading_zeros()).max(1) as usize;
         self.planes.clear();
         self.planes.resize(bits * words, 0);
-        self.table.clear();
-        self.table.push(0);
-        for (j, (holders, end)) in runs.enumerate() {
-            if j > 0 && !intersect(active, holders) {
+        let mut walked = 0;
+        for (j, (holders, end)) in runs.enumerate().take(MOST_RUNS) {
+            if j > 0 && !self.intersect(active, holders) {
                 break;
             }
-            self.table.push(end);
+            self.table[j + 1] = end;
+            walked = j + 1;
             // Run j is the (j + 1)-th: it counts in every plane p whose step 2^p divides
             // j + 1.
             let top = ((j + 1).trailing_zeros() as usize).min(bits - 1);
@@ -79,15 +101,52 @@ impl HeldRuns {
                 }
             }
         }
+        self.table[walked + 1..].fill(0);
         self.spread(words, bits);
-        self.table.len() - 1
+        walked
+    }
+
+    /// `active &= holders`; false when nothing is left.
+    #[inline(always)]
+    fn intersect(&mut self, active: &mut [u64], holders: RunHolders<'_>) -> bool {
+        let holders = match holders {
+            RunHolders::Bits(words) => words,
+            RunHolders::Slots(slots) => {
+                self.kept.clear();
+                self.kept.resize(active.len(), 0);
+                for &slot in slots {
+                    let (w, bit) = ((slot / 64) as usize, 1 << (slot % 64));
+                    if let Some(word) = self.kept.get_mut(w) {
+                        *word |= bit;
+                    }
+                }
+                &self.kept[..]
+            }
+        };
+        let held = holders.len().min(active.len());
+        let (both, beyond) = active.split_at_mut(held);
+        beyond.fill(0);
+        let mut any = 0;
+        for (a, h) in both.iter_mut().zip(holders) {
+            *a &= h;
+            any |= *a;
+        }
+        any != 0
     }
 
     /// The depth `slot` holds to along the runs walked (0: not even the first).
     #[inline]
     pub fn depth(&self, slot: u32) -> u32 {
         let count = self.counts.get(slot as usize).copied().unwrap_or(0);
-        self.table.get(usize::from(count)).copied().unwrap_or(0)
+        self.table[usize::from(count)]
+    }
+
+    /// Each row's depth into `out`, the rows given as their slots.
+    #[inline]
+    pub fn write_depths(&self, slots: impl Iterator<Item = u32>, out: &mut [u32]) {
+        for (depth, slot) in out.iter_mut().zip(slots) {
+            *depth = self.depth(slot);
+        }
     }
 
     /// The planes as one count byte per slot.
@@ -103,20 +162,6 @@ impl HeldRuns {
         }
         spread_scalar(&self.planes, words, bits, &mut self.counts);
     }
-}
-
-/// `active &= holders` (missing words are empty); false when nothing is left.
-#[inline(always)]
-fn intersect(active: &mut [u64], holders: &[u64]) -> bool {
-    let held = holders.len().min(active.len());
-    let (both, beyond) = active.split_at_mut(held);
-    beyond.fill(0);
-    let mut any = 0;
-    for (a, h) in both.iter_mut().zip(holders) {
-        *a &= h;
-        any |= *a;
-    }
-    any != 0
 }
 
 /// Bit i of each byte of `x` spread to bytes: 8 lanes of 0 or 1.
@@ -217,13 +262,23 @@ mod tests {
                     set
                 })
                 .collect();
+            // Runs held by few slots also come as their slots, as lists and single
+            // slots do.
+            let lists: Vec<Vec<u32>> = (0..runs)
+                .map(|r| {
+                    (0..slots as u32)
+                        .filter(|&s| holds[s as usize] > r)
+                        .collect()
+                })
+                .collect();
+            let holders = |r: usize| match lists[r].len() {
+                0..=8 if r > 0 => RunHolders::Slots(&lists[r]),
+                _ => RunHolders::Bits(&sets[r]),
+            };
             let ends: Vec<u32> = (0..runs as u32).map(|r| 3 * r + 2).collect();
             let mut active = sets[0].clone();
             active.resize(words, 0);
-            let walked = held.walk(
-                &mut active,
-                sets.iter().map(Vec::as_slice).zip(ends.iter().copied()),
-            );
+            let walked = held.walk(&mut active, (0..runs).map(|r| (holders(r), ends[r])));
             let deepest = holds.iter().copied().max().unwrap_or(0);
             assert_eq!(
                 walked,
@@ -235,6 +290,10 @@ mod tests {
                 assert_eq!(held.depth(slot as u32), expected, "slot {slot} holds {h}");
             }
             assert_eq!(held.depth(slots as u32 + 64), 0, "past the last word");
+            let expected: Vec<u32> = (0..slots as u32).rev().map(|s| held.depth(s)).collect();
+            let mut out = vec![u32::MAX; slots];
+            held.write_depths((0..slots as u32).rev(), &mut out);
+            assert_eq!(out, expected, "rows in another order");
         }
     }
 
