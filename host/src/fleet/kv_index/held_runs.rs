@@ -95,7 +95,9 @@ impl HeldRuns {
             // Run j is the (j + 1)-th: it counts in every plane p whose step 2^p divides
             // j + 1.
             let top = ((j + 1).trailing_zeros() as usize).min(bits - 1);
-            for plane in self.planes.chunks_exact_mut(words).take(top + 1) {
+            // By index, not `chunks_exact`: that divides per run.
+            for p in 0..=top {
+                let plane = &mut self.planes[p * words..(p + 1) * words];
                 for (x, a) in plane.iter_mut().zip(active.iter()) {
                     *x ^= a;
                 }
