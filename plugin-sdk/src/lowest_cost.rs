@@ -10,12 +10,34 @@
 /// The row of the lowest cost in `f64::total_cmp`'s order, ties to the lowest
 /// (id, rank); `None` when there are no rows. Reads `min(costs, ids, ranks)` rows.
 pub(crate) fn lowest_cost_row(costs: &[f64], ids: &[u64], ranks: &[u32]) -> Option<usize> {
+    #[cfg(target_arch = "x86_64")]
+    let vectors = std::arch::is_x86_feature_detected!("avx2");
+    #[cfg(not(target_arch = "x86_64"))]
+    let vectors = false;
+    lowest_cost_row_by(costs, ids, ranks, vectors)
+}
+
+/// `lowest_cost_row`, with its second pass in 256-bit vectors when `vectors` (the CPU
+/// has AVX2; tests run both ways).
+fn lowest_cost_row_by(costs: &[f64], ids: &[u64], ranks: &[u32], vectors: bool) -> Option<usize> {
     let n = costs.len().min(ids.len()).min(ranks.len());
     let (costs, ids, ranks) = (&costs[..n], &ids[..n], &ranks[..n]);
     // NaN has no place in the float order; the total order then decides row by row.
     let Some(minimum) = plain_minimum(costs) else {
         return lowest_of(costs, ids, ranks, 0..n, None).map(|(row, _)| row);
     };
+    #[cfg(target_arch = "x86_64")]
+    if vectors {
+        // The least cost in the total order is the minimum's bits, or at zero -0.0 if
+        // some row has it.
+        let targets = match minimum == 0.0 {
+            true => [(-0.0f64).to_bits(), 0.0f64.to_bits()],
+            false => [minimum.to_bits(); 2],
+        };
+        // SAFETY: the CPU has AVX2; the three columns have `n` rows.
+        return unsafe { avx2::lowest_at(costs, ids, ranks, targets) };
+    }
+    let _ = vectors;
     // Four rows at a time, read only if one is at the minimum (-0.0 == 0.0, so both are;
     // the total order then puts -0.0 first).
     let whole = n / 4 * 4;
@@ -170,15 +192,118 @@ mod sse2 {
     }
 }
 
+/// The second pass four rows to a register: every row is compared, without a branch,
+/// which costs less than skipping rows when many tie (idle workers).
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use core::arch::x86_64::*;
+
+    /// The row whose cost has the bits `targets[0]` (if some row has them, else
+    /// `targets[1]`) with the lowest (id, rank); the first such row on a full tie.
+    ///
+    /// # Safety
+    /// The CPU has AVX2; the three columns have the same length; some row's cost has
+    /// one of the target bits.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn lowest_at(
+        costs: &[f64],
+        ids: &[u64],
+        ranks: &[u32],
+        targets: [u64; 2],
+    ) -> Option<usize> {
+        let n = costs.len();
+        let whole = n / 4 * 4;
+        // Ids with the sign bit flipped compare as unsigned under a signed compare.
+        let flip = _mm256_set1_epi64x(i64::MIN);
+        let none = _mm256_set1_epi64x(i64::MAX);
+        let [first, second] = targets.map(|bits| _mm256_set1_epi64x(bits as i64));
+        let (mut least_first, mut least_second) = (none, none);
+        let mut any_first = _mm256_setzero_si256();
+        let load = |column: *const u64, row: usize| {
+            // SAFETY: rows row..row + 4 are below n (the loops' bounds).
+            unsafe { _mm256_loadu_si256(column.add(row).cast()) }
+        };
+        for row in (0..whole).step_by(4) {
+            let cost = load(costs.as_ptr().cast(), row);
+            let id = _mm256_xor_si256(load(ids.as_ptr(), row), flip);
+            let at_first = _mm256_cmpeq_epi64(cost, first);
+            let at_second = _mm256_cmpeq_epi64(cost, second);
+            any_first = _mm256_or_si256(any_first, at_first);
+            let lower = |least: __m256i, at: __m256i| {
+                let candidate = _mm256_blendv_epi8(none, id, at);
+                _mm256_blendv_epi8(least, candidate, _mm256_cmpgt_epi64(least, candidate))
+            };
+            least_first = lower(least_first, at_first);
+            least_second = lower(least_second, at_second);
+        }
+        let least = |lanes: __m256i, bits: u64| {
+            let mut each = [0i64; 4];
+            // SAFETY: `each` holds four lanes.
+            unsafe { _mm256_storeu_si256(each.as_mut_ptr().cast(), lanes) };
+            let vector = each.iter().map(|&id| id as u64 ^ (1 << 63)).min();
+            let tail = (whole..n).filter(|&row| costs[row].to_bits() == bits);
+            vector.into_iter().chain(tail.map(|row| ids[row])).min()
+        };
+        let first_held = _mm256_movemask_epi8(any_first) != 0
+            || costs[whole..].iter().any(|c| c.to_bits() == targets[0]);
+        let (target, best_id) = match first_held {
+            true => (targets[0], least(least_first, targets[0])?),
+            false => (targets[1], least(least_second, targets[1])?),
+        };
+        // The rows at the target with that id (one, unless dp ranks share it): the
+        // lowest rank, the first row on a full tie.
+        let (at, want) = (
+            _mm256_set1_epi64x(target as i64),
+            _mm256_set1_epi64x(best_id as i64),
+        );
+        let mut best: Option<(usize, u32)> = None;
+        let mut consider = |row: usize| {
+            if best.is_none_or(|(_, rank)| ranks[row] < rank) {
+                best = Some((row, ranks[row]));
+            }
+        };
+        for row in (0..whole).step_by(4) {
+            let cost = load(costs.as_ptr().cast(), row);
+            let id = load(ids.as_ptr(), row);
+            let both = _mm256_and_si256(_mm256_cmpeq_epi64(cost, at), _mm256_cmpeq_epi64(id, want));
+            let mut rows = _mm256_movemask_pd(_mm256_castsi256_pd(both));
+            while rows != 0 {
+                consider(row + rows.trailing_zeros() as usize);
+                rows &= rows - 1;
+            }
+        }
+        for row in whole..n {
+            if costs[row].to_bits() == target && ids[row] == best_id {
+                consider(row);
+            }
+        }
+        best.map(|(row, _)| row)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// `lowest_cost_row` over (cost, worker id) rows, dp rank 0.
+    /// `lowest_cost_row` over (cost, worker id) rows, dp rank 0, the same both ways.
     fn lowest(rows: &[(f64, u64)]) -> Option<usize> {
+        let ranked: Vec<(f64, u64, u32)> = rows.iter().map(|&(c, id)| (c, id, 0)).collect();
+        lowest_ranked(&ranked)
+    }
+
+    /// `lowest_cost_row` over (cost, worker id, dp rank) rows: the plain and the vector
+    /// second pass give the same row.
+    fn lowest_ranked(rows: &[(f64, u64, u32)]) -> Option<usize> {
         let costs: Vec<f64> = rows.iter().map(|r| r.0).collect();
         let ids: Vec<u64> = rows.iter().map(|r| r.1).collect();
-        lowest_cost_row(&costs, &ids, &vec![0; rows.len()])
+        let ranks: Vec<u32> = rows.iter().map(|r| r.2).collect();
+        let plain = lowest_cost_row_by(&costs, &ids, &ranks, false);
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            let vector = lowest_cost_row_by(&costs, &ids, &ranks, true);
+            assert_eq!(vector, plain, "{rows:?}");
+        }
+        plain
     }
 
     /// The lowest cost in `f64::total_cmp`'s order, ties to the lowest worker id,
@@ -217,7 +342,9 @@ mod tests {
             // Mixed costs, with and without the special values; then all tied (idle
             // workers) at 0.0 with a few -0.0 among them.
             for case in 0..3 {
-                let rows: Vec<(f64, u64)> = (0..len)
+                // Ids from a small range, so they repeat (dp ranks of one worker), and
+                // some past 2^63 (compared unsigned).
+                let rows: Vec<(f64, u64, u32)> = (0..len)
                     .map(|_| {
                         let cost = match case {
                             0 => (next() % 5) as f64 - 2.0,
@@ -226,7 +353,11 @@ mod tests {
                             _ if next() % 64 == 0 => -0.0,
                             _ => 0.0,
                         };
-                        (cost, next() % 50)
+                        let id = match next() % 8 {
+                            0 => u64::MAX - next() % 3,
+                            _ => next() % 50,
+                        };
+                        (cost, id, (next() % 4) as u32)
                     })
                     .collect();
                 let expected = (0..len)
@@ -235,12 +366,15 @@ mod tests {
                             .0
                             .total_cmp(&rows[b].0)
                             .then(rows[a].1.cmp(&rows[b].1))
+                            .then(rows[a].2.cmp(&rows[b].2))
                     })
                     .unwrap();
-                let (cost, id) = rows[expected];
-                let got = lowest(&rows).unwrap();
+                let (cost, id, rank) = rows[expected];
+                let got = lowest_ranked(&rows).unwrap();
                 assert!(
-                    rows[got].0.total_cmp(&cost).is_eq() && rows[got].1 == id,
+                    rows[got].0.total_cmp(&cost).is_eq()
+                        && rows[got].1 == id
+                        && rows[got].2 == rank,
                     "len {len}: got row {got} {:?}, expected {expected} {:?}",
                     rows[got],
                     rows[expected]
