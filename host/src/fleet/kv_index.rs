@@ -12,8 +12,10 @@
 //! swept out lazily (see `Slots`).
 //!
 //! A query walks the request's hashes once per tier and records runs of blocks with equal
-//! holders (a shared system prompt is one run); a worker's overlap is then a few
-//! membership tests, made only for the candidates the router asks about.
+//! holders (a shared system prompt is one run). With few runs, a worker's overlap is a
+//! few membership tests; with many (a prompt many workers hold to different depths), the
+//! runs are walked once for every slot (`held_runs`). The router asks for every
+//! candidate at once, in its partition's row order (`query_rows`).
 
 use rustc_hash::FxHashMap;
 
@@ -1075,11 +1077,11 @@ impl KvIndex {
     }
 
     /// Writes every row's depth along `runs` into `out`: the end of the last run its slot
-    /// holds, with every run before (0 for none). Leading runs held by bitsets are counted
-    /// at once (`HeldRuns`); past them, the set still holding every block so far (a list,
-    /// or a bitset while wide) is walked run by run, and each slot that drops out gets the
-    /// depth of the last run it held. Returns the deepest depth any slot reached, dead
-    /// ones included.
+    /// holds, with every run before (0 for none). When the first run is held widely (a
+    /// bitset), up to `MOST_RUNS` runs are counted at once (`HeldRuns`); otherwise, and
+    /// past those, the set still holding every block so far (a list, or a bitset while
+    /// wide) is walked run by run, and each slot that drops out gets the depth of the last
+    /// run it held. Returns the deepest depth any slot reached, dead ones included.
     fn materialize<O: SlotOrder>(
         &self,
         tier: &TierIndex,

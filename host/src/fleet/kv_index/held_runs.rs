@@ -1,5 +1,6 @@
-//! How many of a stretch of runs each slot holds, when every run's holders are a bitset:
-//! the dense walk of a request many workers hold to different depths.
+//! How many of a stretch of runs each slot holds: the dense walk of a request many
+//! workers hold to different depths. The first run's holders are a bitset; later runs
+//! held by a few slots are intersected as bitsets too.
 //!
 //! Walking the runs with the set of slots still holding every block so far gives nested
 //! sets `a_0 ⊇ a_1 ⊇ ...`, and a slot held `c` runs is in exactly `a_0 .. a_{c-1}`. Bit
@@ -10,7 +11,7 @@
 //! the predictor cannot learn. The planes become one byte per slot at the end (AVX2
 //! where the CPU has it), and a slot's depth is the end of its last run held.
 
-/// Counts stay in a byte: a longer stretch is walked in parts.
+/// Counts stay in a byte: past this many runs the walk goes on slot by slot.
 pub(super) const MOST_RUNS: usize = 255;
 
 /// A run's holders as the walk reads them.
