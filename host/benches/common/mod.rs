@@ -73,7 +73,19 @@ impl Overlaps {
     /// the candidates' columns; returns the fleet prefix.
     pub fn write(&self, out: [&mut [u32]; 3]) -> u32 {
         for (column, tier) in out.into_iter().zip(&self.tiers) {
-            column.copy_from_slice(tier);
+            // Backwards when the column starts a little past the copy's source modulo 4
+            // KiB: a forward copy then stalls every load on the store just made (4K
+            // aliasing), which made one variant's selections 1.4x slower for one heap
+            // layout, in this copy the router does not make.
+            let gap = (column.as_ptr() as usize).wrapping_sub(tier.as_ptr() as usize) % 4096;
+            match gap < 1024 {
+                true => {
+                    for (to, from) in column.iter_mut().zip(tier).rev() {
+                        *to = *from;
+                    }
+                }
+                false => column.copy_from_slice(tier),
+            }
         }
         self.fleet_prefix
     }
