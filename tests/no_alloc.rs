@@ -1,7 +1,8 @@
 //! The per-request path allocates nothing once warm: a counting global allocator watches
 //! selections through the built-in policy and the Rust, C and C++ plugins (host side and
 //! Rust plugin side; the C/C++ examples do not allocate in their callbacks either), over
-//! columns filled from rows and over kept columns lent as the router does.
+//! columns filled from rows and over kept columns lent as the router does; and KV-index
+//! queries, per slot and in a partition's row order.
 
 mod support;
 
@@ -39,8 +40,19 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
+/// The counter is global: the tests here run one at a time.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Allocations made by `f`.
+fn allocations_in(f: impl FnOnce()) -> usize {
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    f();
+    ALLOCATIONS.load(Ordering::Relaxed) - before
+}
+
 #[test]
 fn warm_selections_do_not_allocate() {
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let dir = tempfile::tempdir().unwrap();
     let config = format!(
         "plugins:\n  - path: {}\n  - path: {}\n  - path: {}\nworker_selection:\n  builtin_default: {{seed: 1}}\n  instances:\n\
@@ -79,13 +91,13 @@ fn warm_selections_do_not_allocate() {
         selector
             .select(&request, candidates.iter().copied())
             .unwrap(); // grows the buffers
-        let before = ALLOCATIONS.load(Ordering::Relaxed);
-        for _ in 0..100 {
-            selector
-                .select(&request, candidates.iter().copied())
-                .unwrap();
-        }
-        let allocations = ALLOCATIONS.load(Ordering::Relaxed) - before;
+        let allocations = allocations_in(|| {
+            for _ in 0..100 {
+                selector
+                    .select(&request, candidates.iter().copied())
+                    .unwrap();
+            }
+        });
         assert_eq!(
             allocations, 0,
             "instance {instance}: {allocations} allocations in 100 warm selections"
@@ -103,14 +115,76 @@ fn warm_selections_do_not_allocate() {
                 .unwrap()
         };
         lent(&mut selector); // grows the request's buffers
-        let before = ALLOCATIONS.load(Ordering::Relaxed);
-        for _ in 0..100 {
-            lent(&mut selector);
-        }
-        let allocations = ALLOCATIONS.load(Ordering::Relaxed) - before;
+        let allocations = allocations_in(|| {
+            (0..100).for_each(|_| {
+                lent(&mut selector);
+            })
+        });
         assert_eq!(
             allocations, 0,
             "instance {instance}: {allocations} allocations in 100 warm selections over lent columns"
+        );
+    }
+}
+
+/// KV queries of both shapes allocate nothing once warm: a request many workers hold to
+/// different depths (the dense walk, through bitsets and then lists, written per slot and
+/// in a partition's row order) and one held by a few (run by run).
+#[test]
+fn warm_kv_queries_do_not_allocate() {
+    use switchyard::fleet::kv_index::{KvEvent, KvIndex, QueryScratch, SlotRows, Tier};
+    use switchyard_plugin_sdk::WorkerId;
+
+    let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let chain: Vec<u64> = (0..64).map(|i| 1_000 + i).collect();
+    let few: Vec<u64> = (0..64).map(|i| 5_000 + i).collect();
+    let mut index = KvIndex::default();
+    let worker = |w: u64| WorkerId {
+        worker_id: w,
+        dp_rank: 0,
+    };
+    for w in 0..1024u64 {
+        let held = ((w * 7919) % 65) as usize;
+        let event = KvEvent::Stored {
+            tier: Tier::Device,
+            parent_hash: None,
+            block_hashes: chain[..held].to_vec(),
+        };
+        index.apply(worker(w), &event);
+    }
+    for w in 0..2u64 {
+        let event = KvEvent::Stored {
+            tier: Tier::Host,
+            parent_hash: None,
+            block_hashes: few.to_vec(),
+        };
+        index.apply(worker(w), &event);
+    }
+    let mut rows = SlotRows::default();
+    rows.set((0..1024u64).rev().map(|w| index.slot_of(worker(w))));
+    let mut columns: [Vec<u32>; 3] = std::array::from_fn(|_| vec![0; 1024]);
+    let mut scratch = QueryScratch::default();
+    for (hashes, tier) in [(&chain, Tier::Device), (&few, Tier::Host)] {
+        let mut query = || {
+            let result = index.query(hashes, &mut scratch);
+            std::hint::black_box(result.overlap(worker(3)));
+            let [device, host, disk] = &mut columns;
+            std::hint::black_box(index.query_rows(
+                hashes,
+                &mut scratch,
+                &rows,
+                [device, host, disk],
+            ));
+        };
+        query(); // grows the scratch
+        let allocations = allocations_in(|| (0..100).for_each(|_| query()));
+        assert_eq!(
+            allocations, 0,
+            "{allocations} allocations in 100 warm queries"
+        );
+        assert!(
+            columns[tier as usize].iter().any(|&d| d > 0),
+            "the query found the prefixes in {tier:?}"
         );
     }
 }
