@@ -123,15 +123,21 @@ fn plain_minimum(costs: &[f64]) -> Option<f64> {
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        let mut minimum = *costs.first()?;
-        for &cost in costs {
-            if cost.is_nan() {
-                return None;
-            }
-            minimum = if cost < minimum { cost } else { minimum };
-        }
-        Some(minimum)
+        least_of(*costs.first()?, costs)
     }
+}
+
+/// The least of `first` and `costs` by `<`, or `None` if one is NaN.
+#[inline]
+fn least_of<'a>(first: f64, costs: impl IntoIterator<Item = &'a f64>) -> Option<f64> {
+    let mut minimum = first;
+    for &cost in costs {
+        if cost.is_nan() {
+            return None;
+        }
+        minimum = if cost < minimum { cost } else { minimum };
+    }
+    Some(minimum)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -181,14 +187,7 @@ mod sse2 {
             // SAFETY: `minimums` holds 8 values.
             unsafe { _mm_storeu_pd(minimums.as_mut_ptr().add(2 * pair), *lane) };
         }
-        let mut minimum = first;
-        for &cost in minimums.iter().chain(eights.remainder()) {
-            if cost.is_nan() {
-                return None;
-            }
-            minimum = if cost < minimum { cost } else { minimum };
-        }
-        Some(minimum)
+        super::least_of(first, minimums.iter().chain(eights.remainder()))
     }
 }
 
