@@ -42,10 +42,10 @@ impl Buffer {
     }
 }
 
-/// What a selection borrows of a partition: its columns, and each row's KV-index slot.
+/// What a selection borrows of a partition: its columns, and its rows as KV-index slots.
 pub struct Lent {
     pub columns: Arc<KeptColumns>,
-    pub kv_slots: Arc<SlotRows>,
+    pub slot_rows: Arc<SlotRows>,
 }
 
 /// One partition's columns: versioned buffers and the changes not yet in all of them.
@@ -58,7 +58,7 @@ struct PartitionColumns {
     log: Vec<(u32, WorkerLoad)>,
     log_start: u64,
     /// Each row's slot in the KV index, for the layout and index slot epoch in `kv_for`.
-    kv_slots: Arc<SlotRows>,
+    slot_rows: Arc<SlotRows>,
     kv_for: Option<(u64, u64)>,
 }
 
@@ -74,7 +74,7 @@ impl Default for PartitionColumns {
             layout: 0,
             log: Vec::new(),
             log_start: 0,
-            kv_slots: Arc::default(),
+            slot_rows: Arc::default(),
             kv_for: None,
         }
     }
@@ -292,13 +292,13 @@ impl FleetColumns {
         let columns = p.buffers[latest].columns.clone();
         let kv_for = (p.layout, kv.slots_epoch());
         if p.kv_for != Some(kv_for) {
-            Arc::make_mut(&mut p.kv_slots)
+            Arc::make_mut(&mut p.slot_rows)
                 .set((0..columns.len()).map(|row| kv.slot_of(columns.worker(row))));
             p.kv_for = Some(kv_for);
         }
         Some(Lent {
             columns,
-            kv_slots: p.kv_slots.clone(),
+            slot_rows: p.slot_rows.clone(),
         })
     }
 }
@@ -409,7 +409,7 @@ mod tests {
                         expected(&workers, &load),
                         "step {step}"
                     );
-                    assert_eq!(lent.kv_slots.len(), lent.columns.len());
+                    assert_eq!(lent.slot_rows.len(), lent.columns.len());
                     let snapshot = seen(&lent.columns);
                     held.push((lent.columns, snapshot));
                 }

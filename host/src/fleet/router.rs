@@ -805,7 +805,7 @@ impl Router {
         candidates.lend(slot.inputs, lent.columns);
         let query_scratch = &mut scratch.query;
         candidates.fill_request(query.request_blocks, |tiers| {
-            kv.query_rows(query.hashes, query_scratch, &lent.kv_slots, tiers)
+            kv.query_rows(query.hashes, query_scratch, &lent.slot_rows, tiers)
         });
         drop(kv);
         drop(state);
