@@ -1,24 +1,26 @@
 //! switchyard: an LLM inference request router whose worker-selection policies are
 //! plugins loaded from shared libraries at startup.
 //!
-//! Layers, bottom to top; each may use only the ones below it:
-//! - [`plugin`]: the plugin boundary. The only module that holds raw ABI values, calls
-//!   plugin code or implements `extern "C"` functions: the loader, the ABI checks, the
-//!   registrar, builder and params callbacks, component and policy handles.
-//! - [`config`]: the YAML config.
-//! - [`isolation`]: plugins run in supervised child processes (`isolation: process`).
-//! - [`policy`]: the registry of types, the built-ins, configured instances and the
-//!   filter -> score -> pick pipeline.
-//! - [`startup`]: from config to loaded plugins and validated instances.
-//! - [`fleet`]: workers, KV index, load accounting, metrics, and the router.
-//! - [`serve`]: the HTTP API.
-//! - [`tools`]: `check` / `plugin inspect` summaries and trace replay.
+//! The router is a workspace of layer crates, bottom to top; each depends only on the
+//! ones below it, so an upward import does not compile (docs/ARCHITECTURE.md):
+//! - `switchyard-plugin-host` ([`plugin`], [`isolation`]): the plugin boundary (the only
+//!   code that holds raw ABI values, calls plugin code or implements `extern "C"`
+//!   functions) and supervised child processes for `isolation: process`.
+//! - `switchyard-config` ([`config`]): the YAML config.
+//! - `switchyard-policy` ([`policy`], [`startup`]): the registry of types, the built-ins,
+//!   configured instances, the filter -> score -> pick pipeline, and startup (from config
+//!   to loaded plugins and validated instances).
+//! - `switchyard-fleet` ([`fleet`]): workers, KV index, load accounting, metrics, and the
+//!   router.
+//! - `switchyard-serve` ([`serve`]): the HTTP API, the OpenAI frontend, the Envoy picker.
+//! - this crate: [`tools`] (`check`, `plugin inspect/new/test`, replay, `engine-sim`) and
+//!   the `switchyard` binary. The layers are re-exported under their short names.
 
-pub mod config;
-pub mod fleet;
-pub mod isolation;
-pub mod plugin;
-pub mod policy;
-pub mod serve;
-pub mod startup;
+pub use switchyard_config as config;
+pub use switchyard_fleet as fleet;
+pub use switchyard_plugin_host::{isolation, plugin};
+pub use switchyard_policy as policy;
+pub use switchyard_policy::startup;
+pub use switchyard_serve as serve;
+
 pub mod tools;

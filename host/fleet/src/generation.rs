@@ -1,0 +1,112 @@
+//! A generation: one loaded config's plugins and policy instances, and their policies per
+//! partition. The router serves from its current generation; a reload builds the next one
+//! beside it and swaps it in, while a selection keeps the generation it started with until
+//! it ends. Workers, bookings and the KV index are the router's, not a generation's: they
+//! outlive reloads.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use parking_lot::{Mutex, RwLock};
+use switchyard_plugin_sdk::WorkerInputs;
+
+use super::metrics::StageMetrics;
+use switchyard_plugin_host::plugin::PartitionKey;
+use switchyard_policy::startup::Startup;
+use switchyard_policy::{InstanceFactory, Selector};
+
+/// One instance's policy for one partition, behind its own lock (an instance is called
+/// by one thread at a time), with the input groups it reads known without that lock.
+pub struct SelectorSlot {
+    pub inputs: WorkerInputs,
+    pub selector: Mutex<Selector>,
+}
+
+/// Per-partition policies: one selector per instance.
+type Selectors = HashMap<String, Arc<SelectorSlot>>;
+
+pub struct Generation {
+    /// 1 at startup, then one more per successful reload.
+    pub number: u64,
+    pub loaded_at: SystemTime,
+    pub startup: Startup,
+    partitions: RwLock<HashMap<PartitionKey, Selectors>>,
+    /// Every stage of every selector, for metrics to read without their locks.
+    stages: RwLock<Vec<StageMetrics>>,
+}
+
+impl Generation {
+    pub fn new(number: u64, startup: Startup) -> Self {
+        Generation {
+            number,
+            loaded_at: SystemTime::now(),
+            startup,
+            partitions: RwLock::new(HashMap::new()),
+            stages: RwLock::new(Vec::new()),
+        }
+    }
+
+    pub fn instance(&self, name: &str) -> Option<&Arc<InstanceFactory>> {
+        self.startup.instance(name)
+    }
+
+    /// The configured instance names, comma-separated (for messages).
+    pub fn instance_names(&self) -> String {
+        self.startup
+            .instances
+            .iter()
+            .map(|i| i.name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    pub fn has_partition(&self, partition: &PartitionKey) -> bool {
+        self.partitions.read().contains_key(partition)
+    }
+
+    /// Instance `name`'s policy for `partition`, once the partition is built.
+    pub fn selector(&self, partition: &PartitionKey, name: &str) -> Option<Arc<SelectorSlot>> {
+        self.partitions.read().get(partition)?.get(name).cloned()
+    }
+
+    /// Builds one policy per instance for `partition` (plugin code runs: no lock is held)
+    /// and adds them.
+    pub fn build_partition(&self, partition: &PartitionKey) -> Result<(), String> {
+        let mut selectors = Selectors::new();
+        let mut stages = Vec::new();
+        for instance in &self.startup.instances {
+            let policy = instance.build(partition).map_err(|e| {
+                format!(
+                    "instance `{}` cannot be built for partition {partition}: {e}",
+                    instance.name
+                )
+            })?;
+            stages.extend(policy.stages().map(|stage| StageMetrics {
+                instance: instance.name.clone(),
+                partition: partition.clone(),
+                name: stage.name.clone(),
+                kind: stage.kind,
+                stats: stage.stats.clone(),
+            }));
+            selectors.insert(
+                instance.name.clone(),
+                Arc::new(SelectorSlot {
+                    inputs: policy.inputs(),
+                    selector: Mutex::new(Selector::new(policy)),
+                }),
+            );
+        }
+        self.partitions.write().insert(partition.clone(), selectors);
+        self.stages.write().extend(stages);
+        Ok(())
+    }
+
+    pub fn partitions(&self) -> Vec<PartitionKey> {
+        self.partitions.read().keys().cloned().collect()
+    }
+
+    pub fn stages(&self) -> parking_lot::RwLockReadGuard<'_, Vec<StageMetrics>> {
+        self.stages.read()
+    }
+}

@@ -1,0 +1,1067 @@
+//! The router: workers, KV index, load accounting and one policy instance per partition,
+//! tied together into select, select-and-reserve, prefill-complete and free.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Mutex, RwLock};
+use rustc_hash::FxHashSet;
+use serde::{Deserialize, Serialize};
+use switchyard_plugin_sdk::{WorkerId, WorkerType};
+
+use super::generation::{Generation, SelectorSlot};
+use super::kept_columns::FleetColumns;
+use super::kv_events::hash_agreement::{EngineBlocks, Ignored};
+use super::kv_events::subscriber::{self, Subscription};
+use super::kv_events::wire::EngineEvent;
+use super::kv_events::ApplyOutcome;
+use super::kv_index::{hash_tokens, KvEvent, KvIndex, QueryScratch};
+use super::lifecycle::Lifecycles;
+use super::load_accounting::{AccountingError, LoadAccounting};
+use super::metrics::Metrics;
+use super::predicted_kv::PredictedKv;
+use super::workers::{WorkerError, WorkerSpec, Workers};
+use switchyard_config::{KvTracking, OnError};
+use switchyard_plugin_host::plugin::{Outcome, PartitionKey, RequestContext, SessionInfo};
+use switchyard_policy::histogram::Stopwatch;
+use switchyard_policy::startup::{Startup, BUILTIN_DEFAULT};
+use switchyard_policy::{Candidates, InstanceFactory, KeptColumns, SelectError};
+
+/// The worker type a request asks for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RequestWorkerType {
+    Prefill,
+    Decode,
+    #[default]
+    Select,
+}
+
+impl RequestWorkerType {
+    fn worker_type(self) -> WorkerType {
+        match self {
+            Self::Prefill => WorkerType::Prefill,
+            Self::Decode => WorkerType::Decode,
+            Self::Select => WorkerType::Select,
+        }
+    }
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// A routing request.
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteRequest {
+    pub model: String,
+    #[serde(default)]
+    pub worker_type: RequestWorkerType,
+    /// Instance to use instead of the default.
+    #[serde(default)]
+    pub instance: Option<String>,
+    #[serde(default)]
+    pub router_temperature: Option<f64>,
+    /// The prompt as token ids (hashed into blocks by the router) ...
+    #[serde(default)]
+    pub token_ids: Option<Vec<u32>>,
+    /// ... or as chained block hashes.
+    #[serde(default)]
+    pub block_hashes: Option<Vec<u64>>,
+    /// Required for select-and-reserve: the id later passed to prefill-complete and free.
+    #[serde(default)]
+    pub request_id: Option<String>,
+    #[serde(default)]
+    pub expected_output_tokens: Option<u64>,
+    #[serde(default)]
+    pub priority_jump: f64,
+    #[serde(default)]
+    pub strict_priority: i32,
+    #[serde(default = "yes")]
+    pub tracks_prefill_tokens: bool,
+    #[serde(default)]
+    pub session: Option<SessionInfo>,
+    /// Only these workers are candidates (a gateway's subset hint, or the workers it can
+    /// reach); an empty set leaves none.
+    #[serde(skip)]
+    pub only: Option<Arc<FxHashSet<WorkerId>>>,
+}
+
+/// What a reload changed.
+#[derive(Clone, Debug, Serialize)]
+pub struct ReloadOutcome {
+    pub generation: u64,
+    pub workers_added: usize,
+    pub workers_removed: usize,
+    pub workers_updated: usize,
+    /// Sections that changed but are read only at startup: they take effect at the next
+    /// restart.
+    pub needs_restart: Vec<String>,
+}
+
+/// Where a request goes.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+pub struct RouteDecision {
+    pub worker_id: u64,
+    pub dp_rank: u32,
+    pub instance: String,
+    /// True when the instance failed and the built-in policy routed the request.
+    pub fallback: bool,
+    pub request_blocks: u64,
+    pub device_overlap_blocks: u32,
+    /// Set for select-and-reserve.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RouteError {
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("unknown model `{0}`: no worker serves it; add workers with POST /v1/workers")]
+    UnknownModel(String),
+    #[error("unknown instance `{name}`; configured instances: {known}")]
+    UnknownInstance { name: String, known: String },
+    #[error("no eligible worker: {0}")]
+    NoWorker(String),
+    #[error("instance `{instance}` failed: {error}")]
+    PolicyFailed {
+        instance: String,
+        error: SelectError,
+    },
+    #[error(transparent)]
+    Accounting(#[from] AccountingError),
+    #[error(transparent)]
+    Worker(#[from] WorkerError),
+}
+
+struct State {
+    workers: Workers,
+}
+
+pub struct Router {
+    /// The config's plugins and instances now serving; swapped whole by a reload.
+    generation: RwLock<Arc<Generation>>,
+    /// Held while a generation gains partitions or is replaced: a new partition is never
+    /// built into a generation that a reload is about to retire.
+    changing: Mutex<()>,
+    state: RwLock<State>,
+    kv: RwLock<KvIndex>,
+    load: RwLock<LoadAccounting>,
+    /// Each partition's candidate columns, kept as bookings and members change. Taken
+    /// after `state`, `kv` and `load` when taken with them.
+    columns: Mutex<FleetColumns>,
+    predicted: Mutex<PredictedKv>,
+    /// Per worker, its engine's block hashes -> the router's (KV events from engines).
+    engine_blocks: Mutex<HashMap<WorkerId, EngineBlocks>>,
+    /// Per worker, its engine's KV-event subscription, stopped when it is dropped.
+    subscriptions: Mutex<HashMap<WorkerId, Subscription>>,
+    /// Workers whose engine refused a connection: no probe brings them back before this.
+    cooldown_until: Mutex<HashMap<WorkerId, Instant>>,
+    /// Requests whose policy asked for lifecycle notifications, and their delivery.
+    lifecycles: Lifecycles,
+    pub metrics: Metrics,
+}
+
+/// A selection whose policy was told `on_selected`: followed until the request ends.
+struct Notified {
+    slot: Arc<SelectorSlot>,
+    outcome: Outcome,
+    at: Instant,
+}
+
+/// Per-thread buffers of one request: nothing is allocated once warm.
+#[derive(Default)]
+struct Scratch {
+    hashed: Vec<u64>,
+    selection: SelectionScratch,
+}
+
+/// The buffers of one selection.
+#[derive(Default)]
+struct SelectionScratch {
+    query: QueryScratch,
+    /// The candidates: a partition's kept columns, lent, and the request's own, written
+    /// under the fleet's locks and run by the policy without them.
+    candidates: Candidates,
+    /// Which candidates a gateway's subset hint allows.
+    allowed: Vec<u8>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = Default::default();
+}
+
+impl Router {
+    /// A router over a started config, with the config's static workers.
+    pub fn new(startup: Startup) -> Result<Self, RouteError> {
+        // Before any request: the first selection must not wait for the calibration.
+        Stopwatch::calibrate();
+        let expiry = Duration::from_secs(startup.source.config.router.request_expiry_secs);
+        let workers = startup.source.config.workers.clone();
+        let metrics = Metrics::new(startup.instances.iter().map(|i| i.name.as_str()));
+        let router = Router {
+            generation: RwLock::new(Arc::new(Generation::new(1, startup))),
+            changing: Mutex::new(()),
+            state: RwLock::new(State {
+                workers: Workers::default(),
+            }),
+            kv: RwLock::new(KvIndex::default()),
+            load: RwLock::new(LoadAccounting::new(expiry)),
+            columns: Mutex::new(FleetColumns::default()),
+            predicted: Mutex::new(PredictedKv::default()),
+            engine_blocks: Mutex::new(HashMap::new()),
+            subscriptions: Mutex::new(HashMap::new()),
+            cooldown_until: Mutex::new(HashMap::new()),
+            lifecycles: Lifecycles::new(),
+            metrics,
+        };
+        for spec in workers {
+            router.add_worker(spec)?;
+        }
+        let generation = router.generation();
+        router
+            .metrics
+            .record_generation(generation.number, generation.loaded_at);
+        Ok(router)
+    }
+
+    /// Serves `startup` (a config that went through the whole startup path: probes,
+    /// checks, builds) as the next generation. Its policies are built for every partition
+    /// first; only then is it swapped in, so a failure leaves the serving generation
+    /// untouched. Selections already running finish on the generation they started with.
+    /// Workers, bookings and the KV index carry over, except for workers the new config
+    /// no longer lists (removed) or lists differently (updated in place, or moved when
+    /// their model or type changed).
+    pub fn reload(self: &Arc<Self>, startup: Startup) -> Result<ReloadOutcome, Vec<String>> {
+        let result = self.swap_in(startup);
+        self.metrics.record_reload(result.is_ok());
+        result
+    }
+
+    fn swap_in(self: &Arc<Self>, startup: Startup) -> Result<ReloadOutcome, Vec<String>> {
+        let _changing = self.changing.lock();
+        let serving = self.generation();
+        let (old, new) = (&serving.startup.source.config, &startup.source.config);
+        if old.router.block_size != new.router.block_size {
+            return Err(vec![format!(
+                "{}: router.block_size changed from {} to {}; bookings and the KV index are counted in blocks of the running size, so it changes only with a restart",
+                startup.source.name, old.router.block_size, new.router.block_size
+            )]);
+        }
+        let tokenizers =
+            |c: &switchyard_config::Config| -> Vec<(String, Option<std::path::PathBuf>)> {
+                c.models
+                    .iter()
+                    .map(|(model, settings)| (model.clone(), settings.tokenizer.clone()))
+                    .collect()
+            };
+        let mut needs_restart = Vec::new();
+        if as_json(&old.frontend) != as_json(&new.frontend) {
+            needs_restart.push("frontend".to_owned());
+        }
+        if as_json(&old.ext_proc) != as_json(&new.ext_proc) {
+            needs_restart.push("ext_proc".to_owned());
+        }
+        if tokenizers(old) != tokenizers(new) {
+            needs_restart.push("models.*.tokenizer".to_owned());
+        }
+        let before: HashMap<WorkerId, &WorkerSpec> =
+            old.workers.iter().map(|w| (w.id(), w)).collect();
+        let after: HashMap<WorkerId, &WorkerSpec> =
+            new.workers.iter().map(|w| (w.id(), w)).collect();
+        let removed: Vec<WorkerId> = before
+            .keys()
+            .filter(|id| !after.contains_key(id))
+            .copied()
+            .collect();
+        let changed: Vec<WorkerSpec> = new
+            .workers
+            .iter()
+            .filter(|w| {
+                before
+                    .get(&w.id())
+                    .is_some_and(|old| as_json(*old) != as_json(*w))
+            })
+            .cloned()
+            .collect();
+        let added: Vec<WorkerSpec> = new
+            .workers
+            .iter()
+            .filter(|w| !before.contains_key(&w.id()))
+            .cloned()
+            .collect();
+
+        let next = Generation::new(serving.number + 1, startup);
+        let mut partitions: Vec<PartitionKey> = serving.partitions();
+        partitions.extend(added.iter().chain(&changed).map(WorkerSpec::partition));
+        partitions.sort();
+        partitions.dedup();
+        for partition in &partitions {
+            next.build_partition(partition).map_err(|e| vec![e])?;
+        }
+        let instances: Vec<String> = next
+            .startup
+            .instances
+            .iter()
+            .map(|i| i.name.clone())
+            .collect();
+        let (number, loaded_at) = (next.number, next.loaded_at);
+        *self.generation.write() = Arc::new(next);
+        self.metrics
+            .add_instances(instances.iter().map(String::as_str));
+        self.metrics.record_generation(number, loaded_at);
+
+        for id in &removed {
+            let _ = self.remove_worker(*id);
+        }
+        for spec in &changed {
+            let id = spec.id();
+            let same_partition = before[&id].partition() == spec.partition();
+            if same_partition {
+                // Bookings and cached blocks stay; the spec (capacity, labels, url, ...) is
+                // the new one.
+                self.change_workers(|workers| {
+                    let _ = workers.remove(id);
+                    let _ = workers.add(spec.clone());
+                });
+            } else {
+                let _ = self.remove_worker(id);
+                let _ = self.change_workers(|workers| workers.add(spec.clone()));
+            }
+            if before[&id].kv_events != spec.kv_events {
+                self.subscriptions.lock().remove(&id);
+            }
+        }
+        for spec in &added {
+            if let Err(e) = self.change_workers(|workers| workers.add(spec.clone())) {
+                tracing::warn!(error = %e, "reload: a new worker was not added");
+            }
+        }
+        let subscribe: Vec<WorkerSpec> = added.iter().chain(&changed).cloned().collect();
+        if let Err(e) = self.subscribe_kv_events(&subscribe) {
+            tracing::warn!(error = %e, "reload: cannot follow a worker's KV events");
+        }
+        Ok(ReloadOutcome {
+            generation: number,
+            workers_added: added.len(),
+            workers_removed: removed.len(),
+            workers_updated: changed.len(),
+            needs_restart,
+        })
+    }
+
+    /// Changes the worker registry and, before any selection sees the change, the kept
+    /// columns of the partitions it touched (under the registry's lock, so concurrent
+    /// changes reach the columns in the order they happened).
+    fn change_workers<R>(&self, change: impl FnOnce(&mut Workers) -> R) -> R {
+        let mut state = self.state.write();
+        let result = change(&mut state.workers);
+        let changed = state.workers.take_changed();
+        if !changed.is_empty() {
+            let load = self.load.read();
+            let mut columns = self.columns.lock();
+            for (partition, appended) in changed {
+                columns.rebuild(&partition, &state.workers, &load, appended);
+            }
+        }
+        result
+    }
+
+    /// Changes bookings and, under the same lock, the kept columns of the workers whose
+    /// load changed.
+    fn book<R>(&self, change: impl FnOnce(&mut LoadAccounting) -> R) -> R {
+        let mut load = self.load.write();
+        let result = change(&mut load);
+        let mut columns = self.columns.lock();
+        load.for_each_changed(|worker, now| columns.set_load(worker, now));
+        result
+    }
+
+    /// The generation now serving (a selection holds on to the one it started with).
+    pub fn generation(&self) -> Arc<Generation> {
+        self.generation.read().clone()
+    }
+
+    pub fn block_size(&self) -> u32 {
+        self.generation
+            .read()
+            .startup
+            .source
+            .config
+            .router
+            .block_size
+    }
+
+    /// Registers a worker; a new partition gets one policy instance per configured
+    /// instance, built now.
+    pub fn add_worker(&self, spec: WorkerSpec) -> Result<(), RouteError> {
+        spec.validate().map_err(WorkerError::Invalid)?;
+        let _changing = self.changing.lock();
+        self.ensure_partition(&self.generation(), &spec.partition())?;
+        self.change_workers(|workers| workers.add(spec))?;
+        Ok(())
+    }
+
+    /// Builds `partition`'s policies into `generation` if it has none yet: before the
+    /// worker is registered, and without the fleet's locks, so selections and metrics never
+    /// wait for a plugin's `on_create`. The caller holds `changing`.
+    fn ensure_partition(
+        &self,
+        generation: &Generation,
+        partition: &PartitionKey,
+    ) -> Result<(), RouteError> {
+        if generation.has_partition(partition) {
+            return Ok(());
+        }
+        generation
+            .build_partition(partition)
+            .map_err(RouteError::BadRequest)
+    }
+
+    /// Moves a request's booking to the worker that actually served it.
+    pub fn rebook(&self, request_id: &str, to: WorkerId) -> Result<(), RouteError> {
+        if self.state.read().workers.get(to).is_none() {
+            return Err(WorkerError::Unknown(to).into());
+        }
+        self.book(|load| load.move_booking(request_id, to))?;
+        self.lifecycles.moved(request_id, to);
+        Ok(())
+    }
+
+    /// Every worker a gateway can send to (it has an `address`, or a `url` with an IP
+    /// host), with that endpoint.
+    pub fn endpoints(&self) -> Vec<(WorkerId, std::net::SocketAddr)> {
+        self.state
+            .read()
+            .workers
+            .all()
+            .filter_map(|spec| Some((spec.id(), spec.endpoint()?)))
+            .collect()
+    }
+
+    /// Removes a worker, its cached blocks and its bookings.
+    pub fn remove_worker(&self, id: WorkerId) -> Result<WorkerSpec, RouteError> {
+        let spec = self.change_workers(|workers| workers.remove(id))?;
+        self.kv.write().remove_worker(id);
+        self.book(|load| load.remove_worker(id));
+        self.predicted.lock().remove_worker(id);
+        self.engine_blocks.lock().remove(&id);
+        self.subscriptions.lock().remove(&id);
+        self.cooldown_until.lock().remove(&id);
+        let load = self.load.read();
+        self.lifecycles.finish_unbooked(|id| load.is_booked(id));
+        Ok(spec)
+    }
+
+    /// The engine address of a worker, if it has one.
+    pub fn worker_url(&self, id: WorkerId) -> Option<String> {
+        self.state
+            .read()
+            .workers
+            .get(id)
+            .and_then(|w| w.url.clone())
+    }
+
+    /// Every worker with an engine address.
+    pub fn worker_urls(&self) -> Vec<(WorkerId, String)> {
+        let state = self.state.read();
+        state
+            .workers
+            .all()
+            .filter_map(|w| Some((w.id(), w.url.clone()?)))
+            .collect()
+    }
+
+    pub fn is_healthy(&self, id: WorkerId) -> bool {
+        self.state.read().workers.is_healthy(id)
+    }
+
+    /// Takes a worker out of the candidates for at least `cooldown` (its engine refused a
+    /// connection).
+    pub fn mark_unhealthy(&self, id: WorkerId, cooldown: Duration) {
+        self.cooldown_until
+            .lock()
+            .insert(id, Instant::now() + cooldown);
+        if self.change_workers(|workers| workers.set_healthy(id, false)) {
+            tracing::warn!(
+                worker = id.worker_id,
+                dp_rank = id.dp_rank,
+                "worker unhealthy"
+            );
+        }
+    }
+
+    /// A health probe's result: a failed probe takes the worker out; a good one brings
+    /// it back once its cool-down is over.
+    pub fn record_probe(&self, id: WorkerId, healthy: bool) {
+        if healthy {
+            let mut cooldowns = self.cooldown_until.lock();
+            if cooldowns
+                .get(&id)
+                .is_some_and(|until| Instant::now() < *until)
+            {
+                return;
+            }
+            cooldowns.remove(&id);
+        }
+        if self.change_workers(|workers| workers.set_healthy(id, healthy)) {
+            match healthy {
+                true => tracing::info!(
+                    worker = id.worker_id,
+                    dp_rank = id.dp_rank,
+                    "worker healthy again"
+                ),
+                false => tracing::warn!(
+                    worker = id.worker_id,
+                    dp_rank = id.dp_rank,
+                    "worker failed its health probe"
+                ),
+            }
+        }
+    }
+
+    /// The models the workers serve, sorted.
+    pub fn models(&self) -> Vec<String> {
+        let state = self.state.read();
+        let models: std::collections::BTreeSet<_> =
+            state.workers.all().map(|w| w.model.clone()).collect();
+        models.into_iter().collect()
+    }
+
+    /// For models with `kv_tracking: predicted`: the prompt's blocks are now assumed
+    /// cached on `worker`.
+    pub fn predict_cached(&self, model: &str, worker: WorkerId, hashes: &[u64]) {
+        let generation = self.generation();
+        let Some(settings) = generation.startup.source.config.models.get(model) else {
+            return;
+        };
+        if settings.kv_tracking != KvTracking::Predicted || hashes.is_empty() {
+            return;
+        }
+        let events = self.predicted.lock().routed(
+            worker,
+            hashes,
+            settings.predicted_blocks_per_worker,
+            Duration::from_secs(settings.predicted_ttl_secs),
+            Instant::now(),
+        );
+        let mut kv = self.kv.write();
+        for event in &events {
+            kv.apply(worker, event);
+        }
+    }
+
+    pub fn workers(&self) -> Vec<WorkerSpec> {
+        self.state.read().workers.all().cloned().collect()
+    }
+
+    /// Applies KV events of one worker.
+    pub fn kv_events(&self, worker: WorkerId, events: &[KvEvent]) -> Result<(), RouteError> {
+        if self.state.read().workers.get(worker).is_none() {
+            return Err(WorkerError::Unknown(worker).into());
+        }
+        let mut kv = self.kv.write();
+        for event in events {
+            kv.apply(worker, event);
+        }
+        Ok(())
+    }
+
+    /// Starts following the KV events of every worker (of `workers`) whose engine
+    /// publishes them; a worker already followed is left alone.
+    pub fn subscribe_kv_events(self: &Arc<Self>, workers: &[WorkerSpec]) -> std::io::Result<()> {
+        for spec in workers {
+            let Some(source) = &spec.kv_events else {
+                continue;
+            };
+            let mut subscriptions = self.subscriptions.lock();
+            if subscriptions.contains_key(&spec.id()) {
+                continue;
+            }
+            let subscription =
+                subscriber::subscribe(self.clone(), spec.worker_id, spec.dp_rank, source.clone())?;
+            subscriptions.insert(spec.id(), subscription);
+        }
+        Ok(())
+    }
+
+    /// Applies events an engine published for worker (`worker_id`, `dp_rank`).
+    pub fn apply_engine_events(
+        &self,
+        worker_id: u64,
+        dp_rank: u32,
+        events: &[EngineEvent],
+    ) -> ApplyOutcome {
+        let worker = WorkerId { worker_id, dp_rank };
+        let mut outcome = ApplyOutcome::default();
+        if self.state.read().workers.get(worker).is_none() {
+            outcome.unknown_worker = true;
+            return outcome;
+        }
+        let block_size = self.block_size();
+        let mut translated = Vec::with_capacity(events.len());
+        {
+            let mut engines = self.engine_blocks.lock();
+            let blocks = engines.entry(worker).or_default();
+            for event in events {
+                match blocks.translate(event, block_size, &mut translated) {
+                    Ok(()) => {
+                        outcome.applied += 1;
+                        if matches!(event, EngineEvent::AllCleared) {
+                            outcome.engine_clears += 1;
+                        }
+                    }
+                    Err(reason) => {
+                        if reason == Ignored::BlockSize {
+                            if let EngineEvent::Stored(s) = event {
+                                outcome.block_size_refused = Some(s.block_size);
+                            }
+                        }
+                        outcome.ignored.push(reason);
+                    }
+                }
+            }
+        }
+        let mut kv = self.kv.write();
+        for event in &translated {
+            kv.apply(worker, event);
+        }
+        outcome
+    }
+
+    /// Forgets every block of a worker's engine (it restarted, or events were lost).
+    pub fn clear_engine(&self, worker_id: u64, dp_rank: u32) {
+        let worker = WorkerId { worker_id, dp_rank };
+        self.engine_blocks.lock().remove(&worker);
+        self.kv
+            .write()
+            .apply(worker, &KvEvent::Cleared { tier: None });
+    }
+
+    pub fn kv_blocks(&self) -> [usize; 3] {
+        self.kv.read().blocks()
+    }
+
+    /// Select only: where the request would go; nothing is booked.
+    pub fn select(&self, request: &RouteRequest) -> Result<RouteDecision, RouteError> {
+        self.route(request, false)
+    }
+
+    /// Select and book the request's load on the chosen worker.
+    pub fn select_and_reserve(&self, request: &RouteRequest) -> Result<RouteDecision, RouteError> {
+        self.route(request, true)
+    }
+
+    pub fn prefill_complete(&self, request_id: &str) -> Result<(), RouteError> {
+        self.book(|load| load.prefill_complete(request_id))?;
+        self.lifecycles.prefill_complete(request_id);
+        Ok(())
+    }
+
+    pub fn free(&self, request_id: &str) -> Result<(), RouteError> {
+        self.book(|load| load.free(request_id))?;
+        self.lifecycles.finished(request_id);
+        Ok(())
+    }
+
+    /// Releases reservations older than the configured expiry (the last safety net;
+    /// counted in metrics).
+    pub fn expire(&self) -> usize {
+        let expired = self.book(|load| load.expire(Instant::now()));
+        self.metrics.record_expired(expired);
+        if expired > 0 {
+            let load = self.load.read();
+            self.lifecycles.finish_unbooked(|id| load.is_booked(id));
+        }
+        expired
+    }
+
+    /// (worker, load) of every registered worker, for metrics and tests.
+    pub fn loads(&self) -> Vec<(WorkerId, super::load_accounting::WorkerLoad)> {
+        let state = self.state.read();
+        let load = self.load.read();
+        state
+            .workers
+            .all()
+            .map(|w| (w.id(), load.load(w.id())))
+            .collect()
+    }
+
+    /// The candidate columns the next selection of `partition` would be lent (tests
+    /// compare them with the registry and the bookings).
+    #[doc(hidden)]
+    pub fn kept_columns(&self, partition: &PartitionKey) -> Option<Arc<KeptColumns>> {
+        let kv = self.kv.read();
+        let lent = self.columns.lock().lend(partition, &kv)?;
+        Some(lent.columns)
+    }
+
+    pub fn active_bookings(&self) -> usize {
+        self.load.read().active_bookings()
+    }
+
+    fn route(&self, request: &RouteRequest, reserve: bool) -> Result<RouteDecision, RouteError> {
+        let request_id = validate(request, reserve)?;
+        let generation = self.generation();
+        let instance_name = request
+            .instance
+            .as_deref()
+            .unwrap_or(&generation.startup.default_instance);
+        let instance =
+            generation
+                .instance(instance_name)
+                .ok_or_else(|| RouteError::UnknownInstance {
+                    name: instance_name.to_owned(),
+                    known: generation.instance_names(),
+                })?;
+        let partition = PartitionKey::new(request.model.clone(), request.worker_type.worker_type());
+        let block_size = generation.startup.source.config.router.block_size;
+
+        SCRATCH.with(|scratch| {
+            let scratch = &mut *scratch.borrow_mut();
+            let (request_blocks, hashes) = prompt_blocks(request, block_size, &mut scratch.hashed)?;
+            let context = request_context(request, block_size, request_blocks);
+            let query = Query {
+                request,
+                partition: &partition,
+                hashes,
+                request_blocks,
+            };
+            let selected = self.select_with_fallback(
+                &generation,
+                instance,
+                &query,
+                &context,
+                reserve,
+                &mut scratch.selection,
+            );
+            let candidates = &mut scratch.selection.candidates;
+            let device_overlap = selected
+                .as_ref()
+                .map_or(0, |(chosen, ..)| candidates.device_overlap(*chosen));
+            // Given back now: the booking below can then update the columns in place.
+            candidates.release();
+            let (chosen, fallback, notified) = selected?;
+            if let (true, Some(id)) = (reserve, &request_id) {
+                let booked = self.reserve(request, id, chosen, request_blocks, device_overlap);
+                if let Some(n) = notified {
+                    // Told `on_selected`: exactly one `on_finished` follows, now if the
+                    // booking failed.
+                    self.lifecycles.track(id, n.slot, n.outcome, n.at);
+                    if booked.is_err() {
+                        self.lifecycles.finished(id);
+                    }
+                }
+                booked?;
+            }
+            Ok(RouteDecision {
+                worker_id: chosen.worker_id,
+                dp_rank: chosen.dp_rank,
+                instance: instance.name.clone(),
+                fallback,
+                request_blocks,
+                device_overlap_blocks: device_overlap,
+                request_id,
+            })
+        })
+    }
+
+    /// Sets `scratch.candidates` up for the instance `name` under the fleet's read locks
+    /// (released on return: plugin code never runs while they are held, so a slow
+    /// component cannot stall the writers behind them, nor the readers behind those): the
+    /// partition's kept columns, lent, and the request's cache overlaps. Returns the
+    /// instance's selector.
+    fn gather(
+        &self,
+        generation: &Generation,
+        name: &str,
+        query: &Query<'_>,
+        scratch: &mut SelectionScratch,
+    ) -> Result<Arc<SelectorSlot>, RouteError> {
+        let state = self.state.read();
+        let kv = self.kv.read();
+        let lent = self.columns.lock().lend(query.partition, &kv);
+        let Some(lent) = lent.filter(|lent| !lent.columns.is_empty()) else {
+            members_of(&state, query.request, query.partition)?;
+            return Err(RouteError::NoWorker(format!(
+                "partition {} has no candidates yet; retry",
+                query.partition
+            )));
+        };
+        // Every partition with members has its policies in the current generation; an
+        // older one (a reload happened meanwhile) may lack a partition added since.
+        let slot = generation
+            .selector(query.partition, name)
+            .or_else(|| self.generation().selector(query.partition, name))
+            .ok_or_else(|| {
+                RouteError::NoWorker(format!(
+                    "partition {} has no policies yet; retry",
+                    query.partition
+                ))
+            })?;
+        let candidates = &mut scratch.candidates;
+        candidates.lend(slot.inputs, lent.columns);
+        let query_scratch = &mut scratch.query;
+        candidates.fill_request(query.request_blocks, |tiers| {
+            kv.query_rows(query.hashes, query_scratch, &lent.slot_rows, tiers)
+        });
+        drop(kv);
+        drop(state);
+        if let Some(only) = &query.request.only {
+            let columns = candidates.columns(None);
+            scratch.allowed.clear();
+            scratch
+                .allowed
+                .extend(columns.worker_id.iter().zip(columns.dp_rank).map(
+                    |(&worker_id, &dp_rank)| {
+                        u8::from(only.contains(&WorkerId { worker_id, dp_rank }))
+                    },
+                ));
+            if scratch.allowed.iter().all(|&allowed| allowed == 0) {
+                return Err(RouteError::NoWorker(format!(
+                    "model `{}`: none of the endpoints the request may use is an eligible worker",
+                    query.request.model
+                )));
+            }
+            candidates.retain(&scratch.allowed, slot.inputs);
+        }
+        Ok(slot)
+    }
+
+    /// Runs `instance` over the partition's members; if it fails (not merely finding no
+    /// worker) and its config says `on_error: fallback`, runs the built-in policy instead.
+    /// Returns the chosen worker, whether the fallback chose it, and, when `booking` and
+    /// the deciding policy asked for lifecycle notifications, what it was told.
+    fn select_with_fallback(
+        &self,
+        generation: &Generation,
+        instance: &InstanceFactory,
+        query: &Query<'_>,
+        context: &RequestContext,
+        booking: bool,
+        scratch: &mut SelectionScratch,
+    ) -> Result<(WorkerId, bool, Option<Notified>), RouteError> {
+        let mut notified = None;
+        let mut run =
+            |name: &str| -> Result<(Result<WorkerId, SelectError>, Duration), RouteError> {
+                let slot = self.gather(generation, name, query, scratch)?;
+                let stopwatch = Stopwatch::start();
+                let mut selector = slot.selector.lock();
+                let result = selector.select_filled(context, &mut scratch.candidates);
+                let elapsed = stopwatch.elapsed();
+                if let (true, Ok(worker), true) = (booking, &result, selector.policy.notified()) {
+                    // Before the lock is released: the instance hears of this pick before
+                    // it makes its next one.
+                    let outcome = Outcome {
+                        request_id: self.lifecycles.next_id(),
+                        worker: *worker,
+                        to_prefill_complete: None,
+                        to_finish: None,
+                    };
+                    // Failures are counted on the stage and logged; they change nothing.
+                    let _ = selector.notify_selected(context, &outcome);
+                    notified = Some(Notified {
+                        slot: slot.clone(),
+                        outcome,
+                        at: Instant::now(),
+                    });
+                }
+                drop(selector);
+                self.metrics.record_selection(name, elapsed);
+                Ok((result, elapsed))
+            };
+        let fallback_allowed =
+            instance.on_error == OnError::Fallback && instance.name != BUILTIN_DEFAULT;
+        // What the built-in policy's run, as the fallback, answers.
+        let by_default = |result: Result<WorkerId, SelectError>| {
+            result
+                .map(|worker| (worker, true))
+                .map_err(|error| RouteError::PolicyFailed {
+                    instance: BUILTIN_DEFAULT.into(),
+                    error,
+                })
+        };
+        if fallback_allowed && instance.budget.is_some() && self.metrics.is_tripped(&instance.name)
+        {
+            // Tripped for being slow: the built-in policy routes until the cool-down ends.
+            self.metrics.record_fallback(&instance.name);
+            let picked = by_default(run(BUILTIN_DEFAULT)?.0)?;
+            return Ok((picked.0, picked.1, notified));
+        }
+        let (result, elapsed) = run(&instance.name)?;
+        if let Some(budget) = &instance.budget {
+            if self.metrics.record_budget(&instance.name, elapsed, budget) {
+                tracing::warn!(
+                    instance = %instance.name,
+                    budget_ms = budget.limit.as_secs_f64() * 1e3,
+                    cooldown_s = budget.cooldown.as_secs(),
+                    "instance over its call budget too often: tripped"
+                );
+            }
+        }
+        let error = match result {
+            Ok(worker) => return Ok((worker, false, notified)),
+            Err(error) => error,
+        };
+        self.metrics
+            .record_error(&instance.name, error.component().unwrap_or("-"));
+        if error.is_no_worker() {
+            return Err(RouteError::NoWorker(error.to_string()));
+        }
+        tracing::warn!(
+            instance = %instance.name,
+            component = error.component().unwrap_or("-"),
+            %error,
+            "policy failed"
+        );
+        if !fallback_allowed {
+            return Err(RouteError::PolicyFailed {
+                instance: instance.name.clone(),
+                error,
+            });
+        }
+        self.metrics.record_fallback(&instance.name);
+        let picked = by_default(run(BUILTIN_DEFAULT)?.0)?;
+        Ok((picked.0, picked.1, notified))
+    }
+
+    /// Books the request's uncached prefill tokens and its decode blocks on `chosen`.
+    fn reserve(
+        &self,
+        request: &RouteRequest,
+        id: &str,
+        chosen: WorkerId,
+        request_blocks: u64,
+        device_overlap: u32,
+    ) -> Result<(), RouteError> {
+        let block_size = u64::from(self.block_size());
+        let new_blocks = request_blocks.saturating_sub(u64::from(device_overlap));
+        let prefill_tokens = if request.tracks_prefill_tokens {
+            new_blocks * block_size
+        } else {
+            0
+        };
+        let output_blocks = request
+            .expected_output_tokens
+            .unwrap_or(0)
+            .div_ceil(block_size);
+        self.book(|load| load.reserve(id, chosen, prefill_tokens, new_blocks + output_blocks))?;
+        Ok(())
+    }
+
+    /// Renders Prometheus metrics.
+    pub fn render_metrics(&self) -> String {
+        let loads = self.loads();
+        let generation = self.generation();
+        let plugins = generation.startup.registry.plugins();
+        let stages = generation.stages();
+        let processes: Vec<_> = generation
+            .startup
+            .registry
+            .processes()
+            .map(|p| p.snapshot())
+            .collect();
+        self.metrics
+            .render(&stages, &loads, self.kv_blocks(), plugins, &processes)
+    }
+}
+
+/// A value as JSON, to compare config sections.
+fn as_json<T: Serialize>(value: &T) -> serde_json::Value {
+    serde_json::to_value(value).unwrap_or_default()
+}
+
+/// Checks what serde cannot; returns the request id (required to reserve).
+fn validate(request: &RouteRequest, reserve: bool) -> Result<Option<String>, RouteError> {
+    let request_id = match (&request.request_id, reserve) {
+        (Some(id), _) if id.is_empty() => {
+            return Err(RouteError::BadRequest(
+                "`request_id` must not be empty".into(),
+            ))
+        }
+        (None, true) => {
+            return Err(RouteError::BadRequest(
+                "select-and-reserve needs a `request_id`".into(),
+            ))
+        }
+        (id, _) => id.clone(),
+    };
+    if let Some(t) = request.router_temperature {
+        if !t.is_finite() || t < 0.0 {
+            return Err(RouteError::BadRequest(format!(
+                "`router_temperature` must be a finite number >= 0, got {t}"
+            )));
+        }
+    }
+    Ok(request_id)
+}
+
+/// The prompt's size in blocks and its chained block hashes: given hashes are used in
+/// place, token ids are hashed into `scratch`.
+fn prompt_blocks<'a>(
+    request: &'a RouteRequest,
+    block_size: u32,
+    scratch: &'a mut Vec<u64>,
+) -> Result<(u64, &'a [u64]), RouteError> {
+    match (&request.token_ids, &request.block_hashes) {
+        (Some(_), Some(_)) => Err(RouteError::BadRequest(
+            "give `token_ids` or `block_hashes`, not both".into(),
+        )),
+        (None, None) => Err(RouteError::BadRequest(
+            "give the prompt as `token_ids` or `block_hashes`".into(),
+        )),
+        (Some(tokens), None) => {
+            hash_tokens(tokens, block_size, scratch);
+            let blocks = (tokens.len() as u64).div_ceil(u64::from(block_size));
+            Ok((blocks, scratch))
+        }
+        (None, Some(given)) => Ok((given.len() as u64, given)),
+    }
+}
+
+/// The request context components see.
+fn request_context(request: &RouteRequest, block_size: u32, request_blocks: u64) -> RequestContext {
+    let mut context = RequestContext::new(block_size, request_blocks);
+    context.tracks_prefill_tokens = request.tracks_prefill_tokens;
+    context.expected_output_tokens = request.expected_output_tokens;
+    context.priority_jump = request.priority_jump;
+    context.strict_priority = request.strict_priority;
+    context.router_temperature_override = request.router_temperature;
+    context.session = request.session.clone();
+    context
+}
+
+/// The members of the request's partition; an error when it has none.
+fn members_of<'s>(
+    state: &'s State,
+    request: &RouteRequest,
+    partition: &PartitionKey,
+) -> Result<&'s [WorkerId], RouteError> {
+    let members = state.workers.members(partition);
+    match members {
+        members if !members.is_empty() => Ok(members),
+        _ if state.workers.unhealthy_in(partition) > 0 => Err(RouteError::NoWorker(format!(
+            "model `{}`: every {} worker is unhealthy ({} out of the candidates)",
+            request.model,
+            request.worker_type.worker_type().as_str(),
+            state.workers.unhealthy_in(partition)
+        ))),
+        _ if state.workers.has_model(&request.model) => Err(RouteError::NoWorker(format!(
+            "model `{}` has no {} workers",
+            request.model,
+            request.worker_type.worker_type().as_str()
+        ))),
+        _ => Err(RouteError::UnknownModel(request.model.clone())),
+    }
+}
+
+/// What one request asks of the fleet.
+struct Query<'a> {
+    request: &'a RouteRequest,
+    partition: &'a PartitionKey,
+    hashes: &'a [u64],
+    request_blocks: u64,
+}

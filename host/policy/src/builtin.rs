@@ -1,0 +1,532 @@
+//! Built-in components and policies. They implement the same SDK traits a Rust plugin
+//! does and read the same views; only the C boundary is missing.
+//!
+//! The `default` policy's cost (docs/default-policy.md):
+//!
+//! ```text
+//! credit  = device + host_cache_weight * max(0, host - device)
+//!                  + disk_cache_weight * max(0, disk - max(device, host))
+//! prefill = max(0, request_blocks - credit) + active_prefill_tokens / block_size
+//! cost    = prefill_load_scale * prefill + decode_cost_blocks
+//! ```
+//! picked by `builtin.softmax` (temperature 0: the minimum, ties at random).
+
+use std::sync::Arc;
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use serde::Deserialize;
+use switchyard_plugin_sdk::{
+    CandidateCache, Params, Partition, PolicyError, PolicyParts, WorkerCandidate, WorkerCandidates,
+    WorkerFilter, WorkerInputs, WorkerPicker, WorkerScorer, WorkerSelectionContext,
+};
+
+use super::pipeline::{Stage, StageImpl};
+use super::registry::{BuildFn, Registry};
+use switchyard_plugin_host::plugin::ComponentKind;
+
+pub fn register(registry: &mut Registry) {
+    use ComponentKind::*;
+    registry.add_builtin_component(
+        "builtin.min-device-overlap",
+        Filter,
+        WorkerInputs::CACHE,
+        |p, _| {
+            Ok(StageImpl::Filter(Box::new(MinDeviceOverlap::from_params(
+                p,
+            )?)))
+        },
+    );
+    registry.add_builtin_component(
+        "builtin.active-requests",
+        Scorer,
+        WorkerInputs::LOAD,
+        |p, _| {
+            p.reject_unknown_keys(&[])?;
+            Ok(StageImpl::Scorer(Box::new(ActiveRequests)))
+        },
+    );
+    registry.add_builtin_component("builtin.kv-overlap", Scorer, WorkerInputs::CACHE, |p, _| {
+        Ok(StageImpl::Scorer(Box::new(KvOverlap {
+            weights: p.deserialize()?,
+        })))
+    });
+    registry.add_builtin_component(
+        "builtin.default-cost",
+        Scorer,
+        WorkerInputs::CACHE | WorkerInputs::LOAD,
+        |p, _| Ok(StageImpl::Scorer(Box::new(DefaultCost::from_params(p)?))),
+    );
+    registry.add_builtin_component("builtin.lowest-cost", Picker, WorkerInputs::NONE, |p, _| {
+        Ok(StageImpl::Picker(Box::new(LowestCost::from_params(p)?)))
+    });
+    registry.add_builtin_component("builtin.softmax", Picker, WorkerInputs::NONE, |p, _| {
+        Ok(StageImpl::Picker(Box::new(Softmax::from_params(p)?)))
+    });
+    registry.add_builtin_policy("default", default_policy);
+    registry.add_builtin_policy("builtin.least-busy", least_busy_policy);
+}
+
+/// Turns a built-in policy's parts into named stages.
+pub fn stages_of(policy: &str, parts: PolicyParts) -> Vec<(Stage, f64)> {
+    let name = |part: String| -> Arc<str> { Arc::from(format!("{policy}/{part}")) };
+    let mut stages = Vec::new();
+    for (i, filter) in parts.filters.into_iter().enumerate() {
+        let inputs = filter.required_worker_inputs();
+        stages.push((
+            Stage::new(
+                name(format!("filter.{i}")),
+                ComponentKind::Filter,
+                inputs,
+                StageImpl::Filter(filter),
+            ),
+            1.0,
+        ));
+    }
+    for (i, (scorer, weight)) in parts.scorers.into_iter().enumerate() {
+        let inputs = scorer.required_worker_inputs();
+        stages.push((
+            Stage::new(
+                name(format!("scorer.{i}")),
+                ComponentKind::Scorer,
+                inputs,
+                StageImpl::Scorer(scorer),
+            ),
+            weight,
+        ));
+    }
+    let inputs = parts.picker.required_worker_inputs();
+    stages.push((
+        Stage::new(
+            name("picker".into()),
+            ComponentKind::Picker,
+            inputs,
+            StageImpl::Picker(parts.picker),
+        ),
+        1.0,
+    ));
+    stages
+}
+
+fn finite_non_negative(name: &str, value: f64) -> Result<f64, PolicyError> {
+    if value.is_finite() && value >= 0.0 {
+        Ok(value)
+    } else {
+        Err(PolicyError::failed(format!(
+            "`{name}` must be a finite number >= 0, got {value}"
+        )))
+    }
+}
+
+fn rng(seed: Option<u64>) -> SmallRng {
+    seed.map_or_else(SmallRng::from_entropy, SmallRng::seed_from_u64)
+}
+
+/// Keeps workers with at least `min_blocks` device-resident overlap blocks.
+pub struct MinDeviceOverlap {
+    min_blocks: f64,
+}
+
+impl MinDeviceOverlap {
+    fn from_params(params: &Params<'_>) -> Result<Self, PolicyError> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct P {
+            #[serde(default)]
+            min_blocks: f64,
+        }
+        let p: P = params.deserialize()?;
+        Ok(MinDeviceOverlap {
+            min_blocks: finite_non_negative("min_blocks", p.min_blocks)?,
+        })
+    }
+}
+
+impl WorkerFilter for MinDeviceOverlap {
+    fn required_worker_inputs(&self) -> WorkerInputs {
+        WorkerInputs::CACHE
+    }
+    fn keep(
+        &mut self,
+        _: &WorkerSelectionContext<'_>,
+        c: &WorkerCandidate<'_>,
+    ) -> Result<bool, PolicyError> {
+        Ok(f64::from(
+            c.cache()
+                .ok_or("cache input unavailable")?
+                .device_overlap_blocks,
+        ) >= self.min_blocks)
+    }
+    fn keep_batch(
+        &mut self,
+        _: &WorkerSelectionContext<'_>,
+        candidates: &WorkerCandidates<'_>,
+        keep: &mut [bool],
+    ) -> Result<(), PolicyError> {
+        let device = candidates
+            .cache()
+            .ok_or("cache input unavailable")?
+            .device_overlap_blocks;
+        switchyard_plugin_sdk::keep_at_least(device, self.min_blocks, keep);
+        Ok(())
+    }
+}
+
+/// Cost = active requests on the worker.
+pub struct ActiveRequests;
+
+impl WorkerScorer for ActiveRequests {
+    fn required_worker_inputs(&self) -> WorkerInputs {
+        WorkerInputs::LOAD
+    }
+    fn score(
+        &mut self,
+        _: &WorkerSelectionContext<'_>,
+        c: &WorkerCandidate<'_>,
+    ) -> Result<f64, PolicyError> {
+        Ok(f64::from(
+            c.load().ok_or("load input unavailable")?.active_requests,
+        ))
+    }
+    fn score_batch(
+        &mut self,
+        _: &WorkerSelectionContext<'_>,
+        candidates: &WorkerCandidates<'_>,
+        costs: &mut [f64],
+    ) -> Result<(), PolicyError> {
+        let active = candidates
+            .load()
+            .ok_or("load input unavailable")?
+            .active_requests;
+        for (cost, &n) in costs.iter_mut().zip(active) {
+            *cost = f64::from(n);
+        }
+        Ok(())
+    }
+}
+
+/// Weights of the lower cache tiers in the overlap credit.
+#[derive(Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct TierWeights {
+    pub host_cache_weight: f64,
+    pub disk_cache_weight: f64,
+}
+
+impl Default for TierWeights {
+    fn default() -> Self {
+        TierWeights {
+            host_cache_weight: 0.75,
+            disk_cache_weight: 0.25,
+        }
+    }
+}
+
+impl TierWeights {
+    /// Blocks of the prompt credited as cached: the device prefix in full, the host prefix
+    /// beyond it and the disk prefix beyond both at their weights.
+    pub fn credit(&self, cache: &CandidateCache) -> f64 {
+        let device = f64::from(cache.device_overlap_blocks);
+        let host = f64::from(cache.host_overlap_blocks);
+        let disk = f64::from(cache.disk_overlap_blocks);
+        device
+            + self.host_cache_weight * (host - device).max(0.0)
+            + self.disk_cache_weight * (disk - device.max(host)).max(0.0)
+    }
+}
+
+/// Cost = prompt blocks not covered by the (weighted) cached prefix.
+pub struct KvOverlap {
+    weights: TierWeights,
+}
+
+impl WorkerScorer for KvOverlap {
+    fn required_worker_inputs(&self) -> WorkerInputs {
+        WorkerInputs::CACHE
+    }
+    fn score(
+        &mut self,
+        ctx: &WorkerSelectionContext<'_>,
+        c: &WorkerCandidate<'_>,
+    ) -> Result<f64, PolicyError> {
+        let cache = c.cache().ok_or("cache input unavailable")?;
+        Ok((ctx.request_blocks() as f64 - self.weights.credit(&cache)).max(0.0))
+    }
+}
+
+/// The default policy's cost: new prefill work plus queued prefill, against decode load.
+pub struct DefaultCost {
+    weights: TierWeights,
+    prefill_load_scale: f64,
+}
+
+impl DefaultCost {
+    fn from_params(params: &Params<'_>) -> Result<Self, PolicyError> {
+        let p: DefaultParams = params.deserialize()?;
+        p.validate()?;
+        Ok(p.cost())
+    }
+}
+
+impl WorkerScorer for DefaultCost {
+    fn required_worker_inputs(&self) -> WorkerInputs {
+        WorkerInputs::CACHE | WorkerInputs::LOAD
+    }
+    fn score(
+        &mut self,
+        ctx: &WorkerSelectionContext<'_>,
+        c: &WorkerCandidate<'_>,
+    ) -> Result<f64, PolicyError> {
+        let cache = c.cache().ok_or("cache input unavailable")?;
+        let load = c.load().ok_or("load input unavailable")?;
+        Ok(self.cost(
+            ctx,
+            &cache,
+            load.active_prefill_tokens,
+            load.decode_cost_blocks,
+        ))
+    }
+    fn score_batch(
+        &mut self,
+        ctx: &WorkerSelectionContext<'_>,
+        candidates: &WorkerCandidates<'_>,
+        costs: &mut [f64],
+    ) -> Result<(), PolicyError> {
+        let cache = candidates.cache().ok_or("cache input unavailable")?;
+        let load = candidates.load().ok_or("load input unavailable")?;
+        for (row, cost) in costs.iter_mut().enumerate() {
+            let row_cache = CandidateCache {
+                device_overlap_blocks: cache.device_overlap_blocks[row],
+                host_overlap_blocks: cache.host_overlap_blocks[row],
+                disk_overlap_blocks: cache.disk_overlap_blocks[row],
+                shared_beyond_device_blocks: cache.shared_beyond_device_blocks[row],
+            };
+            *cost = self.cost(
+                ctx,
+                &row_cache,
+                load.active_prefill_tokens[row],
+                load.decode_cost_blocks[row],
+            );
+        }
+        Ok(())
+    }
+}
+
+impl DefaultCost {
+    fn cost(
+        &self,
+        ctx: &WorkerSelectionContext<'_>,
+        cache: &CandidateCache,
+        prefill_tokens: u64,
+        decode_blocks: u64,
+    ) -> f64 {
+        let new_blocks = (ctx.request_blocks() as f64 - self.weights.credit(cache)).max(0.0);
+        let queued_blocks = prefill_tokens as f64 / f64::from(ctx.block_size().max(1));
+        self.prefill_load_scale * (new_blocks + queued_blocks) + decode_blocks as f64
+    }
+}
+
+/// Lowest total cost. Ties: uniformly at random (`tie_break: random`, seedable with
+/// `seed`) or the lowest worker id (`tie_break: worker-id`, deterministic).
+pub struct LowestCost {
+    by_worker_id: bool,
+    rng: SmallRng,
+}
+
+impl LowestCost {
+    fn from_params(params: &Params<'_>) -> Result<Self, PolicyError> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields, rename_all = "kebab-case")]
+        enum TieBreak {
+            Random,
+            WorkerId,
+        }
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct P {
+            tie_break: Option<TieBreak>,
+            seed: Option<u64>,
+        }
+        let p: P = params.deserialize()?;
+        Ok(LowestCost {
+            by_worker_id: matches!(p.tie_break, Some(TieBreak::WorkerId)),
+            rng: rng(p.seed),
+        })
+    }
+}
+
+/// The lowest-cost row, ties at random with one pass and no allocation (reservoir of one).
+fn lowest_random(costs: &[f64], rng: &mut SmallRng) -> Option<usize> {
+    let mut best: Option<usize> = None;
+    let mut ties = 0u32;
+    for (row, &cost) in costs.iter().enumerate() {
+        match best {
+            Some(b) if cost > costs[b] => {}
+            Some(b) if cost == costs[b] => {
+                ties += 1;
+                if rng.gen_range(0..ties) == 0 {
+                    best = Some(row);
+                }
+            }
+            _ => {
+                best = Some(row);
+                ties = 1;
+            }
+        }
+    }
+    best
+}
+
+impl WorkerPicker for LowestCost {
+    fn pick(
+        &mut self,
+        _: &WorkerSelectionContext<'_>,
+        c: &WorkerCandidates<'_>,
+    ) -> Result<usize, PolicyError> {
+        let costs = c.costs().ok_or("costs unavailable")?;
+        let row = if self.by_worker_id {
+            c.lowest_cost_row()
+        } else {
+            lowest_random(costs, &mut self.rng)
+        };
+        row.ok_or_else(|| PolicyError::failed("no candidates"))
+    }
+}
+
+/// Samples `p ~ exp(-(c - c_min) / ((c_max - c_min) * T))`; T = 0 picks the minimum
+/// (ties at random). The request's `router_temperature_override` replaces T.
+pub struct Softmax {
+    temperature: f64,
+    rng: SmallRng,
+}
+
+impl Softmax {
+    fn from_params(params: &Params<'_>) -> Result<Self, PolicyError> {
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct P {
+            #[serde(default)]
+            temperature: f64,
+            seed: Option<u64>,
+        }
+        let p: P = params.deserialize()?;
+        Ok(Softmax {
+            temperature: finite_non_negative("temperature", p.temperature)?,
+            rng: rng(p.seed),
+        })
+    }
+}
+
+impl WorkerPicker for Softmax {
+    fn pick(
+        &mut self,
+        ctx: &WorkerSelectionContext<'_>,
+        c: &WorkerCandidates<'_>,
+    ) -> Result<usize, PolicyError> {
+        let costs = c.costs().ok_or("costs unavailable")?;
+        let temperature = ctx
+            .router_temperature_override()
+            .unwrap_or(self.temperature);
+        let (min, max) = costs
+            .iter()
+            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| {
+                (lo.min(x), hi.max(x))
+            });
+        if temperature <= 0.0 || max <= min {
+            return lowest_random(costs, &mut self.rng)
+                .ok_or_else(|| PolicyError::failed("no candidates"));
+        }
+        let scale = (max - min) * temperature;
+        let weight = |cost: f64| (-(cost - min) / scale).exp();
+        let sum: f64 = costs.iter().map(|&x| weight(x)).sum();
+        let mut draw = self.rng.gen::<f64>() * sum;
+        for (row, &cost) in costs.iter().enumerate() {
+            draw -= weight(cost);
+            if draw <= 0.0 {
+                return Ok(row);
+            }
+        }
+        Ok(costs.len() - 1)
+    }
+}
+
+/// Parameters of the `default` policy; every knob has a default.
+#[derive(Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct DefaultParams {
+    pub host_cache_weight: f64,
+    pub disk_cache_weight: f64,
+    pub prefill_load_scale: f64,
+    pub temperature: f64,
+    pub seed: Option<u64>,
+}
+
+impl Default for DefaultParams {
+    fn default() -> Self {
+        let tiers = TierWeights::default();
+        DefaultParams {
+            host_cache_weight: tiers.host_cache_weight,
+            disk_cache_weight: tiers.disk_cache_weight,
+            prefill_load_scale: 1.0,
+            temperature: 0.0,
+            seed: None,
+        }
+    }
+}
+
+impl DefaultParams {
+    fn validate(&self) -> Result<(), PolicyError> {
+        finite_non_negative("host_cache_weight", self.host_cache_weight)?;
+        finite_non_negative("disk_cache_weight", self.disk_cache_weight)?;
+        finite_non_negative("prefill_load_scale", self.prefill_load_scale)?;
+        finite_non_negative("temperature", self.temperature)?;
+        Ok(())
+    }
+    fn cost(&self) -> DefaultCost {
+        DefaultCost {
+            weights: TierWeights {
+                host_cache_weight: self.host_cache_weight,
+                disk_cache_weight: self.disk_cache_weight,
+            },
+            prefill_load_scale: self.prefill_load_scale,
+        }
+    }
+}
+
+fn default_policy(params: &Params<'_>) -> Result<Box<BuildFn>, PolicyError> {
+    let p: DefaultParams = params.deserialize()?;
+    p.validate()?;
+    Ok(Box::new(move |_: &Partition<'_>| {
+        Ok(PolicyParts::new(
+            vec![],
+            vec![Box::new(p.cost())],
+            Box::new(Softmax {
+                temperature: p.temperature,
+                rng: rng(p.seed),
+            }),
+        ))
+    }))
+}
+
+/// The reference's `least-busy`, compiled in: the baseline the plugin versions are
+/// compared with (decisions in tests, speed in benches).
+fn least_busy_policy(params: &Params<'_>) -> Result<Box<BuildFn>, PolicyError> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct P {
+        #[serde(default)]
+        min_device_overlap_blocks: f64,
+    }
+    let p: P = params.deserialize()?;
+    let min_blocks = finite_non_negative("min_device_overlap_blocks", p.min_device_overlap_blocks)?;
+    Ok(Box::new(move |_: &Partition<'_>| {
+        Ok(PolicyParts::new(
+            vec![Box::new(MinDeviceOverlap { min_blocks })],
+            vec![Box::new(ActiveRequests)],
+            Box::new(LowestCost {
+                by_worker_id: true,
+                rng: rng(Some(0)),
+            }),
+        ))
+    }))
+}

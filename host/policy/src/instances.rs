@@ -1,0 +1,74 @@
+//! Configured policy instances: a policy type with validated parameters, or a composition
+//! of component types. Each builds one `Policy` per partition.
+
+use std::sync::Arc;
+
+use super::error::BuildError;
+use super::pipeline::Policy;
+use super::registry::{ComponentType, PolicyFactory};
+use switchyard_config::OnError;
+use switchyard_plugin_host::plugin::{OwnedParams, PartitionKey};
+
+/// One component of a composition, with its parameters.
+pub struct ComponentUse {
+    pub component: Arc<ComponentType>,
+    pub params: OwnedParams,
+    pub weight: f64,
+}
+
+pub enum InstanceKind {
+    Policy {
+        policy_type: String,
+        factory: PolicyFactory,
+    },
+    Composition {
+        components: Vec<ComponentUse>,
+    },
+}
+
+/// A per-instance time budget for selections (`call_budget_ms`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CallBudget {
+    pub limit: std::time::Duration,
+    /// Consecutive over-budget selections that trip the instance.
+    pub trip_after: u32,
+    pub cooldown: std::time::Duration,
+}
+
+/// A configured instance: what `worker_selection.instances[]` names.
+pub struct InstanceFactory {
+    pub name: String,
+    pub on_error: OnError,
+    pub kind: InstanceKind,
+    pub budget: Option<CallBudget>,
+}
+
+impl InstanceFactory {
+    /// Builds this instance's policy for `partition`.
+    pub fn build(&self, partition: &PartitionKey) -> Result<Policy, BuildError> {
+        let stages = match &self.kind {
+            InstanceKind::Policy { factory, .. } => factory.build(partition)?,
+            InstanceKind::Composition { components } => components
+                .iter()
+                .map(|c| {
+                    c.component
+                        .create(&c.params, partition)
+                        .map(|stage| (stage, c.weight))
+                })
+                .collect::<Result<_, _>>()?,
+        };
+        Policy::new(stages)
+    }
+
+    /// A one-line description for summaries.
+    pub fn describe(&self) -> String {
+        match &self.kind {
+            InstanceKind::Policy { policy_type, .. } => format!("policy type `{policy_type}`"),
+            InstanceKind::Composition { components } => components
+                .iter()
+                .map(|c| format!("{} {}", c.component.kind.as_str(), c.component.name))
+                .collect::<Vec<_>>()
+                .join(" -> "),
+        }
+    }
+}

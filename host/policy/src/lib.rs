@@ -1,0 +1,22 @@
+//! Policies: the registry of component and policy types, the built-in ones, configured
+//! instances, and the filter -> score -> pick pipeline they run. Plugin code is reached
+//! only through the [`switchyard_plugin_host::plugin`] boundary.
+
+pub mod builtin;
+pub mod candidates;
+pub mod compaction;
+pub mod error;
+pub mod histogram;
+pub mod instances;
+pub mod pipeline;
+pub mod registry;
+mod request_columns;
+pub mod startup;
+
+pub use candidates::{CandidateRow, Candidates, KeptColumns};
+pub use error::{BuildError, Refusal};
+pub use instances::{CallBudget, ComponentUse, InstanceFactory, InstanceKind};
+pub use pipeline::{
+    Policy, RawOutput, SelectError, SelectTrace, Selector, Stage, StageImpl, StageStats,
+};
+pub use registry::{ComponentType, Origin, PolicyFactory, PolicyType, Registry};

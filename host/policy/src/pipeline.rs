@@ -1,0 +1,732 @@
+//! The filter -> score -> pick pipeline of one policy instance.
+//!
+//! One crossing per component per request, over all candidates at once; the candidate
+//! arrays, masks and cost vectors are buffers owned by the instance and reused, so the
+//! per-request path allocates nothing once the buffers have grown to the fleet size.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+use switchyard_plugin_sdk::{
+    PolicyError, Status, WorkerFilter, WorkerId, WorkerInputs, WorkerPicker, WorkerScorer,
+};
+
+use super::candidates::{CandidateRow, Candidates, KeptColumns};
+use super::error::BuildError;
+use super::histogram::{LatencyHistogram, Stopwatch};
+use switchyard_plugin_host::isolation::{share_channels, RemoteInstance};
+use switchyard_plugin_host::plugin::{
+    builtin_filter, builtin_pick, builtin_score, AbiRequest, CallError, Columns, ComponentInstance,
+    ComponentKind, ErrorBuffer, Labels, Lifecycle, Outcome, RequestContext,
+};
+
+/// How a stage runs: a built-in trait object, called directly, or a plugin instance,
+/// called through the C ABI.
+pub enum StageImpl {
+    Filter(Box<dyn WorkerFilter>),
+    Scorer(Box<dyn WorkerScorer>),
+    Picker(Box<dyn WorkerPicker>),
+    Plugin(ComponentInstance),
+    /// A plugin instance in an isolated process, called through shared memory.
+    Isolated(RemoteInstance),
+}
+
+/// Per-stage counters. Only the thread running the stage writes them (its selector's
+/// lock orders the writers), so plain loads and stores suffice, no atomic
+/// read-modify-write on the request path; metrics read them without taking that lock, so
+/// a slow component never delays `/metrics`.
+#[derive(Default, Debug)]
+pub struct StageStats {
+    /// Call latency; its count is the number of calls.
+    pub latency: LatencyHistogram,
+    errors: AtomicU64,
+    /// The component panicked or threw: its instance refuses every later call.
+    poisoned: AtomicBool,
+}
+
+impl StageStats {
+    fn add(counter: &AtomicU64, n: u64) {
+        counter.store(
+            counter.load(Ordering::Relaxed).wrapping_add(n),
+            Ordering::Relaxed,
+        );
+    }
+    pub fn calls(&self) -> u64 {
+        self.latency.count()
+    }
+    pub fn errors(&self) -> u64 {
+        self.errors.load(Ordering::Relaxed)
+    }
+    pub fn poisoned(&self) -> bool {
+        self.poisoned.load(Ordering::Relaxed)
+    }
+}
+
+/// One component instance in a policy.
+pub struct Stage {
+    pub name: Arc<str>,
+    pub kind: ComponentKind,
+    pub inputs: WorkerInputs,
+    imp: StageImpl,
+    pub stats: Arc<StageStats>,
+}
+
+impl Stage {
+    pub fn new(name: Arc<str>, kind: ComponentKind, inputs: WorkerInputs, imp: StageImpl) -> Self {
+        Stage {
+            name,
+            kind,
+            inputs,
+            imp,
+            stats: Arc::default(),
+        }
+    }
+
+    fn filter(
+        &mut self,
+        request: &AbiRequest<'_>,
+        columns: &Columns<'_>,
+        keep: &mut [u8],
+        error: &mut ErrorBuffer,
+    ) -> Result<(), CallError> {
+        let inputs = self.inputs;
+        match &mut self.imp {
+            StageImpl::Filter(filter) => {
+                builtin_filter(filter.as_mut(), request, columns, inputs, keep)
+                    .map_err(builtin_failure)
+            }
+            StageImpl::Plugin(p) => p.filter(request, columns, keep, error),
+            StageImpl::Isolated(p) if p.kind() == ComponentKind::Filter => {
+                p.filter(request, columns, keep)
+            }
+            _ => Err(wrong_kind(ComponentKind::Filter)),
+        }
+    }
+
+    fn score(
+        &mut self,
+        request: &AbiRequest<'_>,
+        columns: &Columns<'_>,
+        costs: &mut [f64],
+        error: &mut ErrorBuffer,
+    ) -> Result<(), CallError> {
+        let inputs = self.inputs;
+        match &mut self.imp {
+            StageImpl::Scorer(scorer) => {
+                builtin_score(scorer.as_mut(), request, columns, inputs, costs)
+                    .map_err(builtin_failure)
+            }
+            StageImpl::Plugin(p) => p.score(request, columns, costs, error),
+            StageImpl::Isolated(p) if p.kind() == ComponentKind::Scorer => {
+                p.score(request, columns, costs)
+            }
+            _ => Err(wrong_kind(ComponentKind::Scorer)),
+        }
+    }
+
+    fn pick(
+        &mut self,
+        request: &AbiRequest<'_>,
+        columns: &Columns<'_>,
+        error: &mut ErrorBuffer,
+    ) -> Result<usize, CallError> {
+        let inputs = self.inputs;
+        match &mut self.imp {
+            StageImpl::Picker(picker) => {
+                builtin_pick(picker.as_mut(), request, columns, inputs).map_err(builtin_failure)
+            }
+            StageImpl::Plugin(p) => p.pick(request, columns, error),
+            StageImpl::Isolated(p) if p.kind() == ComponentKind::Picker => p.pick(request, columns),
+            _ => Err(wrong_kind(ComponentKind::Picker)),
+        }
+    }
+
+    /// Whether this stage wants lifecycle notifications (plugin components that set them).
+    pub fn notified(&self) -> bool {
+        match &self.imp {
+            StageImpl::Plugin(instance) => instance.notified(),
+            StageImpl::Isolated(instance) => instance.notified(),
+            _ => false,
+        }
+    }
+
+    /// Delivers one lifecycle notification if the component asked for it; a failure is
+    /// counted on the stage (and poisons it on a panic).
+    pub fn notify(
+        &mut self,
+        event: Lifecycle,
+        request: Option<&AbiRequest<'_>>,
+        outcome: &Outcome,
+        error: &mut ErrorBuffer,
+    ) -> Result<(), CallError> {
+        if !self.notified() {
+            return Ok(());
+        }
+        let result = match &mut self.imp {
+            StageImpl::Plugin(instance) => instance.notify(event, request, outcome, error),
+            StageImpl::Isolated(instance) => instance.notify(event, request, outcome),
+            _ => Ok(()),
+        };
+        result.inspect_err(|failure| {
+            StageStats::add(&self.stats.errors, 1);
+            if matches!(failure.status, Status::Panic | Status::Poisoned) {
+                self.stats.poisoned.store(true, Ordering::Relaxed);
+            }
+        })
+    }
+
+    fn kind_matches(&self) -> bool {
+        match &self.imp {
+            StageImpl::Plugin(instance) => instance.kind() == self.kind,
+            StageImpl::Isolated(instance) => instance.kind() == self.kind,
+            _ => matches!(
+                (&self.imp, self.kind),
+                (StageImpl::Filter(_), ComponentKind::Filter)
+                    | (StageImpl::Scorer(_), ComponentKind::Scorer)
+                    | (StageImpl::Picker(_), ComponentKind::Picker)
+            ),
+        }
+    }
+}
+
+fn builtin_failure(e: PolicyError) -> CallError {
+    CallError::new(Status::Error, e.to_string())
+}
+
+fn wrong_kind(called_as: ComponentKind) -> CallError {
+    called_as.wrongly_called("built-in component of another kind")
+}
+
+/// Each worker's cost from one scorer.
+pub type WorkerCosts = Vec<(WorkerId, f64)>;
+
+/// What each stage of one selection did (`switchyard select --explain`).
+#[derive(Debug, Default)]
+pub struct SelectTrace {
+    /// Per filter, in order: its name and the workers it dropped.
+    pub filters: Vec<(Arc<str>, Vec<WorkerId>)>,
+    /// Per scorer, in order: its name, weight, and each remaining worker's cost.
+    pub scorers: Vec<(Arc<str>, f64, WorkerCosts)>,
+    pub picker: Option<Arc<str>>,
+}
+
+/// What one component call wrote, unchecked (`plugin test` judges it).
+#[derive(Clone, Debug, PartialEq)]
+pub enum RawOutput {
+    Keep(Vec<u8>),
+    Costs(Vec<f64>),
+    Row(usize),
+}
+
+impl Stage {
+    /// Calls this component once over `candidates`, outside any pipeline: a filter's mask
+    /// (every byte 1 before the call), a scorer's costs (NaN before the call), a picker's
+    /// row over `costs`. Nothing is checked or compacted: conformance runs read what the
+    /// component wrote.
+    pub fn call_once(
+        &mut self,
+        request: &RequestContext,
+        candidates: &Candidates,
+        costs: &[f64],
+    ) -> Result<RawOutput, CallError> {
+        let mut error = ErrorBuffer::new();
+        request.with_abi(|raw| match self.kind {
+            ComponentKind::Filter => {
+                let mut keep = vec![1u8; candidates.len()];
+                let columns = candidates.columns(None);
+                self.filter(raw, &columns, &mut keep, &mut error)
+                    .map(|()| RawOutput::Keep(keep))
+            }
+            ComponentKind::Scorer => {
+                let mut out = vec![f64::NAN; candidates.len()];
+                let columns = candidates.columns(None);
+                self.score(raw, &columns, &mut out, &mut error)
+                    .map(|()| RawOutput::Costs(out))
+            }
+            ComponentKind::Picker => {
+                let columns = candidates.columns(Some(costs));
+                self.pick(raw, &columns, &mut error).map(RawOutput::Row)
+            }
+        })
+    }
+}
+
+/// Why a selection failed. Every variant names the component at fault, if any.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum SelectError {
+    #[error("no eligible worker in the partition")]
+    NoCandidates,
+    #[error("filter `{component}` rejected every worker")]
+    AllFiltered { component: Arc<str> },
+    #[error("{kind} `{component}` failed ({}): {message}", status.name())]
+    ComponentFailed {
+        component: Arc<str>,
+        kind: &'static str,
+        status: Status,
+        message: String,
+    },
+    #[error("scorer `{component}` gave a non-finite {what} {value} for worker {} (dp_rank {}); scorers must return finite costs", worker.worker_id, worker.dp_rank)]
+    NonFiniteCost {
+        component: Arc<str>,
+        what: &'static str,
+        value: f64,
+        worker: WorkerId,
+    },
+    #[error("picker `{component}` returned row {row}, but there are {count} candidates")]
+    RowOutOfRange {
+        component: Arc<str>,
+        row: usize,
+        count: usize,
+    },
+}
+
+impl SelectError {
+    /// The component at fault, if a component is.
+    pub fn component(&self) -> Option<&str> {
+        match self {
+            SelectError::NoCandidates => None,
+            SelectError::AllFiltered { component }
+            | SelectError::ComponentFailed { component, .. }
+            | SelectError::NonFiniteCost { component, .. }
+            | SelectError::RowOutOfRange { component, .. } => Some(component),
+        }
+    }
+    /// True when the request simply had nowhere to go (not a plugin fault).
+    pub fn is_no_worker(&self) -> bool {
+        matches!(
+            self,
+            SelectError::NoCandidates | SelectError::AllFiltered { .. }
+        )
+    }
+}
+
+/// One policy instance: its stages and the buffers they reuse.
+pub struct Policy {
+    filters: Vec<Stage>,
+    /// Per filter: the groups some later stage reads (what compaction must keep).
+    needed_after: Vec<WorkerInputs>,
+    scorers: Vec<(Stage, f64)>,
+    picker: Stage,
+    inputs: WorkerInputs,
+    /// Some stage wants lifecycle notifications.
+    notified: bool,
+    keep: Vec<u8>,
+    contribution: Vec<f64>,
+    total: Vec<f64>,
+    error: ErrorBuffer,
+}
+
+impl Policy {
+    /// Assembles a policy from stages: filters and scorers in order, exactly one picker.
+    pub fn new(stages: Vec<(Stage, f64)>) -> Result<Self, BuildError> {
+        let mut filters = Vec::new();
+        let mut scorers = Vec::new();
+        let mut pickers = Vec::new();
+        for (stage, weight) in stages {
+            if !stage.kind_matches() {
+                return Err(BuildError::WrongKind {
+                    component: stage.name.to_string(),
+                    expected: stage.kind.as_str(),
+                });
+            }
+            match stage.kind {
+                ComponentKind::Filter => filters.push(stage),
+                ComponentKind::Scorer if !weight.is_finite() => {
+                    return Err(BuildError::NonFiniteWeight {
+                        component: stage.name.to_string(),
+                        weight,
+                    })
+                }
+                ComponentKind::Scorer => scorers.push((stage, weight)),
+                ComponentKind::Picker => pickers.push(stage),
+            }
+        }
+        if pickers.len() != 1 {
+            return Err(BuildError::PickerCount {
+                found: pickers.len(),
+            });
+        }
+        let mut picker = pickers.remove(0);
+        share_channels(
+            filters
+                .iter_mut()
+                .chain(scorers.iter_mut().map(|(s, _)| s))
+                .chain(std::iter::once(&mut picker))
+                .filter_map(|stage| match &mut stage.imp {
+                    StageImpl::Isolated(instance) => Some(instance),
+                    _ => None,
+                }),
+        );
+        let inputs = filters
+            .iter()
+            .chain(scorers.iter().map(|(s, _)| s))
+            .chain(std::iter::once(&picker))
+            .fold(WorkerInputs::NONE, |acc, s| acc | s.inputs);
+        let later = |from: usize| {
+            filters[from..]
+                .iter()
+                .chain(scorers.iter().map(|(s, _)| s))
+                .chain(std::iter::once(&picker))
+                .fold(WorkerInputs::NONE, |acc, s| acc | s.inputs)
+        };
+        let needed_after = (0..filters.len()).map(|i| later(i + 1)).collect();
+        let notified = filters
+            .iter()
+            .chain(scorers.iter().map(|(s, _)| s))
+            .chain(std::iter::once(&picker))
+            .any(Stage::notified);
+        Ok(Policy {
+            filters,
+            needed_after,
+            scorers,
+            picker,
+            inputs,
+            notified,
+            keep: Vec::new(),
+            contribution: Vec::new(),
+            total: Vec::new(),
+            error: ErrorBuffer::new(),
+        })
+    }
+
+    /// The union of the groups its components read: what the router must compute.
+    pub fn inputs(&self) -> WorkerInputs {
+        self.inputs
+    }
+
+    /// Whether some component wants lifecycle notifications; when not, the router tracks
+    /// nothing for this policy's requests.
+    pub fn notified(&self) -> bool {
+        self.notified
+    }
+
+    /// Delivers `event` to every component that asked for it, in pipeline order. A failure
+    /// is counted on the stage and logged; it changes no decision. Returns the failures
+    /// (`plugin test` reports them; empty allocates nothing).
+    pub fn notify(
+        &mut self,
+        event: Lifecycle,
+        request: Option<&AbiRequest<'_>>,
+        outcome: &Outcome,
+    ) -> Vec<(Arc<str>, CallError)> {
+        let mut failures = Vec::new();
+        if !self.notified {
+            return failures;
+        }
+        let error = &mut self.error;
+        let stages = self
+            .filters
+            .iter_mut()
+            .chain(self.scorers.iter_mut().map(|(s, _)| s))
+            .chain(std::iter::once(&mut self.picker));
+        for stage in stages {
+            if let Err(failure) = stage.notify(event, request, outcome, error) {
+                tracing::warn!(
+                    component = %stage.name,
+                    callback = event.callback(),
+                    status = failure.status.name(),
+                    message = %failure.message,
+                    "a lifecycle notification failed"
+                );
+                failures.push((stage.name.clone(), failure));
+            }
+        }
+        failures
+    }
+
+    /// Every stage, in pipeline order.
+    pub fn stages(&self) -> impl Iterator<Item = &Stage> {
+        self.filters
+            .iter()
+            .chain(self.scorers.iter().map(|(s, _)| s))
+            .chain(std::iter::once(&self.picker))
+    }
+
+    /// Scorers with their weights.
+    pub fn weights(&self) -> impl Iterator<Item = (&str, f64)> {
+        self.scorers.iter().map(|(s, w)| (&*s.name, *w))
+    }
+
+    /// Runs filters, scorers and the picker over `candidates` (compacted in place by the
+    /// filters). Returns the chosen row of the compacted set. With `trace`, what each
+    /// stage did is recorded there (`select --explain`); without, nothing is allocated.
+    pub fn select(
+        &mut self,
+        request: &AbiRequest<'_>,
+        candidates: &mut Candidates,
+        mut trace: Option<&mut SelectTrace>,
+    ) -> Result<usize, SelectError> {
+        if candidates.is_empty() {
+            return Err(SelectError::NoCandidates);
+        }
+        for (filter, &still_needed) in self.filters.iter_mut().zip(&self.needed_after) {
+            // Sized only: the boundary sets every byte to 1 before the filter runs.
+            self.keep.resize(candidates.len(), 1);
+            let columns = candidates.columns(None);
+            timed(filter, |stage| {
+                stage.filter(request, &columns, &mut self.keep, &mut self.error)
+            })
+            .map_err(|f| failed(filter, f))?;
+            if let Some(trace) = trace.as_deref_mut() {
+                let dropped = (0..candidates.len())
+                    .filter(|&row| self.keep[row] == 0)
+                    .map(|row| candidates.worker(row))
+                    .collect();
+                trace.filters.push((filter.name.clone(), dropped));
+            }
+            // A byte search (vectorized), not a per-byte loop.
+            if !self.keep.contains(&0) {
+                continue;
+            }
+            candidates.retain(&self.keep, still_needed);
+            if candidates.is_empty() {
+                return Err(SelectError::AllFiltered {
+                    component: filter.name.clone(),
+                });
+            }
+        }
+        let count = candidates.len();
+        // The first scorer, at weight 1, writes the totals themselves: its sum with the
+        // zero totals is the cost itself (but -0.0 becomes 0.0), computed in place, so no
+        // second buffer is filled and read.
+        let first_in_place = self
+            .scorers
+            .first()
+            .is_some_and(|(_, weight)| *weight == 1.0);
+        self.total.clear();
+        if !first_in_place {
+            self.total.resize(count, 0.0);
+        }
+        for (index, (scorer, weight)) in self.scorers.iter_mut().enumerate() {
+            let in_place = index == 0 && first_in_place;
+            let costs = match in_place {
+                true => &mut self.total,
+                false => &mut self.contribution,
+            };
+            costs.clear();
+            costs.resize(count, f64::NAN);
+            let columns = candidates.columns(None);
+            timed(scorer, |stage| {
+                stage.score(request, &columns, costs, &mut self.error)
+            })
+            .map_err(|f| failed(scorer, f))?;
+            if let Some(trace) = trace.as_deref_mut() {
+                let costs = (0..count)
+                    .map(|row| (candidates.worker(row), costs[row]))
+                    .collect();
+                trace.scorers.push((scorer.name.clone(), *weight, costs));
+            }
+            // Every row is added and checked without a branch (vectorized); the first bad
+            // row is looked for only when there is one.
+            let mut all_finite = true;
+            if in_place {
+                for total in &mut self.total {
+                    *total += 0.0;
+                    all_finite &= finite(*total);
+                }
+            } else {
+                for (total, &cost) in self.total.iter_mut().zip(&self.contribution) {
+                    let sum = *total + *weight * cost;
+                    all_finite &= finite(cost) & finite(sum);
+                    *total = sum;
+                }
+            }
+            if !all_finite {
+                let costs = match in_place {
+                    true => &self.total,
+                    false => &self.contribution,
+                };
+                let (row, what, value) = (0..count)
+                    .find_map(|row| {
+                        let (cost, total) = (costs[row], self.total[row]);
+                        if !cost.is_finite() {
+                            Some((row, "cost", cost))
+                        } else {
+                            (!total.is_finite()).then_some((row, "running total", total))
+                        }
+                    })
+                    .unwrap_or((0, "cost", f64::NAN));
+                StageStats::add(&scorer.stats.errors, 1);
+                return Err(SelectError::NonFiniteCost {
+                    component: scorer.name.clone(),
+                    what,
+                    value,
+                    worker: candidates.worker(row),
+                });
+            }
+        }
+        if let Some(trace) = trace {
+            trace.picker = Some(self.picker.name.clone());
+        }
+        let columns = candidates.columns(Some(&self.total));
+        let row = timed(&mut self.picker, |stage| {
+            stage.pick(request, &columns, &mut self.error)
+        })
+        .map_err(|f| failed(&mut self.picker, f))?;
+        if row >= count {
+            StageStats::add(&self.picker.stats.errors, 1);
+            return Err(SelectError::RowOutOfRange {
+                component: self.picker.name.clone(),
+                row,
+                count,
+            });
+        }
+        Ok(row)
+    }
+
+    /// Total cost per row of the last selection (after filtering).
+    pub fn last_costs(&self) -> &[f64] {
+        &self.total
+    }
+}
+
+/// `x.is_finite()` in two vector instructions rather than four: x - x is 0 for every
+/// finite x and NaN for infinities and NaN.
+#[inline]
+#[allow(clippy::eq_op)] // x - x is the test itself
+fn finite(x: f64) -> bool {
+    x - x == 0.0
+}
+
+fn timed<T>(
+    stage: &mut Stage,
+    call: impl FnOnce(&mut Stage) -> Result<T, CallError>,
+) -> Result<T, CallError> {
+    let stopwatch = Stopwatch::start();
+    let result = call(stage);
+    stage
+        .stats
+        .latency
+        .record_exclusive(stopwatch.elapsed_nanos());
+    result
+}
+
+fn failed(stage: &mut Stage, failure: CallError) -> SelectError {
+    StageStats::add(&stage.stats.errors, 1);
+    if matches!(failure.status, Status::Panic | Status::Poisoned) {
+        stage.stats.poisoned.store(true, Ordering::Relaxed);
+    }
+    SelectError::ComponentFailed {
+        component: stage.name.clone(),
+        kind: stage.kind.as_str(),
+        status: failure.status,
+        message: failure.message,
+    }
+}
+
+/// A policy with its candidate buffers: what one partition holds, and the unit of
+/// selection for the router, `switchyard select` and tests.
+pub struct Selector {
+    pub policy: Policy,
+    candidates: Candidates,
+}
+
+impl Selector {
+    pub fn new(policy: Policy) -> Self {
+        Selector {
+            policy,
+            candidates: Candidates::default(),
+        }
+    }
+
+    /// The groups the router must compute for this policy.
+    pub fn inputs(&self) -> WorkerInputs {
+        self.policy.inputs()
+    }
+
+    /// Runs the pipeline over candidates the caller filled for this policy's inputs
+    /// (compacted in place by filters); returns the chosen worker.
+    pub fn select_filled(
+        &mut self,
+        request: &RequestContext,
+        candidates: &mut Candidates,
+    ) -> Result<WorkerId, SelectError> {
+        let policy = &mut self.policy;
+        request
+            .with_abi(|raw| policy.select(raw, candidates, None))
+            .map(|row| candidates.worker(row))
+    }
+
+    /// Runs the pipeline over `kept` (lent for this call, not copied) and the request's
+    /// cache overlaps, written by `overlaps` as `Candidates::fill_request` says: the
+    /// router's per-request path, for benchmarks and tests.
+    pub fn select_lent(
+        &mut self,
+        request: &RequestContext,
+        kept: &Arc<KeptColumns>,
+        overlaps: impl FnOnce([&mut [u32]; 3]) -> u32,
+    ) -> Result<WorkerId, SelectError> {
+        self.candidates.lend(self.policy.inputs(), kept.clone());
+        self.candidates
+            .fill_request(request.request_blocks, overlaps);
+        let (policy, candidates) = (&mut self.policy, &mut self.candidates);
+        let result = request
+            .with_abi(|raw| policy.select(raw, candidates, None))
+            .map(|row| candidates.worker(row));
+        self.candidates.release();
+        result
+    }
+
+    /// Tells the components that asked (ABI 1.1 `on_selected`) that the request they just
+    /// helped route went to `outcome.worker`.
+    pub fn notify_selected(
+        &mut self,
+        request: &RequestContext,
+        outcome: &Outcome,
+    ) -> Vec<(Arc<str>, CallError)> {
+        let policy = &mut self.policy;
+        request.with_abi(|raw| policy.notify(Lifecycle::Selected, Some(raw), outcome))
+    }
+
+    /// Like `select_labeled`, recording what each stage did.
+    pub fn explain<I>(
+        &mut self,
+        request: &RequestContext,
+        rows: I,
+        labels: &[Arc<Labels>],
+    ) -> (Result<WorkerId, SelectError>, SelectTrace)
+    where
+        I: IntoIterator<Item = CandidateRow>,
+        I::IntoIter: ExactSizeIterator,
+    {
+        let mut trace = SelectTrace::default();
+        self.candidates.fill(self.policy.inputs(), rows);
+        self.candidates.fill_labels(labels.iter().cloned());
+        let (policy, candidates) = (&mut self.policy, &mut self.candidates);
+        let result = request
+            .with_abi(|raw| policy.select(raw, candidates, Some(&mut trace)))
+            .map(|row| candidates.worker(row));
+        (result, trace)
+    }
+
+    /// Runs the pipeline over `rows` for `request`; returns the chosen worker.
+    pub fn select<I>(&mut self, request: &RequestContext, rows: I) -> Result<WorkerId, SelectError>
+    where
+        I: IntoIterator<Item = CandidateRow>,
+        I::IntoIter: ExactSizeIterator,
+    {
+        self.select_labeled(request, rows, &[])
+    }
+
+    /// `select` with each row's labels (index-aligned; read only if some component
+    /// declared LABELS).
+    pub fn select_labeled<I>(
+        &mut self,
+        request: &RequestContext,
+        rows: I,
+        labels: &[Arc<Labels>],
+    ) -> Result<WorkerId, SelectError>
+    where
+        I: IntoIterator<Item = CandidateRow>,
+        I::IntoIter: ExactSizeIterator,
+    {
+        self.candidates.fill(self.policy.inputs(), rows);
+        if !labels.is_empty() {
+            self.candidates.fill_labels(labels.iter().cloned());
+        }
+        let (policy, candidates) = (&mut self.policy, &mut self.candidates);
+        request
+            .with_abi(|raw| policy.select(raw, candidates, None))
+            .map(|row| candidates.worker(row))
+    }
+}

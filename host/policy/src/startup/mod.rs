@@ -1,0 +1,437 @@
+//! Startup: from a parsed config to a registry with every plugin loaded and every policy
+//! instance validated and built once per worker type. Collects every error, not just the
+//! first, so `switchyard check` can show them all.
+
+pub mod probe;
+
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use switchyard_plugin_sdk::WorkerType;
+
+use crate::{BuildError, CallBudget, ComponentUse, InstanceFactory, InstanceKind, Registry};
+pub use switchyard_config::BUILTIN_DEFAULT;
+use switchyard_config::{ComponentEntry, ConfigError, ConfigSource, InstanceEntry, OnError};
+use switchyard_plugin_host::plugin::{
+    ComponentKind, LoadError, OwnedParams, PartitionKey, PluginSpec,
+};
+
+/// Environment variable that overrides `worker_selection.default` by instance name.
+pub const POLICY_ENV: &str = "SWITCHYARD_WORKER_SELECTION_POLICY";
+
+/// A place in the config: file, and line when known.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Location {
+    pub config: String,
+    pub line: Option<usize>,
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.line {
+            Some(line) => write!(f, "{}:{line}", self.config),
+            None => f.write_str(&self.config),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartupError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("{at}: {error}")]
+    Plugin { at: Location, error: LoadError },
+    /// An instance names a type nothing registered.
+    #[error(transparent)]
+    UnknownType(ConfigError),
+    /// Instances not checked because they may use types of plugins that failed to load.
+    #[error("{config}: instance(s) {} not checked: they name types no loaded plugin registers, and a plugin above failed to load; fix that plugin first", instances.join(", "))]
+    NotChecked {
+        config: String,
+        instances: Vec<String>,
+    },
+    /// A policy type refused an instance's parameters.
+    #[error("{at}: instance `{instance}`: invalid parameters for policy type `{policy_type}` from {origin} ({params}): {error}")]
+    InvalidParameters {
+        at: Location,
+        instance: String,
+        policy_type: String,
+        params: String,
+        error: BuildError,
+        /// Where the refusing type comes from: a plugin's name and library, or built-in.
+        origin: String,
+    },
+    /// An instance validated but could not be built for a worker type.
+    #[error("{at}: instance `{instance}` cannot be built for worker type {}: {error}{}", worker_type.as_str(), origin.as_ref().map(|o| format!(" (the type is from {o})")).unwrap_or_default())]
+    Unbuildable {
+        at: Location,
+        instance: String,
+        worker_type: WorkerType,
+        error: BuildError,
+        /// Where the type at fault comes from, when a type is.
+        origin: Option<String>,
+    },
+}
+
+impl StartupError {
+    /// The build error behind an instance failure, if this is one.
+    pub fn build_error(&self) -> Option<&BuildError> {
+        match self {
+            StartupError::InvalidParameters { error, .. }
+            | StartupError::Unbuildable { error, .. } => Some(error),
+            _ => None,
+        }
+    }
+}
+
+/// Where the type a build error names comes from.
+fn origin_of(registry: &Registry, error: &BuildError) -> Option<String> {
+    match error {
+        BuildError::Validate { policy_type, .. } | BuildError::Build { policy_type, .. } => {
+            registry.policy(policy_type).map(|p| p.origin.to_string())
+        }
+        BuildError::Create { component, .. } => {
+            registry.component(component).map(|c| c.origin.to_string())
+        }
+        _ => None,
+    }
+}
+
+impl From<ConfigError> for Box<StartupError> {
+    fn from(error: ConfigError) -> Self {
+        Box::new(StartupError::Config(error))
+    }
+}
+
+/// Everything startup produced.
+pub struct Startup {
+    pub source: ConfigSource,
+    pub registry: Registry,
+    /// The built-in `default` instance first, then the config's, in order.
+    pub instances: Vec<Arc<InstanceFactory>>,
+    pub default_instance: String,
+}
+
+impl Startup {
+    pub fn instance(&self, name: &str) -> Option<&Arc<InstanceFactory>> {
+        self.instances.iter().find(|i| i.name == name)
+    }
+}
+
+/// The whole startup path from a config file (the embedded default when None): read,
+/// probe each plugin in a child process (`probe`), load, check, build. Every error, as the
+/// lines `check` prints.
+pub fn load(config: Option<&Path>, probe: bool) -> Result<Startup, Vec<String>> {
+    let source = match config {
+        Some(path) => ConfigSource::from_file(path),
+        None => ConfigSource::embedded(),
+    }
+    .map_err(|e| vec![e.to_string()])?;
+    if probe {
+        let failures = probe::probe_all(&source);
+        if !failures.is_empty() {
+            return Err(failures.iter().map(ToString::to_string).collect());
+        }
+    }
+    start(source).map_err(|errors| errors.iter().map(ToString::to_string).collect())
+}
+
+pub fn start(source: ConfigSource) -> Result<Startup, Vec<StartupError>> {
+    let mut errors: Vec<StartupError> = Vec::new();
+    let registry = load_plugins(&source, &mut errors);
+    assemble(source, registry, errors)
+}
+
+/// The rest of startup, over a registry with the config's plugins loaded (and the errors
+/// loading them gave): config checks, instances validated and built.
+fn assemble(
+    source: ConfigSource,
+    registry: Registry,
+    mut errors: Vec<StartupError>,
+) -> Result<Startup, Vec<StartupError>> {
+    let (config_errors, sound_entries) = source.validate();
+    errors.extend(config_errors.into_iter().map(StartupError::from));
+
+    let mut instances = Vec::new();
+    match builtin_default(&source, &registry) {
+        Ok(instance) => instances.push(Arc::new(instance)),
+        Err(e) => errors.push(e.into()),
+    }
+    // A plugin that failed to load is the one root error: instances that name its types
+    // are summed up in one line, not reported each as an unknown type.
+    let plugins_failed = errors
+        .iter()
+        .any(|e| matches!(e, StartupError::Plugin { .. }));
+    let mut not_checked = Vec::new();
+    for entry in sound_entries {
+        match configured_instance(&source, &registry, entry) {
+            Ok(instance) => instances.push(Arc::new(instance)),
+            Err(e) if plugins_failed && matches!(*e, StartupError::UnknownType(_)) => {
+                not_checked.push(format!("`{}`", entry.name));
+            }
+            Err(e) => errors.push(*e),
+        }
+    }
+    if !not_checked.is_empty() {
+        errors.push(StartupError::NotChecked {
+            config: source.name.clone(),
+            instances: not_checked,
+        });
+    }
+    let default_instance = default_instance(&source).unwrap_or_else(|(name, e)| {
+        errors.push(e.into());
+        name
+    });
+
+    if errors.is_empty() {
+        Ok(Startup {
+            source,
+            registry,
+            instances,
+            default_instance,
+        })
+    } else {
+        Err(errors)
+    }
+}
+
+/// A registry with the built-ins and every plugin the config lists that loads.
+fn load_plugins(source: &ConfigSource, errors: &mut Vec<StartupError>) -> Registry {
+    let mut registry = Registry::with_builtins();
+    for entry in &source.config.plugins {
+        let spec = PluginSpec {
+            path: source.resolve(&entry.path),
+            sha256: entry.sha256.clone(),
+            revision: entry.revision,
+        };
+        let loaded = match entry.isolation.process_group(&spec.path) {
+            Some(process) => {
+                registry.load_plugin_isolated(&spec, &process, &source.config.isolation)
+            }
+            None => registry.load_plugin(&spec),
+        };
+        if let Err(error) = loaded {
+            let at = Location {
+                config: source.name.clone(),
+                line: source.line_of("path", &entry.path.to_string_lossy(), 0),
+            };
+            errors.push(StartupError::Plugin { at, error });
+        }
+    }
+    registry
+}
+
+/// The built-in `default` instance, tuned by `worker_selection.builtin_default`.
+fn builtin_default(
+    source: &ConfigSource,
+    registry: &Registry,
+) -> Result<InstanceFactory, ConfigError> {
+    let params = OwnedParams::new(source.config.worker_selection.builtin_default.clone());
+    let policy = registry.policy(BUILTIN_DEFAULT).expect("built in");
+    match policy.validate(&params, registry) {
+        Ok(factory) => Ok(InstanceFactory {
+            name: BUILTIN_DEFAULT.to_owned(),
+            on_error: OnError::Fail,
+            kind: InstanceKind::Policy {
+                policy_type: BUILTIN_DEFAULT.to_owned(),
+                factory,
+            },
+            budget: None,
+        }),
+        Err(e) => Err(ConfigError {
+            file: source.name.clone(),
+            line: source
+                .text
+                .lines()
+                .position(|l| l.trim_start().starts_with("builtin_default:"))
+                .map(|i| i + 1),
+            message: format!(
+                "invalid `builtin_default` parameters: {e}. See docs/default-policy.md for the knobs"
+            ),
+        }),
+    }
+}
+
+/// One configured instance, validated and built once for every worker type.
+fn configured_instance(
+    source: &ConfigSource,
+    registry: &Registry,
+    entry: &InstanceEntry,
+) -> Result<InstanceFactory, Box<StartupError>> {
+    let instance = instance(source, registry, entry)?;
+    for worker_type in WorkerType::ALL {
+        if let Err(error) = instance.build(&PartitionKey::new("<startup check>", worker_type)) {
+            return Err(Box::new(StartupError::Unbuildable {
+                at: Location {
+                    config: source.name.clone(),
+                    line: source.instance_line(entry),
+                },
+                instance: entry.name.clone(),
+                worker_type,
+                origin: origin_of(registry, &error),
+                error,
+            }));
+        }
+    }
+    Ok(instance)
+}
+
+/// The instance requests get when they name none: `POLICY_ENV`, else the config's.
+/// On error, the name it would have been, with why it cannot be.
+fn default_instance(source: &ConfigSource) -> Result<String, (String, ConfigError)> {
+    let (name, from_env) = match std::env::var(POLICY_ENV) {
+        Ok(name) if !name.is_empty() => (name, true),
+        _ => (source.config.worker_selection.default.clone(), false),
+    };
+    let names = source.instance_names();
+    if names.contains(&name.as_str()) {
+        return Ok(name);
+    }
+    let message = if from_env {
+        format!(
+            "{POLICY_ENV}={name} names no instance; set it to one of: {}",
+            names.join(", ")
+        )
+    } else {
+        format!(
+            "`worker_selection.default: {name}` names no instance; use one of: {}",
+            names.join(", ")
+        )
+    };
+    let error = source.error_at("default", &name, 0, message);
+    Err((name, error))
+}
+
+fn instance(
+    source: &ConfigSource,
+    registry: &Registry,
+    entry: &InstanceEntry,
+) -> Result<InstanceFactory, Box<StartupError>> {
+    let composed = !entry.filters.is_empty() || !entry.scorers.is_empty() || entry.picker.is_some();
+    let name = &entry.name;
+    let name_line = source.instance_line(entry).unwrap_or(1);
+    let at = |message: String| ConfigError {
+        file: source.name.clone(),
+        line: Some(name_line),
+        message,
+    };
+    let kind = match (&entry.policy_type, composed) {
+        (Some(_), true) => {
+            return Err(at(format!("instance `{name}` has both `type` and `filters`/`scorers`/`picker`; use `type` for a policy type, or compose components, not both")).into())
+        }
+        (None, false) => {
+            return Err(at(format!("instance `{name}` needs `type: <policy type>`, or `scorers` and a `picker`")).into())
+        }
+        (Some(policy_type), false) => {
+            let type_line = source.line_from("type", policy_type, name_line);
+            let at_type = |message: String| ConfigError {
+                file: source.name.clone(),
+                line: type_line,
+                message,
+            };
+            let Some(policy) = registry.policy(policy_type) else {
+                let hint = match registry.component(policy_type) {
+                    Some(c) => format!(" (`{policy_type}` is a {}: list it under `{}s:` of a composed instance)", c.kind.as_str(), c.kind.as_str()),
+                    None => String::new(),
+                };
+                return Err(Box::new(StartupError::UnknownType(at_type(format!(
+                    "instance `{name}`: unknown policy type `{policy_type}`{hint}. Registered policy types: {}. Load the plugin that provides it under `plugins:`",
+                    registry.names_of(None).join(", ")
+                )))));
+            };
+            let params = OwnedParams::new(entry.parameters.clone());
+            let factory = policy.validate(&params, registry).map_err(|error| Box::new(StartupError::InvalidParameters {
+                at: Location {
+                    config: source.name.clone(),
+                    line: type_line,
+                },
+                instance: name.clone(),
+                policy_type: policy_type.clone(),
+                params: params.json().to_owned(),
+                error,
+                origin: policy.origin.to_string(),
+            }))?;
+            InstanceKind::Policy { policy_type: policy_type.clone(), factory }
+        }
+        (None, true) => {
+            let mut components = Vec::new();
+            for (entries, kind) in [(&entry.filters, ComponentKind::Filter), (&entry.scorers, ComponentKind::Scorer)] {
+                for c in entries {
+                    components.push(component(source, registry, (name, name_line), c, kind)?);
+                }
+            }
+            match &entry.picker {
+                Some(picker) => components.push(component(source, registry, (name, name_line), picker, ComponentKind::Picker)?),
+                None => return Err(at(format!("instance `{name}` composes components but has no `picker`; add e.g. `picker: {{type: builtin.lowest-cost}}`")).into()),
+            }
+            InstanceKind::Composition { components }
+        }
+    };
+    let budget = match entry.call_budget_ms {
+        None => None,
+        Some(ms) if ms.is_finite() && ms > 0.0 && entry.trip_after > 0 => Some(CallBudget {
+            limit: Duration::from_secs_f64(ms / 1e3),
+            trip_after: entry.trip_after,
+            cooldown: Duration::from_secs(entry.trip_cooldown_secs),
+        }),
+        Some(ms) => {
+            return Err(at(format!(
+                "instance `{name}`: `call_budget_ms` must be a number > 0 and `trip_after` at least 1, got {ms} and {}",
+                entry.trip_after
+            ))
+            .into())
+        }
+    };
+    Ok(InstanceFactory {
+        name: name.clone(),
+        on_error: entry.on_error,
+        kind,
+        budget,
+    })
+}
+
+/// One component of a composed instance whose `name:` is on line `from`.
+fn component(
+    source: &ConfigSource,
+    registry: &Registry,
+    (instance, from): (&str, usize),
+    entry: &ComponentEntry,
+    expected: ComponentKind,
+) -> Result<ComponentUse, Box<StartupError>> {
+    let type_name = &entry.component_type;
+    let at = |message: String| ConfigError {
+        file: source.name.clone(),
+        line: source.line_from("type", type_name, from),
+        message,
+    };
+    let Some(component) = registry.component(type_name) else {
+        return Err(Box::new(StartupError::UnknownType(at(format!(
+            "instance `{instance}`: unknown {} type `{type_name}`. Registered {}s: {}. Load the plugin that provides it under `plugins:`",
+            expected.as_str(),
+            expected.as_str(),
+            registry.names_of(Some(expected)).join(", ")
+        )))));
+    };
+    if component.kind != expected {
+        return Err(at(format!(
+            "instance `{instance}`: `{type_name}` is a {}, but it is listed as a {}; move it under `{}s:`",
+            component.kind.as_str(),
+            expected.as_str(),
+            component.kind.as_str()
+        ))
+        .into());
+    }
+    let weight = match (entry.weight, expected) {
+        (Some(w), ComponentKind::Scorer) if w.is_finite() => w,
+        (Some(w), ComponentKind::Scorer) => return Err(at(format!("instance `{instance}`: scorer `{type_name}` has weight {w}; weights must be finite numbers")).into()),
+        (Some(_), _) => return Err(at(format!("instance `{instance}`: `weight` applies to scorers only, not to {} `{type_name}`", expected.as_str())).into()),
+        (None, _) => 1.0,
+    };
+    Ok(ComponentUse {
+        component: component.clone(),
+        params: OwnedParams::new(entry.parameters.clone()),
+        weight,
+    })
+}

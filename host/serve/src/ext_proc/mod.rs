@@ -1,0 +1,491 @@
+//! The endpoint picker for Envoy gateways: `envoy.service.ext_proc.v3.ExternalProcessor`
+//! as the Gateway API Inference Extension's endpoint-picker protocol uses it, so that an
+//! Envoy (or a Kubernetes Gateway with an InferencePool) proxies and switchyard decides.
+//!
+//! One gRPC stream per HTTP request, in Envoy's `FULL_DUPLEX_STREAMED` body mode:
+//!
+//! 1. request headers: remembered (path, `x-switchyard-instance`); the answer is held,
+//!    because Envoy picks the upstream host when that answer arrives and the pick needs the
+//!    body. A request without a body gets any eligible endpoint at once.
+//! 2. request body chunks: gathered; at `end_of_stream` the OpenAI body is parsed exactly as
+//!    the frontend parses it (same tokenizers, same block hashes), the instance selects and
+//!    books a worker off the executor, and the held headers answer goes out with the pick
+//!    (header and `envoy.lb` metadata), then the body unchanged.
+//! 3. response headers: if the gateway says another endpoint served (its retries), the
+//!    booking moves there.
+//! 4. response body chunks: passed back as they come; the first completes prefill, the
+//!    last frees. A stream that ends or is reset early frees too (the booking's lease is
+//!    dropped with the stream).
+//!
+//! Candidates are the request model's workers that have an endpoint (`address`, or a
+//! `url` with an IP host), narrowed to the gateway's subset hint when it sends one.
+//! Errors are immediate responses with an OpenAI-style JSON body: 400 for a body that is
+//! not a request, 404 for an unknown model, 413 for a body over `max_body_bytes`, 503
+//! when no endpoint is eligible, 429 when every eligible worker is at
+//! `max_requests_per_worker` (load shedding), 500 when the policy failed and `on_error`
+//! says so.
+
+mod messages;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
+use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
+    ExternalProcessor, ExternalProcessorServer,
+};
+use envoy_types::pb::envoy::service::ext_proc::v3::{
+    processing_request::Request, HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse,
+};
+use rustc_hash::FxHashSet;
+use switchyard_plugin_sdk::WorkerId;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Status, Streaming};
+
+use super::frontend::prompt::{self, Endpoint};
+use super::frontend::{Frontend, Lease, OpenAiError, INSTANCE_HEADER};
+use switchyard_config::ExtProcSettings;
+use switchyard_fleet::router::{RouteError, RouteRequest, Router};
+
+/// The gRPC service name Envoy calls (and the health service reports).
+pub const SERVICE_NAME: &str = "envoy.service.ext_proc.v3.ExternalProcessor";
+
+/// Responses queued per stream before the picker waits for Envoy to read.
+const QUEUE: usize = 16;
+
+/// The endpoint picker over the frontend's router and tokenizers.
+pub struct EndpointPicker {
+    frontend: Arc<Frontend>,
+    max_body_bytes: usize,
+    max_requests_per_worker: Option<u64>,
+    next_request: AtomicU64,
+    id_prefix: String,
+}
+
+impl EndpointPicker {
+    pub fn new(frontend: Arc<Frontend>, settings: &ExtProcSettings) -> Self {
+        EndpointPicker {
+            frontend,
+            max_body_bytes: settings.max_body_bytes,
+            max_requests_per_worker: settings.max_requests_per_worker,
+            next_request: AtomicU64::new(0),
+            id_prefix: format!("epp-{:08x}", rand::random::<u32>()),
+        }
+    }
+}
+
+/// Serves the endpoint picker and gRPC health (`liveness`, `readiness` and the picker's
+/// own service name) on `listen` until the process ends.
+pub async fn serve(picker: EndpointPicker, listen: SocketAddr) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
+        std::io::Error::new(
+            e.kind(),
+            format!("cannot listen on {listen} for ext_proc: {e}; pick another --ext-proc address"),
+        )
+    })?;
+    let address = listener.local_addr()?;
+    let (health, health_service) = tonic_health::server::health_reporter();
+    for service in ["liveness", "readiness", SERVICE_NAME, ""] {
+        health
+            .set_service_status(service, tonic_health::ServingStatus::Serving)
+            .await;
+    }
+    println!("switchyard ext_proc (Envoy endpoint picker) listening on grpc://{address}");
+    tonic::transport::Server::builder()
+        .add_service(health_service)
+        .add_service(ExternalProcessorServer::new(Service(Arc::new(picker))))
+        .serve_with_incoming(accepted(listener))
+        .await
+        .map_err(std::io::Error::other)
+}
+
+/// The listener's accepted connections, each with `TCP_NODELAY` on. tonic ignores its
+/// builder's `tcp_nodelay` for `serve_with_incoming`; without it, every small response
+/// message waits for Envoy's delayed ACK (~40 ms per decision, issue #29).
+fn accepted(
+    listener: tokio::net::TcpListener,
+) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use tokio_stream::StreamExt;
+    tokio_stream::wrappers::TcpListenerStream::new(listener)
+        .map(|accepted| accepted.inspect(crate::http_service::tune_socket))
+}
+
+/// The gRPC service: one `Exchange` task per stream.
+struct Service(Arc<EndpointPicker>);
+
+#[tonic::async_trait]
+impl ExternalProcessor for Service {
+    type ProcessStream = ReceiverStream<Result<ProcessingResponse, Status>>;
+
+    async fn process(
+        &self,
+        request: tonic::Request<Streaming<ProcessingRequest>>,
+    ) -> Result<tonic::Response<Self::ProcessStream>, Status> {
+        let (out, responses) = mpsc::channel(QUEUE);
+        let exchange = Exchange {
+            picker: self.0.clone(),
+            out,
+            endpoint: Endpoint::ChatCompletions,
+            instance: None,
+            subset: None,
+            body: Vec::new(),
+            booked: None,
+        };
+        tokio::spawn(exchange.run(request.into_inner()));
+        Ok(tonic::Response::new(ReceiverStream::new(responses)))
+    }
+}
+
+/// What a request booked: the lease (freed when dropped) and where it went.
+struct Booked {
+    lease: Lease,
+    endpoint: SocketAddr,
+    model: String,
+    prefilled: bool,
+}
+
+/// One HTTP request's stream.
+struct Exchange {
+    picker: Arc<EndpointPicker>,
+    out: mpsc::Sender<Result<ProcessingResponse, Status>>,
+    endpoint: Endpoint,
+    instance: Option<String>,
+    /// The gateway's subset hint, once a message carried it.
+    subset: Option<Vec<String>>,
+    body: Vec<u8>,
+    booked: Option<Booked>,
+}
+
+/// How a message was handled: go on, or the stream is over for the picker.
+enum Next {
+    Continue,
+    Done,
+}
+
+impl Exchange {
+    async fn run(mut self, mut inbound: Streaming<ProcessingRequest>) {
+        loop {
+            let message = match inbound.message().await {
+                Ok(Some(message)) => message,
+                // Envoy half-closed, or reset the stream: whatever was booked is freed
+                // when `self` drops.
+                Ok(None) => return,
+                Err(status) => {
+                    tracing::debug!(%status, "ext_proc: stream ended");
+                    return;
+                }
+            };
+            if let Some(config) = &message.protocol_config {
+                if config.request_body_mode != BodySendMode::FullDuplexStreamed as i32 {
+                    let _ = self.out.send(Err(Status::failed_precondition(format!(
+                        "switchyard's endpoint picker needs the request body before it answers the request headers: set the ext_proc filter's processing_mode.request_body_mode to FULL_DUPLEX_STREAMED (got {})",
+                        BodySendMode::try_from(config.request_body_mode).map_or("an unknown mode".to_owned(), |m| m.as_str_name().to_owned())
+                    )))).await;
+                    return;
+                }
+            }
+            if let Some(subset) = messages::subset(message.metadata_context.as_ref()) {
+                self.subset = Some(subset);
+            }
+            let next = match message.request {
+                Some(Request::RequestHeaders(headers)) => self.request_headers(&headers).await,
+                Some(Request::RequestBody(body)) => self.request_body(body).await,
+                Some(Request::RequestTrailers(_)) => {
+                    self.send(vec![messages::trailers(true)]).await
+                }
+                Some(Request::ResponseHeaders(_)) => {
+                    self.rebook_if_served_elsewhere(message.metadata_context.as_ref());
+                    self.send(vec![messages::response_headers()]).await
+                }
+                Some(Request::ResponseBody(body)) => self.response_body(body).await,
+                Some(Request::ResponseTrailers(_)) => {
+                    self.booked = None;
+                    self.send(vec![messages::trailers(false)]).await
+                }
+                None => Next::Continue,
+            };
+            if let Next::Done = next {
+                return;
+            }
+        }
+    }
+
+    async fn send(&self, responses: Vec<ProcessingResponse>) -> Next {
+        for response in responses {
+            if self.out.send(Ok(response)).await.is_err() {
+                return Next::Done; // Envoy went away
+            }
+        }
+        Next::Continue
+    }
+
+    async fn refuse(&self, error: OpenAiError) -> Next {
+        self.picker
+            .frontend
+            .router()
+            .metrics
+            .record_ext_proc_refusal();
+        let _ = self
+            .out
+            .send(Ok(messages::immediate(
+                error.status().as_u16(),
+                &error.body(),
+            )))
+            .await;
+        Next::Done
+    }
+
+    async fn request_headers(&mut self, headers: &HttpHeaders) -> Next {
+        if let Some(path) = messages::header(headers, ":path") {
+            let path = String::from_utf8_lossy(path);
+            if path.split('?').next() == Some(Endpoint::Completions.path()) {
+                self.endpoint = Endpoint::Completions;
+            }
+        }
+        self.instance = messages::header(headers, INSTANCE_HEADER)
+            .map(|v| String::from_utf8_lossy(v).into_owned());
+        if !headers.end_of_stream {
+            return Next::Continue; // the answer waits for the body
+        }
+        // No body (GET /v1/models and the like): any eligible endpoint, nothing booked.
+        let eligible = self.eligible();
+        if eligible.is_empty() {
+            return self
+                .refuse(no_endpoint(
+                    "the gateway's subset names no endpoint switchyard knows",
+                ))
+                .await;
+        }
+        let endpoint = eligible[rand::random::<u32>() as usize % eligible.len()].1;
+        self.send(vec![messages::pick(&endpoint.to_string())]).await
+    }
+
+    /// Endpoints that may take a request: every worker's, within the subset hint when
+    /// there is one.
+    fn eligible(&self) -> Vec<(WorkerId, SocketAddr)> {
+        eligible(self.picker.frontend.router(), self.subset.as_deref())
+    }
+
+    async fn request_body(&mut self, body: HttpBody) -> Next {
+        if self.body.len() + body.body.len() > self.picker.max_body_bytes {
+            return self
+                .refuse(OpenAiError::new(
+                    axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+                    "invalid_request_error",
+                    format!(
+                        "the request body is over the endpoint picker's limit of {} bytes (ext_proc.max_body_bytes)",
+                        self.picker.max_body_bytes
+                    ),
+                ))
+                .await;
+        }
+        self.body.extend_from_slice(&body.body);
+        if !body.end_of_stream {
+            return Next::Continue;
+        }
+        let started = Instant::now();
+        let picker = self.picker.clone();
+        let (endpoint, instance, subset) =
+            (self.endpoint, self.instance.clone(), self.subset.clone());
+        let request_body = std::mem::take(&mut self.body);
+        // Parsing (tokenizing) and selecting (plugin code) run on the blocking pool.
+        let decided = tokio::task::spawn_blocking(move || {
+            let booked = decide(&picker, endpoint, instance, subset, &request_body);
+            (booked, request_body)
+        })
+        .await;
+        let (booked, request_body) = match decided {
+            Ok(decided) => decided,
+            Err(e) => {
+                return self
+                    .refuse(OpenAiError::new(
+                        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                        "server_error",
+                        format!("the pick did not finish: {e}"),
+                    ))
+                    .await
+            }
+        };
+        match booked {
+            Ok(booked) => {
+                let mut responses = vec![messages::pick(&booked.endpoint.to_string())];
+                responses.extend(messages::body(&request_body, true, true));
+                self.booked = Some(booked);
+                self.picker
+                    .frontend
+                    .router()
+                    .metrics
+                    .record_ext_proc_pick(started.elapsed());
+                self.send(responses).await
+            }
+            Err(error) => self.refuse(error).await,
+        }
+    }
+
+    /// Envoy retried elsewhere: the load belongs to the endpoint that served.
+    fn rebook_if_served_elsewhere(
+        &mut self,
+        metadata: Option<&envoy_types::pb::envoy::config::core::v3::Metadata>,
+    ) {
+        let (Some(booked), Some(served)) = (self.booked.as_mut(), messages::served(metadata))
+        else {
+            return;
+        };
+        let Ok(served) = served.parse::<SocketAddr>() else {
+            tracing::warn!(%served, "ext_proc: the gateway's served endpoint is not ip:port; the booking stays");
+            return;
+        };
+        if served == booked.endpoint {
+            return;
+        }
+        let router = self.picker.frontend.router();
+        let models: HashMap<WorkerId, String> = router
+            .workers()
+            .into_iter()
+            .map(|w| (w.id(), w.model))
+            .collect();
+        let target = router
+            .endpoints()
+            .into_iter()
+            .filter(|(_, endpoint)| *endpoint == served)
+            .map(|(id, _)| id)
+            .find(|id| models.get(id) == Some(&booked.model));
+        match target {
+            Some(worker) => match router.rebook(booked.lease.request_id(), worker) {
+                Ok(()) => {
+                    router.metrics.record_ext_proc_rebook();
+                    booked.endpoint = served;
+                }
+                Err(error) => tracing::warn!(%error, "ext_proc: moving the booking failed"),
+            },
+            None => {
+                tracing::warn!(%served, model = %booked.model, "ext_proc: the gateway served the request on an endpoint that is no worker of its model; the booking stays where it was picked")
+            }
+        }
+    }
+
+    async fn response_body(&mut self, body: HttpBody) -> Next {
+        if let Some(booked) = self.booked.as_mut() {
+            if !booked.prefilled {
+                booked.prefilled = true;
+                booked.lease.prefill_complete();
+            }
+        }
+        if body.end_of_stream {
+            if let Some(mut booked) = self.booked.take() {
+                booked.lease.free();
+            }
+        }
+        self.send(messages::body(&body.body, body.end_of_stream, false))
+            .await
+    }
+}
+
+/// The workers a gateway can send to, within `subset` (`ip:port` strings) when given.
+fn eligible(router: &Router, subset: Option<&[String]>) -> Vec<(WorkerId, SocketAddr)> {
+    let subset: Option<FxHashSet<SocketAddr>> =
+        subset.map(|s| s.iter().filter_map(|e| e.parse().ok()).collect());
+    router
+        .endpoints()
+        .into_iter()
+        .filter(|(_, endpoint)| subset.as_ref().is_none_or(|s| s.contains(endpoint)))
+        .collect()
+}
+
+fn no_endpoint(message: impl Into<String>) -> OpenAiError {
+    OpenAiError::from(RouteError::NoWorker(message.into()))
+}
+
+/// Parses the body and selects and books a worker among the eligible endpoints
+/// (blocking: tokenizers and plugin code run here).
+fn decide(
+    picker: &EndpointPicker,
+    endpoint: Endpoint,
+    instance: Option<String>,
+    subset: Option<Vec<String>>,
+    body: &[u8],
+) -> Result<Booked, OpenAiError> {
+    let frontend = &picker.frontend;
+    let router = frontend.router();
+    let prompt = prompt::parse(endpoint, body, router.block_size(), |model| {
+        frontend.tokenizer(model)
+    })?;
+    let mut eligible = eligible(router, subset.as_deref());
+    if subset.is_some() && eligible.is_empty() {
+        return Err(no_endpoint(
+            "none of the endpoints in the gateway's subset hint is a switchyard worker",
+        ));
+    }
+    if let Some(limit) = picker.max_requests_per_worker {
+        let loads: HashMap<WorkerId, u64> = router
+            .loads()
+            .into_iter()
+            .map(|(id, load)| (id, u64::from(load.active_requests)))
+            .collect();
+        let before = eligible.len();
+        eligible.retain(|(id, _)| loads.get(id).copied().unwrap_or(0) < limit);
+        if before > 0 && eligible.is_empty() {
+            return Err(OpenAiError::new(
+                axum::http::StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_exceeded",
+                format!("every eligible worker has {limit} active requests (ext_proc.max_requests_per_worker); retry later"),
+            ));
+        }
+    }
+    let request_id = format!(
+        "{}-{}",
+        picker.id_prefix,
+        picker.next_request.fetch_add(1, Ordering::Relaxed)
+    );
+    let decision = router.select_and_reserve(&RouteRequest {
+        model: prompt.model.clone(),
+        instance,
+        block_hashes: Some(prompt.block_hashes.clone()),
+        request_id: Some(request_id.clone()),
+        expected_output_tokens: prompt.expected_output_tokens,
+        only: Some(Arc::new(eligible.iter().map(|(id, _)| *id).collect())),
+        // (`Default` leaves it off; serde's default, and engines, have it on.)
+        tracks_prefill_tokens: true,
+        ..Default::default()
+    })?;
+    let lease = Lease::new(router.clone(), request_id);
+    let worker = WorkerId {
+        worker_id: decision.worker_id,
+        dp_rank: decision.dp_rank,
+    };
+    let endpoint = eligible
+        .iter()
+        .find(|(id, _)| *id == worker)
+        .map(|(_, endpoint)| *endpoint)
+        .ok_or_else(|| no_endpoint(format!("worker {} has no endpoint", worker.worker_id)))?;
+    router.predict_cached(&prompt.model, worker, &prompt.block_hashes);
+    Ok(Booked {
+        lease,
+        endpoint,
+        model: prompt.model,
+        prefilled: false,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio_stream::StreamExt;
+
+    /// The option is read back from the accepted socket itself, the one tonic serves on.
+    #[tokio::test]
+    async fn accepted_sockets_have_nodelay_on() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let mut incoming = Box::pin(super::accepted(listener));
+        let _client = tokio::net::TcpStream::connect(address).await.unwrap();
+        let served = incoming.next().await.unwrap().unwrap();
+        assert!(
+            served.nodelay().unwrap(),
+            "TCP_NODELAY is off on an accepted socket"
+        );
+    }
+}

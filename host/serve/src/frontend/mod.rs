@@ -1,0 +1,570 @@
+//! The OpenAI-compatible frontend: `POST /v1/chat/completions`, `POST /v1/completions`
+//! and `GET /v1/models` on `switchyard serve`. For each request it derives the prompt's
+//! blocks, selects and reserves a worker through the configured instance (off the async
+//! executor), forwards the body unchanged to the worker's engine, and streams the answer
+//! back as it arrives, owning the booking's lifecycle (docs/frontend.md):
+//!
+//! - prefill complete at the first streamed byte (or at the response head when the
+//!   request does not stream);
+//! - free at the end of the answer, on an upstream error or timeout, and when the client
+//!   goes away (dropping the body stream drops the upstream request too);
+//! - a connection refused before anything was sent marks the worker unhealthy for a
+//!   cool-down and selects again without it, a bounded number of times.
+
+pub mod health;
+pub mod prompt;
+pub mod tokenizer;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router as HttpRouter};
+use futures_util::{Stream, StreamExt};
+use serde_json::json;
+use switchyard_plugin_sdk::WorkerId;
+
+use prompt::{Endpoint, Prompt};
+use switchyard_config::FrontendSettings;
+use switchyard_fleet::router::{RouteDecision, RouteError, RouteRequest, Router};
+use tokenizer::ModelTokenizer;
+
+/// The request header that names the instance to route with.
+pub const INSTANCE_HEADER: &str = "x-switchyard-instance";
+
+/// An error in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
+pub struct OpenAiError {
+    status: StatusCode,
+    message: String,
+    kind: &'static str,
+    param: Option<&'static str>,
+    code: Option<&'static str>,
+}
+
+impl OpenAiError {
+    pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
+        OpenAiError {
+            status,
+            message: message.into(),
+            kind,
+            param: None,
+            code: None,
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    pub fn body(&self) -> serde_json::Value {
+        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+    }
+}
+
+impl IntoResponse for OpenAiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.body())).into_response()
+    }
+}
+
+impl From<prompt::InvalidRequest> for OpenAiError {
+    fn from(invalid: prompt::InvalidRequest) -> Self {
+        let mut error = OpenAiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            invalid.message,
+        );
+        error.param = invalid.param;
+        error
+    }
+}
+
+impl From<RouteError> for OpenAiError {
+    fn from(error: RouteError) -> Self {
+        let (status, kind, code) = match &error {
+            RouteError::BadRequest(_) => (StatusCode::BAD_REQUEST, "invalid_request_error", None),
+            RouteError::UnknownModel(_) => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                Some("model_not_found"),
+            ),
+            RouteError::UnknownInstance { .. } => (
+                StatusCode::NOT_FOUND,
+                "invalid_request_error",
+                Some("instance_not_found"),
+            ),
+            RouteError::NoWorker(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                Some("no_healthy_worker"),
+            ),
+            RouteError::PolicyFailed { .. } | RouteError::Accounting(_) | RouteError::Worker(_) => {
+                (StatusCode::INTERNAL_SERVER_ERROR, "server_error", None)
+            }
+        };
+        OpenAiError {
+            status,
+            message: error.to_string(),
+            kind,
+            param: None,
+            code,
+        }
+    }
+}
+
+/// Loads the tokenizer of every model that names one; each error names the config file
+/// and line, then the tokenizer file and what is wrong.
+pub fn load_tokenizers(
+    source: &switchyard_config::ConfigSource,
+) -> Result<HashMap<String, ModelTokenizer>, Vec<String>> {
+    let mut tokenizers = HashMap::new();
+    let mut errors = Vec::new();
+    for (model, settings) in &source.config.models {
+        let Some(path) = &settings.tokenizer else {
+            continue;
+        };
+        match ModelTokenizer::load(&source.resolve(path)) {
+            Ok(tokenizer) => {
+                tokenizers.insert(model.clone(), tokenizer);
+            }
+            Err(e) => {
+                let value = path.to_string_lossy();
+                let message = format!("model `{model}`: {e}");
+                errors.push(source.error_at("tokenizer", &value, 0, message).to_string());
+            }
+        }
+    }
+    if errors.is_empty() {
+        Ok(tokenizers)
+    } else {
+        Err(errors)
+    }
+}
+
+/// The frontend's shared state.
+pub struct Frontend {
+    router: Arc<Router>,
+    client: reqwest::Client,
+    settings: FrontendSettings,
+    /// Per model with a `tokenizer:`.
+    tokenizers: HashMap<String, ModelTokenizer>,
+    next_request: AtomicU64,
+    /// Distinguishes this process's request ids from another router's.
+    id_prefix: String,
+    /// One permit per request being proxied (`frontend.max_in_flight`).
+    in_flight: Arc<tokio::sync::Semaphore>,
+}
+
+impl Frontend {
+    /// The frontend over `router`; fails naming every tokenizer that does not load.
+    pub fn new(router: Arc<Router>) -> Result<Arc<Self>, String> {
+        let generation = router.generation();
+        let source = &generation.startup.source;
+        let settings = source.config.frontend.clone();
+        let tokenizers = load_tokenizers(source).map_err(|errors| errors.join("\n"))?;
+        let in_flight = usize::try_from(settings.max_in_flight)
+            .unwrap_or(usize::MAX)
+            .min(tokio::sync::Semaphore::MAX_PERMITS);
+        let client = reqwest::Client::builder()
+            .connect_timeout(Duration::from_millis(settings.connect_timeout_ms))
+            .pool_idle_timeout(Duration::from_secs(30))
+            .tcp_nodelay(true)
+            .build()
+            .map_err(|e| format!("cannot set up the upstream client: {e}"))?;
+        Ok(Arc::new(Frontend {
+            router,
+            client,
+            settings,
+            tokenizers,
+            next_request: AtomicU64::new(0),
+            id_prefix: format!("sy-{:08x}", rand::random::<u32>()),
+            in_flight: Arc::new(tokio::sync::Semaphore::new(in_flight)),
+        }))
+    }
+
+    pub fn router(&self) -> &Arc<Router> {
+        &self.router
+    }
+
+    pub fn client(&self) -> &reqwest::Client {
+        &self.client
+    }
+
+    /// The tokenizer of `model`, if its config names one.
+    pub fn tokenizer(&self, model: &str) -> Option<&ModelTokenizer> {
+        self.tokenizers.get(model)
+    }
+
+    pub fn settings(&self) -> &FrontendSettings {
+        &self.settings
+    }
+
+    /// Routes one request: select and reserve, forward, stream back.
+    async fn proxy(
+        self: Arc<Self>,
+        endpoint: Endpoint,
+        headers: HeaderMap,
+        body: Bytes,
+    ) -> Response {
+        let arrived = std::time::Instant::now();
+        let Ok(slot) = self.in_flight.clone().try_acquire_owned() else {
+            self.router.metrics.record_shed();
+            let mut error = OpenAiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_exceeded",
+                format!(
+                    "the router is proxying {} requests already (frontend.max_in_flight); retry later",
+                    self.settings.max_in_flight
+                ),
+            );
+            error.code = Some("rate_limit_exceeded");
+            return error.into_response();
+        };
+        let instance = match headers.get(INSTANCE_HEADER).map(HeaderValue::to_str) {
+            None => None,
+            Some(Ok(name)) => Some(name.to_owned()),
+            Some(Err(_)) => {
+                return OpenAiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "invalid_request_error",
+                    format!("the `{INSTANCE_HEADER}` header must be ASCII text"),
+                )
+                .into_response()
+            }
+        };
+        // Parsing (tokenizing a long prompt is CPU work) and the first selection (plugin
+        // code) run in one trip to the blocking pool.
+        let frontend = self.clone();
+        let parsing = body.clone();
+        let first = instance.clone();
+        let prepared = self
+            .off_executor(move || {
+                let prompt =
+                    prompt::parse(endpoint, &parsing, frontend.router.block_size(), |model| {
+                        frontend.tokenizers.get(model)
+                    })
+                    .map_err(OpenAiError::from)?;
+                let prompt = Arc::new(prompt);
+                let selected = frontend.select_now(&prompt, first)?;
+                Ok((prompt, selected))
+            })
+            .await;
+        let (prompt, mut selected) = match prepared {
+            Ok(prepared) => prepared,
+            Err(error) => return error.into_response(),
+        };
+        let mut excluded_attempts = 0;
+        loop {
+            let (decision, lease) = selected;
+            let worker = WorkerId {
+                worker_id: decision.worker_id,
+                dp_rank: decision.dp_rank,
+            };
+            let Some(url) = self.router.worker_url(worker) else {
+                return OpenAiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", format!("worker {} (dp_rank {}) has no `url`: give every worker of model `{}` the address of its engine", worker.worker_id, worker.dp_rank, prompt.model)).into_response();
+            };
+            let upstream = self
+                .client
+                .post(format!("{}{}", url.trim_end_matches('/'), endpoint.path()))
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .timeout(Duration::from_secs(self.settings.request_timeout_secs))
+                .body(body.clone())
+                .send()
+                .await;
+            match upstream {
+                Err(error)
+                    if error.is_connect() && excluded_attempts < self.settings.connect_retries =>
+                {
+                    drop(lease);
+                    tracing::warn!(worker = worker.worker_id, %url, %error, "engine refused the connection; marked unhealthy, selecting again");
+                    self.router.mark_unhealthy(
+                        worker,
+                        Duration::from_millis(self.settings.unhealthy_cooldown_ms),
+                    );
+                    self.router.metrics.record_upstream_retry();
+                    excluded_attempts += 1;
+                    let frontend = self.clone();
+                    let (prompt, instance) = (prompt.clone(), instance.clone());
+                    selected = match self
+                        .off_executor(move || frontend.select_now(&prompt, instance))
+                        .await
+                    {
+                        Ok(selected) => selected,
+                        Err(error) => return error.into_response(),
+                    };
+                }
+                Err(error) => {
+                    drop(lease);
+                    let (status, what) = if error.is_connect() {
+                        self.router.mark_unhealthy(
+                            worker,
+                            Duration::from_millis(self.settings.unhealthy_cooldown_ms),
+                        );
+                        (StatusCode::BAD_GATEWAY, "could not connect to")
+                    } else if error.is_timeout() {
+                        (StatusCode::GATEWAY_TIMEOUT, "timed out waiting for")
+                    } else {
+                        (StatusCode::BAD_GATEWAY, "failed talking to")
+                    };
+                    self.router.metrics.record_upstream_error();
+                    return OpenAiError::new(
+                        status,
+                        "server_error",
+                        format!(
+                            "switchyard {what} worker {} ({url}): {error}",
+                            worker.worker_id
+                        ),
+                    )
+                    .into_response();
+                }
+                Ok(response) => {
+                    let mut lease = lease;
+                    lease.hold(slot);
+                    return self.respond(&prompt, decision, lease, response, arrived);
+                }
+            }
+        }
+    }
+
+    /// Runs `work` on the blocking pool: plugin code never runs on the async executor's
+    /// threads. If the client goes away meanwhile, what `work` returns is dropped when it
+    /// finishes, so a lease it made frees its booking.
+    async fn off_executor<T: Send + 'static>(
+        &self,
+        work: impl FnOnce() -> Result<T, OpenAiError> + Send + 'static,
+    ) -> Result<T, OpenAiError> {
+        tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| {
+            Err(OpenAiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                format!("the request's preparation did not finish: {e}"),
+            ))
+        })
+    }
+
+    /// Selects and reserves a worker for `prompt` (blocking: plugin code runs here). The
+    /// lease is made here too, so the booking is never without an owner.
+    fn select_now(
+        &self,
+        prompt: &Prompt,
+        instance: Option<String>,
+    ) -> Result<(RouteDecision, Lease), OpenAiError> {
+        let request_id = format!(
+            "{}-{}",
+            self.id_prefix,
+            self.next_request.fetch_add(1, Ordering::Relaxed)
+        );
+        let decision = self.router.select_and_reserve(&RouteRequest {
+            model: prompt.model.clone(),
+            instance,
+            block_hashes: Some(prompt.block_hashes.clone()),
+            request_id: Some(request_id.clone()),
+            expected_output_tokens: prompt.expected_output_tokens,
+            // (`Default` leaves it off; serde's default, and engines, have it on.)
+            tracks_prefill_tokens: true,
+            ..Default::default()
+        })?;
+        Ok((decision, Lease::new(self.router.clone(), request_id)))
+    }
+
+    /// The client's response: the engine's status, body and content type, the decision in
+    /// `x-switchyard-*` headers, and the lease riding along the body stream.
+    fn respond(
+        &self,
+        prompt: &Prompt,
+        decision: RouteDecision,
+        mut lease: Lease,
+        upstream: reqwest::Response,
+        arrived: std::time::Instant,
+    ) -> Response {
+        let status = upstream.status();
+        let worker = WorkerId {
+            worker_id: decision.worker_id,
+            dp_rank: decision.dp_rank,
+        };
+        if status.is_success() {
+            self.router
+                .predict_cached(&prompt.model, worker, &prompt.block_hashes);
+            if !prompt.stream {
+                lease.prefill_complete();
+            }
+        }
+        let mut headers = HeaderMap::new();
+        if let Some(content_type) = upstream.headers().get(reqwest::header::CONTENT_TYPE) {
+            if let Ok(value) = HeaderValue::from_bytes(content_type.as_bytes()) {
+                headers.insert(axum::http::header::CONTENT_TYPE, value);
+            }
+        }
+        let decision_headers = [
+            ("x-switchyard-worker", decision.worker_id.to_string()),
+            ("x-switchyard-dp-rank", decision.dp_rank.to_string()),
+            ("x-switchyard-instance", decision.instance.clone()),
+            (
+                "x-switchyard-overlap-blocks",
+                decision.device_overlap_blocks.to_string(),
+            ),
+            ("x-switchyard-fallback", decision.fallback.to_string()),
+        ];
+        for (name, value) in decision_headers {
+            if let Ok(value) = HeaderValue::from_str(&value) {
+                headers.insert(HeaderName::from_static(name), value);
+            }
+        }
+        let sse = prompt.stream && status.is_success();
+        let body = Body::from_stream(relay(
+            upstream.bytes_stream(),
+            lease,
+            sse,
+            &self.router,
+            arrived,
+        ));
+        let status = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
+        (status, headers, body).into_response()
+    }
+}
+
+/// One request's booking: prefill complete once, freed exactly once (at the end of the
+/// answer, on error, or when dropped because the client went away).
+pub struct Lease {
+    router: Arc<Router>,
+    request_id: String,
+    prefilled: bool,
+    freed: bool,
+    /// The frontend's in-flight slot, given back with the lease.
+    slot: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl Lease {
+    pub fn new(router: Arc<Router>, request_id: String) -> Self {
+        Lease {
+            router,
+            request_id,
+            prefilled: false,
+            freed: false,
+            slot: None,
+        }
+    }
+
+    /// Keeps `slot` taken until the lease ends (the answer is relayed, or dropped).
+    pub fn hold(&mut self, slot: tokio::sync::OwnedSemaphorePermit) {
+        self.slot = Some(slot);
+    }
+
+    pub fn request_id(&self) -> &str {
+        &self.request_id
+    }
+
+    pub fn prefill_complete(&mut self) {
+        if !self.prefilled && !self.freed {
+            self.prefilled = true;
+            if let Err(error) = self.router.prefill_complete(&self.request_id) {
+                tracing::warn!(request = %self.request_id, %error, "prefill complete: booking already gone");
+            }
+        }
+    }
+
+    pub fn free(&mut self) {
+        if !self.freed {
+            self.freed = true;
+            if let Err(error) = self.router.free(&self.request_id) {
+                tracing::warn!(request = %self.request_id, %error, "free: booking already gone");
+            }
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.free();
+    }
+}
+
+/// The upstream body, relayed chunk by chunk as it arrives. The first chunk completes
+/// prefill; the end frees; an upstream error frees and, for an event stream, ends it with
+/// an SSE error event (the client has the status line already, so no other signal is
+/// left). Dropping the stream (client gone) drops the lease and the upstream request.
+fn relay(
+    upstream: impl Stream<Item = reqwest::Result<Bytes>> + Send + 'static,
+    lease: Lease,
+    sse: bool,
+    router: &Arc<Router>,
+    arrived: std::time::Instant,
+) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
+    let router = router.clone();
+    let upstream = Box::pin(upstream);
+    // The state: the upstream body, the lease, and whether a byte was relayed yet.
+    futures_util::stream::unfold(Some((upstream, lease, false)), move |state| {
+        let router = router.clone();
+        async move {
+            let (mut upstream, mut lease, relayed) = state?;
+            match upstream.next().await {
+                Some(Ok(chunk)) => {
+                    if !relayed {
+                        router.metrics.record_ttfb(arrived.elapsed());
+                    }
+                    lease.prefill_complete();
+                    Some((Ok(chunk), Some((upstream, lease, true))))
+                }
+                None => {
+                    lease.free();
+                    None
+                }
+                Some(Err(error)) => {
+                    lease.free();
+                    router.metrics.record_upstream_error();
+                    tracing::warn!(request = %lease.request_id, %error, "engine failed mid-answer");
+                    if sse {
+                        let event = json!({"error": {"message": format!("the engine failed mid-stream: {error}"), "type": "server_error", "param": null, "code": "upstream_error"}});
+                        Some((Ok(Bytes::from(format!("data: {event}\n\n"))), None))
+                    } else {
+                        Some((Err(std::io::Error::other(error)), None))
+                    }
+                }
+            }
+        }
+    })
+}
+
+async fn chat_completions(
+    State(frontend): State<Arc<Frontend>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    frontend
+        .proxy(Endpoint::ChatCompletions, headers, body)
+        .await
+}
+
+async fn completions(
+    State(frontend): State<Arc<Frontend>>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    frontend.proxy(Endpoint::Completions, headers, body).await
+}
+
+/// The models workers serve, in OpenAI's list shape.
+async fn models(State(frontend): State<Arc<Frontend>>) -> Json<serde_json::Value> {
+    let data: Vec<_> = frontend
+        .router
+        .models()
+        .into_iter()
+        .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "switchyard"}))
+        .collect();
+    Json(json!({"object": "list", "data": data}))
+}
+
+/// The frontend's routes, to merge into the HTTP service.
+pub fn routes(frontend: Arc<Frontend>) -> HttpRouter {
+    HttpRouter::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .with_state(frontend)
+}

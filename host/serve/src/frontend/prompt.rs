@@ -1,0 +1,341 @@
+//! From an OpenAI request body to what routing needs: the model, the prompt as chained
+//! block hashes, the expected output length, and whether the answer streams.
+//!
+//! With the model's tokenizer (`models.NAME.tokenizer`), the prompt is the token ids the
+//! engine will see: chat messages rendered by the model's chat template, then encoded.
+//! Without one the prompt's text stands in for its tokens: every 4 bytes of the
+//! rendered prompt count as one pseudo-token (about what BPE tokenizers average on
+//! English), hashed in blocks of the router's `block_size` exactly as token ids are. Equal
+//! prompt prefixes therefore give equal block hashes, which is all prefix-aware routing
+//! needs; block counts are approximate, and hashes do not match an engine's own (so this
+//! mode pairs with `kv_tracking: predicted`, not with engine KV events).
+
+use serde_json::Value;
+
+use super::tokenizer::ModelTokenizer;
+use switchyard_fleet::kv_index::hash_tokens;
+
+/// Bytes of rendered prompt text per pseudo-token.
+pub const BYTES_PER_TOKEN: usize = 4;
+
+/// Which OpenAI endpoint a request came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    ChatCompletions,
+    Completions,
+}
+
+impl Endpoint {
+    pub fn path(self) -> &'static str {
+        match self {
+            Endpoint::ChatCompletions => "/v1/chat/completions",
+            Endpoint::Completions => "/v1/completions",
+        }
+    }
+}
+
+/// A request body that cannot be routed: the field at fault and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InvalidRequest {
+    pub param: Option<&'static str>,
+    pub message: String,
+}
+
+fn invalid(param: &'static str, message: impl Into<String>) -> InvalidRequest {
+    InvalidRequest {
+        param: Some(param),
+        message: message.into(),
+    }
+}
+
+/// What routing reads from one request body.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Prompt {
+    pub model: String,
+    pub stream: bool,
+    /// The prompt in KV blocks (a trailing partial block counts).
+    pub request_blocks: u64,
+    /// Chained hashes of the prompt's full blocks.
+    pub block_hashes: Vec<u64>,
+    /// The prompt's tokens (pseudo-tokens of its text when the model has no tokenizer).
+    pub tokens: Vec<u32>,
+    pub expected_output_tokens: Option<u64>,
+}
+
+/// Parses an OpenAI request body for `endpoint`; `block_size` is the router's;
+/// `tokenizer_of` gives a model's tokenizer, if it has one.
+pub fn parse<'t>(
+    endpoint: Endpoint,
+    body: &[u8],
+    block_size: u32,
+    tokenizer_of: impl FnOnce(&str) -> Option<&'t ModelTokenizer>,
+) -> Result<Prompt, InvalidRequest> {
+    let value: Value = serde_json::from_slice(body).map_err(|e| InvalidRequest {
+        param: None,
+        message: format!("the body is not valid JSON: {e}"),
+    })?;
+    let object = value.as_object().ok_or_else(|| InvalidRequest {
+        param: None,
+        message: "the body must be a JSON object".into(),
+    })?;
+    let model = match object.get("model") {
+        Some(Value::String(model)) if !model.is_empty() => model.clone(),
+        Some(_) => return Err(invalid("model", "`model` must be a non-empty string")),
+        None => return Err(invalid("model", "`model` is required")),
+    };
+    let stream = match object.get("stream") {
+        None | Some(Value::Null) => false,
+        Some(Value::Bool(stream)) => *stream,
+        Some(_) => return Err(invalid("stream", "`stream` must be a boolean")),
+    };
+    let tokenizer = tokenizer_of(&model);
+    let mut tokens = Vec::new();
+    match endpoint {
+        Endpoint::ChatCompletions => {
+            chat_tokens(object.get("messages"), &mut tokens)?;
+            if let Some(tokenizer) = tokenizer {
+                tokens = tokenizer
+                    .chat_tokens(&object["messages"])
+                    .map_err(|e| invalid("messages", format!("model `{model}`: {e}")))?;
+            }
+        }
+        Endpoint::Completions => match (tokenizer, object.get("prompt")) {
+            (Some(tokenizer), Some(Value::String(text))) => {
+                tokens = tokenizer
+                    .prompt_tokens(text)
+                    .map_err(|e| invalid("prompt", format!("model `{model}`: {e}")))?;
+            }
+            (_, prompt) => completion_tokens(prompt, &mut tokens)?,
+        },
+    }
+    let expected_output_tokens = match object
+        .get("max_completion_tokens")
+        .or_else(|| object.get("max_tokens"))
+    {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(
+            v.as_u64()
+                .ok_or_else(|| invalid("max_tokens", "`max_tokens` must be a whole number >= 0"))?,
+        ),
+    };
+    let mut block_hashes = Vec::new();
+    hash_tokens(&tokens, block_size, &mut block_hashes);
+    Ok(Prompt {
+        model,
+        stream,
+        request_blocks: (tokens.len() as u64).div_ceil(u64::from(block_size.max(1))),
+        block_hashes,
+        tokens,
+        expected_output_tokens,
+    })
+}
+
+/// Appends the pseudo-tokens of `text`: little-endian groups of 4 bytes.
+fn push_text(text: &str, tokens: &mut Vec<u32>) {
+    for chunk in text.as_bytes().chunks(BYTES_PER_TOKEN) {
+        let mut word = [0u8; 4];
+        word[..chunk.len()].copy_from_slice(chunk);
+        tokens.push(u32::from_le_bytes(word));
+    }
+}
+
+/// Renders `messages` as `role\ncontent\n` per message (text parts of multi-part content
+/// in order) into pseudo-tokens. Each message starts a new token, so a conversation that
+/// grows by messages keeps the hashes of its earlier blocks.
+fn chat_tokens(messages: Option<&Value>, tokens: &mut Vec<u32>) -> Result<(), InvalidRequest> {
+    let messages = match messages {
+        Some(Value::Array(messages)) if !messages.is_empty() => messages,
+        Some(Value::Array(_)) => return Err(invalid("messages", "`messages` must not be empty")),
+        Some(_) => return Err(invalid("messages", "`messages` must be a list of messages")),
+        None => return Err(invalid("messages", "`messages` is required")),
+    };
+    for (i, message) in messages.iter().enumerate() {
+        let role = message
+            .get("role")
+            .and_then(Value::as_str)
+            .ok_or_else(|| invalid("messages", format!("messages[{i}] needs a string `role`")))?;
+        let mut text = String::with_capacity(64);
+        text.push_str(role);
+        text.push('\n');
+        match message.get("content") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(content)) => text.push_str(content),
+            Some(Value::Array(parts)) => {
+                for part in parts {
+                    if let Some(part_text) = part.get("text").and_then(Value::as_str) {
+                        text.push_str(part_text);
+                    }
+                }
+            }
+            Some(_) => {
+                return Err(invalid(
+                    "messages",
+                    format!("messages[{i}].content must be a string or a list of parts"),
+                ))
+            }
+        }
+        text.push('\n');
+        push_text(&text, tokens);
+    }
+    Ok(())
+}
+
+/// A completion prompt: a string, a one-element list of strings, or token ids.
+fn completion_tokens(prompt: Option<&Value>, tokens: &mut Vec<u32>) -> Result<(), InvalidRequest> {
+    let several = || {
+        invalid(
+            "prompt",
+            "switchyard routes one prompt per request; send batched prompts as separate requests",
+        )
+    };
+    match prompt {
+        Some(Value::String(text)) => push_text(text, tokens),
+        Some(Value::Array(items)) if items.is_empty() => {
+            return Err(invalid("prompt", "`prompt` must not be empty"))
+        }
+        Some(Value::Array(items)) => match &items[0] {
+            Value::String(text) if items.len() == 1 => push_text(text, tokens),
+            Value::String(_) => return Err(several()),
+            Value::Number(_) => {
+                for item in items {
+                    let id = item
+                        .as_u64()
+                        .and_then(|id| u32::try_from(id).ok())
+                        .ok_or_else(|| {
+                            invalid(
+                                "prompt",
+                                "token ids in `prompt` must be whole numbers < 2^32",
+                            )
+                        })?;
+                    tokens.push(id);
+                }
+            }
+            _ => return Err(several()),
+        },
+        Some(_) => {
+            return Err(invalid(
+                "prompt",
+                "`prompt` must be a string, a list of one string, or a list of token ids",
+            ))
+        }
+        None => return Err(invalid("prompt", "`prompt` is required")),
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat(body: &str) -> Result<Prompt, InvalidRequest> {
+        parse(Endpoint::ChatCompletions, body.as_bytes(), 4, |_| None)
+    }
+
+    #[test]
+    fn a_longer_conversation_shares_the_earlier_blocks() {
+        let system = "x".repeat(200);
+        let short = chat(&format!(
+            r#"{{"model":"m","messages":[{{"role":"system","content":"{system}"}}]}}"#
+        ))
+        .unwrap();
+        let long = chat(&format!(
+            r#"{{"model":"m","stream":true,"max_tokens":7,"messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"hello there, router!"}}]}}"#
+        ))
+        .unwrap();
+        assert!(long.block_hashes.len() > short.block_hashes.len());
+        assert_eq!(
+            long.block_hashes[..short.block_hashes.len()],
+            short.block_hashes[..]
+        );
+        assert!(long.stream && !short.stream);
+        assert_eq!(long.expected_output_tokens, Some(7));
+        // "system\n" + 200 + "\n": 208 bytes, 52 pseudo-tokens, 13 blocks of 4.
+        assert_eq!(short.request_blocks, 13);
+    }
+
+    #[test]
+    fn bad_bodies_name_the_field() {
+        let param = |body: &str| chat(body).unwrap_err().param;
+        assert_eq!(param(r#"{"messages":[]}"#), Some("model"));
+        assert_eq!(param(r#"{"model":"m","messages":{}}"#), Some("messages"));
+        assert_eq!(param(r#"{"model":"m","messages":[]}"#), Some("messages"));
+        assert_eq!(
+            param(r#"{"model":"m","messages":[{"content":"x"}]}"#),
+            Some("messages")
+        );
+        assert_eq!(
+            param(r#"{"model":"m","stream":"yes","messages":[{"role":"user"}]}"#),
+            Some("stream")
+        );
+        assert_eq!(param("[1]"), None);
+        assert_eq!(param("{"), None);
+        let completion = |body: &str| parse(Endpoint::Completions, body.as_bytes(), 4, |_| None);
+        assert_eq!(
+            completion(r#"{"model":"m","prompt":["a","b"]}"#)
+                .unwrap_err()
+                .param,
+            Some("prompt")
+        );
+        assert_eq!(
+            completion(r#"{"model":"m","prompt":[1,2,3,4,5]}"#)
+                .unwrap()
+                .block_hashes
+                .len(),
+            1
+        );
+    }
+
+    /// The router's tokens equal what Hugging Face's tokenizers and transformers' way of
+    /// rendering chat templates give (tests/fixtures/tokenizer/make_golden.py).
+    #[test]
+    fn a_tokenizer_gives_the_engines_tokens() {
+        let fixtures =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/tokenizer");
+        let tokenizer = ModelTokenizer::load(&fixtures.join("tokenizer.json")).unwrap();
+        assert!(tokenizer.has_chat_template());
+        let golden: Value =
+            serde_json::from_str(&std::fs::read_to_string(fixtures.join("golden.json")).unwrap())
+                .unwrap();
+        let block_size = 4;
+        for case in golden["chat"].as_array().unwrap() {
+            let ids: Vec<u32> = serde_json::from_value(case["ids"].clone()).unwrap();
+            let body = serde_json::json!({"model": "m", "messages": case["messages"]}).to_string();
+            let prompt = parse(
+                Endpoint::ChatCompletions,
+                body.as_bytes(),
+                block_size,
+                |_| Some(&tokenizer),
+            )
+            .unwrap();
+            let mut expected = Vec::new();
+            hash_tokens(&ids, block_size, &mut expected);
+            assert_eq!(prompt.block_hashes, expected, "{}", case["text"]);
+            assert_eq!(prompt.request_blocks, (ids.len() as u64).div_ceil(4));
+        }
+        for case in golden["completion"].as_array().unwrap() {
+            let ids: Vec<u32> = serde_json::from_value(case["ids"].clone()).unwrap();
+            let body = serde_json::json!({"model": "m", "prompt": case["prompt"]}).to_string();
+            let prompt = parse(Endpoint::Completions, body.as_bytes(), block_size, |_| {
+                Some(&tokenizer)
+            })
+            .unwrap();
+            let mut expected = Vec::new();
+            hash_tokens(&ids, block_size, &mut expected);
+            assert_eq!(prompt.block_hashes, expected, "{}", case["prompt"]);
+        }
+        // A template that raises is a 400 naming the messages.
+        let body = r#"{"model":"m","messages":[{"role":"tool","content":"x"}]}"#;
+        let error = parse(Endpoint::ChatCompletions, body.as_bytes(), 4, |_| {
+            Some(&tokenizer)
+        })
+        .unwrap_err();
+        assert_eq!(error.param, Some("messages"));
+        assert!(
+            error
+                .message
+                .contains("Conversation roles must be system, user or assistant"),
+            "{}",
+            error.message
+        );
+    }
+}

@@ -1,0 +1,450 @@
+//! The HTTP service: routing, reservations, workers, KV events, policies, metrics and
+//! health, as JSON over HTTP. Every error is a JSON `{"error": ...}` with a status that
+//! says whose fault it is; nothing a client sends can panic the router.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post};
+use axum::serve::ListenerExt;
+use axum::{Json, Router as HttpRouter};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+use switchyard_plugin_sdk::WorkerId;
+
+use crate::ext_proc::{self, EndpointPicker};
+use crate::frontend::{self, Frontend};
+use switchyard_config::ExtProcSettings;
+use switchyard_fleet::generation::Generation;
+use switchyard_fleet::kv_index::KvEvent;
+use switchyard_fleet::load_accounting::AccountingError;
+use switchyard_fleet::router::{RouteError, RouteRequest, Router};
+use switchyard_fleet::workers::{WorkerError, WorkerSpec};
+
+type Shared = State<Arc<Router>>;
+
+/// An error response: status and a JSON body naming what is wrong.
+pub struct ApiError {
+    status: StatusCode,
+    body: serde_json::Value,
+}
+
+impl ApiError {
+    fn bad_request(message: impl Into<String>) -> Self {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            body: json!({ "error": message.into() }),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.body)).into_response()
+    }
+}
+
+impl From<RouteError> for ApiError {
+    fn from(error: RouteError) -> Self {
+        let status = match &error {
+            RouteError::BadRequest(_) | RouteError::Worker(WorkerError::Invalid(_)) => {
+                StatusCode::BAD_REQUEST
+            }
+            RouteError::UnknownModel(_)
+            | RouteError::UnknownInstance { .. }
+            | RouteError::Worker(WorkerError::Unknown(_))
+            | RouteError::Accounting(AccountingError::UnknownRequest(_)) => StatusCode::NOT_FOUND,
+            RouteError::Worker(WorkerError::AlreadyRegistered(..))
+            | RouteError::Accounting(AccountingError::AlreadyReserved(_)) => StatusCode::CONFLICT,
+            RouteError::NoWorker(_) => StatusCode::SERVICE_UNAVAILABLE,
+            RouteError::PolicyFailed { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        let mut body = json!({ "error": error.to_string() });
+        if let RouteError::PolicyFailed { instance, error } = &error {
+            body["instance"] = json!(instance);
+            if let Some(component) = error.component() {
+                body["component"] = json!(component);
+            }
+        }
+        ApiError { status, body }
+    }
+}
+
+/// Parses a JSON body; a 400 says which field is wrong, where.
+fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    if body.is_empty() {
+        return Err(ApiError::bad_request(
+            "the request body is empty; send a JSON object",
+        ));
+    }
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+}
+
+/// Runs a selection on the blocking pool: plugin code never runs on the async
+/// executor's threads, so a slow component cannot delay other endpoints.
+async fn off_executor<T: Send + 'static>(
+    router: Arc<Router>,
+    select: impl FnOnce(&Router) -> Result<T, RouteError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(move || select(&router))
+        .await
+        .map_err(|e| ApiError {
+            status: StatusCode::INTERNAL_SERVER_ERROR,
+            body: json!({ "error": format!("the selection did not finish: {e}") }),
+        })?
+        .map_err(ApiError::from)
+}
+
+async fn select(State(router): Shared, body: Bytes) -> Result<Response, ApiError> {
+    let request: RouteRequest = parse(&body)?;
+    let decision = off_executor(router, move |r| r.select(&request)).await?;
+    Ok(Json(decision).into_response())
+}
+
+async fn reserve(State(router): Shared, body: Bytes) -> Result<Response, ApiError> {
+    let request: RouteRequest = parse(&body)?;
+    let decision = off_executor(router, move |r| r.select_and_reserve(&request)).await?;
+    Ok(Json(decision).into_response())
+}
+
+async fn prefill_complete(
+    State(router): Shared,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    router.prefill_complete(&id)?;
+    Ok(Json(json!({ "request_id": id, "phase": "decode" })).into_response())
+}
+
+async fn free(State(router): Shared, Path(id): Path<String>) -> Result<Response, ApiError> {
+    router.free(&id)?;
+    Ok(Json(json!({ "request_id": id, "freed": true })).into_response())
+}
+
+async fn add_worker(State(router): Shared, body: Bytes) -> Result<Response, ApiError> {
+    let spec: WorkerSpec = parse(&body)?;
+    // A new partition builds every instance for it: plugin code, off the executor.
+    let added = spec.clone();
+    off_executor(router.clone(), move |r| r.add_worker(added)).await?;
+    router
+        .subscribe_kv_events(std::slice::from_ref(&spec))
+        .map_err(|e| ApiError::from(RouteError::BadRequest(format!("kv_events: {e}"))))?;
+    Ok((StatusCode::CREATED, Json(spec)).into_response())
+}
+
+/// Every worker with its booked load.
+async fn list_workers(State(router): Shared) -> Json<Vec<serde_json::Value>> {
+    let loads: std::collections::HashMap<_, _> = router.loads().into_iter().collect();
+    let mut workers = router.workers();
+    workers.sort_by_key(|w| (w.worker_id, w.dp_rank));
+    Json(
+        workers
+            .into_iter()
+            .map(|w| {
+                let load = loads.get(&w.id()).copied().unwrap_or_default();
+                let mut value = json!(w);
+                value["healthy"] = json!(router.is_healthy(w.id()));
+                value["load"] = json!({
+                    "active_requests": load.active_requests,
+                    "active_prefill_tokens": load.active_prefill_tokens,
+                    "active_decode_blocks": load.active_decode_blocks,
+                });
+                value
+            })
+            .collect(),
+    )
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DpRank {
+    #[serde(default)]
+    dp_rank: u32,
+}
+
+fn worker_id(text: &str) -> Result<u64, ApiError> {
+    text.parse().map_err(|_| {
+        ApiError::bad_request(format!("worker id must be a whole number, got `{text}`"))
+    })
+}
+
+async fn remove_worker(
+    State(router): Shared,
+    Path(id): Path<String>,
+    rank: Result<Query<DpRank>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(rank) = rank.map_err(|e| ApiError::bad_request(format!("invalid query: {e}")))?;
+    let spec = router.remove_worker(WorkerId {
+        worker_id: worker_id(&id)?,
+        dp_rank: rank.dp_rank,
+    })?;
+    Ok(Json(spec).into_response())
+}
+
+#[derive(Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct KvEventBatch {
+    pub worker_id: u64,
+    #[serde(default)]
+    pub dp_rank: u32,
+    pub events: Vec<KvEvent>,
+    /// When the publisher sent the batch (Unix seconds); feeds the KV event lag metric.
+    #[serde(default)]
+    pub timestamp: Option<f64>,
+}
+
+async fn kv_events(State(router): Shared, body: Bytes) -> Result<Response, ApiError> {
+    let batch: KvEventBatch = parse(&body)?;
+    if let Some(sent) = batch.timestamp.filter(|t| t.is_finite()) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        let lag = Duration::try_from_secs_f64((now - sent).max(0.0)).unwrap_or_default();
+        router.metrics.record_kv_event_lag(lag);
+    }
+    router.kv_events(
+        WorkerId {
+            worker_id: batch.worker_id,
+            dp_rank: batch.dp_rank,
+        },
+        &batch.events,
+    )?;
+    Ok(Json(json!({ "applied": batch.events.len() })).into_response())
+}
+
+async fn policies(State(router): Shared) -> Json<serde_json::Value> {
+    let generation = router.generation();
+    let startup = &generation.startup;
+    let registry = &startup.registry;
+    let components: Vec<_> = registry
+        .components()
+        .map(|c| json!({ "name": c.name, "kind": c.kind.as_str(), "inputs": c.inputs.names(), "origin": c.origin.to_string() }))
+        .collect();
+    let policies: Vec<_> = registry
+        .policies()
+        .map(|p| json!({ "name": p.name, "origin": p.origin.to_string() }))
+        .collect();
+    let instances: Vec<_> = startup
+        .instances
+        .iter()
+        .map(|i| {
+            json!({
+                "name": i.name,
+                "pipeline": i.describe(),
+                "on_error": i.on_error.as_str(),
+                "call_budget_ms": i.budget.map(|b| b.limit.as_secs_f64() * 1e3),
+                "tripped": router.metrics.is_tripped(&i.name),
+            })
+        })
+        .collect();
+    let plugins: Vec<_> = registry.plugins().iter().map(|p| json!(p)).collect();
+    Json(json!({
+        "generation": generation_json(&generation),
+        "default": startup.default_instance,
+        "instances": instances,
+        "policy_types": policies,
+        "component_types": components,
+        "plugins": plugins,
+    }))
+}
+
+/// Which generation serves: its number, when it was loaded, from which config.
+fn generation_json(generation: &Generation) -> serde_json::Value {
+    let loaded_at = generation
+        .loaded_at
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs_f64();
+    json!({
+        "number": generation.number,
+        "loaded_at_unix": loaded_at,
+        "config": generation.startup.source.name,
+    })
+}
+
+/// `POST /v1/admin/reload`: 200 with what changed, or 422 with every error (the serving
+/// config stays). Loopback clients only, unless `router.remote_admin`.
+async fn reload(
+    State(router): Shared,
+    peer: Option<axum::Extension<axum::extract::ConnectInfo<SocketAddr>>>,
+) -> Response {
+    let remote = peer.is_some_and(|p| !p.0 .0.ip().is_loopback());
+    if remote
+        && !router
+            .generation()
+            .startup
+            .source
+            .config
+            .router
+            .remote_admin
+    {
+        return (
+            StatusCode::FORBIDDEN,
+            Json(json!({"error": "reload is answered for loopback clients only; set router.remote_admin: true to allow others"})),
+        )
+            .into_response();
+    }
+    match super::reload::reload(router.clone()).await {
+        Ok(outcome) => Json(json!({
+            "reloaded": true,
+            "generation": generation_json(&router.generation()),
+            "changes": outcome,
+        }))
+        .into_response(),
+        Err(errors) => (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Json(json!({
+                "reloaded": false,
+                "errors": errors,
+                "generation": generation_json(&router.generation()),
+            })),
+        )
+            .into_response(),
+    }
+}
+
+async fn metrics(State(router): Shared) -> Response {
+    (
+        [(
+            header::CONTENT_TYPE,
+            switchyard_fleet::metrics::CONTENT_TYPE,
+        )],
+        router.render_metrics(),
+    )
+        .into_response()
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(router): Shared) -> Response {
+    if router.workers().is_empty() {
+        (StatusCode::SERVICE_UNAVAILABLE, "no workers registered\n").into_response()
+    } else {
+        "ready\n".into_response()
+    }
+}
+
+async fn not_found() -> ApiError {
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        body: json!({ "error": "no such endpoint; see docs/http-api.md" }),
+    }
+}
+
+/// The HTTP API and the OpenAI-compatible frontend's routes.
+pub fn app(router: Arc<Router>, frontend: Arc<Frontend>) -> HttpRouter {
+    HttpRouter::new()
+        .route("/v1/select", post(select))
+        .route("/v1/reserve", post(reserve))
+        .route("/v1/requests/{id}/prefill_complete", post(prefill_complete))
+        .route("/v1/requests/{id}/free", post(free))
+        .route("/v1/requests/{id}", delete(free))
+        .route("/v1/workers", post(add_worker).get(list_workers))
+        .route("/v1/workers/{id}", delete(remove_worker))
+        .route("/v1/kv_events", post(kv_events))
+        .route("/v1/policies", get(policies))
+        .route("/v1/admin/reload", post(reload))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .fallback(not_found)
+        .with_state(router)
+        .merge(frontend::routes(frontend))
+}
+
+/// Resolves on SIGTERM or SIGINT. The handlers are installed when this is called, not
+/// when the future is first polled, so a signal right after startup is not lost.
+#[cfg(unix)]
+pub fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = terminate.recv() => {},
+            _ = interrupt.recv() => {},
+        }
+        tracing::info!("shutting down: finishing requests in flight");
+    })
+}
+
+#[cfg(not(unix))]
+pub fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    Ok(async {
+        let _ = tokio::signal::ctrl_c().await;
+        tracing::info!("shutting down: finishing requests in flight");
+    })
+}
+
+/// Socket options of every connection a listener of the router accepts. Responses and
+/// streamed tokens are small writes: without TCP_NODELAY, Nagle's algorithm holds each
+/// back until the peer's delayed ACK (~40 ms).
+pub fn tune_socket(tcp: &tokio::net::TcpStream) {
+    if let Err(e) = tcp.set_nodelay(true) {
+        tracing::debug!("cannot set TCP_NODELAY on an accepted socket: {e}");
+    }
+}
+
+/// Serves until SIGINT or SIGTERM. Prints `switchyard listening on http://ADDR` once bound.
+pub async fn serve(
+    router: Arc<Router>,
+    listen: SocketAddr,
+    ext_proc: Option<ExtProcSettings>,
+) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
+        std::io::Error::new(
+            e.kind(),
+            format!("cannot listen on {listen}: {e}; pick another --listen address"),
+        )
+    })?;
+    let address = listener.local_addr()?;
+    let shutdown = shutdown_signal()?;
+    let frontend = Frontend::new(router.clone()).map_err(std::io::Error::other)?;
+    tokio::spawn(frontend::health::probe_forever(frontend.clone()));
+    router.subscribe_kv_events(&router.workers())?;
+    super::reload::on_hangup(router.clone())?;
+    println!("switchyard listening on http://{address}");
+    if let Some(settings) = ext_proc {
+        let picker = EndpointPicker::new(frontend.clone(), &settings);
+        let listening = ext_proc::serve(picker, settings.listen);
+        // Bind errors end the whole process: an operator who asked for the picker must
+        // not get a router without it.
+        tokio::spawn(async move {
+            if let Err(e) = listening.await {
+                eprintln!("error: {e}");
+                std::process::exit(1);
+            }
+        });
+    }
+    let expiry = router.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            let router = expiry.clone();
+            // Takes the load lock for writing: off the executor, like every lock a
+            // selection may hold.
+            let expired = tokio::task::spawn_blocking(move || router.expire())
+                .await
+                .unwrap_or(0);
+            if expired > 0 {
+                tracing::warn!(expired, "released reservations that were never freed");
+            }
+        }
+    });
+    let listener = listener.tap_io(|tcp| tune_socket(tcp));
+    axum::serve(
+        listener,
+        app(router, frontend).into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await
+}
