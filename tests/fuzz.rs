@@ -60,6 +60,9 @@ fn mutation() -> impl Strategy<Value = Mutation> {
 
 fn mutate(bytes: &mut Vec<u8>, m: &Mutation) {
     let len = bytes.len();
+    if len == 0 {
+        return; // an earlier mutation truncated it all: nothing left to flip or write
+    }
     match *m {
         Mutation::Flip { at, bit } => bytes[at % len] ^= 1 << bit,
         Mutation::Write { at, value } => {

@@ -529,3 +529,58 @@ fn isolated_policies_serve_many_threads_at_once() {
         "{process:?}"
     );
 }
+
+/// The probe child of a `check` killed with SIGKILL (no chance to clean up) ends with
+/// it: a library whose constructor hangs holds the probe for 20 s otherwise.
+#[test]
+fn a_probe_child_does_not_outlive_a_killed_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let lib = broken_plugin(dir.path(), "hang_CTOR_HANG", &["CTOR_HANG"]);
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "plugins:\n  - path: {}\nworker_selection:\n  default: default\n",
+            lib.display()
+        ),
+    );
+    let mut check = Command::new(switchyard_bin())
+        .args(["check", "--config"])
+        .arg(&config)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let children_of = |parent: u32| -> Vec<u32> {
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            // `pid (comm) state ppid ...`: comm may hold spaces, so read after the `)`.
+            let after = &stat[stat.rfind(')').unwrap_or(0) + 1..];
+            if after.split_whitespace().nth(1) == Some(&parent.to_string()) {
+                found.push(pid);
+            }
+        }
+        found
+    };
+    let mut probe = Vec::new();
+    eventually("the probe child starts", || {
+        probe = children_of(check.id());
+        !probe.is_empty()
+    });
+    check.kill().unwrap();
+    check.wait().unwrap();
+    let alive = |pid: u32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            !stat[stat.rfind(')').unwrap_or(0) + 1..]
+                .trim_start()
+                .starts_with('Z')
+        })
+    };
+    eventually("the probe child ends with its killed parent", || {
+        probe.iter().all(|&pid| !alive(pid))
+    });
+}

@@ -3,6 +3,8 @@
 
 mod support;
 
+use std::path::PathBuf;
+
 use support::*;
 use switchyard::plugin::LoadError;
 use switchyard::startup::StartupError;
@@ -477,4 +479,54 @@ SWITCHYARD_PLUGIN("nested", "0.1.0", "switchyard tests", register_types)
         error.contains("read max=8 w0=1.5 w1=2.5 strict=1 zone=a past_end=5 wrong=6"),
         "{error}"
     );
+}
+
+/// A `path:` that names no regular file (a character device, a FIFO, a /proc file) is
+/// refused by `check` with what it is, before anything reads it: `/dev/zero` was once
+/// read (and allocated) without end, and opening a FIFO would wait for a writer.
+#[test]
+fn a_path_to_a_device_fifo_or_proc_file_is_refused_before_it_is_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("plugin.fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success(), "mkfifo failed");
+    for (path, found) in [
+        (PathBuf::from("/dev/zero"), "found a character device"),
+        (fifo.clone(), "found a FIFO (named pipe)"),
+        (PathBuf::from("/proc/self/mem"), "found an empty file"),
+        (dir.path().to_owned(), "found a directory"),
+    ] {
+        let config = write_config(
+            dir.path(),
+            &format!(
+                "plugins:\n  - path: {}\nworker_selection:\n  default: default\n",
+                path.display()
+            ),
+        );
+        let started = std::time::Instant::now();
+        let output = std::process::Command::new(switchyard_bin())
+            .args(["check", "--config"])
+            .arg(&config)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        eprintln!("{}: refused in {:?}", path.display(), started.elapsed());
+        assert_eq!(
+            output.status.code(),
+            Some(1),
+            "{}: {stderr}",
+            path.display()
+        );
+        for expected in [
+            &path.display().to_string(),
+            found,
+            "expected a regular file",
+            "config.yaml:2",
+        ] {
+            assert!(stderr.contains(expected), "`{expected}` in {stderr}");
+        }
+    }
 }

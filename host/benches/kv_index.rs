@@ -231,12 +231,51 @@ fn memory_table() {
     println!();
 }
 
+/// Clearing a worker's tier and removing workers, against storing the same blocks, per
+/// block: 3 workers of 100k and 1M blocks each (issue #28: a clear was quadratic).
+/// Removing one worker of three only marks its slot dead; the second removal sweeps
+/// both (dead pairs then outnumber the live ones).
+fn clear_table() {
+    println!("\nKV clean-up, per removed block, 3 workers (one run each)");
+    println!("| blocks/worker | store ns/block | clear tier ns/block | clear ms | remove 2 workers ns/block | remove ms |");
+    println!("|---:|---:|---:|---:|---:|---:|");
+    for blocks in [100_000u64, 1_000_000] {
+        let started = Instant::now();
+        let mut index: KvIndex = build(3, blocks);
+        let store = started.elapsed().as_secs_f64() / (3 * blocks) as f64;
+        let started = Instant::now();
+        index.apply(
+            worker(0),
+            &KvEvent::Cleared {
+                tier: Some(Tier::Device),
+            },
+        );
+        let clear = started.elapsed().as_secs_f64();
+        assert_eq!(index.blocks()[0] as u64, 2 * blocks);
+        let started = Instant::now();
+        index.remove_worker(worker(1));
+        index.remove_worker(worker(2));
+        let remove = started.elapsed().as_secs_f64();
+        assert_eq!(index.blocks()[0], 0);
+        println!(
+            "| {blocks} | {:.0} | {:.0} | {:.1} | {:.0} | {:.1} |",
+            store * 1e9,
+            clear / blocks as f64 * 1e9,
+            clear * 1e3,
+            remove / (2 * blocks) as f64 * 1e9,
+            remove * 1e3,
+        );
+    }
+    println!();
+}
+
 fn bench(c: &mut Criterion) {
     if let Ok(spec) = std::env::var(CHILD) {
         child(&spec);
         std::process::exit(0);
     }
     memory_table();
+    clear_table();
     let mut group = c.benchmark_group("kv_index");
     for (workers, blocks) in cases() {
         if workers * blocks > 10_000_000 {

@@ -114,7 +114,9 @@ fn emit(line: &Line) {
 /// Runs the child for `input`; its lines, and how it ended if it did not finish.
 fn child(input: &ChildInput) -> Result<(Vec<Line>, Option<String>), String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
-    let mut child = Command::new(exe)
+    let mut command = Command::new(exe);
+    crate::isolation::child::name_parent(&mut command);
+    let mut child = command
         .arg(SUBCOMMAND)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
@@ -626,6 +628,7 @@ fn test_policy(policy: Policy, allow_random: bool) {
 /// The child: reads its input (library, type, parameters) on stdin, lists or tests one
 /// type, one JSON line per phase and finding. Returns the exit code.
 pub fn run_child() -> i32 {
+    crate::isolation::child::exit_with_parent();
     let mut text = String::new();
     if std::io::Read::read_to_string(&mut std::io::stdin(), &mut text).is_err() {
         return 2;

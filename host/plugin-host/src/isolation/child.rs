@@ -38,8 +38,50 @@ struct Child {
     spin: Duration,
 }
 
+/// The parent's pid, passed to every child the router starts (isolated plugins, probes,
+/// conformance runs), so the child can end with it.
+pub const PARENT_ENV: &str = "SWITCHYARD_PARENT_PID";
+
+/// Marks `command` as a child of this process for [`exit_with_parent`].
+pub fn name_parent(command: &mut std::process::Command) {
+    command.env(PARENT_ENV, std::process::id().to_string());
+}
+
+/// Ends this process as soon as the one that started it (named by [`PARENT_ENV`]) is
+/// gone, even while plugin code keeps every other thread busy: a child must never
+/// outlive a killed `check` or router. `PR_SET_PDEATHSIG` is not enough: it fires when
+/// the spawning *thread* ends, and the router starts children from pooled threads.
+pub fn exit_with_parent() {
+    let Some(parent) = std::env::var(PARENT_ENV)
+        .ok()
+        .and_then(|pid| pid.parse::<i32>().ok())
+    else {
+        return;
+    };
+    let orphaned = move || nix::unistd::getppid().as_raw() != parent;
+    let watch = move || loop {
+        if orphaned() {
+            // SAFETY: _exit ends the process at once, without running atexit handlers or
+            // destructors that plugin threads could still be using.
+            unsafe { libc::_exit(137) };
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    if std::thread::Builder::new()
+        .name("parent-watch".into())
+        .spawn(watch)
+        .is_err()
+        && orphaned()
+    {
+        // SAFETY: as above.
+        unsafe { libc::_exit(137) };
+    }
+}
+
 /// The child's main: serves the control connection until the router closes it.
 pub fn run() -> i32 {
+    // Before the seccomp filter: the watch is a thread of its own.
+    exit_with_parent();
     // SAFETY: the router passed the control connection as fd 3 (`Supervisor::spawn`), and
     // nothing else in this process uses that fd.
     let control = unsafe { Connection::inherited(CONTROL_FD) };

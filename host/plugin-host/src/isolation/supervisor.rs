@@ -133,6 +133,7 @@ impl IsolatedProcess {
             .env(SPIN_ENV, self.settings.spin_us.to_string())
             .env(SECCOMP_ENV, if self.settings.seccomp { "1" } else { "0" })
             .stdin(Stdio::null());
+        super::child::name_parent(&mut command);
         // SAFETY: only async-signal-safe calls between fork and exec: dup2, fcntl,
         // setrlimit, prctl.
         unsafe {
@@ -158,8 +159,8 @@ impl IsolatedProcess {
                 }
                 // No core files of plugin crashes (each would be the size of the process),
                 // and no setuid escalation from plugin code. (No PR_SET_PDEATHSIG: it fires
-                // when the spawning *thread* ends; a child ends when its control connection
-                // closes, which the router's death does too.)
+                // when the spawning *thread* ends; the child watches its parent instead,
+                // `child::exit_with_parent`.)
                 limit(libc::RLIMIT_CORE, 0);
                 libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0);
                 Ok(())

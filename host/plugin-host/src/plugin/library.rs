@@ -200,17 +200,64 @@ fn check_pin(spec: &PluginSpec, bytes: &[u8]) -> Result<String, LoadError> {
 
 /// Checks the plugin file against its `sha256:` pin, if it has one.
 pub fn verify_pin(spec: &PluginSpec) -> Result<String, LoadError> {
-    let bytes = std::fs::read(&spec.path).map_err(not_found(&spec.path))?;
+    let (_, bytes) = read_file(&spec.path)?;
     check_pin(spec, &bytes)
 }
 
-/// Opens the plugin file and reads it whole: what the checks see and what is loaded are
-/// the same open file.
+/// The largest plugin file read (the biggest shared libraries shipped, with debug
+/// info, are a few hundred MB).
+pub const MAX_PLUGIN_FILE_BYTES: u64 = 1 << 30;
+
+/// Opens the plugin file and checks, before reading a byte, that it is a regular file of
+/// a size a library can have: a character device (`/dev/zero`) or a `/proc` file would
+/// be read without end, and opening a FIFO would wait for a writer (it is opened
+/// non-blocking). Returns the open file and its size.
+pub fn open_file(path: &Path) -> Result<(std::fs::File, u64), LoadError> {
+    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(not_found(path))?;
+    let meta = file.metadata().map_err(not_found(path))?;
+    let kind = meta.file_type();
+    let found = if kind.is_char_device() {
+        "a character device"
+    } else if kind.is_block_device() {
+        "a block device"
+    } else if kind.is_fifo() {
+        "a FIFO (named pipe)"
+    } else if kind.is_socket() {
+        "a socket"
+    } else if kind.is_dir() {
+        "a directory"
+    } else if meta.len() == 0 {
+        "an empty file (or one that reports no size, as /proc files do)"
+    } else if meta.len() > MAX_PLUGIN_FILE_BYTES {
+        return Err(LoadError::FileTooLarge {
+            path: path.to_owned(),
+            bytes: meta.len(),
+            limit: MAX_PLUGIN_FILE_BYTES,
+        });
+    } else {
+        return Ok((file, meta.len()));
+    };
+    Err(LoadError::NotARegularFile {
+        path: path.to_owned(),
+        found,
+    })
+}
+
+/// Opens the plugin file and reads it whole, no more than the size it had when opened:
+/// what the checks see and what is loaded are the same open file.
 fn read_file(path: &Path) -> Result<(std::fs::File, Vec<u8>), LoadError> {
     use std::io::Read;
-    let mut file = std::fs::File::open(path).map_err(not_found(path))?;
-    let mut bytes = Vec::new();
-    file.read_to_end(&mut bytes).map_err(not_found(path))?;
+    let (file, size) = open_file(path)?;
+    let mut bytes = Vec::with_capacity(size as usize);
+    (&file)
+        .take(size)
+        .read_to_end(&mut bytes)
+        .map_err(not_found(path))?;
     Ok((file, bytes))
 }
 

@@ -21,6 +21,14 @@ pub enum LoadError {
         path: PathBuf,
         source: std::io::Error,
     },
+    #[error("{}: not a plugin library: expected a regular file (a .so), found {found}. Point `path:` at the built library", path.display())]
+    NotARegularFile { path: PathBuf, found: &'static str },
+    #[error("{}: the file has {bytes} bytes, more than the {limit} a plugin library may have. Point `path:` at the built library (strip its debug info if it really is one)", path.display())]
+    FileTooLarge {
+        path: PathBuf,
+        bytes: u64,
+        limit: u64,
+    },
     #[error("{}: sha256 mismatch: the config expects {expected}, the file has {found}. The file changed since it was pinned: verify where it came from, then update `sha256:` in the config", path.display())]
     ChecksumMismatch {
         path: PathBuf,

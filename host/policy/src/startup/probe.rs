@@ -14,10 +14,13 @@ use switchyard_plugin_sdk::{WorkerId, WorkerType};
 use super::assemble;
 use crate::{CandidateRow, Registry, Selector};
 use switchyard_config::{ConfigSource, IsolationSettings};
-use switchyard_plugin_host::plugin::{PartitionKey, PluginSpec, RequestContext};
+use switchyard_plugin_host::plugin::{library, PartitionKey, PluginSpec, RequestContext};
 
 /// How long a probe step may take before it counts as hung.
 pub const PROBE_TIME_LIMIT: Duration = Duration::from_secs(20);
+
+/// The probe child's data limit (RLIMIT_DATA), applied before it runs any plugin code.
+pub const PROBE_MEMORY_LIMIT_MB: u64 = 4096;
 
 /// A plugin the probe refused: what `check` and `serve` print.
 #[derive(Debug, thiserror::Error)]
@@ -75,6 +78,9 @@ fn probe_one(source: &ConfigSource, index: usize) -> Option<(String, String)> {
         sha256: entry.sha256.clone(),
         revision: entry.revision,
     };
+    // A file that is no library (a device, a FIFO, a /proc file) is refused by the
+    // in-process startup with the reason, before anything reads it; no child needed.
+    library::open_file(&spec.path).ok()?;
     probe.config.plugins.clear();
     probe.config.workers.clear();
     let limit = PROBE_TIME_LIMIT.as_millis() as u64;
@@ -84,6 +90,9 @@ fn probe_one(source: &ConfigSource, index: usize) -> Option<(String, String)> {
         control_timeout_ms: limit,
         // One life: what it died of is the answer (no restart while the probe reports).
         restart_backoff_ms: 3_600_000,
+        // A library that allocates without end at load is stopped there, not by the
+        // kernel's OOM killer after it took the machine's memory.
+        memory_limit_mb: Some(PROBE_MEMORY_LIMIT_MB),
         ..IsolationSettings::default()
     };
     let mut registry = Registry::with_builtins();
