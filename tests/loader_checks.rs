@@ -372,7 +372,10 @@ fn a_library_cut_short_or_corrupted_is_refused_before_dlopen_maps_it() {
     let valid = std::fs::read(broken_plugin(dir.path(), "whole", &[])).unwrap();
     // Cut short at several points: each would make the dynamic loader map past the end
     // of the file (SIGBUS in this test process) if it got that far.
-    for len in [0, 40, 100, 1_500, valid.len() / 2, valid.len() - 1] {
+    let empty = write_library(dir.path(), "cut0.so", &[]);
+    let error = load_error(dir.path(), &empty, "");
+    assert!(error.contains("found an empty file"), "0 bytes: {error}");
+    for len in [40, 100, 1_500, valid.len() / 2, valid.len() - 1] {
         let lib = write_library(dir.path(), &format!("cut{len}.so"), &valid[..len]);
         let error = load_error(dir.path(), &lib, "");
         assert!(

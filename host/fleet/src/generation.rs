@@ -102,6 +102,15 @@ impl Generation {
         Ok(())
     }
 
+    /// Drops `partition`'s policies and their metric series (its last worker left, or
+    /// the worker it was built for was refused).
+    pub fn drop_partition(&self, partition: &PartitionKey) {
+        self.partitions.write().remove(partition);
+        self.stages
+            .write()
+            .retain(|stage| &stage.partition != partition);
+    }
+
     pub fn partitions(&self) -> Vec<PartitionKey> {
         self.partitions.read().keys().cloned().collect()
     }

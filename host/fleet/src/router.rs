@@ -315,7 +315,7 @@ impl Router {
         self.metrics.record_generation(number, loaded_at);
 
         for id in &removed {
-            let _ = self.remove_worker(*id);
+            let _ = self.remove_worker_changing(*id);
         }
         for spec in &changed {
             let id = spec.id();
@@ -328,7 +328,7 @@ impl Router {
                     let _ = workers.add(spec.clone());
                 });
             } else {
-                let _ = self.remove_worker(id);
+                let _ = self.remove_worker_changing(id);
                 let _ = self.change_workers(|workers| workers.add(spec.clone()));
             }
             if before[&id].kv_events != spec.kv_events {
@@ -397,11 +397,25 @@ impl Router {
 
     /// Registers a worker; a new partition gets one policy instance per configured
     /// instance, built now.
+    ///
+    /// Everything that can refuse the worker is checked before anything is built: a
+    /// refused registration leaves no partition, policy or metric series behind.
     pub fn add_worker(&self, spec: WorkerSpec) -> Result<(), RouteError> {
         spec.validate().map_err(WorkerError::Invalid)?;
         let _changing = self.changing.lock();
-        self.ensure_partition(&self.generation(), &spec.partition())?;
-        self.change_workers(|workers| workers.add(spec))?;
+        if let Some(existing) = self.state.read().workers.get(spec.id()) {
+            return Err(WorkerError::AlreadyRegistered(spec.id(), existing.model.clone()).into());
+        }
+        let generation = self.generation();
+        let partition = spec.partition();
+        let built = !generation.has_partition(&partition);
+        self.ensure_partition(&generation, &partition)?;
+        if let Err(e) = self.change_workers(|workers| workers.add(spec)) {
+            if built {
+                generation.drop_partition(&partition);
+            }
+            return Err(e.into());
+        }
         Ok(())
     }
 
@@ -443,8 +457,20 @@ impl Router {
     }
 
     /// Removes a worker, its cached blocks and its bookings.
+    /// A partition left without workers is dropped with its policies and metric series
+    /// (built again if a worker of it comes back).
     pub fn remove_worker(&self, id: WorkerId) -> Result<WorkerSpec, RouteError> {
+        let _changing = self.changing.lock();
+        self.remove_worker_changing(id)
+    }
+
+    /// `remove_worker`, for a caller that holds `changing` (a reload).
+    fn remove_worker_changing(&self, id: WorkerId) -> Result<WorkerSpec, RouteError> {
         let spec = self.change_workers(|workers| workers.remove(id))?;
+        let partition = spec.partition();
+        if !self.state.read().workers.uses_partition(&partition) {
+            self.generation().drop_partition(&partition);
+        }
         self.kv.write().remove_worker(id);
         self.book(|load| load.remove_worker(id));
         self.predicted.lock().remove_worker(id);

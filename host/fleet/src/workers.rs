@@ -124,6 +124,11 @@ impl Workers {
         self.partitions.get(partition).map_or(&[], Vec::as_slice)
     }
 
+    /// Whether any worker, healthy or not, belongs to `partition`.
+    pub fn uses_partition(&self, partition: &PartitionKey) -> bool {
+        self.by_id.values().any(|w| &w.partition() == partition)
+    }
+
     pub fn has_model(&self, model: &str) -> bool {
         self.by_id.values().any(|w| w.model == model)
     }
