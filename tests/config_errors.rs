@@ -237,3 +237,33 @@ fn a_plugin_that_fails_to_load_is_one_root_error_not_a_cascade() {
         "{error}"
     );
 }
+
+/// Text that would make the YAML parser slow (flow collections nested deep: its time grew
+/// with the square of the depth) or that holds no document is refused before parsing,
+/// with the file and line.
+#[test]
+fn deep_nesting_and_empty_files_are_refused_before_parsing() {
+    let dir = tempfile::tempdir().unwrap();
+    let deep = format!(
+        "worker_selection:\n  default: default\nworkers: {}{}\n",
+        "[".repeat(100_000),
+        "]".repeat(100_000)
+    );
+    let error = start_error(dir.path(), &deep);
+    assert!(error.contains("config.yaml:3:"), "{error}");
+    assert!(error.contains("nested more than 64 deep"), "{error}");
+    // Brackets inside quotes and comments are not nesting.
+    let quoted = format!(
+        "# {}\nworker_selection: {{default: \"{}\"}}\n",
+        "[".repeat(100),
+        "[".repeat(100)
+    );
+    let error = start_error(dir.path(), &quoted);
+    assert!(!error.contains("nested"), "{error}");
+    for empty in ["", "\n\n", "# nothing here\n", "---\n"] {
+        let error = start_error(dir.path(), empty);
+        assert!(error.contains("the config is empty"), "{empty:?}: {error}");
+    }
+    let error = start_error(dir.path(), "plugins: []\n---\nplugins: []\n");
+    assert!(error.contains("more than one document"), "{error}");
+}

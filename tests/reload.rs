@@ -279,3 +279,50 @@ fn fifty_reloads_leave_memory_bounded() {
         .unwrap();
     assert_eq!(policies["generation"]["number"], 56);
 }
+
+/// A reload that would remove every worker (a config emptied by mistake) is refused with
+/// the reason and changes nothing, unless the new config says it may.
+#[test]
+fn a_reload_that_would_remove_every_worker_is_refused_unless_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let workers = "workers:\n  - {model: demo, worker_id: 1}\n  - {model: demo, worker_id: 2}\n";
+    let config_path = write_config(
+        dir.path(),
+        &format!("worker_selection: {{default: default}}\n{workers}"),
+    );
+    let router = serve(&config_path);
+    let base = router.address.clone();
+    let reload = || -> (u16, Value) {
+        match ureq::post(&format!("{base}/v1/admin/reload")).call() {
+            Ok(r) => (r.status(), r.into_json().unwrap()),
+            Err(ureq::Error::Status(status, r)) => (status, r.into_json().unwrap()),
+            Err(e) => panic!("reload: {e}"),
+        }
+    };
+    let worker_count = || {
+        let workers: Value = ureq::get(&format!("{base}/v1/workers"))
+            .call()
+            .unwrap()
+            .into_json()
+            .unwrap();
+        workers.as_array().map_or(0, Vec::len)
+    };
+    std::fs::write(&config_path, "worker_selection: {default: default}\n").unwrap();
+    let (status, answer) = reload();
+    assert_ne!(status, 200, "{answer}");
+    let text = answer.to_string();
+    assert!(
+        text.contains("would remove every worker (2 of 2)"),
+        "{text}"
+    );
+    assert!(text.contains("router.reload_may_empty_fleet"), "{text}");
+    assert_eq!(worker_count(), 2, "a refused reload changed the fleet");
+    std::fs::write(
+        &config_path,
+        "router: {reload_may_empty_fleet: true}\nworker_selection: {default: default}\n",
+    )
+    .unwrap();
+    let (status, answer) = reload();
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(worker_count(), 0);
+}

@@ -348,6 +348,13 @@ pub struct RouterSettings {
     pub request_expiry_secs: u64,
     /// Whether `POST /v1/admin/reload` is answered for clients other than loopback.
     pub remote_admin: bool,
+    /// Whether a reload may remove every worker (a config emptied by mistake otherwise
+    /// leaves the router answering 404 to everything: such a reload is refused).
+    pub reload_may_empty_fleet: bool,
+    /// The most blocks the KV index keeps per worker in each offload tier (host, disk);
+    /// the device tier keeps at most the worker's `total_kv_blocks`. Past it, the
+    /// worker's oldest blocks are evicted (counted in `/metrics`).
+    pub max_offloaded_blocks_per_worker: u64,
 }
 
 impl Default for RouterSettings {
@@ -356,6 +363,8 @@ impl Default for RouterSettings {
             block_size: 16,
             request_expiry_secs: 600,
             remote_admin: false,
+            reload_may_empty_fleet: false,
+            max_offloaded_blocks_per_worker: 1 << 22,
         }
     }
 }
@@ -554,6 +563,71 @@ pub struct ConfigSource {
     pub path: Option<PathBuf>,
 }
 
+/// The largest config text parsed (real configs are a few KB).
+pub const MAX_CONFIG_BYTES: usize = 4 << 20;
+/// The deepest nesting of flow collections (`[` and `{`) parsed: the YAML parser's time
+/// grows with the square of it (a 100k-deep sequence took 36 s), and no config of this
+/// schema nests deeper than a handful.
+pub const MAX_FLOW_DEPTH: usize = 64;
+
+/// Refuses, in one linear pass before the YAML parser sees it, a text too large, nested
+/// too deep, or holding no document at all: an empty file is a mistake (a truncated
+/// write, the wrong path), not a config that removes every plugin and worker.
+fn check_shape(text: &str) -> Result<(), (Option<usize>, String)> {
+    if text.len() > MAX_CONFIG_BYTES {
+        return Err((
+            None,
+            format!(
+                "the config has {} bytes, more than the {MAX_CONFIG_BYTES} a config may have",
+                text.len()
+            ),
+        ));
+    }
+    let (mut depth, mut line, mut quote, mut comment) = (0usize, 1usize, None, false);
+    let mut previous = '\n';
+    let mut chars = text.chars().peekable();
+    while let Some(c) = chars.next() {
+        match (c, quote) {
+            ('\n', _) => {
+                line += 1;
+                comment = false;
+            }
+            _ if comment => {}
+            ('\\', Some('"')) => {
+                chars.next(); // an escaped character, `\"` included
+            }
+            (q, Some(open)) if q == open => quote = None,
+            (_, Some(_)) => {}
+            ('#', None) if previous.is_whitespace() => comment = true,
+            ('"' | '\'', None) if !previous.is_alphanumeric() => quote = Some(c),
+            ('[' | '{', None) => {
+                depth += 1;
+                if depth > MAX_FLOW_DEPTH {
+                    return Err((
+                        Some(line),
+                        format!("collections nested more than {MAX_FLOW_DEPTH} deep; no setting of the config nests like this: check the file"),
+                    ));
+                }
+            }
+            (']' | '}', None) => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+        previous = c;
+    }
+    let has_content = text.lines().any(|l| {
+        let l = l.trim();
+        !l.is_empty() && !l.starts_with('#') && l != "---" && l != "..."
+    });
+    if !has_content {
+        return Err((
+            None,
+            "the config is empty (no settings at all); write `{}` for a config of defaults only"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
 impl ConfigSource {
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
         let name = path.display().to_string();
@@ -582,6 +656,11 @@ impl ConfigSource {
     }
 
     pub fn parse(text: String, name: String, base_dir: PathBuf) -> Result<Self, ConfigError> {
+        check_shape(&text).map_err(|(line, message)| ConfigError {
+            file: name.clone(),
+            line,
+            message,
+        })?;
         let config: Config = serde_yaml::from_str(&text).map_err(|e| ConfigError {
             file: name.clone(),
             line: e.location().map(|l| l.line()),

@@ -294,6 +294,18 @@ impl Router {
             .cloned()
             .collect();
 
+        let live = self.state.read().workers.len();
+        if live > 0
+            && added.is_empty()
+            && removed.len() >= live
+            && !new.router.reload_may_empty_fleet
+        {
+            return Err(vec![format!(
+                "{}: the new config would remove every worker ({} of {live}); nothing was changed. If that is what you want, set `router.reload_may_empty_fleet: true` in it",
+                startup.source.name,
+                removed.len()
+            )]);
+        }
         let next = Generation::new(serving.number + 1, startup);
         let mut partitions: Vec<PartitionKey> = serving.partitions();
         partitions.extend(added.iter().chain(&changed).map(WorkerSpec::partition));
