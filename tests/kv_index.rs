@@ -202,3 +202,131 @@ fn random_walk(
     );
     index.shape()
 }
+
+/// Workers whose events store far more than their budget (what they declared they can
+/// hold): after every event each holds no more than its budget per tier, the index holds
+/// nothing the reference (unbounded) model does not, the blocks of the latest store are
+/// all held (the oldest go first), and every pair the index dropped is counted as
+/// evicted. Budgets are set before a worker's first event and lowered mid-run.
+#[test]
+fn budgets_bound_what_each_worker_holds_evicting_its_oldest_blocks() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(28);
+    let workers: Vec<WorkerId> = (0..4)
+        .map(|i| WorkerId {
+            worker_id: i,
+            dp_rank: 0,
+        })
+        .collect();
+    let chains: Vec<Vec<u64>> = (0..12)
+        .map(|c| (0..20).map(|i| (c as u64 + 1) << 32 | i).collect())
+        .collect();
+    let mut index = KvIndex::with_sweep_floor(64);
+    let mut reference = Reference::default();
+    let mut budgets: HashMap<WorkerId, [u64; 3]> = HashMap::new();
+    let mut ever: HashMap<(WorkerId, Tier), HashSet<u64>> = HashMap::new();
+    for &w in &workers {
+        let budget = [30 + w.worker_id * 10, 25, u64::MAX];
+        index.set_budget(w, budget);
+        budgets.insert(w, budget);
+    }
+    for step in 0..20_000 {
+        let worker = workers[rng.gen_range(0..workers.len())];
+        let tier = Tier::ALL[rng.gen_range(0..2)];
+        let chain = &chains[rng.gen_range(0..chains.len())];
+        if step == 10_000 {
+            let budget = [12, 12, u64::MAX];
+            index.set_budget(worker, budget);
+            budgets.insert(worker, budget);
+        }
+        let event = match rng.gen_range(0..20) {
+            0 => KvEvent::Cleared { tier: Some(tier) },
+            1..=15 => {
+                let start = rng.gen_range(0..chain.len());
+                let end = rng.gen_range(start..=chain.len().min(start + 10));
+                KvEvent::Stored {
+                    tier,
+                    parent_hash: None,
+                    block_hashes: chain[start..end].to_vec(),
+                }
+            }
+            _ => KvEvent::Removed {
+                tier,
+                block_hashes: (0..3).map(|_| chain[rng.gen_range(0..20)]).collect(),
+            },
+        };
+        let before = index.held(worker, tier);
+        let evicted_before = index.evicted();
+        let holds = |index: &KvIndex, hash: u64| {
+            let mut scratch = QueryScratch::default();
+            index
+                .query(&[hash], &mut scratch)
+                .overlap(worker)
+                .tier(tier)
+                > 0
+        };
+        // Blocks this worker never stored before (since its last clear of the tier) are
+        // its newest: their own store never evicts them. (A block removed and stored
+        // again keeps its first place in the order: eviction runs only for a worker past
+        // its declared capacity, where the order is a best effort.)
+        let stored_before = ever.entry((worker, tier)).or_default();
+        let new_blocks: Vec<u64> = match &event {
+            KvEvent::Stored { block_hashes, .. } => block_hashes
+                .iter()
+                .copied()
+                .filter(|&h| !holds(&index, h) && !stored_before.contains(&h))
+                .collect(),
+            KvEvent::Cleared { .. } => {
+                stored_before.clear();
+                Vec::new()
+            }
+            _ => Vec::new(),
+        };
+        if let KvEvent::Stored { block_hashes, .. } = &event {
+            stored_before.extend(block_hashes);
+        }
+        index.apply(worker, &event);
+        reference.apply(worker, &event);
+        let _ = before;
+        assert!(
+            index.evicted() == evicted_before || matches!(event, KvEvent::Stored { .. }),
+            "step {step}: only stores evict"
+        );
+        for &w in &workers {
+            for t in Tier::ALL {
+                assert!(
+                    index.held(w, t) <= budgets[&w][t as usize],
+                    "step {step}: {w:?} holds {} in {t:?}, budget {}",
+                    index.held(w, t),
+                    budgets[&w][t as usize]
+                );
+            }
+        }
+        for &hash in &new_blocks {
+            assert!(
+                holds(&index, hash),
+                "step {step}: block {hash:x}, just stored, was evicted"
+            );
+        }
+        let mut scratch = QueryScratch::default();
+        let query = &chains[rng.gen_range(0..chains.len())];
+        let result = index.query(query, &mut scratch);
+        for &w in &workers {
+            for t in Tier::ALL {
+                assert!(
+                    result.overlap(w).tier(t) <= reference.prefix(w, t, query),
+                    "step {step}: {w:?} holds in {t:?} what was never stored or was removed"
+                );
+            }
+        }
+    }
+    assert!(index.evicted() > 1_000, "evicted only {}", index.evicted());
+    // Every pair stored and never removed by an event is either held or counted evicted.
+    let held: u64 = index.blocks().iter().map(|&b| b as u64).sum();
+    let reference_pairs: u64 = reference.held.values().map(|s| s.len() as u64).sum();
+    assert!(held <= reference_pairs);
+    assert!(
+        held + index.evicted() >= reference_pairs,
+        "{held} held + {} evicted < {reference_pairs}",
+        index.evicted()
+    );
+}

@@ -17,6 +17,8 @@
 //! runs are walked once for every slot (`held_runs`). The router asks for every
 //! candidate at once, in its partition's row order (`query_rows`).
 
+use std::collections::VecDeque;
+
 use rustc_hash::FxHashMap;
 
 mod held_runs;
@@ -166,6 +168,12 @@ struct Slots {
     live_bits: Vec<u64>,
     /// Per slot, the pairs it holds in each tier.
     pairs: Vec<[u64; 3]>,
+    /// Per slot and tier, the blocks in the order they were stored (removed ones are
+    /// skipped when reached, and dropped when they outnumber the held ones): the
+    /// worker's oldest blocks, evicted first past its budget.
+    order: Vec<[VecDeque<u64>; 3]>,
+    /// Per slot and tier, the most pairs it may hold (`u64::MAX`: no bound).
+    budget: Vec<[u64; 3]>,
     /// Changes whenever a worker gains or loses a slot.
     epoch: u64,
 }
@@ -179,10 +187,14 @@ impl Slots {
             self.count += 1;
             self.dead.push(false);
             self.pairs.push([0; 3]);
+            self.order.push(Default::default());
+            self.budget.push([u64::MAX; 3]);
             self.count - 1
         });
         self.dead[slot as usize] = false;
         self.pairs[slot as usize] = [0; 3];
+        self.order[slot as usize] = Default::default();
+        self.budget[slot as usize] = [u64::MAX; 3];
         set_bit(&mut self.live_bits, slot);
         self.by_worker.insert(worker, slot);
         self.epoch += 1;
@@ -632,7 +644,7 @@ impl TierIndex {
 
     /// Adds `slot` to each block's holders; returns how many pairs are new. Consecutive
     /// blocks whose holders were equal stay equal (one shared set, not a copy each).
-    fn store(&mut self, slot: u32, hashes: &[u64], slots: u32) -> u64 {
+    fn store(&mut self, slot: u32, hashes: &[u64], slots: u32, order: &mut VecDeque<u64>) -> u64 {
         let mut added = 0;
         // The previous block's holders before and after, and whether `slot` was new there.
         let mut last: Option<(Holders, Holders, bool)> = None;
@@ -653,9 +665,18 @@ impl TierIndex {
                 self.table.set(hash, new);
             }
             last = old.map(|old| (old, new, was_added));
+            if was_added {
+                order.push_back(hash);
+            }
             added += u64::from(was_added);
         }
         added
+    }
+
+    fn holds(&self, slot: u32, hash: u64) -> bool {
+        self.table
+            .get(hash)
+            .is_some_and(|holders| self.sets.contains(holders, slot))
     }
 
     /// Removes `slot` from each block's holders; returns how many pairs it held.
@@ -840,6 +861,9 @@ pub struct KvIndex {
     sweeps: u64,
     /// A tier whose request path has more runs than this is answered densely.
     lazy_runs: usize,
+    /// Budgets set for workers that hold no slot yet.
+    pending_budgets: FxHashMap<WorkerId, [u64; 3]>,
+    evicted: u64,
 }
 
 /// Up to this many runs, a worker's overlap is read by testing its membership run by run;
@@ -872,10 +896,17 @@ impl KvIndex {
                 tier, block_hashes, ..
             } => {
                 let slot = self.slots.get_or_insert(worker);
+                if !self.pending_budgets.is_empty() {
+                    if let Some(budget) = self.pending_budgets.remove(&worker) {
+                        self.slots.budget[slot as usize] = budget;
+                    }
+                }
                 let t = tier.index();
-                let added = self.tiers[t].store(slot, block_hashes, self.slots.count);
+                let order = &mut self.slots.order[slot as usize][t];
+                let added = self.tiers[t].store(slot, block_hashes, self.slots.count, order);
                 self.live[t] += added;
                 self.slots.pairs[slot as usize][t] += added;
+                self.evict_past_budget(slot, t);
             }
             KvEvent::Removed { tier, block_hashes } => {
                 if let Some(&slot) = self.slots.by_worker.get(&worker) {
@@ -883,6 +914,7 @@ impl KvIndex {
                     let removed = self.tiers[t].remove(slot, block_hashes.iter().copied());
                     self.live[t] -= removed;
                     self.slots.pairs[slot as usize][t] -= removed;
+                    self.trim_order(slot, t);
                 }
             }
             KvEvent::Cleared { tier: Some(tier) } => {
@@ -890,6 +922,7 @@ impl KvIndex {
                     let t = tier.index();
                     self.tiers[t].sweep(|s| s == slot);
                     self.live[t] -= std::mem::take(&mut self.slots.pairs[slot as usize][t]);
+                    self.slots.order[slot as usize][t] = VecDeque::new();
                 }
             }
             KvEvent::Cleared { tier: None } => self.remove_worker(worker),
@@ -907,6 +940,8 @@ impl KvIndex {
             sweep_floor: floor,
             sweeps: 0,
             lazy_runs: LAZY_RUNS,
+            pending_budgets: FxHashMap::default(),
+            evicted: 0,
         }
     }
 
@@ -920,6 +955,7 @@ impl KvIndex {
     /// Forgets everything a worker held (it left the fleet, or cleared every tier): its
     /// slot is dead at once, its pairs swept later (see `Slots`).
     pub fn remove_worker(&mut self, worker: WorkerId) {
+        self.pending_budgets.remove(&worker);
         let Some(slot) = self.slots.by_worker.remove(&worker) else {
             return;
         };
@@ -927,6 +963,7 @@ impl KvIndex {
         self.slots.dead[slot as usize] = true;
         clear_bit(&mut self.slots.live_bits, slot);
         let pairs = std::mem::take(&mut self.slots.pairs[slot as usize]);
+        self.slots.order[slot as usize] = Default::default();
         for (live, held) in self.live.iter_mut().zip(pairs) {
             *live -= held;
         }
@@ -936,6 +973,61 @@ impl KvIndex {
         } else if self.garbage == 0 {
             self.slots.free.push(slot);
         }
+    }
+
+    /// Bounds what `worker` may hold per tier (device, host, disk): its declared
+    /// capacity, so no stream of events (lost removals, a lying engine) grows the index
+    /// past what the fleet declared. Blocks already past a lowered budget are evicted.
+    pub fn set_budget(&mut self, worker: WorkerId, budget: [u64; 3]) {
+        let Some(&slot) = self.slots.by_worker.get(&worker) else {
+            self.pending_budgets.insert(worker, budget);
+            return;
+        };
+        if self.slots.budget[slot as usize] != budget {
+            self.slots.budget[slot as usize] = budget;
+            for t in 0..3 {
+                self.evict_past_budget(slot, t);
+            }
+        }
+    }
+
+    /// Blocks evicted so far because a worker went past its budget.
+    pub fn evicted(&self) -> u64 {
+        self.evicted
+    }
+
+    /// Evicts `slot`'s oldest blocks in tier `t` until it holds no more than its budget.
+    fn evict_past_budget(&mut self, slot: u32, t: usize) {
+        let s = slot as usize;
+        while self.slots.pairs[s][t] > self.slots.budget[s][t] {
+            let Some(oldest) = self.slots.order[s][t].pop_front() else {
+                break;
+            };
+            let removed = self.tiers[t].remove(slot, [oldest]);
+            self.live[t] -= removed;
+            self.slots.pairs[s][t] -= removed;
+            self.evicted += removed;
+        }
+    }
+
+    /// Drops from `slot`'s store order (tier `t`) the blocks it no longer holds, and all
+    /// but the latest listing of each, once they outnumber the held ones: the order stays
+    /// within twice the pairs held, and each trim pays for the removals before it.
+    fn trim_order(&mut self, slot: u32, t: usize) {
+        let s = slot as usize;
+        if (self.slots.order[s][t].len() as u64) <= 2 * self.slots.pairs[s][t] + 1024 {
+            return;
+        }
+        let tier = &self.tiers[t];
+        let mut seen = rustc_hash::FxHashSet::default();
+        let mut kept: Vec<u64> = self.slots.order[s][t]
+            .iter()
+            .rev()
+            .copied()
+            .filter(|&hash| tier.holds(slot, hash) && seen.insert(hash))
+            .collect();
+        kept.reverse();
+        self.slots.order[s][t] = kept.into();
     }
 
     /// Removes dead slots' pairs from every tier and frees the slots for reuse.
@@ -966,6 +1058,14 @@ impl KvIndex {
             .get(&worker)
             .copied()
             .unwrap_or(NO_SLOT)
+    }
+
+    /// The blocks `worker` holds in `tier`.
+    pub fn held(&self, worker: WorkerId, tier: Tier) -> u64 {
+        self.slots
+            .by_worker
+            .get(&worker)
+            .map_or(0, |&slot| self.slots.pairs[slot as usize][tier.index()])
     }
 
     /// Changes whenever some worker's `slot_of` does.

@@ -113,6 +113,7 @@ pub struct Metrics {
     epoch: std::time::Instant,
     /// Reservations released by expiry because nothing freed them.
     expired: AtomicU64,
+    kv_evicted: AtomicU64,
     /// Frontend: selections repeated after an engine refused the connection.
     upstream_retries: AtomicU64,
     /// Frontend: engine failures answered to clients (connect, timeout, mid-answer).
@@ -153,6 +154,7 @@ impl Metrics {
             kv_sources: Mutex::new(Vec::new()),
             epoch: std::time::Instant::now(),
             expired: AtomicU64::new(0),
+            kv_evicted: AtomicU64::new(0),
             upstream_retries: AtomicU64::new(0),
             upstream_errors: AtomicU64::new(0),
             shed: AtomicU64::new(0),
@@ -186,6 +188,10 @@ impl Metrics {
         });
         sources.push(counters.clone());
         counters
+    }
+
+    pub fn record_kv_evicted(&self, n: u64) {
+        self.kv_evicted.fetch_add(n, Ordering::Relaxed);
     }
 
     pub fn record_expired(&self, n: usize) {
@@ -501,6 +507,7 @@ impl Metrics {
         let no_labels = |value: Value| vec![(Vec::new(), value)];
         for (name, help, counter_value) in [
             ("switchyard_reservations_expired", "Reservations released by expiry because nothing freed them (the last safety net).", &self.expired),
+            ("switchyard_kv_blocks_evicted", "Blocks the KV index evicted (a worker's oldest) because the worker's events stored more than its budget (`total_kv_blocks`, or `router.max_offloaded_blocks_per_worker` for offload tiers).", &self.kv_evicted),
             ("switchyard_upstream_retries", "Frontend selections repeated after an engine refused the connection.", &self.upstream_retries),
             ("switchyard_upstream_errors", "Frontend requests that ended with an engine failure (connect, timeout, mid-answer).", &self.upstream_errors),
             ("switchyard_frontend_shed", "Frontend requests answered 429 because frontend.max_in_flight requests were being proxied.", &self.shed),

@@ -158,6 +158,8 @@ pub struct Router {
     engine_blocks: Mutex<HashMap<WorkerId, EngineBlocks>>,
     /// Per worker, its engine's KV-event subscription, stopped when it is dropped.
     subscriptions: Mutex<HashMap<WorkerId, Subscription>>,
+    /// Workers whose events went past their KV budget (each logged once).
+    kv_overruns: Mutex<std::collections::HashSet<WorkerId>>,
     /// Workers whose engine refused a connection: no probe brings them back before this.
     cooldown_until: Mutex<HashMap<WorkerId, Instant>>,
     /// Requests whose policy asked for lifecycle notifications, and their delivery.
@@ -214,6 +216,7 @@ impl Router {
             predicted: Mutex::new(PredictedKv::default()),
             engine_blocks: Mutex::new(HashMap::new()),
             subscriptions: Mutex::new(HashMap::new()),
+            kv_overruns: Mutex::new(std::collections::HashSet::new()),
             cooldown_until: Mutex::new(HashMap::new()),
             lifecycles: Lifecycles::new(),
             metrics,
@@ -488,6 +491,7 @@ impl Router {
         self.predicted.lock().remove_worker(id);
         self.engine_blocks.lock().remove(&id);
         self.subscriptions.lock().remove(&id);
+        self.kv_overruns.lock().remove(&id);
         self.cooldown_until.lock().remove(&id);
         let load = self.load.read();
         self.lifecycles.finish_unbooked(|id| load.is_booked(id));
@@ -586,9 +590,48 @@ impl Router {
             Duration::from_secs(settings.predicted_ttl_secs),
             Instant::now(),
         );
+        self.apply_kv(worker, &events);
+    }
+
+    /// Applies `worker`'s KV events within its budget (what it declared it can hold),
+    /// counting and logging (once per worker) the blocks evicted past it.
+    fn apply_kv(&self, worker: WorkerId, events: &[KvEvent]) {
+        let Some(device) = self
+            .state
+            .read()
+            .workers
+            .get(worker)
+            .map(|spec| spec.total_kv_blocks)
+        else {
+            return;
+        };
+        let offload = self
+            .generation()
+            .startup
+            .source
+            .config
+            .router
+            .max_offloaded_blocks_per_worker;
         let mut kv = self.kv.write();
-        for event in &events {
+        kv.set_budget(worker, [device, offload, offload]);
+        let before = kv.evicted();
+        for event in events {
             kv.apply(worker, event);
+        }
+        let evicted = kv.evicted() - before;
+        drop(kv);
+        if evicted > 0 {
+            self.metrics.record_kv_evicted(evicted);
+            if self.kv_overruns.lock().insert(worker) {
+                tracing::warn!(
+                    worker_id = worker.worker_id,
+                    dp_rank = worker.dp_rank,
+                    evicted,
+                    total_kv_blocks = device,
+                    max_offloaded_blocks_per_worker = offload,
+                    "a worker's KV events store more blocks than it declared it can hold (lost removals, or a wrong total_kv_blocks); its oldest blocks are evicted from the index. Logged once per worker; switchyard_kv_blocks_evicted_total counts them"
+                );
+            }
         }
     }
 
@@ -601,10 +644,7 @@ impl Router {
         if self.state.read().workers.get(worker).is_none() {
             return Err(WorkerError::Unknown(worker).into());
         }
-        let mut kv = self.kv.write();
-        for event in events {
-            kv.apply(worker, event);
-        }
+        self.apply_kv(worker, events);
         Ok(())
     }
 
@@ -663,10 +703,7 @@ impl Router {
                 }
             }
         }
-        let mut kv = self.kv.write();
-        for event in &translated {
-            kv.apply(worker, event);
-        }
+        self.apply_kv(worker, &translated);
         outcome
     }
 
