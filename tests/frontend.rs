@@ -663,3 +663,74 @@ fn requests_over_max_in_flight_get_429_and_the_slots_come_back() {
             .contains("switchyard_frontend_shed_total 4"));
     });
 }
+
+/// An engine that fails before its answer's first byte (it sends a JSON answer's
+/// headers, then closes), asked for a stream: the client gets a 502 with an OpenAI error
+/// as JSON, not an SSE event inside a JSON body. An engine slower than
+/// `request_timeout_secs` ends a stream with an SSE error that says it timed out, and
+/// how long the limit is. Nothing stays booked.
+#[test]
+fn streams_end_honestly_when_the_engine_fails_before_or_during_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let closing = engine_sim("closing", "127.0.0.1:0", &["--fail", "close-after-headers"]);
+    let router = router(dir.path(), &[&closing.address]);
+    runtime().block_on(async {
+        let client = reqwest::Client::new();
+        for stream in [true, false] {
+            let response = client
+                .post(format!("{}/v1/chat/completions", router.address))
+                .json(&chat("closed early", stream, 4))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(response.status(), 502, "stream: {stream}");
+            assert!(response.headers()["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with("application/json"));
+            let error: Value = response.json().await.unwrap();
+            assert_eq!(error["error"]["type"], "server_error", "{error}");
+            assert!(
+                error["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("worker 1: the engine failed mid-answer"),
+                "{error}"
+            );
+        }
+        wait_for_zero_load(&client, &router.address).await;
+    });
+
+    let slow = engine_sim("slow", "127.0.0.1:0", &["--decode-tps", "4"]);
+    let yaml = format!(
+        "frontend: {{request_timeout_secs: 1}}\nworkers:\n  - {{model: demo, worker_id: 1, url: \"{}\"}}\n",
+        slow.address
+    );
+    let router = serve(&write_config(dir.path(), &yaml));
+    runtime().block_on(async {
+        let client = reqwest::Client::new();
+        let response = client
+            .post(format!("{}/v1/chat/completions", router.address))
+            .json(&chat("too slow", true, 40))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let text = response.text().await.expect("the stream ends cleanly");
+        let last = text
+            .split("\n\n")
+            .filter_map(|e| e.strip_prefix("data: "))
+            .last()
+            .unwrap()
+            .to_owned();
+        let error: Value = serde_json::from_str(&last).unwrap();
+        assert!(
+            error["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("timed out after 1 s"),
+            "{error}"
+        );
+        wait_for_zero_load(&client, &router.address).await;
+    });
+}

@@ -46,6 +46,8 @@ pub enum FailMode {
     Http500,
     /// Breaks the connection after half of a streamed answer's tokens.
     AbortMidStream,
+    /// Sends the headers of a JSON answer (200), then breaks the connection.
+    CloseAfterHeaders,
 }
 
 /// What `switchyard engine-sim` takes.
@@ -221,6 +223,18 @@ async fn complete(engine: Arc<Engine>, endpoint: Endpoint, body: Bytes) -> Respo
             "simulated engine failure",
             "server_error",
         );
+    }
+    if engine.args.fail == FailMode::CloseAfterHeaders {
+        // The pause lets the headers go out first, as an engine's would.
+        let broken = futures_util::stream::once(async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            Err::<Bytes, _>(std::io::Error::other("simulated close after headers"))
+        });
+        return (
+            [(header::CONTENT_TYPE, "application/json")],
+            Body::from_stream(broken),
+        )
+            .into_response();
     }
     let number = engine.requests.fetch_add(1, Ordering::Relaxed);
     let tokens = prompt

@@ -326,7 +326,9 @@ impl Frontend {
                 Ok(response) => {
                     let mut lease = lease;
                     lease.hold(slot);
-                    return self.respond(&prompt, decision, lease, response, arrived);
+                    return self
+                        .respond(&prompt, decision, lease, response, arrived)
+                        .await;
                 }
             }
         }
@@ -375,7 +377,12 @@ impl Frontend {
 
     /// The client's response: the engine's status, body and content type, the decision in
     /// `x-switchyard-*` headers, and the lease riding along the body stream.
-    fn respond(
+    /// The engine's answer, relayed. Its first body chunk is awaited before any byte goes
+    /// to the client: an engine that fails before it (closes after its headers, times
+    /// out) gets a JSON error with 502 or 504, not a broken or mixed body. After it, an
+    /// error ends a `text/event-stream` with an SSE error event, and any other body by
+    /// cutting the connection (nothing can be appended honestly to half a JSON answer).
+    async fn respond(
         &self,
         prompt: &Prompt,
         decision: RouteDecision,
@@ -416,13 +423,35 @@ impl Frontend {
                 headers.insert(HeaderName::from_static(name), value);
             }
         }
-        let sse = prompt.stream && status.is_success();
+        let sse = status.is_success()
+            && headers
+                .get(axum::http::header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.starts_with("text/event-stream"));
+        let mut chunks = Box::pin(upstream.bytes_stream());
+        let first = match chunks.next().await {
+            Some(Err(error)) => {
+                lease.free();
+                self.router.metrics.record_upstream_error();
+                let (status, message) =
+                    upstream_failure(&error, self.settings.request_timeout_secs);
+                tracing::warn!(request = %lease.request_id, %error, "engine failed before its answer's first byte");
+                return OpenAiError::new(
+                    status,
+                    "server_error",
+                    format!("worker {}: {message}", worker.worker_id),
+                )
+                .into_response();
+            }
+            first => first,
+        };
         let body = Body::from_stream(relay(
-            upstream.bytes_stream(),
+            futures_util::stream::iter(first).chain(chunks),
             lease,
             sse,
             &self.router,
             arrived,
+            self.settings.request_timeout_secs,
         ));
         let status = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);
         (status, headers, body).into_response()
@@ -489,12 +518,29 @@ impl Drop for Lease {
 /// prefill; the end frees; an upstream error frees and, for an event stream, ends it with
 /// an SSE error event (the client has the status line already, so no other signal is
 /// left). Dropping the stream (client gone) drops the lease and the upstream request.
+/// What to tell a client of an engine that failed mid-answer: a timeout says so, with the
+/// limit, rather than the HTTP client's "error decoding response body".
+fn upstream_failure(error: &reqwest::Error, timeout_secs: u64) -> (StatusCode, String) {
+    if error.is_timeout() {
+        (
+            StatusCode::GATEWAY_TIMEOUT,
+            format!("the engine's answer timed out after {timeout_secs} s (frontend.request_timeout_secs)"),
+        )
+    } else {
+        (
+            StatusCode::BAD_GATEWAY,
+            format!("the engine failed mid-answer: {error}"),
+        )
+    }
+}
+
 fn relay(
     upstream: impl Stream<Item = reqwest::Result<Bytes>> + Send + 'static,
     lease: Lease,
     sse: bool,
     router: &Arc<Router>,
     arrived: std::time::Instant,
+    timeout_secs: u64,
 ) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
     let router = router.clone();
     let upstream = Box::pin(upstream);
@@ -519,11 +565,12 @@ fn relay(
                     lease.free();
                     router.metrics.record_upstream_error();
                     tracing::warn!(request = %lease.request_id, %error, "engine failed mid-answer");
+                    let (_, message) = upstream_failure(&error, timeout_secs);
                     if sse {
-                        let event = json!({"error": {"message": format!("the engine failed mid-stream: {error}"), "type": "server_error", "param": null, "code": "upstream_error"}});
+                        let event = json!({"error": {"message": message, "type": "server_error", "param": null, "code": "upstream_error"}});
                         Some((Ok(Bytes::from(format!("data: {event}\n\n"))), None))
                     } else {
-                        Some((Err(std::io::Error::other(error)), None))
+                        Some((Err(std::io::Error::other(message)), None))
                     }
                 }
             }
