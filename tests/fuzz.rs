@@ -126,6 +126,68 @@ proptest! {
         }
     }
 
+    /// Deeply nested flow collections, quotes and comments around them, paths to special
+    /// files: refused (or parsed) with a message naming the file, in time linear in the
+    /// text (the nesting check runs before the parser).
+    #[test]
+    fn nested_and_special_config_text_is_refused_with_a_message(depth in 0usize..5_000, open in "[\\[{]", quote in "(|\"|'|# )", path in "(/dev/zero|/proc/self/mem|/dev/null|/tmp|.)") {
+        let close = if open == "[" { "]" } else { "}" };
+        let text = format!("plugins:\n  - path: {path}\nworkers: {quote}{}{}\n", open.repeat(depth), close.repeat(depth));
+        if let Err(error) = ConfigSource::parse(text, "fuzz.yaml".into(), ".".into()) {
+            prop_assert!(error.to_string().starts_with("fuzz.yaml"), "{}", error);
+        }
+    }
+
+    /// The KV index against the obvious model under any sequence of stores, removals,
+    /// clears and worker removals: the same pairs per tier and the same prefix per worker.
+    #[test]
+    fn the_kv_index_matches_a_reference_model(ops in proptest::collection::vec((0u64..4, 0usize..3, 0u8..10, 0u64..6, 0u64..6), 1..200)) {
+        use std::collections::{HashMap, HashSet};
+        use switchyard::fleet::kv_index::{KvEvent, KvIndex, QueryScratch, Tier};
+        let mut index = KvIndex::with_sweep_floor(8);
+        let mut model: HashMap<(u64, usize), HashSet<u64>> = HashMap::new();
+        let id = |w: u64| switchyard_plugin_sdk::WorkerId { worker_id: w, dp_rank: 0 };
+        for &(w, t, op, a, b) in &ops {
+            let tier = Tier::ALL[t];
+            let (from, to) = (a.min(b), a.max(b) + 1);
+            let hashes: Vec<u64> = (from..to).collect();
+            match op {
+                0..=5 => {
+                    index.apply(id(w), &KvEvent::Stored { tier, parent_hash: None, block_hashes: hashes.clone() });
+                    model.entry((w, t)).or_default().extend(hashes);
+                }
+                6 | 7 => {
+                    index.apply(id(w), &KvEvent::Removed { tier, block_hashes: hashes.clone() });
+                    if let Some(set) = model.get_mut(&(w, t)) {
+                        hashes.iter().for_each(|h| { set.remove(h); });
+                    }
+                }
+                8 => {
+                    index.apply(id(w), &KvEvent::Cleared { tier: Some(tier) });
+                    model.remove(&(w, t));
+                }
+                _ => {
+                    index.remove_worker(id(w));
+                    model.retain(|(mw, _), _| *mw != w);
+                }
+            }
+        }
+        for t in 0..3 {
+            let pairs: usize = model.iter().filter(|((_, mt), _)| *mt == t).map(|(_, s)| s.len()).sum();
+            prop_assert_eq!(index.blocks()[t], pairs);
+        }
+        let chain: Vec<u64> = (0..7).collect();
+        let mut scratch = QueryScratch::default();
+        let result = index.query(&chain, &mut scratch);
+        for w in 0..4 {
+            for (t, tier) in Tier::ALL.iter().enumerate() {
+                let set = model.get(&(w, t));
+                let expected = chain.iter().take_while(|h| set.is_some_and(|s| s.contains(h))).count() as u32;
+                prop_assert_eq!(result.overlap(id(w)).tier(*tier), expected);
+            }
+        }
+    }
+
     /// Any OpenAI body is a prompt or a refusal with a message.
     #[test]
     fn any_openai_body_parses_or_is_refused_with_a_message(body in proptest::collection::vec(any::<u8>(), 0..200), json in "\\{(\"(model|messages|prompt|stream|max_tokens|role|content)\":(\"[a-z]{0,5}\"|[0-9]{1,3}|true|null|\\[|\\]|\\{|\\}|,)){0,12}\\}?") {

@@ -1036,6 +1036,10 @@ impl KvIndex {
         for tier in &mut self.tiers {
             tier.sweep(|s| dead.get(s as usize).copied().unwrap_or(false));
         }
+        // Every dead slot is free now: the newly departed and those free already (free
+        // slots are marked dead until reused). Pushing only onto the old list once gave
+        // a free slot twice, to two workers, who then shared their blocks' holders.
+        self.slots.free.clear();
         for (slot, &is_dead) in dead.iter().enumerate() {
             if is_dead {
                 self.slots.free.push(slot as u32);
