@@ -5,7 +5,7 @@ CARGO ?= cargo
 CMAKE_BUILD := target/cmake
 BENCHES := $(patsubst host/benches/%.rs,%,$(wildcard host/benches/*.rs))
 
-.PHONY: run demo test lint fuzz build plugins check-tools bench $(addprefix bench-,$(subst _,-,$(BENCHES))) clean
+.PHONY: run demo test lint fuzz soak build plugins check-tools bench $(addprefix bench-,$(subst _,-,$(BENCHES))) clean
 
 check-tools:
 	@./scripts/check-tools
@@ -35,6 +35,10 @@ lint: check-tools
 	$(CARGO) clippy --workspace --all-targets --features switchyard-plugin-sdk/layout -- -D warnings
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps --workspace --features switchyard-plugin-sdk/layout
 	./scripts/check-msrv $(MSRV_FLAGS)
+
+# The soak with faults for 10 minutes (make test runs it for one).
+soak: plugins
+	SWITCHYARD_SOAK_SECS=600 $(CARGO) test --release -p switchyard --test soak -- --nocapture
 
 # Property-based fuzzing of every input parser, 100,000 cases per target (make test runs 256).
 fuzz: plugins

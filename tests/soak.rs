@@ -1,0 +1,377 @@
+//! Soak with faults, over loopback, bounded in time (issue #28). For
+//! `SWITCHYARD_SOAK_SECS` seconds (60 by default, as CI runs it; `make soak` runs 600):
+//! clients stream and hang up through the frontend in front of three `engine-sim`
+//! engines, while engines are killed and restarted, the config is reloaded, duplicate
+//! registrations are refused, and a KV-event flood with clears runs against a fourth
+//! worker. At the end: every request was answered (an answer or an OpenAI-shaped error,
+//! none left hanging), no booking is left, and `/metrics` and resident memory are flat
+//! after warm-up. `/healthz` latencies are reported (p50, p99, max), not asserted: the
+//! machine is shared and noisy.
+//!
+//! Also: clearing and removing workers that hold 400k blocks each, with `/healthz` and
+//! `/v1/select` probed throughout (latencies reported).
+
+mod support;
+
+use std::io::Read;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::*;
+
+fn resident_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap()
+}
+
+fn agent() -> ureq::Agent {
+    ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(20))
+        .build()
+}
+
+/// Status and body of a request; `Err` when no answer came at all.
+fn call(
+    agent: &ureq::Agent,
+    method: &str,
+    url: &str,
+    body: Option<&Value>,
+) -> Result<(u16, String), String> {
+    let request = agent.request(method, url);
+    let response = match body {
+        Some(body) => request.send_json(body.clone()),
+        None => request.call(),
+    };
+    match response {
+        Ok(r) => Ok((r.status(), r.into_string().unwrap_or_default())),
+        Err(ureq::Error::Status(status, r)) => Ok((status, r.into_string().unwrap_or_default())),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// Latencies in microseconds: p50, p99, max.
+fn summary(mut micros: Vec<u64>) -> String {
+    micros.sort_unstable();
+    let at = |q: f64| micros[((micros.len() as f64 - 1.0) * q) as usize] as f64 / 1000.0;
+    format!(
+        "{} samples, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+        micros.len(),
+        at(0.5),
+        at(0.99),
+        at(1.0)
+    )
+}
+
+/// Samples `url` every 10 ms until `stop`; the latencies, and how many were not 200.
+fn probe(
+    url: String,
+    body: Option<Value>,
+    stop: Arc<AtomicBool>,
+) -> std::thread::JoinHandle<(Vec<u64>, u64)> {
+    std::thread::spawn(move || {
+        let agent = agent();
+        let (mut latencies, mut failed) = (Vec::new(), 0);
+        while !stop.load(Ordering::Relaxed) {
+            let started = Instant::now();
+            let method = if body.is_some() { "POST" } else { "GET" };
+            match call(&agent, method, &url, body.as_ref()) {
+                Ok((200, _)) => latencies.push(started.elapsed().as_micros() as u64),
+                _ => failed += 1,
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        (latencies, failed)
+    })
+}
+
+#[test]
+fn clearing_and_removing_workers_of_400k_blocks_keeps_serving() {
+    const BLOCKS: u64 = 400_000;
+    let dir = tempfile::tempdir().unwrap();
+    let workers: String = (1..=3)
+        .map(|w| format!("  - {{model: m, worker_id: {w}, total_kv_blocks: {BLOCKS}}}\n"))
+        .collect();
+    let router = serve(&write_config(
+        dir.path(),
+        &format!("worker_selection: {{default: default}}\nworkers:\n{workers}"),
+    ));
+    let base = router.address.clone();
+    let agent = agent();
+    let load = |worker: u64| {
+        for chunk in 0..(BLOCKS / 10_000) {
+            let hashes: Vec<u64> = (0..10_000)
+                .map(|i| worker << 40 | (chunk * 10_000 + i) + 1)
+                .collect();
+            let body = json!({"worker_id": worker, "events": [{"type": "stored", "block_hashes": hashes}]});
+            let (status, text) =
+                call(&agent, "POST", &format!("{base}/v1/kv_events"), Some(&body)).unwrap();
+            assert_eq!(status, 200, "{text}");
+        }
+    };
+    for worker in 1..=3 {
+        load(worker);
+    }
+    let blocks = |agent: &ureq::Agent| -> f64 {
+        let (_, text) = call(agent, "GET", &format!("{base}/metrics"), None).unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix("switchyard_kv_blocks{tier=\"device\"} "))
+            .and_then(|v| v.parse().ok())
+            .unwrap()
+    };
+    assert_eq!(blocks(&agent), (3 * BLOCKS) as f64);
+    let stop = Arc::new(AtomicBool::new(false));
+    let healthz = probe(format!("{base}/healthz"), None, stop.clone());
+    let prompt: Vec<u64> = (0..64).map(|i| 3 << 40 | (i + 1)).collect();
+    let select = probe(
+        format!("{base}/v1/select"),
+        Some(json!({"model": "m", "block_hashes": prompt})),
+        stop.clone(),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    let clear = json!({"worker_id": 1, "events": [{"type": "cleared"}]});
+    assert_eq!(
+        call(
+            &agent,
+            "POST",
+            &format!("{base}/v1/kv_events"),
+            Some(&clear)
+        )
+        .unwrap()
+        .0,
+        200
+    );
+    let cleared = started.elapsed();
+    let started = Instant::now();
+    assert_eq!(
+        call(&agent, "DELETE", &format!("{base}/v1/workers/2"), None)
+            .unwrap()
+            .0,
+        200
+    );
+    let deleted = started.elapsed();
+    std::thread::sleep(Duration::from_millis(300));
+    stop.store(true, Ordering::Relaxed);
+    let (healthz, healthz_failed) = healthz.join().unwrap();
+    let (select, select_failed) = select.join().unwrap();
+    eprintln!("clear of {BLOCKS} blocks: {cleared:?}; DELETE of a worker of {BLOCKS}: {deleted:?}");
+    eprintln!("/healthz meanwhile: {}", summary(healthz));
+    eprintln!("/v1/select meanwhile: {}", summary(select));
+    assert_eq!((healthz_failed, select_failed), (0, 0), "probes failed");
+    assert_eq!(
+        blocks(&agent),
+        BLOCKS as f64,
+        "worker 3's blocks remain, the others' are gone"
+    );
+}
+
+struct Counts {
+    answered: AtomicU64,
+    errors: AtomicU64,
+    unanswered: AtomicU64,
+    hung_up: AtomicU64,
+}
+
+#[test]
+fn soak_with_faults_answers_everything_and_stays_flat() {
+    let seconds: u64 = std::env::var("SWITCHYARD_SOAK_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(60);
+    let dir = tempfile::tempdir().unwrap();
+    let ports: [u16; 3] = [free_port(), free_port(), free_port()];
+    let start_engine = move |i: usize| {
+        engine_sim(
+            &format!("e{i}"),
+            &format!("127.0.0.1:{}", ports[i]),
+            &["--decode-tps", "2000", "--default-max-tokens", "8"],
+        )
+    };
+    let engines: Arc<Mutex<Vec<Process>>> =
+        Arc::new(Mutex::new((0..3).map(|i| start_engine(i)).collect()));
+    let workers: String = ports
+        .iter()
+        .enumerate()
+        .map(|(i, port)| {
+            format!(
+                "  - {{model: demo, worker_id: {}, url: \"http://127.0.0.1:{port}\"}}\n",
+                i + 1
+            )
+        })
+        .collect();
+    let yaml = move |weight: u32| {
+        format!(
+            "models:\n  demo: {{kv_tracking: predicted}}\n\
+             frontend: {{health_interval_ms: 100, unhealthy_cooldown_ms: 300, connect_timeout_ms: 300, connect_retries: 3, request_timeout_secs: 10}}\n\
+             worker_selection:\n  default: soak\n  instances:\n    - name: soak\n      scorers: [{{type: builtin.active-requests, weight: {weight}}}, {{type: builtin.kv-overlap, weight: 1}}]\n      picker: {{type: builtin.lowest-cost}}\n\
+             workers:\n{workers}  - {{model: kvonly, worker_id: 9, total_kv_blocks: 50000}}\n"
+        )
+    };
+    let config = write_config(dir.path(), &yaml(1));
+    let router = serve(&config);
+    let base = router.address.clone();
+    let stop = Arc::new(AtomicBool::new(false));
+    let counts = Arc::new(Counts {
+        answered: AtomicU64::new(0),
+        errors: AtomicU64::new(0),
+        unanswered: AtomicU64::new(0),
+        hung_up: AtomicU64::new(0),
+    });
+    let mut threads = Vec::new();
+    // Clients: streamed and not; one request in four hangs up after its first bytes.
+    for client in 0..6u64 {
+        let (base, stop, counts) = (base.clone(), stop.clone(), counts.clone());
+        threads.push(std::thread::spawn(move || {
+            let agent = agent();
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                let stream = n % 2 == 0;
+                let body = json!({"model": "demo", "stream": stream, "max_tokens": 8,
+                    "messages": [{"role": "user", "content": format!("conversation {} turn {}", client * 7 + n % 5, n % 3)}]});
+                let sent = agent.post(&format!("{base}/v1/chat/completions")).send_json(body);
+                match sent {
+                    Ok(response) if n % 4 == 1 => {
+                        let mut first = [0u8; 16];
+                        let _ = response.into_reader().read(&mut first);
+                        counts.hung_up.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Ok(response) => {
+                        // A stream cut by a dying engine ends with an error event: answered.
+                        let _ = response.into_string();
+                        counts.answered.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(ureq::Error::Status(status, response)) => {
+                        let text = response.into_string().unwrap_or_default();
+                        let error: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+                        assert!(error["error"]["message"].is_string(), "{status}: not an OpenAI error: {text}");
+                        counts.errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        eprintln!("unanswered: {e}");
+                        counts.unanswered.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        }));
+    }
+    // Engines killed and restarted on their port.
+    {
+        let (stop, engines) = (stop.clone(), engines.clone());
+        threads.push(std::thread::spawn(move || {
+            let mut i = 0;
+            while !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_secs(3));
+                let victim = i % 3;
+                engines.lock().unwrap()[victim].kill();
+                std::thread::sleep(Duration::from_millis(700));
+                engines.lock().unwrap()[victim] = start_engine(victim);
+                i += 1;
+            }
+        }));
+    }
+    // Reloads, duplicate registrations, a KV-event flood with clears.
+    {
+        let (base, stop, config) = (base.clone(), stop.clone(), config.clone());
+        threads.push(std::thread::spawn(move || {
+            let agent = agent();
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                n += 1;
+                if n % 40 == 0 {
+                    std::fs::write(&config, yaml(1 + (n / 40 % 3) as u32)).unwrap();
+                    let (status, text) =
+                        call(&agent, "POST", &format!("{base}/v1/admin/reload"), None).unwrap();
+                    assert_eq!(status, 200, "reload: {text}");
+                }
+                let dup = json!({"model": format!("dup-{n}"), "worker_id": 1});
+                assert_eq!(
+                    call(&agent, "POST", &format!("{base}/v1/workers"), Some(&dup))
+                        .unwrap()
+                        .0,
+                    409
+                );
+                let hashes: Vec<u64> = (0..2_000).map(|i| n << 20 | i).collect();
+                let events = if n % 10 == 0 {
+                    json!([{"type": "cleared"}])
+                } else {
+                    json!([{"type": "stored", "block_hashes": hashes}])
+                };
+                let body = json!({"worker_id": 9, "events": events});
+                assert_eq!(
+                    call(&agent, "POST", &format!("{base}/v1/kv_events"), Some(&body))
+                        .unwrap()
+                        .0,
+                    200
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }));
+    }
+    let healthz = probe(format!("{base}/healthz"), None, stop.clone());
+    let agent = agent();
+    let size = || {
+        let (_, text) = call(&agent, "GET", &format!("{base}/metrics"), None).unwrap();
+        text.lines().filter(|l| !l.starts_with('#')).count()
+    };
+    let warm_up = Duration::from_secs((seconds / 4).max(5));
+    std::thread::sleep(warm_up);
+    let (series_warm, rss_warm) = (size(), resident_kib(router.pid()));
+    std::thread::sleep(Duration::from_secs(seconds).saturating_sub(warm_up));
+    let (series_end, rss_end) = (size(), resident_kib(router.pid()));
+    stop.store(true, Ordering::Relaxed);
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    let (healthz, healthz_failed) = healthz.join().unwrap();
+    // Bookings: none left once every client is done (hung-up ones included).
+    let started = Instant::now();
+    loop {
+        let (_, text) = call(&agent, "GET", &format!("{base}/v1/workers"), None).unwrap();
+        let workers: Value = serde_json::from_str(&text).unwrap();
+        let active: u64 = workers
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w["load"]["active_requests"].as_u64().unwrap_or(0))
+            .sum();
+        if active == 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "bookings left: {workers}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    eprintln!(
+        "soak {seconds} s: {} answered, {} OpenAI errors, {} hung up, {} unanswered; /metrics series {series_warm} after warm-up, {series_end} at the end; RSS {rss_warm} KiB after warm-up, {rss_end} KiB at the end",
+        get(&counts.answered), get(&counts.errors), get(&counts.hung_up), get(&counts.unanswered)
+    );
+    eprintln!("/healthz throughout: {}", summary(healthz));
+    assert_eq!(
+        get(&counts.unanswered),
+        0,
+        "requests left without an answer"
+    );
+    assert_eq!(healthz_failed, 0, "/healthz failed");
+    assert!(
+        get(&counts.answered) > 100,
+        "too little traffic to mean anything"
+    );
+    assert!(
+        series_end as f64 <= series_warm as f64 * 1.05,
+        "/metrics grew from {series_warm} to {series_end} series"
+    );
+    assert!(
+        rss_end as f64 <= rss_warm as f64 * 1.25 + 8_192.0,
+        "resident memory grew from {rss_warm} to {rss_end} KiB"
+    );
+}
