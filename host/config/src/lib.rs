@@ -355,6 +355,9 @@ pub struct RouterSettings {
     /// the device tier keeps at most the worker's `total_kv_blocks`. Past it, the
     /// worker's oldest blocks are evicted (counted in `/metrics`).
     pub max_offloaded_blocks_per_worker: u64,
+    /// After SIGTERM, how long requests and ext_proc streams in flight may take to
+    /// finish before the process ends anyway.
+    pub drain_timeout_secs: u64,
 }
 
 impl Default for RouterSettings {
@@ -365,6 +368,7 @@ impl Default for RouterSettings {
             remote_admin: false,
             reload_may_empty_fleet: false,
             max_offloaded_blocks_per_worker: 1 << 22,
+            drain_timeout_secs: 30,
         }
     }
 }

@@ -508,6 +508,17 @@ impl Router {
     }
 
     /// Every worker with an engine address.
+    /// Workers known only by `address` (the gateway's form): probed by TCP connect.
+    pub fn worker_addresses(&self) -> Vec<(WorkerId, std::net::SocketAddr)> {
+        let state = self.state.read();
+        state
+            .workers
+            .all()
+            .filter(|w| w.url.is_none())
+            .filter_map(|w| Some((w.id(), w.endpoint()?)))
+            .collect()
+    }
+
     pub fn worker_urls(&self) -> Vec<(WorkerId, String)> {
         let state = self.state.read();
         state

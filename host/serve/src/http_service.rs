@@ -407,23 +407,44 @@ pub async fn serve(
     })?;
     let address = listener.local_addr()?;
     let shutdown = shutdown_signal()?;
+    let drain_timeout = Duration::from_secs(
+        router
+            .generation()
+            .startup
+            .source
+            .config
+            .router
+            .drain_timeout_secs,
+    );
+    // SIGTERM or SIGINT starts the drain: every listener stops accepting, what is in
+    // flight finishes (up to `router.drain_timeout_secs`), then the process ends.
+    let (drain, draining) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = drain.send(true);
+    });
+    let drained = |mut draining: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = draining.wait_for(|&d| d).await;
+    };
     let frontend = Frontend::new(router.clone()).map_err(std::io::Error::other)?;
     tokio::spawn(frontend::health::probe_forever(frontend.clone()));
     router.subscribe_kv_events(&router.workers())?;
     super::reload::on_hangup(router.clone())?;
     println!("switchyard listening on http://{address}");
-    if let Some(settings) = ext_proc {
+    let picker = if let Some(settings) = ext_proc {
         let picker = EndpointPicker::new(frontend.clone(), &settings);
-        let listening = ext_proc::serve(picker, settings.listen);
+        let listening = ext_proc::serve(picker, settings.listen, drained(draining.clone()));
         // Bind errors end the whole process: an operator who asked for the picker must
         // not get a router without it.
-        tokio::spawn(async move {
+        Some(tokio::spawn(async move {
             if let Err(e) = listening.await {
                 eprintln!("error: {e}");
                 std::process::exit(1);
             }
-        });
-    }
+        }))
+    } else {
+        None
+    };
     let expiry = router.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -441,10 +462,27 @@ pub async fn serve(
         }
     });
     let listener = listener.tap_io(|tcp| tune_socket(tcp));
-    axum::serve(
+    let http = axum::serve(
         listener,
         app(router, frontend).into_make_service_with_connect_info::<SocketAddr>(),
     )
-    .with_graceful_shutdown(shutdown)
-    .await
+    .with_graceful_shutdown(drained(draining.clone()));
+    let both = async {
+        let served = http.await;
+        if let Some(picker) = picker {
+            let _ = picker.await;
+        }
+        served
+    };
+    tokio::pin!(both);
+    tokio::select! {
+        served = &mut both => served,
+        () = async {
+            drained(draining).await;
+            tokio::time::sleep(drain_timeout).await;
+        } => {
+            tracing::warn!(seconds = drain_timeout.as_secs(), "drain deadline reached (router.drain_timeout_secs): ending with requests still in flight");
+            Ok(())
+        }
+    }
 }

@@ -80,7 +80,14 @@ impl EndpointPicker {
 
 /// Serves the endpoint picker and gRPC health (`liveness`, `readiness` and the picker's
 /// own service name) on `listen` until the process ends.
-pub async fn serve(picker: EndpointPicker, listen: SocketAddr) -> std::io::Result<()> {
+///
+/// When `drain` completes, health turns `NOT_SERVING` (so the gateway sends new streams
+/// elsewhere), the listener stops accepting, and the streams in flight finish.
+pub async fn serve(
+    picker: EndpointPicker,
+    listen: SocketAddr,
+    drain: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
     let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
         std::io::Error::new(
             e.kind(),
@@ -95,10 +102,19 @@ pub async fn serve(picker: EndpointPicker, listen: SocketAddr) -> std::io::Resul
             .await;
     }
     println!("switchyard ext_proc (Envoy endpoint picker) listening on grpc://{address}");
+    let draining = async move {
+        drain.await;
+        for service in ["liveness", "readiness", SERVICE_NAME, ""] {
+            health
+                .set_service_status(service, tonic_health::ServingStatus::NotServing)
+                .await;
+        }
+        tracing::info!("ext_proc: draining; health is NOT_SERVING, streams in flight finish");
+    };
     tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(ExternalProcessorServer::new(Service(Arc::new(picker))))
-        .serve_with_incoming(accepted(listener))
+        .serve_with_incoming_shutdown(accepted(listener), draining)
         .await
         .map_err(std::io::Error::other)
 }

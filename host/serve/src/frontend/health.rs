@@ -1,5 +1,6 @@
-//! Health of the engines behind workers with a `url`: each is probed with `GET /health`
-//! every `health_interval_ms`. A worker that fails a probe (or refuses a connection while
+//! Health of the engines behind workers: each with a `url` is probed with `GET /health`
+//! every `health_interval_ms`, each known only by `address` (the form a gateway routes
+//! to) by opening a TCP connection to it. A worker that fails a probe (or refuses a connection while
 //! routing) leaves the candidates; it comes back with its first good probe after the
 //! cool-down.
 
@@ -29,6 +30,26 @@ pub async fn probe_forever(frontend: Arc<Frontend>) {
                 frontend.router().record_probe(worker, healthy);
             }
         });
-        futures_util::future::join_all(probes).await;
+        let timeout = Duration::from_millis(settings.health_timeout_ms);
+        let connects = frontend
+            .router()
+            .worker_addresses()
+            .into_iter()
+            .map(|(worker, address)| {
+                let frontend = frontend.clone();
+                async move {
+                    let connected =
+                        tokio::time::timeout(timeout, tokio::net::TcpStream::connect(address))
+                            .await;
+                    frontend
+                        .router()
+                        .record_probe(worker, matches!(connected, Ok(Ok(_))));
+                }
+            });
+        futures_util::future::join(
+            futures_util::future::join_all(probes),
+            futures_util::future::join_all(connects),
+        )
+        .await;
     }
 }
