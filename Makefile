@@ -52,6 +52,8 @@ fuzz: plugins
 # (bench-kv-index: kv_index.rs; the dash in a target name is an underscore in the file's).
 bench: bench-selection
 
+bench-envoy: envoy
+
 bench-%: build
 	$(CARGO) bench -p switchyard --bench $(subst -,_,$*)
 

@@ -13,122 +13,14 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader, Read};
-use std::net::TcpStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::io::Read;
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use support::real_envoy::Envoy;
 use support::*;
-
-fn envoy_bin() -> PathBuf {
-    if let Some(path) = std::env::var_os("SWITCHYARD_ENVOY") {
-        return path.into();
-    }
-    let venv = repo().join("target/envoy-venv/bin/envoy");
-    if venv.exists() {
-        return venv;
-    }
-    let on_path = Command::new("sh")
-        .args(["-c", "command -v envoy"])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
-    on_path.unwrap_or_else(|| {
-        panic!("no Envoy: run scripts/install-envoy (make test does), put an envoy on PATH, or set SWITCHYARD_ENVOY")
-    })
-}
-
-/// The Envoy config of docs/envoy.md, listening on `listen` and picking through the
-/// switchyard at `picker`.
-fn envoy_config(listen: u16, picker: u16) -> String {
-    let doc = std::fs::read_to_string(repo().join("docs/envoy.md")).unwrap();
-    let yaml = blocks(&doc, "yaml")
-        .into_iter()
-        .find(|b| b.contains("static_resources"))
-        .expect("docs/envoy.md has an Envoy config");
-    let mut config = yaml.clone();
-    for (from, to) in [
-        (
-            "socket_address: { address: 0.0.0.0, port_value: 8080 }".to_owned(),
-            format!("socket_address: {{ address: 127.0.0.1, port_value: {listen} }}"),
-        ),
-        (
-            "socket_address: { address: 10.0.0.5, port_value: 9002 }".to_owned(),
-            format!("socket_address: {{ address: 127.0.0.1, port_value: {picker} }}"),
-        ),
-    ] {
-        assert!(
-            config.contains(&from),
-            "docs/envoy.md's config no longer has `{from}`"
-        );
-        config = config.replace(&from, &to);
-    }
-    config
-}
-
-/// A real Envoy, stopped by its PID when dropped.
-struct Envoy {
-    child: Child,
-    base: String,
-}
-
-impl Envoy {
-    fn start(dir: &Path, picker: u16) -> Envoy {
-        let port = free_port();
-        let config = dir.join("envoy.yaml");
-        std::fs::write(&config, envoy_config(port, picker)).unwrap();
-        let mut child = Command::new(envoy_bin())
-            .arg("-c")
-            .arg(&config)
-            .args([
-                "--disable-hot-restart",
-                "-l",
-                "warning",
-                "--concurrency",
-                "1",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("envoy starts");
-        let stderr = child.stderr.take().unwrap();
-        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let kept = lines.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                kept.lock().unwrap().push(line);
-            }
-        });
-        let started = Instant::now();
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if let Ok(Some(status)) = child.try_wait() {
-                panic!(
-                    "envoy exited ({status}): {}",
-                    lines.lock().unwrap().join("\n")
-                );
-            }
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "envoy did not listen"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Envoy {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
-        }
-    }
-}
-
-impl Drop for Envoy {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// switchyard serving the picker on `picker`, its workers the engines by address.
 fn picker(dir: &Path, picker: u16, engines: &[&Process], extra: &str) -> Process {

@@ -106,7 +106,7 @@ fn clearing_and_removing_workers_of_400k_blocks_keeps_serving() {
     let load = |worker: u64| {
         for chunk in 0..(BLOCKS / 10_000) {
             let hashes: Vec<u64> = (0..10_000)
-                .map(|i| worker << 40 | (chunk * 10_000 + i) + 1)
+                .map(|i| (worker << 40) | (chunk * 10_000 + i + 1))
                 .collect();
             let body = json!({"worker_id": worker, "events": [{"type": "stored", "block_hashes": hashes}]});
             let (status, text) =
@@ -194,7 +194,7 @@ fn soak_with_faults_answers_everything_and_stays_flat() {
         )
     };
     let engines: Arc<Mutex<Vec<Process>>> =
-        Arc::new(Mutex::new((0..3).map(|i| start_engine(i)).collect()));
+        Arc::new(Mutex::new((0..3).map(&start_engine).collect()));
     let workers: String = ports
         .iter()
         .enumerate()
@@ -232,7 +232,7 @@ fn soak_with_faults_answers_everything_and_stays_flat() {
             let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 n += 1;
-                let stream = n % 2 == 0;
+                let stream = n.is_multiple_of(2);
                 let body = json!({"model": "demo", "stream": stream, "max_tokens": 8,
                     "messages": [{"role": "user", "content": format!("conversation {} turn {}", client * 7 + n % 5, n % 3)}]});
                 let sent = agent.post(&format!("{base}/v1/chat/completions")).send_json(body);
@@ -284,7 +284,7 @@ fn soak_with_faults_answers_everything_and_stays_flat() {
             let mut n = 0u64;
             while !stop.load(Ordering::Relaxed) {
                 n += 1;
-                if n % 40 == 0 {
+                if n.is_multiple_of(40) {
                     std::fs::write(&config, yaml(1 + (n / 40 % 3) as u32)).unwrap();
                     let (status, text) =
                         call(&agent, "POST", &format!("{base}/v1/admin/reload"), None).unwrap();
@@ -298,7 +298,7 @@ fn soak_with_faults_answers_everything_and_stays_flat() {
                     409
                 );
                 let hashes: Vec<u64> = (0..2_000).map(|i| n << 20 | i).collect();
-                let events = if n % 10 == 0 {
+                let events = if n.is_multiple_of(10) {
                     json!([{"type": "cleared"}])
                 } else {
                     json!([{"type": "stored", "block_hashes": hashes}])

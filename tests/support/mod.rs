@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod envoy;
+pub mod real_envoy;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

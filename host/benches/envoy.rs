@@ -1,0 +1,309 @@
+//! A real Envoy in front of four `engine-sim` engines, two ways side by side: Envoy's own
+//! round robin, and Envoy asking switchyard's endpoint picker (docs/envoy.md's config)
+//! for every request. Per concurrency (1, 8, 32), non-streamed and streamed chat
+//! completions of 2 tokens: throughput, latency p50 / p99, the picker's throughput ratio
+//! and the latency it adds. Rounds are interleaved (round robin, picker, round robin, ...)
+//! so machine noise hits both alike; everything shares the machine's cores, the load
+//! generator included, so the ratios mean more than the absolute figures.
+//!
+//! `make bench-envoy` (Envoy from `scripts/install-envoy`). Loopback only; every process
+//! it starts is killed when it ends. SWITCHYARD_BENCH_SECS sets each cell's duration (2).
+
+#[path = "../../tests/support/real_envoy.rs"]
+mod real_envoy;
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use real_envoy::Envoy;
+use serde_json::json;
+
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts the switchyard binary with `args`; returns it and what follows `announce`.
+fn start(args: &[&str], announce: &str) -> (Process, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_switchyard"))
+        .args(args)
+        .env("RUST_LOG", "error")
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("switchyard starts");
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let found = loop {
+        let line = lines.next().expect("it announces its address").unwrap();
+        if let Some(rest) = line.strip_prefix(announce) {
+            break rest.to_owned();
+        }
+    };
+    std::thread::spawn(move || for _ in lines {});
+    (Process(child), found)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Envoy with a static round-robin cluster of `engines` and nothing else.
+fn round_robin_config(port: u16, engines: &[String]) -> String {
+    let endpoints: String = engines
+        .iter()
+        .map(|address| {
+            let (host, engine_port) = address.rsplit_once(':').unwrap();
+            format!("              - endpoint: {{address: {{socket_address: {{address: {host}, port_value: {engine_port}}}}}}}\n")
+        })
+        .collect();
+    format!(
+        "static_resources:
+  listeners:
+    - name: inference
+      address: {{socket_address: {{address: 127.0.0.1, port_value: {port}}}}}
+      filter_chains:
+        - filters:
+            - name: envoy.filters.network.http_connection_manager
+              typed_config:
+                \"@type\": type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3.HttpConnectionManager
+                stat_prefix: inference
+                route_config:
+                  virtual_hosts:
+                    - name: engines
+                      domains: [\"*\"]
+                      routes:
+                        - match: {{prefix: \"/\"}}
+                          route: {{cluster: engines, timeout: 0s}}
+                http_filters:
+                  - name: envoy.filters.http.router
+                    typed_config: {{\"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router}}
+  clusters:
+    - name: engines
+      type: STATIC
+      lb_policy: ROUND_ROBIN
+      connect_timeout: 5s
+      circuit_breakers:
+        thresholds:
+          - {{max_connections: 40000, max_pending_requests: 40000, max_requests: 40000}}
+      load_assignment:
+        cluster_name: engines
+        endpoints:
+          - lb_endpoints:
+{endpoints}"
+    )
+}
+
+struct Cell {
+    requests: u64,
+    failures: u64,
+    latencies_us: Vec<u64>,
+}
+
+/// `concurrency` clients sending requests one after another for `duration`.
+async fn load(base: &str, stream: bool, concurrency: usize, duration: Duration) -> Cell {
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(concurrency)
+        .build()
+        .unwrap();
+    let url = Arc::new(format!("{base}/v1/chat/completions"));
+    let until = Instant::now() + duration;
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|c| {
+            let (client, url) = (client.clone(), url.clone());
+            tokio::spawn(async move {
+                let (mut latencies, mut failures, mut n) = (Vec::new(), 0u64, 0u64);
+                while Instant::now() < until {
+                    n += 1;
+                    let body = json!({"model": "demo", "stream": stream, "max_tokens": 2,
+                        "messages": [{"role": "user", "content": format!("client {c} request {n}")}]});
+                    let started = Instant::now();
+                    let ok = match client.post(url.as_str()).json(&body).send().await {
+                        Ok(r) if r.status().is_success() => r.bytes().await.is_ok(),
+                        _ => false,
+                    };
+                    if ok {
+                        latencies.push(started.elapsed().as_micros() as u64);
+                    } else {
+                        failures += 1;
+                    }
+                }
+                (latencies, failures)
+            })
+        })
+        .collect();
+    let mut cell = Cell {
+        requests: 0,
+        failures: 0,
+        latencies_us: Vec::new(),
+    };
+    for task in tasks {
+        let (latencies, failures) = task.await.unwrap();
+        cell.requests += latencies.len() as u64;
+        cell.failures += failures;
+        cell.latencies_us.extend(latencies);
+    }
+    cell
+}
+
+fn quantile(sorted: &[u64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    sorted[((sorted.len() - 1) as f64 * q) as usize] as f64 / 1000.0
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        println!("envoy: bench");
+        return;
+    }
+    let seconds: f64 = std::env::var("SWITCHYARD_BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2.0);
+    let duration = Duration::from_secs_f64(seconds);
+    let dir = tempfile::tempdir().unwrap();
+    let engines: Vec<(Process, String)> = (0..4)
+        .map(|i| {
+            let (process, address) = start(
+                &[
+                    "engine-sim",
+                    "--name",
+                    &format!("e{i}"),
+                    "--decode-tps",
+                    "100000",
+                    "--prefill-tps",
+                    "100000000",
+                ],
+                "engine-sim listening on http://",
+            );
+            (process, address)
+        })
+        .collect();
+    let addresses: Vec<String> = engines.iter().map(|(_, a)| a.clone()).collect();
+    let workers: String = addresses
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            format!(
+                "  - {{model: demo, worker_id: {}, address: \"{a}\"}}\n",
+                i + 1
+            )
+        })
+        .collect();
+    let config = dir.path().join("switchyard.yaml");
+    std::fs::write(
+        &config,
+        format!("models:\n  demo: {{kv_tracking: predicted}}\nworkers:\n{workers}"),
+    )
+    .unwrap();
+    let picker_port = free_port();
+    let (_router, _) = start(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--ext-proc",
+            &format!("127.0.0.1:{picker_port}"),
+            "--config",
+            config.to_str().unwrap(),
+        ],
+        "switchyard listening on ",
+    );
+    let through_picker = Envoy::start(dir.path(), picker_port);
+    let rr_port = free_port();
+    let round_robin = Envoy::start_with(
+        dir.path(),
+        rr_port,
+        &round_robin_config(rr_port, &addresses),
+    );
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    // Warm up both paths (connections, the picker's health check).
+    runtime.block_on(async {
+        for base in [&round_robin.base, &through_picker.base] {
+            let started = Instant::now();
+            while load(base, false, 1, Duration::from_millis(200))
+                .await
+                .requests
+                == 0
+            {
+                assert!(
+                    started.elapsed() < Duration::from_secs(20),
+                    "{base} never answered"
+                );
+            }
+        }
+    });
+    println!("\nReal Envoy 1.40: round robin vs. switchyard's endpoint picker (ext_proc), 4 engine-sim engines, 2-token chat completions, {seconds} s per cell, 3 interleaved rounds");
+    println!("| streamed | concurrency | round robin req/s | picker req/s | ratio | p50 rr / picker (ms) | added p50 (ms) | p99 rr / picker (ms) | added p99 (ms) | failures |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for stream in [false, true] {
+        for concurrency in [1usize, 8, 32] {
+            let mut cells = [
+                Cell {
+                    requests: 0,
+                    failures: 0,
+                    latencies_us: Vec::new(),
+                },
+                Cell {
+                    requests: 0,
+                    failures: 0,
+                    latencies_us: Vec::new(),
+                },
+            ];
+            for _round in 0..3 {
+                for (which, base) in [&round_robin.base, &through_picker.base]
+                    .into_iter()
+                    .enumerate()
+                {
+                    let cell = runtime.block_on(load(base, stream, concurrency, duration));
+                    cells[which].requests += cell.requests;
+                    cells[which].failures += cell.failures;
+                    cells[which].latencies_us.extend(cell.latencies_us);
+                }
+            }
+            for cell in &mut cells {
+                cell.latencies_us.sort_unstable();
+            }
+            let rate = |c: &Cell| c.requests as f64 / (3.0 * seconds);
+            let (rr, picked) = (&cells[0], &cells[1]);
+            let (p50, p99) = (
+                (
+                    quantile(&rr.latencies_us, 0.5),
+                    quantile(&picked.latencies_us, 0.5),
+                ),
+                (
+                    quantile(&rr.latencies_us, 0.99),
+                    quantile(&picked.latencies_us, 0.99),
+                ),
+            );
+            println!(
+                "| {stream} | {concurrency} | {:.0} | {:.0} | {:.2} | {:.2} / {:.2} | {:+.2} | {:.2} / {:.2} | {:+.2} | {} / {} |",
+                rate(rr),
+                rate(picked),
+                rate(picked) / rate(rr),
+                p50.0,
+                p50.1,
+                p50.1 - p50.0,
+                p99.0,
+                p99.1,
+                p99.1 - p99.0,
+                rr.failures,
+                picked.failures
+            );
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! A real Envoy for the tests and the Envoy benchmark: the binary `scripts/install-envoy`
+//! provides, and the config `docs/envoy.md` ships (read from the doc, its addresses
+//! changed to loopback ports), so the docs cannot drift from what runs.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_owned()
+}
+
+/// The fenced blocks of `lang` in `markdown`.
+fn blocks(markdown: &str, lang: &str) -> Vec<String> {
+    let fence = format!("```{lang}\n");
+    markdown
+        .split(&fence)
+        .skip(1)
+        .map(|rest| rest.split("```").next().unwrap_or_default().to_owned())
+        .collect()
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub fn envoy_bin() -> PathBuf {
+    if let Some(path) = std::env::var_os("SWITCHYARD_ENVOY") {
+        return path.into();
+    }
+    let venv = repo().join("target/envoy-venv/bin/envoy");
+    if venv.exists() {
+        return venv;
+    }
+    let on_path = Command::new("sh")
+        .args(["-c", "command -v envoy"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
+    on_path.unwrap_or_else(|| {
+        panic!("no Envoy: run scripts/install-envoy (make test does), put an envoy on PATH, or set SWITCHYARD_ENVOY")
+    })
+}
+
+/// The Envoy config of docs/envoy.md, listening on `listen` and picking through the
+/// switchyard at `picker`.
+pub fn envoy_config(listen: u16, picker: u16) -> String {
+    let doc = std::fs::read_to_string(repo().join("docs/envoy.md")).unwrap();
+    let yaml = blocks(&doc, "yaml")
+        .into_iter()
+        .find(|b| b.contains("static_resources"))
+        .expect("docs/envoy.md has an Envoy config");
+    let mut config = yaml.clone();
+    for (from, to) in [
+        (
+            "socket_address: { address: 0.0.0.0, port_value: 8080 }".to_owned(),
+            format!("socket_address: {{ address: 127.0.0.1, port_value: {listen} }}"),
+        ),
+        (
+            "socket_address: { address: 10.0.0.5, port_value: 9002 }".to_owned(),
+            format!("socket_address: {{ address: 127.0.0.1, port_value: {picker} }}"),
+        ),
+    ] {
+        assert!(
+            config.contains(&from),
+            "docs/envoy.md's config no longer has `{from}`"
+        );
+        config = config.replace(&from, &to);
+    }
+    config
+}
+
+/// A real Envoy, stopped by its PID when dropped.
+pub struct Envoy {
+    child: Child,
+    pub base: String,
+}
+
+impl Envoy {
+    /// An Envoy with docs/envoy.md's config, picking through `picker`.
+    pub fn start(dir: &Path, picker: u16) -> Envoy {
+        let port = free_port();
+        Envoy::start_with(dir, port, &envoy_config(port, picker))
+    }
+
+    /// An Envoy running `config`, which listens on `port`.
+    pub fn start_with(dir: &Path, port: u16, config_text: &str) -> Envoy {
+        let config = dir.join(format!("envoy-{port}.yaml"));
+        std::fs::write(&config, config_text).unwrap();
+        let mut child = Command::new(envoy_bin())
+            .arg("-c")
+            .arg(&config)
+            .args([
+                "--disable-hot-restart",
+                "-l",
+                "warning",
+                "--concurrency",
+                "1",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("envoy starts");
+        let stderr = child.stderr.take().unwrap();
+        let lines = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let kept = lines.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                kept.lock().unwrap().push(line);
+            }
+        });
+        let started = Instant::now();
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!(
+                    "envoy exited ({status}): {}",
+                    lines.lock().unwrap().join("\n")
+                );
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "envoy did not listen"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Envoy {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+        }
+    }
+}
+
+impl Drop for Envoy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
