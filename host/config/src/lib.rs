@@ -9,6 +9,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use switchyard_plugin_sdk::{WorkerId, WorkerType};
 
+mod limits;
+
+pub use limits::{MAX_CONFIG_BYTES, MAX_FLOW_DEPTH};
 pub use switchyard_plugin_host::isolation::IsolationSettings;
 use switchyard_plugin_host::plugin::{PartitionKey, RevisionRule};
 
@@ -567,71 +570,6 @@ pub struct ConfigSource {
     pub path: Option<PathBuf>,
 }
 
-/// The largest config text parsed (real configs are a few KB).
-pub const MAX_CONFIG_BYTES: usize = 4 << 20;
-/// The deepest nesting of flow collections (`[` and `{`) parsed: the YAML parser's time
-/// grows with the square of it (a 100k-deep sequence took 36 s), and no config of this
-/// schema nests deeper than a handful.
-pub const MAX_FLOW_DEPTH: usize = 64;
-
-/// Refuses, in one linear pass before the YAML parser sees it, a text too large, nested
-/// too deep, or holding no document at all: an empty file is a mistake (a truncated
-/// write, the wrong path), not a config that removes every plugin and worker.
-fn check_shape(text: &str) -> Result<(), (Option<usize>, String)> {
-    if text.len() > MAX_CONFIG_BYTES {
-        return Err((
-            None,
-            format!(
-                "the config has {} bytes, more than the {MAX_CONFIG_BYTES} a config may have",
-                text.len()
-            ),
-        ));
-    }
-    let (mut depth, mut line, mut quote, mut comment) = (0usize, 1usize, None, false);
-    let mut previous = '\n';
-    let mut chars = text.chars().peekable();
-    while let Some(c) = chars.next() {
-        match (c, quote) {
-            ('\n', _) => {
-                line += 1;
-                comment = false;
-            }
-            _ if comment => {}
-            ('\\', Some('"')) => {
-                chars.next(); // an escaped character, `\"` included
-            }
-            (q, Some(open)) if q == open => quote = None,
-            (_, Some(_)) => {}
-            ('#', None) if previous.is_whitespace() => comment = true,
-            ('"' | '\'', None) if !previous.is_alphanumeric() => quote = Some(c),
-            ('[' | '{', None) => {
-                depth += 1;
-                if depth > MAX_FLOW_DEPTH {
-                    return Err((
-                        Some(line),
-                        format!("collections nested more than {MAX_FLOW_DEPTH} deep; no setting of the config nests like this: check the file"),
-                    ));
-                }
-            }
-            (']' | '}', None) => depth = depth.saturating_sub(1),
-            _ => {}
-        }
-        previous = c;
-    }
-    let has_content = text.lines().any(|l| {
-        let l = l.trim();
-        !l.is_empty() && !l.starts_with('#') && l != "---" && l != "..."
-    });
-    if !has_content {
-        return Err((
-            None,
-            "the config is empty (no settings at all); write `{}` for a config of defaults only"
-                .into(),
-        ));
-    }
-    Ok(())
-}
-
 impl ConfigSource {
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
         let name = path.display().to_string();
@@ -660,7 +598,7 @@ impl ConfigSource {
     }
 
     pub fn parse(text: String, name: String, base_dir: PathBuf) -> Result<Self, ConfigError> {
-        check_shape(&text).map_err(|(line, message)| ConfigError {
+        limits::check_shape(&text).map_err(|(line, message)| ConfigError {
             file: name.clone(),
             line,
             message,

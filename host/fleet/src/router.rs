@@ -28,6 +28,11 @@ use switchyard_policy::histogram::Stopwatch;
 use switchyard_policy::startup::{Startup, BUILTIN_DEFAULT};
 use switchyard_policy::{Candidates, InstanceFactory, KeptColumns, SelectError};
 
+mod health;
+mod kv;
+mod reload;
+pub use reload::ReloadOutcome;
+
 /// The worker type a request asks for.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -89,18 +94,6 @@ pub struct RouteRequest {
     pub only: Option<Arc<FxHashSet<WorkerId>>>,
 }
 
-/// What a reload changed.
-#[derive(Clone, Debug, Serialize)]
-pub struct ReloadOutcome {
-    pub generation: u64,
-    pub workers_added: usize,
-    pub workers_removed: usize,
-    pub workers_updated: usize,
-    /// Sections that changed but are read only at startup: they take effect at the next
-    /// restart.
-    pub needs_restart: Vec<String>,
-}
-
 /// Where a request goes.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 pub struct RouteDecision {
@@ -141,6 +134,12 @@ struct State {
     workers: Workers,
 }
 
+/// The locks, in the order they are taken when more than one is held: `changing` (a
+/// reload or a partition being built), then `state`, then `kv`, then `load`, then
+/// `columns`, then an instance's selector. `generation` is only held to clone its `Arc`;
+/// `predicted`, `engine_blocks`, `subscriptions`, `kv_overruns` and `cooldown_until` are
+/// leaves, never held while another is taken. Plugin code (a selector) runs holding none
+/// of them, only its own selector's lock (`gather` releases the fleet's read locks first).
 pub struct Router {
     /// The config's plugins and instances now serving; swapped whole by a reload.
     generation: RwLock<Arc<Generation>>,
@@ -229,143 +228,6 @@ impl Router {
             .metrics
             .record_generation(generation.number, generation.loaded_at);
         Ok(router)
-    }
-
-    /// Serves `startup` (a config that went through the whole startup path: probes,
-    /// checks, builds) as the next generation. Its policies are built for every partition
-    /// first; only then is it swapped in, so a failure leaves the serving generation
-    /// untouched. Selections already running finish on the generation they started with.
-    /// Workers, bookings and the KV index carry over, except for workers the new config
-    /// no longer lists (removed) or lists differently (updated in place, or moved when
-    /// their model or type changed).
-    pub fn reload(self: &Arc<Self>, startup: Startup) -> Result<ReloadOutcome, Vec<String>> {
-        let result = self.swap_in(startup);
-        self.metrics.record_reload(result.is_ok());
-        result
-    }
-
-    fn swap_in(self: &Arc<Self>, startup: Startup) -> Result<ReloadOutcome, Vec<String>> {
-        let _changing = self.changing.lock();
-        let serving = self.generation();
-        let (old, new) = (&serving.startup.source.config, &startup.source.config);
-        if old.router.block_size != new.router.block_size {
-            return Err(vec![format!(
-                "{}: router.block_size changed from {} to {}; bookings and the KV index are counted in blocks of the running size, so it changes only with a restart",
-                startup.source.name, old.router.block_size, new.router.block_size
-            )]);
-        }
-        let tokenizers =
-            |c: &switchyard_config::Config| -> Vec<(String, Option<std::path::PathBuf>)> {
-                c.models
-                    .iter()
-                    .map(|(model, settings)| (model.clone(), settings.tokenizer.clone()))
-                    .collect()
-            };
-        let mut needs_restart = Vec::new();
-        if as_json(&old.frontend) != as_json(&new.frontend) {
-            needs_restart.push("frontend".to_owned());
-        }
-        if as_json(&old.ext_proc) != as_json(&new.ext_proc) {
-            needs_restart.push("ext_proc".to_owned());
-        }
-        if tokenizers(old) != tokenizers(new) {
-            needs_restart.push("models.*.tokenizer".to_owned());
-        }
-        let before: HashMap<WorkerId, &WorkerSpec> =
-            old.workers.iter().map(|w| (w.id(), w)).collect();
-        let after: HashMap<WorkerId, &WorkerSpec> =
-            new.workers.iter().map(|w| (w.id(), w)).collect();
-        let removed: Vec<WorkerId> = before
-            .keys()
-            .filter(|id| !after.contains_key(id))
-            .copied()
-            .collect();
-        let changed: Vec<WorkerSpec> = new
-            .workers
-            .iter()
-            .filter(|w| {
-                before
-                    .get(&w.id())
-                    .is_some_and(|old| as_json(*old) != as_json(*w))
-            })
-            .cloned()
-            .collect();
-        let added: Vec<WorkerSpec> = new
-            .workers
-            .iter()
-            .filter(|w| !before.contains_key(&w.id()))
-            .cloned()
-            .collect();
-
-        let live = self.state.read().workers.len();
-        if live > 0
-            && added.is_empty()
-            && removed.len() >= live
-            && !new.router.reload_may_empty_fleet
-        {
-            return Err(vec![format!(
-                "{}: the new config would remove every worker ({} of {live}); nothing was changed. If that is what you want, set `router.reload_may_empty_fleet: true` in it",
-                startup.source.name,
-                removed.len()
-            )]);
-        }
-        let next = Generation::new(serving.number + 1, startup);
-        let mut partitions: Vec<PartitionKey> = serving.partitions();
-        partitions.extend(added.iter().chain(&changed).map(WorkerSpec::partition));
-        partitions.sort();
-        partitions.dedup();
-        for partition in &partitions {
-            next.build_partition(partition).map_err(|e| vec![e])?;
-        }
-        let instances: Vec<String> = next
-            .startup
-            .instances
-            .iter()
-            .map(|i| i.name.clone())
-            .collect();
-        let (number, loaded_at) = (next.number, next.loaded_at);
-        *self.generation.write() = Arc::new(next);
-        self.metrics
-            .add_instances(instances.iter().map(String::as_str));
-        self.metrics.record_generation(number, loaded_at);
-
-        for id in &removed {
-            let _ = self.remove_worker_changing(*id);
-        }
-        for spec in &changed {
-            let id = spec.id();
-            let same_partition = before[&id].partition() == spec.partition();
-            if same_partition {
-                // Bookings and cached blocks stay; the spec (capacity, labels, url, ...) is
-                // the new one.
-                self.change_workers(|workers| {
-                    let _ = workers.remove(id);
-                    let _ = workers.add(spec.clone());
-                });
-            } else {
-                let _ = self.remove_worker_changing(id);
-                let _ = self.change_workers(|workers| workers.add(spec.clone()));
-            }
-            if before[&id].kv_events != spec.kv_events {
-                self.subscriptions.lock().remove(&id);
-            }
-        }
-        for spec in &added {
-            if let Err(e) = self.change_workers(|workers| workers.add(spec.clone())) {
-                tracing::warn!(error = %e, "reload: a new worker was not added");
-            }
-        }
-        let subscribe: Vec<WorkerSpec> = added.iter().chain(&changed).cloned().collect();
-        if let Err(e) = self.subscribe_kv_events(&subscribe) {
-            tracing::warn!(error = %e, "reload: cannot follow a worker's KV events");
-        }
-        Ok(ReloadOutcome {
-            generation: number,
-            workers_added: added.len(),
-            workers_removed: removed.len(),
-            workers_updated: changed.len(),
-            needs_restart,
-        })
     }
 
     /// Changes the worker registry and, before any selection sees the change, the kept
@@ -498,84 +360,6 @@ impl Router {
         Ok(spec)
     }
 
-    /// The engine address of a worker, if it has one.
-    pub fn worker_url(&self, id: WorkerId) -> Option<String> {
-        self.state
-            .read()
-            .workers
-            .get(id)
-            .and_then(|w| w.url.clone())
-    }
-
-    /// Every worker with an engine address.
-    /// Workers known only by `address` (the gateway's form): probed by TCP connect.
-    pub fn worker_addresses(&self) -> Vec<(WorkerId, std::net::SocketAddr)> {
-        let state = self.state.read();
-        state
-            .workers
-            .all()
-            .filter(|w| w.url.is_none())
-            .filter_map(|w| Some((w.id(), w.endpoint()?)))
-            .collect()
-    }
-
-    pub fn worker_urls(&self) -> Vec<(WorkerId, String)> {
-        let state = self.state.read();
-        state
-            .workers
-            .all()
-            .filter_map(|w| Some((w.id(), w.url.clone()?)))
-            .collect()
-    }
-
-    pub fn is_healthy(&self, id: WorkerId) -> bool {
-        self.state.read().workers.is_healthy(id)
-    }
-
-    /// Takes a worker out of the candidates for at least `cooldown` (its engine refused a
-    /// connection).
-    pub fn mark_unhealthy(&self, id: WorkerId, cooldown: Duration) {
-        self.cooldown_until
-            .lock()
-            .insert(id, Instant::now() + cooldown);
-        if self.change_workers(|workers| workers.set_healthy(id, false)) {
-            tracing::warn!(
-                worker = id.worker_id,
-                dp_rank = id.dp_rank,
-                "worker unhealthy"
-            );
-        }
-    }
-
-    /// A health probe's result: a failed probe takes the worker out; a good one brings
-    /// it back once its cool-down is over.
-    pub fn record_probe(&self, id: WorkerId, healthy: bool) {
-        if healthy {
-            let mut cooldowns = self.cooldown_until.lock();
-            if cooldowns
-                .get(&id)
-                .is_some_and(|until| Instant::now() < *until)
-            {
-                return;
-            }
-            cooldowns.remove(&id);
-        }
-        if self.change_workers(|workers| workers.set_healthy(id, healthy)) {
-            match healthy {
-                true => tracing::info!(
-                    worker = id.worker_id,
-                    dp_rank = id.dp_rank,
-                    "worker healthy again"
-                ),
-                false => tracing::warn!(
-                    worker = id.worker_id,
-                    dp_rank = id.dp_rank,
-                    "worker failed its health probe"
-                ),
-            }
-        }
-    }
-
     /// The models the workers serve, sorted.
     pub fn models(&self) -> Vec<String> {
         let state = self.state.read();
@@ -584,151 +368,8 @@ impl Router {
         models.into_iter().collect()
     }
 
-    /// For models with `kv_tracking: predicted`: the prompt's blocks are now assumed
-    /// cached on `worker`.
-    pub fn predict_cached(&self, model: &str, worker: WorkerId, hashes: &[u64]) {
-        let generation = self.generation();
-        let Some(settings) = generation.startup.source.config.models.get(model) else {
-            return;
-        };
-        if settings.kv_tracking != KvTracking::Predicted || hashes.is_empty() {
-            return;
-        }
-        let events = self.predicted.lock().routed(
-            worker,
-            hashes,
-            settings.predicted_blocks_per_worker,
-            Duration::from_secs(settings.predicted_ttl_secs),
-            Instant::now(),
-        );
-        self.apply_kv(worker, &events);
-    }
-
-    /// Applies `worker`'s KV events within its budget (what it declared it can hold),
-    /// counting and logging (once per worker) the blocks evicted past it.
-    fn apply_kv(&self, worker: WorkerId, events: &[KvEvent]) {
-        let Some(device) = self
-            .state
-            .read()
-            .workers
-            .get(worker)
-            .map(|spec| spec.total_kv_blocks)
-        else {
-            return;
-        };
-        let offload = self
-            .generation()
-            .startup
-            .source
-            .config
-            .router
-            .max_offloaded_blocks_per_worker;
-        let mut kv = self.kv.write();
-        kv.set_budget(worker, [device, offload, offload]);
-        let before = kv.evicted();
-        for event in events {
-            kv.apply(worker, event);
-        }
-        let evicted = kv.evicted() - before;
-        drop(kv);
-        if evicted > 0 {
-            self.metrics.record_kv_evicted(evicted);
-            if self.kv_overruns.lock().insert(worker) {
-                tracing::warn!(
-                    worker_id = worker.worker_id,
-                    dp_rank = worker.dp_rank,
-                    evicted,
-                    total_kv_blocks = device,
-                    max_offloaded_blocks_per_worker = offload,
-                    "a worker's KV events store more blocks than it declared it can hold (lost removals, or a wrong total_kv_blocks); its oldest blocks are evicted from the index. Logged once per worker; switchyard_kv_blocks_evicted_total counts them"
-                );
-            }
-        }
-    }
-
     pub fn workers(&self) -> Vec<WorkerSpec> {
         self.state.read().workers.all().cloned().collect()
-    }
-
-    /// Applies KV events of one worker.
-    pub fn kv_events(&self, worker: WorkerId, events: &[KvEvent]) -> Result<(), RouteError> {
-        if self.state.read().workers.get(worker).is_none() {
-            return Err(WorkerError::Unknown(worker).into());
-        }
-        self.apply_kv(worker, events);
-        Ok(())
-    }
-
-    /// Starts following the KV events of every worker (of `workers`) whose engine
-    /// publishes them; a worker already followed is left alone.
-    pub fn subscribe_kv_events(self: &Arc<Self>, workers: &[WorkerSpec]) -> std::io::Result<()> {
-        for spec in workers {
-            let Some(source) = &spec.kv_events else {
-                continue;
-            };
-            let mut subscriptions = self.subscriptions.lock();
-            if subscriptions.contains_key(&spec.id()) {
-                continue;
-            }
-            let subscription =
-                subscriber::subscribe(self.clone(), spec.worker_id, spec.dp_rank, source.clone())?;
-            subscriptions.insert(spec.id(), subscription);
-        }
-        Ok(())
-    }
-
-    /// Applies events an engine published for worker (`worker_id`, `dp_rank`).
-    pub fn apply_engine_events(
-        &self,
-        worker_id: u64,
-        dp_rank: u32,
-        events: &[EngineEvent],
-    ) -> ApplyOutcome {
-        let worker = WorkerId { worker_id, dp_rank };
-        let mut outcome = ApplyOutcome::default();
-        if self.state.read().workers.get(worker).is_none() {
-            outcome.unknown_worker = true;
-            return outcome;
-        }
-        let block_size = self.block_size();
-        let mut translated = Vec::with_capacity(events.len());
-        {
-            let mut engines = self.engine_blocks.lock();
-            let blocks = engines.entry(worker).or_default();
-            for event in events {
-                match blocks.translate(event, block_size, &mut translated) {
-                    Ok(()) => {
-                        outcome.applied += 1;
-                        if matches!(event, EngineEvent::AllCleared) {
-                            outcome.engine_clears += 1;
-                        }
-                    }
-                    Err(reason) => {
-                        if reason == Ignored::BlockSize {
-                            if let EngineEvent::Stored(s) = event {
-                                outcome.block_size_refused = Some(s.block_size);
-                            }
-                        }
-                        outcome.ignored.push(reason);
-                    }
-                }
-            }
-        }
-        self.apply_kv(worker, &translated);
-        outcome
-    }
-
-    /// Forgets every block of a worker's engine (it restarted, or events were lost).
-    pub fn clear_engine(&self, worker_id: u64, dp_rank: u32) {
-        let worker = WorkerId { worker_id, dp_rank };
-        self.engine_blocks.lock().remove(&worker);
-        self.kv
-            .write()
-            .apply(worker, &KvEvent::Cleared { tier: None });
-    }
-
-    pub fn kv_blocks(&self) -> [usize; 3] {
-        self.kv.read().blocks()
     }
 
     /// Select only: where the request would go; nothing is booked.
@@ -1053,11 +694,6 @@ impl Router {
         self.metrics
             .render(&stages, &loads, self.kv_blocks(), plugins, &processes)
     }
-}
-
-/// A value as JSON, to compare config sections.
-fn as_json<T: Serialize>(value: &T) -> serde_json::Value {
-    serde_json::to_value(value).unwrap_or_default()
 }
 
 /// Checks what serde cannot; returns the request id (required to reserve).

@@ -1,0 +1,84 @@
+//! Worker health: probes and refused connections take a worker out of the candidates
+//! for a cool-down.
+
+use super::*;
+
+impl Router {
+    /// The engine address of a worker, if it has one.
+    pub fn worker_url(&self, id: WorkerId) -> Option<String> {
+        self.state
+            .read()
+            .workers
+            .get(id)
+            .and_then(|w| w.url.clone())
+    }
+
+    /// Every worker with an engine address.
+    /// Workers known only by `address` (the gateway's form): probed by TCP connect.
+    pub fn worker_addresses(&self) -> Vec<(WorkerId, std::net::SocketAddr)> {
+        let state = self.state.read();
+        state
+            .workers
+            .all()
+            .filter(|w| w.url.is_none())
+            .filter_map(|w| Some((w.id(), w.endpoint()?)))
+            .collect()
+    }
+
+    pub fn worker_urls(&self) -> Vec<(WorkerId, String)> {
+        let state = self.state.read();
+        state
+            .workers
+            .all()
+            .filter_map(|w| Some((w.id(), w.url.clone()?)))
+            .collect()
+    }
+
+    pub fn is_healthy(&self, id: WorkerId) -> bool {
+        self.state.read().workers.is_healthy(id)
+    }
+
+    /// Takes a worker out of the candidates for at least `cooldown` (its engine refused a
+    /// connection).
+    pub fn mark_unhealthy(&self, id: WorkerId, cooldown: Duration) {
+        self.cooldown_until
+            .lock()
+            .insert(id, Instant::now() + cooldown);
+        if self.change_workers(|workers| workers.set_healthy(id, false)) {
+            tracing::warn!(
+                worker = id.worker_id,
+                dp_rank = id.dp_rank,
+                "worker unhealthy"
+            );
+        }
+    }
+
+    /// A health probe's result: a failed probe takes the worker out; a good one brings
+    /// it back once its cool-down is over.
+    pub fn record_probe(&self, id: WorkerId, healthy: bool) {
+        if healthy {
+            let mut cooldowns = self.cooldown_until.lock();
+            if cooldowns
+                .get(&id)
+                .is_some_and(|until| Instant::now() < *until)
+            {
+                return;
+            }
+            cooldowns.remove(&id);
+        }
+        if self.change_workers(|workers| workers.set_healthy(id, healthy)) {
+            match healthy {
+                true => tracing::info!(
+                    worker = id.worker_id,
+                    dp_rank = id.dp_rank,
+                    "worker healthy again"
+                ),
+                false => tracing::warn!(
+                    worker = id.worker_id,
+                    dp_rank = id.dp_rank,
+                    "worker failed its health probe"
+                ),
+            }
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! Reload: a new config's generation built beside the serving one and swapped in, the
+//! workers it adds, changes and removes applied, bookings and KV state kept.
+
+use super::*;
+
+/// What a reload changed.
+#[derive(Clone, Debug, Serialize)]
+pub struct ReloadOutcome {
+    pub generation: u64,
+    pub workers_added: usize,
+    pub workers_removed: usize,
+    pub workers_updated: usize,
+    /// Sections that changed but are read only at startup: they take effect at the next
+    /// restart.
+    pub needs_restart: Vec<String>,
+}
+
+/// A value as JSON, to compare config sections.
+fn as_json<T: Serialize>(value: &T) -> serde_json::Value {
+    serde_json::to_value(value).unwrap_or_default()
+}
+
+impl Router {
+    /// Serves `startup` (a config that went through the whole startup path: probes,
+    /// checks, builds) as the next generation. Its policies are built for every partition
+    /// first; only then is it swapped in, so a failure leaves the serving generation
+    /// untouched. Selections already running finish on the generation they started with.
+    /// Workers, bookings and the KV index carry over, except for workers the new config
+    /// no longer lists (removed) or lists differently (updated in place, or moved when
+    /// their model or type changed).
+    pub fn reload(self: &Arc<Self>, startup: Startup) -> Result<ReloadOutcome, Vec<String>> {
+        let result = self.swap_in(startup);
+        self.metrics.record_reload(result.is_ok());
+        result
+    }
+
+    fn swap_in(self: &Arc<Self>, startup: Startup) -> Result<ReloadOutcome, Vec<String>> {
+        let _changing = self.changing.lock();
+        let serving = self.generation();
+        let (old, new) = (&serving.startup.source.config, &startup.source.config);
+        if old.router.block_size != new.router.block_size {
+            return Err(vec![format!(
+                "{}: router.block_size changed from {} to {}; bookings and the KV index are counted in blocks of the running size, so it changes only with a restart",
+                startup.source.name, old.router.block_size, new.router.block_size
+            )]);
+        }
+        let tokenizers =
+            |c: &switchyard_config::Config| -> Vec<(String, Option<std::path::PathBuf>)> {
+                c.models
+                    .iter()
+                    .map(|(model, settings)| (model.clone(), settings.tokenizer.clone()))
+                    .collect()
+            };
+        let mut needs_restart = Vec::new();
+        if as_json(&old.frontend) != as_json(&new.frontend) {
+            needs_restart.push("frontend".to_owned());
+        }
+        if as_json(&old.ext_proc) != as_json(&new.ext_proc) {
+            needs_restart.push("ext_proc".to_owned());
+        }
+        if tokenizers(old) != tokenizers(new) {
+            needs_restart.push("models.*.tokenizer".to_owned());
+        }
+        let before: HashMap<WorkerId, &WorkerSpec> =
+            old.workers.iter().map(|w| (w.id(), w)).collect();
+        let after: HashMap<WorkerId, &WorkerSpec> =
+            new.workers.iter().map(|w| (w.id(), w)).collect();
+        let removed: Vec<WorkerId> = before
+            .keys()
+            .filter(|id| !after.contains_key(id))
+            .copied()
+            .collect();
+        let changed: Vec<WorkerSpec> = new
+            .workers
+            .iter()
+            .filter(|w| {
+                before
+                    .get(&w.id())
+                    .is_some_and(|old| as_json(*old) != as_json(*w))
+            })
+            .cloned()
+            .collect();
+        let added: Vec<WorkerSpec> = new
+            .workers
+            .iter()
+            .filter(|w| !before.contains_key(&w.id()))
+            .cloned()
+            .collect();
+
+        let live = self.state.read().workers.len();
+        if live > 0
+            && added.is_empty()
+            && removed.len() >= live
+            && !new.router.reload_may_empty_fleet
+        {
+            return Err(vec![format!(
+                "{}: the new config would remove every worker ({} of {live}); nothing was changed. If that is what you want, set `router.reload_may_empty_fleet: true` in it",
+                startup.source.name,
+                removed.len()
+            )]);
+        }
+        let next = Generation::new(serving.number + 1, startup);
+        let mut partitions: Vec<PartitionKey> = serving.partitions();
+        partitions.extend(added.iter().chain(&changed).map(WorkerSpec::partition));
+        partitions.sort();
+        partitions.dedup();
+        for partition in &partitions {
+            next.build_partition(partition).map_err(|e| vec![e])?;
+        }
+        let instances: Vec<String> = next
+            .startup
+            .instances
+            .iter()
+            .map(|i| i.name.clone())
+            .collect();
+        let (number, loaded_at) = (next.number, next.loaded_at);
+        *self.generation.write() = Arc::new(next);
+        self.metrics
+            .add_instances(instances.iter().map(String::as_str));
+        self.metrics.record_generation(number, loaded_at);
+
+        for id in &removed {
+            let _ = self.remove_worker_changing(*id);
+        }
+        for spec in &changed {
+            let id = spec.id();
+            let same_partition = before[&id].partition() == spec.partition();
+            if same_partition {
+                // Bookings and cached blocks stay; the spec (capacity, labels, url, ...) is
+                // the new one.
+                self.change_workers(|workers| {
+                    let _ = workers.remove(id);
+                    let _ = workers.add(spec.clone());
+                });
+            } else {
+                let _ = self.remove_worker_changing(id);
+                let _ = self.change_workers(|workers| workers.add(spec.clone()));
+            }
+            if before[&id].kv_events != spec.kv_events {
+                self.subscriptions.lock().remove(&id);
+            }
+        }
+        for spec in &added {
+            if let Err(e) = self.change_workers(|workers| workers.add(spec.clone())) {
+                tracing::warn!(error = %e, "reload: a new worker was not added");
+            }
+        }
+        let subscribe: Vec<WorkerSpec> = added.iter().chain(&changed).cloned().collect();
+        if let Err(e) = self.subscribe_kv_events(&subscribe) {
+            tracing::warn!(error = %e, "reload: cannot follow a worker's KV events");
+        }
+        Ok(ReloadOutcome {
+            generation: number,
+            workers_added: added.len(),
+            workers_removed: removed.len(),
+            workers_updated: changed.len(),
+            needs_restart,
+        })
+    }
+}
