@@ -42,9 +42,7 @@ fn serve(dir: &std::path::Path, workers: &[(u64, String)], extra: &str) -> (Proc
 }
 
 fn endpoints(n: u64) -> Vec<(u64, String)> {
-    (1..=n)
-        .map(|i| (i, format!("127.0.0.1:{}", 7000 + i)))
-        .collect()
+    (1..=n).map(|i| (i, listening_address())).collect()
 }
 
 fn runtime() -> tokio::runtime::Runtime {

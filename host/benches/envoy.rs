@@ -17,7 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use real_envoy::Envoy;
+use real_envoy::{free_port, Envoy};
 use serde_json::json;
 
 struct Process(Child);
@@ -46,14 +46,6 @@ fn start(args: &[&str], announce: &str) -> (Process, String) {
     };
     std::thread::spawn(move || for _ in lines {});
     (Process(child), found)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Envoy with a static round-robin cluster of `engines` and nothing else.

@@ -38,12 +38,14 @@ fn start_router(dir: &std::path::Path, grpc_port: u16) -> (Process, String) {
         "{} is missing: run `make build` first",
         plugin.display()
     );
+    // Each address accepts (and closes) connections, so the router's connect probe finds
+    // the workers healthy; nothing is ever proxied to them.
     let workers: String = (1..=WORKERS)
         .map(|i| {
-            format!(
-                "  - {{model: bench, worker_id: {i}, address: \"127.0.0.1:{}\"}}\n",
-                7000 + i
-            )
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let address = listener.local_addr().unwrap();
+            std::thread::spawn(move || listener.incoming().for_each(drop));
+            format!("  - {{model: bench, worker_id: {i}, address: \"{address}\"}}\n")
         })
         .collect();
     let config = dir.join("switchyard.yaml");

@@ -16,12 +16,9 @@ use switchyard::policy::{CandidateRow, SelectError, Selector};
 use switchyard::startup::{start, Startup, StartupError};
 use switchyard_plugin_sdk::{Status, WorkerId, WorkerType};
 
-pub fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .unwrap()
-        .to_owned()
-}
+// Not every test uses each of these.
+#[allow(unused_imports)]
+pub use real_envoy::{blocks, free_port, repo};
 
 /// target/debug (or release): where cargo wrote this test binary's crates.
 pub fn cargo_out_dir() -> PathBuf {
@@ -54,13 +51,18 @@ pub fn cmake_plugin(lib: &str) -> PathBuf {
     )
 }
 
-/// A loopback port nothing listens on (until a test starts something there).
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+/// A loopback address where something accepts TCP connections (and closes them) for as
+/// long as the test runs: an engine address that passes the router's connect probe, for
+/// tests where nothing is ever proxied to it.
+pub fn listening_address() -> String {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let address = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for connection in listener.incoming() {
+            drop(connection);
+        }
+    });
+    address
 }
 
 pub fn switchyard_bin() -> PathBuf {
@@ -115,16 +117,6 @@ pub fn compile_c(
         source.display()
     );
     out
-}
-
-/// The fenced blocks of `lang` in a Markdown file, in order.
-pub fn blocks(markdown: &str, lang: &str) -> Vec<String> {
-    let fence = format!("```{lang}\n");
-    markdown
-        .split(&fence)
-        .skip(1)
-        .map(|rest| rest.split("```").next().unwrap_or_default().to_owned())
-        .collect()
 }
 
 /// Writes `yaml` as `dir/config.yaml`.

@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-fn repo() -> PathBuf {
+/// The repository's root.
+pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
         .unwrap()
@@ -17,7 +18,7 @@ fn repo() -> PathBuf {
 }
 
 /// The fenced blocks of `lang` in `markdown`.
-fn blocks(markdown: &str, lang: &str) -> Vec<String> {
+pub fn blocks(markdown: &str, lang: &str) -> Vec<String> {
     let fence = format!("```{lang}\n");
     markdown
         .split(&fence)
@@ -26,7 +27,8 @@ fn blocks(markdown: &str, lang: &str) -> Vec<String> {
         .collect()
 }
 
-fn free_port() -> u16 {
+/// A loopback port nothing listens on (until a test starts something there).
+pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

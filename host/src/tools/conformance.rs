@@ -111,11 +111,16 @@ fn emit(line: &Line) {
     let _ = std::io::stdout().flush();
 }
 
+/// A test child's data limit: a type that allocates without end is stopped there (and
+/// reported as a crash), not by the kernel's OOM killer.
+const CHILD_MEMORY_LIMIT_MB: u64 = 4096;
+
 /// Runs the child for `input`; its lines, and how it ended if it did not finish.
 fn child(input: &ChildInput) -> Result<(Vec<Line>, Option<String>), String> {
     let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
     let mut command = Command::new(exe);
     crate::isolation::child::name_parent(&mut command);
+    crate::isolation::child::limit_memory(&mut command, CHILD_MEMORY_LIMIT_MB << 20);
     let mut child = command
         .arg(SUBCOMMAND)
         .stdin(Stdio::piped())

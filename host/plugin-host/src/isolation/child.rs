@@ -47,6 +47,25 @@ pub fn name_parent(command: &mut std::process::Command) {
     command.env(PARENT_ENV, std::process::id().to_string());
 }
 
+/// Starts `command`'s process with its data limit (RLIMIT_DATA: heap, private mappings,
+/// thread stacks) already at `bytes`, before it runs any plugin code.
+pub fn limit_memory(command: &mut std::process::Command, bytes: u64) {
+    use std::os::unix::process::CommandExt;
+    let limit = libc::rlimit {
+        rlim_cur: bytes as libc::rlim_t,
+        rlim_max: bytes as libc::rlim_t,
+    };
+    // SAFETY: between fork and exec only setrlimit runs, which is async-signal-safe.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::setrlimit(libc::RLIMIT_DATA, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
 /// Ends this process as soon as the one that started it (named by [`PARENT_ENV`]) is
 /// gone, even while plugin code keeps every other thread busy: a child must never
 /// outlive a killed `check` or router. `PR_SET_PDEATHSIG` is not enough: it fires when
