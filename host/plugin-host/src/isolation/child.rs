@@ -78,22 +78,33 @@ pub fn exit_with_parent() {
         return;
     };
     let orphaned = move || nix::unistd::getppid().as_raw() != parent;
-    let watch = move || loop {
-        if orphaned() {
-            // SAFETY: _exit ends the process at once, without running atexit handlers or
-            // destructors that plugin threads could still be using.
-            unsafe { libc::_exit(137) };
+    // The thread's start registers its thread-local destructors under the dynamic
+    // loader's lock: started while a plugin's constructor holds that lock (in dlopen), it
+    // would wait forever. So the caller waits until it runs, before any library loads.
+    let (started, running) = std::sync::mpsc::sync_channel(0);
+    let watch = move || {
+        let _ = started.send(());
+        loop {
+            if orphaned() {
+                // SAFETY: _exit ends the process at once, without running atexit handlers
+                // or destructors that plugin threads could still be using.
+                unsafe { libc::_exit(137) };
+            }
+            std::thread::sleep(Duration::from_millis(50));
         }
-        std::thread::sleep(Duration::from_millis(50));
     };
-    if std::thread::Builder::new()
+    match std::thread::Builder::new()
         .name("parent-watch".into())
         .spawn(watch)
-        .is_err()
-        && orphaned()
     {
-        // SAFETY: as above.
-        unsafe { libc::_exit(137) };
+        Ok(_) => {
+            let _ = running.recv();
+        }
+        Err(_) if orphaned() => {
+            // SAFETY: as above.
+            unsafe { libc::_exit(137) };
+        }
+        Err(_) => {}
     }
 }
 
