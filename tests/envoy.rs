@@ -282,3 +282,47 @@ fn a_killed_engine_is_avoided_and_a_drained_picker_loses_no_accepted_request() {
 fn agent_for_thread() -> ureq::Agent {
     agent()
 }
+
+/// Load shedding through Envoy: with `max_requests_per_worker: 1` and one slow engine,
+/// requests beyond the one in flight get the picker's 429 (an OpenAI-shaped error), which
+/// Envoy relays; once the engine is free, requests go through again.
+#[test]
+fn shedding_reaches_the_client_through_envoy_as_429() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_sim("slow", "127.0.0.1:0", &["--decode-tps", "20"]);
+    let port = free_port();
+    let router = picker(
+        dir.path(),
+        port,
+        &[&engine],
+        "ext_proc: {listen: \"127.0.0.1:1\", max_requests_per_worker: 1}\n",
+    );
+    let envoy = Envoy::start(dir.path(), port);
+    let agent = agent();
+    wait_until_routing(&agent, &envoy);
+    let base = envoy.base.clone();
+    let busy = std::thread::spawn(move || {
+        post(
+            &agent_for_thread(),
+            &format!("{base}/v1/chat/completions"),
+            &json!({"model": "demo", "max_tokens": 20, "messages": [{"role": "user", "content": "hold the worker"}]}),
+        )
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let (status, _, body) = post(
+        &agent,
+        &format!("{}/v1/chat/completions", envoy.base),
+        &chat("one too many", false),
+    );
+    assert_eq!(status, 429, "{body}");
+    let error: Value = serde_json::from_str(&body).unwrap();
+    assert!(error["error"]["message"].is_string(), "{error}");
+    assert_eq!(busy.join().unwrap().0, 200);
+    wait_for_zero_load(&agent, &router.address);
+    let (status, _, body) = post(
+        &agent,
+        &format!("{}/v1/chat/completions", envoy.base),
+        &chat("room again", false),
+    );
+    assert_eq!(status, 200, "{body}");
+}
