@@ -77,33 +77,6 @@ fn post(agent: &ureq::Agent, url: &str, body: &Value) -> (u16, String, String) {
     }
 }
 
-/// Waits until no worker has a booking.
-fn wait_for_zero_load(agent: &ureq::Agent, router: &str) {
-    let started = Instant::now();
-    loop {
-        let workers: Value = agent
-            .get(&format!("{router}/v1/workers"))
-            .call()
-            .unwrap()
-            .into_json()
-            .unwrap();
-        let active: u64 = workers
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|w| w["load"]["active_requests"].as_u64().unwrap_or(0))
-            .sum();
-        if active == 0 {
-            return;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "bookings left: {workers}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// Envoy keeps sending requests to whichever endpoint the picker names; before the
 /// picker's gRPC health check passes, the first requests may fail.
 fn wait_until_routing(agent: &ureq::Agent, envoy: &Envoy) {
@@ -184,7 +157,7 @@ fn chat_and_completions_streamed_or_not_hang_ups_and_prefix_affinity_through_env
         let mut first = [0u8; 32];
         let _ = response.into_reader().read(&mut first);
     }
-    wait_for_zero_load(&agent, &router.address);
+    wait_for_no_bookings(&router.address, Duration::from_secs(10));
 
     // Prefix affinity: one long conversation, asked again, goes back where it was cached.
     let long = "the same long system prompt about routing ".repeat(40);
@@ -203,7 +176,7 @@ fn chat_and_completions_streamed_or_not_hang_ups_and_prefix_affinity_through_env
         1,
         "a cached prefix is routed back to its engine: {served:?}"
     );
-    wait_for_zero_load(&agent, &router.address);
+    wait_for_no_bookings(&router.address, Duration::from_secs(10));
 }
 
 #[test]
@@ -318,7 +291,7 @@ fn shedding_reaches_the_client_through_envoy_as_429() {
     let error: Value = serde_json::from_str(&body).unwrap();
     assert!(error["error"]["message"].is_string(), "{error}");
     assert_eq!(busy.join().unwrap().0, 200);
-    wait_for_zero_load(&agent, &router.address);
+    wait_for_no_bookings(&router.address, Duration::from_secs(10));
     let (status, _, body) = post(
         &agent,
         &format!("{}/v1/chat/completions", envoy.base),

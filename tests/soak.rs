@@ -331,25 +331,7 @@ fn soak_with_faults_answers_everything_and_stays_flat() {
     }
     let (healthz, healthz_failed) = healthz.join().unwrap();
     // Bookings: none left once every client is done (hung-up ones included).
-    let started = Instant::now();
-    loop {
-        let (_, text) = call(&agent, "GET", &format!("{base}/v1/workers"), None).unwrap();
-        let workers: Value = serde_json::from_str(&text).unwrap();
-        let active: u64 = workers
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|w| w["load"]["active_requests"].as_u64().unwrap_or(0))
-            .sum();
-        if active == 0 {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(15),
-            "bookings left: {workers}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    wait_for_no_bookings(&base, Duration::from_secs(15));
     let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
     eprintln!(
         "soak {seconds} s: {} answered, {} OpenAI errors, {} hung up, {} unanswered; /metrics series {series_warm} after warm-up, {series_end} at the end; RSS {rss_warm} KiB after warm-up, {rss_end} KiB at the end",

@@ -320,3 +320,27 @@ impl Drop for Process {
         self.kill();
     }
 }
+
+/// Waits (up to `limit`) until no worker of the router at `base` has a booking; the
+/// workers as last read when some remain.
+pub fn wait_for_no_bookings(base: &str, limit: std::time::Duration) {
+    let started = std::time::Instant::now();
+    loop {
+        let workers: serde_json::Value = ureq::get(&format!("{base}/v1/workers"))
+            .call()
+            .unwrap()
+            .into_json()
+            .unwrap();
+        let active: u64 = workers
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|w| w["load"]["active_requests"].as_u64().unwrap_or(0))
+            .sum();
+        if active == 0 {
+            return;
+        }
+        assert!(started.elapsed() < limit, "bookings left: {workers}");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
