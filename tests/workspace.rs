@@ -139,3 +139,125 @@ fn only_the_plugin_boundary_has_extern_c_functions() {
         "the check would pass vacuously: the boundary has no extern \"C\" function"
     );
 }
+
+/// A crate's module tree: each `.rs` file under `src/` by its module path (`lib.rs` and
+/// `mod.rs` name their folder's module).
+fn modules(src: &Path) -> Vec<(Vec<String>, PathBuf)> {
+    let mut files = Vec::new();
+    rust_files(src, &mut files);
+    files
+        .into_iter()
+        .map(|file| {
+            let relative = file.strip_prefix(src).unwrap().with_extension("");
+            let mut path: Vec<String> = relative
+                .components()
+                .map(|c| c.as_os_str().to_string_lossy().into_owned())
+                .collect();
+            if matches!(
+                path.last().map(String::as_str),
+                Some("lib" | "mod" | "main")
+            ) {
+                path.pop();
+            }
+            (path, file)
+        })
+        .collect()
+}
+
+/// The paths a file names with `crate::` or `super::` (each resolved to the deepest
+/// module of the crate it reaches).
+fn module_references(
+    own: &[String],
+    code: &str,
+    known: &BTreeSet<Vec<String>>,
+) -> Vec<Vec<String>> {
+    let mut found = Vec::new();
+    for (prefix, base) in [
+        ("crate::", Vec::new()),
+        ("super::", own[..own.len().saturating_sub(1)].to_vec()),
+    ] {
+        for (at, _) in code.match_indices(prefix) {
+            if code[..at].ends_with(|c: char| c.is_alphanumeric() || c == '_' || c == ':') {
+                continue; // `super::super::`, or a path that only ends in these letters
+            }
+            let mut path = base.clone();
+            let mut best = None;
+            for part in code[at + prefix.len()..].split("::") {
+                let name: String = part
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                if name.is_empty() || name.len() != part.len() && !part.starts_with(&name) {
+                    break;
+                }
+                path.push(name.clone());
+                if known.contains(&path) {
+                    best = Some(path.clone());
+                }
+                if name.len() != part.len() {
+                    break;
+                }
+            }
+            found.extend(best);
+        }
+    }
+    found
+}
+
+/// No two sibling modules of a host crate import each other, directly or around a loop
+/// (cargo sees only crates; `super::` and `crate::` paths between modules are checked
+/// here). An edge between two files counts for the sibling modules holding them.
+#[test]
+fn no_module_imports_another_in_a_cycle() {
+    let mut cycles = Vec::new();
+    let mut edges_seen = 0;
+    for (_, dir) in LAYERS {
+        let src = repo().join(dir).join("src");
+        let tree = modules(&src);
+        let known: BTreeSet<Vec<String>> = tree.iter().map(|(p, _)| p.clone()).collect();
+        let mut edges: BTreeSet<(Vec<String>, Vec<String>)> = BTreeSet::new();
+        for (own, file) in &tree {
+            for target in module_references(own, &code(file), &known) {
+                let common = own.iter().zip(&target).take_while(|(a, b)| a == b).count();
+                if common == own.len() || common == target.len() {
+                    continue; // a module and its own ancestor or descendant
+                }
+                edges.insert((own[..=common].to_vec(), target[..=common].to_vec()));
+            }
+        }
+        edges_seen += edges.len();
+        for (from, to) in &edges {
+            // A cycle through `from -> to`: a path back from `to` to `from`.
+            let mut stack = vec![to.clone()];
+            let mut visited = BTreeSet::new();
+            while let Some(at) = stack.pop() {
+                if &at == from {
+                    cycles.push(format!(
+                        "{dir}: {} -> {} -> ... -> {}",
+                        from.join("::"),
+                        to.join("::"),
+                        from.join("::")
+                    ));
+                    break;
+                }
+                if visited.insert(at.clone()) {
+                    stack.extend(
+                        edges
+                            .iter()
+                            .filter(|(a, _)| *a == at)
+                            .map(|(_, b)| b.clone()),
+                    );
+                }
+            }
+        }
+    }
+    assert!(
+        edges_seen > 20,
+        "the check would pass vacuously: only {edges_seen} module edges found"
+    );
+    assert!(
+        cycles.is_empty(),
+        "module import cycles:\n{}",
+        cycles.join("\n")
+    );
+}

@@ -229,7 +229,7 @@ mod holder_sets;
 mod query;
 mod tier;
 
-use block_table::{is_set, Holders};
+use block_table::is_set;
 use holder_sets::Members;
 pub use query::{QueryResult, QueryScratch};
 use tier::TierIndex;

@@ -5,7 +5,7 @@
 //! (`prometheus-client`), which writes the text format (escaping included).
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,7 +15,7 @@ use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
 use prometheus_client::metrics::MetricType;
 use switchyard_plugin_sdk::WorkerId;
 
-use super::kv_events::ApplyOutcome;
+use super::kv_events::{KvSourceCounters, CLEAR_REASONS};
 use super::kv_index::Tier;
 use super::load_accounting::WorkerLoad;
 use switchyard_plugin_host::isolation::ProcessSnapshot;
@@ -50,59 +50,6 @@ struct InstanceCounters {
     over_budget_in_a_row: AtomicU64,
     /// Nanoseconds since `Metrics::epoch` until which the instance is tripped; 0: never.
     tripped_until: AtomicU64,
-}
-
-/// Counters of one KV-event publisher (one engine's PUB socket).
-#[derive(Default)]
-pub struct KvSourceCounters {
-    pub worker_id: u64,
-    pub endpoint: String,
-    pub batches: AtomicU64,
-    pub events_applied: AtomicU64,
-    pub decode_errors: AtomicU64,
-    pub malformed_events: AtomicU64,
-    pub gaps: AtomicU64,
-    pub replays: AtomicU64,
-    pub replays_failed: AtomicU64,
-    pub duplicates: AtomicU64,
-    pub reconnects: AtomicU64,
-    pub unknown_worker: AtomicU64,
-    /// By reason: restart, gap, engine (`AllBlocksCleared`).
-    clears: [AtomicU64; 3],
-    /// By `Ignored` reason, in its declaration order.
-    ignored: [AtomicU64; 5],
-    /// Of the last batch that carried a timestamp, in nanoseconds.
-    last_lag_nanos: AtomicU64,
-    block_size_error_logged: AtomicBool,
-}
-
-const CLEAR_REASONS: [&str; 3] = ["restart", "gap", "engine"];
-
-impl KvSourceCounters {
-    pub fn record(&self, outcome: &ApplyOutcome) {
-        self.events_applied
-            .fetch_add(outcome.applied, Ordering::Relaxed);
-        self.clears[2].fetch_add(outcome.engine_clears, Ordering::Relaxed);
-        for reason in &outcome.ignored {
-            self.ignored[*reason as usize].fetch_add(1, Ordering::Relaxed);
-        }
-        if outcome.unknown_worker {
-            self.unknown_worker.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-    pub fn record_clear(&self, reason: &str) {
-        if let Some(i) = CLEAR_REASONS.iter().position(|r| *r == reason) {
-            self.clears[i].fetch_add(1, Ordering::Relaxed);
-        }
-    }
-    pub fn record_lag(&self, lag: Duration) {
-        self.last_lag_nanos
-            .store(lag.as_nanos() as u64, Ordering::Relaxed);
-    }
-    /// True the first time only: a misconfiguration is logged once, counted always.
-    pub fn first_block_size_error(&self) -> bool {
-        !self.block_size_error_logged.swap(true, Ordering::Relaxed)
-    }
 }
 
 pub struct Metrics {

@@ -11,8 +11,6 @@
 //! ```
 //! picked by `builtin.softmax` (temperature 0: the minimum, ties at random).
 
-use std::sync::Arc;
-
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Deserialize;
@@ -21,9 +19,18 @@ use switchyard_plugin_sdk::{
     WorkerFilter, WorkerInputs, WorkerPicker, WorkerScorer, WorkerSelectionContext,
 };
 
-use super::pipeline::{Stage, StageImpl};
+use super::pipeline::StageImpl;
 use super::registry::{BuildFn, Registry};
 use switchyard_plugin_host::plugin::ComponentKind;
+
+impl Registry {
+    /// A registry with the built-in types.
+    pub fn with_builtins() -> Self {
+        let mut registry = Registry::default();
+        register(&mut registry);
+        registry
+    }
+}
 
 pub fn register(registry: &mut Registry) {
     use ComponentKind::*;
@@ -65,47 +72,6 @@ pub fn register(registry: &mut Registry) {
     });
     registry.add_builtin_policy("default", default_policy);
     registry.add_builtin_policy("builtin.least-busy", least_busy_policy);
-}
-
-/// Turns a built-in policy's parts into named stages.
-pub fn stages_of(policy: &str, parts: PolicyParts) -> Vec<(Stage, f64)> {
-    let name = |part: String| -> Arc<str> { Arc::from(format!("{policy}/{part}")) };
-    let mut stages = Vec::new();
-    for (i, filter) in parts.filters.into_iter().enumerate() {
-        let inputs = filter.required_worker_inputs();
-        stages.push((
-            Stage::new(
-                name(format!("filter.{i}")),
-                ComponentKind::Filter,
-                inputs,
-                StageImpl::Filter(filter),
-            ),
-            1.0,
-        ));
-    }
-    for (i, (scorer, weight)) in parts.scorers.into_iter().enumerate() {
-        let inputs = scorer.required_worker_inputs();
-        stages.push((
-            Stage::new(
-                name(format!("scorer.{i}")),
-                ComponentKind::Scorer,
-                inputs,
-                StageImpl::Scorer(scorer),
-            ),
-            weight,
-        ));
-    }
-    let inputs = parts.picker.required_worker_inputs();
-    stages.push((
-        Stage::new(
-            name("picker".into()),
-            ComponentKind::Picker,
-            inputs,
-            StageImpl::Picker(parts.picker),
-        ),
-        1.0,
-    ));
-    stages
 }
 
 fn finite_non_negative(name: &str, value: f64) -> Result<f64, PolicyError> {

@@ -223,7 +223,7 @@ impl PolicyFactory {
                     policy_type: name.clone(),
                     refusal: e.into(),
                 })?;
-                Ok(super::builtin::stages_of(name, parts))
+                Ok(stages_of(name, parts))
             }
             PolicyFactory::Plugin {
                 name,
@@ -311,13 +311,6 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// A registry with the built-in types.
-    pub fn with_builtins() -> Self {
-        let mut registry = Registry::default();
-        super::builtin::register(&mut registry);
-        registry
-    }
-
     pub fn origin_of(&self, name: &str) -> Option<&Origin> {
         self.components
             .get(name)
@@ -511,4 +504,45 @@ impl Registry {
                 .collect(),
         }
     }
+}
+
+/// Turns a built-in policy's parts into named stages.
+fn stages_of(policy: &str, parts: PolicyParts) -> Vec<(Stage, f64)> {
+    let name = |part: String| -> Arc<str> { Arc::from(format!("{policy}/{part}")) };
+    let mut stages = Vec::new();
+    for (i, filter) in parts.filters.into_iter().enumerate() {
+        let inputs = filter.required_worker_inputs();
+        stages.push((
+            Stage::new(
+                name(format!("filter.{i}")),
+                ComponentKind::Filter,
+                inputs,
+                StageImpl::Filter(filter),
+            ),
+            1.0,
+        ));
+    }
+    for (i, (scorer, weight)) in parts.scorers.into_iter().enumerate() {
+        let inputs = scorer.required_worker_inputs();
+        stages.push((
+            Stage::new(
+                name(format!("scorer.{i}")),
+                ComponentKind::Scorer,
+                inputs,
+                StageImpl::Scorer(scorer),
+            ),
+            weight,
+        ));
+    }
+    let inputs = parts.picker.required_worker_inputs();
+    stages.push((
+        Stage::new(
+            name("picker".into()),
+            ComponentKind::Picker,
+            inputs,
+            StageImpl::Picker(parts.picker),
+        ),
+        1.0,
+    ));
+    stages
 }

@@ -384,15 +384,6 @@ pub fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()
     })
 }
 
-/// Socket options of every connection a listener of the router accepts. Responses and
-/// streamed tokens are small writes: without TCP_NODELAY, Nagle's algorithm holds each
-/// back until the peer's delayed ACK (~40 ms).
-pub fn tune_socket(tcp: &tokio::net::TcpStream) {
-    if let Err(e) = tcp.set_nodelay(true) {
-        tracing::debug!("cannot set TCP_NODELAY on an accepted socket: {e}");
-    }
-}
-
 /// Serves until SIGINT or SIGTERM. Prints `switchyard listening on http://ADDR` once bound.
 pub async fn serve(
     router: Arc<Router>,
@@ -461,7 +452,7 @@ pub async fn serve(
             }
         }
     });
-    let listener = listener.tap_io(|tcp| tune_socket(tcp));
+    let listener = listener.tap_io(|tcp| crate::socket::tune(tcp));
     let http = axum::serve(
         listener,
         app(router, frontend).into_make_service_with_connect_info::<SocketAddr>(),

@@ -5,3 +5,4 @@ pub mod ext_proc;
 pub mod frontend;
 pub mod http_service;
 pub mod reload;
+pub mod socket;

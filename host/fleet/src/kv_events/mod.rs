@@ -6,11 +6,14 @@
 //!   the publisher's ROUTER socket, restarts; runs on its own thread.
 //! - [`publisher`]: the engine side (PUB + replay ROUTER), for `engine-sim` and tests.
 
+mod counters;
 pub mod hash_agreement;
 pub mod publisher;
 pub mod subscriber;
 pub mod wire;
 
+pub use counters::KvSourceCounters;
+pub(crate) use counters::CLEAR_REASONS;
 pub use switchyard_config::KvEventSource;
 
 /// What applying one batch's events did, for the publisher's counters.

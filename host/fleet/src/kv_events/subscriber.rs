@@ -23,10 +23,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bytes::Bytes;
 use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
 
-use super::wire::{decode, split_frames, END_SEQUENCE};
+use super::wire::{decode, split_frames, EngineEvent, END_SEQUENCE};
+use super::ApplyOutcome;
 use super::KvEventSource;
-use crate::metrics::KvSourceCounters;
-use crate::router::Router;
+use super::KvSourceCounters;
 
 /// How long a replay may take before it counts as failed.
 const REPLAY_TIMEOUT: Duration = Duration::from_secs(2);
@@ -46,16 +46,35 @@ impl Drop for Subscription {
     }
 }
 
+/// What a subscription feeds: the router, seen only through what a subscriber needs, so
+/// the subscriber does not depend on the router (which owns the subscriptions).
+pub trait EventSink: Send + Sync + 'static {
+    /// Applies events an engine published for worker (`worker_id`, `dp_rank`).
+    fn apply_engine_events(
+        &self,
+        worker_id: u64,
+        dp_rank: u32,
+        events: &[EngineEvent],
+    ) -> ApplyOutcome;
+    /// Forgets every block of the worker's engine (it restarted, or events were lost).
+    fn clear_engine(&self, worker_id: u64, dp_rank: u32);
+    fn block_size(&self) -> u32;
+    /// The counters of the publisher at `endpoint` for `worker_id` (made on first use).
+    fn kv_source(&self, endpoint: &str, worker_id: u64) -> Arc<KvSourceCounters>;
+    /// How old a batch was when it arrived.
+    fn record_kv_event_lag(&self, lag: Duration);
+}
+
 /// Starts a subscription to `source` for worker `worker_id` (`dp_rank` unless a batch
 /// names its own rank).
 pub fn subscribe(
-    router: Arc<Router>,
+    router: Arc<dyn EventSink>,
     worker_id: u64,
     dp_rank: u32,
     source: KvEventSource,
 ) -> std::io::Result<Subscription> {
     let stop = Arc::new(AtomicBool::new(false));
-    let counters = router.metrics.kv_source(&source.endpoint, worker_id);
+    let counters = router.kv_source(&source.endpoint, worker_id);
     let mut subscriber = Subscriber {
         router,
         worker_id,
@@ -84,7 +103,7 @@ pub fn subscribe(
 }
 
 struct Subscriber {
-    router: Arc<Router>,
+    router: Arc<dyn EventSink>,
     worker_id: u64,
     default_rank: u32,
     /// Every dp_rank this publisher's batches named: what a clear applies to.
@@ -358,7 +377,7 @@ impl Subscriber {
             .as_secs_f64();
         if batch.ts > 0.0 && now >= batch.ts {
             let lag = Duration::from_secs_f64(now - batch.ts);
-            self.router.metrics.record_kv_event_lag(lag);
+            self.router.record_kv_event_lag(lag);
             self.counters.record_lag(lag);
         }
         let rank = batch.data_parallel_rank.unwrap_or(self.default_rank);

@@ -6,15 +6,8 @@ use switchyard_plugin_sdk::WorkerId;
 
 use super::block_table::SET;
 use super::holder_sets::Members;
-use super::tier::TierIndex;
-use super::{has_bit, is_set, Holders, KvIndex, Overlap, SlotRows, NO_ROW, NO_SLOT};
-
-/// A run of consecutive request blocks with equal holders, ending at depth `end`.
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Run {
-    pub(super) holders: Holders,
-    pub(super) end: u32,
-}
+use super::tier::{Run, TierIndex};
+use super::{has_bit, is_set, KvIndex, Overlap, SlotRows, NO_ROW, NO_SLOT};
 
 /// Reusable buffers for queries, so a lookup allocates nothing once warm.
 #[derive(Default)]

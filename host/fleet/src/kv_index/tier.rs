@@ -5,7 +5,6 @@ use std::collections::VecDeque;
 use super::block_table::{is_set, BlockTable, Holders};
 use super::held_runs::RunHolders;
 use super::holder_sets::{HolderSets, Members};
-use super::query::Run;
 
 #[derive(Default)]
 pub(super) struct TierIndex {
@@ -125,4 +124,11 @@ impl TierIndex {
     pub(super) fn heap_bytes(&self) -> usize {
         self.table.heap_bytes() + self.sets.heap_bytes()
     }
+}
+
+/// A run of consecutive request blocks with equal holders, ending at depth `end`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Run {
+    pub(super) holders: Holders,
+    pub(super) end: u32,
 }

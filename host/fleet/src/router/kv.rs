@@ -148,3 +148,30 @@ impl Router {
         self.kv.read().blocks()
     }
 }
+
+impl subscriber::EventSink for Router {
+    fn apply_engine_events(
+        &self,
+        worker_id: u64,
+        dp_rank: u32,
+        events: &[EngineEvent],
+    ) -> ApplyOutcome {
+        Router::apply_engine_events(self, worker_id, dp_rank, events)
+    }
+    fn clear_engine(&self, worker_id: u64, dp_rank: u32) {
+        Router::clear_engine(self, worker_id, dp_rank)
+    }
+    fn block_size(&self) -> u32 {
+        Router::block_size(self)
+    }
+    fn kv_source(
+        &self,
+        endpoint: &str,
+        worker_id: u64,
+    ) -> Arc<super::super::kv_events::KvSourceCounters> {
+        self.metrics.kv_source(endpoint, worker_id)
+    }
+    fn record_kv_event_lag(&self, lag: Duration) {
+        self.metrics.record_kv_event_lag(lag)
+    }
+}

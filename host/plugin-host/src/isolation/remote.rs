@@ -703,3 +703,24 @@ impl Drop for Channel {
         }
     }
 }
+
+impl super::supervisor::SupervisedChannel for Channel {
+    fn break_off(&self) {
+        Channel::break_off(self)
+    }
+    fn reopen(&self) {
+        Channel::reopen(self)
+    }
+    fn phase(&self) -> Option<String> {
+        Channel::phase(self)
+    }
+    fn stuck_longer_than(&self, limit: Duration) -> Option<String> {
+        Channel::stuck_longer_than(self, limit)
+    }
+}
+
+impl super::supervisor::RebuiltUnit for BuildUnit {
+    fn rebuild(&self) -> Result<(), String> {
+        BuildUnit::rebuild(self)
+    }
+}

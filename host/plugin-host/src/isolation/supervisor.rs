@@ -15,7 +15,6 @@ use parking_lot::Mutex;
 
 use super::child::{CONTROL_FD, SECCOMP_ENV, SPIN_ENV, SUBCOMMAND};
 use super::control::{ComponentInfo, Connection, Reply, Request};
-use super::remote::{BuildUnit, Channel};
 use super::settings::IsolationSettings;
 use crate::plugin::{CallError, LoadError, LoadedPlugin, PluginSpec, Status};
 
@@ -66,8 +65,8 @@ pub struct IsolatedProcess {
     pid: AtomicU32,
     /// Libraries to load in every new incarnation, with the names taken before each.
     libraries: Mutex<Vec<Library>>,
-    channels: Mutex<Vec<Weak<Channel>>>,
-    units: Mutex<Vec<Weak<BuildUnit>>>,
+    channels: Mutex<Vec<Weak<dyn SupervisedChannel>>>,
+    units: Mutex<Vec<Weak<dyn RebuiltUnit>>>,
     /// Why the last incarnation ended (for the errors of calls while it is down).
     last_exit: Mutex<String>,
     /// The last death: how it ended and what the process was doing, in words.
@@ -410,16 +409,18 @@ impl IsolatedProcess {
         self.last_death.lock().clone()
     }
 
-    pub(super) fn add_channel(&self, channel: &Arc<Channel>) {
+    pub(super) fn add_channel(&self, channel: &Arc<impl SupervisedChannel + 'static>) {
         let mut channels = self.channels.lock();
         channels.retain(|c| c.strong_count() > 0);
-        channels.push(Arc::downgrade(channel));
+        let channel: Arc<dyn SupervisedChannel> = channel.clone();
+        channels.push(Arc::downgrade(&channel));
     }
 
-    pub(super) fn add_unit(&self, unit: &Arc<BuildUnit>) {
+    pub(super) fn add_unit(&self, unit: &Arc<impl RebuiltUnit + 'static>) {
         let mut units = self.units.lock();
         units.retain(|u| u.strong_count() > 0);
-        units.push(Arc::downgrade(unit));
+        let unit: Arc<dyn RebuiltUnit> = unit.clone();
+        units.push(Arc::downgrade(&unit));
     }
 
     pub fn snapshot(&self) -> ProcessSnapshot {
@@ -454,7 +455,25 @@ fn load_request(spec: &PluginSpec, taken: Vec<(String, String)>) -> Request {
     }
 }
 
-fn live<T>(list: &Mutex<Vec<Weak<T>>>) -> Vec<Arc<T>> {
+/// What the supervisor does to a shared-memory channel of its process (`remote::Channel`),
+/// seen through this trait so the supervisor does not depend on the isolated stages.
+pub(super) trait SupervisedChannel: Send + Sync {
+    /// The process died: every call waiting on the channel fails now.
+    fn break_off(&self);
+    /// The process is back: the channel carries calls again.
+    fn reopen(&self);
+    /// The call in flight, for death reports.
+    fn phase(&self) -> Option<String>;
+    /// The call in flight if it has run longer than `limit` past its deadline.
+    fn stuck_longer_than(&self, limit: Duration) -> Option<String>;
+}
+
+/// An instance built in the process (`remote::BuildUnit`), built again after a restart.
+pub(super) trait RebuiltUnit: Send + Sync {
+    fn rebuild(&self) -> Result<(), String>;
+}
+
+fn live<T: ?Sized>(list: &Mutex<Vec<Weak<T>>>) -> Vec<Arc<T>> {
     list.lock().iter().filter_map(Weak::upgrade).collect()
 }
 

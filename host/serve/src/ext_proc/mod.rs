@@ -127,7 +127,7 @@ fn accepted(
 ) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
     use tokio_stream::StreamExt;
     tokio_stream::wrappers::TcpListenerStream::new(listener)
-        .map(|accepted| accepted.inspect(crate::http_service::tune_socket))
+        .map(|accepted| accepted.inspect(crate::socket::tune))
 }
 
 /// The gRPC service: one `Exchange` task per stream.

@@ -16,7 +16,7 @@ use crate::fleet::kv_events::wire::{
     EngineEvent, EventForm, HashForm, RemovedBlocks, StoredBlocks,
 };
 use crate::fleet::kv_events::KvEventSource;
-use crate::fleet::metrics::KvSourceCounters;
+use crate::fleet::kv_events::KvSourceCounters;
 use crate::fleet::router::Router;
 
 /// How long one batch may take to reach the index before the replay gives up.
