@@ -4,8 +4,9 @@
 CARGO ?= cargo
 CMAKE_BUILD := target/cmake
 BENCHES := $(patsubst host/benches/%.rs,%,$(wildcard host/benches/*.rs))
+BENCH_TARGETS := $(addprefix bench-,$(subst _,-,$(BENCHES)))
 
-.PHONY: run demo test lint fuzz soak envoy build plugins check-tools bench $(addprefix bench-,$(subst _,-,$(BENCHES))) clean
+.PHONY: run demo test lint fuzz soak envoy build plugins check-tools bench $(BENCH_TARGETS) clean
 
 check-tools:
 	@./scripts/check-tools
@@ -52,9 +53,10 @@ fuzz: plugins
 # (bench-kv-index: kv_index.rs; the dash in a target name is an underscore in the file's).
 bench: bench-selection
 
+# A static pattern rule: .PHONY targets get no implicit (plain pattern) recipe.
 bench-envoy: envoy
 
-bench-%: build
+$(BENCH_TARGETS): bench-%: build
 	$(CARGO) bench -p switchyard --bench $(subst -,_,$*)
 
 clean:

@@ -254,7 +254,6 @@ fn budgets_bound_what_each_worker_holds_evicting_its_oldest_blocks() {
                 block_hashes: (0..3).map(|_| chain[rng.gen_range(0..20)]).collect(),
             },
         };
-        let before = index.held(worker, tier);
         let evicted_before = index.evicted();
         let holds = |index: &KvIndex, hash: u64| {
             let mut scratch = QueryScratch::default();
@@ -286,7 +285,6 @@ fn budgets_bound_what_each_worker_holds_evicting_its_oldest_blocks() {
         }
         index.apply(worker, &event);
         reference.apply(worker, &event);
-        let _ = before;
         assert!(
             index.evicted() == evicted_before || matches!(event, KvEvent::Stored { .. }),
             "step {step}: only stores evict"

@@ -187,7 +187,7 @@ fn module_references(
                     .chars()
                     .take_while(|c| c.is_alphanumeric() || *c == '_')
                     .collect();
-                if name.is_empty() || name.len() != part.len() && !part.starts_with(&name) {
+                if name.is_empty() {
                     break;
                 }
                 path.push(name.clone());

@@ -9,44 +9,17 @@
 //! `make bench-envoy` (Envoy from `scripts/install-envoy`). Loopback only; every process
 //! it starts is killed when it ends. SWITCHYARD_BENCH_SECS sets each cell's duration (2).
 
+#[path = "common/process.rs"]
+mod process;
 #[path = "../../tests/support/real_envoy.rs"]
 mod real_envoy;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use process::{start, Process};
 use real_envoy::{free_port, Envoy};
 use serde_json::json;
-
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts the switchyard binary with `args`; returns it and what follows `announce`.
-fn start(args: &[&str], announce: &str) -> (Process, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_switchyard"))
-        .args(args)
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("switchyard starts");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let found = loop {
-        let line = lines.next().expect("it announces its address").unwrap();
-        if let Some(rest) = line.strip_prefix(announce) {
-            break rest.to_owned();
-        }
-    };
-    std::thread::spawn(move || for _ in lines {});
-    (Process(child), found)
-}
 
 /// Envoy with a static round-robin cluster of `engines` and nothing else.
 fn round_robin_config(port: u16, engines: &[String]) -> String {

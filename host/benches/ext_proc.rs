@@ -11,21 +11,13 @@
 
 #[path = "../../tests/support/envoy.rs"]
 mod envoy;
+#[path = "common/process.rs"]
+mod process;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use envoy::{client, Answer, Client, Envoy};
-
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use process::{start, Process};
 
 const WORKERS: u64 = 16;
 
@@ -57,24 +49,18 @@ fn start_router(dir: &std::path::Path, grpc_port: u16) -> (Process, String) {
         ),
     )
     .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_switchyard"))
-        .args(["serve", "--listen", "127.0.0.1:0", "--ext-proc"])
-        .arg(format!("127.0.0.1:{grpc_port}"))
-        .arg("--config")
-        .arg(&config)
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("switchyard starts");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let address = loop {
-        let line = lines.next().expect("announces its address").unwrap();
-        if let Some(address) = line.strip_prefix("switchyard listening on ") {
-            break address.to_owned();
-        }
-    };
-    std::thread::spawn(move || for _ in lines {});
-    (Process(child), address)
+    start(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--ext-proc",
+            &format!("127.0.0.1:{grpc_port}"),
+            "--config",
+            config.to_str().unwrap(),
+        ],
+        "switchyard listening on ",
+    )
 }
 
 /// The router's own mean decision time (end of body -> pick sent), from /metrics.

@@ -6,39 +6,14 @@
 //! `make bench-frontend` (or `cargo bench -p switchyard --bench frontend`). Loopback only;
 //! every process it starts is killed when it ends.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+#[path = "common/process.rs"]
+mod process;
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn start(args: &[&str], announce: &str) -> (Process, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_switchyard"))
-        .args(args)
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("switchyard starts");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let address = loop {
-        let line = lines.next().expect("announces its address").unwrap();
-        if let Some(address) = line.strip_prefix(announce) {
-            break address.to_owned();
-        }
-    };
-    std::thread::spawn(move || for _ in lines {});
-    (Process(child), address)
-}
+use process::start;
 
 /// One streamed request: time to the first body byte, and to the end.
 async fn request(client: &reqwest::Client, url: &str, body: &Arc<String>) -> (Duration, Duration) {
