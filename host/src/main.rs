@@ -66,6 +66,10 @@ enum Command {
         /// the config's `ext_proc.listen`.
         #[arg(long, value_name = "ADDR")]
         ext_proc: Option<std::net::SocketAddr>,
+        /// Serve a non-loopback address without API keys (a lab network only; see
+        /// docs/security.md). Same as `auth.insecure: true`.
+        #[arg(long)]
+        insecure: bool,
     },
     /// Load every plugin, run every check, build every instance; print a summary.
     Check {
@@ -167,6 +171,7 @@ fn main() -> ExitCode {
             config,
             listen,
             ext_proc,
+            insecure,
         } => {
             let Some(startup) = startup_probed(config.as_ref(), true) else {
                 return ExitCode::FAILURE;
@@ -191,8 +196,11 @@ fn main() -> ExitCode {
             };
             serve_until_signal(switchyard::serve::http_service::serve(
                 router,
-                listen,
-                ext_proc_settings,
+                switchyard::serve::http_service::ServeOptions {
+                    listen,
+                    ext_proc: ext_proc_settings,
+                    insecure,
+                },
             ))
         }
         Command::EngineSim(args) => serve_until_signal(engine_sim::run(args)),

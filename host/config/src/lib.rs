@@ -9,9 +9,15 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use switchyard_plugin_sdk::{WorkerId, WorkerType};
 
+pub mod auth;
 mod limits;
+pub mod listener;
+pub mod worker_address;
 
+pub use auth::{AuthSettings, Keyring};
 pub use limits::{MAX_CONFIG_BYTES, MAX_FLOW_DEPTH};
+pub use listener::{HttpSettings, TlsSettings};
+pub use worker_address::{EngineUrl, WorkerNetworks};
 pub use switchyard_plugin_host::isolation::IsolationSettings;
 use switchyard_plugin_host::plugin::{PartitionKey, RevisionRule};
 
@@ -47,6 +53,12 @@ pub struct Config {
     /// Supervision of plugins run with `isolation: process` (docs/isolation.md).
     #[serde(default)]
     pub isolation: IsolationSettings,
+    /// API keys of inference clients and operators (docs/security.md).
+    #[serde(default)]
+    pub auth: AuthSettings,
+    /// The HTTP listener: TLS, timeouts, connection and body limits.
+    #[serde(default)]
+    pub http: HttpSettings,
 }
 
 /// Where a plugin library runs (`plugins[].isolation`).
@@ -133,6 +145,9 @@ pub struct ExtProcSettings {
     /// eligible worker has, the request is refused with 429. No limit when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_requests_per_worker: Option<u64>,
+    /// Serve the picker over TLS (with `client_ca`: mutual TLS).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsSettings>,
 }
 
 impl ExtProcSettings {
@@ -144,6 +159,7 @@ impl ExtProcSettings {
             listen,
             max_body_bytes: Self::DEFAULT_MAX_BODY_BYTES,
             max_requests_per_worker: None,
+            tls: None,
         }
     }
 }
@@ -212,6 +228,10 @@ pub struct FrontendSettings {
     /// (client and engine): the bound keeps an overload from exhausting the process's
     /// file descriptors, which would also stop reloads and health probes.
     pub max_in_flight: u64,
+    /// CA certificates (PEM) that `https://` engine URLs are verified against, instead of
+    /// the system's roots.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub engine_ca: Option<PathBuf>,
 }
 
 impl Default for FrontendSettings {
@@ -224,6 +244,7 @@ impl Default for FrontendSettings {
             health_interval_ms: 2_000,
             health_timeout_ms: 1_000,
             max_in_flight: 8_192,
+            engine_ca: None,
         }
     }
 }
@@ -361,6 +382,9 @@ pub struct RouterSettings {
     /// After SIGTERM, how long requests and ext_proc streams in flight may take to
     /// finish before the process ends anyway.
     pub drain_timeout_secs: u64,
+    /// The hosts workers may point at (engine URLs, addresses, KV-event endpoints):
+    /// networks, addresses, host names, `*.domain`. Any host when empty.
+    pub worker_networks: Vec<String>,
 }
 
 impl Default for RouterSettings {
@@ -372,6 +396,7 @@ impl Default for RouterSettings {
             reload_may_empty_fleet: false,
             max_offloaded_blocks_per_worker: 1 << 22,
             drain_timeout_secs: 30,
+            worker_networks: Vec::new(),
         }
     }
 }
@@ -457,23 +482,17 @@ pub struct KvEventSource {
 impl KvEventSource {
     /// Checks the endpoints' form (`tcp://host:port`).
     pub fn validate(&self) -> Result<(), String> {
-        for (field, endpoint) in std::iter::once(("endpoint", Some(&self.endpoint))).chain(
-            std::iter::once(("replay_endpoint", self.replay_endpoint.as_ref())),
-        ) {
-            let Some(endpoint) = endpoint else { continue };
-            let valid = endpoint
-                .strip_prefix("tcp://")
-                .and_then(|rest| rest.rsplit_once(':'))
-                .is_some_and(|(host, port)| {
-                    !host.is_empty() && host != "*" && port.parse::<u16>().is_ok_and(|p| p > 0)
-                });
-            if !valid {
-                return Err(format!(
-                    "kv_events.{field} `{endpoint}`: expected tcp://HOST:PORT (the engine's address, not the `*` it binds)"
-                ));
-            }
+        for (field, endpoint) in self.endpoints() {
+            worker_address::parse_tcp_endpoint(endpoint)
+                .map_err(|e| format!("kv_events.{field}: {e}"))?;
         }
         Ok(())
+    }
+
+    /// `endpoint` and `replay_endpoint` when set, by field name.
+    fn endpoints(&self) -> impl Iterator<Item = (&'static str, &String)> {
+        std::iter::once(("endpoint", &self.endpoint))
+            .chain(self.replay_endpoint.iter().map(|e| ("replay_endpoint", e)))
     }
 }
 
@@ -491,15 +510,44 @@ impl WorkerSpec {
     pub fn endpoint(&self) -> Option<std::net::SocketAddr> {
         match &self.address {
             Some(address) => address.parse().ok(),
-            None => self
-                .url
-                .as_deref()?
-                .strip_prefix("http://")?
-                .split('/')
-                .next()?
-                .parse()
-                .ok(),
+            None => EngineUrl::parse(self.url.as_deref()?).ok()?.socket_addr(),
         }
+    }
+
+    /// Every host and port this worker makes the router (or a gateway) talk to, each
+    /// with the field that names it.
+    fn destinations(&self) -> Vec<(&'static str, String, u16)> {
+        let mut out = Vec::new();
+        if let Some(url) = self.url.as_deref().and_then(|u| EngineUrl::parse(u).ok()) {
+            out.push(("url", url.host, url.port));
+        }
+        if let Some(address) = self.endpoint().filter(|_| self.address.is_some()) {
+            out.push(("address", address.ip().to_string(), address.port()));
+        }
+        for (field, endpoint) in self.kv_events.iter().flat_map(KvEventSource::endpoints) {
+            if let Ok((host, port)) = worker_address::parse_tcp_endpoint(endpoint) {
+                out.push((if field == "endpoint" { "kv_events.endpoint" } else { "kv_events.replay_endpoint" }, host, port));
+            }
+        }
+        out
+    }
+
+    /// Checks where the worker points against the allow-list and the router's own
+    /// listeners (`own`): a worker must not turn the router against itself.
+    pub fn check_destinations(
+        &self,
+        networks: &WorkerNetworks,
+        own: &[std::net::SocketAddr],
+    ) -> Result<(), String> {
+        for (field, host, port) in self.destinations() {
+            if worker_address::is_own_address(&host, port, own) {
+                return Err(format!("`{field}` points at the router itself ({host}:{port}); a worker must be an engine"));
+            }
+            if !networks.permits(&host) {
+                return Err(format!("`{field}` host `{host}` is not in `router.worker_networks`; add its network or name there if it is one of your engines"));
+            }
+        }
+        Ok(())
     }
 
     /// Checks the values serde cannot.
@@ -518,12 +566,7 @@ impl WorkerSpec {
             return Err("`total_kv_blocks` must be at least 1".into());
         }
         if let Some(url) = &self.url {
-            let host = url.strip_prefix("http://").unwrap_or("");
-            if host.is_empty() || host.starts_with('/') || url.contains(char::is_whitespace) {
-                return Err(format!(
-                    "`url` must be an engine's address like http://10.0.0.7:8000, got `{url}` (https is not supported to engines)"
-                ));
-            }
+            EngineUrl::parse(url).map_err(|e| format!("`url`: {e}"))?;
         }
         if let Some(source) = &self.kv_events {
             source.validate()?;
@@ -674,26 +717,24 @@ impl ConfigSource {
         let mut errors = Vec::new();
         let router = &self.config.router;
         let frontend = &self.config.frontend;
-        for (key, value) in [
-            ("block_size", u64::from(router.block_size)),
-            ("request_expiry_secs", router.request_expiry_secs),
-            ("connect_timeout_ms", frontend.connect_timeout_ms),
-            ("request_timeout_secs", frontend.request_timeout_secs),
-            ("health_interval_ms", frontend.health_interval_ms),
-            ("health_timeout_ms", frontend.health_timeout_ms),
-            ("max_in_flight", frontend.max_in_flight),
-        ] {
+        let positive = [
+            ("router", "block_size", u64::from(router.block_size)),
+            ("router", "request_expiry_secs", router.request_expiry_secs),
+            ("frontend", "connect_timeout_ms", frontend.connect_timeout_ms),
+            ("frontend", "request_timeout_secs", frontend.request_timeout_secs),
+            ("frontend", "health_interval_ms", frontend.health_interval_ms),
+            ("frontend", "health_timeout_ms", frontend.health_timeout_ms),
+            ("frontend", "max_in_flight", frontend.max_in_flight),
+        ]
+        .into_iter()
+        .chain(self.config.http.positive().map(|(key, value)| ("http", key, value)));
+        for (section, key, value) in positive {
             if value == 0 {
                 let line = self
                     .text
                     .lines()
                     .position(|l| l.trim_start().starts_with(&format!("{key}:")))
                     .map(|i| i + 1);
-                let section = if matches!(key, "block_size" | "request_expiry_secs") {
-                    "router"
-                } else {
-                    "frontend"
-                };
                 errors.push(ConfigError {
                     file: self.name.clone(),
                     line,
@@ -701,6 +742,7 @@ impl ConfigSource {
                 });
             }
         }
+        errors.extend(self.check_worker_destinations());
         let mut seen = std::collections::HashSet::new();
         let mut sound = Vec::new();
         let entries = &self.config.worker_selection.instances;
@@ -726,6 +768,37 @@ impl ConfigSource {
             }
         }
         (errors, sound)
+    }
+
+    /// `router.worker_networks` parses, and every configured worker is inside it.
+    fn check_worker_destinations(&self) -> Vec<ConfigError> {
+        let networks = match WorkerNetworks::parse(&self.config.router.worker_networks) {
+            Ok(networks) => networks,
+            Err(message) => {
+                return vec![ConfigError {
+                    file: self.name.clone(),
+                    line: self.text.lines().position(|l| l.contains("worker_networks")).map(|i| i + 1),
+                    message,
+                }]
+            }
+        };
+        self.config
+            .workers
+            .iter()
+            .filter_map(|worker| {
+                let message = worker.check_destinations(&networks, &[]).err()?;
+                let nth = self.config.workers.iter().take_while(|w| !std::ptr::eq(*w, worker)).filter(|w| w.worker_id == worker.worker_id).count();
+                Some(self.error_at("worker_id", &worker.worker_id.to_string(), nth, format!("worker {}: {message}", worker.worker_id)))
+            })
+            .collect()
+    }
+
+    /// The worker allow-list (`router.worker_networks`), parsed (`validate` reported
+    /// its errors; an unparsable list here admits nothing).
+    pub fn worker_networks(&self) -> WorkerNetworks {
+        WorkerNetworks::parse(&self.config.router.worker_networks).unwrap_or_else(|_| {
+            WorkerNetworks::parse(&["0.0.0.0/32".to_owned()]).unwrap_or_default()
+        })
     }
 
     /// The instance names a request or `worker_selection.default` may use.

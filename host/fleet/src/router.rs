@@ -163,6 +163,8 @@ pub struct Router {
     cooldown_until: Mutex<HashMap<WorkerId, Instant>>,
     /// Requests whose policy asked for lifecycle notifications, and their delivery.
     lifecycles: Lifecycles,
+    /// Every address the router's listeners answer on: no worker may point at one.
+    own_addresses: RwLock<Vec<std::net::SocketAddr>>,
     pub metrics: Metrics,
 }
 
@@ -218,6 +220,7 @@ impl Router {
             kv_overruns: Mutex::new(std::collections::HashSet::new()),
             cooldown_until: Mutex::new(HashMap::new()),
             lifecycles: Lifecycles::new(),
+            own_addresses: RwLock::new(Vec::new()),
             metrics,
         };
         for spec in workers {
@@ -279,6 +282,7 @@ impl Router {
     /// refused registration leaves no partition, policy or metric series behind.
     pub fn add_worker(&self, spec: WorkerSpec) -> Result<(), RouteError> {
         spec.validate().map_err(WorkerError::Invalid)?;
+        self.check_destinations(&spec)?;
         let _changing = self.changing.lock();
         if let Some(existing) = self.state.read().workers.get(spec.id()) {
             return Err(WorkerError::AlreadyRegistered(spec.id(), existing.model.clone()).into());
@@ -294,6 +298,22 @@ impl Router {
             return Err(e.into());
         }
         Ok(())
+    }
+
+    /// Records the addresses the router's listeners answer on, and checks the workers
+    /// registered so far against them.
+    pub fn set_own_addresses(&self, own: Vec<std::net::SocketAddr>) -> Result<(), RouteError> {
+        *self.own_addresses.write() = own;
+        self.workers()
+            .iter()
+            .try_for_each(|spec| self.check_destinations(spec))
+    }
+
+    /// `spec` points inside `router.worker_networks` and not at the router itself.
+    fn check_destinations(&self, spec: &WorkerSpec) -> Result<(), RouteError> {
+        let networks = self.generation().startup.source.worker_networks();
+        spec.check_destinations(&networks, &self.own_addresses.read())
+            .map_err(|e| RouteError::Worker(WorkerError::Invalid(format!("worker {}: {e}", spec.worker_id))))
     }
 
     /// Builds `partition`'s policies into `generation` if it has none yet: before the

@@ -7,19 +7,24 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{Path, Query, State};
-use axum::http::{header, StatusCode};
+use axum::extract::{DefaultBodyLimit, Extension, Path, Query, State};
+use axum::http::{header, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{delete, get, post};
-use axum::serve::ListenerExt;
 use axum::{Json, Router as HttpRouter};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use switchyard_plugin_sdk::WorkerId;
 
+use crate::caller::Caller;
+use crate::errors::refusal;
 use crate::ext_proc::{self, EndpointPicker};
 use crate::frontend::{self, Frontend};
+use crate::listener::{ConnectionTable, Limits, Listener};
+use crate::reload::ListenerTls;
+use crate::request_body::BodyLimits;
+use crate::tls::ServerTls;
 use switchyard_config::ExtProcSettings;
 use switchyard_fleet::generation::Generation;
 use switchyard_fleet::kv_index::KvEvent;
@@ -102,8 +107,21 @@ async fn off_executor<T: Send + 'static>(
         .map_err(ApiError::from)
 }
 
-async fn select(State(router): Shared, body: Bytes) -> Result<Response, ApiError> {
+async fn select(
+    State(router): Shared,
+    caller: Option<Extension<Caller>>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
     let request: RouteRequest = parse(&body)?;
+    if let Some(Extension(caller)) = caller {
+        let choice = router.generation().startup.keyring.choose_instance;
+        caller
+            .check_route(&request.model, request.instance.as_deref(), choice)
+            .map_err(|e| ApiError {
+                status: StatusCode::FORBIDDEN,
+                body: json!({ "error": e.to_string(), "code": "permission_denied" }),
+            })?;
+    }
     let decision = off_executor(router, move |r| r.select(&request)).await?;
     Ok(Json(decision).into_response())
 }
@@ -269,28 +287,29 @@ fn generation_json(generation: &Generation) -> serde_json::Value {
 }
 
 /// `POST /v1/admin/reload`: 200 with what changed, or 422 with every error (the serving
-/// config stays). Loopback clients only, unless `router.remote_admin`.
+/// config stays). With operator keys configured, for their holders (the credentials
+/// check ran before); without, for loopback clients only, unless `router.remote_admin`.
 async fn reload(
     State(router): Shared,
-    peer: Option<axum::Extension<axum::extract::ConnectInfo<SocketAddr>>>,
+    caller: Option<Extension<Caller>>,
+    tls: Option<Extension<ListenerTls>>,
 ) -> Response {
-    let remote = peer.is_some_and(|p| !p.0 .0.ip().is_loopback());
-    if remote
-        && !router
-            .generation()
-            .startup
-            .source
-            .config
-            .router
-            .remote_admin
-    {
+    let generation = router.generation();
+    let remote = caller.is_some_and(|c| !c.loopback);
+    let operator_keys = generation
+        .startup
+        .keyring
+        .has(switchyard_config::auth::Audience::Operator);
+    if remote && !operator_keys && !generation.startup.source.config.router.remote_admin {
         return (
             StatusCode::FORBIDDEN,
-            Json(json!({"error": "reload is answered for loopback clients only; set router.remote_admin: true to allow others"})),
+            Json(json!({"error": "reload is answered for loopback clients only; configure operator keys (auth.operators) or set router.remote_admin: true to allow others", "code": "loopback_only"})),
         )
             .into_response();
     }
-    match super::reload::reload(router.clone()).await {
+    drop(generation);
+    let tls = tls.map(|t| t.0).unwrap_or_default();
+    match super::reload::reload(router.clone(), &tls).await {
         Ok(outcome) => Json(json!({
             "reloaded": true,
             "generation": generation_json(&router.generation()),
@@ -332,15 +351,46 @@ async fn readyz(State(router): Shared) -> Response {
     }
 }
 
-async fn not_found() -> ApiError {
-    ApiError {
-        status: StatusCode::NOT_FOUND,
-        body: json!({ "error": "no such endpoint; see docs/http-api.md" }),
-    }
+async fn not_found(uri: Uri) -> Response {
+    refusal(
+        uri.path(),
+        StatusCode::NOT_FOUND,
+        "not_found",
+        "no such endpoint; see docs/http-api.md".into(),
+    )
 }
 
-/// The HTTP API and the OpenAI-compatible frontend's routes.
-pub fn app(router: Arc<Router>, frontend: Arc<Frontend>) -> HttpRouter {
+async fn method_not_allowed(uri: Uri) -> Response {
+    refusal(
+        uri.path(),
+        StatusCode::METHOD_NOT_ALLOWED,
+        "method_not_allowed",
+        format!(
+            "`{}` does not take this method; see docs/http-api.md",
+            uri.path()
+        ),
+    )
+}
+
+/// The HTTP API and the OpenAI-compatible frontend's routes, behind the credentials
+/// check and the body limits.
+pub fn app(router: Arc<Router>, frontend: Arc<Frontend>, body: BodyLimits) -> HttpRouter {
+    routes(router.clone(), frontend)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(axum::middleware::from_fn_with_state(
+            body,
+            crate::request_body::buffered,
+        ))
+        // The credentials check runs first: no body of an unauthenticated client is read.
+        .layer(axum::middleware::from_fn_with_state(
+            router,
+            crate::auth::authorize,
+        ))
+        // `buffered` enforces `http.max_body_bytes`; axum's own 2 MB default would cut it.
+        .layer(DefaultBodyLimit::disable())
+}
+
+fn routes(router: Arc<Router>, frontend: Arc<Frontend>) -> HttpRouter {
     HttpRouter::new()
         .route("/v1/select", post(select))
         .route("/v1/reserve", post(reserve))
@@ -384,29 +434,127 @@ pub fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()
     })
 }
 
-/// Serves until SIGINT or SIGTERM. Prints `switchyard listening on http://ADDR` once bound.
-pub async fn serve(
-    router: Arc<Router>,
-    listen: SocketAddr,
-    ext_proc: Option<ExtProcSettings>,
-) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
+/// How `serve` listens.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    pub listen: SocketAddr,
+    /// The Envoy endpoint picker's settings, when it is served.
+    pub ext_proc: Option<ExtProcSettings>,
+    /// Serve a non-loopback address without API keys (`serve --insecure`).
+    pub insecure: bool,
+}
+
+/// Refuses to serve a non-loopback address that no credential guards, as Redis's
+/// protected mode does: on a network, anyone who can reach the port could register a
+/// worker and receive users' prompts.
+fn check_exposure(options: &ServeOptions, generation: &Generation) -> std::io::Result<()> {
+    let source = &generation.startup.source;
+    let keyring = &generation.startup.keyring;
+    if options.insecure || source.config.auth.insecure {
+        return Ok(());
+    }
+    let exposed = |address: &SocketAddr| !address.ip().to_canonical().is_loopback();
+    if exposed(&options.listen) && !keyring.has(switchyard_config::auth::Audience::Operator) {
+        return Err(std::io::Error::other(format!(
+            "{}: --listen {} is not a loopback address, and the config has no operator keys (auth.operators): anyone who can reach the port could register workers and receive users' prompts. Configure keys (docs/security.md), or pass --insecure (or set auth.insecure: true) on a lab network",
+            source.name, options.listen
+        )));
+    }
+    if let Some(ext_proc) = &options.ext_proc {
+        let mutual_tls = ext_proc.tls.as_ref().is_some_and(|t| t.client_ca.is_some());
+        if exposed(&ext_proc.listen)
+            && !mutual_tls
+            && !keyring.has(switchyard_config::auth::Audience::Client)
+        {
+            return Err(std::io::Error::other(format!(
+                "{}: the endpoint picker's address {} is not loopback, and neither client keys (auth.clients) nor mutual TLS (ext_proc.tls.client_ca) guard it. Configure one (docs/security.md), or pass --insecure on a lab network",
+                source.name, ext_proc.listen
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Binds `listen`; the error says which listener and what to do.
+pub async fn bind(listen: SocketAddr, what: &str, option: &str) -> std::io::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(listen).await.map_err(|e| {
         std::io::Error::new(
             e.kind(),
-            format!("cannot listen on {listen}: {e}; pick another --listen address"),
+            format!("cannot listen on {listen} for {what}: {e}; pick another {option} address"),
         )
+    })
+}
+
+/// Every address a listener bound to `address` answers on: a wildcard bind answers on
+/// loopback and on each of the machine's interface addresses.
+fn answering_addresses(address: SocketAddr) -> Vec<SocketAddr> {
+    if !address.ip().is_unspecified() {
+        return vec![address];
+    }
+    let mut ips: Vec<std::net::IpAddr> = vec![
+        std::net::Ipv4Addr::LOCALHOST.into(),
+        std::net::Ipv6Addr::LOCALHOST.into(),
+        address.ip(),
+    ];
+    if let Ok(interfaces) = nix::ifaddrs::getifaddrs() {
+        ips.extend(interfaces.filter_map(|i| {
+            let a = i.address?;
+            a.as_sockaddr_in()
+                .map(|v4| std::net::IpAddr::V4(v4.ip()))
+                .or_else(|| a.as_sockaddr_in6().map(|v6| std::net::IpAddr::V6(v6.ip())))
+        }));
+    }
+    ips.into_iter().map(|ip| SocketAddr::new(ip, address.port())).collect()
+}
+
+/// The open-file limit in force (the binary raises it to the hard limit first).
+fn open_file_limit() -> u64 {
+    rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(1024, |(soft, _)| soft)
+}
+
+/// Serves until SIGINT or SIGTERM. Prints `switchyard listening on http://ADDR` (or
+/// https) once bound.
+pub async fn serve(router: Arc<Router>, options: ServeOptions) -> std::io::Result<()> {
+    crate::tls::install_default_provider();
+    let generation = router.generation();
+    check_exposure(&options, &generation)?;
+    let source = &generation.startup.source;
+    let config = &source.config;
+    let tcp = bind(options.listen, "the HTTP service", "--listen").await?;
+    let address = tcp.local_addr()?;
+    let server_tls = |section: &str, settings: Option<&switchyard_config::TlsSettings>, alpn: &[&[u8]]| {
+        settings
+            .map(|t| crate::tls::server_config(section, t, source, alpn).map(ServerTls::new))
+            .transpose()
+            .map_err(std::io::Error::other)
+    };
+    let listener_tls = ListenerTls {
+        http: server_tls("http.tls", config.http.tls.as_ref(), &[b"h2", b"http/1.1"])?,
+        ext_proc: server_tls(
+            "ext_proc.tls",
+            options.ext_proc.as_ref().and_then(|e| e.tls.as_ref()),
+            &[b"h2"],
+        )?,
+    };
+    let limits = Limits::http(&config.http, open_file_limit());
+    let body_limits = BodyLimits {
+        max_bytes: config.http.max_body_bytes,
+        read_timeout: Duration::from_secs(config.http.body_read_timeout_secs),
+    };
+    let drain_timeout = Duration::from_secs(config.router.drain_timeout_secs);
+    let ext_proc_tcp = match &options.ext_proc {
+        Some(settings) => Some(bind(settings.listen, "ext_proc", "--ext-proc").await?),
+        None => None,
+    };
+    let mut own = answering_addresses(address);
+    if let Some(tcp) = &ext_proc_tcp {
+        own.extend(answering_addresses(tcp.local_addr()?));
+    }
+    drop(generation);
+    router.set_own_addresses(own).map_err(|e| {
+        std::io::Error::other(format!("in `workers:` of the config: {e}"))
     })?;
-    let address = listener.local_addr()?;
     let shutdown = shutdown_signal()?;
-    let drain_timeout = Duration::from_secs(
-        router
-            .generation()
-            .startup
-            .source
-            .config
-            .router
-            .drain_timeout_secs,
-    );
     // SIGTERM or SIGINT starts the drain: every listener stops accepting, what is in
     // flight finishes (up to `router.drain_timeout_secs`), then the process ends.
     let (drain, draining) = tokio::sync::watch::channel(false);
@@ -420,21 +568,25 @@ pub async fn serve(
     let frontend = Frontend::new(router.clone()).map_err(std::io::Error::other)?;
     tokio::spawn(frontend::health::probe_forever(frontend.clone()));
     router.subscribe_kv_events(&router.workers())?;
-    super::reload::on_hangup(router.clone())?;
-    println!("switchyard listening on http://{address}");
-    let picker = if let Some(settings) = ext_proc {
-        let picker = EndpointPicker::new(frontend.clone(), &settings);
-        let listening = ext_proc::serve(picker, settings.listen, drained(draining.clone()));
-        // Bind errors end the whole process: an operator who asked for the picker must
-        // not get a router without it.
-        Some(tokio::spawn(async move {
-            if let Err(e) = listening.await {
-                eprintln!("error: {e}");
-                std::process::exit(1);
-            }
-        }))
-    } else {
-        None
+    super::reload::on_hangup(router.clone(), listener_tls.clone())?;
+    let scheme = if listener_tls.http.is_some() { "https" } else { "http" };
+    println!("switchyard listening on {scheme}://{address}");
+    let picker = match (options.ext_proc, ext_proc_tcp) {
+        (Some(settings), Some(tcp)) => {
+            let picker = EndpointPicker::new(frontend.clone(), &settings);
+            let table = ConnectionTable::new("ext_proc", limits.clone());
+            let listener = Listener::new(tcp, listener_tls.ext_proc.clone(), table);
+            let listening = ext_proc::serve(picker, listener, draining.clone());
+            // Errors end the whole process: an operator who asked for the picker must
+            // not get a router without it.
+            Some(tokio::spawn(async move {
+                if let Err(e) = listening.await {
+                    eprintln!("error: {e}");
+                    std::process::exit(1);
+                }
+            }))
+        }
+        _ => None,
     };
     let expiry = router.clone();
     tokio::spawn(async move {
@@ -452,24 +604,35 @@ pub async fn serve(
             }
         }
     });
-    let listener = listener.tap_io(|tcp| crate::socket::tune(tcp));
-    let http = axum::serve(
-        listener,
-        app(router, frontend).into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(drained(draining.clone()));
+    let table = ConnectionTable::new("http", limits.clone());
+    let listener = Listener::new(tcp, listener_tls.http.clone(), table.clone());
+    let app = app(router, frontend, body_limits).layer(Extension(listener_tls));
+    let connection_drain = draining.clone();
+    let deadline_drain = draining.clone();
+    let http = async move {
+        listener
+            .run(draining.clone(), move |connection| {
+                let (app, limits, drain) = (app.clone(), limits.clone(), connection_drain.clone());
+                tokio::spawn(crate::listener::serve_http(connection, app, limits, drain));
+            })
+            .await;
+        // Accepting stopped: each connection closes once its requests are answered.
+        while !table.is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
     let both = async {
-        let served = http.await;
+        http.await;
         if let Some(picker) = picker {
             let _ = picker.await;
         }
-        served
+        Ok(())
     };
     tokio::pin!(both);
     tokio::select! {
         served = &mut both => served,
         () = async {
-            drained(draining).await;
+            drained(deadline_drain).await;
             tokio::time::sleep(drain_timeout).await;
         } => {
             tracing::warn!(seconds = drain_timeout.as_secs(), "drain deadline reached (router.drain_timeout_secs): ending with requests still in flight");

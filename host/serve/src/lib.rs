@@ -1,8 +1,14 @@
 //! Network services over the router: the HTTP API, the OpenAI-compatible frontend, and
 //! the endpoint picker for Envoy gateways (ext_proc).
 
+pub mod auth;
+pub mod caller;
+pub mod errors;
 pub mod ext_proc;
 pub mod frontend;
 pub mod http_service;
+pub mod listener;
 pub mod reload;
+pub mod request_body;
 pub mod socket;
+pub mod tls;

@@ -2,20 +2,73 @@
 //! file is read again and goes through the whole startup path (each plugin probed in a
 //! child process, loaded, checked, every instance built); only if all of it succeeds is
 //! the new generation swapped in (`Router::reload`). Otherwise the serving generation
-//! stays, and the errors are returned and logged, as `check` prints them.
+//! stays, and the errors are returned and logged, as `check` prints them. The listeners'
+//! certificates are read again too (`http.tls`, `ext_proc.tls`); one that does not load
+//! refuses the reload like any other error. API keys come with the new generation.
 
 use std::sync::Arc;
 
+use crate::tls::{server_config, ServerTls};
+use switchyard_config::{ConfigSource, TlsSettings};
 use switchyard_fleet::router::{ReloadOutcome, Router};
+use switchyard_policy::startup::Startup;
+
+/// The TLS configs of the listeners that serve TLS, replaced by a reload.
+#[derive(Clone, Default)]
+pub struct ListenerTls {
+    pub http: Option<Arc<ServerTls>>,
+    pub ext_proc: Option<Arc<ServerTls>>,
+}
+
+type Reloaded = Vec<(Arc<ServerTls>, Arc<rustls::ServerConfig>)>;
+
+/// The new certificates of every TLS listener, from `source`; Err names what does not load.
+fn new_certificates(tls: &ListenerTls, source: &ConfigSource) -> Result<Reloaded, Vec<String>> {
+    let config = &source.config;
+    let listeners: [(&str, &Option<Arc<ServerTls>>, Option<&TlsSettings>, &[&[u8]]); 2] = [
+        ("http.tls", &tls.http, config.http.tls.as_ref(), &[b"h2", b"http/1.1"]),
+        ("ext_proc.tls", &tls.ext_proc, config.ext_proc.as_ref().and_then(|e| e.tls.as_ref()), &[b"h2"]),
+    ];
+    let mut reloaded = Vec::new();
+    let mut errors = Vec::new();
+    for (section, serving, settings, alpn) in listeners {
+        match (serving, settings) {
+            (Some(serving), Some(settings)) => match server_config(section, settings, source, alpn) {
+                Ok(config) => reloaded.push((serving.clone(), config)),
+                Err(e) => errors.push(format!("{}: {e}", source.name)),
+            },
+            (Some(_), None) => errors.push(format!("{}: `{section}` was removed, but the listener serves TLS; restart to serve it without", source.name)),
+            (None, _) => {}
+        }
+    }
+    if errors.is_empty() {
+        Ok(reloaded)
+    } else {
+        Err(errors)
+    }
+}
 
 /// Reloads the config `router` was started from; off the async executor (probes wait
 /// for child processes, and plugin code runs).
-pub async fn reload(router: Arc<Router>) -> Result<ReloadOutcome, Vec<String>> {
+pub async fn reload(router: Arc<Router>, tls: &ListenerTls) -> Result<ReloadOutcome, Vec<String>> {
     let reloading = router.clone();
+    let tls = tls.clone();
     let result = tokio::task::spawn_blocking(move || {
         let path = reloading.generation().startup.source.path.clone();
-        match switchyard_policy::startup::load(path.as_deref(), true) {
-            Ok(startup) => reloading.reload(startup),
+        let loaded = switchyard_policy::startup::load(path.as_deref(), true).and_then(
+            |startup: Startup| {
+                let certificates = new_certificates(&tls, &startup.source)?;
+                Ok((startup, certificates))
+            },
+        );
+        match loaded {
+            Ok((startup, certificates)) => {
+                let outcome = reloading.reload(startup)?;
+                for (serving, config) in certificates {
+                    serving.replace(config);
+                }
+                Ok(outcome)
+            }
             Err(errors) => {
                 reloading.metrics.record_reload(false);
                 Err(errors)
@@ -48,19 +101,19 @@ pub async fn reload(router: Arc<Router>) -> Result<ReloadOutcome, Vec<String>> {
 
 /// Reloads on every `SIGHUP` until the process ends.
 #[cfg(unix)]
-pub fn on_hangup(router: Arc<Router>) -> std::io::Result<()> {
+pub fn on_hangup(router: Arc<Router>, tls: ListenerTls) -> std::io::Result<()> {
     use tokio::signal::unix::{signal, SignalKind};
     let mut hangups = signal(SignalKind::hangup())?;
     tokio::spawn(async move {
         while hangups.recv().await.is_some() {
             tracing::info!("SIGHUP: reloading the config");
-            let _ = reload(router.clone()).await;
+            let _ = reload(router.clone(), &tls).await;
         }
     });
     Ok(())
 }
 
 #[cfg(not(unix))]
-pub fn on_hangup(_router: Arc<Router>) -> std::io::Result<()> {
+pub fn on_hangup(_router: Arc<Router>, _tls: ListenerTls) -> std::io::Result<()> {
     Ok(())
 }

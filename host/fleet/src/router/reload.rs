@@ -55,8 +55,17 @@ impl Router {
         if as_json(&old.frontend) != as_json(&new.frontend) {
             needs_restart.push("frontend".to_owned());
         }
-        if as_json(&old.ext_proc) != as_json(&new.ext_proc) {
+        let without_tls = |c: &switchyard_config::Config| {
+            c.ext_proc.clone().map(|mut e| {
+                e.tls = None;
+                as_json(&e)
+            })
+        };
+        if without_tls(old) != without_tls(new) {
             needs_restart.push("ext_proc".to_owned());
+        }
+        if old.http.without_tls() != new.http.without_tls() {
+            needs_restart.push("http (all but http.tls)".to_owned());
         }
         if tokenizers(old) != tokenizers(new) {
             needs_restart.push("models.*.tokenizer".to_owned());
@@ -98,6 +107,16 @@ impl Router {
                 startup.source.name,
                 removed.len()
             )]);
+        }
+        let networks = startup.source.worker_networks();
+        let own = self.own_addresses.read().clone();
+        let refused: Vec<String> = added
+            .iter()
+            .chain(&changed)
+            .filter_map(|w| w.check_destinations(&networks, &own).err().map(|e| format!("{}: worker {}: {e}", startup.source.name, w.worker_id)))
+            .collect();
+        if !refused.is_empty() {
+            return Err(refused);
         }
         let next = Generation::new(serving.number + 1, startup);
         let mut partitions: Vec<PartitionKey> = serving.partitions();

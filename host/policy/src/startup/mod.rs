@@ -13,7 +13,9 @@ use switchyard_plugin_sdk::WorkerType;
 
 use crate::{BuildError, CallBudget, ComponentUse, InstanceFactory, InstanceKind, Registry};
 pub use switchyard_config::BUILTIN_DEFAULT;
-use switchyard_config::{ComponentEntry, ConfigError, ConfigSource, InstanceEntry, OnError};
+use switchyard_config::{
+    ComponentEntry, ConfigError, ConfigSource, InstanceEntry, Keyring, OnError,
+};
 use switchyard_plugin_host::plugin::{
     ComponentKind, LoadError, OwnedParams, PartitionKey, PluginSpec,
 };
@@ -112,6 +114,8 @@ pub struct Startup {
     /// The built-in `default` instance first, then the config's, in order.
     pub instances: Vec<Arc<InstanceFactory>>,
     pub default_instance: String,
+    /// The config's API keys (`auth:`), read with it: a reload rotates them.
+    pub keyring: Arc<Keyring>,
 }
 
 impl Startup {
@@ -184,6 +188,10 @@ fn assemble(
         errors.push(e.into());
         name
     });
+    let keyring = Keyring::load(&source).unwrap_or_else(|e| {
+        errors.extend(e.into_iter().map(StartupError::from));
+        Keyring::default()
+    });
 
     if errors.is_empty() {
         Ok(Startup {
@@ -191,6 +199,7 @@ fn assemble(
             registry,
             instances,
             default_instance,
+            keyring: Arc::new(keyring),
         })
     } else {
         Err(errors)

@@ -43,11 +43,15 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
 use rustc_hash::FxHashSet;
 use switchyard_plugin_sdk::WorkerId;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
+use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
 use tonic::{Status, Streaming};
 
 use super::frontend::prompt::{self, Endpoint};
 use super::frontend::{Frontend, Lease, OpenAiError, INSTANCE_HEADER};
+use crate::auth;
+use crate::caller::Caller;
+use crate::listener::Listener;
+use switchyard_config::auth::Audience;
 use switchyard_config::ExtProcSettings;
 use switchyard_fleet::router::{RouteError, RouteRequest, Router};
 
@@ -79,21 +83,15 @@ impl EndpointPicker {
 }
 
 /// Serves the endpoint picker and gRPC health (`liveness`, `readiness` and the picker's
-/// own service name) on `listen` until the process ends.
+/// own service name) on `listener` until the process ends.
 ///
 /// When `drain` completes, health turns `NOT_SERVING` (so the gateway sends new streams
 /// elsewhere), the listener stops accepting, and the streams in flight finish.
 pub async fn serve(
     picker: EndpointPicker,
-    listen: SocketAddr,
-    drain: impl std::future::Future<Output = ()> + Send + 'static,
+    listener: Listener,
+    drain: tokio::sync::watch::Receiver<bool>,
 ) -> std::io::Result<()> {
-    let listener = tokio::net::TcpListener::bind(listen).await.map_err(|e| {
-        std::io::Error::new(
-            e.kind(),
-            format!("cannot listen on {listen} for ext_proc: {e}; pick another --ext-proc address"),
-        )
-    })?;
     let address = listener.local_addr()?;
     let (health, health_service) = tonic_health::server::health_reporter();
     for service in ["liveness", "readiness", SERVICE_NAME, ""] {
@@ -101,9 +99,11 @@ pub async fn serve(
             .set_service_status(service, tonic_health::ServingStatus::Serving)
             .await;
     }
-    println!("switchyard ext_proc (Envoy endpoint picker) listening on grpc://{address}");
+    let scheme = if listener.has_tls() { "grpcs" } else { "grpc" };
+    println!("switchyard ext_proc (Envoy endpoint picker) listening on {scheme}://{address}");
+    let mut stop = drain.clone();
     let draining = async move {
-        drain.await;
+        let _ = stop.wait_for(|d| *d).await;
         for service in ["liveness", "readiness", SERVICE_NAME, ""] {
             health
                 .set_service_status(service, tonic_health::ServingStatus::NotServing)
@@ -111,23 +111,17 @@ pub async fn serve(
         }
         tracing::info!("ext_proc: draining; health is NOT_SERVING, streams in flight finish");
     };
+    // Connections come admitted (limits) and shaken hands with (TLS) by the listener.
+    let (connections, incoming) = mpsc::unbounded_channel();
+    tokio::spawn(listener.run(drain, move |connection| {
+        let _ = connections.send(Ok::<_, std::io::Error>(connection));
+    }));
     tonic::transport::Server::builder()
         .add_service(health_service)
         .add_service(ExternalProcessorServer::new(Service(Arc::new(picker))))
-        .serve_with_incoming_shutdown(accepted(listener), draining)
+        .serve_with_incoming_shutdown(UnboundedReceiverStream::new(incoming), draining)
         .await
         .map_err(std::io::Error::other)
-}
-
-/// The listener's accepted connections, each with `TCP_NODELAY` on. tonic ignores its
-/// builder's `tcp_nodelay` for `serve_with_incoming`; without it, every small response
-/// message waits for Envoy's delayed ACK (~40 ms per decision, issue #29).
-fn accepted(
-    listener: tokio::net::TcpListener,
-) -> impl tokio_stream::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
-    use tokio_stream::StreamExt;
-    tokio_stream::wrappers::TcpListenerStream::new(listener)
-        .map(|accepted| accepted.inspect(crate::socket::tune))
 }
 
 /// The gRPC service: one `Exchange` task per stream.
@@ -141,8 +135,26 @@ impl ExternalProcessor for Service {
         &self,
         request: tonic::Request<Streaming<ProcessingRequest>>,
     ) -> Result<tonic::Response<Self::ProcessStream>, Status> {
+        // Envoy sends a client key as `authorization: Bearer KEY` metadata
+        // (`grpc_service.initial_metadata`), when client keys are configured.
+        let keyring = self.0.frontend.router().generation().startup.keyring.clone();
+        let token = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.split_once(' '))
+            .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+            .map(|(_, token)| token.trim());
+        let grant = auth::check(&keyring, Audience::Client, token).map_err(|denied| {
+            let message = format!("{denied}; Envoy sends it with grpc_service.initial_metadata");
+            match denied.status() {
+                axum::http::StatusCode::FORBIDDEN => Status::permission_denied(message),
+                _ => Status::unauthenticated(message),
+            }
+        })?;
         let (out, responses) = mpsc::channel(QUEUE);
         let exchange = Exchange {
+            caller: Caller::behind_gateway(grant),
             picker: self.0.clone(),
             out,
             endpoint: Endpoint::ChatCompletions,
@@ -166,6 +178,8 @@ struct Booked {
 
 /// One HTTP request's stream.
 struct Exchange {
+    /// Who the gateway's key says sent the stream (its clients are never loopback).
+    caller: Caller,
     picker: Arc<EndpointPicker>,
     out: mpsc::Sender<Result<ProcessingResponse, Status>>,
     endpoint: Endpoint,
@@ -307,10 +321,11 @@ impl Exchange {
         let picker = self.picker.clone();
         let (endpoint, instance, subset) =
             (self.endpoint, self.instance.clone(), self.subset.clone());
+        let caller = self.caller.clone();
         let request_body = std::mem::take(&mut self.body);
         // Parsing (tokenizing) and selecting (plugin code) run on the blocking pool.
         let decided = tokio::task::spawn_blocking(move || {
-            let booked = decide(&picker, endpoint, instance, subset, &request_body);
+            let booked = decide(&picker, &caller, endpoint, instance, subset, &request_body);
             (booked, request_body)
         })
         .await;
@@ -420,6 +435,7 @@ fn no_endpoint(message: impl Into<String>) -> OpenAiError {
 /// (blocking: tokenizers and plugin code run here).
 fn decide(
     picker: &EndpointPicker,
+    caller: &Caller,
     endpoint: Endpoint,
     instance: Option<String>,
     subset: Option<Vec<String>>,
@@ -430,6 +446,10 @@ fn decide(
     let prompt = prompt::parse(endpoint, body, router.block_size(), |model| {
         frontend.tokenizer(model)
     })?;
+    let choice = router.generation().startup.keyring.choose_instance;
+    caller
+        .check_route(&prompt.model, instance.as_deref(), choice)
+        .map_err(crate::frontend::forbidden)?;
     let mut eligible = eligible(router, subset.as_deref());
     if subset.is_some() && eligible.is_empty() {
         return Err(no_endpoint(
@@ -485,23 +505,4 @@ fn decide(
         model: prompt.model,
         prefilled: false,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use tokio_stream::StreamExt;
-
-    /// The option is read back from the accepted socket itself, the one tonic serves on.
-    #[tokio::test]
-    async fn accepted_sockets_have_nodelay_on() {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let address = listener.local_addr().unwrap();
-        let mut incoming = Box::pin(super::accepted(listener));
-        let _client = tokio::net::TcpStream::connect(address).await.unwrap();
-        let served = incoming.next().await.unwrap().unwrap();
-        assert!(
-            served.nodelay().unwrap(),
-            "TCP_NODELAY is off on an accepted socket"
-        );
-    }
 }

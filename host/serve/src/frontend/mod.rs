@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::State;
+use axum::extract::{Extension, State};
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -30,6 +30,7 @@ use futures_util::{Stream, StreamExt};
 use serde_json::json;
 use switchyard_plugin_sdk::WorkerId;
 
+use crate::caller::Caller;
 use prompt::{Endpoint, Prompt};
 use switchyard_config::FrontendSettings;
 use switchyard_fleet::router::{RouteDecision, RouteError, RouteRequest, Router};
@@ -56,6 +57,11 @@ impl OpenAiError {
             param: None,
             code: None,
         }
+    }
+
+    pub fn with_code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
+        self
     }
 
     pub fn status(&self) -> StatusCode {
@@ -118,6 +124,12 @@ impl From<RouteError> for OpenAiError {
     }
 }
 
+/// A 403 for what a caller may not route with, in OpenAI's shape.
+pub fn forbidden(why: crate::caller::Forbidden) -> OpenAiError {
+    OpenAiError::new(StatusCode::FORBIDDEN, "invalid_request_error", why.to_string())
+        .with_code("permission_denied")
+}
+
 /// Loads the tokenizer of every model that names one; each error names the config file
 /// and line, then the tokenizer file and what is wrong.
 pub fn load_tokenizers(
@@ -171,10 +183,15 @@ impl Frontend {
         let in_flight = usize::try_from(settings.max_in_flight)
             .unwrap_or(usize::MAX)
             .min(tokio::sync::Semaphore::MAX_PERMITS);
+        let tls = crate::tls::engine_client_config(source)?;
         let client = reqwest::Client::builder()
             .connect_timeout(Duration::from_millis(settings.connect_timeout_ms))
             .pool_idle_timeout(Duration::from_secs(30))
             .tcp_nodelay(true)
+            // Engine URLs never carry credentials, and a redirect would take a prompt
+            // to a host no one checked against `router.worker_networks`.
+            .redirect(reqwest::redirect::Policy::none())
+            .tls_backend_preconfigured(tls)
             .build()
             .map_err(|e| format!("cannot set up the upstream client: {e}"))?;
         Ok(Arc::new(Frontend {
@@ -209,6 +226,7 @@ impl Frontend {
     async fn proxy(
         self: Arc<Self>,
         endpoint: Endpoint,
+        caller: Option<Caller>,
         headers: HeaderMap,
         body: Bytes,
     ) -> Response {
@@ -250,6 +268,12 @@ impl Frontend {
                         frontend.tokenizers.get(model)
                     })
                     .map_err(OpenAiError::from)?;
+                if let Some(caller) = &caller {
+                    let choice = frontend.router.generation().startup.keyring.choose_instance;
+                    caller
+                        .check_route(&prompt.model, first.as_deref(), choice)
+                        .map_err(forbidden)?;
+                }
                 let prompt = Arc::new(prompt);
                 let selected = frontend.select_now(&prompt, first)?;
                 Ok((prompt, selected))
@@ -580,20 +604,26 @@ fn relay(
 
 async fn chat_completions(
     State(frontend): State<Arc<Frontend>>,
+    caller: Option<Extension<Caller>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    let caller = caller.map(|c| c.0);
     frontend
-        .proxy(Endpoint::ChatCompletions, headers, body)
+        .proxy(Endpoint::ChatCompletions, caller, headers, body)
         .await
 }
 
 async fn completions(
     State(frontend): State<Arc<Frontend>>,
+    caller: Option<Extension<Caller>>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    frontend.proxy(Endpoint::Completions, headers, body).await
+    let caller = caller.map(|c| c.0);
+    frontend
+        .proxy(Endpoint::Completions, caller, headers, body)
+        .await
 }
 
 /// The models workers serve, in OpenAI's list shape.
@@ -605,6 +635,13 @@ async fn models(State(frontend): State<Arc<Frontend>>) -> Json<serde_json::Value
         .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "switchyard"}))
         .collect();
     Json(json!({"object": "list", "data": data}))
+}
+
+/// The paths of the OpenAI routes (their errors take OpenAI's shape).
+pub const OPENAI_PATHS: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/v1/models"];
+
+pub fn is_openai_path(path: &str) -> bool {
+    OPENAI_PATHS.contains(&path)
 }
 
 /// The frontend's routes, to merge into the HTTP service.

@@ -1,0 +1,126 @@
+//! The HTTP service's credentials check: each route belongs to an audience (inference
+//! clients or operators; `/healthz` and `/readyz` to no one), and a request to it needs
+//! `Authorization: Bearer KEY` with a key of that audience, whenever the serving config
+//! has keys for it. 401 without a valid key, 403 with the other audience's. Keys come
+//! from the serving generation, so a reload rotates them.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::Response;
+
+use crate::caller::{is_loopback, Caller};
+use crate::errors::refusal;
+use crate::frontend::OPENAI_PATHS;
+use switchyard_config::auth::{Audience, Grant, Keyring};
+use switchyard_fleet::router::Router;
+
+/// The audience a path belongs to; None: open to everyone.
+pub fn audience_of(path: &str, keyring: &Keyring) -> Option<Audience> {
+    match path {
+        "/healthz" | "/readyz" => None,
+        "/metrics" if keyring.metrics_open => None,
+        "/v1/select" => Some(Audience::Client),
+        p if OPENAI_PATHS.contains(&p) => Some(Audience::Client),
+        // Everything else, unknown paths included (they answer 401 before 404, so an
+        // unauthenticated client learns nothing of the routes).
+        _ => Some(Audience::Operator),
+    }
+}
+
+/// The bearer token of a request, if it sent one.
+pub fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+/// Why a request's credential does not do.
+#[derive(Debug)]
+pub enum Denied {
+    Missing(Audience),
+    Invalid,
+    WrongAudience { needed: Audience, found: Audience },
+}
+
+impl Denied {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Denied::Missing(_) | Denied::Invalid => StatusCode::UNAUTHORIZED,
+            Denied::WrongAudience { .. } => StatusCode::FORBIDDEN,
+        }
+    }
+
+    pub fn code(&self) -> &'static str {
+        match self {
+            Denied::Missing(_) => "missing_api_key",
+            Denied::Invalid => "invalid_api_key",
+            Denied::WrongAudience { .. } => "wrong_audience",
+        }
+    }
+}
+
+impl std::fmt::Display for Denied {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Denied::Missing(a) => write!(f, "this route needs {} API key: send `Authorization: Bearer KEY` with a key of `auth.{}s`", article(*a), a.as_str()),
+            Denied::Invalid => f.write_str("the API key is not valid (unknown, or rotated out by a reload)"),
+            Denied::WrongAudience { needed, found } => write!(f, "this is {} API key; this route needs {} key (`auth.{}s`)", article(*found), article(*needed), needed.as_str()),
+        }
+    }
+}
+
+fn article(audience: Audience) -> &'static str {
+    match audience {
+        Audience::Client => "a client",
+        Audience::Operator => "an operator",
+    }
+}
+
+/// Checks `token` for a route of `audience`. An audience with no keys configured is open.
+pub fn check(keyring: &Keyring, audience: Audience, token: Option<&str>) -> Result<Option<Grant>, Denied> {
+    if !keyring.has(audience) {
+        return Ok(None);
+    }
+    let token = token.filter(|t| !t.is_empty()).ok_or(Denied::Missing(audience))?;
+    let grant = keyring.verify(token).ok_or(Denied::Invalid)?;
+    if grant.audience != audience {
+        return Err(Denied::WrongAudience {
+            needed: audience,
+            found: grant.audience,
+        });
+    }
+    Ok(Some(grant.clone()))
+}
+
+/// Middleware: refuses what the credential does not allow; otherwise records the
+/// `Caller` for the handler.
+pub async fn authorize(State(router): State<Arc<Router>>, mut request: Request, next: Next) -> Response {
+    let loopback = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .is_none_or(|peer| is_loopback(&peer.0));
+    let keyring = router.generation().startup.keyring.clone();
+    let path = request.uri().path();
+    let grant = match audience_of(path, &keyring) {
+        None => None,
+        Some(audience) => match check(&keyring, audience, bearer(request.headers())) {
+            Ok(grant) => grant,
+            Err(denied) => {
+                tracing::debug!(%path, code = denied.code(), "request refused: credentials");
+                let mut response = refusal(path, denied.status(), denied.code(), denied.to_string());
+                if denied.status() == StatusCode::UNAUTHORIZED {
+                    response
+                        .headers_mut()
+                        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+                }
+                return response;
+            }
+        },
+    };
+    request.extensions_mut().insert(Caller { grant, loopback });
+    next.run(request).await
+}
