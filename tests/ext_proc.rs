@@ -62,7 +62,7 @@ fn chat(content: &str) -> Vec<u8> {
 
 /// Per worker address: (active requests, active prefill tokens).
 async fn loads(base: &str) -> HashMap<String, (u64, u64)> {
-    let workers: Json = reqwest::get(format!("{base}/v1/workers"))
+    let workers: Json = support::get(format!("{base}/v1/workers"))
         .await
         .unwrap()
         .json()
@@ -141,7 +141,7 @@ fn a_request_is_picked_booked_moved_to_decode_and_freed_as_envoy_streams_it() {
         drop(again);
         wait_for_zero_load(&base).await;
 
-        let metrics = reqwest::get(format!("{base}/metrics"))
+        let metrics = support::get(format!("{base}/metrics"))
             .await
             .unwrap()
             .text()
@@ -177,7 +177,7 @@ fn envoy_proxies_to_real_engines_at_the_picked_endpoint() {
     let (_router, base, port) = serve(dir.path(), &workers, "");
     runtime().block_on(async {
         let mut client = client(port).await;
-        let http = reqwest::Client::new();
+        let http = support::http_client();
         let names: HashMap<String, &str> = workers
             .iter()
             .map(|(_, address)| address.clone())
@@ -302,7 +302,7 @@ fn the_served_endpoint_gets_the_booking_after_envoy_retried_elsewhere() {
         assert_eq!(moved[&other].0, 1, "{moved:?}");
         envoy.response_chunk(b"{}", true).await;
         wait_for_zero_load(&base).await;
-        let metrics = reqwest::get(format!("{base}/metrics"))
+        let metrics = support::get(format!("{base}/metrics"))
             .await
             .unwrap()
             .text()
@@ -348,7 +348,7 @@ fn bad_bodies_and_unknown_models_get_openai_errors_as_immediate_responses() {
             }
         }
         wait_for_zero_load(&base).await;
-        let metrics = reqwest::get(format!("{base}/metrics"))
+        let metrics = support::get(format!("{base}/metrics"))
             .await
             .unwrap()
             .text()
@@ -464,7 +464,7 @@ fn a_thousand_concurrent_streams_leave_every_worker_at_zero_load() {
 fn plugin_policies_pick_through_ext_proc_what_v1_select_picks() {
     let dir = tempfile::tempdir().unwrap();
     let plugins = format!(
-        "plugins:\n  - path: {}\n  - path: {}\n  - path: {}\nworker_selection:\n  instances:\n    - {{name: rust, type: least-busy}}\n    - {{name: c, type: c.least-busy}}\n    - {{name: cpp, type: cpp.least-busy}}\nrouter: {{block_size: 16}}\n",
+        "plugins:\n  - path: {}\n  - path: {}\n  - path: {}\nworker_selection:\n  instances:\n    - {{name: rust, type: least-busy}}\n    - {{name: c, type: c.least-busy}}\n    - {{name: cpp, type: cpp.least-busy}}\nrouter: {{block_size: 16}}\n# The gateway's clients choose the instance (x-switchyard-instance): off by default.\nauth: {{choose_instance: anyone}}\n",
         rust_plugin("least_busy").display(),
         cmake_plugin("least_busy_c").display(),
         cmake_plugin("least_busy_cpp").display(),
@@ -474,7 +474,7 @@ fn plugin_policies_pick_through_ext_proc_what_v1_select_picks() {
     let address: HashMap<u64, String> = workers.iter().cloned().collect();
     runtime().block_on(async {
         let mut client = client(port).await;
-        let http = reqwest::Client::new();
+        let http = support::http_client();
         for instance in ["rust", "c", "cpp"] {
             let mut open = Vec::new();
             for i in 0..6 {

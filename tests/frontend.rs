@@ -108,7 +108,7 @@ fn a_streamed_answer_is_relayed_while_the_engine_still_produces_it() {
     let engine = engine_sim("solo", "127.0.0.1:0", &["--decode-tps", "10"]);
     let router = router(dir.path(), &[&engine.address]);
     runtime().block_on(async {
-        let client = reqwest::Client::new();
+        let client = support::http_client();
         let base = &router.address;
         let response = client
             .post(format!("{base}/v1/chat/completions"))
@@ -160,7 +160,7 @@ fn a_repeated_prompt_goes_back_to_the_worker_that_cached_it() {
     let urls: Vec<&str> = engines.iter().map(|e| e.address.as_str()).collect();
     let router = router(dir.path(), &urls);
     runtime().block_on(async {
-        let client = reqwest::Client::new();
+        let client = support::http_client();
         let url = format!("{}/v1/chat/completions", router.address);
         let prompt = "Summarise the following report. ".repeat(40);
         let first = client
@@ -239,7 +239,7 @@ fn bad_requests_get_openai_errors_and_book_nothing() {
     let engine = engine_sim("e", "127.0.0.1:0", &[]);
     let router = router(dir.path(), &[&engine.address]);
     runtime().block_on(async {
-        let client = reqwest::Client::new();
+        let client = support::http_client();
         let url = format!("{}/v1/chat/completions", router.address);
         for (body, status, param) in [
             ("{not json", 400, Value::Null),
@@ -286,7 +286,7 @@ fn bad_requests_get_openai_errors_and_book_nothing() {
     let failing = engine_failing();
     let router = self::router(dir.path(), &[&failing.address]);
     runtime().block_on(async {
-        let client = reqwest::Client::new();
+        let client = support::http_client();
         let response = client
             .post(format!("{}/v1/chat/completions", router.address))
             .json(&chat("x", true, 4))
@@ -313,7 +313,7 @@ fn a_refused_engine_is_skipped_marked_unhealthy_and_comes_back() {
     let router = router(dir.path(), &[&down, &up.address]);
     let rt = runtime();
     rt.block_on(async {
-        let client = reqwest::Client::new();
+        let client = support::http_client();
         let url = format!("{}/v1/chat/completions", router.address);
         for i in 0..10 {
             let response = client
@@ -335,7 +335,7 @@ fn a_refused_engine_is_skipped_marked_unhealthy_and_comes_back() {
     // The engine comes up on that port; probes bring the worker back after its cool-down.
     let _back = engine_sim("back", &format!("127.0.0.1:{port}"), &[]);
     rt.block_on(async {
-        let client = reqwest::Client::new();
+        let client = support::http_client();
         let mut healthy = false;
         for _ in 0..100 {
             healthy = workers(&client, &router.address).await[0]["healthy"] == true;
@@ -525,7 +525,7 @@ fn a_model_with_a_tokenizer_routes_on_its_tokens_and_refuses_what_its_template_r
     );
     let router = serve(&write_config(dir.path(), &yaml));
     runtime().block_on(async {
-        let client = reqwest::Client::new();
+        let client = support::http_client();
         let url = format!("{}/v1/chat/completions", router.address);
         let messages = json!([{"role": "system", "content": "You are a helpful assistant."},
                               {"role": "user", "content": "Summarise the following report in three sentences."}]);
@@ -579,7 +579,7 @@ fn an_engine_dying_mid_stream_ends_the_stream_with_an_error_event_and_frees() {
     let engine = engine_sim("dying", "127.0.0.1:0", &["--fail", "abort-mid-stream"]);
     let router = router(dir.path(), &[&engine.address]);
     runtime().block_on(async {
-        let client = reqwest::Client::new();
+        let client = support::http_client();
         let response = client
             .post(format!("{}/v1/chat/completions", router.address))
             .json(&chat("die halfway", true, 10))
@@ -621,7 +621,7 @@ fn requests_over_max_in_flight_get_429_and_the_slots_come_back() {
     let router = serve(&write_config(dir.path(), &yaml));
     let base = router.address.clone();
     runtime().block_on(async {
-        let client = reqwest::Client::new();
+        let client = support::http_client();
         let send = |content: String| {
             let (client, base) = (client.clone(), base.clone());
             tokio::spawn(async move {
@@ -675,7 +675,7 @@ fn streams_end_honestly_when_the_engine_fails_before_or_during_them() {
     let closing = engine_sim("closing", "127.0.0.1:0", &["--fail", "close-after-headers"]);
     let router = router(dir.path(), &[&closing.address]);
     runtime().block_on(async {
-        let client = reqwest::Client::new();
+        let client = support::http_client();
         for stream in [true, false] {
             let response = client
                 .post(format!("{}/v1/chat/completions", router.address))
@@ -708,7 +708,7 @@ fn streams_end_honestly_when_the_engine_fails_before_or_during_them() {
     );
     let router = serve(&write_config(dir.path(), &yaml));
     runtime().block_on(async {
-        let client = reqwest::Client::new();
+        let client = support::http_client();
         let response = client
             .post(format!("{}/v1/chat/completions", router.address))
             .json(&chat("too slow", true, 40))

@@ -152,7 +152,7 @@ fn kept_candidate_columns_follow_bookings_health_and_membership() {
                 };
                 match rng.gen_range(0..4) {
                     0 => router.mark_unhealthy(id, std::time::Duration::ZERO),
-                    1 => router.record_probe(id, true),
+                    1 => router.record_probe(id, Ok(())),
                     2 => {
                         router.add_worker(spec(next)).unwrap();
                         next += 1;

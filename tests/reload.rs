@@ -93,7 +93,7 @@ fn reloads_under_traffic_switch_decisions_and_drop_nothing() {
         .build()
         .unwrap();
     runtime.block_on(async {
-        let client = reqwest::Client::new();
+        let client = support::http_client();
         // State that must survive: a booking, and blocks cached on worker 2.
         let kept: Value = client
             .post(format!("{base}/v1/reserve"))

@@ -6,7 +6,7 @@
 //! so machine noise hits both alike; everything shares the machine's cores, the load
 //! generator included, so the ratios mean more than the absolute figures.
 //!
-//! `make bench-envoy` (Envoy from `scripts/install-envoy`). Loopback only; every process
+//! `make bench-envoy` (Envoy from `scripts/install-test-tools`). Loopback only; every process
 //! it starts is killed when it ends. SWITCHYARD_BENCH_SECS sets each cell's duration (2).
 
 #[path = "common/process.rs"]
@@ -75,6 +75,7 @@ struct Cell {
 
 /// `concurrency` clients sending requests one after another for `duration`.
 async fn load(base: &str, stream: bool, concurrency: usize, duration: Duration) -> Cell {
+    switchyard::serve::tls::install_default_provider();
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(concurrency)
         .build()

@@ -137,7 +137,8 @@ fn main() {
         .build()
         .unwrap();
     runtime.block_on(async {
-        let client = reqwest::Client::builder().tcp_nodelay(true).build().unwrap();
+        switchyard::serve::tls::install_default_provider();
+    let client = reqwest::Client::builder().tcp_nodelay(true).build().unwrap();
         let direct = format!("{engine}/v1/chat/completions");
         let routed = format!("{router}/v1/chat/completions");
         round(&client, &direct, 4, 200).await; // warm both paths' connection pools

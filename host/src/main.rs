@@ -166,6 +166,8 @@ fn serve_until_signal(server: impl std::future::Future<Output = std::io::Result<
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logs(cli.log_format);
+    // One TLS crypto provider for every client and listener of the process.
+    switchyard::serve::tls::install_default_provider();
     match cli.command {
         Command::Serve {
             config,

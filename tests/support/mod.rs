@@ -21,6 +21,19 @@ use switchyard_plugin_sdk::{Status, WorkerId, WorkerType};
 pub use real_envoy::{blocks, free_port, repo};
 
 /// target/debug (or release): where cargo wrote this test binary's crates.
+/// An HTTP client for the tests. The router's TLS uses rustls with the ring provider,
+/// which the process must choose before reqwest builds a client (the binary does it in
+/// `main`).
+pub fn http_client() -> reqwest::Client {
+    switchyard::serve::tls::install_default_provider();
+    reqwest::Client::new()
+}
+
+/// `reqwest::get`, with the provider chosen (see `http_client`).
+pub async fn get(url: impl reqwest::IntoUrl) -> reqwest::Result<reqwest::Response> {
+    http_client().get(url).send().await
+}
+
 pub fn cargo_out_dir() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     exe.parent().unwrap().parent().unwrap().to_owned()

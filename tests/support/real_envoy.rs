@@ -1,4 +1,4 @@
-//! A real Envoy for the tests and the Envoy benchmark: the binary `scripts/install-envoy`
+//! A real Envoy for the tests and the Envoy benchmark: the binary `scripts/install-test-tools`
 //! provides, and the config `docs/envoy.md` ships (read from the doc, its addresses
 //! changed to loopback ports), so the docs cannot drift from what runs.
 #![allow(dead_code)]
@@ -40,7 +40,7 @@ pub fn envoy_bin() -> PathBuf {
     if let Some(path) = std::env::var_os("SWITCHYARD_ENVOY") {
         return path.into();
     }
-    let venv = repo().join("target/envoy-venv/bin/envoy");
+    let venv = repo().join("target/test-venv/bin/envoy");
     if venv.exists() {
         return venv;
     }
@@ -51,7 +51,7 @@ pub fn envoy_bin() -> PathBuf {
         .filter(|o| o.status.success())
         .map(|o| PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()));
     on_path.unwrap_or_else(|| {
-        panic!("no Envoy: run scripts/install-envoy (make test does), put an envoy on PATH, or set SWITCHYARD_ENVOY")
+        panic!("no Envoy: run scripts/install-test-tools (make test does), put an envoy on PATH, or set SWITCHYARD_ENVOY")
     })
 }
 

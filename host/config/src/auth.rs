@@ -216,9 +216,14 @@ fn keys_of(source: &ConfigSource, grant: &KeyGrant) -> Result<Vec<[u8; 32]>, Str
         }
         (None, Some(var)) => {
             let value = std::env::var(var).map_err(|_| {
-                format!("environment variable `{var}` is not set (or not UTF-8); export the key in it")
+                format!(
+                    "environment variable `{var}` is not set (or not UTF-8); export the key in it"
+                )
             })?;
-            vec![(value.trim().to_owned(), format!("environment variable `{var}`"))]
+            vec![(
+                value.trim().to_owned(),
+                format!("environment variable `{var}`"),
+            )]
         }
     };
     if texts.is_empty() {

@@ -17,9 +17,9 @@ pub mod worker_address;
 pub use auth::{AuthSettings, Keyring};
 pub use limits::{MAX_CONFIG_BYTES, MAX_FLOW_DEPTH};
 pub use listener::{HttpSettings, TlsSettings};
-pub use worker_address::{EngineUrl, WorkerNetworks};
 pub use switchyard_plugin_host::isolation::IsolationSettings;
 use switchyard_plugin_host::plugin::{PartitionKey, RevisionRule};
+pub use worker_address::{EngineUrl, WorkerNetworks};
 
 /// The config shipped inside the binary: the example plugins of all three languages,
 /// with paths relative to the folder of the `switchyard` executable.
@@ -526,7 +526,15 @@ impl WorkerSpec {
         }
         for (field, endpoint) in self.kv_events.iter().flat_map(KvEventSource::endpoints) {
             if let Ok((host, port)) = worker_address::parse_tcp_endpoint(endpoint) {
-                out.push((if field == "endpoint" { "kv_events.endpoint" } else { "kv_events.replay_endpoint" }, host, port));
+                out.push((
+                    if field == "endpoint" {
+                        "kv_events.endpoint"
+                    } else {
+                        "kv_events.replay_endpoint"
+                    },
+                    host,
+                    port,
+                ));
             }
         }
         out
@@ -720,14 +728,31 @@ impl ConfigSource {
         let positive = [
             ("router", "block_size", u64::from(router.block_size)),
             ("router", "request_expiry_secs", router.request_expiry_secs),
-            ("frontend", "connect_timeout_ms", frontend.connect_timeout_ms),
-            ("frontend", "request_timeout_secs", frontend.request_timeout_secs),
-            ("frontend", "health_interval_ms", frontend.health_interval_ms),
+            (
+                "frontend",
+                "connect_timeout_ms",
+                frontend.connect_timeout_ms,
+            ),
+            (
+                "frontend",
+                "request_timeout_secs",
+                frontend.request_timeout_secs,
+            ),
+            (
+                "frontend",
+                "health_interval_ms",
+                frontend.health_interval_ms,
+            ),
             ("frontend", "health_timeout_ms", frontend.health_timeout_ms),
             ("frontend", "max_in_flight", frontend.max_in_flight),
         ]
         .into_iter()
-        .chain(self.config.http.positive().map(|(key, value)| ("http", key, value)));
+        .chain(
+            self.config
+                .http
+                .positive()
+                .map(|(key, value)| ("http", key, value)),
+        );
         for (section, key, value) in positive {
             if value == 0 {
                 let line = self
@@ -777,7 +802,11 @@ impl ConfigSource {
             Err(message) => {
                 return vec![ConfigError {
                     file: self.name.clone(),
-                    line: self.text.lines().position(|l| l.contains("worker_networks")).map(|i| i + 1),
+                    line: self
+                        .text
+                        .lines()
+                        .position(|l| l.contains("worker_networks"))
+                        .map(|i| i + 1),
                     message,
                 }]
             }
@@ -787,8 +816,19 @@ impl ConfigSource {
             .iter()
             .filter_map(|worker| {
                 let message = worker.check_destinations(&networks, &[]).err()?;
-                let nth = self.config.workers.iter().take_while(|w| !std::ptr::eq(*w, worker)).filter(|w| w.worker_id == worker.worker_id).count();
-                Some(self.error_at("worker_id", &worker.worker_id.to_string(), nth, format!("worker {}: {message}", worker.worker_id)))
+                let nth = self
+                    .config
+                    .workers
+                    .iter()
+                    .take_while(|w| !std::ptr::eq(*w, worker))
+                    .filter(|w| w.worker_id == worker.worker_id)
+                    .count();
+                Some(self.error_at(
+                    "worker_id",
+                    &worker.worker_id.to_string(),
+                    nth,
+                    format!("worker {}: {message}", worker.worker_id),
+                ))
             })
             .collect()
     }

@@ -85,7 +85,10 @@ impl HttpSettings {
             ("idle_timeout_secs", self.idle_timeout_secs),
             ("body_read_timeout_secs", self.body_read_timeout_secs),
             ("max_body_bytes", self.max_body_bytes as u64),
-            ("max_connections_per_peer", self.max_connections_per_peer as u64),
+            (
+                "max_connections_per_peer",
+                self.max_connections_per_peer as u64,
+            ),
         ]
     }
 }

@@ -20,7 +20,8 @@ impl EngineUrl {
     /// Parses `http://host:port` or `https://host:port` (a trailing `/` is allowed).
     pub fn parse(text: &str) -> Result<EngineUrl, String> {
         let expected = "expected http://HOST:PORT or https://HOST:PORT and nothing else";
-        let url = url::Url::parse(text).map_err(|e| format!("`{text}` is not a URL ({e}); {expected}"))?;
+        let url = url::Url::parse(text)
+            .map_err(|e| format!("`{text}` is not a URL ({e}); {expected}"))?;
         let https = match url.scheme() {
             "http" => false,
             "https" => true,
@@ -31,7 +32,10 @@ impl EngineUrl {
             return Err(format!("the URL carries a user name or password; {expected}. Credentials in URLs would be sent to the engine and shown by GET /v1/workers"));
         }
         if url.path() != "/" && !url.path().is_empty() {
-            return Err(format!("`{text}` has a path (`{}`); {expected}: the router adds the OpenAI paths itself", url.path()));
+            return Err(format!(
+                "`{text}` has a path (`{}`); {expected}: the router adds the OpenAI paths itself",
+                url.path()
+            ));
         }
         if url.query().is_some() || url.fragment().is_some() {
             return Err(format!("`{text}` has a query or fragment; {expected}"));
@@ -166,7 +170,6 @@ pub fn is_own_address(host: &str, port: u16, own: &[SocketAddr]) -> bool {
         }
         Err(_) => return false,
     };
-    own.iter().any(|a| {
-        a.port() == port && (a.ip().to_canonical() == ip || ip.is_unspecified())
-    })
+    own.iter()
+        .any(|a| a.port() == port && (a.ip().to_canonical() == ip || ip.is_unspecified()))
 }

@@ -161,6 +161,8 @@ pub struct Router {
     kv_overruns: Mutex<std::collections::HashSet<WorkerId>>,
     /// Workers whose engine refused a connection: no probe brings them back before this.
     cooldown_until: Mutex<HashMap<WorkerId, Instant>>,
+    /// Per unhealthy worker, why its last probe failed (shown by `GET /v1/workers`).
+    health_errors: Mutex<HashMap<WorkerId, String>>,
     /// Requests whose policy asked for lifecycle notifications, and their delivery.
     lifecycles: Lifecycles,
     /// Every address the router's listeners answer on: no worker may point at one.
@@ -219,6 +221,7 @@ impl Router {
             subscriptions: Mutex::new(HashMap::new()),
             kv_overruns: Mutex::new(std::collections::HashSet::new()),
             cooldown_until: Mutex::new(HashMap::new()),
+            health_errors: Mutex::new(HashMap::new()),
             lifecycles: Lifecycles::new(),
             own_addresses: RwLock::new(Vec::new()),
             metrics,
@@ -313,7 +316,12 @@ impl Router {
     fn check_destinations(&self, spec: &WorkerSpec) -> Result<(), RouteError> {
         let networks = self.generation().startup.source.worker_networks();
         spec.check_destinations(&networks, &self.own_addresses.read())
-            .map_err(|e| RouteError::Worker(WorkerError::Invalid(format!("worker {}: {e}", spec.worker_id))))
+            .map_err(|e| {
+                RouteError::Worker(WorkerError::Invalid(format!(
+                    "worker {}: {e}",
+                    spec.worker_id
+                )))
+            })
     }
 
     /// Builds `partition`'s policies into `generation` if it has none yet: before the
@@ -375,6 +383,7 @@ impl Router {
         self.subscriptions.lock().remove(&id);
         self.kv_overruns.lock().remove(&id);
         self.cooldown_until.lock().remove(&id);
+        self.health_errors.lock().remove(&id);
         let load = self.load.read();
         self.lifecycles.finish_unbooked(|id| load.is_booked(id));
         Ok(spec)

@@ -81,11 +81,17 @@ fn article(audience: Audience) -> &'static str {
 }
 
 /// Checks `token` for a route of `audience`. An audience with no keys configured is open.
-pub fn check(keyring: &Keyring, audience: Audience, token: Option<&str>) -> Result<Option<Grant>, Denied> {
+pub fn check(
+    keyring: &Keyring,
+    audience: Audience,
+    token: Option<&str>,
+) -> Result<Option<Grant>, Denied> {
     if !keyring.has(audience) {
         return Ok(None);
     }
-    let token = token.filter(|t| !t.is_empty()).ok_or(Denied::Missing(audience))?;
+    let token = token
+        .filter(|t| !t.is_empty())
+        .ok_or(Denied::Missing(audience))?;
     let grant = keyring.verify(token).ok_or(Denied::Invalid)?;
     if grant.audience != audience {
         return Err(Denied::WrongAudience {
@@ -98,7 +104,11 @@ pub fn check(keyring: &Keyring, audience: Audience, token: Option<&str>) -> Resu
 
 /// Middleware: refuses what the credential does not allow; otherwise records the
 /// `Caller` for the handler.
-pub async fn authorize(State(router): State<Arc<Router>>, mut request: Request, next: Next) -> Response {
+pub async fn authorize(
+    State(router): State<Arc<Router>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
     let loopback = request
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
@@ -111,7 +121,8 @@ pub async fn authorize(State(router): State<Arc<Router>>, mut request: Request, 
             Ok(grant) => grant,
             Err(denied) => {
                 tracing::debug!(%path, code = denied.code(), "request refused: credentials");
-                let mut response = refusal(path, denied.status(), denied.code(), denied.to_string());
+                let mut response =
+                    refusal(path, denied.status(), denied.code(), denied.to_string());
                 if denied.status() == StatusCode::UNAUTHORIZED {
                     response
                         .headers_mut()

@@ -168,6 +168,9 @@ async fn list_workers(State(router): Shared) -> Json<Vec<serde_json::Value>> {
                 let load = loads.get(&w.id()).copied().unwrap_or_default();
                 let mut value = json!(w);
                 value["healthy"] = json!(router.is_healthy(w.id()));
+                if let Some(reason) = router.health_error(w.id()) {
+                    value["health_error"] = json!(reason);
+                }
                 value["load"] = json!({
                     "active_requests": load.active_requests,
                     "active_prefill_tokens": load.active_prefill_tokens,
@@ -476,7 +479,11 @@ fn check_exposure(options: &ServeOptions, generation: &Generation) -> std::io::R
 }
 
 /// Binds `listen`; the error says which listener and what to do.
-pub async fn bind(listen: SocketAddr, what: &str, option: &str) -> std::io::Result<tokio::net::TcpListener> {
+pub async fn bind(
+    listen: SocketAddr,
+    what: &str,
+    option: &str,
+) -> std::io::Result<tokio::net::TcpListener> {
     tokio::net::TcpListener::bind(listen).await.map_err(|e| {
         std::io::Error::new(
             e.kind(),
@@ -504,7 +511,9 @@ fn answering_addresses(address: SocketAddr) -> Vec<SocketAddr> {
                 .or_else(|| a.as_sockaddr_in6().map(|v6| std::net::IpAddr::V6(v6.ip())))
         }));
     }
-    ips.into_iter().map(|ip| SocketAddr::new(ip, address.port())).collect()
+    ips.into_iter()
+        .map(|ip| SocketAddr::new(ip, address.port()))
+        .collect()
 }
 
 /// The open-file limit in force (the binary raises it to the hard limit first).
@@ -522,12 +531,13 @@ pub async fn serve(router: Arc<Router>, options: ServeOptions) -> std::io::Resul
     let config = &source.config;
     let tcp = bind(options.listen, "the HTTP service", "--listen").await?;
     let address = tcp.local_addr()?;
-    let server_tls = |section: &str, settings: Option<&switchyard_config::TlsSettings>, alpn: &[&[u8]]| {
-        settings
-            .map(|t| crate::tls::server_config(section, t, source, alpn).map(ServerTls::new))
-            .transpose()
-            .map_err(std::io::Error::other)
-    };
+    let server_tls =
+        |section: &str, settings: Option<&switchyard_config::TlsSettings>, alpn: &[&[u8]]| {
+            settings
+                .map(|t| crate::tls::server_config(section, t, source, alpn).map(ServerTls::new))
+                .transpose()
+                .map_err(std::io::Error::other)
+        };
     let listener_tls = ListenerTls {
         http: server_tls("http.tls", config.http.tls.as_ref(), &[b"h2", b"http/1.1"])?,
         ext_proc: server_tls(
@@ -551,9 +561,9 @@ pub async fn serve(router: Arc<Router>, options: ServeOptions) -> std::io::Resul
         own.extend(answering_addresses(tcp.local_addr()?));
     }
     drop(generation);
-    router.set_own_addresses(own).map_err(|e| {
-        std::io::Error::other(format!("in `workers:` of the config: {e}"))
-    })?;
+    router
+        .set_own_addresses(own)
+        .map_err(|e| std::io::Error::other(format!("in `workers:` of the config: {e}")))?;
     let shutdown = shutdown_signal()?;
     // SIGTERM or SIGINT starts the drain: every listener stops accepting, what is in
     // flight finishes (up to `router.drain_timeout_secs`), then the process ends.
@@ -569,7 +579,11 @@ pub async fn serve(router: Arc<Router>, options: ServeOptions) -> std::io::Resul
     tokio::spawn(frontend::health::probe_forever(frontend.clone()));
     router.subscribe_kv_events(&router.workers())?;
     super::reload::on_hangup(router.clone(), listener_tls.clone())?;
-    let scheme = if listener_tls.http.is_some() { "https" } else { "http" };
+    let scheme = if listener_tls.http.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     println!("switchyard listening on {scheme}://{address}");
     let picker = match (options.ext_proc, ext_proc_tcp) {
         (Some(settings), Some(tcp)) => {

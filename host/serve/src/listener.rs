@@ -182,8 +182,7 @@ impl ConnectionTable {
     fn admit(self: &Arc<Self>, peer: IpAddr) -> Result<Slot, Refused> {
         let peer = peer.to_canonical();
         let mut open = self.open.lock();
-        if open.per_peer.get(&peer).copied().unwrap_or(0) >= self.limits.max_connections_per_peer
-        {
+        if open.per_peer.get(&peer).copied().unwrap_or(0) >= self.limits.max_connections_per_peer {
             return Err(Refused::PeerFull);
         }
         if open.connections.len() >= self.limits.max_connections {
@@ -197,7 +196,11 @@ impl ConnectionTable {
             // Told once: it no longer counts as idle, so the next admission picks another.
             victim.idle_since_ms.store(BUSY, Ordering::Relaxed);
             victim.close.notify_one();
-            tracing::debug!(listener = self.name, idle_ms = now, "closing the longest-idle connection for a new one");
+            tracing::debug!(
+                listener = self.name,
+                idle_ms = now,
+                "closing the longest-idle connection for a new one"
+            );
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let state = Arc::new(ConnectionState {
@@ -224,8 +227,15 @@ impl ConnectionTable {
         }
         self.last_warning_ms.store(now.max(1), Ordering::Relaxed);
         match why {
-            Refused::PeerFull => tracing::warn!(listener = self.name, peer = %peer.ip(), limit = self.limits.max_connections_per_peer, refused_so_far = total, "refusing connections: this address holds its limit (http.max_connections_per_peer)"),
-            Refused::Full => tracing::warn!(listener = self.name, limit = self.limits.max_connections, refused_so_far = total, "refusing connections: every connection is busy (http.max_connections)"),
+            Refused::PeerFull => {
+                tracing::warn!(listener = self.name, peer = %peer.ip(), limit = self.limits.max_connections_per_peer, refused_so_far = total, "refusing connections: this address holds its limit (http.max_connections_per_peer)")
+            }
+            Refused::Full => tracing::warn!(
+                listener = self.name,
+                limit = self.limits.max_connections,
+                refused_so_far = total,
+                "refusing connections: every connection is busy (http.max_connections)"
+            ),
         }
     }
 }
@@ -404,22 +414,26 @@ pub async fn serve_http(
     let table = connection.slot.table.clone();
     let peer = connection.peer;
     let (service_state, service_table) = (state.clone(), table.clone());
-    let service = hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
-        let app = app.clone();
-        let in_flight = InFlight::begin(&service_state, &service_table);
-        async move {
-            let mut request = request.map(Body::new);
-            request.extensions_mut().insert(ConnectInfo(peer));
-            let response = app.oneshot(request).await.unwrap_or_else(|e: Infallible| match e {});
-            // The connection is busy until the body (a stream, perhaps) has been sent.
-            Ok::<_, Infallible>(response.map(|body| {
-                Body::new(body.map_frame(move |frame| {
-                    let _ = &in_flight;
-                    frame
+    let service =
+        hyper::service::service_fn(move |request: hyper::Request<hyper::body::Incoming>| {
+            let app = app.clone();
+            let in_flight = InFlight::begin(&service_state, &service_table);
+            async move {
+                let mut request = request.map(Body::new);
+                request.extensions_mut().insert(ConnectInfo(peer));
+                let response = app
+                    .oneshot(request)
+                    .await
+                    .unwrap_or_else(|e: Infallible| match e {});
+                // The connection is busy until the body (a stream, perhaps) has been sent.
+                Ok::<_, Infallible>(response.map(|body| {
+                    Body::new(body.map_frame(move |frame| {
+                        let _ = &in_flight;
+                        frame
+                    }))
                 }))
-            }))
-        }
-    });
+            }
+        });
     let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     builder
         .http1()

@@ -25,9 +25,24 @@ type Reloaded = Vec<(Arc<ServerTls>, Arc<rustls::ServerConfig>)>;
 /// The new certificates of every TLS listener, from `source`; Err names what does not load.
 fn new_certificates(tls: &ListenerTls, source: &ConfigSource) -> Result<Reloaded, Vec<String>> {
     let config = &source.config;
-    let listeners: [(&str, &Option<Arc<ServerTls>>, Option<&TlsSettings>, &[&[u8]]); 2] = [
-        ("http.tls", &tls.http, config.http.tls.as_ref(), &[b"h2", b"http/1.1"]),
-        ("ext_proc.tls", &tls.ext_proc, config.ext_proc.as_ref().and_then(|e| e.tls.as_ref()), &[b"h2"]),
+    let listeners: [(
+        &str,
+        &Option<Arc<ServerTls>>,
+        Option<&TlsSettings>,
+        &[&[u8]],
+    ); 2] = [
+        (
+            "http.tls",
+            &tls.http,
+            config.http.tls.as_ref(),
+            &[b"h2", b"http/1.1"],
+        ),
+        (
+            "ext_proc.tls",
+            &tls.ext_proc,
+            config.ext_proc.as_ref().and_then(|e| e.tls.as_ref()),
+            &[b"h2"],
+        ),
     ];
     let mut reloaded = Vec::new();
     let mut errors = Vec::new();
@@ -55,12 +70,11 @@ pub async fn reload(router: Arc<Router>, tls: &ListenerTls) -> Result<ReloadOutc
     let tls = tls.clone();
     let result = tokio::task::spawn_blocking(move || {
         let path = reloading.generation().startup.source.path.clone();
-        let loaded = switchyard_policy::startup::load(path.as_deref(), true).and_then(
-            |startup: Startup| {
+        let loaded =
+            switchyard_policy::startup::load(path.as_deref(), true).and_then(|startup: Startup| {
                 let certificates = new_certificates(&tls, &startup.source)?;
                 Ok((startup, certificates))
-            },
-        );
+            });
         match loaded {
             Ok((startup, certificates)) => {
                 let outcome = reloading.reload(startup)?;

@@ -58,5 +58,6 @@ pub async fn buffered(State(limits): State<BodyLimits>, request: Request, next: 
             )
         }
     };
-    next.run(Request::from_parts(parts, Body::from(bytes))).await
+    next.run(Request::from_parts(parts, Body::from(bytes)))
+        .await
 }

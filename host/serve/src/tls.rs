@@ -37,9 +37,12 @@ fn certificates(setting: &str, path: &Path) -> Result<Vec<CertificateDer<'static
 fn roots(setting: &str, path: &Path) -> Result<rustls::RootCertStore, String> {
     let mut roots = rustls::RootCertStore::empty();
     for cert in certificates(setting, path)? {
-        roots
-            .add(cert)
-            .map_err(|e| format!("{setting} {}: not a usable CA certificate: {e}", path.display()))?;
+        roots.add(cert).map_err(|e| {
+            format!(
+                "{setting} {}: not a usable CA certificate: {e}",
+                path.display()
+            )
+        })?;
     }
     Ok(roots)
 }
@@ -52,10 +55,26 @@ pub fn server_config(
     source: &ConfigSource,
     alpn: &[&[u8]],
 ) -> Result<Arc<rustls::ServerConfig>, String> {
-    let cert_path = source.resolve(&settings.cert);
-    let key_path = source.resolve(&settings.key);
-    let chain = certificates(&format!("{section}.cert"), &cert_path)?;
-    let key = PrivateKeyDer::from_pem_file(&key_path).map_err(|e| {
+    let client_ca = settings.client_ca.as_ref().map(|ca| source.resolve(ca));
+    server_config_from_files(
+        section,
+        &source.resolve(&settings.cert),
+        &source.resolve(&settings.key),
+        client_ca.as_deref(),
+        alpn,
+    )
+}
+
+/// `server_config` from the files themselves.
+pub fn server_config_from_files(
+    section: &str,
+    cert_path: &Path,
+    key_path: &Path,
+    client_ca: Option<&Path>,
+    alpn: &[&[u8]],
+) -> Result<Arc<rustls::ServerConfig>, String> {
+    let chain = certificates(&format!("{section}.cert"), cert_path)?;
+    let key = PrivateKeyDer::from_pem_file(key_path).map_err(|e| {
         format!(
             "{section}.key {}: no private key read from it ({e}); expected a PEM `PRIVATE KEY` block",
             key_path.display()
@@ -64,15 +83,17 @@ pub fn server_config(
     let builder = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
         .map_err(|e| format!("{section}: {e}"))?;
-    let builder = match &settings.client_ca {
+    let builder = match client_ca {
         None => builder.with_no_client_auth(),
         Some(ca) => {
             let setting = format!("{section}.client_ca");
-            let roots = roots(&setting, &source.resolve(ca))?;
-            let verifier =
-                rustls::server::WebPkiClientVerifier::builder_with_provider(roots.into(), provider())
-                    .build()
-                    .map_err(|e| format!("{setting}: {e}"))?;
+            let roots = roots(&setting, ca)?;
+            let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+                roots.into(),
+                provider(),
+            )
+            .build()
+            .map_err(|e| format!("{setting}: {e}"))?;
             builder.with_client_cert_verifier(verifier)
         }
     };
@@ -119,7 +140,9 @@ pub fn engine_client_config(source: &ConfigSource) -> Result<rustls::ClientConfi
             let mut roots = rustls::RootCertStore::empty();
             let (added, _) = roots.add_parsable_certificates(found.certs);
             if added == 0 {
-                tracing::debug!("no system CA certificates found; https engines need frontend.engine_ca");
+                tracing::debug!(
+                    "no system CA certificates found; https engines need frontend.engine_ca"
+                );
             }
             roots
         }

@@ -100,6 +100,12 @@ pub struct EngineSimArgs {
     /// buffer): a lost message, for tests. Repeatable.
     #[arg(long)]
     pub kv_drop_seq: Vec<u64>,
+    /// Serve HTTPS with this certificate chain (PEM); needs --tls-key.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// The certificate's private key (PEM).
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<std::path::PathBuf>,
 }
 
 /// The engine's own chained block hashes: sha256 over the parent's hash and the block's
@@ -377,6 +383,7 @@ pub async fn run(args: EngineSimArgs) -> std::io::Result<()> {
         }
         None => None,
     };
+    let engine_tls = (args.tls_cert.clone(), args.tls_key.clone());
     let engine = Arc::new(Engine {
         cache: Mutex::new(LruCache::new(capacity)),
         events,
@@ -402,6 +409,9 @@ pub async fn run(args: EngineSimArgs) -> std::io::Result<()> {
         .route("/health", get(|| async { "ok\n" }))
         .with_state(engine);
     let shutdown = shutdown_signal()?;
+    if let (Some(cert), Some(key)) = (&engine_tls.0, &engine_tls.1) {
+        return serve_https(listener, app, cert, key, shutdown).await;
+    }
     println!("engine-sim listening on http://{}", listener.local_addr()?);
     // Tokens stream as small writes: no Nagle delay (see serve::http_service).
     let listener = listener.tap_io(|tcp| {
@@ -410,4 +420,48 @@ pub async fn run(args: EngineSimArgs) -> std::io::Result<()> {
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
+}
+
+/// Serves `app` over HTTPS through the router's own listener (TLS, limits).
+async fn serve_https(
+    tcp: tokio::net::TcpListener,
+    app: HttpRouter,
+    cert: &std::path::Path,
+    key: &std::path::Path,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    use switchyard_serve::listener::{serve_http, ConnectionTable, Limits, Listener};
+    use switchyard_serve::tls::{server_config_from_files, ServerTls};
+    let config = server_config_from_files("--tls", cert, key, None, &[b"http/1.1"])
+        .map_err(std::io::Error::other)?;
+    let limits = Limits {
+        handshake_timeout: std::time::Duration::from_secs(10),
+        header_read_timeout: std::time::Duration::from_secs(30),
+        idle_timeout: std::time::Duration::from_secs(90),
+        max_connections: 16_384,
+        max_connections_per_peer: 16_384,
+    };
+    println!("engine-sim listening on https://{}", tcp.local_addr()?);
+    let listener = Listener::new(
+        tcp,
+        Some(ServerTls::new(config)),
+        ConnectionTable::new("engine-sim", limits.clone()),
+    );
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop.send(true);
+    });
+    let drain = stopping.clone();
+    listener
+        .run(stopping, move |connection| {
+            tokio::spawn(serve_http(
+                connection,
+                app.clone(),
+                limits.clone(),
+                drain.clone(),
+            ));
+        })
+        .await;
+    Ok(())
 }

@@ -53,9 +53,25 @@ impl Router {
         }
     }
 
-    /// A health probe's result: a failed probe takes the worker out; a good one brings
-    /// it back once its cool-down is over.
-    pub fn record_probe(&self, id: WorkerId, healthy: bool) {
+    /// Why the worker's last health probe failed, while it is unhealthy.
+    pub fn health_error(&self, id: WorkerId) -> Option<String> {
+        self.health_errors.lock().get(&id).cloned()
+    }
+
+    /// A health probe's result: a failed probe (and why) takes the worker out; a good one
+    /// brings it back once its cool-down is over.
+    pub fn record_probe(&self, id: WorkerId, outcome: Result<(), String>) {
+        let healthy = outcome.is_ok();
+        let reason = match outcome {
+            Ok(()) => {
+                self.health_errors.lock().remove(&id);
+                None
+            }
+            Err(reason) => {
+                self.health_errors.lock().insert(id, reason.clone());
+                Some(reason)
+            }
+        };
         if healthy {
             let mut cooldowns = self.cooldown_until.lock();
             if cooldowns
@@ -76,6 +92,7 @@ impl Router {
                 false => tracing::warn!(
                     worker = id.worker_id,
                     dp_rank = id.dp_rank,
+                    reason = reason.unwrap_or_default(),
                     "worker failed its health probe"
                 ),
             }

@@ -113,7 +113,11 @@ impl Router {
         let refused: Vec<String> = added
             .iter()
             .chain(&changed)
-            .filter_map(|w| w.check_destinations(&networks, &own).err().map(|e| format!("{}: worker {}: {e}", startup.source.name, w.worker_id)))
+            .filter_map(|w| {
+                w.check_destinations(&networks, &own)
+                    .err()
+                    .map(|e| format!("{}: worker {}: {e}", startup.source.name, w.worker_id))
+            })
             .collect();
         if !refused.is_empty() {
             return Err(refused);

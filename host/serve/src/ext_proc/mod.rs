@@ -137,7 +137,14 @@ impl ExternalProcessor for Service {
     ) -> Result<tonic::Response<Self::ProcessStream>, Status> {
         // Envoy sends a client key as `authorization: Bearer KEY` metadata
         // (`grpc_service.initial_metadata`), when client keys are configured.
-        let keyring = self.0.frontend.router().generation().startup.keyring.clone();
+        let keyring = self
+            .0
+            .frontend
+            .router()
+            .generation()
+            .startup
+            .keyring
+            .clone();
         let token = request
             .metadata()
             .get("authorization")

@@ -20,14 +20,18 @@ pub async fn probe_forever(frontend: Arc<Frontend>) {
         let probes = targets.into_iter().map(|(worker, url)| {
             let frontend = frontend.clone();
             async move {
-                let healthy = frontend
+                let outcome = match frontend
                     .client()
                     .get(format!("{}/health", url.trim_end_matches('/')))
                     .timeout(Duration::from_millis(settings.health_timeout_ms))
                     .send()
                     .await
-                    .is_ok_and(|r| r.status().is_success());
-                frontend.router().record_probe(worker, healthy);
+                {
+                    Ok(r) if r.status().is_success() => Ok(()),
+                    Ok(r) => Err(format!("GET /health answered {}", r.status())),
+                    Err(e) => Err(super::describe(&e)),
+                };
+                frontend.router().record_probe(worker, outcome);
             }
         });
         let timeout = Duration::from_millis(settings.health_timeout_ms);
@@ -41,9 +45,12 @@ pub async fn probe_forever(frontend: Arc<Frontend>) {
                     let connected =
                         tokio::time::timeout(timeout, tokio::net::TcpStream::connect(address))
                             .await;
-                    frontend
-                        .router()
-                        .record_probe(worker, matches!(connected, Ok(Ok(_))));
+                    let outcome = match connected {
+                        Ok(Ok(_)) => Ok(()),
+                        Ok(Err(e)) => Err(format!("cannot connect to {address}: {e}")),
+                        Err(_) => Err(format!("connecting to {address} timed out")),
+                    };
+                    frontend.router().record_probe(worker, outcome);
                 }
             });
         futures_util::future::join(

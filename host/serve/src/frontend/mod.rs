@@ -126,8 +126,12 @@ impl From<RouteError> for OpenAiError {
 
 /// A 403 for what a caller may not route with, in OpenAI's shape.
 pub fn forbidden(why: crate::caller::Forbidden) -> OpenAiError {
-    OpenAiError::new(StatusCode::FORBIDDEN, "invalid_request_error", why.to_string())
-        .with_code("permission_denied")
+    OpenAiError::new(
+        StatusCode::FORBIDDEN,
+        "invalid_request_error",
+        why.to_string(),
+    )
+    .with_code("permission_denied")
 }
 
 /// Loads the tokenizer of every model that names one; each error names the config file
@@ -306,7 +310,7 @@ impl Frontend {
                     if error.is_connect() && excluded_attempts < self.settings.connect_retries =>
                 {
                     drop(lease);
-                    tracing::warn!(worker = worker.worker_id, %url, %error, "engine refused the connection; marked unhealthy, selecting again");
+                    tracing::warn!(worker = worker.worker_id, %url, error = describe(&error), "engine refused the connection; marked unhealthy, selecting again");
                     self.router.mark_unhealthy(
                         worker,
                         Duration::from_millis(self.settings.unhealthy_cooldown_ms),
@@ -341,8 +345,9 @@ impl Frontend {
                         status,
                         "server_error",
                         format!(
-                            "switchyard {what} worker {} ({url}): {error}",
-                            worker.worker_id
+                            "switchyard {what} worker {} ({url}): {}",
+                            worker.worker_id,
+                            describe(&error)
                         ),
                     )
                     .into_response();
@@ -544,6 +549,22 @@ impl Drop for Lease {
 /// left). Dropping the stream (client gone) drops the lease and the upstream request.
 /// What to tell a client of an engine that failed mid-answer: a timeout says so, with the
 /// limit, rather than the HTTP client's "error decoding response body".
+/// An upstream error with its causes (reqwest's own message names only the URL), and
+/// what to do about an engine certificate the router does not trust.
+pub fn describe(error: &reqwest::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    if text.contains("invalid peer certificate") {
+        text.push_str(" (the engine's certificate is not trusted: set frontend.engine_ca to the CA that signed it)");
+    }
+    text
+}
+
 fn upstream_failure(error: &reqwest::Error, timeout_secs: u64) -> (StatusCode, String) {
     if error.is_timeout() {
         (

@@ -1,0 +1,508 @@
+//! Safe on a network, over loopback with real sockets and the real binary: API keys per
+//! audience on every route (rotated by a reload), worker addresses that could exfiltrate
+//! prompts or turn the router against itself refused, the refusal to serve a non-loopback
+//! address unguarded, IPv4-mapped loopback, JSON 405/408/413.
+
+mod support;
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::{json, Value};
+use support::*;
+
+const CLIENT_OLD: &str = "client-key-0123456789-old";
+const CLIENT_NEW: &str = "client-key-0123456789-new";
+const CLIENT_ROTATED_IN: &str = "client-key-0123456789-rotated-in";
+const SCOPED: &str = "scoped-key-0123456789-other-model";
+const OPERATOR: &str = "operator-key-0123456789abcdef";
+const OPERATOR_ENV: &str = "SWITCHYARD_TEST_OPERATOR_KEY";
+
+/// One HTTP call: status and body (JSON when it parses, else the text).
+fn call(
+    base: &str,
+    method: &str,
+    path: &str,
+    key: Option<&str>,
+    body: Option<&Value>,
+) -> (u16, Value) {
+    let mut request = ureq::request(method, &format!("{base}{path}"));
+    if let Some(key) = key {
+        request = request.set("authorization", &format!("Bearer {key}"));
+    }
+    let response = match body {
+        Some(body) => request.send_json(body.clone()),
+        None => request.call(),
+    };
+    let response = match response {
+        Ok(r) | Err(ureq::Error::Status(_, r)) => r,
+        Err(e) => panic!("{method} {path}: {e}"),
+    };
+    let status = response.status();
+    let text = response.into_string().unwrap();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+fn serve_with_env(config: &Path, listen: &str, env: &[(&str, &str)], extra: &[&str]) -> Process {
+    let mut command = Command::new(switchyard_bin());
+    command
+        .args(["serve", "--listen", listen, "--config"])
+        .arg(config)
+        .args(extra)
+        .env("RUST_LOG", "warn");
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    Process::start(&mut command, "switchyard listening on ")
+}
+
+fn keyed_config(dir: &Path, choose_instance: &str) -> std::path::PathBuf {
+    std::fs::write(
+        dir.join("clients.keys"),
+        format!("# one key per line\n{CLIENT_OLD}\n{CLIENT_NEW}  # added for the rotation\n"),
+    )
+    .unwrap();
+    std::fs::write(dir.join("scoped.keys"), format!("{SCOPED}\n")).unwrap();
+    write_config(
+        dir,
+        &format!(
+            "worker_selection:\n  instances:\n    - {{name: other, type: default}}\nworkers:\n  - {{model: demo, worker_id: 1}}\nauth:\n  choose_instance: {choose_instance}\n  clients:\n    - {{name: app, key_file: clients.keys}}\n    - {{name: scoped, key_file: scoped.keys, models: [other-model], instances: [other]}}\n  operators:\n    - {{name: ops, key_env: {OPERATOR_ENV}}}\n"
+        ),
+    )
+}
+
+/// Every route, with a body it accepts, by audience.
+fn routes() -> Vec<(&'static str, &'static str, Option<Value>, &'static str)> {
+    let select = json!({"model": "demo", "block_hashes": [1, 2]});
+    let chat = json!({"model": "demo", "messages": [{"role": "user", "content": "hi"}]});
+    vec![
+        ("POST", "/v1/select", Some(select.clone()), "client"),
+        ("POST", "/v1/chat/completions", Some(chat), "client"),
+        (
+            "POST",
+            "/v1/completions",
+            Some(json!({"model": "demo", "prompt": "hi"})),
+            "client",
+        ),
+        ("GET", "/v1/models", None, "client"),
+        (
+            "POST",
+            "/v1/reserve",
+            Some(json!({"model": "demo", "request_id": "r1"})),
+            "operator",
+        ),
+        ("POST", "/v1/requests/r1/prefill_complete", None, "operator"),
+        ("POST", "/v1/requests/r1/free", None, "operator"),
+        ("DELETE", "/v1/requests/r1", None, "operator"),
+        ("GET", "/v1/workers", None, "operator"),
+        (
+            "POST",
+            "/v1/workers",
+            Some(json!({"model": "demo", "worker_id": 9})),
+            "operator",
+        ),
+        ("DELETE", "/v1/workers/9", None, "operator"),
+        (
+            "POST",
+            "/v1/kv_events",
+            Some(json!({"worker_id": 1, "events": []})),
+            "operator",
+        ),
+        ("GET", "/v1/policies", None, "operator"),
+        ("GET", "/metrics", None, "operator"),
+        ("POST", "/v1/admin/reload", None, "operator"),
+        ("GET", "/v1/no-such-route", None, "operator"),
+    ]
+}
+
+#[test]
+fn every_route_answers_401_without_a_key_and_403_with_the_other_audiences() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = keyed_config(dir.path(), "loopback");
+    let server = serve_with_env(&config, "127.0.0.1:0", &[(OPERATOR_ENV, OPERATOR)], &[]);
+    let base = &server.address;
+    for open in ["/healthz", "/readyz"] {
+        assert_eq!(
+            call(base, "GET", open, None, None).0,
+            200,
+            "{open} stays open"
+        );
+    }
+    for (method, path, body, audience) in routes() {
+        let (status, error) = call(base, method, path, None, body.as_ref());
+        assert_eq!(status, 401, "{method} {path} without a key: {error}");
+        let openai = path.starts_with("/v1/chat")
+            || path.starts_with("/v1/completions")
+            || path == "/v1/models";
+        if openai {
+            assert_eq!(
+                error["error"]["code"], "missing_api_key",
+                "{path}: OpenAI's shape: {error}"
+            );
+            assert!(
+                error["error"]["message"]
+                    .as_str()
+                    .unwrap()
+                    .contains("Bearer"),
+                "{error}"
+            );
+        } else {
+            assert_eq!(error["code"], "missing_api_key", "{path}: {error}");
+            assert!(
+                error["error"]
+                    .as_str()
+                    .unwrap()
+                    .contains(&format!("auth.{audience}s")),
+                "{error}"
+            );
+        }
+        let (status, error) = call(
+            base,
+            method,
+            path,
+            Some("not-a-key-of-anyone-here"),
+            body.as_ref(),
+        );
+        assert_eq!(status, 401, "{method} {path} with an unknown key: {error}");
+        let other = if audience == "client" {
+            OPERATOR
+        } else {
+            CLIENT_NEW
+        };
+        let (status, error) = call(base, method, path, Some(other), body.as_ref());
+        assert_eq!(
+            status, 403,
+            "{method} {path} with the other audience's key: {error}"
+        );
+        let own = if audience == "client" {
+            CLIENT_OLD
+        } else {
+            OPERATOR
+        };
+        let (status, answer) = call(base, method, path, Some(own), body.as_ref());
+        assert!(
+            status != 401 && status != 403,
+            "{method} {path} with its own audience's key: {status} {answer}"
+        );
+    }
+    // No key ever shows in an answer.
+    let (_, policies) = call(base, "GET", "/v1/policies", Some(OPERATOR), None);
+    for key in [CLIENT_OLD, CLIENT_NEW, OPERATOR, SCOPED] {
+        assert!(!policies.to_string().contains(key));
+    }
+}
+
+#[test]
+fn a_client_key_cannot_register_a_worker_an_operator_key_can_and_keys_rotate_by_reload() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = keyed_config(dir.path(), "loopback");
+    let server = serve_with_env(&config, "127.0.0.1:0", &[(OPERATOR_ENV, OPERATOR)], &[]);
+    let base = &server.address;
+    let worker = json!({"model": "demo", "worker_id": 7, "url": "http://127.0.0.1:9"});
+    assert_eq!(
+        call(base, "POST", "/v1/workers", Some(CLIENT_OLD), Some(&worker)).0,
+        403
+    );
+    let (status, added) = call(base, "POST", "/v1/workers", Some(OPERATOR), Some(&worker));
+    assert_eq!(status, 201, "{added}");
+
+    // Scopes: a key for another model may not route `demo`; a key's listed instance may
+    // be chosen (loopback may choose any under `choose_instance: loopback`).
+    let (status, error) = call(
+        base,
+        "POST",
+        "/v1/select",
+        Some(SCOPED),
+        Some(&json!({"model": "demo"})),
+    );
+    assert_eq!(status, 403, "{error}");
+    assert!(
+        error["error"].as_str().unwrap().contains("model `demo`"),
+        "{error}"
+    );
+    let pick = json!({"model": "demo", "instance": "other", "block_hashes": [1]});
+    let (status, picked) = call(base, "POST", "/v1/select", Some(CLIENT_OLD), Some(&pick));
+    assert_eq!(status, 200, "{picked}");
+
+    // Rotation: the old key goes, a new one comes, with a reload and no restart.
+    std::fs::write(
+        dir.path().join("clients.keys"),
+        format!("{CLIENT_NEW}\n{CLIENT_ROTATED_IN}\n"),
+    )
+    .unwrap();
+    let (status, reloaded) = call(base, "POST", "/v1/admin/reload", Some(OPERATOR), None);
+    assert_eq!(status, 200, "{reloaded}");
+    let select = json!({"model": "demo", "block_hashes": [1]});
+    assert_eq!(
+        call(base, "POST", "/v1/select", Some(CLIENT_OLD), Some(&select)).0,
+        401,
+        "rotated out"
+    );
+    assert_eq!(
+        call(base, "POST", "/v1/select", Some(CLIENT_NEW), Some(&select)).0,
+        200
+    );
+    assert_eq!(
+        call(
+            base,
+            "POST",
+            "/v1/select",
+            Some(CLIENT_ROTATED_IN),
+            Some(&select)
+        )
+        .0,
+        200
+    );
+
+    // A key file that breaks the rules refuses the reload; the serving keys stay.
+    std::fs::write(dir.path().join("clients.keys"), "short\n").unwrap();
+    let (status, refused) = call(base, "POST", "/v1/admin/reload", Some(OPERATOR), None);
+    assert_eq!(status, 422, "{refused}");
+    let errors = refused["errors"].to_string();
+    assert!(
+        errors.contains("clients.keys, line 1") && errors.contains("at least 16 characters"),
+        "{errors}"
+    );
+    assert!(
+        !errors.contains("short"),
+        "the key itself is never shown: {errors}"
+    );
+    assert_eq!(
+        call(base, "POST", "/v1/select", Some(CLIENT_NEW), Some(&select)).0,
+        200
+    );
+
+    // `choose_instance: scoped`: only a key listing the instance may choose it.
+    std::fs::write(dir.path().join("clients.keys"), format!("{CLIENT_NEW}\n")).unwrap();
+    let scoped_config = std::fs::read_to_string(&config)
+        .unwrap()
+        .replace("choose_instance: loopback", "choose_instance: scoped");
+    std::fs::write(&config, scoped_config).unwrap();
+    assert_eq!(
+        call(base, "POST", "/v1/admin/reload", Some(OPERATOR), None).0,
+        200
+    );
+    let (status, error) = call(base, "POST", "/v1/select", Some(CLIENT_NEW), Some(&pick));
+    assert_eq!(status, 403, "{error}");
+    assert!(
+        error["error"]
+            .as_str()
+            .unwrap()
+            .contains("auth.choose_instance"),
+        "{error}"
+    );
+}
+
+#[test]
+fn keys_never_stand_in_the_config_and_bad_key_sources_name_what_to_do() {
+    let dir = tempfile::tempdir().unwrap();
+    for (auth, expected) in [
+        (
+            "clients: [{name: a, key: abcdefghijklmnopqrstuvwxyz}]",
+            "keys never stand in the config",
+        ),
+        (
+            "clients: [{name: a, key_file: missing.keys}]",
+            "missing.keys: cannot read it",
+        ),
+        (
+            "clients: [{name: a, key_env: SWITCHYARD_TEST_UNSET_VARIABLE}]",
+            "`SWITCHYARD_TEST_UNSET_VARIABLE` is not set",
+        ),
+        (
+            "clients: [{name: a}]",
+            "exactly one of `key_file` and `key_env`",
+        ),
+        (
+            "operators: [{name: o, key_env: HOME, models: [x]}]",
+            "scope client keys",
+        ),
+    ] {
+        let config = write_config(dir.path(), &format!("auth:\n  {auth}\n"));
+        let out = Command::new(switchyard_bin())
+            .args(["check", "--config"])
+            .arg(&config)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{auth}: check passed");
+        assert!(stderr.contains(expected), "{auth}: {stderr}");
+        assert!(
+            stderr.contains("config.yaml:"),
+            "{auth}: names the config line: {stderr}"
+        );
+        assert!(!stderr.contains("abcdefghijklmnopqrstuvwxyz"), "{stderr}");
+    }
+}
+
+#[test]
+fn worker_urls_that_would_exfiltrate_or_forge_requests_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        "router:\n  worker_networks: [127.0.0.0/8, '*.engines.test']\n",
+    );
+    let server = serve(&config);
+    let base = &server.address;
+    let port = base.rsplit(':').next().unwrap();
+    let add = |spec: Value| call(base, "POST", "/v1/workers", None, Some(&spec));
+    let worker = |url: &str| json!({"model": "demo", "worker_id": 5, "url": url});
+    for (url, expected) in [
+        (
+            format!("http://127.0.0.1:{port}/v1/admin/reload?"),
+            "has a path",
+        ),
+        ("http://127.0.0.1:9?x=1".to_owned(), "query"),
+        ("http://127.0.0.1:9#frag".to_owned(), "fragment"),
+        (
+            "http://user:hunter2@127.0.0.1:9".to_owned(),
+            "user name or password",
+        ),
+        ("http://%%%:99999".to_owned(), "not a URL"),
+        ("ftp://127.0.0.1:9".to_owned(), "scheme `ftp`"),
+        ("http://10.1.2.3:8000".to_owned(), "router.worker_networks"),
+        (
+            "http://evil.example:8000".to_owned(),
+            "router.worker_networks",
+        ),
+        (
+            format!("http://127.0.0.1:{port}"),
+            "points at the router itself",
+        ),
+        (
+            format!("http://localhost:{port}"),
+            "points at the router itself",
+        ),
+        (
+            format!("http://[::ffff:127.0.0.1]:{port}"),
+            "points at the router itself",
+        ),
+    ] {
+        let (status, error) = add(worker(&url));
+        assert_eq!(status, 400, "{url}: {error}");
+        let message = error["error"].as_str().unwrap();
+        assert!(message.contains(expected), "{url}: {message}");
+        assert!(
+            !message.contains("hunter2"),
+            "a password is never repeated: {message}"
+        );
+    }
+    let kv =
+        json!({"model": "demo", "worker_id": 6, "kv_events": {"endpoint": "tcp://10.9.9.9:5557"}});
+    let (status, error) = add(kv);
+    assert_eq!(status, 400, "{error}");
+    assert!(
+        error["error"]
+            .as_str()
+            .unwrap()
+            .contains("kv_events.endpoint"),
+        "{error}"
+    );
+    let gateway = json!({"model": "demo", "worker_id": 6, "address": "192.168.1.1:8000"});
+    assert_eq!(add(gateway).0, 400);
+
+    for url in ["http://127.0.0.1:9", "https://engine-1.engines.test:8443/"] {
+        let (status, added) = add(json!({"model": "demo", "worker_id": 8, "url": url}));
+        assert_eq!(status, 201, "{url}: {added}");
+        assert_eq!(call(base, "DELETE", "/v1/workers/8", None, None).0, 200);
+    }
+    let (_, workers) = call(base, "GET", "/v1/workers", None, None);
+    assert!(!workers.to_string().contains("hunter2"));
+
+    // A configured worker outside the allow-list fails the config, at its line.
+    let bad = write_config(dir.path(), "router:\n  worker_networks: [10.0.0.0/8]\nworkers:\n  - {model: demo, worker_id: 1, url: 'http://192.168.0.5:8000'}\n");
+    let out = Command::new(switchyard_bin())
+        .args(["check", "--config"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("config.yaml:4:") && stderr.contains("worker 1: `url` host `192.168.0.5`"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_non_loopback_address_without_keys_refuses_to_start_unless_told_insecure() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "workers:\n  - {model: demo, worker_id: 1}\n");
+    let out = Command::new(switchyard_bin())
+        .args(["serve", "--listen", "0.0.0.0:0", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "started unguarded on 0.0.0.0");
+    assert!(
+        stderr.contains("auth.operators")
+            && stderr.contains("--insecure")
+            && stderr.contains("config.yaml"),
+        "{stderr}"
+    );
+
+    // With --insecure on the IPv6 wildcard, a client on 127.0.0.1 arrives IPv4-mapped
+    // (::ffff:127.0.0.1) and is still loopback: reload is answered.
+    let server = serve_with_env(&config, "[::]:0", &[], &["--insecure"]);
+    let port = server.address.rsplit(':').next().unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    let (status, answer) = call(&base, "POST", "/v1/admin/reload", None, None);
+    assert_eq!(status, 200, "{answer}");
+}
+
+#[test]
+fn every_error_is_json_405_and_413_included() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        "http: {max_body_bytes: 1000}\nworkers:\n  - {model: demo, worker_id: 1}\n",
+    );
+    let server = serve(&config);
+    let base = &server.address;
+    let (status, error) = call(base, "GET", "/v1/select", None, None);
+    assert_eq!(status, 405);
+    assert_eq!(error["code"], "method_not_allowed", "{error}");
+    let (status, error) = call(base, "DELETE", "/v1/chat/completions", None, None);
+    assert_eq!(status, 405);
+    assert_eq!(
+        error["error"]["code"], "method_not_allowed",
+        "OpenAI's shape: {error}"
+    );
+    let big = json!({"model": "demo", "prompt": "x".repeat(2000)});
+    let (status, error) = call(base, "POST", "/v1/completions", None, Some(&big));
+    assert_eq!(status, 413);
+    assert!(
+        error["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("http.max_body_bytes"),
+        "{error}"
+    );
+    let (status, error) = call(base, "POST", "/v1/select", None, Some(&big));
+    assert_eq!(status, 413);
+    assert_eq!(error["code"], "body_too_large", "{error}");
+    let (status, error) = call(base, "GET", "/nowhere", None, None);
+    assert_eq!(status, 404);
+    assert!(error["error"].is_string(), "{error}");
+}
+
+#[test]
+fn a_body_trickled_past_the_timeout_gets_408_and_frees_the_connection() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), "http: {body_read_timeout_secs: 1}\n");
+    let server = serve(&config);
+    let address = server.address.trim_start_matches("http://").to_owned();
+    let mut tcp = std::net::TcpStream::connect(&address).unwrap();
+    tcp.write_all(b"POST /v1/select HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"mo").unwrap();
+    tcp.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    let mut answer = String::new();
+    let _ = tcp.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("http.body_read_timeout_secs"), "{answer}");
+}
