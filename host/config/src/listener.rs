@@ -36,7 +36,7 @@ pub struct HttpSettings {
     /// A larger request body is refused with 413.
     pub max_body_bytes: usize,
     /// Connections open at once. 0: half the open-file limit (each proxied request
-    /// also holds a socket to its engine). When full, the connection idle longest is
+    /// also holds a socket to its engine). When full, the oldest idle connection is
     /// closed for a new one; with none idle, the new one is refused.
     pub max_connections: usize,
     /// Connections open at once from one IP address. Raise it when a load balancer's few

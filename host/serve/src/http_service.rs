@@ -478,13 +478,27 @@ fn check_exposure(options: &ServeOptions, generation: &Generation) -> std::io::R
     Ok(())
 }
 
+/// Connections the kernel queues for `accept` (clamped to `net.core.somaxconn`). std's
+/// 128 overflows under a burst of new connections, and each overflow costs its client a
+/// one-second SYN retransmit.
+const ACCEPT_BACKLOG: u32 = 4096;
+
 /// Binds `listen`; the error says which listener and what to do.
 pub async fn bind(
     listen: SocketAddr,
     what: &str,
     option: &str,
 ) -> std::io::Result<tokio::net::TcpListener> {
-    tokio::net::TcpListener::bind(listen).await.map_err(|e| {
+    let bound = (|| {
+        let socket = match listen {
+            SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+            SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+        };
+        socket.set_reuseaddr(true)?;
+        socket.bind(listen)?;
+        socket.listen(ACCEPT_BACKLOG)
+    })();
+    bound.map_err(|e| {
         std::io::Error::new(
             e.kind(),
             format!("cannot listen on {listen} for {what}: {e}; pick another {option} address"),

@@ -2,12 +2,12 @@
 //! then hand each connection to HTTP (hyper, here) or gRPC (tonic, `ext_proc`).
 //!
 //! What one client can hold is bounded: connections per IP address, connections in all
-//! (when full, the connection idle longest is closed for the new one, so idle sockets
+//! (when full, the oldest connection with nothing in flight is closed for the new one, so idle sockets
 //! cannot lock new clients out), the time to finish a TLS handshake and a request's
 //! headers, and the time a connection may sit idle. Refusals are logged at most once a
 //! second.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
@@ -106,7 +106,14 @@ impl Drop for InFlight {
 struct Open {
     connections: HashMap<u64, Arc<ConnectionState>>,
     per_peer: HashMap<IpAddr, usize>,
+    /// Connection ids, oldest admitted first: where eviction looks for an idle one.
+    /// Ids of closed connections are skipped, and pruned when they pile up.
+    order: VecDeque<u64>,
 }
+
+/// Connections an admission looks at for an idle one before refusing: the cost of an
+/// admission stays constant however many connections are open and busy.
+const EVICTION_SCAN: usize = 64;
 
 /// Every connection a listener holds open.
 pub struct ConnectionTable {
@@ -177,8 +184,9 @@ impl ConnectionTable {
         self.refused.load(Ordering::Relaxed)
     }
 
-    /// Admits a connection from `peer`, closing the longest-idle one when the table is
-    /// full. The scan is linear in the open connections and runs only when full.
+    /// Admits a connection from `peer`. When the table is full, the oldest connection
+    /// with no request in flight is told to close for it (busy ones go to the back of
+    /// the line); with none idle among the next `EVICTION_SCAN`, the new one is refused.
     fn admit(self: &Arc<Self>, peer: IpAddr) -> Result<Slot, Refused> {
         let peer = peer.to_canonical();
         let mut open = self.open.lock();
@@ -186,21 +194,20 @@ impl ConnectionTable {
             return Err(Refused::PeerFull);
         }
         if open.connections.len() >= self.limits.max_connections {
-            let now = self.now_ms();
-            let victim = open
-                .connections
-                .values()
-                .filter(|c| c.idle_since_ms.load(Ordering::Relaxed) != BUSY)
-                .min_by_key(|c| c.idle_since_ms.load(Ordering::Relaxed))
-                .ok_or(Refused::Full)?;
+            let victim = Self::evictable(&mut open).ok_or(Refused::Full)?;
             // Told once: it no longer counts as idle, so the next admission picks another.
             victim.idle_since_ms.store(BUSY, Ordering::Relaxed);
             victim.close.notify_one();
             tracing::debug!(
                 listener = self.name,
-                idle_ms = now,
-                "closing the longest-idle connection for a new one"
+                "closing an idle connection for a new one"
             );
+        }
+        if open.order.len() > 2 * open.connections.len() + EVICTION_SCAN {
+            let Open {
+                order, connections, ..
+            } = &mut *open;
+            order.retain(|id| connections.contains_key(id));
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let state = Arc::new(ConnectionState {
@@ -210,12 +217,28 @@ impl ConnectionTable {
             close: Notify::new(),
         });
         open.connections.insert(id, state.clone());
+        open.order.push_back(id);
         *open.per_peer.entry(peer).or_default() += 1;
         Ok(Slot {
             id,
             state,
             table: self.clone(),
         })
+    }
+
+    /// The oldest open connection without a request in flight, among the next few.
+    fn evictable(open: &mut Open) -> Option<Arc<ConnectionState>> {
+        for _ in 0..EVICTION_SCAN {
+            let id = open.order.pop_front()?;
+            let Some(connection) = open.connections.get(&id) else {
+                continue; // closed already
+            };
+            if connection.idle_since_ms.load(Ordering::Relaxed) != BUSY {
+                return Some(connection.clone());
+            }
+            open.order.push_back(id);
+        }
+        None
     }
 
     fn warn_refused(&self, peer: SocketAddr, why: &Refused) {
@@ -451,6 +474,11 @@ pub async fn serve_http(
         tokio::select! {
             _ = serving.as_mut() => return,
             () = state.close.notified(), if !closing => {
+                // Evicted. With nothing in flight, drop it at once: a half-sent head
+                // would hold off a graceful shutdown.
+                if state.in_flight.load(Ordering::Relaxed) == 0 {
+                    return;
+                }
                 serving.as_mut().graceful_shutdown();
                 closing = true;
             }
@@ -460,8 +488,7 @@ pub async fn serve_http(
             }
             () = tokio::time::sleep(check), if !closing => {
                 if state.idle_for(&table).is_some_and(|idle| idle >= limits.idle_timeout) {
-                    serving.as_mut().graceful_shutdown();
-                    closing = true;
+                    return;
                 }
             }
         }
