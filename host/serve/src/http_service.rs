@@ -553,11 +553,11 @@ pub async fn serve(router: Arc<Router>, options: ServeOptions) -> std::io::Resul
                 .map_err(std::io::Error::other)
         };
     let listener_tls = ListenerTls {
-        http: server_tls("http.tls", config.http.tls.as_ref(), &[b"h2", b"http/1.1"])?,
+        http: server_tls("http.tls", config.http.tls.as_ref(), crate::tls::HTTP_ALPN)?,
         ext_proc: server_tls(
             "ext_proc.tls",
             options.ext_proc.as_ref().and_then(|e| e.tls.as_ref()),
-            &[b"h2"],
+            crate::tls::GRPC_ALPN,
         )?,
     };
     let limits = Limits::http(&config.http, open_file_limit());

@@ -8,8 +8,8 @@
 
 use std::sync::Arc;
 
-use crate::tls::{server_config, ServerTls};
-use switchyard_config::{ConfigSource, TlsSettings};
+use crate::tls::{server_config, ServerTls, GRPC_ALPN, HTTP_ALPN};
+use switchyard_config::ConfigSource;
 use switchyard_fleet::router::{ReloadOutcome, Router};
 use switchyard_policy::startup::Startup;
 
@@ -25,24 +25,10 @@ type Reloaded = Vec<(Arc<ServerTls>, Arc<rustls::ServerConfig>)>;
 /// The new certificates of every TLS listener, from `source`; Err names what does not load.
 fn new_certificates(tls: &ListenerTls, source: &ConfigSource) -> Result<Reloaded, Vec<String>> {
     let config = &source.config;
-    let listeners: [(
-        &str,
-        &Option<Arc<ServerTls>>,
-        Option<&TlsSettings>,
-        &[&[u8]],
-    ); 2] = [
-        (
-            "http.tls",
-            &tls.http,
-            config.http.tls.as_ref(),
-            &[b"h2", b"http/1.1"],
-        ),
-        (
-            "ext_proc.tls",
-            &tls.ext_proc,
-            config.ext_proc.as_ref().and_then(|e| e.tls.as_ref()),
-            &[b"h2"],
-        ),
+    let ext_proc = config.ext_proc.as_ref().and_then(|e| e.tls.as_ref());
+    let listeners = [
+        ("http.tls", &tls.http, config.http.tls.as_ref(), HTTP_ALPN),
+        ("ext_proc.tls", &tls.ext_proc, ext_proc, GRPC_ALPN),
     ];
     let mut reloaded = Vec::new();
     let mut errors = Vec::new();

@@ -10,6 +10,11 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use switchyard_config::{ConfigSource, TlsSettings};
 
+/// What the HTTP listener offers over TLS: HTTP/2, then HTTP/1.1.
+pub const HTTP_ALPN: &[&[u8]] = &[b"h2", b"http/1.1"];
+/// What the gRPC listener offers: HTTP/2 only.
+pub const GRPC_ALPN: &[&[u8]] = &[b"h2"];
+
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
