@@ -232,6 +232,16 @@ fn a_certificate_that_does_not_load_stops_startup_naming_the_setting_and_file() 
         let _ = (&cert, &other_key);
         let config = write_config(d, &format!("http:\n  tls: {tls}\n"));
         let out = Command::new(switchyard_bin())
+            .args(["check", "--config"])
+            .arg(&config)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains(expected),
+            "check, {tls}: {stderr}"
+        );
+        let out = Command::new(switchyard_bin())
             .args(["serve", "--listen", "127.0.0.1:0", "--config"])
             .arg(&config)
             .output()
@@ -301,4 +311,62 @@ fn the_picker_serves_grpc_over_mutual_tls_and_refuses_clients_without_a_certific
             "a client without a certificate was served"
         );
     });
+}
+
+#[test]
+fn the_hardened_config_of_docs_security_md_passes_check_without_a_warning() {
+    use std::os::unix::fs::PermissionsExt;
+    let doc = std::fs::read_to_string(repo().join("docs/security.md")).unwrap();
+    let hardened = doc.split("## A hardened config").nth(1).unwrap();
+    let yaml = hardened
+        .split("```yaml\n")
+        .nth(1)
+        .unwrap()
+        .split("```")
+        .next()
+        .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for folder in ["keys", "tls"] {
+        std::fs::create_dir(d.join(folder)).unwrap();
+    }
+    let ca = Ca::new(&d.join("tls"), "engines-ca");
+    Ca::new(&d.join("tls"), "gateway-ca");
+    ca.leaf(&d.join("tls"), "router");
+    for (file, key) in [
+        ("chat-app", "chat-app-key-0123456789abcdef"),
+        ("operators", "operator-key-0123456789abcdef"),
+    ] {
+        let path = d.join(format!("keys/{file}.keys"));
+        std::fs::write(&path, format!("{key}\n")).unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    }
+    let config = write_config(d, yaml);
+    let out = Command::new(switchyard_bin())
+        .args(["check", "--config"])
+        .arg(&config)
+        .env("SWITCHYARD_GATEWAY_KEY", "gateway-key-0123456789abcdef")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(!stderr.contains("warning"), "{stderr}");
+
+    // The default config, by contrast, is warned about.
+    let out = Command::new(switchyard_bin())
+        .arg("check")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    for setting in [
+        "auth.operators",
+        "auth.clients",
+        "router.worker_networks",
+        "http.tls",
+    ] {
+        assert!(
+            stderr.contains(setting),
+            "check names `{setting}`: {stderr}"
+        );
+    }
 }

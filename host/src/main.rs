@@ -137,6 +137,13 @@ fn startup_probed(config: Option<&PathBuf>, probe: bool) -> Option<Startup> {
     }
 }
 
+/// Prints the config's security warnings (`check`, and `serve` at startup).
+fn warn_hardening(startup: &Startup) {
+    for warning in switchyard::config::hardening::warnings(&startup.source) {
+        eprintln!("warning: {warning}");
+    }
+}
+
 /// Runs a server future on a multi-threaded runtime until it returns.
 fn serve_until_signal(server: impl std::future::Future<Output = std::io::Result<()>>) -> ExitCode {
     // Every proxied request holds a client and an engine socket: raise the soft limit on
@@ -179,6 +186,10 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             };
             print!("{}", summary::check_summary(&startup));
+            // On loopback only this machine's users reach it; beyond, say what is open.
+            if !listen.ip().to_canonical().is_loopback() {
+                warn_hardening(&startup);
+            }
             let mut ext_proc_settings = startup.source.config.ext_proc.clone();
             if let Some(address) = ext_proc {
                 match &mut ext_proc_settings {
@@ -217,9 +228,18 @@ fn main() -> ExitCode {
             }
         },
         Command::Check { config } => match startup_probed(config.as_ref(), true) {
-            Some(startup) => match switchyard::serve::frontend::load_tokenizers(&startup.source) {
+            Some(startup) => match switchyard::serve::frontend::load_tokenizers(&startup.source)
+                .and_then(|tokenizers| {
+                    let tls = switchyard::serve::tls::check_files(&startup.source);
+                    if tls.is_empty() {
+                        Ok(tokenizers)
+                    } else {
+                        Err(tls)
+                    }
+                }) {
                 Ok(tokenizers) => {
                     print!("{}", summary::check_summary(&startup));
+                    warn_hardening(&startup);
                     if !tokenizers.is_empty() {
                         println!(
                             "tokenizers: {} model(s) tokenize their prompts",

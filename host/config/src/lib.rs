@@ -10,6 +10,7 @@ use serde_json::{Map, Value};
 use switchyard_plugin_sdk::{WorkerId, WorkerType};
 
 pub mod auth;
+pub mod hardening;
 mod limits;
 pub mod listener;
 pub mod worker_address;

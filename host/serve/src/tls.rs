@@ -160,3 +160,27 @@ pub fn engine_client_config(source: &ConfigSource) -> Result<rustls::ClientConfi
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(config)
 }
+
+/// Loads every TLS file the config names (both listeners' and `frontend.engine_ca`), as
+/// `serve` would; the errors, for `check`.
+pub fn check_files(source: &ConfigSource) -> Vec<String> {
+    let config = &source.config;
+    let ext_proc = config.ext_proc.as_ref().and_then(|e| e.tls.as_ref());
+    let listeners = [
+        ("http.tls", config.http.tls.as_ref(), HTTP_ALPN),
+        ("ext_proc.tls", ext_proc, GRPC_ALPN),
+    ];
+    let mut errors: Vec<String> = listeners
+        .into_iter()
+        .filter_map(|(section, settings, alpn)| {
+            server_config(section, settings?, source, alpn).err()
+        })
+        .collect();
+    if config.frontend.engine_ca.is_some() {
+        errors.extend(engine_client_config(source).err());
+    }
+    errors
+        .into_iter()
+        .map(|e| format!("{}: {e}", source.name))
+        .collect()
+}
