@@ -548,3 +548,81 @@ fn grpc_health_answers_for_liveness_readiness_and_the_picker() {
         assert_eq!(unknown.unwrap_err().code(), tonic::Code::NotFound);
     });
 }
+
+/// With client keys configured, a stream needs one in its gRPC metadata; the gateway's
+/// clients choose an instance only as far as the key's scope allows.
+#[test]
+fn streams_need_a_client_key_and_instance_choice_follows_its_scope() {
+    let dir = tempfile::tempdir().unwrap();
+    let (client_key, scoped_key, operator_key) = (
+        "gateway-key-0123456789",
+        "scoped-gateway-key-0123456789",
+        "operator-key-0123456789",
+    );
+    std::fs::write(dir.path().join("clients.keys"), format!("{client_key}\n")).unwrap();
+    std::fs::write(dir.path().join("scoped.keys"), format!("{scoped_key}\n")).unwrap();
+    std::fs::write(
+        dir.path().join("operators.keys"),
+        format!("{operator_key}\n"),
+    )
+    .unwrap();
+    let port = free_port();
+    let engine = engine_sim("keyed", "127.0.0.1:0", &[]);
+    let address = engine.address.trim_start_matches("http://").to_owned();
+    let config = write_config(
+        dir.path(),
+        &format!("ext_proc: {{listen: 127.0.0.1:{port}}}\nworker_selection:\n  instances:\n    - {{name: other, type: default}}\nworkers:\n  - {{model: demo, worker_id: 1, address: '{address}'}}\nauth:\n  clients:\n    - {{name: gateway, key_file: clients.keys}}\n    - {{name: scoped, key_file: scoped.keys, instances: [other]}}\n  operators:\n    - {{name: ops, key_file: operators.keys}}\n"),
+    );
+    let _router = support::serve(&config);
+    let body = br#"{"model": "demo", "messages": [{"role": "user", "content": "hi"}]}"#;
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let mut client = client(port).await;
+        let refused = Envoy::open_with_key(&mut client, None, None)
+            .await
+            .err()
+            .expect("refused without a key");
+        assert_eq!(refused.code(), tonic::Code::Unauthenticated, "{refused:?}");
+        assert!(
+            refused.message().contains("initial_metadata"),
+            "{refused:?}"
+        );
+        let refused = Envoy::open_with_key(&mut client, None, Some(operator_key))
+            .await
+            .err()
+            .expect("refused with an operator key");
+        assert_eq!(refused.code(), tonic::Code::PermissionDenied, "{refused:?}");
+
+        let mut envoy = Envoy::open_with_key(&mut client, None, Some(client_key))
+            .await
+            .unwrap();
+        assert!(matches!(
+            envoy.request("/v1/chat/completions", None, body, 1).await,
+            Answer::Picked(_)
+        ));
+        let mut envoy = Envoy::open_with_key(&mut client, None, Some(client_key))
+            .await
+            .unwrap();
+        match envoy
+            .request("/v1/chat/completions", Some("other"), body, 1)
+            .await
+        {
+            Answer::Refused { status, body } => {
+                assert_eq!(status, 403, "{body}");
+                assert_eq!(body["error"]["code"], "permission_denied", "{body}");
+            }
+            picked => panic!("a gateway client chose the instance: {picked:?}"),
+        }
+        let mut envoy = Envoy::open_with_key(&mut client, None, Some(scoped_key))
+            .await
+            .unwrap();
+        assert!(
+            matches!(
+                envoy
+                    .request("/v1/chat/completions", Some("other"), body, 1)
+                    .await,
+                Answer::Picked(_)
+            ),
+            "the key's scope names `other`"
+        );
+    });
+}

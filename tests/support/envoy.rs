@@ -86,18 +86,31 @@ pub struct Envoy {
 
 impl Envoy {
     pub async fn open(client: &mut Client, metadata: Option<Metadata>) -> Envoy {
+        Envoy::open_with_key(client, metadata, None).await.unwrap()
+    }
+
+    /// A stream whose gRPC metadata carries `authorization: Bearer KEY`, as Envoy's
+    /// `grpc_service.initial_metadata` sends it; the picker's refusal if it refuses.
+    pub async fn open_with_key(
+        client: &mut Client,
+        metadata: Option<Metadata>,
+        key: Option<&str>,
+    ) -> Result<Envoy, tonic::Status> {
         let (to_picker, outbound) = mpsc::channel(16);
-        let from_picker = client
-            .process(tokio_stream::wrappers::ReceiverStream::new(outbound))
-            .await
-            .unwrap()
-            .into_inner();
-        Envoy {
+        let mut request =
+            tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(outbound));
+        if let Some(key) = key {
+            request
+                .metadata_mut()
+                .insert("authorization", format!("Bearer {key}").parse().unwrap());
+        }
+        let from_picker = client.process(request).await?.into_inner();
+        Ok(Envoy {
             to_picker: Some(to_picker),
             from_picker,
             metadata,
             first: true,
-        }
+        })
     }
 
     pub async fn send(&mut self, request: Request) {
