@@ -272,3 +272,72 @@ fn engine_events_over_zeromq_feed_the_index_with_replay_and_restart() {
         0.0
     );
 }
+
+/// The engine's first batch is lost on the live socket (ZeroMQ's slow joiner, forced with
+/// `--kv-drop-seq 0`; vLLM 0.23's array encoding). Whatever starts first, the router,
+/// the engine, or a second router joining later, every router ends with the index of one
+/// that saw every batch.
+#[test]
+fn every_start_order_yields_the_index_of_a_router_that_saw_every_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let ports = (free_port(), free_port());
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "workers:\n  - {{model: demo, worker_id: 1, kv_events: {{endpoint: \"tcp://127.0.0.1:{}\", replay_endpoint: \"tcp://127.0.0.1:{}\"}}}}\n  - {{model: demo, worker_id: 2}}\n",
+            ports.0, ports.1
+        ),
+    );
+    let (a, b, c) = (prompt(11, 3), prompt(12, 3), prompt(13, 3));
+    let vllm_0_23 = ["--kv-event-form", "array", "--kv-drop-seq", "0"];
+
+    // The router first: its start replay finds no engine; the engine comes up, its batch 0
+    // never arrives live, batch 1 does.
+    let router_first = serve(&config);
+    std::thread::sleep(Duration::from_millis(500));
+    let engine_process = engine(ports, &vllm_0_23);
+    // Until the subscriber is connected, a live batch would be lost to the socket itself
+    // and only a later one would reveal it: wait for the connection.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric(&router_first, "switchyard_kv_event_replays_total") < 1.0 {
+        assert!(
+            Instant::now() < deadline,
+            "the subscriber never reached the engine"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    prefill(&engine_process, &a);
+    prefill(&engine_process, &b);
+    wait_overlap(&router_first, &b, 3, "router first: batch 1, live");
+    wait_overlap(
+        &router_first,
+        &a,
+        3,
+        "router first: batch 0, lost live, replayed",
+    );
+
+    // A router started after the engine: the start replay has both batches.
+    let router_after = serve(&config);
+    wait_overlap(&router_after, &a, 3, "engine first: batch 0");
+    wait_overlap(&router_after, &b, 3, "engine first: batch 1");
+    prefill(&engine_process, &c);
+    for router in [&router_first, &router_after] {
+        wait_overlap(router, &c, 3, "batch 2, live to both");
+    }
+
+    // A router restarted: the same index again.
+    drop(router_after);
+    let restarted = serve(&config);
+    for (tokens, what) in [(&a, "a"), (&b, "b"), (&c, "c")] {
+        wait_overlap(
+            &restarted,
+            tokens,
+            3,
+            &format!("restarted router: prompt {what}"),
+        );
+    }
+    assert_eq!(
+        metric(&restarted, "switchyard_kv_event_replays_failed_total"),
+        0.0
+    );
+}

@@ -11,7 +11,10 @@
 //!   delivered (the live copy of a batch published while the replay ran): the same bytes
 //!   under the same sequence are a duplicate, skipped.
 //! - At start the subscriber asks for a replay from 0: a SUB socket misses what was
-//!   published before it joined (ZeroMQ's slow joiner), the replay buffer has it.
+//!   published before it joined (ZeroMQ's slow joiner), the replay buffer has it. When
+//!   that replay finds nothing (the engine had published nothing yet, or was not up),
+//!   the first live batch, unless it is sequence 0, asks again: the batches before it
+//!   were lost to the slow joiner, and taking it as the start would lose them for good.
 //! - The SUB socket reconnects (with backoff) when the publisher goes away, and after 3 s
 //!   of silence, since a restarted publisher is not always noticed by the socket.
 
@@ -202,6 +205,14 @@ impl Subscriber {
 
     /// A batch from the live stream.
     async fn live(&mut self, sequence: u64, payload: &[u8]) {
+        if self.expected.is_none() && sequence > 0 && self.source.replay_endpoint.is_some() {
+            // The first batch seen, and not the engine's first: the ones before it were
+            // published before this socket joined (the start replay found nothing yet,
+            // or could not be asked). Where the stream begins is the replay buffer's
+            // oldest batch, not this one.
+            tracing::debug!(endpoint = %self.source.endpoint, worker_id = self.worker_id, sequence, "kv events: the first live batch is not the engine's first; replaying from 0");
+            self.replay_from(0).await;
+        }
         if self
             .replayed
             .iter()
