@@ -13,11 +13,13 @@ pub mod auth;
 pub mod hardening;
 mod limits;
 pub mod listener;
+pub mod replicas;
 pub mod worker_address;
 
 pub use auth::{AuthSettings, Keyring};
 pub use limits::{MAX_CONFIG_BYTES, MAX_FLOW_DEPTH};
 pub use listener::{HttpSettings, TlsSettings};
+pub use replicas::ReplicaSettings;
 pub use switchyard_plugin_host::isolation::IsolationSettings;
 use switchyard_plugin_host::plugin::{PartitionKey, RevisionRule};
 pub use worker_address::{EngineUrl, WorkerNetworks};
@@ -60,6 +62,9 @@ pub struct Config {
     /// The HTTP listener: TLS, timeouts, connection and body limits.
     #[serde(default)]
     pub http: HttpSettings,
+    /// Router replicas sharing their bookings over NATS (docs/replicas.md); alone when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<ReplicaSettings>,
 }
 
 /// Where a plugin library runs (`plugins[].isolation`).
@@ -769,6 +774,17 @@ impl ConfigSource {
             }
         }
         errors.extend(self.check_worker_destinations());
+        if let Some(Err(message)) = self.config.replicas.as_ref().map(ReplicaSettings::validate) {
+            errors.push(ConfigError {
+                file: self.name.clone(),
+                line: self
+                    .text
+                    .lines()
+                    .position(|l| l.trim_start().starts_with("replicas:"))
+                    .map(|i| i + 1),
+                message,
+            });
+        }
         let mut seen = std::collections::HashSet::new();
         let mut sound = Vec::new();
         let entries = &self.config.worker_selection.instances;

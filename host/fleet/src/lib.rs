@@ -9,5 +9,6 @@ pub mod lifecycle;
 pub mod load_accounting;
 pub mod metrics;
 pub mod predicted_kv;
+pub mod replicas;
 pub mod router;
 pub mod workers;

@@ -5,6 +5,10 @@
 //! releases the prefill part; free releases the rest. Bookings never freed expire. Every
 //! release subtracts exactly what its booking added, once, so counts cannot go negative
 //! whatever order calls arrive in.
+//!
+//! Bookings of other router replicas (`replicas:`, learnt over the bus) are held beside
+//! this router's own, keyed by replica: they count in every worker's load the same way,
+//! and are dropped whole when their replica goes away.
 
 use rustc_hash::FxHashMap;
 use std::time::{Duration, Instant};
@@ -29,6 +33,106 @@ pub struct Booking {
     booked_at: Instant,
 }
 
+impl Booking {
+    /// A booking as another replica reported it.
+    pub fn remote(
+        worker: WorkerId,
+        prefill_tokens: u64,
+        decode_blocks: u64,
+        prefill_done: bool,
+    ) -> Self {
+        Booking {
+            worker,
+            prefill_tokens,
+            decode_blocks,
+            prefill_done,
+            booked_at: Instant::now(),
+        }
+    }
+}
+
+/// One change to this router's bookings, as replicas tell each other (JSON on the bus).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum BookingChange {
+    Reserve {
+        id: String,
+        worker_id: u64,
+        dp_rank: u32,
+        prefill_tokens: u64,
+        decode_blocks: u64,
+        #[serde(default)]
+        prefill_done: bool,
+    },
+    PrefillComplete {
+        id: String,
+    },
+    Move {
+        id: String,
+        worker_id: u64,
+        dp_rank: u32,
+    },
+    Free {
+        id: String,
+    },
+}
+
+impl BookingChange {
+    /// The `Reserve` that recreates `booking` (a snapshot's entry).
+    pub fn reserve(id: &str, booking: &Booking) -> Self {
+        BookingChange::Reserve {
+            id: id.to_owned(),
+            worker_id: booking.worker.worker_id,
+            dp_rank: booking.worker.dp_rank,
+            prefill_tokens: booking.prefill_tokens,
+            decode_blocks: booking.decode_blocks,
+            prefill_done: booking.prefill_done,
+        }
+    }
+}
+
+impl LoadAccounting {
+    /// Applies another replica's change to its bookings here.
+    pub fn apply_remote(&mut self, replica: &str, change: &BookingChange) {
+        match change {
+            BookingChange::Reserve {
+                id,
+                worker_id,
+                dp_rank,
+                prefill_tokens,
+                decode_blocks,
+                prefill_done,
+            } => {
+                let worker = WorkerId {
+                    worker_id: *worker_id,
+                    dp_rank: *dp_rank,
+                };
+                self.reserve_remote(
+                    replica,
+                    id,
+                    Booking::remote(worker, *prefill_tokens, *decode_blocks, *prefill_done),
+                );
+            }
+            BookingChange::PrefillComplete { id } => self.prefill_remote(replica, id),
+            BookingChange::Move {
+                id,
+                worker_id,
+                dp_rank,
+            } => {
+                self.move_remote(
+                    replica,
+                    id,
+                    WorkerId {
+                        worker_id: *worker_id,
+                        dp_rank: *dp_rank,
+                    },
+                );
+            }
+            BookingChange::Free { id } => self.free_remote(replica, id),
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum AccountingError {
     #[error("request `{0}` is already reserved; free it first or use another request id")]
@@ -40,6 +144,8 @@ pub enum AccountingError {
 pub struct LoadAccounting {
     workers: FxHashMap<WorkerId, WorkerLoad>,
     bookings: FxHashMap<String, Booking>,
+    /// Other replicas' bookings, by replica, then request id.
+    remote: FxHashMap<String, FxHashMap<String, Booking>>,
     expiry: Duration,
     /// Workers whose load changed since `for_each_changed` (repeats possible).
     changed: Vec<WorkerId>,
@@ -50,6 +156,7 @@ impl LoadAccounting {
         LoadAccounting {
             workers: FxHashMap::default(),
             bookings: FxHashMap::default(),
+            remote: FxHashMap::default(),
             expiry,
             changed: Vec::new(),
         }
@@ -159,8 +266,8 @@ impl LoadAccounting {
         load.active_requests = load.active_requests.saturating_sub(1);
     }
 
-    /// Frees bookings older than the expiry; returns how many.
-    pub fn expire(&mut self, now: Instant) -> usize {
+    /// Frees bookings older than the expiry; returns their request ids.
+    pub fn expire(&mut self, now: Instant) -> Vec<String> {
         let expired: Vec<String> = self
             .bookings
             .iter()
@@ -172,13 +279,112 @@ impl LoadAccounting {
                 self.release(&booking);
             }
         }
-        expired.len()
+        // Other replicas' bookings expire here too: a `free` lost on the bus must not
+        // hold load forever.
+        let expiry = self.expiry;
+        let mut stale = Vec::new();
+        for bookings in self.remote.values_mut() {
+            bookings.retain(|_, b| {
+                let keep = now.saturating_duration_since(b.booked_at) < expiry;
+                if !keep {
+                    stale.push(*b);
+                }
+                keep
+            });
+        }
+        for booking in &stale {
+            self.release(booking);
+        }
+        expired
     }
 
     /// Forgets a worker that left; its bookings are dropped.
     pub fn remove_worker(&mut self, worker: WorkerId) {
         self.workers.remove(&worker);
         self.bookings.retain(|_, b| b.worker != worker);
+        for bookings in self.remote.values_mut() {
+            bookings.retain(|_, b| b.worker != worker);
+        }
+    }
+
+    /// This router's own bookings (what a joining replica is sent).
+    pub fn local_bookings(&self) -> Vec<(String, Booking)> {
+        self.bookings
+            .iter()
+            .map(|(id, b)| (id.clone(), *b))
+            .collect()
+    }
+
+    /// Another replica booked `id`; a repeat is ignored.
+    pub fn reserve_remote(&mut self, replica: &str, id: &str, booking: Booking) {
+        let bookings = self.remote.entry(replica.to_owned()).or_default();
+        if bookings.contains_key(id) {
+            return;
+        }
+        bookings.insert(id.to_owned(), booking);
+        self.hold(&booking);
+    }
+
+    /// Another replica's request finished its prefill; unknown ids are ignored.
+    pub fn prefill_remote(&mut self, replica: &str, id: &str) {
+        let Some(booking) = self.remote.get_mut(replica).and_then(|b| b.get_mut(id)) else {
+            return;
+        };
+        if booking.prefill_done {
+            return;
+        }
+        let before = *booking;
+        booking.prefill_done = true;
+        self.release(&before);
+        self.hold(&Booking {
+            prefill_done: true,
+            ..before
+        });
+    }
+
+    /// Another replica moved its booking to `to`.
+    pub fn move_remote(&mut self, replica: &str, id: &str, to: WorkerId) {
+        let Some(booking) = self.remote.get_mut(replica).and_then(|b| b.get_mut(id)) else {
+            return;
+        };
+        let before = *booking;
+        booking.worker = to;
+        self.release(&before);
+        self.hold(&Booking {
+            worker: to,
+            ..before
+        });
+    }
+
+    /// Another replica freed `id`; unknown ids are ignored.
+    pub fn free_remote(&mut self, replica: &str, id: &str) {
+        if let Some(booking) = self.remote.get_mut(replica).and_then(|b| b.remove(id)) {
+            self.release(&booking);
+        }
+    }
+
+    /// Drops every booking of `replica` (it went away); returns how many.
+    pub fn drop_replica(&mut self, replica: &str) -> usize {
+        let Some(bookings) = self.remote.remove(replica) else {
+            return 0;
+        };
+        for booking in bookings.values() {
+            self.release(booking);
+        }
+        bookings.len()
+    }
+
+    /// `replica`'s bookings are exactly `bookings` (its snapshot).
+    pub fn replace_replica(&mut self, replica: &str, bookings: Vec<(String, Booking)>) {
+        self.drop_replica(replica);
+        for (id, booking) in bookings {
+            self.reserve_remote(replica, &id, booking);
+        }
+    }
+
+    /// Other replicas' bookings held now.
+    pub fn remote_bookings(&self) -> usize {
+        self.remote.values().map(FxHashMap::len).sum()
     }
 
     /// Calls `f` with each worker whose load changed since the last call, and its load
@@ -245,9 +451,55 @@ mod tests {
     fn expired_bookings_are_released() {
         let mut a = LoadAccounting::new(Duration::from_secs(10));
         a.reserve("old", W, 10, 1).unwrap();
-        assert_eq!(a.expire(Instant::now()), 0);
-        assert_eq!(a.expire(Instant::now() + Duration::from_secs(11)), 1);
+        assert!(a.expire(Instant::now()).is_empty());
+        assert_eq!(
+            a.expire(Instant::now() + Duration::from_secs(11)),
+            vec!["old".to_owned()]
+        );
         assert_eq!(a.load(W), WorkerLoad::default());
         assert!(a.free("old").is_err());
+    }
+
+    #[test]
+    fn remote_bookings_count_and_leave_with_their_replica() {
+        let mut a = LoadAccounting::new(Duration::from_secs(60));
+        a.reserve("mine", W, 10, 1).unwrap();
+        a.reserve_remote("b", "r1", Booking::remote(W, 100, 10, false));
+        a.reserve_remote("b", "r1", Booking::remote(W, 100, 10, false)); // a repeat
+        a.reserve_remote("c", "mine", Booking::remote(W, 5, 1, false)); // same id, other replica
+        assert_eq!(
+            a.load(W),
+            WorkerLoad {
+                active_prefill_tokens: 115,
+                active_decode_blocks: 12,
+                active_requests: 3
+            }
+        );
+        a.prefill_remote("b", "r1");
+        a.prefill_remote("b", "r1");
+        assert_eq!(a.load(W).active_prefill_tokens, 15);
+        a.free_remote("b", "nothing");
+        assert_eq!(a.drop_replica("c"), 1);
+        a.free("mine").unwrap();
+        assert_eq!(
+            a.load(W),
+            WorkerLoad {
+                active_prefill_tokens: 0,
+                active_decode_blocks: 10,
+                active_requests: 1
+            }
+        );
+        a.replace_replica("b", vec![("r2".into(), Booking::remote(W, 7, 2, false))]);
+        assert_eq!(
+            a.load(W),
+            WorkerLoad {
+                active_prefill_tokens: 7,
+                active_decode_blocks: 2,
+                active_requests: 1
+            }
+        );
+        a.free_remote("b", "r2");
+        assert_eq!(a.load(W), WorkerLoad::default());
+        assert_eq!(a.remote_bookings(), 0);
     }
 }

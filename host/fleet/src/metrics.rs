@@ -89,6 +89,25 @@ pub struct Metrics {
     kv_event_lag: LatencyHistogram,
     /// (instance, component) -> errors; touched on the failure path only.
     errors: Mutex<BTreeMap<(String, String), u64>>,
+    /// Sharing load with other replicas (`replicas:`).
+    pub replicas: ReplicaCounters,
+}
+
+/// What the bus between replicas did (all zero when `replicas:` is not configured).
+#[derive(Debug, Default)]
+pub struct ReplicaCounters {
+    /// 1 while connected to the bus.
+    pub bus_up: AtomicU64,
+    /// Replicas heard from within `replicas.peer_ttl_ms`.
+    pub peers: AtomicU64,
+    pub sent: AtomicU64,
+    pub received: AtomicU64,
+    /// Messages that did not decode.
+    pub malformed: AtomicU64,
+    /// Replicas that went silent (their bookings dropped).
+    pub peers_lost: AtomicU64,
+    /// Other replicas' bookings counted now.
+    pub remote_bookings: AtomicU64,
 }
 
 impl Metrics {
@@ -118,6 +137,7 @@ impl Metrics {
             ext_proc_rebooks: AtomicU64::new(0),
             ext_proc_decision: LatencyHistogram::default(),
             kv_event_lag: LatencyHistogram::default(),
+            replicas: ReplicaCounters::default(),
         }
     }
 
@@ -467,6 +487,29 @@ impl Metrics {
         ] {
             snapshot.family(name, help, counter, no_labels(Value::Count(counter_value.load(Ordering::Relaxed))));
         }
+        let replicas = &self.replicas;
+        for (name, help, value) in [
+            ("switchyard_replica_bus_up", "1 while this replica is connected to the NATS bus it shares load over (replicas:).", &replicas.bus_up),
+            ("switchyard_replica_peers", "Other replicas heard from within replicas.peer_ttl_ms.", &replicas.peers),
+            ("switchyard_replica_remote_bookings", "Other replicas' bookings counted in the workers' load.", &replicas.remote_bookings),
+        ] {
+            snapshot.family(name, help, gauge, no_labels(Value::Gauge(value.load(Ordering::Relaxed) as f64)));
+        }
+        snapshot.family(
+            "switchyard_replica_messages",
+            "Booking messages on the replicas' bus, by direction (malformed: received and not decoded).",
+            counter,
+            [("sent", &replicas.sent), ("received", &replicas.received), ("malformed", &replicas.malformed)]
+                .into_iter()
+                .map(|(direction, c)| (vec![("direction".to_owned(), direction.to_owned())], Value::Count(c.load(Ordering::Relaxed))))
+                .collect(),
+        );
+        snapshot.family(
+            "switchyard_replica_peers_lost",
+            "Replicas that went silent for replicas.peer_ttl_ms; their bookings were dropped.",
+            counter,
+            no_labels(Value::Count(replicas.peers_lost.load(Ordering::Relaxed))),
+        );
         snapshot.family(
             "switchyard_frontend_ttfb_seconds",
             "Frontend: from a request's arrival to the first byte of its answer.",

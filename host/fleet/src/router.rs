@@ -18,7 +18,7 @@ use super::kv_events::wire::EngineEvent;
 use super::kv_events::ApplyOutcome;
 use super::kv_index::{hash_tokens, KvEvent, KvIndex, QueryScratch};
 use super::lifecycle::Lifecycles;
-use super::load_accounting::{AccountingError, LoadAccounting};
+use super::load_accounting::{AccountingError, BookingChange, LoadAccounting};
 use super::metrics::Metrics;
 use super::predicted_kv::PredictedKv;
 use super::workers::{WorkerError, WorkerSpec, Workers};
@@ -31,6 +31,7 @@ use switchyard_policy::{Candidates, InstanceFactory, KeptColumns, SelectError};
 mod health;
 mod kv;
 mod reload;
+mod replicas;
 pub use reload::ReloadOutcome;
 
 /// The worker type a request asks for.
@@ -167,6 +168,8 @@ pub struct Router {
     lifecycles: Lifecycles,
     /// Every address the router's listeners answer on: no worker may point at one.
     own_addresses: RwLock<Vec<std::net::SocketAddr>>,
+    /// Where this router's booking changes go when replicas share load (`replicas:`).
+    booking_feed: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<BookingChange>>,
     pub metrics: Metrics,
 }
 
@@ -224,6 +227,7 @@ impl Router {
             health_errors: Mutex::new(HashMap::new()),
             lifecycles: Lifecycles::new(),
             own_addresses: RwLock::new(Vec::new()),
+            booking_feed: std::sync::OnceLock::new(),
             metrics,
         };
         for spec in workers {
@@ -346,6 +350,11 @@ impl Router {
             return Err(WorkerError::Unknown(to).into());
         }
         self.book(|load| load.move_booking(request_id, to))?;
+        self.announce(|| BookingChange::Move {
+            id: request_id.to_owned(),
+            worker_id: to.worker_id,
+            dp_rank: to.dp_rank,
+        });
         self.lifecycles.moved(request_id, to);
         Ok(())
     }
@@ -413,12 +422,18 @@ impl Router {
 
     pub fn prefill_complete(&self, request_id: &str) -> Result<(), RouteError> {
         self.book(|load| load.prefill_complete(request_id))?;
+        self.announce(|| BookingChange::PrefillComplete {
+            id: request_id.to_owned(),
+        });
         self.lifecycles.prefill_complete(request_id);
         Ok(())
     }
 
     pub fn free(&self, request_id: &str) -> Result<(), RouteError> {
         self.book(|load| load.free(request_id))?;
+        self.announce(|| BookingChange::Free {
+            id: request_id.to_owned(),
+        });
         self.lifecycles.finished(request_id);
         Ok(())
     }
@@ -426,7 +441,11 @@ impl Router {
     /// Releases reservations older than the configured expiry (the last safety net;
     /// counted in metrics).
     pub fn expire(&self) -> usize {
-        let expired = self.book(|load| load.expire(Instant::now()));
+        let expired_ids = self.book(|load| load.expire(Instant::now()));
+        let expired = expired_ids.len();
+        for id in expired_ids {
+            self.announce(|| BookingChange::Free { id });
+        }
         self.metrics.record_expired(expired);
         if expired > 0 {
             let load = self.load.read();
@@ -704,7 +723,16 @@ impl Router {
             .expected_output_tokens
             .unwrap_or(0)
             .div_ceil(block_size);
-        self.book(|load| load.reserve(id, chosen, prefill_tokens, new_blocks + output_blocks))?;
+        let decode_blocks = new_blocks + output_blocks;
+        self.book(|load| load.reserve(id, chosen, prefill_tokens, decode_blocks))?;
+        self.announce(|| BookingChange::Reserve {
+            id: id.to_owned(),
+            worker_id: chosen.worker_id,
+            dp_rank: chosen.dp_rank,
+            prefill_tokens,
+            decode_blocks,
+            prefill_done: false,
+        });
         Ok(())
     }
 

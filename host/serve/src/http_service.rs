@@ -593,6 +593,19 @@ pub async fn serve(router: Arc<Router>, options: ServeOptions) -> std::io::Resul
     tokio::spawn(frontend::health::probe_forever(frontend.clone()));
     router.subscribe_kv_events(&router.workers())?;
     super::reload::on_hangup(router.clone(), listener_tls.clone())?;
+    let replicas = router.generation().startup.source.config.replicas.clone();
+    if let Some(settings) = replicas {
+        let token = settings
+            .token_file
+            .as_ref()
+            .map(|f| router.generation().startup.source.resolve(f));
+        let nats = settings.nats.clone();
+        // The others' bookings are in before this replica serves.
+        let id = switchyard_fleet::replicas::start(router.clone(), settings, token)
+            .await
+            .map_err(std::io::Error::other)?;
+        println!("switchyard replica {id} sharing load over {nats}");
+    }
     let scheme = if listener_tls.http.is_some() {
         "https"
     } else {

@@ -64,6 +64,9 @@ impl Router {
         if without_tls(old) != without_tls(new) {
             needs_restart.push("ext_proc".to_owned());
         }
+        if as_json(&old.replicas) != as_json(&new.replicas) {
+            needs_restart.push("replicas".to_owned());
+        }
         if old.http.without_tls() != new.http.without_tls() {
             needs_restart.push("http (all but http.tls)".to_owned());
         }

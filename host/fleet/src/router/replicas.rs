@@ -1,0 +1,55 @@
+//! The router's side of sharing load with other replicas: its own booking changes go out
+//! on a feed, the others' come in and count in every worker's load (`crate::replicas`
+//! carries them over the bus).
+
+use super::*;
+use crate::load_accounting::Booking;
+
+impl Router {
+    /// From now on, every change to this router's bookings is sent on `feed`.
+    pub fn share_bookings(&self, feed: tokio::sync::mpsc::UnboundedSender<BookingChange>) {
+        let _ = self.booking_feed.set(feed);
+    }
+
+    /// Sends a change on the feed, when load is shared (costs nothing otherwise).
+    pub(super) fn announce(&self, change: impl FnOnce() -> BookingChange) {
+        if let Some(feed) = self.booking_feed.get() {
+            let _ = feed.send(change());
+        }
+    }
+
+    /// Another replica's booking change.
+    pub fn apply_remote(&self, replica: &str, change: &BookingChange) {
+        self.book(|load| load.apply_remote(replica, change));
+    }
+
+    /// Another replica's bookings, whole (its snapshot).
+    pub fn replace_remote(&self, replica: &str, changes: &[BookingChange]) {
+        self.book(|load| {
+            load.drop_replica(replica);
+            for change in changes {
+                load.apply_remote(replica, change);
+            }
+        });
+    }
+
+    /// Forgets a replica that went away; how many of its bookings were dropped.
+    pub fn drop_replica(&self, replica: &str) -> usize {
+        self.book(|load| load.drop_replica(replica))
+    }
+
+    /// This router's own bookings, as the changes that recreate them.
+    pub fn local_bookings(&self) -> Vec<BookingChange> {
+        self.load
+            .read()
+            .local_bookings()
+            .iter()
+            .map(|(id, booking): &(String, Booking)| BookingChange::reserve(id, booking))
+            .collect()
+    }
+
+    /// Other replicas' bookings counted now.
+    pub fn remote_bookings(&self) -> usize {
+        self.load.read().remote_bookings()
+    }
+}
