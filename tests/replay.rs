@@ -152,3 +152,57 @@ fn bad_traces_and_policies_are_named() {
     let error = run(&["--policy", "nope"]);
     assert!(error.contains("--policy nope: no such instance; available: default, least-busy, kv-overlap, load-only"), "{error}");
 }
+
+/// `--replicas 3`: with shared bookings (what the NATS bus carries, without its latency)
+/// three routers running the deterministic `least-busy` decide as one; each counting only
+/// its own bookings, they balance worse. (Seeded random tie-breaks, as in `kv-overlap`,
+/// draw from one generator per replica, so those runs differ by their draws alone.)
+#[test]
+fn replicas_sharing_bookings_route_as_one_router() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace.jsonl");
+    write_trace(&trace);
+    let csv = dir.path().join("replicas.csv");
+    run(Command::new(switchyard_bin())
+        .args(["replay", "--workers", "4", "--policy", "least-busy"])
+        .args([
+            "--replicas",
+            "1",
+            "--replicas",
+            "3",
+            "--sync",
+            "none",
+            "--sync",
+            "shared",
+        ])
+        .arg("--trace")
+        .arg(&trace)
+        .arg("--csv")
+        .arg(&csv)
+        .arg("--svg")
+        .arg(dir.path().join("replicas.svg")));
+    let csv = std::fs::read_to_string(&csv).unwrap();
+    let rows: std::collections::HashMap<String, Vec<String>> = csv
+        .lines()
+        .skip(1)
+        .map(|l| {
+            let fields: Vec<String> = l
+                .split(',')
+                .map(|f| f.trim_matches('"').to_owned())
+                .collect();
+            (fields[0].clone(), fields)
+        })
+        .collect();
+    let (one, shared, alone) = (
+        &rows["least-busy"],
+        &rows["least-busy x3 (shared)"],
+        &rows["least-busy x3 (none)"],
+    );
+    // Hit rate, imbalance, TTFT p50 and p99: the same decisions.
+    assert_eq!(one[2..6], shared[2..6], "{csv}");
+    let imbalance = |row: &Vec<String>| row[3].parse::<f64>().unwrap();
+    assert!(
+        imbalance(alone) > imbalance(one),
+        "without sharing the load spreads worse: {csv}"
+    );
+}

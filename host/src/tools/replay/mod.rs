@@ -125,6 +125,20 @@ pub struct SimParams {
     pub decode_tokens_per_s: f64,
     pub block_size: u32,
     pub kv_events: KvTransport,
+    /// Router replicas the requests are spread over (round robin), and whether they share
+    /// their bookings.
+    pub replicas: usize,
+    pub sync: ReplicaSync,
+}
+
+/// Whether replicas count each other's bookings in replay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ReplicaSync {
+    /// Each replica counts only its own bookings (no bus).
+    None,
+    /// Every booking change reaches every other replica before the next request, through
+    /// the path the NATS bus feeds (`Router::apply_remote`): a bus without latency.
+    Shared,
 }
 
 /// How the simulated workers' KV events reach the router.
@@ -175,7 +189,11 @@ fn micros(seconds: f64) -> u64 {
 
 /// One policy's run of the trace: the simulated workers, pending events and tallies.
 struct Simulation<'a> {
-    router: &'a Arc<Router>,
+    /// The replicas; request `i` is routed by replica `i % len`.
+    routers: &'a [Arc<Router>],
+    /// Each replica's booking changes, with `ReplicaSync::Shared`.
+    feeds:
+        Vec<tokio::sync::mpsc::UnboundedReceiver<switchyard_fleet::load_accounting::BookingChange>>,
     /// The publishers, with `--kv-events zmq`.
     zmq: Option<ZmqFleet>,
     trace: &'a [TraceRequest],
@@ -196,11 +214,23 @@ struct Simulation<'a> {
 impl<'a> Simulation<'a> {
     /// Registers `params.workers` simulated workers with the (fresh) router.
     fn new(
-        router: &'a Arc<Router>,
+        routers: &'a [Arc<Router>],
         trace: &'a [TraceRequest],
         params: SimParams,
         policy: &'a str,
     ) -> Result<Self, ReplayError> {
+        let router = &routers[0];
+        let feeds = match params.sync {
+            ReplicaSync::Shared if routers.len() > 1 => routers
+                .iter()
+                .map(|r| {
+                    let (feed, changes) = tokio::sync::mpsc::unbounded_channel();
+                    r.share_bookings(feed);
+                    changes
+                })
+                .collect(),
+            _ => Vec::new(),
+        };
         let capacity = NonZeroUsize::new(params.cache_blocks.max(1)).expect("non-zero");
         let (zmq, sources) = match params.kv_events {
             KvTransport::InProcess => (None, vec![None; params.workers]),
@@ -211,7 +241,8 @@ impl<'a> Simulation<'a> {
             }
         };
         let mut simulation = Simulation {
-            router,
+            routers,
+            feeds,
             zmq,
             trace,
             params,
@@ -247,9 +278,11 @@ impl<'a> Simulation<'a> {
                 url: None,
                 address: None,
             };
-            router
-                .add_worker(spec.clone())
-                .map_err(|e| simulation.failed(e))?;
+            for replica in routers {
+                replica
+                    .add_worker(spec.clone())
+                    .map_err(|e| simulation.failed(e))?;
+            }
             specs.push(spec);
         }
         if let Some(fleet) = &mut simulation.zmq {
@@ -259,6 +292,25 @@ impl<'a> Simulation<'a> {
             fleet.connect(router).map_err(ReplayError::Setup)?;
         }
         Ok(simulation)
+    }
+
+    /// The replica that routes (and books) request `index`.
+    fn owner(&self, index: usize) -> &'a Arc<Router> {
+        &self.routers[index % self.routers.len()]
+    }
+
+    /// Delivers every replica's booking changes to the others (`ReplicaSync::Shared`).
+    fn sync(&mut self) {
+        for (from, feed) in self.feeds.iter_mut().enumerate() {
+            let replica = format!("replica-{from}");
+            while let Ok(change) = feed.try_recv() {
+                for (to, router) in self.routers.iter().enumerate() {
+                    if to != from {
+                        router.apply_remote(&replica, &change);
+                    }
+                }
+            }
+        }
     }
 
     fn failed(&self, error: RouteError) -> ReplayError {
@@ -293,19 +345,23 @@ impl<'a> Simulation<'a> {
                                 dp_rank: 0,
                             };
                             let events = KvEvent::evicted_then_stored(evicted, stored);
-                            self.router
-                                .kv_events(worker, &events)
-                                .map_err(|e| self.failed(e))?;
+                            // Every replica follows every engine's events.
+                            for router in self.routers {
+                                router
+                                    .kv_events(worker, &events)
+                                    .map_err(|e| self.failed(e))?;
+                            }
                         }
                     }
-                    self.router.prefill_complete(&id)
+                    self.owner(index).prefill_complete(&id)
                 }
                 Phase::DecodeDone => {
                     self.workers[w].active_tokens -= request.input_length + request.output_length;
-                    self.router.free(&id)
+                    self.owner(index).free(&id)
                 }
             };
             result.map_err(|e| self.failed(e))?;
+            self.sync();
         }
         Ok(())
     }
@@ -360,10 +416,11 @@ impl<'a> Simulation<'a> {
         };
         let started = Instant::now();
         let decision = self
-            .router
+            .owner(index)
             .select_and_reserve(&route)
             .map_err(|e| self.failed(e))?;
         self.router_time += started.elapsed();
+        self.sync();
         let w = decision.worker_id as usize;
         self.assigned[index] = w;
         let worker = &mut self.workers[w];
@@ -428,14 +485,16 @@ impl<'a> Simulation<'a> {
 
 /// Replays `trace` through `router` (fresh, with no workers) using instance `policy`.
 pub fn replay(
-    router: &Arc<Router>,
+    routers: &[Arc<Router>],
     trace: &[TraceRequest],
     params: SimParams,
     policy: &str,
     mut progress: impl FnMut(usize),
 ) -> Result<PolicyReport, ReplayError> {
-    let fallbacks_before = router.metrics.fallbacks(policy);
-    let mut simulation = Simulation::new(router, trace, params, policy)?;
+    let fallbacks = || -> u64 { routers.iter().map(|r| r.metrics.fallbacks(policy)).sum() };
+    let fallbacks_before = fallbacks();
+    let router = &routers[0];
+    let mut simulation = Simulation::new(routers, trace, params, policy)?;
     for index in 0..trace.len() {
         simulation.route(index)?;
         progress(index + 1);
@@ -450,7 +509,15 @@ pub fn replay(
             });
         }
     }
-    Ok(simulation.report(router.metrics.fallbacks(policy) - fallbacks_before))
+    let mut report = simulation.report(fallbacks() - fallbacks_before);
+    if routers.len() > 1 {
+        let sync = match params.sync {
+            ReplicaSync::None => "none",
+            ReplicaSync::Shared => "shared",
+        };
+        report.policy = format!("{policy} x{} ({sync})", routers.len());
+    }
+    Ok(report)
 }
 
 /// One CSV row per policy (the `csv` crate quotes what needs it).
@@ -485,13 +552,13 @@ pub fn csv(reports: &[PolicyReport]) -> String {
 
 pub fn table(reports: &[PolicyReport]) -> String {
     let mut out = format!(
-        "{:<20} {:>9} {:>10} {:>10} {:>13} {:>13} {:>14}\n",
+        "{:<24} {:>9} {:>10} {:>10} {:>13} {:>13} {:>14}\n",
         "policy", "requests", "hit rate", "imbalance", "TTFT p50 ms", "TTFT p99 ms", "selections/s"
     );
     for r in reports {
         let _ = writeln!(
             out,
-            "{:<20} {:>9} {:>9.1}% {:>10.2} {:>13.1} {:>13.1} {:>14.0}{}",
+            "{:<24} {:>9} {:>9.1}% {:>10.2} {:>13.1} {:>13.1} {:>14.0}{}",
             r.policy,
             r.requests,
             r.hit_rate * 100.0,
@@ -625,6 +692,14 @@ pub struct ReplayArgs {
     /// loopback in vLLM's wire format (through the router's real subscribers).
     #[arg(long, value_enum, default_value_t = KvTransport::InProcess)]
     pub kv_events: KvTransport,
+    /// Spread the trace over this many router replicas (round robin), each a router of
+    /// its own; repeatable to compare counts (e.g. --replicas 1 --replicas 4).
+    #[arg(long = "replicas", default_value = "1")]
+    pub replicas: Vec<usize>,
+    /// Whether the replicas share their bookings (what `replicas:` does over NATS), or
+    /// each counts only its own; repeatable to compare.
+    #[arg(long = "sync", value_enum, default_value = "shared")]
+    pub sync: Vec<ReplicaSync>,
 }
 
 /// Instances `replay` offers without --config: built-in policies only.
@@ -654,7 +729,15 @@ pub fn run(args: &ReplayArgs) -> Result<(), String> {
         csv: ref csv_path,
         svg: ref svg_path,
         kv_events,
+        ref replicas,
+        ref sync,
     } = *args;
+    if replicas.contains(&0) {
+        return Err("--replicas must be at least 1".into());
+    }
+    if kv_events == KvTransport::Zmq && replicas.iter().any(|&n| n > 1) {
+        return Err("--replicas above 1 needs --kv-events in-process (each replica would need its own subscriptions to the simulated engines)".into());
+    }
     for (name, value) in [("--prefill-tps", prefill_tps), ("--decode-tps", decode_tps)] {
         if !(value.is_finite() && value > 0.0) {
             return Err(format!("{name} must be a positive number, got {value}"));
@@ -671,6 +754,8 @@ pub fn run(args: &ReplayArgs) -> Result<(), String> {
         decode_tokens_per_s: decode_tps,
         block_size,
         kv_events,
+        replicas: 1,
+        sync: ReplicaSync::Shared,
     };
     let fresh_router = || -> Result<Arc<Router>, String> {
         let source = match config {
@@ -704,8 +789,29 @@ pub fn run(args: &ReplayArgs) -> Result<(), String> {
     };
     fresh_router()?;
     let mut reports = Vec::new();
+    // Each policy at each replica count; with several replicas, each sync mode.
+    let mut runs = Vec::new();
     for policy in policies {
-        let router = fresh_router()?;
+        for &count in replicas {
+            let modes: &[ReplicaSync] = if count == 1 {
+                &[ReplicaSync::Shared]
+            } else {
+                sync
+            };
+            for &mode in modes {
+                runs.push((policy, count, mode));
+            }
+        }
+    }
+    for (policy, count, mode) in runs {
+        let routers = (0..count)
+            .map(|_| fresh_router())
+            .collect::<Result<Vec<_>, _>>()?;
+        let params = SimParams {
+            replicas: count,
+            sync: mode,
+            ..params
+        };
         let bar = indicatif::ProgressBar::new(trace.len() as u64).with_message(policy.clone());
         bar.set_style(
             indicatif::ProgressStyle::with_template(
@@ -714,7 +820,7 @@ pub fn run(args: &ReplayArgs) -> Result<(), String> {
             .expect("valid template")
             .progress_chars("=> "),
         );
-        let report = replay(&router, &trace, params, policy, |n| {
+        let report = replay(&routers, &trace, params, policy, |n| {
             bar.set_position(n as u64)
         })
         .map_err(|e| e.to_string())?;
