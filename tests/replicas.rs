@@ -5,64 +5,14 @@
 
 mod support;
 
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
+use support::nats::Nats;
+use support::real_envoy::{envoy_config, Envoy};
 use support::*;
-
-/// A `nats-server` on a loopback port; killed when dropped.
-struct Nats {
-    child: Child,
-    port: u16,
-}
-
-fn nats_binary() -> PathBuf {
-    if let Some(path) = std::env::var_os("SWITCHYARD_NATS_SERVER") {
-        return path.into();
-    }
-    for candidate in [
-        "/usr/sbin/nats-server",
-        "/usr/bin/nats-server",
-        "/usr/local/bin/nats-server",
-    ] {
-        if std::path::Path::new(candidate).exists() {
-            return candidate.into();
-        }
-    }
-    panic!(
-        "no nats-server: apt-get install nats-server (.ci/run does), or set SWITCHYARD_NATS_SERVER"
-    )
-}
-
-impl Nats {
-    fn start(port: u16) -> Nats {
-        let mut child = Command::new(nats_binary())
-            .args(["-a", "127.0.0.1", "-p", &port.to_string()])
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("nats-server starts");
-        let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-        loop {
-            let line = lines.next().expect("nats-server says it is ready").unwrap();
-            if line.contains("Server is ready") {
-                break;
-            }
-        }
-        std::thread::spawn(move || for _ in lines {});
-        Nats { child, port }
-    }
-}
-
-impl Drop for Nats {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn config(dir: &std::path::Path, nats: u16, id: &str) -> PathBuf {
     let path = dir.join(format!("{id}.yaml"));
@@ -249,4 +199,144 @@ fn the_bus_going_down_fails_no_request_and_sharing_resumes_when_it_is_back() {
             || active(&replica.address).iter().sum::<u64>() == 2,
         );
     }
+}
+
+/// Three replicas as the ext_proc cluster of one real Envoy (its config docs/envoy.md's,
+/// with three picker endpoints), in front of two slow `engine-sim` engines. Envoy spreads
+/// the streams over the pickers; each picker counts the others' bookings, so the engines
+/// get equal shares. A replica killed mid-run: only streams it was picking for may fail;
+/// the others drop its bookings, and every booking is gone at the end.
+#[test]
+fn three_replicas_behind_a_real_envoy_share_load_and_survive_one_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let nats = Nats::start(free_port());
+    let engines: Vec<Process> = (0..2)
+        .map(|i| engine_sim(&format!("e{i}"), "127.0.0.1:0", &["--decode-tps", "25"]))
+        .collect();
+    let workers: String = engines
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            format!(
+                "  - {{model: demo, worker_id: {}, address: \"{}\"}}\n",
+                i + 1,
+                e.address.trim_start_matches("http://")
+            )
+        })
+        .collect();
+    let pickers: Vec<u16> = (0..3).map(|_| free_port()).collect();
+    let mut replicas: Vec<Process> = pickers
+        .iter()
+        .enumerate()
+        .map(|(i, port)| {
+            let config = dir.path().join(format!("r{i}.yaml"));
+            std::fs::write(&config, format!(
+                "replicas: {{nats: 'nats://127.0.0.1:{}', id: r{i}, heartbeat_ms: 100, peer_ttl_ms: 800}}\n\
+                 frontend: {{health_interval_ms: 100}}\nworkers:\n{workers}", nats.port)).unwrap();
+            Process::start(
+                Command::new(switchyard_bin())
+                    .args(["serve", "--listen", "127.0.0.1:0", "--ext-proc", &format!("127.0.0.1:{port}"), "--config"])
+                    .arg(&config)
+                    .env("RUST_LOG", "warn"),
+                "switchyard listening on ",
+            )
+        })
+        .collect();
+    // docs/envoy.md's config, its picker cluster given all three endpoints.
+    let listen = free_port();
+    let first = format!(
+        "socket_address: {{ address: 127.0.0.1, port_value: {} }}",
+        pickers[0]
+    );
+    let more: String = pickers[1..]
+        .iter()
+        .map(|p| format!("\n              - endpoint:\n                  address:\n                    socket_address: {{ address: 127.0.0.1, port_value: {p} }}"))
+        .collect();
+    let config = envoy_config(listen, pickers[0]).replace(&first, &format!("{first}{more}"));
+    let envoy = Envoy::start_with(dir.path(), listen, &config);
+    let url = format!("{}/v1/chat/completions", envoy.base);
+    let agent = ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(30))
+        .build();
+    let started = Instant::now();
+    while agent.post(&url).send_json(json!({"model": "demo", "max_tokens": 1, "messages": [{"role": "user", "content": "ready?"}]})).is_err() {
+        assert!(started.elapsed() < Duration::from_secs(20), "Envoy never routed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // Eight long streams (50 tokens at 25 tokens/s), started 50 ms apart.
+    let long = |i: usize| json!({"model": "demo", "stream": true, "max_tokens": 50, "messages": [{"role": "user", "content": format!("long stream {i}")}]});
+    let mut streams = Vec::new();
+    for i in 0..8 {
+        let (url, agent, body) = (url.clone(), agent.clone(), long(i));
+        streams.push(std::thread::spawn(move || {
+            match agent.post(&url).send_json(body) {
+                Ok(r) => (
+                    r.status(),
+                    r.header("x-engine-name").unwrap_or_default().to_owned(),
+                    r.into_string().unwrap_or_default(),
+                ),
+                Err(ureq::Error::Status(s, r)) => {
+                    (s, String::new(), r.into_string().unwrap_or_default())
+                }
+                Err(e) => (0, String::new(), e.to_string()),
+            }
+        }));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Every replica counts all eight, whichever picked them.
+    for replica in &replicas {
+        wait_for(
+            "all eight bookings on every replica",
+            Duration::from_secs(5),
+            || active(&replica.address).iter().sum::<u64>() == 8,
+        );
+    }
+    let per_worker = active(&replicas[1].address);
+    assert_eq!(
+        per_worker,
+        vec![4, 4],
+        "the engines share the streams equally"
+    );
+    let picked_by: Vec<f64> = replicas
+        .iter()
+        .map(|r| metric(&r.address, "switchyard_ext_proc_picks"))
+        .collect();
+    assert!(
+        picked_by.iter().filter(|&&p| p > 0.0).count() >= 2,
+        "Envoy spread the streams over the pickers: {picked_by:?}"
+    );
+
+    // Replica 0 killed mid-run.
+    replicas[0].kill();
+    let answers: Vec<_> = streams.into_iter().map(|s| s.join().unwrap()).collect();
+    let complete = answers
+        .iter()
+        .filter(|(status, _, body)| *status == 200 && body.trim_end().ends_with("data: [DONE]"))
+        .count();
+    let killed_picks = picked_by[0] as usize;
+    assert!(complete >= 8 - killed_picks, "only streams the killed replica picked may fail: {complete} of 8 complete, it picked {killed_picks}");
+    for replica in &replicas[1..] {
+        wait_for("no booking left", Duration::from_secs(10), || {
+            active(&replica.address).iter().sum::<u64>() == 0
+        });
+    }
+    // New requests still route, through the two replicas left.
+    let mut routed = 0;
+    for i in 0..6 {
+        let (status, body) = match agent.post(&url).send_json(json!({"model": "demo", "max_tokens": 2, "messages": [{"role": "user", "content": format!("after {i}")}]})) {
+            Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
+            Err(ureq::Error::Status(s, r)) => (s, r.into_string().unwrap_or_default()),
+            Err(e) => (0, e.to_string()),
+        };
+        // Envoy's health check takes a few seconds to eject the dead picker; a request sent
+        // to it meanwhile fails (failure_mode_allow: false) and is retried here.
+        if status != 200 {
+            std::thread::sleep(Duration::from_millis(500));
+            continue;
+        }
+        assert!(body.contains("choices"), "{body}");
+        routed += 1;
+    }
+    assert!(routed >= 2, "the two replicas left route: {routed} of 6");
 }

@@ -27,7 +27,9 @@ impl Drop for Nats {
 
 fn router(nats_port: Option<u16>, id: &str) -> Arc<Router> {
     let replicas = nats_port
-        .map(|p| format!("replicas: {{nats: 'nats://127.0.0.1:{p}', id: {id}, snapshot_wait_ms: 200}}\n"))
+        .map(|p| {
+            format!("replicas: {{nats: 'nats://127.0.0.1:{p}', id: {id}, snapshot_wait_ms: 200}}\n")
+        })
         .unwrap_or_default();
     let yaml = format!("{replicas}workers:\n  - {{model: demo, worker_id: 1}}\n  - {{model: demo, worker_id: 2}}\n");
     let source = ConfigSource::parse(yaml, "<bench>".into(), std::path::PathBuf::new()).unwrap();
@@ -68,12 +70,24 @@ fn main() {
             .unwrap(),
     );
     std::thread::sleep(Duration::from_millis(300));
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let (a, b) = (router(Some(port), "a"), router(Some(port), "b"));
     runtime.block_on(async {
         for (r, id) in [(&a, "a"), (&b, "b")] {
-            let settings = r.generation().startup.source.config.replicas.clone().unwrap();
-            switchyard::fleet::replicas::start(r.clone(), settings, None).await.unwrap();
+            let settings = r
+                .generation()
+                .startup
+                .source
+                .config
+                .replicas
+                .clone()
+                .unwrap();
+            switchyard::fleet::replicas::start(r.clone(), settings, None)
+                .await
+                .unwrap();
             let _ = id;
         }
     });
@@ -102,7 +116,12 @@ fn main() {
 
     // Throughput: 100,000 reserve + free pairs on A as fast as it books them.
     let pairs = 100_000u64;
-    let received = || b.metrics.replicas.received.load(std::sync::atomic::Ordering::Relaxed);
+    let received = || {
+        b.metrics
+            .replicas
+            .received
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
     let before = received();
     let started = Instant::now();
     for i in 0..pairs {
@@ -112,7 +131,12 @@ fn main() {
     }
     let booked = started.elapsed();
     while received() < before + 2 * pairs {
-        assert!(started.elapsed() < Duration::from_secs(120), "B received {} of {}", received() - before, 2 * pairs);
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "B received {} of {}",
+            received() - before,
+            2 * pairs
+        );
         std::thread::sleep(Duration::from_millis(1));
     }
     let delivered = started.elapsed();

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod envoy;
+pub mod nats;
 pub mod real_envoy;
 
 use std::io::{BufRead, BufReader};
