@@ -340,3 +340,79 @@ fn three_replicas_behind_a_real_envoy_share_load_and_survive_one_killed() {
     }
     assert!(routed >= 2, "the two replicas left route: {routed} of 6");
 }
+
+/// Three replicas behind their OpenAI frontends, a client spreading streams over them
+/// round robin, two slow engines: each replica counts every stream, the engines share
+/// them equally; a replica killed mid-run fails only its own clients' streams.
+#[test]
+fn three_frontend_replicas_spread_by_a_client_share_load_and_survive_one_killed() {
+    let dir = tempfile::tempdir().unwrap();
+    let nats = Nats::start(free_port());
+    let engines: Vec<Process> = (0..2)
+        .map(|i| engine_sim(&format!("e{i}"), "127.0.0.1:0", &["--decode-tps", "25"]))
+        .collect();
+    let workers: String = engines
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            format!(
+                "  - {{model: demo, worker_id: {}, url: \"{}\"}}\n",
+                i + 1,
+                e.address
+            )
+        })
+        .collect();
+    let mut replicas: Vec<Process> = (0..3)
+        .map(|i| {
+            let config = dir.path().join(format!("f{i}.yaml"));
+            std::fs::write(&config, format!("replicas: {{nats: 'nats://127.0.0.1:{}', id: f{i}, heartbeat_ms: 100, peer_ttl_ms: 800}}\nworkers:\n{workers}", nats.port)).unwrap();
+            serve(&config)
+        })
+        .collect();
+    let agent = ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(30))
+        .build();
+    let mut streams = Vec::new();
+    for i in 0..9 {
+        let url = format!("{}/v1/chat/completions", replicas[i % 3].address);
+        let agent = agent.clone();
+        let body = json!({"model": "demo", "stream": true, "max_tokens": 50, "messages": [{"role": "user", "content": format!("spread {i}")}]});
+        streams.push(std::thread::spawn(move || {
+            match agent.post(&url).send_json(body) {
+                Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
+                Err(ureq::Error::Status(s, r)) => (s, r.into_string().unwrap_or_default()),
+                Err(e) => (0, e.to_string()),
+            }
+        }));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for replica in &replicas {
+        wait_for(
+            "all nine bookings on every replica",
+            Duration::from_secs(5),
+            || active(&replica.address).iter().sum::<u64>() == 9,
+        );
+    }
+    let mut shares = active(&replicas[2].address);
+    shares.sort();
+    assert_eq!(shares, vec![4, 5], "the engines share the streams");
+    replicas[0].kill();
+    let answers: Vec<_> = streams.into_iter().map(|s| s.join().unwrap()).collect();
+    for (i, (status, body)) in answers.iter().enumerate() {
+        if i % 3 != 0 {
+            assert_eq!(
+                *status, 200,
+                "stream {i}, on a replica left running: {body}"
+            );
+            assert!(
+                body.trim_end().ends_with("data: [DONE]"),
+                "stream {i} was cut: {body}"
+            );
+        }
+    }
+    for replica in &replicas[1..] {
+        wait_for("no booking left", Duration::from_secs(10), || {
+            active(&replica.address).iter().sum::<u64>() == 0
+        });
+    }
+}
