@@ -341,3 +341,51 @@ fn every_start_order_yields_the_index_of_a_router_that_saw_every_batch() {
         0.0
     );
 }
+
+/// The replay socket absent (configured, but nothing answers there): a failed replay does
+/// not stall the stream, the live batches after the lost one are applied, and nothing
+/// stale is kept (the lost batch's blocks are simply not known).
+#[test]
+fn without_a_replay_socket_the_live_stream_goes_on_after_a_lost_first_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let (events, nobody) = (free_port(), free_port());
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "workers:\n  - {{model: demo, worker_id: 1, kv_events: {{endpoint: \"tcp://127.0.0.1:{events}\", replay_endpoint: \"tcp://127.0.0.1:{nobody}\"}}}}\n  - {{model: demo, worker_id: 2}}\n"
+        ),
+    );
+    let router = serve(&config);
+    let engine_process = Process::start(
+        Command::new(switchyard_bin())
+            .args(["engine-sim", "--model", "demo", "--listen", "127.0.0.1:0"])
+            .args([
+                "--kv-events",
+                &format!("tcp://127.0.0.1:{events}"),
+                "--kv-drop-seq",
+                "0",
+            ])
+            .env("RUST_LOG", "warn"),
+        "engine-sim listening on ",
+    );
+    let (a, b) = (prompt(21, 2), prompt(22, 2));
+    prefill(&engine_process, &a); // batch 0: never sent live, and no replay has it
+                                  // Until the subscriber has joined (it reconnects with backoff), batches are lost to
+                                  // the socket too: probe with fresh prompts until one arrives.
+    let deadline = Instant::now() + Duration::from_secs(15);
+    for seed in 100.. {
+        let probe = prompt(seed, 1);
+        prefill(&engine_process, &probe);
+        std::thread::sleep(Duration::from_millis(300));
+        if overlap(&router, &probe) == 1 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no live batch ever reached the router"
+        );
+    }
+    prefill(&engine_process, &b);
+    wait_overlap(&router, &b, 2, "a live batch after the failed replay");
+    assert_eq!(overlap(&router, &a), 0, "batch 0 was never delivered");
+}
