@@ -299,3 +299,63 @@ fn shedding_reaches_the_client_through_envoy_as_429() {
     );
     assert_eq!(status, 200, "{body}");
 }
+
+/// A subset hint from the gateway, through a real Envoy: a `set_metadata` filter ahead of
+/// ext_proc writes `envoy.lb.subset_hint` (what a Gateway API Inference Extension gateway
+/// sets from an InferencePool's endpoints), Envoy forwards it (`forwarding_namespaces`),
+/// and every pick stays inside it; a hint naming no worker is answered 503.
+#[test]
+fn subset_hints_set_in_envoy_bound_the_picks() {
+    let dir = tempfile::tempdir().unwrap();
+    let engines: Vec<Process> = (0..3)
+        .map(|i| engine_sim(&format!("e{i}"), "127.0.0.1:0", &[]))
+        .collect();
+    let port = free_port();
+    let _router = picker(dir.path(), port, &engines.iter().collect::<Vec<_>>(), "");
+    let agent = agent();
+    let with_hint = |subset: &[&str]| {
+        let listen = free_port();
+        let list: Vec<String> = subset.iter().map(|s| format!("\"{s}\"")).collect();
+        let filter = format!(
+            "                  - name: envoy.filters.http.set_metadata\n                    typed_config:\n                      \"@type\": type.googleapis.com/envoy.extensions.filters.http.set_metadata.v3.Config\n                      metadata:\n                        - metadata_namespace: envoy.lb.subset_hint\n                          value:\n                            x-gateway-destination-endpoint-subset: [{}]\n",
+            list.join(", ")
+        );
+        let config = support::real_envoy::envoy_config(listen, port);
+        let anchor = "                  - name: envoy.filters.http.ext_proc\n";
+        assert!(
+            config.contains(anchor),
+            "docs/envoy.md's filter list changed"
+        );
+        let config = config.replacen(anchor, &format!("{filter}{anchor}"), 1);
+        Envoy::start_with(dir.path(), listen, &config)
+    };
+    let e1 = engines[1].address.trim_start_matches("http://").to_owned();
+    let envoy = with_hint(&[&e1]);
+    wait_until_routing(&agent, &envoy);
+    for i in 0..12 {
+        let (status, engine, body) = post(
+            &agent,
+            &format!("{}/v1/chat/completions", envoy.base),
+            &chat(&format!("hinted {i}"), false),
+        );
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(engine, "e1", "request {i} left the subset hint");
+    }
+    let nowhere = with_hint(&["192.0.2.1:9"]);
+    let started = Instant::now();
+    loop {
+        let (status, _, body) = post(
+            &agent,
+            &format!("{}/v1/chat/completions", nowhere.base),
+            &chat("no such endpoint", false),
+        );
+        if status == 503 && body.contains("subset") {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "expected the picker's 503: {status} {body}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
