@@ -359,3 +359,69 @@ fn subset_hints_set_in_envoy_bound_the_picks() {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+/// An engine Envoy cannot reach, before any health probe notices (probes here every
+/// minute): Envoy answers its own 503 (`upstream connect error ...`) through the response
+/// path, the picker marks the worker unhealthy, and the next requests go elsewhere.
+#[test]
+fn an_upstream_failure_envoy_reports_takes_the_worker_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut engines: Vec<Process> = (0..3)
+        .map(|i| engine_sim(&format!("e{i}"), "127.0.0.1:0", &[]))
+        .collect();
+    let workers: String = engines
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            format!(
+                "  - {{model: demo, worker_id: {}, address: \"{}\"}}\n",
+                i + 1,
+                e.address.trim_start_matches("http://")
+            )
+        })
+        .collect();
+    let config = write_config(
+        dir.path(),
+        &format!("frontend: {{health_interval_ms: 60000, unhealthy_cooldown_ms: 60000}}\nworkers:\n{workers}"),
+    );
+    let port = free_port();
+    let _router = Process::start(
+        Command::new(switchyard_bin())
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--ext-proc",
+                &format!("127.0.0.1:{port}"),
+                "--config",
+            ])
+            .arg(&config)
+            .env("RUST_LOG", "error"),
+        "switchyard listening on ",
+    );
+    let envoy = Envoy::start(dir.path(), port);
+    let agent = agent();
+    wait_until_routing(&agent, &envoy);
+    engines[0].kill();
+    let mut failed = Vec::new();
+    for i in 0..30 {
+        let (status, engine, body) = post(
+            &agent,
+            &format!("{}/v1/chat/completions", envoy.base),
+            &chat(&format!("after the kill {i}"), false),
+        );
+        if status != 200 {
+            assert!(
+                body.contains("upstream connect error"),
+                "request {i}: {status} {body}"
+            );
+            failed.push(i);
+        } else {
+            assert_ne!(engine, "e0");
+        }
+    }
+    assert!(
+        failed.len() <= 1,
+        "once Envoy reported the failure, no request went to the dead engine: failed {failed:?}"
+    );
+}

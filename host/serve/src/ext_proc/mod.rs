@@ -169,6 +169,7 @@ impl ExternalProcessor for Service {
             subset: None,
             body: Vec::new(),
             booked: None,
+            response_status: None,
         };
         tokio::spawn(exchange.run(request.into_inner()));
         Ok(tonic::Response::new(ReceiverStream::new(responses)))
@@ -178,6 +179,7 @@ impl ExternalProcessor for Service {
 /// What a request booked: the lease (freed when dropped) and where it went.
 struct Booked {
     lease: Lease,
+    worker: WorkerId,
     endpoint: SocketAddr,
     model: String,
     prefilled: bool,
@@ -195,7 +197,13 @@ struct Exchange {
     subset: Option<Vec<String>>,
     body: Vec<u8>,
     booked: Option<Booked>,
+    /// The response's `:status`, once its headers passed.
+    response_status: Option<u16>,
 }
+
+/// The start of the body of the 503 Envoy's router answers itself when the upstream
+/// connection fails or is reset before response headers (`UF`, `UR` in its access log).
+const ENVOY_UPSTREAM_FAILURE: &[u8] = b"upstream connect error or disconnect/reset before headers";
 
 /// How a message was handled: go on, or the stream is over for the picker.
 enum Next {
@@ -234,7 +242,9 @@ impl Exchange {
                 Some(Request::RequestTrailers(_)) => {
                     self.send(vec![messages::trailers(true)]).await
                 }
-                Some(Request::ResponseHeaders(_)) => {
+                Some(Request::ResponseHeaders(headers)) => {
+                    self.response_status = messages::header(&headers, ":status")
+                        .and_then(|s| std::str::from_utf8(s).ok()?.parse().ok());
                     self.rebook_if_served_elsewhere(message.metadata_context.as_ref());
                     self.send(vec![messages::response_headers()]).await
                 }
@@ -407,6 +417,9 @@ impl Exchange {
     }
 
     async fn response_body(&mut self, body: HttpBody) -> Next {
+        if self.response_status == Some(503) && body.body.starts_with(ENVOY_UPSTREAM_FAILURE) {
+            self.engine_failed();
+        }
         if let Some(booked) = self.booked.as_mut() {
             if !booked.prefilled {
                 booked.prefilled = true;
@@ -420,6 +433,21 @@ impl Exchange {
         }
         self.send(messages::body(&body.body, body.end_of_stream, false))
             .await
+    }
+}
+
+impl Exchange {
+    /// Envoy could not reach the picked engine: out of the candidates for a cool-down,
+    /// as the frontend does on a refused connection (health probes bring it back).
+    fn engine_failed(&mut self) {
+        let Some(booked) = self.booked.as_ref() else {
+            return;
+        };
+        let frontend = &self.picker.frontend;
+        tracing::warn!(worker = booked.worker.worker_id, endpoint = %booked.endpoint, "ext_proc: Envoy could not reach the engine (upstream connect error); marked unhealthy");
+        let cooldown = std::time::Duration::from_millis(frontend.settings().unhealthy_cooldown_ms);
+        frontend.router().mark_unhealthy(booked.worker, cooldown);
+        frontend.router().metrics.record_upstream_error();
     }
 }
 
@@ -508,6 +536,7 @@ fn decide(
     router.predict_cached(&prompt.model, worker, &prompt.block_hashes);
     Ok(Booked {
         lease,
+        worker,
         endpoint,
         model: prompt.model,
         prefilled: false,
