@@ -6,12 +6,16 @@ request head one byte a second and never finish it. Then closes everything and p
 JSON summary: opened, refused (connect failed), closed_by_server (seen while holding).
 """
 import json
+import resource
 import socket
 import sys
 import time
 
 host, port, first, sources, count, seconds, mode = sys.argv[1:8]
 port, first, sources, count, seconds = int(port), int(first), int(sources), int(count), float(seconds)
+# Hold as many sockets as the hard limit allows (the soft one may be lower).
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 head = b"GET /healthz HTTP/1.1\r\nhost: flood\r\nx-slow: " + b"a" * 4096
 
 held, opened, refused, closed = [], 0, 0, 0
@@ -20,7 +24,11 @@ for source in range(first, first + sources):
     for _ in range(count):
         if time.monotonic() > deadline:
             break
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        except OSError:
+            refused += 1  # out of descriptors here: counted, not held
+            continue
         s.settimeout(2.0)
         try:
             s.bind((f"127.0.0.{source}", 0))
