@@ -104,6 +104,8 @@ pub struct ReplicaCounters {
     pub received: AtomicU64,
     /// Messages that did not decode.
     pub malformed: AtomicU64,
+    /// Changes dropped because a queue was full (`replicas::QUEUE`).
+    pub dropped: AtomicU64,
     /// Replicas that went silent (their bookings dropped).
     pub peers_lost: AtomicU64,
     /// Other replicas' bookings counted now.
@@ -497,9 +499,9 @@ impl Metrics {
         }
         snapshot.family(
             "switchyard_replica_messages",
-            "Booking messages on the replicas' bus, by direction (malformed: received and not decoded).",
+            "Booking messages on the replicas' bus, by direction (malformed: received and not decoded; dropped: a full queue, replicas::QUEUE).",
             counter,
-            [("sent", &replicas.sent), ("received", &replicas.received), ("malformed", &replicas.malformed)]
+            [("sent", &replicas.sent), ("received", &replicas.received), ("malformed", &replicas.malformed), ("dropped", &replicas.dropped)]
                 .into_iter()
                 .map(|(direction, c)| (vec![("direction".to_owned(), direction.to_owned())], Value::Count(c.load(Ordering::Relaxed))))
                 .collect(),

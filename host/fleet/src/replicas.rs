@@ -36,6 +36,14 @@ use crate::router::Router;
 
 /// Changes sent in one message at most.
 const BATCH: usize = 256;
+/// Bookings in one snapshot message at most: a part stays well under NATS's default
+/// 1 MiB payload limit however many bookings a replica holds.
+const SNAPSHOT_PART: usize = 2_000;
+/// Changes queued for the bus, and received messages queued for the apply thread, at
+/// most. Past it a change is dropped and counted (`direction="dropped"`): the bus is down
+/// or slower than the router books; the snapshot exchange when it recovers, and expiry,
+/// make the counts whole again.
+pub const QUEUE: usize = 65_536;
 
 /// What a replica publishes on `SUBJECT.bookings`.
 #[derive(Debug, Serialize, Deserialize)]
@@ -50,11 +58,34 @@ struct Hello {
     replica: String,
 }
 
-/// A snapshot request, and its answers: every live booking of `replica`.
+/// A snapshot request, and its answers: the live bookings of `replica`, in parts of at
+/// most `SNAPSHOT_PART`. The `first` part replaces what was known of `replica`, the others
+/// add to it; a sender's parts go on one subject, so they arrive in order.
 #[derive(Debug, Serialize, Deserialize)]
 struct Snapshot {
     replica: String,
+    first: bool,
     bookings: Vec<BookingChange>,
+}
+
+/// `replica`'s bookings as the snapshot messages that carry them (at least one).
+fn snapshot_parts(replica: &str, bookings: &[BookingChange]) -> Vec<Bytes> {
+    let mut chunks: Vec<&[BookingChange]> = bookings.chunks(SNAPSHOT_PART).collect();
+    if chunks.is_empty() {
+        chunks.push(&[]);
+    }
+    chunks
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, part)| {
+            let part = Snapshot {
+                replica: replica.to_owned(),
+                first: i == 0,
+                bookings: part.to_vec(),
+            };
+            serde_json::to_vec(&part).ok().map(Bytes::from)
+        })
+        .collect()
 }
 
 /// Why sharing could not start.
@@ -83,7 +114,7 @@ struct Shared {
     /// for their bookings.
     lost: Mutex<std::collections::HashSet<String>>,
     client: async_nats::Client,
-    apply: std::sync::mpsc::Sender<Inbound>,
+    apply: std::sync::mpsc::SyncSender<Inbound>,
 }
 
 impl Shared {
@@ -113,16 +144,37 @@ impl Shared {
         }
     }
 
-    /// This router's own bookings, read off the executor.
-    async fn own_bookings(&self) -> Option<Snapshot> {
+    /// This router's own bookings, read off the executor, as snapshot parts.
+    async fn own_snapshot(&self) -> Option<Vec<Bytes>> {
         let router = self.router.clone();
         let bookings = tokio::task::spawn_blocking(move || router.local_bookings())
             .await
             .ok()?;
-        Some(Snapshot {
-            replica: self.id.clone(),
-            bookings,
-        })
+        Some(snapshot_parts(&self.id, &bookings))
+    }
+
+    /// A message off the bus, decoded; one that does not decode is counted and dropped.
+    fn decode<T: serde::de::DeserializeOwned>(&self, payload: &[u8]) -> Option<T> {
+        let decoded = serde_json::from_slice(payload).ok();
+        if decoded.is_none() {
+            self.router
+                .metrics
+                .replicas
+                .malformed
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        decoded
+    }
+
+    /// Queues `message` for the apply thread; dropped and counted when it is full.
+    fn apply(&self, message: Inbound) {
+        if self.apply.try_send(message).is_err() {
+            self.router
+                .metrics
+                .replicas
+                .dropped
+                .fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -161,8 +213,9 @@ pub async fn start(
         })?;
         options = options.token(token.trim().to_owned());
     }
-    let (reconnected, mut reconnects) = tokio::sync::mpsc::unbounded_channel();
-    let events_router = router.clone();
+    // Told at each `Connected`: the first is the start, each later one the bus coming back.
+    let connected = Arc::new(tokio::sync::Notify::new());
+    let (events_router, reconnected) = (router.clone(), connected.clone());
     options = options.event_callback(move |event| {
         let (router, reconnected) = (events_router.clone(), reconnected.clone());
         async move {
@@ -171,7 +224,7 @@ pub async fn start(
                 async_nats::Event::Connected => {
                     bus.store(1, Ordering::Relaxed);
                     tracing::info!("replicas: connected to the bus");
-                    let _ = reconnected.send(());
+                    reconnected.notify_one();
                 }
                 async_nats::Event::Disconnected => {
                     bus.store(0, Ordering::Relaxed);
@@ -189,7 +242,7 @@ pub async fn start(
             error: e.to_string(),
         })?;
 
-    let (apply, applied) = std::sync::mpsc::channel();
+    let (apply, applied) = std::sync::mpsc::sync_channel(QUEUE);
     let shared = Arc::new(Shared {
         router: router.clone(),
         settings,
@@ -221,7 +274,7 @@ pub async fn start(
     let requests = subscribe("snapshot").await.map_err(connect_error)?;
 
     // From here on this router's own changes queue for the bus.
-    let (feed, changes) = tokio::sync::mpsc::unbounded_channel();
+    let (feed, changes) = tokio::sync::mpsc::channel(QUEUE);
     router.share_bookings(feed);
     tokio::spawn(publish_changes(shared.clone(), changes));
     tokio::spawn(receive(shared.clone(), bookings, heartbeats));
@@ -232,7 +285,7 @@ pub async fn start(
     // the others for their bookings; the first is awaited before serving.
     let first = tokio::time::timeout(
         Duration::from_millis(shared.settings.snapshot_wait_ms.max(1000)),
-        reconnects.recv(),
+        connected.notified(),
     )
     .await;
     if first.is_ok() {
@@ -241,7 +294,8 @@ pub async fn start(
         tracing::warn!(nats = %shared.settings.nats, "replicas: the bus is not reachable; serving alone until it is");
     }
     tokio::spawn(async move {
-        while reconnects.recv().await.is_some() {
+        loop {
+            connected.notified().await;
             exchange_snapshots(&shared).await;
         }
     });
@@ -257,8 +311,17 @@ fn apply_forever(router: &Router, inbound: &std::sync::mpsc::Receiver<Inbound>) 
                     router.apply_remote(&replica, change);
                 }
             }
-            Inbound::Snapshot(Snapshot { replica, bookings }) => {
-                router.replace_remote(&replica, &bookings);
+            Inbound::Snapshot(Snapshot {
+                replica,
+                first: true,
+                bookings,
+            }) => router.replace_remote(&replica, &bookings),
+            Inbound::Snapshot(Snapshot {
+                replica, bookings, ..
+            }) => {
+                for change in &bookings {
+                    router.apply_remote(&replica, change);
+                }
             }
             Inbound::Lost(replica) => {
                 let dropped = router.drop_replica(&replica);
@@ -281,7 +344,7 @@ fn apply_forever(router: &Router, inbound: &std::sync::mpsc::Receiver<Inbound>) 
 /// Sends this router's changes, batched as they queue up.
 async fn publish_changes(
     shared: Arc<Shared>,
-    mut changes: tokio::sync::mpsc::UnboundedReceiver<BookingChange>,
+    mut changes: tokio::sync::mpsc::Receiver<BookingChange>,
 ) {
     let subject = shared.subject("bookings");
     let mut batch = Vec::with_capacity(BATCH);
@@ -318,27 +381,22 @@ async fn receive(
     mut bookings: async_nats::Subscriber,
     mut heartbeats: async_nats::Subscriber,
 ) {
-    let counters = &shared.router.metrics.replicas;
     loop {
         tokio::select! {
             Some(message) = bookings.next() => {
-                let Ok(changes) = serde_json::from_slice::<Changes>(&message.payload) else {
-                    counters.malformed.fetch_add(1, Ordering::Relaxed);
-                    continue;
-                };
+                let Some(changes) = shared.decode::<Changes>(&message.payload) else { continue };
                 if changes.replica == shared.id {
                     continue;
                 }
                 shared.heard(&changes.replica);
-                counters.received.fetch_add(changes.changes.len() as u64, Ordering::Relaxed);
-                let _ = shared.apply.send(Inbound::Changes(changes));
+                let count = changes.changes.len() as u64;
+                shared.router.metrics.replicas.received.fetch_add(count, Ordering::Relaxed);
+                shared.apply(Inbound::Changes(changes));
             }
             Some(message) = heartbeats.next() => {
-                match serde_json::from_slice::<Hello>(&message.payload) {
-                    Ok(hello) if hello.replica != shared.id => shared.heard(&hello.replica),
-                    Ok(_) => {}
-                    Err(_) => {
-                        counters.malformed.fetch_add(1, Ordering::Relaxed);
+                if let Some(hello) = shared.decode::<Hello>(&message.payload) {
+                    if hello.replica != shared.id {
+                        shared.heard(&hello.replica);
                     }
                 }
             }
@@ -347,30 +405,24 @@ async fn receive(
     }
 }
 
-/// Takes another replica's bookings from its snapshot request, and answers with this
-/// router's.
+/// Takes other replicas' snapshot parts; answers a first part that asks (it carries a
+/// reply inbox) with this router's.
 async fn answer_snapshots(shared: Arc<Shared>, mut requests: async_nats::Subscriber) {
     while let Some(request) = requests.next().await {
-        let Some(reply) = request.reply else { continue };
-        let Ok(theirs) = serde_json::from_slice::<Snapshot>(&request.payload) else {
-            shared
-                .router
-                .metrics
-                .replicas
-                .malformed
-                .fetch_add(1, Ordering::Relaxed);
+        let Some(theirs) = shared.decode::<Snapshot>(&request.payload) else {
             continue;
         };
         if theirs.replica == shared.id {
             continue;
         }
         shared.heard(&theirs.replica);
-        let _ = shared.apply.send(Inbound::Snapshot(theirs));
-        let Some(ours) = shared.own_bookings().await else {
+        shared.apply(Inbound::Snapshot(theirs));
+        let Some(reply) = request.reply else { continue };
+        let Some(parts) = shared.own_snapshot().await else {
             continue;
         };
-        if let Ok(payload) = serde_json::to_vec(&ours) {
-            let _ = shared.client.publish(reply, Bytes::from(payload)).await;
+        for part in parts {
+            let _ = shared.client.publish(reply.clone(), part).await;
         }
     }
 }
@@ -383,38 +435,36 @@ async fn exchange_snapshots(shared: &Arc<Shared>) {
     let Ok(mut answers) = client.subscribe(inbox.clone()).await else {
         return;
     };
-    let Some(ours) = shared.own_bookings().await else {
+    let Some(parts) = shared.own_snapshot().await else {
         return;
     };
-    let Ok(payload) = serde_json::to_vec(&ours) else {
-        return;
-    };
-    if client
-        .publish_with_reply(shared.subject("snapshot"), inbox, Bytes::from(payload))
-        .await
-        .is_err()
-    {
-        return;
+    let subject = shared.subject("snapshot");
+    for (i, part) in parts.into_iter().enumerate() {
+        // The first part asks for the others' bookings; the rest only carry ours.
+        let sent = if i == 0 {
+            client
+                .publish_with_reply(subject.clone(), inbox.clone(), part)
+                .await
+        } else {
+            client.publish(subject.clone(), part).await
+        };
+        if sent.is_err() {
+            return;
+        }
     }
     let deadline =
         tokio::time::Instant::now() + Duration::from_millis(shared.settings.snapshot_wait_ms);
-    let mut replicas = 0;
+    let mut parts = 0;
     while let Ok(Some(answer)) = tokio::time::timeout_at(deadline, answers.next()).await {
-        let Ok(snapshot) = serde_json::from_slice::<Snapshot>(&answer.payload) else {
-            shared
-                .router
-                .metrics
-                .replicas
-                .malformed
-                .fetch_add(1, Ordering::Relaxed);
+        let Some(snapshot) = shared.decode::<Snapshot>(&answer.payload) else {
             continue;
         };
         shared.heard(&snapshot.replica);
-        replicas += 1;
-        let _ = shared.apply.send(Inbound::Snapshot(snapshot));
+        parts += 1;
+        shared.apply(Inbound::Snapshot(snapshot));
     }
     tracing::info!(
-        replicas,
+        parts,
         "replicas: bookings exchanged with the other replicas"
     );
 }
@@ -461,7 +511,49 @@ async fn heartbeat(shared: Arc<Shared>) {
                 .replicas
                 .peers_lost
                 .fetch_add(1, Ordering::Relaxed);
-            let _ = shared.apply.send(Inbound::Lost(replica));
+            shared.apply(Inbound::Lost(replica));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// However many bookings, a snapshot goes in parts under NATS's 1 MiB payload limit,
+    /// the first replacing, the rest adding, nothing lost.
+    #[test]
+    fn snapshots_go_in_parts_under_the_payload_limit() {
+        let bookings: Vec<BookingChange> = (0..4_500)
+            .map(|i| BookingChange::Reserve {
+                id: format!("a-long-request-id-from-some-gateway-{i:08}"),
+                worker_id: i % 64,
+                dp_rank: 0,
+                prefill_tokens: 123_456,
+                decode_blocks: 789,
+                prefill_done: false,
+            })
+            .collect();
+        let parts = snapshot_parts("replica-a", &bookings);
+        assert_eq!(parts.len(), 3);
+        let decoded: Vec<Snapshot> = parts
+            .iter()
+            .map(|p| {
+                assert!(p.len() < 1 << 20, "a part of {} bytes", p.len());
+                serde_json::from_slice(p).unwrap()
+            })
+            .collect();
+        assert_eq!(
+            decoded.iter().map(|s| s.first).collect::<Vec<_>>(),
+            [true, false, false]
+        );
+        let all: Vec<&BookingChange> = decoded.iter().flat_map(|s| &s.bookings).collect();
+        assert_eq!(all, bookings.iter().collect::<Vec<_>>());
+        let empty = snapshot_parts("replica-a", &[]);
+        assert_eq!(
+            empty.len(),
+            1,
+            "no bookings: still one part, which replaces"
+        );
     }
 }

@@ -169,7 +169,7 @@ pub struct Router {
     /// Every address the router's listeners answer on: no worker may point at one.
     own_addresses: RwLock<Vec<std::net::SocketAddr>>,
     /// Where this router's booking changes go when replicas share load (`replicas:`).
-    booking_feed: std::sync::OnceLock<tokio::sync::mpsc::UnboundedSender<BookingChange>>,
+    booking_feed: std::sync::OnceLock<tokio::sync::mpsc::Sender<BookingChange>>,
     pub metrics: Metrics,
 }
 

@@ -6,15 +6,21 @@ use super::*;
 use crate::load_accounting::Booking;
 
 impl Router {
-    /// From now on, every change to this router's bookings is sent on `feed`.
-    pub fn share_bookings(&self, feed: tokio::sync::mpsc::UnboundedSender<BookingChange>) {
+    /// From now on, every change to this router's bookings is sent on `feed` (bounded:
+    /// a change that finds it full is dropped and counted, never waited for).
+    pub fn share_bookings(&self, feed: tokio::sync::mpsc::Sender<BookingChange>) {
         let _ = self.booking_feed.set(feed);
     }
 
     /// Sends a change on the feed, when load is shared (costs nothing otherwise).
     pub(super) fn announce(&self, change: impl FnOnce() -> BookingChange) {
         if let Some(feed) = self.booking_feed.get() {
-            let _ = feed.send(change());
+            if feed.try_send(change()).is_err() {
+                self.metrics
+                    .replicas
+                    .dropped
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
         }
     }
 

@@ -192,8 +192,7 @@ struct Simulation<'a> {
     /// The replicas; request `i` is routed by replica `i % len`.
     routers: &'a [Arc<Router>],
     /// Each replica's booking changes, with `ReplicaSync::Shared`.
-    feeds:
-        Vec<tokio::sync::mpsc::UnboundedReceiver<switchyard_fleet::load_accounting::BookingChange>>,
+    feeds: Vec<tokio::sync::mpsc::Receiver<switchyard_fleet::load_accounting::BookingChange>>,
     /// The publishers, with `--kv-events zmq`.
     zmq: Option<ZmqFleet>,
     trace: &'a [TraceRequest],
@@ -224,7 +223,8 @@ impl<'a> Simulation<'a> {
             ReplicaSync::Shared if routers.len() > 1 => routers
                 .iter()
                 .map(|r| {
-                    let (feed, changes) = tokio::sync::mpsc::unbounded_channel();
+                    let (feed, changes) =
+                        tokio::sync::mpsc::channel(switchyard_fleet::replicas::QUEUE);
                     r.share_bookings(feed);
                     changes
                 })
