@@ -104,7 +104,8 @@ impl Grant {
 #[derive(Debug, Default)]
 pub struct Keyring {
     keys: Vec<([u8; 32], usize)>,
-    grants: Vec<Grant>,
+    /// Shared: each verified request holds its grant without copying it.
+    grants: Vec<std::sync::Arc<Grant>>,
     pub metrics_open: bool,
     pub choose_instance: InstanceChoice,
 }
@@ -145,12 +146,12 @@ impl Keyring {
                 Ok(keys) => ring.keys.extend(keys.into_iter().map(|k| (k, nth))),
                 Err(message) => errors.push(at(message)),
             }
-            ring.grants.push(Grant {
+            ring.grants.push(std::sync::Arc::new(Grant {
                 audience,
                 name: grant.name.clone(),
                 models: grant.models.clone(),
                 instances: grant.instances.clone(),
-            });
+            }));
         }
         let mut digests: Vec<&[u8; 32]> = ring.keys.iter().map(|(k, _)| k).collect();
         digests.sort();
@@ -179,7 +180,7 @@ impl Keyring {
 
     /// The grant of `token`, if it is a configured key. Every key is compared, in
     /// constant time, so the answer's timing says nothing about which key came close.
-    pub fn verify(&self, token: &str) -> Option<&Grant> {
+    pub fn verify(&self, token: &str) -> Option<&std::sync::Arc<Grant>> {
         let digest: [u8; 32] = Sha256::digest(token.as_bytes()).into();
         let mut found = None;
         for (key, grant) in &self.keys {

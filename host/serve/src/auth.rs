@@ -85,7 +85,7 @@ pub fn check(
     keyring: &Keyring,
     audience: Audience,
     token: Option<&str>,
-) -> Result<Option<Grant>, Denied> {
+) -> Result<Option<Arc<Grant>>, Denied> {
     if !keyring.has(audience) {
         return Ok(None);
     }
@@ -113,11 +113,12 @@ pub async fn authorize(
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
         .is_none_or(|peer| is_loopback(&peer.0));
-    let keyring = router.generation().startup.keyring.clone();
+    let generation = router.generation();
+    let keyring = &generation.startup.keyring;
     let path = request.uri().path();
     let grant = match audience_of(path, &keyring) {
         None => None,
-        Some(audience) => match check(&keyring, audience, bearer(request.headers())) {
+        Some(audience) => match check(keyring, audience, bearer(request.headers())) {
             Ok(grant) => grant,
             Err(denied) => {
                 tracing::debug!(%path, code = denied.code(), "request refused: credentials");
@@ -132,6 +133,12 @@ pub async fn authorize(
             }
         },
     };
-    request.extensions_mut().insert(Caller { grant, loopback });
+    let choice = keyring.choose_instance;
+    drop(generation);
+    request.extensions_mut().insert(Caller {
+        grant,
+        loopback,
+        choice,
+    });
     next.run(request).await
 }

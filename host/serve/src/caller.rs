@@ -3,6 +3,7 @@
 //! route with: the models its key allows, and the instances it may choose.
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use switchyard_config::auth::{Grant, InstanceChoice};
 
@@ -10,9 +11,12 @@ use switchyard_config::auth::{Grant, InstanceChoice};
 #[derive(Clone, Debug)]
 pub struct Caller {
     /// The verified key's grant; None when no keys are configured (or the route is open).
-    pub grant: Option<Grant>,
+    pub grant: Option<Arc<Grant>>,
     /// Whether the client connected from a loopback address (IPv4, IPv6, or IPv4-mapped).
     pub loopback: bool,
+    /// Who may choose an instance (`auth.choose_instance` of the generation that checked
+    /// the key).
+    pub choice: InstanceChoice,
 }
 
 /// Whether `peer` is on this machine, whatever form the address takes.
@@ -39,22 +43,18 @@ impl std::fmt::Display for Forbidden {
 impl Caller {
     /// A caller the router cannot see behind (a gateway's clients, over ext_proc): never
     /// loopback, whatever the gateway's address.
-    pub fn behind_gateway(grant: Option<Grant>) -> Self {
+    pub fn behind_gateway(grant: Option<Arc<Grant>>, choice: InstanceChoice) -> Self {
         Caller {
             grant,
             loopback: false,
+            choice,
         }
     }
 
     /// A request for `model`, routed with `instance` when it names one.
-    pub fn check_route(
-        &self,
-        model: &str,
-        instance: Option<&str>,
-        choice: InstanceChoice,
-    ) -> Result<(), Forbidden> {
+    pub fn check_route(&self, model: &str, instance: Option<&str>) -> Result<(), Forbidden> {
         self.check_model(model)?;
-        instance.map_or(Ok(()), |i| self.check_instance(i, choice))
+        instance.map_or(Ok(()), |i| self.check_instance(i))
     }
 
     pub fn check_model(&self, model: &str) -> Result<(), Forbidden> {
@@ -65,13 +65,13 @@ impl Caller {
     }
 
     /// Whether this caller may route with `instance` rather than the default.
-    pub fn check_instance(&self, instance: &str, choice: InstanceChoice) -> Result<(), Forbidden> {
+    pub fn check_instance(&self, instance: &str) -> Result<(), Forbidden> {
         let scoped = self
             .grant
             .as_ref()
             .is_some_and(|g| g.instances.contains(instance));
         let allowed = scoped
-            || match choice {
+            || match self.choice {
                 InstanceChoice::Anyone => true,
                 InstanceChoice::Loopback => self.loopback,
                 InstanceChoice::Scoped => false,

@@ -114,9 +114,8 @@ async fn select(
 ) -> Result<Response, ApiError> {
     let request: RouteRequest = parse(&body)?;
     if let Some(Extension(caller)) = caller {
-        let choice = router.generation().startup.keyring.choose_instance;
         caller
-            .check_route(&request.model, request.instance.as_deref(), choice)
+            .check_route(&request.model, request.instance.as_deref())
             .map_err(|e| ApiError {
                 status: StatusCode::FORBIDDEN,
                 body: json!({ "error": e.to_string(), "code": "permission_denied" }),

@@ -161,7 +161,7 @@ impl ExternalProcessor for Service {
         })?;
         let (out, responses) = mpsc::channel(QUEUE);
         let exchange = Exchange {
-            caller: Caller::behind_gateway(grant),
+            caller: Caller::behind_gateway(grant, keyring.choose_instance),
             picker: self.0.clone(),
             out,
             endpoint: Endpoint::ChatCompletions,
@@ -481,9 +481,8 @@ fn decide(
     let prompt = prompt::parse(endpoint, body, router.block_size(), |model| {
         frontend.tokenizer(model)
     })?;
-    let choice = router.generation().startup.keyring.choose_instance;
     caller
-        .check_route(&prompt.model, instance.as_deref(), choice)
+        .check_route(&prompt.model, instance.as_deref())
         .map_err(crate::frontend::forbidden)?;
     let mut eligible = eligible(router, subset.as_deref());
     if subset.is_some() && eligible.is_empty() {

@@ -273,9 +273,8 @@ impl Frontend {
                     })
                     .map_err(OpenAiError::from)?;
                 if let Some(caller) = &caller {
-                    let choice = frontend.router.generation().startup.keyring.choose_instance;
                     caller
-                        .check_route(&prompt.model, first.as_deref(), choice)
+                        .check_route(&prompt.model, first.as_deref())
                         .map_err(forbidden)?;
                 }
                 let prompt = Arc::new(prompt);
