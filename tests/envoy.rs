@@ -24,17 +24,7 @@ use support::*;
 
 /// switchyard serving the picker on `picker`, its workers the engines by address.
 fn picker(dir: &Path, picker: u16, engines: &[&Process], extra: &str) -> Process {
-    let workers: String = engines
-        .iter()
-        .enumerate()
-        .map(|(i, e)| {
-            let address = e.address.trim_start_matches("http://");
-            format!(
-                "  - {{model: demo, worker_id: {}, address: \"{address}\"}}\n",
-                i + 1
-            )
-        })
-        .collect();
+    let workers = demo_workers(engines.iter().copied(), true);
     let yaml = format!(
         "models:\n  demo: {{kv_tracking: predicted}}\n\
          frontend: {{health_interval_ms: 100, unhealthy_cooldown_ms: 300, health_timeout_ms: 200}}\n\
@@ -65,16 +55,7 @@ fn chat(content: &str, stream: bool) -> Value {
 
 /// Status, the engine that answered, and the body.
 fn post(agent: &ureq::Agent, url: &str, body: &Value) -> (u16, String, String) {
-    match agent.post(url).send_json(body.clone()) {
-        Ok(r) => {
-            let engine = r.header("x-engine-name").unwrap_or_default().to_owned();
-            (r.status(), engine, r.into_string().unwrap())
-        }
-        Err(ureq::Error::Status(status, r)) => {
-            (status, String::new(), r.into_string().unwrap_or_default())
-        }
-        Err(e) => (0, String::new(), e.to_string()),
-    }
+    post_json(agent, url, body)
 }
 
 /// Envoy keeps sending requests to whichever endpoint the picker names; before the
@@ -369,17 +350,7 @@ fn an_upstream_failure_envoy_reports_takes_the_worker_out() {
     let mut engines: Vec<Process> = (0..3)
         .map(|i| engine_sim(&format!("e{i}"), "127.0.0.1:0", &[]))
         .collect();
-    let workers: String = engines
-        .iter()
-        .enumerate()
-        .map(|(i, e)| {
-            format!(
-                "  - {{model: demo, worker_id: {}, address: \"{}\"}}\n",
-                i + 1,
-                e.address.trim_start_matches("http://")
-            )
-        })
-        .collect();
+    let workers = demo_workers(engines.iter(), true);
     let config = write_config(
         dir.path(),
         &format!("frontend: {{health_interval_ms: 60000, unhealthy_cooldown_ms: 60000}}\nworkers:\n{workers}"),

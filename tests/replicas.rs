@@ -213,17 +213,7 @@ fn three_replicas_behind_a_real_envoy_share_load_and_survive_one_killed() {
     let engines: Vec<Process> = (0..2)
         .map(|i| engine_sim(&format!("e{i}"), "127.0.0.1:0", &["--decode-tps", "25"]))
         .collect();
-    let workers: String = engines
-        .iter()
-        .enumerate()
-        .map(|(i, e)| {
-            format!(
-                "  - {{model: demo, worker_id: {}, address: \"{}\"}}\n",
-                i + 1,
-                e.address.trim_start_matches("http://")
-            )
-        })
-        .collect();
+    let workers = demo_workers(engines.iter(), true);
     let pickers: Vec<u16> = (0..3).map(|_| free_port()).collect();
     let mut replicas: Vec<Process> = pickers
         .iter()
@@ -269,19 +259,7 @@ fn three_replicas_behind_a_real_envoy_share_load_and_survive_one_killed() {
     let mut streams = Vec::new();
     for i in 0..8 {
         let (url, agent, body) = (url.clone(), agent.clone(), long(i));
-        streams.push(std::thread::spawn(move || {
-            match agent.post(&url).send_json(body) {
-                Ok(r) => (
-                    r.status(),
-                    r.header("x-engine-name").unwrap_or_default().to_owned(),
-                    r.into_string().unwrap_or_default(),
-                ),
-                Err(ureq::Error::Status(s, r)) => {
-                    (s, String::new(), r.into_string().unwrap_or_default())
-                }
-                Err(e) => (0, String::new(), e.to_string()),
-            }
-        }));
+        streams.push(std::thread::spawn(move || post_json(&agent, &url, &body)));
         std::thread::sleep(Duration::from_millis(50));
     }
     // Every replica counts all eight, whichever picked them.
@@ -324,11 +302,8 @@ fn three_replicas_behind_a_real_envoy_share_load_and_survive_one_killed() {
     // New requests still route, through the two replicas left.
     let mut routed = 0;
     for i in 0..6 {
-        let (status, body) = match agent.post(&url).send_json(json!({"model": "demo", "max_tokens": 2, "messages": [{"role": "user", "content": format!("after {i}")}]})) {
-            Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
-            Err(ureq::Error::Status(s, r)) => (s, r.into_string().unwrap_or_default()),
-            Err(e) => (0, e.to_string()),
-        };
+        let after = json!({"model": "demo", "max_tokens": 2, "messages": [{"role": "user", "content": format!("after {i}")}]});
+        let (status, _, body) = post_json(&agent, &url, &after);
         // Envoy's health check takes a few seconds to eject the dead picker; a request sent
         // to it meanwhile fails (failure_mode_allow: false) and is retried here.
         if status != 200 {
@@ -351,17 +326,7 @@ fn three_frontend_replicas_spread_by_a_client_share_load_and_survive_one_killed(
     let engines: Vec<Process> = (0..2)
         .map(|i| engine_sim(&format!("e{i}"), "127.0.0.1:0", &["--decode-tps", "25"]))
         .collect();
-    let workers: String = engines
-        .iter()
-        .enumerate()
-        .map(|(i, e)| {
-            format!(
-                "  - {{model: demo, worker_id: {}, url: \"{}\"}}\n",
-                i + 1,
-                e.address
-            )
-        })
-        .collect();
+    let workers = demo_workers(engines.iter(), false);
     let mut replicas: Vec<Process> = (0..3)
         .map(|i| {
             let config = dir.path().join(format!("f{i}.yaml"));
@@ -378,11 +343,8 @@ fn three_frontend_replicas_spread_by_a_client_share_load_and_survive_one_killed(
         let agent = agent.clone();
         let body = json!({"model": "demo", "stream": true, "max_tokens": 50, "messages": [{"role": "user", "content": format!("spread {i}")}]});
         streams.push(std::thread::spawn(move || {
-            match agent.post(&url).send_json(body) {
-                Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
-                Err(ureq::Error::Status(s, r)) => (s, r.into_string().unwrap_or_default()),
-                Err(e) => (0, e.to_string()),
-            }
+            let (status, _, body) = post_json(&agent, &url, &body);
+            (status, body)
         }));
         std::thread::sleep(Duration::from_millis(50));
     }

@@ -30,6 +30,49 @@ pub fn http_client() -> reqwest::Client {
     reqwest::Client::new()
 }
 
+/// `workers:` entries of model `demo` for `engines` (ids from 1), each known by its
+/// `address` (as a gateway's workers are) or, without `by_address`, by its `url`.
+pub fn demo_workers<'a>(
+    engines: impl IntoIterator<Item = &'a Process>,
+    by_address: bool,
+) -> String {
+    engines
+        .into_iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let id = i + 1;
+            if by_address {
+                let address = e.address.trim_start_matches("http://");
+                format!("  - {{model: demo, worker_id: {id}, address: \"{address}\"}}\n")
+            } else {
+                format!(
+                    "  - {{model: demo, worker_id: {id}, url: \"{}\"}}\n",
+                    e.address
+                )
+            }
+        })
+        .collect()
+}
+
+/// A POST of JSON: the status (0 when nothing answered), the `x-engine-name` of the
+/// engine that answered, and the body (or the transport error).
+pub fn post_json(
+    agent: &ureq::Agent,
+    url: &str,
+    body: &serde_json::Value,
+) -> (u16, String, String) {
+    match agent.post(url).send_json(body.clone()) {
+        Ok(r) => {
+            let engine = r.header("x-engine-name").unwrap_or_default().to_owned();
+            (r.status(), engine, r.into_string().unwrap_or_default())
+        }
+        Err(ureq::Error::Status(status, r)) => {
+            (status, String::new(), r.into_string().unwrap_or_default())
+        }
+        Err(e) => (0, String::new(), e.to_string()),
+    }
+}
+
 /// `reqwest::get`, with the provider chosen (see `http_client`).
 pub async fn get(url: impl reqwest::IntoUrl) -> reqwest::Result<reqwest::Response> {
     http_client().get(url).send().await
