@@ -853,9 +853,8 @@ impl ConfigSource {
     /// The worker allow-list (`router.worker_networks`), parsed (`validate` reported
     /// its errors; an unparsable list here admits nothing).
     pub fn worker_networks(&self) -> WorkerNetworks {
-        WorkerNetworks::parse(&self.config.router.worker_networks).unwrap_or_else(|_| {
-            WorkerNetworks::parse(&["0.0.0.0/32".to_owned()]).unwrap_or_default()
-        })
+        WorkerNetworks::parse(&self.config.router.worker_networks)
+            .unwrap_or_else(|_| WorkerNetworks::closed())
     }
 
     /// The instance names a request or `worker_selection.default` may use.

@@ -100,6 +100,8 @@ enum Allowed {
 #[derive(Clone, Debug, Default)]
 pub struct WorkerNetworks {
     allowed: Vec<Allowed>,
+    /// Admits no host (a list that did not parse).
+    closed: bool,
 }
 
 impl WorkerNetworks {
@@ -127,11 +129,22 @@ impl WorkerNetworks {
                 }
             })
             .collect::<Result<_, _>>()?;
-        Ok(WorkerNetworks { allowed })
+        Ok(WorkerNetworks {
+            allowed,
+            closed: false,
+        })
     }
 
     pub fn is_open(&self) -> bool {
-        self.allowed.is_empty()
+        self.allowed.is_empty() && !self.closed
+    }
+
+    /// A list that admits no host.
+    pub fn closed() -> Self {
+        WorkerNetworks {
+            allowed: Vec::new(),
+            closed: true,
+        }
     }
 
     /// Whether `host` (an IP address or a name) is on the list. Names are matched as
