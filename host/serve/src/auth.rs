@@ -116,7 +116,7 @@ pub async fn authorize(
     let generation = router.generation();
     let keyring = &generation.startup.keyring;
     let path = request.uri().path();
-    let grant = match audience_of(path, &keyring) {
+    let grant = match audience_of(path, keyring) {
         None => None,
         Some(audience) => match check(keyring, audience, bearer(request.headers())) {
             Ok(grant) => grant,
