@@ -29,14 +29,19 @@
  * Minor version of the plugin ABI. Grows when fields or callbacks are appended; the host
  * accepts plugins of any minor up to its own.
  */
-#define SWITCHYARD_ABI_MINOR 1
+#define SWITCHYARD_ABI_MINOR 2
 
 /**
  * Fingerprint of this minor's layout (every struct's fields, sizes and alignments, every
  * callback's signature). A plugin compiled against a hand-edited or stale header reports
  * a different value and is refused.
  */
-#define SWITCHYARD_LAYOUT_FINGERPRINT 15798298651524007040ull
+#define SWITCHYARD_LAYOUT_FINGERPRINT 529521263414253704
+
+/**
+ * Fingerprint of the ABI 1.1 layout, which the router keeps accepting from 1.1 plugins.
+ */
+#define SWITCHYARD_LAYOUT_FINGERPRINT_1_1 15798298651524007040ull
 
 /**
  * Fingerprint of the ABI 1.0 layout, which the router keeps accepting from 1.0 plugins.
@@ -115,9 +120,43 @@
 #define SWITCHYARD_INPUT_LABELS 8
 
 /**
- * Every input group this ABI version defines (1.0 defined 7: CACHE, LOAD, ROUTING).
+ * Input group bit (ABI 1.2): the request's attributes (`request->attributes`): id,
+ * model, LoRA adapter, tenant and the headers the operator lists.
  */
-#define SWITCHYARD_INPUT_ALL 15
+#define SWITCHYARD_INPUT_ATTRIBUTES 16
+
+/**
+ * Input group bit (ABI 1.2): each candidate's engine-reported load and LoRA adapters, read
+ * with `callback_get_engine` and `callback_get_adapter`.
+ */
+#define SWITCHYARD_INPUT_ENGINE 32
+
+/**
+ * Every input group this ABI version defines (1.0 defined 7: CACHE, LOAD, ROUTING; 1.1
+ * defined 15, adding LABELS).
+ */
+#define SWITCHYARD_INPUT_ALL 63
+
+/**
+ * Engine sample (ABI 1.2): the last scrape of the engine's metrics succeeded.
+ */
+#define SWITCHYARD_ENGINE_FRESH 1
+
+/**
+ * Engine sample (ABI 1.2): the last scrape failed; the values are those of the last
+ * one that succeeded, `sample_age_seconds` old.
+ */
+#define SWITCHYARD_ENGINE_STALE 2
+
+/**
+ * LoRA adapter state on an engine (ABI 1.2): requests for it are running.
+ */
+#define SWITCHYARD_ADAPTER_RUNNING 1
+
+/**
+ * LoRA adapter state on an engine (ABI 1.2): requests for it wait, none runs.
+ */
+#define SWITCHYARD_ADAPTER_WAITING 2
 
 /**
  * Worker type of a partition: prefill workers of a disaggregated deployment.
@@ -303,6 +342,52 @@ typedef struct switchyard_session {
 } switchyard_session;
 
 /**
+ * What the request says about itself (ABI 1.2, the ATTRIBUTES group). Host-owned, valid
+ * for the call. Absent strings have `ptr == NULL`. The request's priority is
+ * `switchyard_request.strict_priority`, on every path.
+ */
+typedef struct switchyard_request_attributes {
+  /**
+   * `sizeof(switchyard_request_attributes)` as the host was compiled.
+   */
+  uint32_t struct_size;
+  /**
+   * Zero; keeps the layout explicit.
+   */
+  uint32_t reserved0;
+  /**
+   * The request's id: the client's `x-request-id`, a gateway's, or one the router made
+   * up; stable for the request, a seed for randomized policies.
+   */
+  struct switchyard_str request_id;
+  /**
+   * The model the request names (the partition's model; an adapter's base model).
+   */
+  struct switchyard_str model;
+  /**
+   * The LoRA adapter the request asks for; absent for the base model.
+   */
+  struct switchyard_str lora_adapter;
+  /**
+   * Who sends it: the client key's grant, a configured header or the OpenAI `user`
+   * field (`request_attributes.tenant`); absent when none says.
+   */
+  struct switchyard_str tenant;
+  /**
+   * Host-private; the host reads it back in `callback_get_header`.
+   */
+  const void *host_data;
+  /**
+   * Writes to `*out` the value of request header `name` (ASCII case-insensitive),
+   * borrowed for the call. Only the headers listed in the config's
+   * `request_attributes.headers` are kept; NOT_FOUND for any other or an absent one.
+   */
+  int32_t (*callback_get_header)(const struct switchyard_request_attributes *attributes,
+                                 struct switchyard_str name,
+                                 struct switchyard_str *out);
+} switchyard_request_attributes;
+
+/**
  * The request being routed. Host-owned, valid for the call it is passed to.
  */
 typedef struct switchyard_request {
@@ -354,7 +439,54 @@ typedef struct switchyard_request {
    * Session metadata; NULL when the request has none.
    */
   const struct switchyard_session *session;
+  /**
+   * ATTRIBUTES (ABI 1.2): NULL unless the component declared the group, and absent
+   * (past `struct_size`) in an older router: check both, or use
+   * `switchyard_request_attrs`.
+   */
+  const struct switchyard_request_attributes *attributes;
 } switchyard_request;
+
+/**
+ * One engine's own report of its load (ABI 1.2, the ENGINE group), scraped from its
+ * metrics by the router. Written by `callback_get_engine` into the plugin's struct: the
+ * plugin sets `struct_size` to its `sizeof`, the host writes no byte past it.
+ */
+typedef struct switchyard_engine_load {
+  /**
+   * `sizeof(switchyard_engine_load)` as the plugin was compiled; set by the plugin.
+   */
+  uint32_t struct_size;
+  /**
+   * `SWITCHYARD_ENGINE_FRESH` or `SWITCHYARD_ENGINE_STALE`.
+   */
+  uint32_t state;
+  /**
+   * Seconds since the sample the values come from was taken.
+   */
+  double sample_age_seconds;
+  /**
+   * Requests the engine runs (vLLM `num_requests_running`, SGLang `num_running_reqs`).
+   */
+  double running_requests;
+  /**
+   * Requests waiting in the engine's queue (vLLM `num_requests_waiting`, SGLang
+   * `num_queue_reqs`).
+   */
+  double waiting_requests;
+  /**
+   * Fraction of the KV cache in use, 0 to 1; NaN when the engine does not say.
+   */
+  double kv_cache_usage;
+  /**
+   * LoRA adapters with running requests; NaN when the engine does not say.
+   */
+  double running_adapters;
+  /**
+   * LoRA adapters with waiting requests only; NaN when the engine does not say.
+   */
+  double waiting_adapters;
+} switchyard_engine_load;
 
 /**
  * The candidates of one call, as index-aligned arrays of `count` elements
@@ -436,6 +568,30 @@ typedef struct switchyard_candidates {
                                 size_t row,
                                 struct switchyard_str key,
                                 struct switchyard_str *out);
+  /**
+   * ENGINE (ABI 1.2): host-private; the host reads it back in the two callbacks below.
+   */
+  const void *engine_host_data;
+  /**
+   * ENGINE (ABI 1.2): writes the engine-reported load of the worker in `row` to `*out`
+   * (at most `out->struct_size` bytes). NOT_FOUND when that engine has never been
+   * scraped (no `url`, scraping off, or no scrape succeeded yet), OUT_OF_RANGE when
+   * `row >= count`. NULL unless the component declared ENGINE; absent (past
+   * `struct_size`) in an older router.
+   */
+  int32_t (*callback_get_engine)(const struct switchyard_candidates *candidates,
+                                 size_t row,
+                                 struct switchyard_engine_load *out);
+  /**
+   * ENGINE (ABI 1.2): writes to `*out_state` whether LoRA adapter `adapter` is
+   * `SWITCHYARD_ADAPTER_RUNNING` or `SWITCHYARD_ADAPTER_WAITING` on the worker in
+   * `row`, as of its last sample; NOT_FOUND when neither (or never scraped),
+   * OUT_OF_RANGE when `row >= count`. NULL and absent as `callback_get_engine`.
+   */
+  int32_t (*callback_get_adapter)(const struct switchyard_candidates *candidates,
+                                  size_t row,
+                                  struct switchyard_str adapter,
+                                  uint32_t *out_state);
 } switchyard_candidates;
 
 /**
@@ -792,6 +948,67 @@ static inline int switchyard_candidate_label_is(const switchyard_candidates *can
     size_t len = 0;
     const char *found = switchyard_candidate_label(candidates, row, key, &len);
     return found != NULL && len == strlen(value) && memcmp(found, value, len) == 0;
+}
+
+/* The request's attributes (ABI 1.2, ATTRIBUTES group), or NULL when the component did
+ * not declare SWITCHYARD_INPUT_ATTRIBUTES or the router is older than 1.2. */
+static inline const switchyard_request_attributes *switchyard_request_attrs(const switchyard_request *request) {
+    if (request == NULL
+        || request->struct_size < offsetof(switchyard_request, attributes) + sizeof(void *)) {
+        return NULL;
+    }
+    return request->attributes;
+}
+
+/* The value of request header `name` (NUL-terminated, case-insensitive; ABI 1.2), or NULL
+ * when the request lacks it, the operator did not list it in
+ * `request_attributes.headers`, or ATTRIBUTES is not readable. `*len` (if not NULL) gets
+ * the value's length; the value is borrowed for the call and is not NUL-terminated. */
+static inline const char *switchyard_request_header(const switchyard_request *request,
+                                                    const char *name, size_t *len) {
+    const switchyard_request_attributes *attributes = switchyard_request_attrs(request);
+    switchyard_str out = { NULL, 0 };
+    switchyard_str wanted = { name, strlen(name) };
+    if (attributes == NULL || attributes->callback_get_header == NULL
+        || attributes->callback_get_header(attributes, wanted, &out) != SWITCHYARD_STATUS_OK) {
+        return NULL;
+    }
+    if (len != NULL) {
+        *len = out.len;
+    }
+    return out.ptr;
+}
+
+/* Whether the ENGINE group (ABI 1.2) is readable in these candidates. */
+static inline int switchyard_candidates_have_engine(const switchyard_candidates *candidates) {
+    return candidates != NULL
+        && candidates->struct_size >= offsetof(switchyard_candidates, callback_get_adapter) + sizeof(void *)
+        && candidates->callback_get_engine != NULL && candidates->callback_get_adapter != NULL;
+}
+
+/* The engine-reported load of the worker in `row` (ABI 1.2, ENGINE group) into `*out`:
+ * 1 when written, 0 when that engine has not been scraped or ENGINE is not readable. */
+static inline int switchyard_candidate_engine(const switchyard_candidates *candidates, size_t row,
+                                              switchyard_engine_load *out) {
+    if (!switchyard_candidates_have_engine(candidates) || out == NULL) {
+        return 0;
+    }
+    out->struct_size = (uint32_t)sizeof(*out);
+    return candidates->callback_get_engine(candidates, row, out) == SWITCHYARD_STATUS_OK;
+}
+
+/* LoRA adapter `adapter`'s state on the worker in `row` (ABI 1.2): SWITCHYARD_ADAPTER_RUNNING,
+ * SWITCHYARD_ADAPTER_WAITING, or 0 when neither (or ENGINE is not readable). `adapter` is
+ * `len` bytes, not necessarily NUL-terminated (a header value or an attribute). */
+static inline uint32_t switchyard_candidate_adapter(const switchyard_candidates *candidates,
+                                                    size_t row, const char *adapter, size_t len) {
+    uint32_t state = 0;
+    switchyard_str wanted = { adapter, len };
+    if (!switchyard_candidates_have_engine(candidates) || adapter == NULL
+        || candidates->callback_get_adapter(candidates, row, wanted, &state) != SWITCHYARD_STATUS_OK) {
+        return 0;
+    }
+    return state;
 }
 
 /* Adds a registered component type (built-in or any plugin's) to the policy being built

@@ -28,7 +28,7 @@ use abi_stable::StableAbi;
 pub const SWITCHYARD_ABI_MAJOR: u16 = 1;
 /// Minor version of the plugin ABI. Grows when fields or callbacks are appended; the host
 /// accepts plugins of any minor up to its own.
-pub const SWITCHYARD_ABI_MINOR: u16 = 1;
+pub const SWITCHYARD_ABI_MINOR: u16 = 2;
 /// Revision of the SDK that produced this header (the `switchyard-plugin-sdk` crate
 /// version). Informational by default; `revision: exact` in the router config demands an
 /// exact match.
@@ -37,7 +37,9 @@ pub const SWITCHYARD_SDK_REVISION: &str = env!("CARGO_PKG_VERSION");
 /// Fingerprint of this minor's layout (every struct's fields, sizes and alignments, every
 /// callback's signature). A plugin compiled against a hand-edited or stale header reports
 /// a different value and is refused.
-pub const SWITCHYARD_LAYOUT_FINGERPRINT: u64 = 0xdb3e_d4eb_ab9f_0480;
+pub const SWITCHYARD_LAYOUT_FINGERPRINT: u64 = 0x0759_3cc8_96d2_9888;
+/// Fingerprint of the ABI 1.1 layout, which the router keeps accepting from 1.1 plugins.
+pub const SWITCHYARD_LAYOUT_FINGERPRINT_1_1: u64 = 0xdb3e_d4eb_ab9f_0480;
 /// Fingerprint of the ABI 1.0 layout, which the router keeps accepting from 1.0 plugins.
 pub const SWITCHYARD_LAYOUT_FINGERPRINT_1_0: u64 = 0x260e_a2ef_56f0_67f2;
 /// Name of the one symbol a v1 plugin exports. Its type is `switchyard_entry_fn`.
@@ -73,8 +75,26 @@ pub const SWITCHYARD_INPUT_LOAD: u32 = 2;
 pub const SWITCHYARD_INPUT_ROUTING: u32 = 4;
 /// Input group bit (ABI 1.1): each candidate's labels, read with `callback_get_label`.
 pub const SWITCHYARD_INPUT_LABELS: u32 = 8;
-/// Every input group this ABI version defines (1.0 defined 7: CACHE, LOAD, ROUTING).
-pub const SWITCHYARD_INPUT_ALL: u32 = 15;
+/// Input group bit (ABI 1.2): the request's attributes (`request->attributes`): id,
+/// model, LoRA adapter, tenant and the headers the operator lists.
+pub const SWITCHYARD_INPUT_ATTRIBUTES: u32 = 16;
+/// Input group bit (ABI 1.2): each candidate's engine-reported load and LoRA adapters, read
+/// with `callback_get_engine` and `callback_get_adapter`.
+pub const SWITCHYARD_INPUT_ENGINE: u32 = 32;
+/// Every input group this ABI version defines (1.0 defined 7: CACHE, LOAD, ROUTING; 1.1
+/// defined 15, adding LABELS).
+pub const SWITCHYARD_INPUT_ALL: u32 = 63;
+
+/// Engine sample (ABI 1.2): the last scrape of the engine's metrics succeeded.
+pub const SWITCHYARD_ENGINE_FRESH: u32 = 1;
+/// Engine sample (ABI 1.2): the last scrape failed; the values are those of the last
+/// one that succeeded, `sample_age_seconds` old.
+pub const SWITCHYARD_ENGINE_STALE: u32 = 2;
+
+/// LoRA adapter state on an engine (ABI 1.2): requests for it are running.
+pub const SWITCHYARD_ADAPTER_RUNNING: u32 = 1;
+/// LoRA adapter state on an engine (ABI 1.2): requests for it wait, none runs.
+pub const SWITCHYARD_ADAPTER_WAITING: u32 = 2;
 
 /// Worker type of a partition: prefill workers of a disaggregated deployment.
 pub const SWITCHYARD_WORKER_TYPE_PREFILL: u32 = 0;
@@ -158,6 +178,7 @@ pub struct switchyard_session {
 
 /// The request being routed. Host-owned, valid for the call it is passed to.
 #[repr(C)]
+#[derive(Clone, Copy)]
 #[cfg_attr(feature = "layout", derive(StableAbi))]
 pub struct switchyard_request {
     /// `sizeof(switchyard_request)` as the host was compiled.
@@ -184,6 +205,69 @@ pub struct switchyard_request {
     pub reserved0: u8,
     /// Session metadata; NULL when the request has none.
     pub session: *const switchyard_session,
+    /// ATTRIBUTES (ABI 1.2): NULL unless the component declared the group, and absent
+    /// (past `struct_size`) in an older router: check both, or use
+    /// `switchyard_request_attrs`.
+    pub attributes: *const switchyard_request_attributes,
+}
+
+/// What the request says about itself (ABI 1.2, the ATTRIBUTES group). Host-owned, valid
+/// for the call. Absent strings have `ptr == NULL`. The request's priority is
+/// `switchyard_request.strict_priority`, on every path.
+#[repr(C)]
+#[cfg_attr(feature = "layout", derive(StableAbi))]
+pub struct switchyard_request_attributes {
+    /// `sizeof(switchyard_request_attributes)` as the host was compiled.
+    pub struct_size: u32,
+    /// Zero; keeps the layout explicit.
+    pub reserved0: u32,
+    /// The request's id: the client's `x-request-id`, a gateway's, or one the router made
+    /// up; stable for the request, a seed for randomized policies.
+    pub request_id: switchyard_str,
+    /// The model the request names (the partition's model; an adapter's base model).
+    pub model: switchyard_str,
+    /// The LoRA adapter the request asks for; absent for the base model.
+    pub lora_adapter: switchyard_str,
+    /// Who sends it: the client key's grant, a configured header or the OpenAI `user`
+    /// field (`request_attributes.tenant`); absent when none says.
+    pub tenant: switchyard_str,
+    /// Host-private; the host reads it back in `callback_get_header`.
+    pub host_data: *const c_void,
+    /// Writes to `*out` the value of request header `name` (ASCII case-insensitive),
+    /// borrowed for the call. Only the headers listed in the config's
+    /// `request_attributes.headers` are kept; NOT_FOUND for any other or an absent one.
+    pub callback_get_header: Option<
+        unsafe extern "C" fn(
+            attributes: *const switchyard_request_attributes,
+            name: switchyard_str,
+            out: *mut switchyard_str,
+        ) -> i32,
+    >,
+}
+
+/// One engine's own report of its load (ABI 1.2, the ENGINE group), scraped from its
+/// metrics by the router. Written by `callback_get_engine` into the plugin's struct: the
+/// plugin sets `struct_size` to its `sizeof`, the host writes no byte past it.
+#[repr(C)]
+#[cfg_attr(feature = "layout", derive(StableAbi))]
+pub struct switchyard_engine_load {
+    /// `sizeof(switchyard_engine_load)` as the plugin was compiled; set by the plugin.
+    pub struct_size: u32,
+    /// `SWITCHYARD_ENGINE_FRESH` or `SWITCHYARD_ENGINE_STALE`.
+    pub state: u32,
+    /// Seconds since the sample the values come from was taken.
+    pub sample_age_seconds: f64,
+    /// Requests the engine runs (vLLM `num_requests_running`, SGLang `num_running_reqs`).
+    pub running_requests: f64,
+    /// Requests waiting in the engine's queue (vLLM `num_requests_waiting`, SGLang
+    /// `num_queue_reqs`).
+    pub waiting_requests: f64,
+    /// Fraction of the KV cache in use, 0 to 1; NaN when the engine does not say.
+    pub kv_cache_usage: f64,
+    /// LoRA adapters with running requests; NaN when the engine does not say.
+    pub running_adapters: f64,
+    /// LoRA adapters with waiting requests only; NaN when the engine does not say.
+    pub waiting_adapters: f64,
 }
 
 /// The candidates of one call, as index-aligned arrays of `count` elements
@@ -236,6 +320,32 @@ pub struct switchyard_candidates {
             row: usize,
             key: switchyard_str,
             out: *mut switchyard_str,
+        ) -> i32,
+    >,
+    /// ENGINE (ABI 1.2): host-private; the host reads it back in the two callbacks below.
+    pub engine_host_data: *const c_void,
+    /// ENGINE (ABI 1.2): writes the engine-reported load of the worker in `row` to `*out`
+    /// (at most `out->struct_size` bytes). NOT_FOUND when that engine has never been
+    /// scraped (no `url`, scraping off, or no scrape succeeded yet), OUT_OF_RANGE when
+    /// `row >= count`. NULL unless the component declared ENGINE; absent (past
+    /// `struct_size`) in an older router.
+    pub callback_get_engine: Option<
+        unsafe extern "C" fn(
+            candidates: *const switchyard_candidates,
+            row: usize,
+            out: *mut switchyard_engine_load,
+        ) -> i32,
+    >,
+    /// ENGINE (ABI 1.2): writes to `*out_state` whether LoRA adapter `adapter` is
+    /// `SWITCHYARD_ADAPTER_RUNNING` or `SWITCHYARD_ADAPTER_WAITING` on the worker in
+    /// `row`, as of its last sample; NOT_FOUND when neither (or never scraped),
+    /// OUT_OF_RANGE when `row >= count`. NULL and absent as `callback_get_engine`.
+    pub callback_get_adapter: Option<
+        unsafe extern "C" fn(
+            candidates: *const switchyard_candidates,
+            row: usize,
+            adapter: switchyard_str,
+            out_state: *mut u32,
         ) -> i32,
     >,
 }

@@ -6,8 +6,8 @@ use core::fmt;
 use core::ops::BitOr;
 
 use crate::abi::{
-    SWITCHYARD_INPUT_CACHE, SWITCHYARD_INPUT_LABELS, SWITCHYARD_INPUT_LOAD,
-    SWITCHYARD_INPUT_ROUTING,
+    SWITCHYARD_INPUT_ATTRIBUTES, SWITCHYARD_INPUT_CACHE, SWITCHYARD_INPUT_ENGINE,
+    SWITCHYARD_INPUT_LABELS, SWITCHYARD_INPUT_LOAD, SWITCHYARD_INPUT_ROUTING,
 };
 use crate::view::{Outcome, WorkerCandidate, WorkerCandidates, WorkerSelectionContext};
 
@@ -24,10 +24,17 @@ impl WorkerInputs {
     pub const ROUTING: Self = Self(SWITCHYARD_INPUT_ROUTING);
     /// Each candidate's labels (ABI 1.1): `WorkerCandidate::label`.
     pub const LABELS: Self = Self(SWITCHYARD_INPUT_LABELS);
+    /// The request's attributes (ABI 1.2): `WorkerSelectionContext::attributes`.
+    pub const ATTRIBUTES: Self = Self(SWITCHYARD_INPUT_ATTRIBUTES);
+    /// Each candidate's engine-reported load and adapters (ABI 1.2):
+    /// `WorkerCandidate::engine`, `WorkerCandidate::adapter`.
+    pub const ENGINE: Self = Self(SWITCHYARD_INPUT_ENGINE);
     const KNOWN: u32 = SWITCHYARD_INPUT_CACHE
         | SWITCHYARD_INPUT_LOAD
         | SWITCHYARD_INPUT_ROUTING
-        | SWITCHYARD_INPUT_LABELS;
+        | SWITCHYARD_INPUT_LABELS
+        | SWITCHYARD_INPUT_ATTRIBUTES
+        | SWITCHYARD_INPUT_ENGINE;
 
     /// Keeps the known bits; unknown bits (from a newer ABI minor) are dropped.
     pub const fn from_bits(bits: u32) -> Self {
@@ -49,6 +56,8 @@ impl WorkerInputs {
             (Self::LOAD, "LOAD"),
             (Self::ROUTING, "ROUTING"),
             (Self::LABELS, "LABELS"),
+            (Self::ATTRIBUTES, "ATTRIBUTES"),
+            (Self::ENGINE, "ENGINE"),
         ]
         .into_iter()
         .filter(|(group, _)| self.contains(*group))

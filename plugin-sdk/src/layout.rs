@@ -60,13 +60,15 @@ fn describe(layout: &'static TypeLayout, out: &mut String) {
 
 /// The canonical description of every ABI v1 struct, one per line.
 pub fn layout_description() -> String {
-    let roots: [&'static TypeLayout; 13] = [
+    let roots: [&'static TypeLayout; 15] = [
         switchyard_str::LAYOUT,
         switchyard_error::LAYOUT,
         switchyard_partition::LAYOUT,
         switchyard_session::LAYOUT,
         switchyard_request::LAYOUT,
+        switchyard_request_attributes::LAYOUT,
         switchyard_candidates::LAYOUT,
+        switchyard_engine_load::LAYOUT,
         switchyard_outcome::LAYOUT,
         switchyard_params::LAYOUT,
         switchyard_component_def::LAYOUT,

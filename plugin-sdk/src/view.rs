@@ -161,6 +161,63 @@ impl<'a> WorkerSelectionContext<'a> {
         // SAFETY: the host guarantees `session` is NULL or valid for the call.
         unsafe { self.raw.session.as_ref() }.map(|raw| SessionContext { raw })
     }
+    /// The request's attributes (ABI 1.2): `None` unless the component declared
+    /// `WorkerInputs::ATTRIBUTES` and the router speaks 1.2 or later.
+    pub fn attributes(&self) -> Option<RequestAttributes<'a>> {
+        let end =
+            core::mem::offset_of!(switchyard_request, attributes) + core::mem::size_of::<usize>();
+        if (self.raw.struct_size as usize) < end {
+            return None;
+        }
+        // SAFETY: the host guarantees `attributes` is NULL or valid for the call.
+        unsafe { self.raw.attributes.as_ref() }.map(|raw| RequestAttributes { raw })
+    }
+}
+
+/// What the request says about itself (ABI 1.2, the ATTRIBUTES group).
+#[derive(Clone, Copy)]
+pub struct RequestAttributes<'a> {
+    raw: &'a switchyard_request_attributes,
+}
+
+impl<'a> RequestAttributes<'a> {
+    /// The request's id: the client's or gateway's `x-request-id`, or the router's own.
+    pub fn request_id(&self) -> &'a str {
+        // SAFETY: the host's strings are valid for the call (`attributes`).
+        unsafe { str_from_abi(self.raw.request_id) }.unwrap_or("")
+    }
+    /// The model the request names (an adapter's base model).
+    pub fn model(&self) -> &'a str {
+        // SAFETY: as in `request_id`.
+        unsafe { str_from_abi(self.raw.model) }.unwrap_or("")
+    }
+    /// The LoRA adapter asked for; `None` for the base model.
+    pub fn lora_adapter(&self) -> Option<&'a str> {
+        // SAFETY: as in `request_id`.
+        unsafe { str_from_abi(self.raw.lora_adapter) }
+    }
+    /// Who sends the request, when the router knows (`request_attributes.tenant`).
+    pub fn tenant(&self) -> Option<&'a str> {
+        // SAFETY: as in `request_id`.
+        unsafe { str_from_abi(self.raw.tenant) }
+    }
+    /// The value of request header `name` (case-insensitive), if the operator listed it
+    /// in `request_attributes.headers` and the request carries it.
+    pub fn header(&self, name: &str) -> Option<&'a str> {
+        let get = self.raw.callback_get_header?;
+        let mut out = switchyard_str {
+            ptr: core::ptr::null(),
+            len: 0,
+        };
+        // SAFETY: the host's callback reads the attributes it handed out and writes a
+        // string borrowed from them for the call.
+        let status = unsafe { get(self.raw, str_to_abi(name), &mut out) };
+        if status != SWITCHYARD_STATUS_OK {
+            return None;
+        }
+        // SAFETY: as above.
+        unsafe { str_from_abi(out) }
+    }
 }
 
 /// What became of a routed request, as a lifecycle notification reports it (ABI 1.1).
@@ -347,6 +404,67 @@ impl<'a> WorkerCandidates<'a> {
         // SAFETY: as above.
         unsafe { str_from_abi(out) }
     }
+    /// Whether the ENGINE group is readable here: the component declared it and the
+    /// router speaks ABI 1.2 or later.
+    pub fn has_engine(&self) -> bool {
+        let end = core::mem::offset_of!(switchyard_candidates, callback_get_adapter)
+            + core::mem::size_of::<usize>();
+        (self.raw.struct_size as usize) >= end && self.raw.callback_get_engine.is_some()
+    }
+    /// The engine-reported load of the worker in `row`: `None` when its engine has not
+    /// been scraped, `row` is out of range, or ENGINE was not declared (`has_engine`).
+    pub fn engine(&self, row: usize) -> Option<EngineLoad> {
+        if !self.has_engine() {
+            return None;
+        }
+        let get = self.raw.callback_get_engine?;
+        let mut out = switchyard_engine_load {
+            struct_size: core::mem::size_of::<switchyard_engine_load>() as u32,
+            state: 0,
+            sample_age_seconds: f64::NAN,
+            running_requests: f64::NAN,
+            waiting_requests: f64::NAN,
+            kv_cache_usage: f64::NAN,
+            running_adapters: f64::NAN,
+            waiting_adapters: f64::NAN,
+        };
+        // SAFETY: the host's callback reads the candidates it was handed with and writes
+        // at most `out.struct_size` bytes.
+        if unsafe { get(self.raw, row, &mut out) } != SWITCHYARD_STATUS_OK {
+            return None;
+        }
+        Some(EngineLoad {
+            state: if out.state == SWITCHYARD_ENGINE_FRESH {
+                EngineState::Fresh
+            } else {
+                EngineState::Stale
+            },
+            sample_age_seconds: out.sample_age_seconds,
+            running_requests: out.running_requests,
+            waiting_requests: out.waiting_requests,
+            kv_cache_usage: out.kv_cache_usage,
+            running_adapters: out.running_adapters,
+            waiting_adapters: out.waiting_adapters,
+        })
+    }
+    /// LoRA adapter `adapter`'s state on the worker in `row`, as of its last sample;
+    /// `None` when neither running nor waiting there (or ENGINE is not readable).
+    pub fn adapter(&self, row: usize, adapter: &str) -> Option<AdapterState> {
+        if !self.has_engine() {
+            return None;
+        }
+        let get = self.raw.callback_get_adapter?;
+        let mut state = 0u32;
+        // SAFETY: as in `engine`.
+        if unsafe { get(self.raw, row, str_to_abi(adapter), &mut state) } != SWITCHYARD_STATUS_OK {
+            return None;
+        }
+        match state {
+            SWITCHYARD_ADAPTER_RUNNING => Some(AdapterState::Running),
+            SWITCHYARD_ADAPTER_WAITING => Some(AdapterState::Waiting),
+            _ => None,
+        }
+    }
     /// Total costs per row; present in picker calls only.
     pub fn costs(&self) -> Option<&'a [f64]> {
         // SAFETY: as in `worker_ids`.
@@ -362,6 +480,39 @@ impl<'a> WorkerCandidates<'a> {
     pub fn row(&self, row: usize) -> WorkerCandidate<'a> {
         WorkerCandidate { all: *self, row }
     }
+}
+
+/// Whether an engine sample is current (ABI 1.2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EngineState {
+    /// The last scrape succeeded.
+    Fresh,
+    /// The last scrape failed: the values are the last good ones, `sample_age_seconds` old.
+    Stale,
+}
+
+/// One engine's own report of its load (ABI 1.2, the ENGINE group).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EngineLoad {
+    pub state: EngineState,
+    pub sample_age_seconds: f64,
+    pub running_requests: f64,
+    pub waiting_requests: f64,
+    /// 0 to 1; NaN when the engine does not say.
+    pub kv_cache_usage: f64,
+    /// NaN when the engine does not say.
+    pub running_adapters: f64,
+    /// NaN when the engine does not say.
+    pub waiting_adapters: f64,
+}
+
+/// A LoRA adapter's state on an engine (ABI 1.2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AdapterState {
+    /// Requests for the adapter run on the engine.
+    Running,
+    /// Requests for the adapter wait on the engine; none runs.
+    Waiting,
 }
 
 /// One candidate row, read through its candidate set.
@@ -423,6 +574,14 @@ impl<'a> WorkerCandidate<'a> {
     pub fn label(&self, key: &str) -> Option<&'a str> {
         self.all.label(self.row, key)
     }
+    /// The worker's engine-reported load (ENGINE group); `None` when not scraped.
+    pub fn engine(&self) -> Option<EngineLoad> {
+        self.all.engine(self.row)
+    }
+    /// LoRA adapter `adapter`'s state on the worker (ENGINE group).
+    pub fn adapter(&self, adapter: &str) -> Option<AdapterState> {
+        self.all.adapter(self.row, adapter)
+    }
     /// The row's total cost; picker calls only.
     pub fn cost(&self) -> Option<f64> {
         Some(self.all.costs()?[self.row])
@@ -456,6 +615,9 @@ mod tests {
             costs: costs.as_ptr(),
             labels_host_data: ptr::null(),
             callback_get_label: None,
+            engine_host_data: ptr::null(),
+            callback_get_engine: None,
+            callback_get_adapter: None,
         };
         // SAFETY: every non-NULL array holds `count` elements and outlives the view.
         unsafe { WorkerCandidates::from_abi(&raw) }.lowest_cost_row()

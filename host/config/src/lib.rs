@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use switchyard_plugin_sdk::{WorkerId, WorkerType};
 
+pub mod attributes;
 pub mod auth;
 pub mod hardening;
 mod limits;
@@ -16,6 +17,7 @@ pub mod listener;
 pub mod replicas;
 pub mod worker_address;
 
+pub use attributes::{EngineMetricsSettings, RequestAttributeSettings, TenantSource};
 pub use auth::{AuthSettings, Keyring};
 pub use limits::{MAX_CONFIG_BYTES, MAX_FLOW_DEPTH};
 pub use listener::{HttpSettings, TlsSettings};
@@ -65,6 +67,12 @@ pub struct Config {
     /// Router replicas sharing their bookings over NATS (docs/replicas.md); alone when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replicas: Option<ReplicaSettings>,
+    /// What of each request policies may read (the ATTRIBUTES input group).
+    #[serde(default)]
+    pub request_attributes: RequestAttributeSettings,
+    /// Scraping engines' own load for policies (the ENGINE input group); off by default.
+    #[serde(default)]
+    pub engine_metrics: EngineMetricsSettings,
 }
 
 /// Where a plugin library runs (`plugins[].isolation`).
@@ -784,6 +792,26 @@ impl ConfigSource {
                     .map(|i| i + 1),
                 message,
             });
+        }
+        let sections = [
+            (
+                "request_attributes:",
+                self.config.request_attributes.validate(),
+            ),
+            ("engine_metrics:", self.config.engine_metrics.validate()),
+        ];
+        for (section, result) in sections {
+            if let Err(message) = result {
+                errors.push(ConfigError {
+                    file: self.name.clone(),
+                    line: self
+                        .text
+                        .lines()
+                        .position(|l| l.trim_start().starts_with(section))
+                        .map(|i| i + 1),
+                    message,
+                });
+            }
         }
         let mut seen = std::collections::HashSet::new();
         let mut sound = Vec::new();

@@ -1,5 +1,5 @@
 //! Candidate columns kept per partition: each partition's healthy members with their
-//! identity, booked load, routing multiplier and labels, as the columns a selection
+//! identity, booked load, routing multiplier, labels and engine reports, as the columns a selection
 //! reads, kept up to date as bookings change instead of rebuilt per request.
 //!
 //! Plugin code reads the columns without the fleet's locks, so columns lent to a
@@ -244,6 +244,7 @@ impl FleetColumns {
             0
         };
         let labels = Arc::make_mut(&mut columns.labels);
+        let engine = Arc::make_mut(&mut columns.engine);
         for (row, &id) in members.iter().enumerate().skip(first) {
             let booked = load.load(id);
             columns.worker_id.push(id.worker_id);
@@ -262,6 +263,7 @@ impl FleetColumns {
                     .unwrap_or(f64::NAN),
             );
             labels.push(workers.labels(id));
+            engine.push(workers.engine(id));
             self.rows.insert(id, (index, row as u32));
         }
         // Every other buffer is now of an older layout, and the log has nothing for this

@@ -23,7 +23,9 @@ use super::metrics::Metrics;
 use super::predicted_kv::PredictedKv;
 use super::workers::{WorkerError, WorkerSpec, Workers};
 use switchyard_config::{KvTracking, OnError};
-use switchyard_plugin_host::plugin::{Outcome, PartitionKey, RequestContext, SessionInfo};
+use switchyard_plugin_host::plugin::{
+    Outcome, PartitionKey, RequestAttributes, RequestContext, SessionInfo,
+};
 use switchyard_policy::histogram::Stopwatch;
 use switchyard_policy::startup::{Startup, BUILTIN_DEFAULT};
 use switchyard_policy::{Candidates, InstanceFactory, KeptColumns, SelectError};
@@ -89,6 +91,10 @@ pub struct RouteRequest {
     pub tracks_prefill_tokens: bool,
     #[serde(default)]
     pub session: Option<SessionInfo>,
+    /// What the request says about itself (ATTRIBUTES): tenant, LoRA adapter, headers.
+    /// Its `model` and `request_id` default to the request's.
+    #[serde(default)]
+    pub attributes: Option<Arc<RequestAttributes>>,
     /// Only these workers are candidates (a gateway's subset hint, or the workers it can
     /// reach); an empty set leaves none.
     #[serde(skip)]
@@ -810,6 +816,19 @@ fn request_context(request: &RouteRequest, block_size: u32, request_blocks: u64)
     context.strict_priority = request.strict_priority;
     context.router_temperature_override = request.router_temperature;
     context.session = request.session.clone();
+    context.attributes = Some(match &request.attributes {
+        Some(given) if !given.model.is_empty() && !given.request_id.is_empty() => given.clone(),
+        given => {
+            let mut attributes = given.as_deref().cloned().unwrap_or_default();
+            if attributes.model.is_empty() {
+                attributes.model.clone_from(&request.model);
+            }
+            if attributes.request_id.is_empty() {
+                attributes.request_id = request.request_id.clone().unwrap_or_default();
+            }
+            Arc::new(attributes)
+        }
+    });
     context
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use switchyard_plugin_sdk::WorkerId;
 
 pub use switchyard_config::{WorkerRole, WorkerSpec};
-use switchyard_plugin_host::plugin::{Labels, PartitionKey};
+use switchyard_plugin_host::plugin::{EngineReport, Labels, PartitionKey};
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum WorkerError {
@@ -24,6 +24,9 @@ pub struct Workers {
     by_id: HashMap<WorkerId, WorkerSpec>,
     /// Each worker's labels as components read them (LABELS), made once per add.
     labels: HashMap<WorkerId, Arc<Labels>>,
+    /// Each worker's engine report (ENGINE), written by the metrics scraper; the shared
+    /// empty one for workers without a `url`.
+    engine: HashMap<WorkerId, Arc<EngineReport>>,
     /// The healthy workers of each partition: the candidates of its requests.
     partitions: BTreeMap<PartitionKey, Vec<WorkerId>>,
     /// Workers left out of their partition's candidates until healthy again.
@@ -46,6 +49,11 @@ impl Workers {
         members.push(id);
         self.changed.push((spec.partition(), true));
         self.labels.insert(id, Labels::new(&spec.labels));
+        let report = match &spec.url {
+            Some(_) => EngineReport::new(),
+            None => EngineReport::none(),
+        };
+        self.engine.insert(id, report);
         self.by_id.insert(id, spec);
         Ok(new_partition)
     }
@@ -53,6 +61,7 @@ impl Workers {
     pub fn remove(&mut self, id: WorkerId) -> Result<WorkerSpec, WorkerError> {
         let spec = self.by_id.remove(&id).ok_or(WorkerError::Unknown(id))?;
         self.labels.remove(&id);
+        self.engine.remove(&id);
         if let Some(members) = self.partitions.get_mut(&spec.partition()) {
             members.retain(|w| *w != id);
         }
@@ -117,6 +126,25 @@ impl Workers {
     /// The worker's labels (shared; empty when it has none or is unknown).
     pub fn labels(&self, id: WorkerId) -> Arc<Labels> {
         self.labels.get(&id).cloned().unwrap_or_else(Labels::none)
+    }
+
+    /// The worker's engine report (shared; the empty one when it has no `url`).
+    pub fn engine(&self, id: WorkerId) -> Arc<EngineReport> {
+        self.engine
+            .get(&id)
+            .cloned()
+            .unwrap_or_else(EngineReport::none)
+    }
+
+    /// Every worker's engine URL and report, for the metrics scraper.
+    pub fn engines(&self) -> Vec<(WorkerId, String, Arc<EngineReport>)> {
+        self.by_id
+            .iter()
+            .filter_map(|(id, spec)| {
+                let url = spec.url.clone()?;
+                Some((*id, url, self.engine(*id)))
+            })
+            .collect()
     }
 
     /// The healthy workers of a partition (empty when unknown).

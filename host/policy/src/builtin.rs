@@ -70,11 +70,12 @@ pub fn register(registry: &mut Registry) {
     registry.add_builtin_component("builtin.softmax", Picker, WorkerInputs::NONE, |p, _| {
         Ok(StageImpl::Picker(Box::new(Softmax::from_params(p)?)))
     });
+    super::engine_signals::register(registry);
     registry.add_builtin_policy("default", default_policy);
     registry.add_builtin_policy("builtin.least-busy", least_busy_policy);
 }
 
-fn finite_non_negative(name: &str, value: f64) -> Result<f64, PolicyError> {
+pub(crate) fn finite_non_negative(name: &str, value: f64) -> Result<f64, PolicyError> {
     if value.is_finite() && value >= 0.0 {
         Ok(value)
     } else {
@@ -425,6 +426,9 @@ pub struct DefaultParams {
     pub prefill_load_scale: f64,
     pub temperature: f64,
     pub seed: Option<u64>,
+    /// Weight of the load engines report that the router did not book
+    /// (`engine_signals::OutsideLoad`); 0, the default, reads no engine sample.
+    pub engine_load_weight: f64,
 }
 
 impl Default for DefaultParams {
@@ -436,6 +440,7 @@ impl Default for DefaultParams {
             prefill_load_scale: 1.0,
             temperature: 0.0,
             seed: None,
+            engine_load_weight: 0.0,
         }
     }
 }
@@ -446,6 +451,7 @@ impl DefaultParams {
         finite_non_negative("disk_cache_weight", self.disk_cache_weight)?;
         finite_non_negative("prefill_load_scale", self.prefill_load_scale)?;
         finite_non_negative("temperature", self.temperature)?;
+        finite_non_negative("engine_load_weight", self.engine_load_weight)?;
         Ok(())
     }
     fn cost(&self) -> DefaultCost {
@@ -463,14 +469,23 @@ fn default_policy(params: &Params<'_>) -> Result<Box<BuildFn>, PolicyError> {
     let p: DefaultParams = params.deserialize()?;
     p.validate()?;
     Ok(Box::new(move |_: &Partition<'_>| {
-        Ok(PolicyParts::new(
+        let mut parts = PolicyParts::new(
             vec![],
             vec![Box::new(p.cost())],
             Box::new(Softmax {
                 temperature: p.temperature,
                 rng: rng(p.seed),
             }),
-        ))
+        );
+        if p.engine_load_weight > 0.0 {
+            let outside = super::engine_signals::OutsideLoad {
+                max_age_ms: 5_000.0,
+            };
+            parts
+                .scorers
+                .push((Box::new(outside), p.engine_load_weight));
+        }
+        Ok(parts)
     }))
 }
 

@@ -13,7 +13,7 @@ use switchyard_plugin_sdk::{CandidateCache, CandidateLoad, WorkerId, WorkerInput
 
 use super::compaction::KeepBits;
 use super::request_columns::RequestColumns;
-use switchyard_plugin_host::plugin::{Columns, Labels};
+use switchyard_plugin_host::plugin::{Columns, EngineReport, Labels};
 
 /// The request-independent columns of a set of workers, index-aligned.
 #[derive(Clone, Debug, Default)]
@@ -29,6 +29,9 @@ pub struct KeptColumns {
     /// Shared, so that copying the columns (while a selection reads the previous ones)
     /// does not touch every worker's labels.
     pub labels: Arc<Vec<Arc<Labels>>>,
+    /// Each worker's engine report (ENGINE): shared cells the metrics scraper writes, so
+    /// a new sample reaches the next selection without touching these columns.
+    pub engine: Arc<Vec<Arc<EngineReport>>>,
 }
 
 impl KeptColumns {
@@ -75,6 +78,7 @@ impl KeptColumns {
         self.active_requests.clear();
         self.preferred_taint_multiplier.clear();
         Arc::make_mut(&mut self.labels).clear();
+        Arc::make_mut(&mut self.engine).clear();
     }
 
     /// Becomes a copy of `other`, reusing these buffers.
@@ -89,6 +93,7 @@ impl KeptColumns {
         self.preferred_taint_multiplier
             .clone_from(&other.preferred_taint_multiplier);
         self.labels = other.labels.clone();
+        self.engine = other.engine.clone();
     }
 }
 
@@ -106,6 +111,7 @@ struct Compacted {
     active_requests: Vec<u32>,
     preferred_taint_multiplier: Vec<f64>,
     labels: Vec<Arc<Labels>>,
+    engine: Vec<Arc<EngineReport>>,
 }
 
 impl Compacted {
@@ -170,6 +176,11 @@ impl Compacted {
         if groups.contains(WorkerInputs::LABELS) {
             let kept = from.labels.iter().zip(keep).filter(|(_, &k)| k != 0);
             self.labels.extend(kept.map(|(labels, _)| labels.clone()));
+        }
+        self.engine.clear();
+        if groups.contains(WorkerInputs::ENGINE) {
+            let kept = from.engine.iter().zip(keep).filter(|(_, &k)| k != 0);
+            self.engine.extend(kept.map(|(engine, _)| engine.clone()));
         }
     }
 }
@@ -289,6 +300,7 @@ impl Candidates {
         let kept = Arc::make_mut(&mut self.kept);
         // Set by `fill_labels`, if the group is wanted.
         Arc::make_mut(&mut kept.labels).clear();
+        Arc::make_mut(&mut kept.engine).clear();
         kept.active_decode_blocks.clear();
         let worker_id = spare(&mut kept.worker_id, true, n);
         let dp_rank = spare(&mut kept.dp_rank, true, n);
@@ -351,6 +363,21 @@ impl Candidates {
         if wanted {
             column.extend(labels.into_iter().take(rows));
             column.resize_with(rows, Labels::none);
+        }
+    }
+
+    /// Sets the ENGINE column as `fill_labels` sets LABELS; rows past the given reports
+    /// have none.
+    pub fn fill_engine(&mut self, engine: impl IntoIterator<Item = Arc<EngineReport>>) {
+        self.touch();
+        let wanted = self.groups.contains(WorkerInputs::ENGINE);
+        let kept = self.own_kept();
+        let rows = kept.len();
+        let column = Arc::make_mut(&mut kept.engine);
+        column.clear();
+        if wanted {
+            column.extend(engine.into_iter().take(rows));
+            column.resize_with(rows, EngineReport::none);
         }
     }
 
@@ -477,6 +504,7 @@ impl Candidates {
                 active_requests: &c.active_requests,
                 preferred_taint_multiplier: &c.preferred_taint_multiplier,
                 labels: &c.labels,
+                engine: &c.engine,
                 costs,
             };
         }
@@ -495,6 +523,7 @@ impl Candidates {
             active_requests: &kept.active_requests,
             preferred_taint_multiplier: &kept.preferred_taint_multiplier,
             labels: &kept.labels,
+            engine: &kept.engine,
             costs,
         }
     }

@@ -5,6 +5,7 @@
 pub mod builtin;
 pub mod candidates;
 pub mod compaction;
+pub mod engine_signals;
 pub mod error;
 pub mod histogram;
 pub mod instances;

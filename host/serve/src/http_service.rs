@@ -23,6 +23,7 @@ use crate::ext_proc::{self, EndpointPicker};
 use crate::frontend::{self, Frontend};
 use crate::listener::{ConnectionTable, Limits, Listener};
 use crate::reload::ListenerTls;
+use crate::request_attributes;
 use crate::request_body::BodyLimits;
 use crate::tls::ServerTls;
 use switchyard_config::ExtProcSettings;
@@ -112,8 +113,8 @@ async fn select(
     caller: Option<Extension<Caller>>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let request: RouteRequest = parse(&body)?;
-    if let Some(Extension(caller)) = caller {
+    let mut request: RouteRequest = parse(&body)?;
+    if let Some(Extension(caller)) = &caller {
         caller
             .check_route(&request.model, request.instance.as_deref())
             .map_err(|e| ApiError {
@@ -121,12 +122,20 @@ async fn select(
                 body: json!({ "error": e.to_string(), "code": "permission_denied" }),
             })?;
     }
+    let settings = &router.generation().startup.source.config.request_attributes;
+    request_attributes::complete(settings, caller.as_ref().map(|c| &c.0), &mut request);
     let decision = off_executor(router, move |r| r.select(&request)).await?;
     Ok(Json(decision).into_response())
 }
 
-async fn reserve(State(router): Shared, body: Bytes) -> Result<Response, ApiError> {
-    let request: RouteRequest = parse(&body)?;
+async fn reserve(
+    State(router): Shared,
+    caller: Option<Extension<Caller>>,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let mut request: RouteRequest = parse(&body)?;
+    let settings = &router.generation().startup.source.config.request_attributes;
+    request_attributes::complete(settings, caller.as_ref().map(|c| &c.0), &mut request);
     let decision = off_executor(router, move |r| r.select_and_reserve(&request)).await?;
     Ok(Json(decision).into_response())
 }
@@ -590,6 +599,7 @@ pub async fn serve(router: Arc<Router>, options: ServeOptions) -> std::io::Resul
     };
     let frontend = Frontend::new(router.clone()).map_err(std::io::Error::other)?;
     tokio::spawn(frontend::health::probe_forever(frontend.clone()));
+    crate::engine_metrics::start(router.clone())?;
     router.subscribe_kv_events(&router.workers())?;
     super::reload::on_hangup(router.clone(), listener_tls.clone())?;
     let replicas = router.generation().startup.source.config.replicas.clone();

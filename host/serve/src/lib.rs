@@ -3,12 +3,14 @@
 
 pub mod auth;
 pub mod caller;
+pub mod engine_metrics;
 pub mod errors;
 pub mod ext_proc;
 pub mod frontend;
 pub mod http_service;
 pub mod listener;
 pub mod reload;
+pub mod request_attributes;
 pub mod request_body;
 pub mod socket;
 pub mod tls;

@@ -1,7 +1,10 @@
 //! `switchyard engine-sim`: a simulated OpenAI-compatible inference engine, what the
 //! frontend's tests, benchmark and demo run against on loopback.
 //!
-//! It serves `/v1/chat/completions`, `/v1/completions`, `/v1/models` and `/health`. A
+//! It serves `/v1/chat/completions`, `/v1/completions`, `/v1/models`, `/health` and
+//! `/metrics` (vLLM's gauges: running and waiting requests, KV-cache usage, and LoRA
+//! adapters in `vllm:lora_requests_info`; `--lora-adapters` names the adapters it
+//! serves, as vLLM's `--lora-modules` does). A
 //! prompt's blocks (hashed as the router hashes prompt text) go through an LRU prefix
 //! cache; cached blocks skip prefill. Prefill is one queue per engine at `prefill_tps`
 //! tokens/s (a request waits for the ones before it); decode streams one token per
@@ -106,6 +109,10 @@ pub struct EngineSimArgs {
     /// The certificate's private key (PEM).
     #[arg(long, requires = "tls_cert")]
     pub tls_key: Option<std::path::PathBuf>,
+    /// LoRA adapters it serves besides the base model (a request names one as its
+    /// `model`), comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub lora_adapters: Vec<String>,
 }
 
 /// The engine's own chained block hashes: sha256 over the parent's hash and the block's
@@ -136,6 +143,132 @@ struct Engine {
     /// When the prefill queue is next free.
     prefill_free_at: Mutex<Instant>,
     requests: AtomicU64,
+    /// What `/metrics` reports.
+    load: Mutex<Load>,
+}
+
+/// The engine's requests by phase, as vLLM's scheduler gauges count them.
+#[derive(Default)]
+struct Load {
+    waiting: u64,
+    running: u64,
+    /// Prompt blocks of running requests (KV-cache usage against `cache_blocks`).
+    running_blocks: u64,
+    /// Per adapter: (waiting, running).
+    adapters: std::collections::BTreeMap<String, (u64, u64)>,
+    /// When the adapter sets last changed (vLLM's `lora_requests_info` value).
+    adapters_changed: f64,
+}
+
+/// One request's place in `Load`: waiting until `run`, running until dropped (also when
+/// the client hangs up).
+struct Occupancy {
+    engine: Arc<Engine>,
+    adapter: Option<String>,
+    blocks: u64,
+    running: bool,
+}
+
+impl Occupancy {
+    fn wait(engine: &Arc<Engine>, adapter: Option<String>, blocks: u64) -> Occupancy {
+        let mut load = engine.load.lock();
+        load.waiting += 1;
+        if let Some(a) = &adapter {
+            load.adapters.entry(a.clone()).or_default().0 += 1;
+            load.adapters_changed = unix_seconds();
+        }
+        drop(load);
+        Occupancy {
+            engine: engine.clone(),
+            adapter,
+            blocks,
+            running: false,
+        }
+    }
+
+    fn run(&mut self) {
+        let mut load = self.engine.load.lock();
+        load.waiting -= 1;
+        load.running += 1;
+        load.running_blocks += self.blocks;
+        if let Some(a) = &self.adapter {
+            let entry = load.adapters.entry(a.clone()).or_default();
+            entry.0 -= 1;
+            entry.1 += 1;
+            load.adapters_changed = unix_seconds();
+        }
+        self.running = true;
+    }
+}
+
+impl Drop for Occupancy {
+    fn drop(&mut self) {
+        let mut load = self.engine.load.lock();
+        if self.running {
+            load.running -= 1;
+            load.running_blocks -= self.blocks;
+        } else {
+            load.waiting -= 1;
+        }
+        if let Some(a) = &self.adapter {
+            if let Some(entry) = load.adapters.get_mut(a) {
+                if self.running {
+                    entry.1 -= 1;
+                } else {
+                    entry.0 -= 1;
+                }
+                if *entry == (0, 0) {
+                    load.adapters.remove(a);
+                }
+            }
+            load.adapters_changed = unix_seconds();
+        }
+    }
+}
+
+fn unix_seconds() -> f64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// `/metrics` in vLLM's names (vllm/v1/metrics/loggers.py).
+fn metrics_text(engine: &Engine) -> String {
+    let load = engine.load.lock();
+    let model = &engine.args.model;
+    let usage = (load.running_blocks as f64 / engine.args.cache_blocks.max(1) as f64).min(1.0);
+    let mut text = format!(
+        "# HELP vllm:num_requests_running Number of requests in model execution batches.\n\
+         # TYPE vllm:num_requests_running gauge\n\
+         vllm:num_requests_running{{engine=\"0\",model_name=\"{model}\"}} {}\n\
+         # HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n\
+         # TYPE vllm:num_requests_waiting gauge\n\
+         vllm:num_requests_waiting{{engine=\"0\",model_name=\"{model}\"}} {}\n\
+         # HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n\
+         # TYPE vllm:kv_cache_usage_perc gauge\n\
+         vllm:kv_cache_usage_perc{{engine=\"0\",model_name=\"{model}\"}} {usage}\n",
+        load.running, load.waiting
+    );
+    if !engine.args.lora_adapters.is_empty() {
+        let list = |phase: fn(&(u64, u64)) -> bool| {
+            load.adapters
+                .iter()
+                .filter(|(_, counts)| phase(counts))
+                .map(|(name, _)| name.as_str())
+                .collect::<Vec<_>>()
+                .join(",")
+        };
+        text.push_str(&format!(
+            "# HELP vllm:lora_requests_info Running stats on lora requests.\n\
+             # TYPE vllm:lora_requests_info gauge\n\
+             vllm:lora_requests_info{{max_lora=\"{}\",running_lora_adapters=\"{}\",waiting_lora_adapters=\"{}\"}} {}\n",
+            engine.args.lora_adapters.len(),
+            list(|c| c.1 > 0),
+            list(|c| c.1 == 0 && c.0 > 0),
+            load.adapters_changed
+        ));
+    }
+    text
 }
 
 impl Engine {
@@ -216,7 +349,13 @@ async fn complete(engine: Arc<Engine>, endpoint: Endpoint, body: Bytes) -> Respo
             return openai_error(StatusCode::BAD_REQUEST, &e.message, "invalid_request_error")
         }
     };
-    if prompt.model != engine.args.model {
+    let adapter = engine
+        .args
+        .lora_adapters
+        .iter()
+        .find(|a| **a == prompt.model)
+        .cloned();
+    if prompt.model != engine.args.model && adapter.is_none() {
         let message = format!(
             "model `{}` is not served here (this engine serves `{}`)",
             prompt.model, engine.args.model
@@ -256,14 +395,19 @@ async fn complete(engine: Arc<Engine>, endpoint: Endpoint, body: Bytes) -> Respo
         name: engine.args.name.clone(),
     };
     let name = [("x-engine-name", engine.args.name.clone())];
+    let mut occupancy = Occupancy::wait(&engine, adapter, prompt.request_blocks);
     if !prompt.stream {
-        tokio::time::sleep(prefill + per_token * tokens as u32).await;
+        tokio::time::sleep(prefill).await;
+        occupancy.run();
+        tokio::time::sleep(per_token * tokens as u32).await;
+        drop(occupancy);
         return (name, Json(chunk.whole(tokens, prompt.request_blocks))).into_response();
     }
     let abort_at = (engine.args.fail == FailMode::AbortMidStream).then_some(tokens / 2);
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(4);
     tokio::spawn(async move {
         tokio::time::sleep(prefill).await;
+        occupancy.run();
         let mut next = tokio::time::Instant::now();
         for i in 0..tokens {
             if abort_at == Some(i) {
@@ -389,6 +533,7 @@ pub async fn run(args: EngineSimArgs) -> std::io::Result<()> {
         events,
         prefill_free_at: Mutex::new(Instant::now()),
         requests: AtomicU64::new(0),
+        load: Mutex::new(Load::default()),
         args,
     });
     let models = json!({"object": "list", "data": [{"id": engine.args.model, "object": "model", "created": 0, "owned_by": "switchyard-engine-sim"}]});
@@ -407,6 +552,15 @@ pub async fn run(args: EngineSimArgs) -> std::io::Result<()> {
         )
         .route("/v1/models", get(move || async move { Json(models) }))
         .route("/health", get(|| async { "ok\n" }))
+        .route(
+            "/metrics",
+            get(|State(e): State<Arc<Engine>>| async move {
+                (
+                    [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+                    metrics_text(&e),
+                )
+            }),
+        )
         .with_state(engine);
     let shutdown = shutdown_signal()?;
     if let (Some(cert), Some(key)) = (&engine_tls.0, &engine_tls.1) {

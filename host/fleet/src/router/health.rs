@@ -34,6 +34,17 @@ impl Router {
             .collect()
     }
 
+    /// Every worker with a `url`, and the report its engine's scrapes go to (ENGINE).
+    pub fn engine_reports(
+        &self,
+    ) -> Vec<(
+        WorkerId,
+        String,
+        Arc<switchyard_plugin_host::plugin::EngineReport>,
+    )> {
+        self.state.read().workers.engines()
+    }
+
     pub fn is_healthy(&self, id: WorkerId) -> bool {
         self.state.read().workers.is_healthy(id)
     }

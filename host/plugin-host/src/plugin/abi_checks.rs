@@ -18,7 +18,7 @@ pub const HOST_ABI_MINOR: u16 = SWITCHYARD_ABI_MINOR;
 /// plugin-to-host struct, and the input groups it defines. Appending a field in 1.(k+1)
 /// appends a row; earlier rows are frozen numbers (a test builds a plugin against the
 /// frozen 1.0 header and loads it).
-const MINORS: [MinorLayout; 2] = [
+const MINORS: [MinorLayout; 3] = [
     // 1.0
     MinorLayout {
         fingerprint: SWITCHYARD_LAYOUT_FINGERPRINT_1_0,
@@ -28,6 +28,18 @@ const MINORS: [MinorLayout; 2] = [
         inputs: SWITCHYARD_INPUT_CACHE | SWITCHYARD_INPUT_LOAD | SWITCHYARD_INPUT_ROUTING,
     },
     // 1.1: LABELS, lifecycle notifications (component def), `callback_add_registered`.
+    MinorLayout {
+        fingerprint: SWITCHYARD_LAYOUT_FINGERPRINT_1_1,
+        descriptor_size: 64,
+        component_def_size: 96,
+        policy_def_size: 48,
+        inputs: SWITCHYARD_INPUT_CACHE
+            | SWITCHYARD_INPUT_LOAD
+            | SWITCHYARD_INPUT_ROUTING
+            | SWITCHYARD_INPUT_LABELS,
+    },
+    // 1.2: ATTRIBUTES and ENGINE (host-to-plugin structs only; the plugin's structs are
+    // 1.1's).
     MinorLayout {
         fingerprint: SWITCHYARD_LAYOUT_FINGERPRINT,
         descriptor_size: size_of::<switchyard_plugin_descriptor>(),

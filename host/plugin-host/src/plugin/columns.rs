@@ -11,6 +11,7 @@ use switchyard_plugin_sdk::{
     WorkerSelectionContext,
 };
 
+use super::engine::{self, EngineReport};
 use super::labels::{self, Labels};
 use super::request::AbiRequest;
 
@@ -35,6 +36,8 @@ pub struct Columns<'a> {
     pub active_requests: &'a [u32],
     pub preferred_taint_multiplier: &'a [f64],
     pub labels: &'a [Arc<Labels>],
+    /// ENGINE: each row's engine report (shared cells the scraper writes).
+    pub engine: &'a [Arc<EngineReport>],
     /// Picker calls only: the total cost per row.
     pub costs: Option<&'a [f64]>,
 }
@@ -70,6 +73,9 @@ impl Columns<'_> {
         let labels = declared.contains(WorkerInputs::LABELS)
             && self.inputs.contains(WorkerInputs::LABELS)
             && whole(self.labels.len());
+        let engine = declared.contains(WorkerInputs::ENGINE)
+            && self.inputs.contains(WorkerInputs::ENGINE)
+            && whole(self.engine.len());
         fn group<T>(present: bool, values: &[T]) -> *const T {
             if present {
                 values.as_ptr()
@@ -82,6 +88,11 @@ impl Columns<'_> {
             (load, WorkerInputs::LOAD),
             (routing, WorkerInputs::ROUTING),
             (labels, WorkerInputs::LABELS),
+            (engine, WorkerInputs::ENGINE),
+            (
+                declared.contains(WorkerInputs::ATTRIBUTES),
+                WorkerInputs::ATTRIBUTES,
+            ),
         ]
         .into_iter()
         .filter(|(on, _)| *on)
@@ -114,6 +125,21 @@ impl Columns<'_> {
             } else {
                 None
             },
+            engine_host_data: if engine {
+                engine::host_data(self.engine)
+            } else {
+                ptr::null()
+            },
+            callback_get_engine: if engine {
+                Some(engine::get_engine)
+            } else {
+                None
+            },
+            callback_get_adapter: if engine {
+                Some(engine::get_adapter)
+            } else {
+                None
+            },
         }
     }
 }
@@ -127,11 +153,12 @@ fn with_views<R>(
     f: impl FnOnce(&WorkerSelectionContext<'_>, &WorkerCandidates<'_>) -> R,
 ) -> R {
     let raw = columns.abi_view(declared);
-    // SAFETY: `request.raw` borrows a live `RequestContext` (see `AbiRequest`), and every
+    let request = request.view(declared);
+    // SAFETY: `request` borrows a live `RequestContext` (see `AbiRequest`), and every
     // non-NULL array of `raw` holds `count` elements borrowed from `columns` for this call.
     let (context, view) = unsafe {
         (
-            WorkerSelectionContext::from_abi(&request.raw),
+            WorkerSelectionContext::from_abi(&request),
             WorkerCandidates::from_abi(&raw),
         )
     };

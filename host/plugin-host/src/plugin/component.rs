@@ -274,7 +274,7 @@ impl ComponentInstance {
         let code = unsafe {
             on_filter(
                 self.instance,
-                &request.raw,
+                &request.view(self.def.inputs),
                 &candidates,
                 keep.as_mut_ptr(),
                 &error.as_abi(),
@@ -303,7 +303,7 @@ impl ComponentInstance {
         let code = unsafe {
             on_score(
                 self.instance,
-                &request.raw,
+                &request.view(self.def.inputs),
                 &candidates,
                 costs.as_mut_ptr(),
                 &error.as_abi(),
@@ -329,7 +329,7 @@ impl ComponentInstance {
         let code = unsafe {
             on_pick(
                 self.instance,
-                &request.raw,
+                &request.view(self.def.inputs),
                 &candidates,
                 &mut row,
                 &error.as_abi(),
@@ -339,7 +339,10 @@ impl ComponentInstance {
         if row == usize::MAX {
             return Err(CallError::new(
                 Status::OutOfRange,
-                "the picker returned OK without writing a row to *out_row",
+                format!(
+                    "the picker returned OK with *out_row = SIZE_MAX: it wrote no row, or wrote SIZE_MAX; write a row below the candidate count ({})",
+                    candidates.count
+                ),
             ));
         }
         Ok(row)
@@ -368,7 +371,14 @@ impl ComponentInstance {
                 // SAFETY: the instance was created for this def and is called
                 // by one thread (its selector's lock); request, outcome and error live
                 // for the call.
-                unsafe { on_selected(self.instance, &request.raw, &outcome, &error.as_abi()) }
+                unsafe {
+                    on_selected(
+                        self.instance,
+                        &request.view(self.def.inputs),
+                        &outcome,
+                        &error.as_abi(),
+                    )
+                }
             }
             (Lifecycle::PrefillComplete, ..) => match def.on_prefill_complete {
                 // SAFETY: as above.

@@ -141,6 +141,8 @@ fn parse_inputs(text: &str) -> Result<WorkerInputs, String> {
             "load" => WorkerInputs::LOAD.bits(),
             "routing" => WorkerInputs::ROUTING.bits(),
             "labels" => WorkerInputs::LABELS.bits(),
+            "attributes" => WorkerInputs::ATTRIBUTES.bits(),
+            "engine" => WorkerInputs::ENGINE.bits(),
             other => other
                 .trim_end_matches(['u', 'l'])
                 .parse()
@@ -270,7 +272,11 @@ mod tests {
             parse_inputs("inputs::labels | 2").unwrap(),
             WorkerInputs::LABELS | WorkerInputs::LOAD
         );
-        assert!(parse_inputs("16").unwrap_err().contains("no input group"));
+        assert_eq!(
+            parse_inputs("inputs::attributes | SWITCHYARD_INPUT_ENGINE").unwrap(),
+            WorkerInputs::ATTRIBUTES | WorkerInputs::ENGINE
+        );
+        assert!(parse_inputs("64").unwrap_err().contains("no input group"));
         assert!(parse_inputs("inputs::gpu")
             .unwrap_err()
             .contains("`inputs::gpu`"));

@@ -9,7 +9,8 @@
 //! - [`registrar`]: the host side of `on_register`.
 //! - [`component`]: component defs and the live instance handle the pipeline calls.
 //! - [`policy_def`]: policy defs, their validated factories and the builder.
-//! - [`params`], [`partition`], [`request`], [`columns`], [`labels`]: what crosses on each
+//! - [`params`], [`partition`], [`request`], [`columns`], [`labels`], [`engine`]: what
+//!   crosses on each
 //!   call, in host form, and the ABI views made from it.
 //! - [`shared_call`]: one call of an isolated plugin, laid out in shared memory.
 //! - [`error_buffer`]: the buffer plugins write messages into, `CallError`, and the panic
@@ -25,6 +26,7 @@ mod call_window;
 pub mod columns;
 pub mod component;
 pub mod elf_check;
+pub mod engine;
 pub mod error_buffer;
 pub mod labels;
 pub mod library;
@@ -40,6 +42,7 @@ pub mod shared_call;
 pub use abi_checks::{PluginInfo, RevisionRule, HOST_ABI_MINOR};
 pub use columns::{builtin_filter, builtin_pick, builtin_score, Columns};
 pub use component::{ComponentDef, ComponentInstance, ComponentKind, Lifecycle, Outcome};
+pub use engine::{EngineReading, EngineReport, EngineSample};
 pub use error_buffer::{CallError, ErrorBuffer};
 pub use labels::Labels;
 pub use library::{load, LoadedLibrary, LoadedPlugin, PluginSpec};
@@ -49,5 +52,5 @@ pub use params::OwnedParams;
 pub use partition::PartitionKey;
 pub use policy_def::{Built, BuiltComponent, PluginPolicyFactory, PolicyDef};
 pub use registrar::Registered;
-pub use request::{AbiRequest, InputTriggerName, RequestContext, SessionInfo};
+pub use request::{AbiRequest, InputTriggerName, RequestAttributes, RequestContext, SessionInfo};
 pub use switchyard_plugin_sdk::Status;

@@ -1,10 +1,13 @@
 //! A request as the router holds it, and its ABI view for one selection.
 
 use std::marker::PhantomData;
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use switchyard_plugin_sdk::abi::*;
-use switchyard_plugin_sdk::str_to_abi;
+use switchyard_plugin_sdk::{str_from_abi, str_to_abi, Status, WorkerInputs};
+
+use super::error_buffer::host_guard;
 
 /// Session metadata of a request (the reference's session context).
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
@@ -31,6 +34,98 @@ pub enum InputTriggerName {
     Other,
 }
 
+/// What a request says about itself (the ATTRIBUTES group, ABI 1.2). Made once per
+/// request, shared by reference; nothing here is computed for a policy that does not
+/// declare the group.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RequestAttributes {
+    /// The client's or gateway's `x-request-id`, or the router's own.
+    #[serde(default)]
+    pub request_id: String,
+    /// The model the request names (an adapter's base model).
+    #[serde(default)]
+    pub model: String,
+    #[serde(default)]
+    pub lora_adapter: Option<String>,
+    #[serde(default)]
+    pub tenant: Option<String>,
+    /// The operator-listed headers the request carries: lower-case name, value.
+    #[serde(default)]
+    pub headers: Vec<(String, String)>,
+}
+
+impl RequestAttributes {
+    /// The value of header `name` (ASCII case-insensitive).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(key, _)| key.eq_ignore_ascii_case(name))
+            .map(|(_, value)| value.as_str())
+    }
+
+    /// The ABI form, borrowing these attributes.
+    pub(super) fn abi(&self) -> switchyard_request_attributes {
+        switchyard_request_attributes {
+            struct_size: std::mem::size_of::<switchyard_request_attributes>() as u32,
+            reserved0: 0,
+            request_id: str_to_abi(&self.request_id),
+            model: str_to_abi(&self.model),
+            lora_adapter: optional(self.lora_adapter.as_deref()),
+            tenant: optional(self.tenant.as_deref()),
+            host_data: std::ptr::from_ref(self).cast(),
+            callback_get_header: Some(get_header),
+        }
+    }
+
+    /// # Safety
+    /// `raw` is a host-made ABI form (`abi`) whose attributes are alive.
+    pub(super) unsafe fn from_abi(raw: &switchyard_request_attributes) -> &RequestAttributes {
+        // SAFETY: `host_data` of a host-made view points to the attributes it was made of.
+        unsafe { &*raw.host_data.cast::<RequestAttributes>() }
+    }
+}
+
+fn optional(s: Option<&str>) -> switchyard_str {
+    s.map_or(
+        switchyard_str {
+            ptr: std::ptr::null(),
+            len: 0,
+        },
+        str_to_abi,
+    )
+}
+
+/// `callback_get_header`: the host side of a plugin's header look-up.
+///
+/// # Safety
+/// Called by a plugin with the attributes of its current call.
+unsafe extern "C" fn get_header(
+    attributes: *const switchyard_request_attributes,
+    name: switchyard_str,
+    out: *mut switchyard_str,
+) -> i32 {
+    host_guard(None, Status::Error.code(), || {
+        // SAFETY: the plugin passes the attributes of its current call.
+        let Some(raw) = (unsafe { attributes.as_ref() }) else {
+            return Status::InvalidArgument.code();
+        };
+        if raw.host_data.is_null() || out.is_null() {
+            return Status::InvalidArgument.code();
+        }
+        // SAFETY: the host made `raw` from live attributes for this call.
+        let attributes = unsafe { RequestAttributes::from_abi(raw) };
+        // SAFETY: the plugin's name is `len` readable bytes (or NULL) for the call.
+        let Some(value) = unsafe { str_from_abi(name) }.and_then(|name| attributes.header(name))
+        else {
+            return Status::NotFound.code();
+        };
+        // SAFETY: `out` is the plugin's writable slot; the value lives in the attributes.
+        unsafe { *out = str_to_abi(value) };
+        Status::Ok.code()
+    })
+}
+
 /// The request context every component sees.
 #[derive(Clone, Debug)]
 pub struct RequestContext {
@@ -42,6 +137,8 @@ pub struct RequestContext {
     pub strict_priority: i32,
     pub router_temperature_override: Option<f64>,
     pub session: Option<SessionInfo>,
+    /// ATTRIBUTES: what the request says about itself, when the policy declared the group.
+    pub attributes: Option<Arc<RequestAttributes>>,
 }
 
 impl RequestContext {
@@ -55,6 +152,7 @@ impl RequestContext {
             strict_priority: 0,
             router_temperature_override: None,
             session: None,
+            attributes: None,
         }
     }
 
@@ -80,6 +178,7 @@ impl RequestContext {
             has_kv_hints: u8::from(s.evict_session.is_some()),
             evict_session: u8::from(s.evict_session == Some(true)),
         });
+        let attributes = self.attributes.as_deref().map(RequestAttributes::abi);
         let raw = switchyard_request {
             struct_size: std::mem::size_of::<switchyard_request>() as u32,
             block_size: self.block_size,
@@ -93,6 +192,9 @@ impl RequestContext {
             has_router_temperature_override: u8::from(self.router_temperature_override.is_some()),
             reserved0: 0,
             session: session
+                .as_ref()
+                .map_or(std::ptr::null(), std::ptr::from_ref),
+            attributes: attributes
                 .as_ref()
                 .map_or(std::ptr::null(), std::ptr::from_ref),
         };
@@ -111,6 +213,24 @@ pub struct AbiRequest<'a> {
 }
 
 impl AbiRequest<'_> {
+    /// The request as a component that declared `declared` sees it: the attributes only
+    /// when it declared ATTRIBUTES.
+    #[inline]
+    pub(super) fn view(&self, declared: WorkerInputs) -> switchyard_request {
+        let mut raw = self.raw;
+        if !declared.contains(WorkerInputs::ATTRIBUTES) {
+            raw.attributes = std::ptr::null();
+        }
+        raw
+    }
+
+    /// The attributes this request carries (for the isolation channel).
+    pub(super) fn attributes(&self) -> Option<&RequestAttributes> {
+        // SAFETY: a non-NULL pointer borrows the live request's attributes (`with_abi`).
+        unsafe { self.raw.attributes.as_ref() }
+            .map(|raw| unsafe { RequestAttributes::from_abi(raw) })
+    }
+
     /// A request whose pointers (the session) the caller keeps valid while it is used.
     pub(super) fn from_raw(raw: switchyard_request) -> Self {
         AbiRequest {

@@ -20,9 +20,10 @@ use switchyard_plugin_sdk::{Status, WorkerInputs};
 
 use super::columns::Columns;
 use super::component::{ComponentInstance, ComponentKind, Lifecycle, Outcome};
+use super::engine::{EngineReading, EngineReport, EngineSample};
 use super::error_buffer::{CallError, ErrorBuffer};
 use super::labels::Labels;
-use super::request::AbiRequest;
+use super::request::{AbiRequest, RequestAttributes};
 
 /// What the parent asks of the child's call thread.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,6 +83,7 @@ const SESSION_FINAL: u32 = 32;
 const HAS_KV_HINTS: u32 = 64;
 const EVICT_SESSION: u32 = 128;
 const HAS_PARENT_SESSION: u32 = 256;
+const HAS_ATTRIBUTES: u32 = 512;
 
 /// The fixed part of a call, after the sync words. Plain numbers only: no pointer crosses.
 #[repr(C)]
@@ -102,6 +104,9 @@ struct CallFields {
     input_trigger: u32,
     session_id_len: u32,
     parent_session_id_len: u32,
+    /// Where the attributes' encoding starts in `strings`, and its length.
+    attributes_at: u32,
+    attributes_len: u32,
     outcome: switchyard_outcome,
     // The answer.
     status: i32,
@@ -129,9 +134,15 @@ enum Col {
     Keep,
     LabelEnds,
     LabelBytes,
+    /// ENGINE: per row `[state, age seconds, running, waiting, KV usage]` (state 0: none).
+    Engine,
+    EngineEnds,
+    EngineBytes,
 }
 
-const COLUMNS: usize = 15;
+const COLUMNS: usize = 18;
+/// A row of `Col::Engine`.
+type EngineRow = [f64; 5];
 
 /// Where each column lives in a region sized for `rows` candidates.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -158,6 +169,9 @@ impl CallLayout {
             (8, rows),
             (8, rows),
             (1, rows),
+            (4, rows),
+            (1, label_bytes),
+            (std::mem::size_of::<EngineRow>(), rows),
             (4, rows),
             (1, label_bytes),
         ];
@@ -276,7 +290,7 @@ impl SharedCall {
             }
         }
         if let Some(request) = request {
-            self.write_request(request)?;
+            self.write_request(request, declared)?;
         }
         let fields = self.fields();
         fields.op = op as u32;
@@ -305,6 +319,7 @@ impl SharedCall {
             WorkerInputs::LOAD,
             WorkerInputs::ROUTING,
             WorkerInputs::LABELS,
+            WorkerInputs::ENGINE,
         ]
         .into_iter()
         .filter(|g| declared.contains(*g) && columns.inputs.contains(*g))
@@ -341,8 +356,59 @@ impl SharedCall {
         if missing(WorkerInputs::LABELS, self.written_groups) {
             self.write_labels(columns.labels)?;
         }
-        self.written_groups = self.written_groups | wanted;
+        // Engine reports change under the same columns version (the scraper writes the
+        // shared cells), so they are written on every call that wants them.
+        if wanted.contains(WorkerInputs::ENGINE) {
+            self.write_engine(columns.engine)?;
+        }
+        self.written_groups = self.written_groups
+            | WorkerInputs::from_bits(wanted.bits() & !WorkerInputs::ENGINE.bits());
         Ok(wanted)
+    }
+
+    /// Each row's engine reading: its numbers in `Col::Engine`, its adapter lists in
+    /// `Col::EngineBytes` (`[count][len][name]...` running, then waiting; count
+    /// `u32::MAX` when the engine does not say), rows ending at `EngineEnds[row]`.
+    fn write_engine(&mut self, engine: &[Arc<EngineReport>]) -> Result<(), CallError> {
+        let capacity = self.layout.label_bytes;
+        let mut at = 0usize;
+        for (row, report) in engine.iter().enumerate() {
+            let reading = report.read();
+            let record: EngineRow = match &reading {
+                None => [0.0; 5],
+                Some(r) => [
+                    if r.fresh { 1.0 } else { 2.0 },
+                    r.age.as_secs_f64(),
+                    r.sample.running_requests,
+                    r.sample.waiting_requests,
+                    r.sample.kv_cache_usage,
+                ],
+            };
+            self.column::<EngineRow>(Col::Engine, engine.len())[row] = record;
+            if let Some(r) = &reading {
+                for list in [&r.sample.running_adapters, &r.sample.waiting_adapters] {
+                    let names = list.as_deref().unwrap_or(&[]);
+                    let need = 4 + names.iter().map(|n| 4 + n.len()).sum::<usize>();
+                    if at + need > capacity {
+                        return Err(CallError::new(
+                            Status::OutOfRange,
+                            format!("the candidates' adapter names take more than the isolation channel's {capacity} bytes"),
+                        ));
+                    }
+                    let bytes = self.column::<u8>(Col::EngineBytes, capacity);
+                    let count = list.as_ref().map_or(u32::MAX, |l| l.len() as u32);
+                    bytes[at..at + 4].copy_from_slice(&count.to_le_bytes());
+                    at += 4;
+                    for name in names {
+                        bytes[at..at + 4].copy_from_slice(&(name.len() as u32).to_le_bytes());
+                        bytes[at + 4..at + 4 + name.len()].copy_from_slice(name.as_bytes());
+                        at += 4 + name.len();
+                    }
+                }
+            }
+            self.column::<u32>(Col::EngineEnds, engine.len())[row] = at as u32;
+        }
+        Ok(())
     }
 
     /// Each row's labels as `[u32 key length][key][u32 value length][value]...`, rows
@@ -373,7 +439,11 @@ impl SharedCall {
         Ok(())
     }
 
-    fn write_request(&mut self, request: &AbiRequest<'_>) -> Result<(), CallError> {
+    fn write_request(
+        &mut self,
+        request: &AbiRequest<'_>,
+        declared: WorkerInputs,
+    ) -> Result<(), CallError> {
         let raw = &request.raw;
         // SAFETY: a non-NULL session pointer borrows the live request (see `AbiRequest`).
         let session = unsafe { raw.session.as_ref() };
@@ -409,7 +479,27 @@ impl SharedCall {
             fields.strings[id.len()..id.len() + parent.len()].copy_from_slice(parent);
             strings = (id.len() as u32, parent.len() as u32);
         }
+        let attributes = request
+            .attributes()
+            .filter(|_| declared.contains(WorkerInputs::ATTRIBUTES));
+        let mut encoded = (0, 0);
+        if let Some(attributes) = attributes {
+            // After the session ids (the parent's length is `u32::MAX` without a session).
+            let parent = if strings.1 == u32::MAX { 0 } else { strings.1 };
+            let at = (strings.0 + parent) as usize;
+            let fields = self.fields();
+            let len = encode_attributes(attributes, &mut fields.strings[at..]).ok_or_else(|| {
+                CallError::new(
+                    Status::InvalidArgument,
+                    format!("the request's attributes and session ids take more than {STRING_BYTES} bytes together and cannot cross to an isolated plugin"),
+                )
+            })?;
+            bit(true, HAS_ATTRIBUTES);
+            encoded = (at as u32, len as u32);
+        }
         let fields = self.fields();
+        fields.attributes_at = encoded.0;
+        fields.attributes_len = encoded.1;
         fields.block_size = raw.block_size;
         fields.strict_priority = raw.strict_priority;
         fields.request_blocks = raw.request_blocks;
@@ -517,6 +607,11 @@ impl SharedCall {
         } else {
             Vec::new()
         };
+        let engine = if inputs.contains(WorkerInputs::ENGINE) {
+            self.read_engine(count)
+        } else {
+            Vec::new()
+        };
         let group = |g: WorkerInputs| if inputs.contains(g) { count } else { 0 };
         let (cache, load, routing) = (
             group(WorkerInputs::CACHE),
@@ -542,6 +637,7 @@ impl SharedCall {
                 active_requests: view(base, &layout, Col::Active, load),
                 preferred_taint_multiplier: view(base, &layout, Col::Taint, routing),
                 labels: &labels,
+                engine: &engine,
                 costs: (op == Op::Pick).then(|| view(base, &layout, Col::Costs, count)),
             }
         };
@@ -597,6 +693,49 @@ impl SharedCall {
             .collect()
     }
 
+    fn read_engine(&mut self, count: usize) -> Vec<Arc<EngineReport>> {
+        let capacity = self.layout.label_bytes;
+        let records: Vec<EngineRow> = self.column::<EngineRow>(Col::Engine, count).to_vec();
+        let ends: Vec<u32> = self.column::<u32>(Col::EngineEnds, count).to_vec();
+        let bytes = self.column::<u8>(Col::EngineBytes, capacity);
+        let mut start = 0usize;
+        records
+            .iter()
+            .zip(ends)
+            .map(|(record, end)| {
+                let end = (end as usize).clamp(start, capacity);
+                let mut reader = Reader {
+                    bytes: &bytes[start..end],
+                };
+                start = end;
+                if record[0] == 0.0 {
+                    return EngineReport::none();
+                }
+                let mut list = || -> Option<Box<[Box<str>]>> {
+                    let count = reader.u32()?;
+                    (count != u32::MAX).then(|| {
+                        (0..count)
+                            .map_while(|_| reader.text())
+                            .map(Box::from)
+                            .collect()
+                    })
+                };
+                let (running_adapters, waiting_adapters) = (list(), list());
+                EngineReport::from_reading(EngineReading {
+                    sample: Arc::new(EngineSample {
+                        running_requests: record[2],
+                        waiting_requests: record[3],
+                        kv_cache_usage: record[4],
+                        running_adapters,
+                        waiting_adapters,
+                    }),
+                    age: std::time::Duration::try_from_secs_f64(record[1]).unwrap_or_default(),
+                    fresh: record[0] == 1.0,
+                })
+            })
+            .collect()
+    }
+
     /// Runs `f` with the posted request as the ABI hands it to plugins.
     fn with_request<R>(&self, f: impl FnOnce(&AbiRequest<'_>) -> R) -> R {
         // SAFETY: see `fields_ptr`; only read here, and `f` writes no request field.
@@ -628,6 +767,16 @@ impl SharedCall {
             has_kv_hints: on(HAS_KV_HINTS),
             evict_session: on(EVICT_SESSION),
         };
+        let attributes = (flags & HAS_ATTRIBUTES != 0)
+            .then(|| {
+                let at = (fields.attributes_at as usize).min(STRING_BYTES);
+                let end = at
+                    .saturating_add(fields.attributes_len as usize)
+                    .min(STRING_BYTES);
+                decode_attributes(&fields.strings[at..end])
+            })
+            .flatten();
+        let attributes_abi = attributes.as_ref().map(RequestAttributes::abi);
         let raw = switchyard_request {
             struct_size: std::mem::size_of::<switchyard_request>() as u32,
             block_size: fields.block_size,
@@ -645,9 +794,103 @@ impl SharedCall {
             } else {
                 ptr::null()
             },
+            attributes: attributes_abi.as_ref().map_or(ptr::null(), ptr::from_ref),
         };
         f(&AbiRequest::from_raw(raw))
     }
+}
+
+/// Length-prefixed pieces: `[u32 len][bytes]`, `u32::MAX` for an absent one.
+struct Reader<'a> {
+    bytes: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    fn u32(&mut self) -> Option<u32> {
+        let (head, rest) = self.bytes.split_first_chunk::<4>()?;
+        self.bytes = rest;
+        Some(u32::from_le_bytes(*head))
+    }
+
+    /// A piece; `Some(None)` when it is marked absent.
+    fn optional(&mut self) -> Option<Option<String>> {
+        let len = self.u32()?;
+        if len == u32::MAX {
+            return Some(None);
+        }
+        let len = len as usize;
+        if len > self.bytes.len() {
+            return None;
+        }
+        let (text, rest) = self.bytes.split_at(len);
+        self.bytes = rest;
+        Some(Some(String::from_utf8_lossy(text).into_owned()))
+    }
+
+    fn text(&mut self) -> Option<String> {
+        self.optional().flatten()
+    }
+}
+
+struct Writer<'a> {
+    out: &'a mut [u8],
+    at: usize,
+}
+
+impl Writer<'_> {
+    fn u32(&mut self, value: u32) -> Option<()> {
+        self.out
+            .get_mut(self.at..self.at + 4)?
+            .copy_from_slice(&value.to_le_bytes());
+        self.at += 4;
+        Some(())
+    }
+
+    fn optional(&mut self, text: Option<&str>) -> Option<()> {
+        let Some(text) = text else {
+            return self.u32(u32::MAX);
+        };
+        self.u32(u32::try_from(text.len()).ok().filter(|&l| l != u32::MAX)?)?;
+        self.out
+            .get_mut(self.at..self.at + text.len())?
+            .copy_from_slice(text.as_bytes());
+        self.at += text.len();
+        Some(())
+    }
+}
+
+/// Writes `attributes` into `out`; the bytes used, or `None` when they do not fit.
+fn encode_attributes(attributes: &RequestAttributes, out: &mut [u8]) -> Option<usize> {
+    let mut w = Writer { out, at: 0 };
+    w.optional(Some(&attributes.request_id))?;
+    w.optional(Some(&attributes.model))?;
+    w.optional(attributes.lora_adapter.as_deref())?;
+    w.optional(attributes.tenant.as_deref())?;
+    w.u32(u32::try_from(attributes.headers.len()).ok()?)?;
+    for (name, value) in &attributes.headers {
+        w.optional(Some(name))?;
+        w.optional(Some(value))?;
+    }
+    Some(w.at)
+}
+
+fn decode_attributes(bytes: &[u8]) -> Option<RequestAttributes> {
+    let mut r = Reader { bytes };
+    let request_id = r.text()?;
+    let model = r.text()?;
+    let lora_adapter = r.optional()?;
+    let tenant = r.optional()?;
+    let count = r.u32()?;
+    let headers = (0..count)
+        .map_while(|_| Some((r.text()?, r.text()?)))
+        .collect();
+    Some(RequestAttributes {
+        request_id,
+        model,
+        lora_adapter,
+        tenant,
+        headers,
+    })
 }
 
 /// The call's fields in the region at `base`.
@@ -685,7 +928,7 @@ unsafe fn view_mut<'r, T: Copy>(
     len: usize,
 ) -> &'r mut [T] {
     let capacity = match col {
-        Col::LabelBytes => layout.label_bytes,
+        Col::LabelBytes | Col::EngineBytes => layout.label_bytes,
         _ => layout.rows,
     };
     // SAFETY: the layout placed `capacity` elements of the column's width at a 64-aligned
@@ -721,13 +964,35 @@ mod tests {
     use super::*;
 
     #[test]
+    fn attributes_cross_whole_or_not_at_all() {
+        let attributes = RequestAttributes {
+            request_id: "r-1".into(),
+            model: "m".into(),
+            lora_adapter: Some("sql".into()),
+            tenant: None,
+            headers: vec![
+                ("x-zone".into(), "a".into()),
+                ("x-empty".into(), String::new()),
+            ],
+        };
+        let mut out = [0u8; 256];
+        let len = encode_attributes(&attributes, &mut out).unwrap();
+        assert_eq!(decode_attributes(&out[..len]), Some(attributes.clone()));
+        assert_eq!(encode_attributes(&attributes, &mut out[..len - 1]), None);
+        assert_eq!(
+            decode_attributes(&out[..len - 1]).map(|a| a.headers.len()),
+            Some(1)
+        );
+    }
+
+    #[test]
     fn columns_do_not_overlap_and_stay_aligned() {
         for rows in [1, 7, 1024, 65_536] {
             let layout = CallLayout::new(rows, 4096);
-            let widths = [8, 4, 4, 4, 4, 4, 8, 8, 4, 8, 8, 8, 1, 4, 1];
+            let widths = [8, 4, 4, 4, 4, 4, 8, 8, 4, 8, 8, 8, 1, 4, 1, 40, 4, 1];
             for (i, width) in widths.iter().enumerate() {
                 assert_eq!(layout.offsets[i] % 64, 0);
-                let len = if i == COLUMNS - 1 { 4096 } else { rows };
+                let len = if [14, 17].contains(&i) { 4096 } else { rows };
                 let end = layout.offsets[i] + width * len;
                 let next = layout.offsets.get(i + 1).copied().unwrap_or(layout.size);
                 assert!(end <= next, "column {i} runs into the next");

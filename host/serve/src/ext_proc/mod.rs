@@ -51,6 +51,7 @@ use super::frontend::{Frontend, Lease, OpenAiError, INSTANCE_HEADER};
 use crate::auth;
 use crate::caller::Caller;
 use crate::listener::Listener;
+use crate::request_attributes;
 use switchyard_config::auth::Audience;
 use switchyard_config::ExtProcSettings;
 use switchyard_fleet::router::{RouteError, RouteRequest, Router};
@@ -166,6 +167,7 @@ impl ExternalProcessor for Service {
             out,
             endpoint: Endpoint::ChatCompletions,
             instance: None,
+            kept_headers: Vec::new(),
             subset: None,
             body: Vec::new(),
             booked: None,
@@ -193,6 +195,8 @@ struct Exchange {
     out: mpsc::Sender<Result<ProcessingResponse, Status>>,
     endpoint: Endpoint,
     instance: Option<String>,
+    /// The request headers routing keeps (`request_attributes`), read with the headers.
+    kept_headers: Vec<(String, String)>,
     /// The gateway's subset hint, once a message carried it.
     subset: Option<Vec<String>>,
     body: Vec<u8>,
@@ -295,6 +299,16 @@ impl Exchange {
         }
         self.instance = messages::header(headers, INSTANCE_HEADER)
             .map(|v| String::from_utf8_lossy(v).into_owned());
+        let generation = self.picker.frontend.router().generation();
+        let kept = request_attributes::kept_headers(
+            &generation.startup.source.config.request_attributes,
+            |name| messages::header(headers, name),
+        );
+        drop(generation);
+        self.kept_headers = match kept {
+            Ok(kept) => kept,
+            Err(error) => return self.refuse(error).await,
+        };
         if !headers.end_of_stream {
             return Next::Continue; // the answer waits for the body
         }
@@ -338,11 +352,18 @@ impl Exchange {
         let picker = self.picker.clone();
         let (endpoint, instance, subset) =
             (self.endpoint, self.instance.clone(), self.subset.clone());
+        let kept = std::mem::take(&mut self.kept_headers);
         let caller = self.caller.clone();
         let request_body = std::mem::take(&mut self.body);
         // Parsing (tokenizing) and selecting (plugin code) run on the blocking pool.
         let decided = tokio::task::spawn_blocking(move || {
-            let booked = decide(&picker, &caller, endpoint, instance, subset, &request_body);
+            let wanted = Wanted {
+                endpoint,
+                instance,
+                subset,
+                kept,
+            };
+            let booked = decide(&picker, &caller, wanted, &request_body);
             (booked, request_body)
         })
         .await;
@@ -466,24 +487,51 @@ fn no_endpoint(message: impl Into<String>) -> OpenAiError {
     OpenAiError::from(RouteError::NoWorker(message.into()))
 }
 
+/// What the stream's headers asked for.
+struct Wanted {
+    endpoint: Endpoint,
+    instance: Option<String>,
+    subset: Option<Vec<String>>,
+    kept: Vec<(String, String)>,
+}
+
 /// Parses the body and selects and books a worker among the eligible endpoints
 /// (blocking: tokenizers and plugin code run here).
 fn decide(
     picker: &EndpointPicker,
     caller: &Caller,
-    endpoint: Endpoint,
-    instance: Option<String>,
-    subset: Option<Vec<String>>,
+    wanted: Wanted,
     body: &[u8],
 ) -> Result<Booked, OpenAiError> {
+    let Wanted {
+        endpoint,
+        instance,
+        subset,
+        kept,
+    } = wanted;
     let frontend = &picker.frontend;
     let router = frontend.router();
-    let prompt = prompt::parse(endpoint, body, router.block_size(), |model| {
+    let mut prompt = prompt::parse(endpoint, body, router.block_size(), |model| {
         frontend.tokenizer(model)
     })?;
     caller
         .check_route(&prompt.model, instance.as_deref())
         .map_err(crate::frontend::forbidden)?;
+    let request_id = format!(
+        "{}-{}",
+        picker.id_prefix,
+        picker.next_request.fetch_add(1, Ordering::Relaxed)
+    );
+    let described = request_attributes::describe(
+        &router.generation().startup.source.config.request_attributes,
+        kept,
+        Some(caller),
+        &prompt.model,
+        prompt.user.as_deref(),
+        &request_id,
+    )?;
+    // From here on the prompt's model is the partition's (an adapter's base).
+    prompt.model.clone_from(&described.partition_model);
     let mut eligible = eligible(router, subset.as_deref());
     if subset.is_some() && eligible.is_empty() {
         return Err(no_endpoint(
@@ -506,13 +554,10 @@ fn decide(
             ));
         }
     }
-    let request_id = format!(
-        "{}-{}",
-        picker.id_prefix,
-        picker.next_request.fetch_add(1, Ordering::Relaxed)
-    );
     let decision = router.select_and_reserve(&RouteRequest {
         model: prompt.model.clone(),
+        strict_priority: described.priority,
+        attributes: Some(described.attributes),
         instance,
         block_hashes: Some(prompt.block_hashes.clone()),
         request_id: Some(request_id.clone()),

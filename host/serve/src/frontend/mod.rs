@@ -31,6 +31,7 @@ use serde_json::json;
 use switchyard_plugin_sdk::WorkerId;
 
 use crate::caller::Caller;
+use crate::request_attributes::{self, Described};
 use prompt::{Endpoint, Prompt};
 use switchyard_config::FrontendSettings;
 use switchyard_fleet::router::{RouteDecision, RouteError, RouteRequest, Router};
@@ -177,6 +178,24 @@ pub struct Frontend {
     in_flight: Arc<tokio::sync::Semaphore>,
 }
 
+/// The HTTP client that talks to engines: their CA, no redirects, the frontend's connect
+/// timeout.
+pub fn engine_client(source: &switchyard_config::ConfigSource) -> Result<reqwest::Client, String> {
+    let tls = crate::tls::engine_client_config(source)?;
+    reqwest::Client::builder()
+        .connect_timeout(Duration::from_millis(
+            source.config.frontend.connect_timeout_ms,
+        ))
+        .pool_idle_timeout(Duration::from_secs(30))
+        .tcp_nodelay(true)
+        // Engine URLs never carry credentials, and a redirect would take a prompt
+        // to a host no one checked against `router.worker_networks`.
+        .redirect(reqwest::redirect::Policy::none())
+        .tls_backend_preconfigured(tls)
+        .build()
+        .map_err(|e| format!("cannot set up the upstream client: {e}"))
+}
+
 impl Frontend {
     /// The frontend over `router`; fails naming every tokenizer that does not load.
     pub fn new(router: Arc<Router>) -> Result<Arc<Self>, String> {
@@ -187,17 +206,7 @@ impl Frontend {
         let in_flight = usize::try_from(settings.max_in_flight)
             .unwrap_or(usize::MAX)
             .min(tokio::sync::Semaphore::MAX_PERMITS);
-        let tls = crate::tls::engine_client_config(source)?;
-        let client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_millis(settings.connect_timeout_ms))
-            .pool_idle_timeout(Duration::from_secs(30))
-            .tcp_nodelay(true)
-            // Engine URLs never carry credentials, and a redirect would take a prompt
-            // to a host no one checked against `router.worker_networks`.
-            .redirect(reqwest::redirect::Policy::none())
-            .tls_backend_preconfigured(tls)
-            .build()
-            .map_err(|e| format!("cannot set up the upstream client: {e}"))?;
+        let client = engine_client(source)?;
         Ok(Arc::new(Frontend {
             router,
             client,
@@ -265,6 +274,15 @@ impl Frontend {
         let frontend = self.clone();
         let parsing = body.clone();
         let first = instance.clone();
+        let generation = self.router.generation();
+        let settings = &generation.startup.source.config.request_attributes;
+        let kept = match request_attributes::kept_headers(settings, |name| {
+            headers.get(name).map(HeaderValue::as_bytes)
+        }) {
+            Ok(kept) => kept,
+            Err(error) => return error.into_response(),
+        };
+        drop(generation);
         let prepared = self
             .off_executor(move || {
                 let prompt =
@@ -277,12 +295,31 @@ impl Frontend {
                         .check_route(&prompt.model, first.as_deref())
                         .map_err(forbidden)?;
                 }
+                let request_id = frontend.next_request_id();
+                let described = request_attributes::describe(
+                    &frontend
+                        .router
+                        .generation()
+                        .startup
+                        .source
+                        .config
+                        .request_attributes,
+                    kept,
+                    caller.as_ref(),
+                    &prompt.model,
+                    prompt.user.as_deref(),
+                    &request_id,
+                )?;
+                // From here on the prompt's model is the partition's (an adapter's base).
+                let mut prompt = prompt;
+                prompt.model.clone_from(&described.partition_model);
                 let prompt = Arc::new(prompt);
-                let selected = frontend.select_now(&prompt, first)?;
-                Ok((prompt, selected))
+                let described = Arc::new(described);
+                let selected = frontend.select_now(&prompt, &described, request_id, first)?;
+                Ok((prompt, described, selected))
             })
             .await;
-        let (prompt, mut selected) = match prepared {
+        let (prompt, described, mut selected) = match prepared {
             Ok(prepared) => prepared,
             Err(error) => return error.into_response(),
         };
@@ -317,9 +354,13 @@ impl Frontend {
                     self.router.metrics.record_upstream_retry();
                     excluded_attempts += 1;
                     let frontend = self.clone();
-                    let (prompt, instance) = (prompt.clone(), instance.clone());
+                    let (prompt, described, instance) =
+                        (prompt.clone(), described.clone(), instance.clone());
                     selected = match self
-                        .off_executor(move || frontend.select_now(&prompt, instance))
+                        .off_executor(move || {
+                            let request_id = frontend.next_request_id();
+                            frontend.select_now(&prompt, &described, request_id, instance)
+                        })
                         .await
                     {
                         Ok(selected) => selected,
@@ -383,15 +424,14 @@ impl Frontend {
     fn select_now(
         &self,
         prompt: &Prompt,
+        described: &Described,
+        request_id: String,
         instance: Option<String>,
     ) -> Result<(RouteDecision, Lease), OpenAiError> {
-        let request_id = format!(
-            "{}-{}",
-            self.id_prefix,
-            self.next_request.fetch_add(1, Ordering::Relaxed)
-        );
         let decision = self.router.select_and_reserve(&RouteRequest {
-            model: prompt.model.clone(),
+            model: described.partition_model.clone(),
+            strict_priority: described.priority,
+            attributes: Some(described.attributes.clone()),
             instance,
             block_hashes: Some(prompt.block_hashes.clone()),
             request_id: Some(request_id.clone()),
@@ -401,6 +441,15 @@ impl Frontend {
             ..Default::default()
         })?;
         Ok((decision, Lease::new(self.router.clone(), request_id)))
+    }
+
+    /// A fresh booking id: unique in this router's run (the prefix is per run).
+    fn next_request_id(&self) -> String {
+        format!(
+            "{}-{}",
+            self.id_prefix,
+            self.next_request.fetch_add(1, Ordering::Relaxed)
+        )
     }
 
     /// The client's response: the engine's status, body and content type, the decision in

@@ -60,6 +60,8 @@ pub struct Prompt {
     /// The prompt's tokens (pseudo-tokens of its text when the model has no tokenizer).
     pub tokens: Vec<u32>,
     pub expected_output_tokens: Option<u64>,
+    /// OpenAI's `user` field, a tenant source (`request_attributes.tenant`).
+    pub user: Option<String>,
 }
 
 /// Parses an OpenAI request body for `endpoint`; `block_size` is the router's;
@@ -118,9 +120,15 @@ pub fn parse<'t>(
                 .ok_or_else(|| invalid("max_tokens", "`max_tokens` must be a whole number >= 0"))?,
         ),
     };
+    let user = match object.get("user") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(user)) => Some(user.clone()),
+        Some(_) => return Err(invalid("user", "`user` must be a string")),
+    };
     let mut block_hashes = Vec::new();
     hash_tokens(&tokens, block_size, &mut block_hashes);
     Ok(Prompt {
+        user,
         model,
         stream,
         request_blocks: (tokens.len() as u64).div_ceil(u64::from(block_size.max(1))),

@@ -1,0 +1,199 @@
+//! Reads an engine's load out of its Prometheus text exposition (`GET /metrics`), for
+//! vLLM and SGLang by their own metric names (vLLM: `vllm/v1/metrics/loggers.py`;
+//! SGLang: `python/sglang/srt/metrics/collector.py`). One pass over the text, linear in
+//! its size, no allocation per line but for the LoRA adapter lists.
+//!
+//! | what | vLLM | SGLang | over several series |
+//! |---|---|---|---|
+//! | running requests | `vllm:num_requests_running` | `sglang:num_running_reqs` | sum |
+//! | waiting requests | `vllm:num_requests_waiting` | `sglang:num_queue_reqs` | sum |
+//! | KV-cache usage (0-1) | `vllm:kv_cache_usage_perc` (V1), `vllm:gpu_cache_usage_perc` (V0) | `sglang:token_usage` | max |
+//! | LoRA adapters | `vllm:lora_requests_info{running_lora_adapters, waiting_lora_adapters}` | - | the series with the largest value (vLLM sets it to the time of the update; older label sets stay exported) |
+
+use switchyard_plugin_host::plugin::EngineSample;
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Metric {
+    Running,
+    Waiting,
+    KvUsage,
+    Lora,
+}
+
+fn metric(name: &str) -> Option<Metric> {
+    Some(match name {
+        "vllm:num_requests_running" | "sglang:num_running_reqs" => Metric::Running,
+        "vllm:num_requests_waiting" | "sglang:num_queue_reqs" => Metric::Waiting,
+        "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" | "sglang:token_usage" => {
+            Metric::KvUsage
+        }
+        "vllm:lora_requests_info" => Metric::Lora,
+        _ => return None,
+    })
+}
+
+/// Parses a scrape. An error when the text has none of the request gauges (not an
+/// engine this router knows), naming what it found instead.
+pub fn parse(text: &str) -> Result<EngineSample, String> {
+    let mut running = None::<f64>;
+    let mut waiting = None::<f64>;
+    let mut kv = None::<f64>;
+    let mut lora: Option<(f64, &str)> = None;
+    let mut first_metric = None;
+    for line in text.lines() {
+        let line = line.trim_start();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let name_end = line
+            .find(|c: char| c == '{' || c.is_ascii_whitespace())
+            .unwrap_or(line.len());
+        let name = &line[..name_end];
+        first_metric.get_or_insert(name);
+        let Some(which) = metric(name) else { continue };
+        let (labels, rest) = match line[name_end..].strip_prefix('{') {
+            Some(after) => match label_block_end(after) {
+                Some(end) => (&after[..end], &after[end + 1..]),
+                None => return Err(format!("`{name}`: its labels are not closed")),
+            },
+            None => ("", &line[name_end..]),
+        };
+        let value = rest
+            .split_ascii_whitespace()
+            .next()
+            .and_then(|v| v.parse::<f64>().ok())
+            .ok_or_else(|| format!("`{name}`: no number after the name"))?;
+        if !value.is_finite() && which != Metric::KvUsage {
+            continue;
+        }
+        match which {
+            Metric::Running => *running.get_or_insert(0.0) += value,
+            Metric::Waiting => *waiting.get_or_insert(0.0) += value,
+            Metric::KvUsage => kv = Some(kv.map_or(value, |k: f64| k.max(value))),
+            Metric::Lora => {
+                if lora.is_none_or(|(best, _)| value > best) {
+                    lora = Some((value, labels));
+                }
+            }
+        }
+    }
+    let (Some(running), Some(waiting)) = (running, waiting) else {
+        return Err(match first_metric {
+            None => "the metrics text has no samples".to_owned(),
+            Some(name) => format!("no vLLM (`vllm:num_requests_running`, `vllm:num_requests_waiting`) or SGLang (`sglang:num_running_reqs`, `sglang:num_queue_reqs`) request gauges; the first metric is `{name}`"),
+        });
+    };
+    let (running_adapters, waiting_adapters) = match lora {
+        Some((_, labels)) => (
+            Some(adapters(label(labels, "running_lora_adapters"))),
+            Some(adapters(label(labels, "waiting_lora_adapters"))),
+        ),
+        None => (None, None),
+    };
+    Ok(EngineSample {
+        running_requests: running,
+        waiting_requests: waiting,
+        kv_cache_usage: kv.filter(|k| k.is_finite()).unwrap_or(f64::NAN),
+        running_adapters,
+        waiting_adapters,
+    })
+}
+
+/// Where the label block `a="x",b="y"}` ends (the `}` outside quotes).
+fn label_block_end(after: &str) -> Option<usize> {
+    let mut quoted = false;
+    let mut escaped = false;
+    for (i, b) in after.bytes().enumerate() {
+        match (quoted, escaped, b) {
+            (true, true, _) => escaped = false,
+            (true, false, b'\\') => escaped = true,
+            (_, false, b'"') => quoted = !quoted,
+            (false, _, b'}') => return Some(i),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The raw (still escaped) value of label `key` in a label block.
+fn label<'a>(labels: &'a str, key: &str) -> &'a str {
+    let mut rest = labels;
+    while let Some(eq) = rest.find("=\"") {
+        let name = rest[..eq].trim_start_matches([',', ' ']).trim();
+        let value_start = eq + 2;
+        let bytes = rest.as_bytes();
+        let mut i = value_start;
+        while i < bytes.len() && bytes[i] != b'"' {
+            i += if bytes[i] == b'\\' { 2 } else { 1 };
+        }
+        let value = &rest[value_start..i.min(rest.len())];
+        if name == key {
+            return value;
+        }
+        rest = rest.get(i + 1..).unwrap_or("");
+    }
+    ""
+}
+
+/// vLLM joins adapter names with commas.
+fn adapters(joined: &str) -> Box<[Box<str>]> {
+    joined
+        .split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .map(|a| {
+            a.replace("\\\"", "\"")
+                .replace("\\\\", "\\")
+                .into_boxed_str()
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Golden scrapes made with `prometheus_client` and each engine's metric definitions
+    /// (`scripts/golden/engine-metrics.py`).
+    const VLLM: &str = include_str!("../../../../tests/fixtures/engine_metrics/vllm.txt");
+    const SGLANG: &str = include_str!("../../../../tests/fixtures/engine_metrics/sglang.txt");
+
+    #[test]
+    fn reads_the_golden_vllm_scrape() {
+        let s = parse(VLLM).unwrap();
+        assert_eq!((s.running_requests, s.waiting_requests), (3.0, 5.0));
+        assert_eq!(s.kv_cache_usage, 0.25);
+        let names = |l: &Option<Box<[Box<str>]>>| -> Vec<String> {
+            l.as_deref()
+                .unwrap()
+                .iter()
+                .map(|a| a.to_string())
+                .collect()
+        };
+        // The latest of the two label sets wins.
+        assert_eq!(names(&s.running_adapters), ["sql-lora", "chat-lora"]);
+        assert_eq!(names(&s.waiting_adapters), ["tool-lora"]);
+    }
+
+    #[test]
+    fn reads_the_golden_sglang_scrape() {
+        let s = parse(SGLANG).unwrap();
+        assert_eq!((s.running_requests, s.waiting_requests), (2.0, 7.0));
+        assert_eq!(s.kv_cache_usage, 0.5);
+        assert_eq!(s.running_adapters, None);
+    }
+
+    #[test]
+    fn refuses_what_is_no_engine_and_stays_linear() {
+        let err = parse("# HELP x\nprocess_cpu_seconds_total 1\n").unwrap_err();
+        assert!(err.contains("process_cpu_seconds_total"), "{err}");
+        assert!(parse("").unwrap_err().contains("no samples"));
+        assert!(parse("vllm:num_requests_running{a=\"}").is_err());
+        // A huge label block is read once.
+        let long = format!(
+            "vllm:num_requests_running{{a=\"{}\"}} 1\nvllm:num_requests_waiting 2\n",
+            "x".repeat(1 << 20)
+        );
+        assert_eq!(parse(&long).unwrap().waiting_requests, 2.0);
+    }
+}

@@ -1,0 +1,230 @@
+//! What a request says about itself, gathered once per request on every path (frontend,
+//! ext_proc, `/v1/select`) into the ATTRIBUTES policies read: its id, model and LoRA
+//! adapter, tenant, priority, and the headers the operator listed
+//! (`request_attributes:`). Nothing else of a request reaches a plugin.
+
+use std::sync::Arc;
+
+use axum::http::StatusCode;
+use switchyard_config::{RequestAttributeSettings, TenantSource};
+use switchyard_fleet::router::RouteRequest;
+use switchyard_plugin_host::plugin::RequestAttributes;
+
+use crate::caller::Caller;
+use crate::frontend::OpenAiError;
+
+/// The header a client or gateway names its request with.
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+
+/// A request's attributes and what routing takes from them.
+#[derive(Clone, Debug)]
+pub struct Described {
+    pub attributes: Arc<RequestAttributes>,
+    /// The partition's model: the base model when the request names a LoRA adapter.
+    pub partition_model: String,
+    /// From `request_attributes.priority_header`; 0 without one.
+    pub priority: i32,
+}
+
+/// The headers of a request the router keeps: the listed ones, the request id, and those
+/// the tenant and priority come from. `get` looks a header up by lower-case name.
+pub fn kept_headers<'h>(
+    settings: &RequestAttributeSettings,
+    get: impl Fn(&str) -> Option<&'h [u8]>,
+) -> Result<Vec<(String, String)>, OpenAiError> {
+    let mut names = settings.header_names();
+    let extra = settings
+        .tenant_sources()
+        .into_iter()
+        .filter_map(|s| match s {
+            TenantSource::Header(h) => Some(h),
+            _ => None,
+        })
+        .chain(
+            settings
+                .priority_header
+                .as_ref()
+                .map(|h| h.to_ascii_lowercase()),
+        )
+        .chain([REQUEST_ID_HEADER.to_owned()]);
+    for name in extra {
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    let mut kept = Vec::new();
+    for name in names {
+        let Some(value) = get(&name) else { continue };
+        if value.len() > settings.max_value_bytes {
+            return Err(bad_header(
+                &name,
+                format!(
+                    "is {} bytes, over the router's limit of {} (request_attributes.max_value_bytes)",
+                    value.len(),
+                    settings.max_value_bytes
+                ),
+            ));
+        }
+        let Ok(value) = std::str::from_utf8(value) else {
+            return Err(bad_header(&name, "is not UTF-8 text".into()));
+        };
+        kept.push((name, value.to_owned()));
+    }
+    Ok(kept)
+}
+
+fn bad_header(name: &str, what: String) -> OpenAiError {
+    OpenAiError::new(
+        StatusCode::BAD_REQUEST,
+        "invalid_request_error",
+        format!("the `{name}` header {what}"),
+    )
+}
+
+/// The attributes of a request for `model` (as the client named it) with the `kept`
+/// headers; `fallback_id` names it when no `x-request-id` does.
+pub fn describe(
+    settings: &RequestAttributeSettings,
+    kept: Vec<(String, String)>,
+    caller: Option<&Caller>,
+    model: &str,
+    user: Option<&str>,
+    fallback_id: &str,
+) -> Result<Described, OpenAiError> {
+    let header = |name: &str| {
+        kept.iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    };
+    let tenant = settings
+        .tenant_sources()
+        .into_iter()
+        .find_map(|source| match source {
+            TenantSource::Key => caller
+                .and_then(|c| c.grant.as_ref())
+                .map(|g| g.name.clone()),
+            TenantSource::User => user.filter(|u| !u.is_empty()).map(str::to_owned),
+            TenantSource::Header(h) => header(&h).filter(|v| !v.is_empty()).map(str::to_owned),
+        });
+    let priority = match &settings.priority_header {
+        None => 0,
+        Some(name) => match header(&name.to_ascii_lowercase()) {
+            None => 0,
+            Some(value) => value.trim().parse::<i32>().map_err(|_| {
+                bad_header(
+                    name,
+                    format!(
+                        "`{value}` is not an integer priority (request_attributes.priority_header)"
+                    ),
+                )
+            })?,
+        },
+    };
+    let request_id = header(REQUEST_ID_HEADER)
+        .filter(|v| !v.is_empty())
+        .unwrap_or(fallback_id)
+        .to_owned();
+    let (partition_model, lora_adapter) = match settings.lora_adapters.get(model) {
+        Some(base) => (base.clone(), Some(model.to_owned())),
+        None => (model.to_owned(), None),
+    };
+    let listed = settings.header_names();
+    let headers = kept
+        .into_iter()
+        .filter(|(name, _)| listed.contains(name))
+        .collect();
+    Ok(Described {
+        attributes: Arc::new(RequestAttributes {
+            request_id,
+            model: partition_model.clone(),
+            lora_adapter,
+            tenant,
+            headers,
+        }),
+        partition_model,
+        priority,
+    })
+}
+
+/// Completes the attributes a gateway sent in a `/v1/select` or `/v1/reserve` body
+/// (`"attributes": {"tenant", "lora_adapter", "headers"}`) as the frontend would make
+/// them: an adapter named as the model routes in its base model's partition, the tenant
+/// defaults to the key's grant, and only the listed headers are kept.
+pub fn complete(
+    settings: &RequestAttributeSettings,
+    caller: Option<&Caller>,
+    request: &mut RouteRequest,
+) {
+    let mut attributes = request.attributes.as_deref().cloned().unwrap_or_default();
+    if let Some(base) = settings.lora_adapters.get(&request.model) {
+        attributes.lora_adapter = Some(std::mem::replace(&mut request.model, base.clone()));
+    }
+    attributes.model.clone_from(&request.model);
+    if attributes.tenant.is_none() && settings.tenant_sources().contains(&TenantSource::Key) {
+        attributes.tenant = caller
+            .and_then(|c| c.grant.as_ref())
+            .map(|g| g.name.clone());
+    }
+    let listed = settings.header_names();
+    attributes
+        .headers
+        .retain(|(name, _)| listed.iter().any(|l| l.eq_ignore_ascii_case(name)));
+    if attributes.request_id.is_empty() {
+        attributes.request_id = request.request_id.clone().unwrap_or_default();
+    }
+    request.attributes = Some(Arc::new(attributes));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sources_in_order_adapters_and_limits() {
+        let settings = RequestAttributeSettings {
+            headers: vec!["X-Zone".into()],
+            tenant: vec!["header:x-tenant".into(), "user".into()],
+            priority_header: Some("x-priority".into()),
+            lora_adapters: [("sql".to_owned(), "llama".to_owned())].into(),
+            max_value_bytes: 8,
+        };
+        let request = [
+            ("x-zone", "a"),
+            ("x-priority", "7"),
+            ("x-other", "secret"),
+            ("x-request-id", "r1"),
+        ];
+        let get = |name: &str| {
+            request
+                .iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| v.as_bytes())
+        };
+        let Ok(kept) = kept_headers(&settings, get) else {
+            panic!("the headers are within the limits")
+        };
+        assert!(kept.iter().all(|(k, _)| k != "x-other"));
+        let Ok(d) = describe(&settings, kept, None, "sql", Some("u"), "fallback") else {
+            panic!("a valid request")
+        };
+        assert_eq!(d.partition_model, "llama");
+        assert_eq!(d.priority, 7);
+        let a = &d.attributes;
+        assert_eq!(a.lora_adapter.as_deref(), Some("sql"));
+        assert_eq!(a.tenant.as_deref(), Some("u"), "no x-tenant: the user");
+        assert_eq!(a.request_id, "r1");
+        assert_eq!(a.headers, [("x-zone".to_owned(), "a".to_owned())]);
+        let long = [("x-zone", "123456789")];
+        let Err(err) = kept_headers(&settings, |n: &str| {
+            long.iter()
+                .find(|(k, _)| *k == n)
+                .map(|(_, v)| v.as_bytes())
+        }) else {
+            panic!("a value over the limit is refused")
+        };
+        let body = err.body().to_string();
+        assert!(body.contains("max_value_bytes"), "{body}");
+        let bad = vec![("x-priority".to_owned(), "high".to_owned())];
+        assert!(describe(&settings, bad, None, "m", None, "f").is_err());
+    }
+}
