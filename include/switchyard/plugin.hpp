@@ -38,6 +38,10 @@ inline constexpr uint32_t load = SWITCHYARD_INPUT_LOAD;
 inline constexpr uint32_t routing = SWITCHYARD_INPUT_ROUTING;
 // ABI 1.1: each candidate's labels, Candidates::label(row, key).
 inline constexpr uint32_t labels = SWITCHYARD_INPUT_LABELS;
+// ABI 1.2: the request's attributes, Request::attributes().
+inline constexpr uint32_t attributes = SWITCHYARD_INPUT_ATTRIBUTES;
+// ABI 1.2: engine-reported load and adapters, Candidates::engine(row) / adapter(row, name).
+inline constexpr uint32_t engine = SWITCHYARD_INPUT_ENGINE;
 }  // namespace inputs
 
 // Fails one call with SWITCHYARD_STATUS_ERROR; does not poison the instance.
@@ -179,6 +183,32 @@ private:
     const switchyard_session *raw_;
 };
 
+// What the request says about itself (ABI 1.2, ATTRIBUTES). Borrowed for the call.
+class Attributes {
+public:
+    explicit Attributes(const switchyard_request_attributes *raw) noexcept : raw_(raw) {}
+    std::string_view request_id() const noexcept { return detail::view(raw_->request_id); }
+    std::string_view model() const noexcept { return detail::view(raw_->model); }
+    std::optional<std::string_view> lora_adapter() const noexcept { return optional(raw_->lora_adapter); }
+    std::optional<std::string_view> tenant() const noexcept { return optional(raw_->tenant); }
+    // A header the operator listed in `request_attributes.headers` (case-insensitive).
+    std::optional<std::string_view> header(std::string_view name) const noexcept {
+        switchyard_str out{nullptr, 0};
+        if (raw_->callback_get_header == nullptr ||
+            raw_->callback_get_header(raw_, detail::abi(name), &out) != SWITCHYARD_STATUS_OK) {
+            return std::nullopt;
+        }
+        return detail::view(out);
+    }
+
+private:
+    static std::optional<std::string_view> optional(switchyard_str s) noexcept {
+        if (s.ptr == nullptr) return std::nullopt;
+        return detail::view(s);
+    }
+    const switchyard_request_attributes *raw_;
+};
+
 // The request being routed. Borrowed: valid during the call.
 class Request {
 public:
@@ -199,6 +229,15 @@ public:
     std::optional<Session> session() const noexcept {
         if (raw_->session == nullptr) return std::nullopt;
         return Session(raw_->session);
+    }
+    // ATTRIBUTES (ABI 1.2); throws std::logic_error when the component did not declare
+    // the group or the router is older than 1.2.
+    Attributes attributes() const {
+        const switchyard_request_attributes *a = switchyard_request_attrs(raw_);
+        if (a == nullptr) {
+            throw std::logic_error("the component did not declare the ATTRIBUTES input group (router ABI >= 1.2)");
+        }
+        return Attributes(a);
     }
 
 private:
@@ -278,7 +317,26 @@ public:
         return detail::view(out);
     }
 
+    // ENGINE (ABI 1.2): the engine's own report of its load; empty when it was never
+    // scraped. Throws std::logic_error when the component did not declare ENGINE.
+    std::optional<switchyard_engine_load> engine(size_t row) const {
+        require_engine();
+        switchyard_engine_load out{};
+        if (switchyard_candidate_engine(raw_, row, &out) == 0) return std::nullopt;
+        return out;
+    }
+    // ENGINE (ABI 1.2): SWITCHYARD_ADAPTER_RUNNING, SWITCHYARD_ADAPTER_WAITING, or 0.
+    uint32_t adapter(size_t row, std::string_view name) const {
+        require_engine();
+        return switchyard_candidate_adapter(raw_, row, name.data(), name.size());
+    }
+
 private:
+    void require_engine() const {
+        if (!switchyard_candidates_have_engine(raw_)) {
+            throw std::logic_error("the component did not declare the ENGINE input group (router ABI >= 1.2)");
+        }
+    }
     template <class T>
     Column<T> column(const T *values, const char *group) const {
         if (values == nullptr) {

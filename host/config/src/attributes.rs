@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 pub const MAX_LISTED_HEADERS: usize = 32;
 
 /// The `request_attributes:` section.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RequestAttributeSettings {
     /// Request headers handed to policies, by name (case-insensitive). No other header
@@ -33,6 +33,18 @@ pub struct RequestAttributeSettings {
     /// The longest header value kept; a longer one is refused with 400.
     #[serde(default = "default_max_value_bytes")]
     pub max_value_bytes: usize,
+}
+
+impl Default for RequestAttributeSettings {
+    fn default() -> Self {
+        RequestAttributeSettings {
+            headers: Vec::new(),
+            tenant: default_tenant(),
+            priority_header: None,
+            lora_adapters: BTreeMap::new(),
+            max_value_bytes: default_max_value_bytes(),
+        }
+    }
 }
 
 fn default_tenant() -> Vec<String> {

@@ -50,9 +50,27 @@ pub struct RequestAttributes {
     pub lora_adapter: Option<String>,
     #[serde(default)]
     pub tenant: Option<String>,
-    /// The operator-listed headers the request carries: lower-case name, value.
-    #[serde(default)]
+    /// The operator-listed headers the request carries: lower-case name, value. In
+    /// JSON an object, `{"x-zone": "a"}`.
+    #[serde(default, with = "header_map")]
     pub headers: Vec<(String, String)>,
+}
+
+/// Headers as a JSON object, names lower-cased on the way in.
+mod header_map {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub fn serialize<S: Serializer>(headers: &[(String, String)], s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(headers.iter().map(|(k, v)| (k, v)))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Vec<(String, String)>, D::Error> {
+        let map = std::collections::BTreeMap::<String, String>::deserialize(d)?;
+        Ok(map
+            .into_iter()
+            .map(|(k, v)| (k.to_ascii_lowercase(), v))
+            .collect())
+    }
 }
 
 impl RequestAttributes {

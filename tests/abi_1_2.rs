@@ -1,0 +1,317 @@
+//! ABI 1.2 exercised with real libraries and real processes: plugins built against the
+//! frozen 1.1 header load and route unchanged; a C filter reads a request header the
+//! operator listed and keeps the workers whose label matches, through the OpenAI
+//! frontend, a real Envoy (ext_proc) and `/v1/select`, in process and isolated; and a
+//! policy reading the engines' own load (scraped from engine-sim's `/metrics`) routes
+//! around traffic that bypasses the router, where a bookings-only policy does not.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::real_envoy::Envoy;
+use support::*;
+
+fn agent() -> ureq::Agent {
+    ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(20))
+        .build()
+}
+
+fn chat(content: &str) -> Value {
+    json!({"model": "demo", "max_tokens": 2, "messages": [{"role": "user", "content": content}]})
+}
+
+/// POSTs `body` with the `x-zone` header (when given): the status, and the engine that
+/// answered: its `x-engine-name` through Envoy, the router's `x-switchyard-worker`
+/// (`worker-N`) through the frontend.
+fn post_zoned(agent: &ureq::Agent, url: &str, zone: Option<&str>, body: &Value) -> (u16, String) {
+    let mut request = agent.post(url);
+    if let Some(zone) = zone {
+        request = request.set("x-zone", zone);
+    }
+    match request.send_json(body.clone()) {
+        Ok(r) => {
+            let who = match r.header("x-switchyard-worker") {
+                Some(worker) => format!("worker-{worker}"),
+                None => r.header("x-engine-name").unwrap_or("").to_owned(),
+            };
+            (r.status(), who)
+        }
+        Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
+        Err(e) => (0, e.to_string()),
+    }
+}
+
+fn select(agent: &ureq::Agent, base: &str, body: Value) -> Value {
+    match agent.post(&format!("{base}/v1/select")).send_json(body) {
+        Ok(r) => r.into_json().unwrap(),
+        Err(ureq::Error::Status(code, r)) => {
+            json!({"status": code, "body": r.into_string().unwrap_or_default()})
+        }
+        Err(e) => panic!("POST /v1/select: {e}"),
+    }
+}
+
+fn compile_c(dir: &Path, name: &str, source: &Path, include: &Path) -> PathBuf {
+    support::compile_c(dir, name, source, include, &[])
+}
+
+#[test]
+fn plugins_built_against_the_frozen_1_1_header_load_and_route_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let frozen = repo().join("tests/fixtures/abi-1.1");
+    let header = std::fs::read_to_string(frozen.join("switchyard/plugin.h")).unwrap();
+    assert!(
+        header.contains("#define SWITCHYARD_ABI_MINOR 1"),
+        "the frozen header is 1.1"
+    );
+    assert!(!header.contains("SWITCHYARD_INPUT_ENGINE"));
+    let least_busy = compile_c(
+        dir.path(),
+        "least_busy_1_1",
+        &repo().join("plugins/c/least-busy/least_busy.c"),
+        &frozen,
+    );
+    let zone = compile_c(
+        dir.path(),
+        "zone_1_1",
+        &repo().join("plugins/c/zone/zone.c"),
+        &frozen,
+    );
+    let yaml = format!(
+        "plugins:\n  - path: {}\n  - path: {}\nworkers:\n  - {{model: m, worker_id: 1, labels: {{zone: b}}}}\n  - {{model: m, worker_id: 2, labels: {{zone: a}}}}\n  - {{model: m, worker_id: 3, labels: {{zone: a}}}}\nworker_selection:\n  default: zone\n  instances:\n    - {{name: zone, type: c.zone-least-busy, parameters: {{zone: a}}}}\n    - {{name: busy, type: c.least-busy}}\n",
+        least_busy.display(),
+        zone.display()
+    );
+    let config = write_config(dir.path(), &yaml);
+    let check = Command::new(switchyard_bin())
+        .args(["check", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stderr)
+    );
+    let server = serve(&config);
+    let agent = agent();
+    for n in 0..4 {
+        let picked = agent
+            .post(&format!("{}/v1/reserve", server.address))
+            .send_json(json!({"model": "m", "block_hashes": [1], "request_id": format!("r{n}")}))
+            .unwrap()
+            .into_json::<Value>()
+            .unwrap();
+        let worker = picked["worker_id"].as_u64().unwrap();
+        assert!(worker == 2 || worker == 3, "zone a only: {picked}");
+    }
+    let busy = select(
+        &agent,
+        &server.address,
+        json!({"model": "m", "instance": "busy", "block_hashes": [1]}),
+    );
+    assert_eq!(busy["worker_id"], 1, "the least busy: {busy}");
+}
+
+/// Two engines, one per zone, known by `url` (the frontend) and `address` (Envoy).
+fn zoned_router(dir: &Path, engines: &[&Process], picker: u16, isolation: &str) -> Process {
+    let workers: String = engines
+        .iter()
+        .zip(["a", "b"])
+        .enumerate()
+        .map(|(i, (e, zone))| {
+            format!(
+                "  - {{model: demo, worker_id: {}, url: \"{}\", address: \"{}\", labels: {{zone: {zone}}}}}\n",
+                i + 1,
+                e.address,
+                e.address.trim_start_matches("http://")
+            )
+        })
+        .collect();
+    let yaml = format!(
+        "request_attributes: {{headers: [X-Zone]}}\nplugins:\n  - path: {}\n{isolation}models:\n  demo: {{kv_tracking: predicted}}\nworkers:\n{workers}worker_selection:\n  default: zoned\n  instances:\n    - name: zoned\n      filters: [{{type: c.label-matches-header, parameters: {{label: zone, header: x-zone}}}}]\n      scorers: [{{type: builtin.active-requests}}]\n      picker: {{type: builtin.lowest-cost, parameters: {{tie_break: worker-id}}}}\n",
+        cmake_plugin("header_match_c").display()
+    );
+    let config = write_config(dir, &yaml);
+    Process::start(
+        Command::new(switchyard_bin())
+            .args(["serve", "--listen", "127.0.0.1:0", "--ext-proc"])
+            .arg(format!("127.0.0.1:{picker}"))
+            .arg("--config")
+            .arg(config)
+            .env("RUST_LOG", "warn"),
+        "switchyard listening on ",
+    )
+}
+
+fn header_filter_on_every_path(isolation: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let a = engine_sim("engine-a", "127.0.0.1:0", &[]);
+    let b = engine_sim("engine-b", "127.0.0.1:0", &[]);
+    let port = free_port();
+    let router = zoned_router(dir.path(), &[&a, &b], port, isolation);
+    let agent = agent();
+    let frontend = format!("{}/v1/chat/completions", router.address);
+    // The frontend: the caller's zone wins over the lower worker id.
+    for n in 0..3 {
+        let (status, engine) = post_zoned(&agent, &frontend, Some("b"), &chat(&format!("f{n}")));
+        assert_eq!((status, engine.as_str()), (200, "worker-2"));
+    }
+    let (status, engine) = post_zoned(&agent, &frontend, None, &chat("no zone"));
+    assert_eq!(
+        (status, engine.as_str()),
+        (200, "worker-1"),
+        "no header: every worker, the lowest id"
+    );
+    // `/v1/select`: a gateway passes the headers in the attributes.
+    let picked = select(
+        &agent,
+        &router.address,
+        json!({"model": "demo", "block_hashes": [1], "attributes": {"headers": {"X-Zone": "b"}}}),
+    );
+    assert_eq!(picked["worker_id"], 2, "{picked}");
+    let picked = select(
+        &agent,
+        &router.address,
+        json!({"model": "demo", "block_hashes": [1], "attributes": {"headers": {"x-zone": "nowhere"}}}),
+    );
+    assert!(
+        picked["body"]
+            .as_str()
+            .unwrap_or("")
+            .contains("c.label-matches-header"),
+        "no worker in that zone: the filter is named: {picked}"
+    );
+    // A real Envoy: its request headers reach the picker over ext_proc.
+    let envoy = Envoy::start(dir.path(), port);
+    let through_envoy = format!("{}/v1/chat/completions", envoy.base);
+    let started = Instant::now();
+    while post_zoned(&agent, &through_envoy, Some("b"), &chat("ready?")).0 != 200 {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "Envoy never routed"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for n in 0..3 {
+        let (status, engine) =
+            post_zoned(&agent, &through_envoy, Some("b"), &chat(&format!("e{n}")));
+        assert_eq!((status, engine.as_str()), (200, "engine-b"));
+    }
+    let (status, engine) = post_zoned(&agent, &through_envoy, Some("a"), &chat("zone a"));
+    assert_eq!((status, engine.as_str()), (200, "engine-a"));
+}
+
+#[test]
+fn a_c_filter_matches_a_request_header_through_the_frontend_envoy_and_select() {
+    header_filter_on_every_path("");
+}
+
+#[test]
+fn the_header_filter_works_isolated_in_a_child_process_too() {
+    header_filter_on_every_path("    isolation: process\n");
+}
+
+/// Opens `n` streamed completions straight to `engine` (bypassing the router) and keeps
+/// them open: each holds the engine busy for a while.
+fn bypass(engine: &Process, n: usize) -> Vec<std::net::TcpStream> {
+    let address = engine.address.trim_start_matches("http://");
+    (0..n)
+        .map(|i| {
+            let mut s = std::net::TcpStream::connect(address).unwrap();
+            let body = json!({"model": "demo", "stream": true, "max_tokens": 400,
+                              "messages": [{"role": "user", "content": format!("outside {i}")}]})
+            .to_string();
+            write!(
+                s,
+                "POST /v1/chat/completions HTTP/1.1\r\nhost: {address}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .unwrap();
+            s
+        })
+        .collect()
+}
+
+#[test]
+fn engine_reported_load_routes_around_traffic_that_bypasses_the_router() {
+    let dir = tempfile::tempdir().unwrap();
+    // 400 tokens at 40 tokens/s: each outside request runs for 10 s.
+    let slow = ["--decode-tps", "40"];
+    let a = engine_sim("engine-a", "127.0.0.1:0", &slow);
+    let b = engine_sim("engine-b", "127.0.0.1:0", &slow);
+    let yaml = format!(
+        "engine_metrics: {{interval_ms: 100, timeout_ms: 500}}\nworkers:\n{}worker_selection:\n  default: engine\n  instances:\n    - name: engine\n      scorers: [{{type: builtin.engine-queue}}]\n      picker: {{type: builtin.lowest-cost, parameters: {{tie_break: worker-id}}}}\n    - name: booked\n      scorers: [{{type: builtin.active-requests}}]\n      picker: {{type: builtin.lowest-cost, parameters: {{tie_break: worker-id}}}}\n    - {{name: blended, type: default, parameters: {{engine_load_weight: 1}}}}\n",
+        demo_workers([&a, &b], false)
+    );
+    let config = write_config(dir.path(), &yaml);
+    let router = serve(&config);
+    let agent = agent();
+    let pick = |instance: &str| {
+        select(
+            &agent,
+            &router.address,
+            json!({"model": "demo", "instance": instance, "block_hashes": [1]}),
+        )["worker_id"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(
+        (pick("engine"), pick("booked")),
+        (1, 1),
+        "an idle fleet: the lowest id"
+    );
+    let mut outside = bypass(&a, 6);
+    // engine-a reports the six on its /metrics; the router's next scrape sees them.
+    let started = Instant::now();
+    while pick("engine") != 2 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the engine-queue policy never saw engine-a's load"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(pick("booked"), 1, "bookings alone see nothing on engine-a");
+    assert_eq!(
+        pick("blended"),
+        2,
+        "default with engine_load_weight sees it"
+    );
+    // Reserved requests through the engine-aware policy go to engine-b.
+    for n in 0..3 {
+        let reserved: Value = agent
+            .post(&format!("{}/v1/reserve", router.address))
+            .send_json(json!({"model": "demo", "block_hashes": [n], "request_id": format!("r{n}")}))
+            .unwrap()
+            .into_json()
+            .unwrap();
+        assert_eq!(reserved["worker_id"], 2, "{reserved}");
+    }
+    // The outside traffic ends: engine-a empties, and wins again on the tie-break
+    // over engine-b's three bookings.
+    for s in &mut outside {
+        let _ = s.shutdown(std::net::Shutdown::Both);
+    }
+    let started = Instant::now();
+    while pick("engine") != 1 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "engine-a's load never cleared"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut metrics = String::new();
+    std::net::TcpStream::connect(a.address.trim_start_matches("http://"))
+        .and_then(|mut s| {
+            s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n")?;
+            s.read_to_string(&mut metrics)
+        })
+        .unwrap();
+    assert!(metrics.contains("vllm:num_requests_running"), "{metrics}");
+}
