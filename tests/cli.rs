@@ -520,3 +520,31 @@ fn select_explains_each_stage_per_worker_over_a_fleet_file() {
     let output = switchyard(&["select", "--config", config.to_str().unwrap()], &[]);
     assert!(text(&output.stderr).contains("give the candidates with --worker"));
 }
+
+/// `plugin inspect` judges what the manifest declares: a library built for an ABI this
+/// router does not speak is shown with the reason, and the exit status is a failure.
+#[test]
+fn inspect_says_when_this_router_would_refuse_the_library() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("future.c");
+    std::fs::write(
+        &source,
+        "__attribute__((used, section(\".switchyard_manifest\"), aligned(1)))\n\
+         static const char manifest[] = \"switchyard-manifest 1\\nabi 2.1\\nfingerprint 1\\nsdk 9.0.0\\nname future\\nversion 1.0.0\\nvendor tests\\n\";\n\
+         const void *switchyard_plugin_entry_v1(void) { return manifest; }\n",
+    )
+    .unwrap();
+    let lib = compile_c(dir.path(), "future", &source, &repo().join("include"), &[]);
+    let output = switchyard(&["plugin", "inspect", lib.to_str().unwrap()], &[]);
+    let shown = text(&output.stdout);
+    assert!(!output.status.success(), "{shown}");
+    assert!(shown.contains("ABI:      2.1"), "{shown}");
+    assert!(
+        shown.contains("REFUSED by this router (ABI 1.2): it is built for ABI 2.x"),
+        "{shown}"
+    );
+    let good = cmake_plugin("least_busy_c");
+    let output = switchyard(&["plugin", "inspect", good.to_str().unwrap()], &[]);
+    assert!(output.status.success());
+    assert!(text(&output.stdout).contains("verdict:  this router (ABI 1.2) accepts"));
+}

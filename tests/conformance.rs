@@ -138,7 +138,11 @@ fn bad_arguments_are_named() {
     let lib = library.to_str().unwrap();
     assert!(run(&[lib, "--type", "nope"])
         .contains("--type nope: the library registers no such type; it registers fixture."));
-    assert!(run(&[lib, "--params", "[1]"]).contains("--params must be a JSON object"));
+    assert!(
+        run(&[lib, "--params", "[1]"]).contains("--params: expected a JSON object or TYPE={...}")
+    );
+    assert!(run(&[lib, "--params", "nope={}"])
+        .contains("--params nope=...: the library registers no such type"));
     assert!(run(&["/nonexistent/lib.so"]).contains("could not be loaded"));
 }
 
@@ -167,5 +171,33 @@ fn lifecycle_notifications_are_delivered_and_a_failing_one_is_found() {
     assert!(
         detail.contains("on_selected") && detail.contains("deliberate on_selected failure"),
         "{detail}"
+    );
+}
+
+/// `--params TYPE={...}` gives one type its parameters; a type refusing what it got is
+/// told how to give it its own. The 1.2 example filter reads the generated labels and
+/// request attributes (its `x-zone` header).
+#[test]
+fn params_per_type_and_the_header_filter_on_generated_fleets() {
+    let lib = cmake_plugin("header_match_c");
+    let lib = lib.to_str().unwrap();
+    let (code, failed) = plugin_test(&[lib]);
+    assert_eq!(code, 1);
+    let detail = &failed["c.label-matches-header"]["given parameters accepted"];
+    assert!(
+        detail.contains("missing parameter `label`")
+            && detail.contains("--params 'c.label-matches-header={...}'"),
+        "{detail}"
+    );
+    let (code, failed) = plugin_test(&[
+        lib,
+        "--params",
+        r#"c.label-matches-header={"label": "zone", "header": "x-zone"}"#,
+    ]);
+    assert_eq!(code, 0, "{failed:?}");
+    let (code, failed) = plugin_test(&[cmake_plugin("lora_affinity_cpp").to_str().unwrap()]);
+    assert_eq!(
+        code, 0,
+        "the C++ LoRA scorer on generated engine reports: {failed:?}"
     );
 }

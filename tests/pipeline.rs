@@ -132,7 +132,7 @@ fn a_picker_that_answers_ok_without_a_row_says_so() {
     assert_eq!(status, Status::OutOfRange);
     assert_eq!(
         message,
-        "the picker returned OK without writing a row to *out_row"
+        "the picker returned OK with *out_row = SIZE_MAX: it wrote no row, or wrote SIZE_MAX; write a row below the candidate count (4)"
     );
 }
 

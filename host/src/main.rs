@@ -321,21 +321,28 @@ fn main() -> ExitCode {
         Command::Plugin {
             command: PluginCommand::Inspect { file, load, json },
         } => {
+            // A library this router would refuse is shown, and the exit status says so.
             let shown = if load {
                 summary::inspect_loaded(&file)
-                    .map(|(i, text)| (serde_json::to_string_pretty(&i), text))
+                    .map(|(i, text)| (serde_json::to_string_pretty(&i), text, false))
             } else {
-                summary::inspect_file(&file)
-                    .map(|(i, text)| (serde_json::to_string_pretty(&i), text))
+                summary::inspect_file(&file).map(|(i, text)| {
+                    let refused = i.refused.is_some();
+                    (serde_json::to_string_pretty(&i), text, refused)
+                })
             };
             match shown {
-                Ok((as_json, text)) => {
+                Ok((as_json, text, refused)) => {
                     if json {
                         println!("{}", as_json.expect("serializable"));
                     } else {
                         print!("{text}");
                     }
-                    ExitCode::SUCCESS
+                    if refused {
+                        ExitCode::FAILURE
+                    } else {
+                        ExitCode::SUCCESS
+                    }
                 }
                 Err(e) => {
                     eprintln!("error: {e}");

@@ -69,8 +69,12 @@ pub enum BuildError {
     },
     #[error("scorer `{component}` has a non-finite weight {weight}")]
     NonFiniteWeight { component: String, weight: f64 },
-    #[error("a policy needs exactly one picker; it has {}", match found { 0 => "none".to_owned(), n => n.to_string() })]
-    PickerCount { found: usize },
+    #[error("a policy needs exactly one picker; {} {}{}", built_by.as_deref().unwrap_or("it"), if built_by.is_some() { "added " } else { "has " }, match found { 0 => "none".to_owned(), n => n.to_string() })]
+    PickerCount {
+        found: usize,
+        /// The policy type whose build added them, and its library.
+        built_by: Option<String>,
+    },
 }
 
 impl BuildError {

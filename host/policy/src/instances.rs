@@ -19,6 +19,9 @@ pub struct ComponentUse {
 pub enum InstanceKind {
     Policy {
         policy_type: String,
+        /// Where the type comes from (`built in`, or the plugin and its library), for
+        /// errors about what its build made.
+        origin: String,
         factory: PolicyFactory,
     },
     Composition {
@@ -47,7 +50,20 @@ impl InstanceFactory {
     /// Builds this instance's policy for `partition`.
     pub fn build(&self, partition: &PartitionKey) -> Result<Policy, BuildError> {
         let stages = match &self.kind {
-            InstanceKind::Policy { factory, .. } => factory.build(partition)?,
+            InstanceKind::Policy {
+                factory,
+                policy_type,
+                origin,
+            } => {
+                let stages = factory.build(partition)?;
+                return Policy::new(stages).map_err(|e| match e {
+                    BuildError::PickerCount { found, .. } => BuildError::PickerCount {
+                        found,
+                        built_by: Some(format!("policy type `{policy_type}` ({origin})")),
+                    },
+                    other => other,
+                });
+            }
             InstanceKind::Composition { components } => components
                 .iter()
                 .map(|c| {

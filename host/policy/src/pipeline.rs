@@ -344,6 +344,7 @@ impl Policy {
         if pickers.len() != 1 {
             return Err(BuildError::PickerCount {
                 found: pickers.len(),
+                built_by: None,
             });
         }
         let mut picker = pickers.remove(0);

@@ -24,8 +24,8 @@ use serde::{Deserialize, Serialize};
 use switchyard_plugin_sdk::{WorkerId, WorkerType};
 
 use crate::plugin::{
-    ComponentKind, ErrorBuffer, Labels, Lifecycle, Outcome, OwnedParams, PartitionKey, PluginSpec,
-    RequestContext, RevisionRule,
+    ComponentKind, EngineReport, EngineSample, ErrorBuffer, Labels, Lifecycle, Outcome,
+    OwnedParams, PartitionKey, PluginSpec, RequestAttributes, RequestContext, RevisionRule,
 };
 use crate::policy::{
     CandidateRow, Candidates, Origin, Policy, RawOutput, Registry, Selector, Stage,
@@ -47,9 +47,10 @@ pub struct TestArgs {
     /// Test only these types (repeat); every registered type by default.
     #[arg(long = "type")]
     pub types: Vec<String>,
-    /// Parameters (a JSON object) to build each type with; `{}` by default.
+    /// Parameters to build types with: `TYPE={...}` for one type (repeat for others), or a
+    /// bare JSON object for every type without its own; `{}` by default.
     #[arg(long)]
-    pub params: Option<String>,
+    pub params: Vec<String>,
     /// Types that are random by design: different answers for the same input pass.
     #[arg(long)]
     pub allow_random: bool,
@@ -166,10 +167,8 @@ fn child(input: &ChildInput) -> Result<(Vec<Line>, Option<String>), String> {
 
 /// The conformance run: a report per type, or why it could not run.
 pub fn run(args: &TestArgs) -> Result<Vec<TypeReport>, String> {
-    let params = args.params.clone().unwrap_or_else(|| "{}".into());
-    if !serde_json::from_str::<serde_json::Value>(&params).is_ok_and(|v| v.is_object()) {
-        return Err(format!("--params must be a JSON object, got `{params}`"));
-    }
+    let given = GivenParams::parse(&args.params)?;
+    let params = given.every.clone();
     let (lines, ended) = child(&ChildInput {
         file: args.file.clone(),
         type_name: None,
@@ -195,6 +194,17 @@ pub fn run(args: &TestArgs) -> Result<Vec<TypeReport>, String> {
             ),
             None => format!("{}: the library could not be loaded", args.file.display()),
         })?;
+    if let Some((missing, _)) = given
+        .per_type
+        .iter()
+        .find(|(t, _)| !types.iter().any(|(n, _)| n == t))
+    {
+        let names: Vec<&str> = types.iter().map(|(n, _)| n.as_str()).collect();
+        return Err(format!(
+            "--params {missing}=...: the library registers no such type; it registers {}",
+            names.join(", ")
+        ));
+    }
     if !args.types.is_empty() {
         if let Some(missing) = args
             .types
@@ -214,7 +224,7 @@ pub fn run(args: &TestArgs) -> Result<Vec<TypeReport>, String> {
         let (lines, ended) = child(&ChildInput {
             file: args.file.clone(),
             type_name: Some(type_name.clone()),
-            params: params.clone(),
+            params: given.of(&type_name).to_owned(),
             allow_random: args.allow_random,
         })?;
         let mut report = TypeReport {
@@ -286,6 +296,61 @@ fn finding(check: &str, ok: bool, detail: impl Into<String>) {
     }));
 }
 
+/// `--params`: per type (`TYPE={...}`) and for every other type (a bare object).
+struct GivenParams {
+    every: String,
+    per_type: Vec<(String, String)>,
+}
+
+impl GivenParams {
+    fn parse(given: &[String]) -> Result<GivenParams, String> {
+        let object = |text: &str| {
+            serde_json::from_str::<serde_json::Value>(text).is_ok_and(|v| v.is_object())
+        };
+        let mut out = GivenParams {
+            every: "{}".into(),
+            per_type: Vec::new(),
+        };
+        for one in given {
+            let one = one.trim();
+            match one.split_once('=') {
+                Some((name, json)) if !one.starts_with('{') => {
+                    if !object(json) {
+                        return Err(format!(
+                            "--params {name}=...: expected a JSON object, got `{json}`"
+                        ));
+                    }
+                    out.per_type.push((name.trim().to_owned(), json.to_owned()));
+                }
+                _ if object(one) => out.every = one.to_owned(),
+                _ => {
+                    return Err(format!(
+                        "--params: expected a JSON object or TYPE={{...}}, got `{one}`"
+                    ))
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    fn of(&self, type_name: &str) -> &str {
+        self.per_type
+            .iter()
+            .rev()
+            .find(|(name, _)| name == type_name)
+            .map_or(&self.every, |(_, json)| json)
+    }
+}
+
+/// What to tell an author whose parameters `type_name` refused.
+fn params_hint(type_name: &str, given: &str) -> String {
+    if given == "{}" {
+        format!("give it valid ones with --params '{type_name}={{...}}'")
+    } else {
+        format!("it was given {given}; give it its own with --params '{type_name}={{...}}'")
+    }
+}
+
 fn params_with_unknown(params: &str) -> String {
     let mut value: serde_json::Value = serde_json::from_str(params).unwrap_or_default();
     if let Some(object) = value.as_object_mut() {
@@ -318,6 +383,55 @@ fn labels(count: usize, rng: &mut rand::rngs::StdRng) -> Vec<Arc<Labels>> {
             Labels::new(&map)
         })
         .collect()
+}
+
+/// Engine reports for `count` rows: a quarter never scraped, an eighth stale, the others
+/// fresh with random queues, KV usage and adapters.
+fn engine_reports(count: usize, rng: &mut rand::rngs::StdRng) -> Vec<Arc<EngineReport>> {
+    (0..count)
+        .map(|_| {
+            if rng.gen_bool(0.25) {
+                return EngineReport::none();
+            }
+            let adapters = |rng: &mut rand::rngs::StdRng| -> Box<[Box<str>]> {
+                ["sql-lora", "chat-lora"]
+                    .into_iter()
+                    .filter(|_| rng.gen_bool(0.5))
+                    .map(Box::from)
+                    .collect()
+            };
+            let report = EngineReport::new();
+            let sample = EngineSample {
+                running_requests: f64::from(rng.gen_range(0..64u32)),
+                waiting_requests: f64::from(rng.gen_range(0..16u32)),
+                kv_cache_usage: rng.gen_range(0.0..=1.0),
+                running_adapters: Some(adapters(rng)),
+                waiting_adapters: Some(adapters(rng)),
+            };
+            report.record(sample, std::time::Instant::now());
+            if rng.gen_bool(0.125) {
+                report.mark_failed();
+            }
+            report
+        })
+        .collect()
+}
+
+/// The request components are called with: every attribute set, the `x-zone` and
+/// `x-tenant` headers among them (what `request_attributes.headers` might list).
+fn conformance_request() -> RequestContext {
+    let mut request = RequestContext::new(16, 64);
+    request.attributes = Some(Arc::new(RequestAttributes {
+        request_id: "conformance-1".into(),
+        model: "conformance".into(),
+        lora_adapter: Some("sql-lora".into()),
+        tenant: Some("tenant-a".into()),
+        headers: vec![
+            ("x-tenant".into(), "tenant-a".into()),
+            ("x-zone".into(), "a".into()),
+        ],
+    }));
+    request
 }
 
 /// Candidate rows: zeros, maxima, or random values (seeded), every group set.
@@ -443,7 +557,7 @@ fn lifecycle_script() -> [(Lifecycle, Outcome); 5] {
 fn test_component(stage: &mut Stage, allow_random: bool) {
     let kind = stage.kind;
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
-    let request = RequestContext::new(16, 64);
+    let request = conformance_request();
     let mut failures: Vec<(&str, String)> = Vec::new();
     let mut candidates = Candidates::default();
     for &count in &FLEETS {
@@ -453,6 +567,7 @@ fn test_component(stage: &mut Stage, allow_random: bool) {
             )));
             candidates.fill(stage.inputs, rows(count, variant, &mut rng));
             candidates.fill_labels(labels(count, &mut rng));
+            candidates.fill_engine(engine_reports(count, &mut rng));
             let costs: Vec<f64> = (0..count).map(|i| (i % 7) as f64).collect();
             let first = match stage.call_once(&request, &candidates, &costs) {
                 Ok(output) => output,
@@ -487,6 +602,7 @@ fn test_component(stage: &mut Stage, allow_random: bool) {
     emit(&Line::Phase("calling it from another thread".into()));
     candidates.fill(stage.inputs, rows(64, "random", &mut rng));
     candidates.fill_labels(labels(64, &mut rng));
+    candidates.fill_engine(engine_reports(64, &mut rng));
     let costs = vec![1.0; 64];
     let here = stage.call_once(&request, &candidates, &costs).ok();
     let there = std::thread::scope(|scope| {
@@ -552,6 +668,7 @@ fn test_component(stage: &mut Stage, allow_random: bool) {
     emit(&Line::Phase("timing it on 1,024 candidates".into()));
     candidates.fill(stage.inputs, rows(1024, "random", &mut rng));
     candidates.fill_labels(labels(1024, &mut rng));
+    candidates.fill_engine(engine_reports(1024, &mut rng));
     let costs = vec![1.0; 1024];
     let calls = 200;
     let started = Instant::now();
@@ -568,7 +685,7 @@ fn test_component(stage: &mut Stage, allow_random: bool) {
 fn test_policy(policy: Policy, allow_random: bool) {
     let mut selector = Selector::new(policy);
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
-    let request = RequestContext::new(16, 64);
+    let request = conformance_request();
     let mut failure = None;
     for &count in &FLEETS {
         for variant in ["zeros", "maxima", "random"] {
@@ -690,7 +807,7 @@ pub fn run_child() -> i32 {
             Err(e) => finding(
                 "given parameters accepted",
                 false,
-                format!("{e} (pass valid ones with --params)"),
+                format!("{e} ({})", params_hint(&type_name, &input.params)),
             ),
         }
     } else if let Some(policy_type) = registry.policy(&type_name).cloned() {
@@ -725,7 +842,7 @@ pub fn run_child() -> i32 {
             Err(e) => finding(
                 "given parameters accepted",
                 false,
-                format!("{e} (pass valid ones with --params)"),
+                format!("{e} ({})", params_hint(&type_name, &input.params)),
             ),
         }
     } else {

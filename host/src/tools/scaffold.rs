@@ -60,6 +60,11 @@ fn renamed(source: &str, prefix: &str, library: &str, name: &str) -> String {
         .replace("Acme Corp (switchyard example)", VENDOR)
 }
 
+/// How a C or C++ scaffold builds: configure and build as two commands, so that under
+/// `set -e` a failed configure (switchyard's CMake package not found) stops there with its
+/// own message. `SWITCHYARD_PREFIX` names where switchyard is installed.
+const CMAKE_BUILD: &str = "cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release ${SWITCHYARD_PREFIX:+-DCMAKE_PREFIX_PATH=\"$SWITCHYARD_PREFIX\"} \\\n    || { echo \"cmake could not configure the plugin: is switchyard installed? Set SWITCHYARD_PREFIX to its install prefix (cmake --install of its build)\" >&2; exit 1; }\ncmake --build build";
+
 /// The files of a scaffold: (relative path, contents).
 fn files(args: &NewArgs, sdk: Option<&Path>) -> Vec<(String, String)> {
     let name = args.name.as_str();
@@ -83,15 +88,13 @@ fn files(args: &NewArgs, sdk: Option<&Path>) -> Vec<(String, String)> {
         Lang::C => (
             format!("{ident}.c"),
             renamed(C_EXAMPLE, "c", "acme-least-busy-c", name),
-            "cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release && cmake --build build"
-                .to_owned(),
+            CMAKE_BUILD.to_owned(),
             format!("build/lib{ident}.so"),
         ),
         Lang::Cpp => (
             format!("{ident}.cpp"),
             renamed(CPP_EXAMPLE, "cpp", "acme-least-busy-cpp", name),
-            "cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release && cmake --build build"
-                .to_owned(),
+            CMAKE_BUILD.to_owned(),
             format!("build/lib{ident}.so"),
         ),
     };
@@ -114,8 +117,9 @@ fn files(args: &NewArgs, sdk: Option<&Path>) -> Vec<(String, String)> {
                     "# Builds against an installed switchyard (cmake --install of its build, or a\n\
                      # package): configure with -DCMAKE_PREFIX_PATH=<its prefix> if it is not found.\n\
                      cmake_minimum_required(VERSION 3.16)\nproject({ident} LANGUAGES {language})\n\n\
-                     find_package(Switchyard 0.1 CONFIG REQUIRED)\n\n\
-                     switchyard_add_plugin({ident} SOURCES {source_file})\n"
+                     find_package(Switchyard {version} CONFIG REQUIRED)\n\n\
+                     switchyard_add_plugin({ident} SOURCES {source_file})\n",
+                    version = sdk_major_minor()
                 ),
             ));
         }
@@ -123,12 +127,13 @@ fn files(args: &NewArgs, sdk: Option<&Path>) -> Vec<(String, String)> {
     out.push((
         "switchyard.yaml".into(),
         format!(
-            "# The plugin, as a policy type and as components composed. Build it first:\n#   {build}\n\
+            "# The plugin, as a policy type and as components composed. Build it first:\n#   {commented}\n\
              # then: switchyard check --config switchyard.yaml\n\
              plugins:\n  - path: {library}\nworker_selection:\n  default: {name}\n  instances:\n\
              \x20   - name: {name}\n      type: {name}.least-busy\n\
              \x20   - name: {name}-composed\n      filters: [{{type: {name}.min-device-overlap}}]\n      scorers: [{{type: {name}.active-requests}}]\n      picker: {{type: {name}.lowest-cost}}\n\
-             workers:\n  - {{model: demo, worker_id: 1}}\n  - {{model: demo, worker_id: 2}}\n"
+             workers:\n  - {{model: demo, worker_id: 1}}\n  - {{model: demo, worker_id: 2}}\n",
+            commented = build.replace('\n', "\n#   ")
         ),
     ));
     out.push((
@@ -140,10 +145,12 @@ fn files(args: &NewArgs, sdk: Option<&Path>) -> Vec<(String, String)> {
              \"$SWITCHYARD\" check --config switchyard.yaml\n\
              # The conformance run: every type on generated fleets (exit 1 on any finding).\n\
              \"$SWITCHYARD\" plugin test {library}\n\
-             # Worker 1 is busy (2 active requests), worker 2 idle: both instances pick worker 2.\n\
+             # The example policy's own decisions: worker 1 is busy (2 active requests), worker 2\n\
+             # idle, so both instances pick worker 2. Change these with your policy (a fleet\n\
+             # with labels: --fleet FILE, see `switchyard select --help`).\n\
              for instance in {name} {name}-composed; do\n\
              \x20   picked=$(\"$SWITCHYARD\" select --config switchyard.yaml --instance \"$instance\" --worker 1:0:2 --worker 2:0:0)\n\
-             \x20   [ \"$picked\" = \"worker 2 dp_rank 0\" ] || {{ echo \"$instance picked: $picked\" >&2; exit 1; }}\n\
+             \x20   [ \"$picked\" = \"worker 2 dp_rank 0\" ] || {{ echo \"$instance picked $picked, where the example policy picks worker 2: update this check in test.sh to your policy's decisions\" >&2; exit 1; }}\n\
              done\necho \"ok: {name} builds, loads and picks\"\n"
         ),
     ));
@@ -161,6 +168,12 @@ fn files(args: &NewArgs, sdk: Option<&Path>) -> Vec<(String, String)> {
         ),
     ));
     out
+}
+
+/// `MAJOR.MINOR` of this switchyard, the CMake package version a scaffold asks for.
+fn sdk_major_minor() -> String {
+    let version = switchyard_plugin_sdk::abi::SWITCHYARD_SDK_REVISION;
+    version.splitn(3, '.').take(2).collect::<Vec<_>>().join(".")
 }
 
 /// Writes the scaffold; returns its folder.

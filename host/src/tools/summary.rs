@@ -186,6 +186,20 @@ pub fn inspect_file(path: &Path) -> Result<(PluginFile, String), LoadError> {
                 out,
                 "    ABI:      {abi_major}.{abi_minor}, SDK revision {sdk_revision}, layout {layout_fingerprint}"
             );
+            let _ = match &file.refused {
+                None => writeln!(
+                    out,
+                    "    verdict:  this router (ABI {}.{}) accepts this ABI and layout",
+                    switchyard_plugin_sdk::abi::SWITCHYARD_ABI_MAJOR,
+                    crate::plugin::HOST_ABI_MINOR
+                ),
+                Some(why) => writeln!(
+                    out,
+                    "    verdict:  REFUSED by this router (ABI {}.{}): {why}",
+                    switchyard_plugin_sdk::abi::SWITCHYARD_ABI_MAJOR,
+                    crate::plugin::HOST_ABI_MINOR
+                ),
+            };
             let _ = writeln!(
                 out,
                 "    manifest: read from the file; the library was not loaded{}",

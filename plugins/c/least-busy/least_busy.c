@@ -14,9 +14,10 @@
 #include <switchyard/plugin.h>
 
 /* Reads an optional finite, non-negative number `key` (default 0) and rejects every
- * other key. Returns a status; writes *out only on success. */
-static int32_t read_min_blocks(const switchyard_params *params, const char *key, double *out,
-                               const switchyard_error *error) {
+ * other key. Returns a status; writes *out only on success. `inline`, so that a copy of
+ * this file that stops calling it still builds under -Werror=unused-function. */
+static inline int32_t read_min_blocks(const switchyard_params *params, const char *key, double *out,
+                                      const switchyard_error *error) {
     size_t count = params->callback_key_count(params);
     for (size_t i = 0; i < count; i++) {
         switchyard_str name;

@@ -63,6 +63,30 @@ pub(super) fn inputs_of_minor(minor: u16) -> u32 {
     MINORS[usize::from(minor).min(MINORS.len() - 1)].inputs
 }
 
+/// Whether this router would accept a library declaring ABI `major.minor` with layout
+/// `fingerprint` (as a manifest spells it, `0x` and hex digits): `None`, or why not. What
+/// `plugin inspect` says without loading the library; loading checks it all again.
+pub fn refusal_of_declared(major: u16, minor: u16, fingerprint: &str) -> Option<String> {
+    if major != SWITCHYARD_ABI_MAJOR {
+        return Some(format!(
+            "it is built for ABI {major}.x; this router speaks ABI {SWITCHYARD_ABI_MAJOR}.x"
+        ));
+    }
+    if minor > HOST_ABI_MINOR {
+        return Some(format!(
+            "it is built for ABI 1.{minor}, newer than this router's 1.{HOST_ABI_MINOR}; upgrade the router"
+        ));
+    }
+    let expected = MINORS[usize::from(minor)].fingerprint;
+    let found = u64::from_str_radix(fingerprint.trim_start_matches("0x"), 16).ok();
+    if found != Some(expected) {
+        return Some(format!(
+            "its layout fingerprint {fingerprint} is not ABI 1.{minor}'s ({expected:#018x}): it was built against a stale or edited header"
+        ));
+    }
+    None
+}
+
 /// How strictly the plugin's SDK revision must match the host's (`revision:` in config).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
 #[serde(rename_all = "lowercase")]

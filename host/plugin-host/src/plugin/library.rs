@@ -50,6 +50,9 @@ pub struct PluginFile {
     pub path: PathBuf,
     pub sha256: String,
     pub manifest: Option<Manifest>,
+    /// Why this router would refuse the library, judged from its manifest (`None`: it
+    /// would take it, or there is no manifest to judge by).
+    pub refused: Option<String>,
 }
 
 /// A library that passed every check, with the types it registered.
@@ -266,10 +269,15 @@ fn read_file(path: &Path) -> Result<(std::fs::File, Vec<u8>), LoadError> {
 pub fn examine(path: &Path) -> Result<PluginFile, LoadError> {
     let (_, bytes) = read_file(path)?;
     elf_check::check(path, &bytes)?;
+    let manifest = manifest::read(path, &bytes)?;
+    let refused = manifest.as_ref().and_then(|m| {
+        super::abi_checks::refusal_of_declared(m.abi_major, m.abi_minor, &m.layout_fingerprint)
+    });
     Ok(PluginFile {
         path: path.to_owned(),
         sha256: sha256_hex(&bytes),
-        manifest: manifest::read(path, &bytes)?,
+        manifest,
+        refused,
     })
 }
 

@@ -46,7 +46,7 @@ pub enum LoadError {
         reason: String,
     },
     #[error("{}: missing entry symbol `{}`{}", path.display(), SWITCHYARD_ENTRY_SYMBOL, match other_major {
-        Some(major) => format!(": the library exports `switchyard_plugin_entry_v{major}`, so it was built for ABI {major}.x; this router speaks ABI {SWITCHYARD_ABI_MAJOR}.x. Rebuild the plugin against switchyard-plugin-sdk {SWITCHYARD_SDK_REVISION} (ABI {SWITCHYARD_ABI_MAJOR}.x)"),
+        Some(major) => format!(": the library exports `switchyard_plugin_entry_v{major}`, so it was built for ABI {major}.x; this router speaks ABI {SWITCHYARD_ABI_MAJOR}.x. Rebuild the plugin against switchyard SDK {SWITCHYARD_SDK_REVISION} (ABI {SWITCHYARD_ABI_MAJOR}.x: C and C++ include its include/switchyard/plugin.h, Rust depends on the switchyard-plugin-sdk crate)"),
         None => ". This is not a switchyard plugin, or it was built without the export macro (SWITCHYARD_PLUGIN in C/C++, export_plugin! in Rust) or with hidden visibility on it".to_owned(),
     })]
     MissingEntry {
@@ -64,7 +64,7 @@ pub enum LoadError {
     },
     #[error("{}: the entry symbol returned a NULL descriptor; it must return a pointer to a static switchyard_plugin_descriptor (use the SDK's export macro)", path.display())]
     NullDescriptor { path: PathBuf },
-    #[error("{}: ABI major mismatch: the router speaks ABI {expected}.x, the plugin declares ABI {found}.x. Rebuild the plugin against switchyard-plugin-sdk {} (ABI {expected}.x)", path.display(), SWITCHYARD_SDK_REVISION)]
+    #[error("{}: ABI major mismatch: the router speaks ABI {expected}.x, the plugin declares ABI {found}.x. Rebuild the plugin against switchyard SDK {} (ABI {expected}.x: C and C++ include its include/switchyard/plugin.h, Rust depends on the switchyard-plugin-sdk crate)", path.display(), SWITCHYARD_SDK_REVISION)]
     AbiMajorMismatch {
         path: PathBuf,
         found: u16,
@@ -84,14 +84,14 @@ pub enum LoadError {
         required: usize,
         minor: u16,
     },
-    #[error("{}: layout fingerprint mismatch for ABI 1.{minor}: expected {expected:#018x}, found {found:#018x}. The plugin was compiled against a stale or hand-edited plugin.h; rebuild it against the header shipped with switchyard-plugin-sdk {}", path.display(), SWITCHYARD_SDK_REVISION)]
+    #[error("{}: layout fingerprint mismatch for ABI 1.{minor}: expected {expected:#018x}, found {found:#018x}. The plugin was compiled against a stale or hand-edited plugin.h; rebuild it against the header of switchyard SDK {} (include/switchyard/plugin.h; Rust: the switchyard-plugin-sdk crate)", path.display(), SWITCHYARD_SDK_REVISION)]
     LayoutMismatch {
         path: PathBuf,
         found: u64,
         expected: u64,
         minor: u16,
     },
-    #[error("{}: SDK revision mismatch: `revision: exact` requires {expected}, the plugin was built with {found}. Rebuild the plugin against switchyard-plugin-sdk {expected}, or set `revision: compatible`", path.display())]
+    #[error("{}: SDK revision mismatch: `revision: exact` requires {expected}, the plugin was built with {found}. Rebuild the plugin against switchyard SDK {expected} (include/switchyard/plugin.h, or the Rust crate switchyard-plugin-sdk), or set `revision: compatible`", path.display())]
     RevisionMismatch {
         path: PathBuf,
         found: String,

@@ -222,9 +222,17 @@ fn load_plugins(source: &ConfigSource, errors: &mut Vec<StartupError>) -> Regist
             None => registry.load_plugin(&spec),
         };
         if let Err(error) = loaded {
+            let path_line = source.line_of("path", &entry.path.to_string_lossy(), 0);
+            // A pin that does not match, or does not parse, is the `sha256:` line's fault.
+            let pin_line = match (&error, &entry.sha256) {
+                (LoadError::ChecksumMismatch { .. } | LoadError::InvalidPin { .. }, Some(pin)) => {
+                    path_line.and_then(|from| source.line_from("sha256", pin, from))
+                }
+                _ => None,
+            };
             let at = Location {
                 config: source.name.clone(),
-                line: source.line_of("path", &entry.path.to_string_lossy(), 0),
+                line: pin_line.or(path_line),
             };
             errors.push(StartupError::Plugin { at, error });
         }
@@ -245,6 +253,7 @@ fn builtin_default(
             on_error: OnError::Fail,
             kind: InstanceKind::Policy {
                 policy_type: BUILTIN_DEFAULT.to_owned(),
+                origin: policy.origin.to_string(),
                 factory,
             },
             budget: None,
@@ -362,7 +371,11 @@ fn instance(
                 error,
                 origin: policy.origin.to_string(),
             }))?;
-            InstanceKind::Policy { policy_type: policy_type.clone(), factory }
+            InstanceKind::Policy {
+                policy_type: policy_type.clone(),
+                origin: policy.origin.to_string(),
+                factory,
+            }
         }
         (None, true) => {
             let mut components = Vec::new();
