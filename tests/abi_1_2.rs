@@ -315,3 +315,56 @@ fn engine_reported_load_routes_around_traffic_that_bypasses_the_router() {
         .unwrap();
     assert!(metrics.contains("vllm:num_requests_running"), "{metrics}");
 }
+
+/// `switchyard select` carries the request's attributes (`--header`, `--lora-adapter`) and
+/// a fleet's engine samples (`engine:`) to every component: the C header filter, the
+/// built-in engine-queue and LoRA scorers, and the C++ LoRA scorer.
+#[test]
+fn select_cli_takes_attributes_and_engine_samples() {
+    let dir = tempfile::tempdir().unwrap();
+    let fleet = dir.path().join("fleet.yaml");
+    std::fs::write(
+        &fleet,
+        "- {worker_id: 1, labels: {zone: a}, engine: {running_requests: 9, waiting_requests: 4}}\n\
+         - {worker_id: 2, labels: {zone: b}, engine: {running_requests: 1, running_adapters: [sql]}}\n\
+         - {worker_id: 3, labels: {zone: b}}\n",
+    )
+    .unwrap();
+    let yaml = format!(
+        "plugins:\n  - path: {}\n  - path: {}\nworker_selection:\n  default: zoned\n  instances:\n    - name: zoned\n      filters: [{{type: c.label-matches-header, parameters: {{label: zone, header: x-zone}}}}]\n      scorers: [{{type: builtin.engine-queue}}, {{type: builtin.lora-affinity, weight: 5}}, {{type: cpp.lora-affinity}}]\n      picker: {{type: builtin.lowest-cost, parameters: {{tie_break: worker-id}}}}\n",
+        cmake_plugin("header_match_c").display(),
+        cmake_plugin("lora_affinity_cpp").display()
+    );
+    let config = write_config(dir.path(), &yaml);
+    let select = |extra: &[&str]| {
+        let output = Command::new(switchyard_bin())
+            .args(["select", "--explain", "--config"])
+            .arg(&config)
+            .arg("--fleet")
+            .arg(&fleet)
+            .args(extra)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    };
+    let zoned = select(&["--header", "x-zone=b", "--lora-adapter", "sql"]);
+    assert!(
+        zoned.ends_with("worker 2 dp_rank 0\n"),
+        "zone b, adapter running on 2:\n{zoned}"
+    );
+    assert!(zoned.lines().nth(1).unwrap().contains("DROP"), "{zoned}");
+    let anywhere = select(&[]);
+    assert!(
+        anywhere.ends_with("worker 3 dp_rank 0\n"),
+        "no zone, no adapter: the idle engine:\n{anywhere}"
+    );
+    assert!(
+        anywhere.contains("13.000"),
+        "engine 1's queue is 9 + 4:\n{anywhere}"
+    );
+}

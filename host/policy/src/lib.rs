@@ -18,6 +18,6 @@ pub use candidates::{CandidateRow, Candidates, KeptColumns};
 pub use error::{BuildError, Refusal};
 pub use instances::{CallBudget, ComponentUse, InstanceFactory, InstanceKind};
 pub use pipeline::{
-    Policy, RawOutput, SelectError, SelectTrace, Selector, Stage, StageImpl, StageStats,
+    Policy, RawOutput, RowExtras, SelectError, SelectTrace, Selector, Stage, StageImpl, StageStats,
 };
 pub use registry::{ComponentType, Origin, PolicyFactory, PolicyType, Registry};

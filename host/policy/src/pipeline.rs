@@ -17,7 +17,7 @@ use super::histogram::{LatencyHistogram, Stopwatch};
 use switchyard_plugin_host::isolation::{share_channels, RemoteInstance};
 use switchyard_plugin_host::plugin::{
     builtin_filter, builtin_pick, builtin_score, AbiRequest, CallError, Columns, ComponentInstance,
-    ComponentKind, ErrorBuffer, Labels, Lifecycle, Outcome, RequestContext,
+    ComponentKind, EngineReport, ErrorBuffer, Labels, Lifecycle, Outcome, RequestContext,
 };
 
 /// How a stage runs: a built-in trait object, called directly, or a plugin instance,
@@ -617,6 +617,25 @@ fn failed(stage: &mut Stage, failure: CallError) -> SelectError {
 
 /// A policy with its candidate buffers: what one partition holds, and the unit of
 /// selection for the router, `switchyard select` and tests.
+/// What rows carry by reference besides their plain values: each row's labels (LABELS)
+/// and engine report (ENGINE), in row order; rows past either have none.
+#[derive(Clone, Debug, Default)]
+pub struct RowExtras {
+    pub labels: Vec<Arc<Labels>>,
+    pub engine: Vec<Arc<EngineReport>>,
+}
+
+impl RowExtras {
+    fn fill(&self, candidates: &mut Candidates) {
+        if !self.labels.is_empty() {
+            candidates.fill_labels(self.labels.iter().cloned());
+        }
+        if !self.engine.is_empty() {
+            candidates.fill_engine(self.engine.iter().cloned());
+        }
+    }
+}
+
 pub struct Selector {
     pub policy: Policy,
     candidates: Candidates,
@@ -684,7 +703,7 @@ impl Selector {
         &mut self,
         request: &RequestContext,
         rows: I,
-        labels: &[Arc<Labels>],
+        extras: &RowExtras,
     ) -> (Result<WorkerId, SelectError>, SelectTrace)
     where
         I: IntoIterator<Item = CandidateRow>,
@@ -692,7 +711,7 @@ impl Selector {
     {
         let mut trace = SelectTrace::default();
         self.candidates.fill(self.policy.inputs(), rows);
-        self.candidates.fill_labels(labels.iter().cloned());
+        extras.fill(&mut self.candidates);
         let (policy, candidates) = (&mut self.policy, &mut self.candidates);
         let result = request
             .with_abi(|raw| policy.select(raw, candidates, Some(&mut trace)))
@@ -706,7 +725,7 @@ impl Selector {
         I: IntoIterator<Item = CandidateRow>,
         I::IntoIter: ExactSizeIterator,
     {
-        self.select_labeled(request, rows, &[])
+        self.select_labeled(request, rows, &RowExtras::default())
     }
 
     /// `select` with each row's labels (index-aligned; read only if some component
@@ -715,16 +734,14 @@ impl Selector {
         &mut self,
         request: &RequestContext,
         rows: I,
-        labels: &[Arc<Labels>],
+        extras: &RowExtras,
     ) -> Result<WorkerId, SelectError>
     where
         I: IntoIterator<Item = CandidateRow>,
         I::IntoIter: ExactSizeIterator,
     {
         self.candidates.fill(self.policy.inputs(), rows);
-        if !labels.is_empty() {
-            self.candidates.fill_labels(labels.iter().cloned());
-        }
+        extras.fill(&mut self.candidates);
         let (policy, candidates) = (&mut self.policy, &mut self.candidates);
         request
             .with_abi(|raw| policy.select(raw, candidates, None))

@@ -28,7 +28,7 @@ use crate::plugin::{
     OwnedParams, PartitionKey, PluginSpec, RequestAttributes, RequestContext, RevisionRule,
 };
 use crate::policy::{
-    CandidateRow, Candidates, Origin, Policy, RawOutput, Registry, Selector, Stage,
+    CandidateRow, Candidates, Origin, Policy, RawOutput, Registry, RowExtras, Selector, Stage,
 };
 
 /// The hidden subcommand a type is tested in.
@@ -693,9 +693,12 @@ fn test_policy(policy: Policy, allow_random: bool) {
                 "selecting among {count} candidates ({variant} values)"
             )));
             let fleet = rows(count, variant, &mut rng);
-            let tags = labels(count, &mut rng);
-            let first = selector.select_labeled(&request, fleet.iter().copied(), &tags);
-            let second = selector.select_labeled(&request, fleet.iter().copied(), &tags);
+            let extras = RowExtras {
+                labels: labels(count, &mut rng),
+                engine: engine_reports(count, &mut rng),
+            };
+            let first = selector.select_labeled(&request, fleet.iter().copied(), &extras);
+            let second = selector.select_labeled(&request, fleet.iter().copied(), &extras);
             match (&first, &second) {
                 (Err(e), _) if !e.is_no_worker() => failure = failure.or(Some(("selections succeed", format!("{count} candidates ({variant}): {e}")))),
                 (Ok(a), Ok(b)) if a != b && !allow_random => failure = failure.or(Some(("same input, same output", format!("{count} candidates ({variant}): picked worker {} then {} (pass --allow-random if the type is random by design)", a.worker_id, b.worker_id)))),
@@ -734,11 +737,14 @@ fn test_policy(policy: Policy, allow_random: bool) {
         );
     }
     let fleet = rows(1024, "random", &mut rng);
-    let tags = labels(1024, &mut rng);
+    let extras = RowExtras {
+        labels: labels(1024, &mut rng),
+        engine: engine_reports(1024, &mut rng),
+    };
     let calls = 200;
     let started = Instant::now();
     for _ in 0..calls {
-        let _ = selector.select_labeled(&request, fleet.iter().copied(), &tags);
+        let _ = selector.select_labeled(&request, fleet.iter().copied(), &extras);
     }
     let per_call = started.elapsed().as_nanos() as f64 / f64::from(calls);
     emit(&Line::Timing {

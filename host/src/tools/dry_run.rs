@@ -10,8 +10,11 @@ use std::sync::Arc;
 use serde::Deserialize;
 use switchyard_plugin_sdk::{WorkerId, WorkerType};
 
-use crate::plugin::{Labels, PartitionKey, RequestContext};
-use crate::policy::{CandidateRow, SelectTrace, Selector};
+use crate::plugin::{
+    EngineReading, EngineReport, EngineSample, Labels, PartitionKey, RequestAttributes,
+    RequestContext,
+};
+use crate::policy::{CandidateRow, RowExtras, SelectTrace, Selector};
 use crate::startup::Startup;
 
 /// What `select` takes.
@@ -37,6 +40,25 @@ pub struct SelectArgs {
     /// Show each filter's verdict, each scorer's cost and the total per worker.
     #[arg(long)]
     pub explain: bool,
+    /// A request header policies may read (ATTRIBUTES), as NAME=VALUE (repeat).
+    #[arg(long = "header", value_parser = parse_header)]
+    pub headers: Vec<(String, String)>,
+    /// The request's tenant (ATTRIBUTES).
+    #[arg(long)]
+    pub tenant: Option<String>,
+    /// The LoRA adapter the request asks for (ATTRIBUTES).
+    #[arg(long)]
+    pub lora_adapter: Option<String>,
+    /// The request's id (ATTRIBUTES); `dry-run` by default.
+    #[arg(long, default_value = "dry-run")]
+    pub request_id: String,
+}
+
+fn parse_header(text: &str) -> Result<(String, String), String> {
+    let (name, value) = text
+        .split_once('=')
+        .ok_or_else(|| format!("expected NAME=VALUE, found `{text}`"))?;
+    Ok((name.trim().to_ascii_lowercase(), value.to_owned()))
 }
 
 fn parse_worker(text: &str) -> Result<CandidateRow, String> {
@@ -84,10 +106,58 @@ struct FleetWorker {
     preferred_taint_multiplier: Option<f64>,
     #[serde(default)]
     labels: std::collections::BTreeMap<String, String>,
+    /// What the worker's engine reports (ENGINE); none when absent.
+    #[serde(default)]
+    engine: Option<FleetEngine>,
 }
 
-/// The fleet's rows, and each row's labels.
-fn read_fleet(path: &Path) -> Result<Vec<(CandidateRow, Arc<Labels>)>, String> {
+/// A fleet worker's engine sample.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FleetEngine {
+    #[serde(default)]
+    running_requests: f64,
+    #[serde(default)]
+    waiting_requests: f64,
+    #[serde(default = "unknown")]
+    kv_cache_usage: f64,
+    #[serde(default)]
+    running_adapters: Option<Vec<String>>,
+    #[serde(default)]
+    waiting_adapters: Option<Vec<String>>,
+    /// How old the sample is.
+    #[serde(default)]
+    age_ms: u64,
+    /// The last scrape failed (the sample is the last good one).
+    #[serde(default)]
+    stale: bool,
+}
+
+fn unknown() -> f64 {
+    f64::NAN
+}
+
+impl FleetEngine {
+    fn report(self) -> Arc<EngineReport> {
+        let names = |list: Option<Vec<String>>| {
+            list.map(|l| l.into_iter().map(String::into_boxed_str).collect())
+        };
+        EngineReport::from_reading(EngineReading {
+            sample: Arc::new(EngineSample {
+                running_requests: self.running_requests,
+                waiting_requests: self.waiting_requests,
+                kv_cache_usage: self.kv_cache_usage,
+                running_adapters: names(self.running_adapters),
+                waiting_adapters: names(self.waiting_adapters),
+            }),
+            age: std::time::Duration::from_millis(self.age_ms),
+            fresh: !self.stale,
+        })
+    }
+}
+
+/// The fleet's rows, and each row's labels and engine report.
+fn read_fleet(path: &Path) -> Result<Vec<(CandidateRow, Arc<Labels>, Arc<EngineReport>)>, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("{}: cannot read the fleet: {e}", path.display()))?;
     let workers: Vec<FleetWorker> = serde_yaml::from_str(&text).map_err(|e| {
@@ -116,7 +186,10 @@ fn read_fleet(path: &Path) -> Result<Vec<(CandidateRow, Arc<Labels>)>, String> {
             row.load.decode_cost_blocks = w.decode_cost_blocks;
             row.load.active_requests = w.active_requests;
             row.preferred_taint_multiplier = w.preferred_taint_multiplier.unwrap_or(f64::NAN);
-            (row, Labels::new(&w.labels))
+            let engine = w
+                .engine
+                .map_or_else(EngineReport::none, FleetEngine::report);
+            (row, Labels::new(&w.labels), engine)
         })
         .collect())
 }
@@ -124,11 +197,15 @@ fn read_fleet(path: &Path) -> Result<Vec<(CandidateRow, Arc<Labels>)>, String> {
 /// The decision (and with `--explain`, its table), or what went wrong.
 pub fn run(args: &SelectArgs, startup: &Startup) -> Result<String, String> {
     let mut rows = args.workers.clone();
-    let mut labels = vec![Labels::none(); rows.len()];
+    let mut extras = RowExtras {
+        labels: vec![Labels::none(); rows.len()],
+        engine: vec![EngineReport::none(); rows.len()],
+    };
     if let Some(path) = &args.fleet {
-        for (row, row_labels) in read_fleet(path)? {
+        for (row, labels, engine) in read_fleet(path)? {
             rows.push(row);
-            labels.push(row_labels);
+            extras.labels.push(labels);
+            extras.engine.push(engine);
         }
     }
     if rows.is_empty() {
@@ -151,9 +228,16 @@ pub fn run(args: &SelectArgs, startup: &Startup) -> Result<String, String> {
     let policy = factory
         .build(&PartitionKey::new("dry-run", WorkerType::Select))
         .map_err(|e| format!("instance `{name}` cannot be built: {e}"))?;
-    let request = RequestContext::new(startup.source.config.router.block_size, args.blocks);
+    let mut request = RequestContext::new(startup.source.config.router.block_size, args.blocks);
+    request.attributes = Some(Arc::new(RequestAttributes {
+        request_id: args.request_id.clone(),
+        model: "dry-run".into(),
+        lora_adapter: args.lora_adapter.clone(),
+        tenant: args.tenant.clone(),
+        headers: args.headers.clone(),
+    }));
     let mut selector = Selector::new(policy);
-    let (result, trace) = selector.explain(&request, rows.iter().copied(), &labels);
+    let (result, trace) = selector.explain(&request, rows.iter().copied(), &extras);
     let decision = match &result {
         Ok(worker) => format!("worker {} dp_rank {}\n", worker.worker_id, worker.dp_rank),
         Err(e) => format!("no pick: instance `{name}`: {e}\n"),
