@@ -206,3 +206,54 @@ fn replicas_sharing_bookings_route_as_one_router() {
         "without sharing the load spreads worse: {csv}"
     );
 }
+
+/// `replay --adapters`: requests ask for LoRA adapters, simulated engines report the
+/// adapters of their requests (ENGINE), and the LoRA-affinity scorer of
+/// `examples/lora-replay.yaml` sends more of them where their adapter is held.
+#[test]
+fn lora_affinity_raises_the_adapter_hit_rate_in_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace.jsonl");
+    write_trace(&trace);
+    let csv = dir.path().join("lora.csv");
+    run(Command::new(switchyard_bin())
+        .args([
+            "replay",
+            "--workers",
+            "4",
+            "--adapters",
+            "8",
+            "--max-loras",
+            "2",
+        ])
+        .args(["--policy", "default-only", "--policy", "lora-aware-heavy"])
+        .arg("--config")
+        .arg(repo().join("examples/lora-replay.yaml"))
+        .arg("--trace")
+        .arg(&trace)
+        .arg("--csv")
+        .arg(&csv)
+        .arg("--svg")
+        .arg(dir.path().join("lora.svg")));
+    let csv = std::fs::read_to_string(&csv).unwrap();
+    let header: Vec<&str> = csv.lines().next().unwrap().split(',').collect();
+    let column = header
+        .iter()
+        .position(|h| *h == "adapter_hit_rate")
+        .unwrap();
+    let rate = |policy: &str| -> f64 {
+        csv.lines()
+            .find(|l| l.starts_with(policy))
+            .unwrap()
+            .split(',')
+            .nth(column)
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    let (plain, aware) = (rate("default-only"), rate("lora-aware-heavy"));
+    assert!(
+        aware > plain + 0.1,
+        "adapter hits {plain} -> {aware}:\n{csv}"
+    );
+}

@@ -24,8 +24,8 @@ pub struct Workers {
     by_id: HashMap<WorkerId, WorkerSpec>,
     /// Each worker's labels as components read them (LABELS), made once per add.
     labels: HashMap<WorkerId, Arc<Labels>>,
-    /// Each worker's engine report (ENGINE), written by the metrics scraper; the shared
-    /// empty one for workers without a `url`.
+    /// Each worker's engine report (ENGINE), written by the metrics scraper (workers with
+    /// a `url`) or a simulation.
     engine: HashMap<WorkerId, Arc<EngineReport>>,
     /// The healthy workers of each partition: the candidates of its requests.
     partitions: BTreeMap<PartitionKey, Vec<WorkerId>>,
@@ -49,11 +49,9 @@ impl Workers {
         members.push(id);
         self.changed.push((spec.partition(), true));
         self.labels.insert(id, Labels::new(&spec.labels));
-        let report = match &spec.url {
-            Some(_) => EngineReport::new(),
-            None => EngineReport::none(),
-        };
-        self.engine.insert(id, report);
+        // Every worker has a cell of its own: the scraper fills those with a `url`, and a
+        // simulation (replay) any.
+        self.engine.insert(id, EngineReport::new());
         self.by_id.insert(id, spec);
         Ok(new_partition)
     }
@@ -128,7 +126,7 @@ impl Workers {
         self.labels.get(&id).cloned().unwrap_or_else(Labels::none)
     }
 
-    /// The worker's engine report (shared; the empty one when it has no `url`).
+    /// The worker's engine report (shared; the empty one for an unknown worker).
     pub fn engine(&self, id: WorkerId) -> Arc<EngineReport> {
         self.engine
             .get(&id)

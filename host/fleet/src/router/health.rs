@@ -45,6 +45,12 @@ impl Router {
         self.state.read().workers.engines()
     }
 
+    /// The worker's engine report cell (ENGINE): what the scraper, or a simulation,
+    /// writes and selections read.
+    pub fn engine_report(&self, id: WorkerId) -> Arc<switchyard_plugin_host::plugin::EngineReport> {
+        self.state.read().workers.engine(id)
+    }
+
     pub fn is_healthy(&self, id: WorkerId) -> bool {
         self.state.read().workers.is_healthy(id)
     }

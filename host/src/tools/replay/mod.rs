@@ -12,6 +12,13 @@
 //!   `removed` events for what LRU evicts) and the router hears prefill-complete; when
 //!   decode ends the router hears free.
 //!
+//! - with `--adapters N`, each request asks for one of N LoRA adapters (requests sharing a
+//!   first block share an adapter); a worker holds `--max-loras` adapters (LRU), and a
+//!   request whose adapter it does not hold pays `--adapter-load-ms` before its prefill;
+//! - every worker reports its own load to the router as an engine's `/metrics` would
+//!   (the ENGINE input group: waiting and running requests, KV usage, the adapters of its
+//!   waiting and running requests), sampled every `--engine-sample-ms` of trace time.
+//!
 //! The KV events reach the router in process, or (`--kv-events zmq`) as an engine sends
 //! them: over ZeroMQ on loopback, through the router's subscribers (`over_zmq`).
 
@@ -33,6 +40,7 @@ use crate::config::ConfigSource;
 use crate::fleet::kv_index::KvEvent;
 use crate::fleet::router::{RouteError, RouteRequest, Router};
 use crate::fleet::workers::{WorkerRole, WorkerSpec};
+use crate::plugin::{EngineReport, EngineSample, RequestAttributes};
 use crate::startup::start;
 use over_zmq::{block_tokens, ZmqFleet};
 
@@ -129,6 +137,14 @@ pub struct SimParams {
     /// their bookings.
     pub replicas: usize,
     pub sync: ReplicaSync,
+    /// LoRA adapters the requests ask for (0: none).
+    pub adapters: u32,
+    /// Adapters a worker holds at once.
+    pub max_loras: usize,
+    /// Seconds a worker takes to load an adapter it does not hold.
+    pub adapter_load_s: f64,
+    /// Trace time between two engine samples, in microseconds (0: before every request).
+    pub engine_sample_us: u64,
 }
 
 /// Whether replicas count each other's bookings in replay.
@@ -166,12 +182,85 @@ pub struct PolicyReport {
     pub selections_per_s: f64,
     /// Requests routed by the built-in policy after the instance failed.
     pub fallbacks: u64,
+    /// Requests for an adapter routed to a worker that held it / all requests for one;
+    /// `None` without `--adapters`.
+    pub adapter_hit_rate: Option<f64>,
 }
 
 struct SimWorker {
     cache: LruCache<u64, ()>,
     prefill_free_at: f64,
     active_tokens: u64,
+    /// Requests routed here whose prefill has not ended, and those decoding.
+    waiting: u64,
+    running: u64,
+    /// The adapters it holds, least recently used first out.
+    adapters: LruCache<u32, ()>,
+    /// Per adapter: its (waiting, running) requests here.
+    adapter_requests: std::collections::BTreeMap<u32, (u64, u64)>,
+}
+
+impl SimWorker {
+    /// What this worker's engine would report on its `/metrics`.
+    fn sample(&self, kv_capacity_tokens: f64) -> EngineSample {
+        let names = |running: bool| -> Box<[Box<str>]> {
+            self.adapter_requests
+                .iter()
+                .filter(|(_, &(w, r))| if running { r > 0 } else { r == 0 && w > 0 })
+                .map(|(a, _)| adapter_name(*a).into_boxed_str())
+                .collect()
+        };
+        EngineSample {
+            running_requests: self.running as f64,
+            waiting_requests: self.waiting as f64,
+            kv_cache_usage: (self.active_tokens as f64 / kv_capacity_tokens).min(1.0),
+            running_adapters: Some(names(true)),
+            waiting_adapters: Some(names(false)),
+        }
+    }
+
+    /// Moves one request for `adapter` (if any) from waiting to running, or (`running`
+    /// false at the end) out.
+    fn count_adapter(&mut self, adapter: Option<u32>, step: AdapterStep) {
+        let Some(a) = adapter else { return };
+        let entry = self.adapter_requests.entry(a).or_default();
+        match step {
+            AdapterStep::Arrive => entry.0 += 1,
+            AdapterStep::Run => {
+                entry.0 -= 1;
+                entry.1 += 1;
+            }
+            AdapterStep::Leave => entry.1 -= 1,
+        }
+        if *entry == (0, 0) {
+            self.adapter_requests.remove(&a);
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+enum AdapterStep {
+    Arrive,
+    Run,
+    Leave,
+}
+
+fn adapter_name(adapter: u32) -> String {
+    format!("adapter-{adapter}")
+}
+
+/// The adapter a request asks for: requests sharing a first block (one application, one
+/// adapter) ask for the same one.
+fn adapter_of(request: &TraceRequest, adapters: u32) -> Option<u32> {
+    if adapters == 0 {
+        return None;
+    }
+    let key = request
+        .hash_ids
+        .first()
+        .copied()
+        .unwrap_or(request.timestamp);
+    Some(((key.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % u64::from(adapters)) as u32)
 }
 
 #[derive(PartialEq, Eq, PartialOrd, Ord)]
@@ -208,6 +297,13 @@ struct Simulation<'a> {
     ttfts: hdrhistogram::Histogram<u64>,
     imbalance_sum: f64,
     router_time: Duration,
+    /// Per request: the adapter it asks for.
+    adapter: Vec<Option<u32>>,
+    adapter_hits: u64,
+    adapter_requests: u64,
+    /// Each replica's report cell of each worker (ENGINE), and when they were last set.
+    reports: Vec<Vec<Arc<EngineReport>>>,
+    sampled_at: Option<u64>,
 }
 
 impl<'a> Simulation<'a> {
@@ -232,6 +328,7 @@ impl<'a> Simulation<'a> {
             _ => Vec::new(),
         };
         let capacity = NonZeroUsize::new(params.cache_blocks.max(1)).expect("non-zero");
+        let lora_slots = NonZeroUsize::new(params.max_loras.max(1)).expect("non-zero");
         let (zmq, sources) = match params.kv_events {
             KvTransport::InProcess => (None, vec![None; params.workers]),
             KvTransport::Zmq => {
@@ -252,6 +349,10 @@ impl<'a> Simulation<'a> {
                     cache: LruCache::new(capacity),
                     prefill_free_at: 0.0,
                     active_tokens: 0,
+                    waiting: 0,
+                    running: 0,
+                    adapters: LruCache::new(lora_slots),
+                    adapter_requests: Default::default(),
                 })
                 .collect(),
             events: BinaryHeap::new(),
@@ -262,6 +363,14 @@ impl<'a> Simulation<'a> {
                 .expect("1 us to 1 h at 3 significant digits is valid"),
             imbalance_sum: 0.0,
             router_time: Duration::ZERO,
+            adapter: trace
+                .iter()
+                .map(|r| adapter_of(r, params.adapters))
+                .collect(),
+            adapter_hits: 0,
+            adapter_requests: 0,
+            reports: Vec::new(),
+            sampled_at: None,
         };
         let mut specs = Vec::with_capacity(params.workers);
         for (id, kv_events) in (0..params.workers as u64).zip(sources) {
@@ -285,6 +394,19 @@ impl<'a> Simulation<'a> {
             }
             specs.push(spec);
         }
+        simulation.reports = routers
+            .iter()
+            .map(|r| {
+                (0..params.workers as u64)
+                    .map(|id| {
+                        r.engine_report(WorkerId {
+                            worker_id: id,
+                            dp_rank: 0,
+                        })
+                    })
+                    .collect()
+            })
+            .collect();
         if let Some(fleet) = &mut simulation.zmq {
             router
                 .subscribe_kv_events(&specs)
@@ -353,10 +475,17 @@ impl<'a> Simulation<'a> {
                             }
                         }
                     }
+                    let worker = &mut self.workers[w];
+                    worker.waiting -= 1;
+                    worker.running += 1;
+                    worker.count_adapter(self.adapter[index], AdapterStep::Run);
                     self.owner(index).prefill_complete(&id)
                 }
                 Phase::DecodeDone => {
-                    self.workers[w].active_tokens -= request.input_length + request.output_length;
+                    let worker = &mut self.workers[w];
+                    worker.active_tokens -= request.input_length + request.output_length;
+                    worker.running -= 1;
+                    worker.count_adapter(self.adapter[index], AdapterStep::Leave);
                     self.owner(index).free(&id)
                 }
             };
@@ -404,8 +533,18 @@ impl<'a> Simulation<'a> {
                 None,
             ),
         };
+        self.sample_engines(now);
+        let adapter = self.adapter[index];
         let route = RouteRequest {
             model: MODEL.into(),
+            attributes: adapter.map(|a| {
+                Arc::new(RequestAttributes {
+                    request_id: index.to_string(),
+                    model: MODEL.into(),
+                    lora_adapter: Some(adapter_name(a)),
+                    ..Default::default()
+                })
+            }),
             instance: Some(self.policy.into()),
             token_ids,
             block_hashes,
@@ -437,7 +576,20 @@ impl<'a> Simulation<'a> {
             .saturating_sub(hit * u64::from(self.params.block_size));
         let arrival = now as f64 / 1e6;
         let start = worker.prefill_free_at.max(arrival);
-        let prefill_end = start + new_tokens as f64 / self.params.prefill_tokens_per_s;
+        let mut load_adapter = 0.0;
+        if let Some(a) = adapter {
+            self.adapter_requests += 1;
+            if worker.adapters.get(&a).is_some() {
+                self.adapter_hits += 1;
+            } else {
+                worker.adapters.push(a, ());
+                load_adapter = self.params.adapter_load_s;
+            }
+        }
+        worker.waiting += 1;
+        worker.count_adapter(adapter, AdapterStep::Arrive);
+        let prefill_end =
+            start + load_adapter + new_tokens as f64 / self.params.prefill_tokens_per_s;
         worker.prefill_free_at = prefill_end;
         worker.active_tokens += request.input_length + request.output_length;
         self.ttfts.saturating_record(micros(prefill_end - arrival));
@@ -464,6 +616,27 @@ impl<'a> Simulation<'a> {
         Ok(())
     }
 
+    /// Each worker's engine report, as a scrape at `now` (microseconds) would set it, when
+    /// `engine_sample_us` has passed since the last.
+    fn sample_engines(&mut self, now: u64) {
+        if self
+            .sampled_at
+            .is_some_and(|at| now < at.saturating_add(self.params.engine_sample_us.max(1)))
+        {
+            return;
+        }
+        self.sampled_at = Some(now);
+        let capacity =
+            (self.params.cache_blocks as f64 * f64::from(self.params.block_size)).max(1.0);
+        let taken = Instant::now();
+        for (w, worker) in self.workers.iter().enumerate() {
+            let sample = worker.sample(capacity);
+            for replica in &self.reports {
+                replica[w].record(sample.clone(), taken);
+            }
+        }
+    }
+
     fn report(self, fallbacks: u64) -> PolicyReport {
         let requests = self.trace.len();
         PolicyReport {
@@ -479,6 +652,8 @@ impl<'a> Simulation<'a> {
             ttft_p99_ms: self.ttfts.value_at_quantile(0.99) as f64 / 1e3,
             selections_per_s: requests as f64 / self.router_time.as_secs_f64().max(1e-9),
             fallbacks,
+            adapter_hit_rate: (self.adapter_requests > 0)
+                .then(|| self.adapter_hits as f64 / self.adapter_requests as f64),
         }
     }
 }
@@ -532,6 +707,7 @@ pub fn csv(reports: &[PolicyReport]) -> String {
         ttft_p99_ms: String,
         selections_per_s: String,
         fallbacks: u64,
+        adapter_hit_rate: String,
     }
     let mut writer = csv::Writer::from_writer(Vec::new());
     for r in reports {
@@ -545,6 +721,9 @@ pub fn csv(reports: &[PolicyReport]) -> String {
             ttft_p99_ms: format!("{:.1}", r.ttft_p99_ms),
             selections_per_s: format!("{:.0}", r.selections_per_s),
             fallbacks: r.fallbacks,
+            adapter_hit_rate: r
+                .adapter_hit_rate
+                .map_or(String::new(), |a| format!("{a:.4}")),
         });
     }
     String::from_utf8(writer.into_inner().unwrap_or_default()).unwrap_or_default()
@@ -566,10 +745,11 @@ pub fn table(reports: &[PolicyReport]) -> String {
             r.ttft_p50_ms,
             r.ttft_p99_ms,
             r.selections_per_s,
-            if r.fallbacks > 0 {
-                format!("  ({} fallbacks)", r.fallbacks)
-            } else {
-                String::new()
+            match (r.fallbacks, r.adapter_hit_rate) {
+                (0, None) => String::new(),
+                (0, Some(a)) => format!("  adapter hits {:.1}%", a * 100.0),
+                (n, None) => format!("  ({n} fallbacks)"),
+                (n, Some(a)) => format!("  ({n} fallbacks) adapter hits {:.1}%", a * 100.0),
             }
         );
     }
@@ -700,6 +880,19 @@ pub struct ReplayArgs {
     /// each counts only its own; repeatable to compare.
     #[arg(long = "sync", value_enum, default_value = "shared")]
     pub sync: Vec<ReplicaSync>,
+    /// LoRA adapters the requests ask for (0: none); see the module's simulation model.
+    #[arg(long, default_value_t = 0)]
+    pub adapters: u32,
+    /// Adapters each worker holds at once (LRU).
+    #[arg(long, default_value_t = 4)]
+    pub max_loras: usize,
+    /// Time a worker takes to load an adapter it does not hold, in milliseconds.
+    #[arg(long, default_value_t = 200.0)]
+    pub adapter_load_ms: f64,
+    /// Trace time between engine samples (what a scraper at this interval sees); 0
+    /// samples before every request.
+    #[arg(long, default_value_t = 0)]
+    pub engine_sample_ms: u64,
 }
 
 /// Instances `replay` offers without --config: built-in policies only.
@@ -731,7 +924,14 @@ pub fn run(args: &ReplayArgs) -> Result<(), String> {
         kv_events,
         ref replicas,
         ref sync,
+        adapters,
+        max_loras,
+        adapter_load_ms,
+        engine_sample_ms,
     } = *args;
+    if !(adapter_load_ms.is_finite() && adapter_load_ms >= 0.0) || max_loras == 0 {
+        return Err("--adapter-load-ms must be a number >= 0 and --max-loras at least 1".into());
+    }
     if replicas.contains(&0) {
         return Err("--replicas must be at least 1".into());
     }
@@ -756,6 +956,10 @@ pub fn run(args: &ReplayArgs) -> Result<(), String> {
         kv_events,
         replicas: 1,
         sync: ReplicaSync::Shared,
+        adapters,
+        max_loras,
+        adapter_load_s: adapter_load_ms / 1e3,
+        engine_sample_us: engine_sample_ms.saturating_mul(1000),
     };
     let fresh_router = || -> Result<Arc<Router>, String> {
         let source = match config {
