@@ -170,11 +170,24 @@ fn serve_until_signal(server: impl std::future::Future<Output = std::io::Result<
     }
 }
 
+/// A command whose output goes to a pipe that closes (`switchyard replay | head`) ends
+/// as other Unix tools do, by SIGPIPE, instead of a panic in `println!`. Servers keep
+/// ignoring SIGPIPE (Rust's default): a client's closed socket is an error to handle.
+fn end_quietly_on_closed_stdout() {
+    use nix::sys::signal::{signal, SigHandler, Signal};
+    // SAFETY: restoring the default disposition installs no handler code; it runs before
+    // any thread is started.
+    let _ = unsafe { signal(Signal::SIGPIPE, SigHandler::SigDfl) };
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logs(cli.log_format);
     // One TLS crypto provider for every client and listener of the process.
     switchyard::serve::tls::install_default_provider();
+    if !matches!(cli.command, Command::Serve { .. } | Command::EngineSim(_)) {
+        end_quietly_on_closed_stdout();
+    }
     match cli.command {
         Command::Serve {
             config,

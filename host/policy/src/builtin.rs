@@ -19,6 +19,7 @@ use switchyard_plugin_sdk::{
     WorkerFilter, WorkerInputs, WorkerPicker, WorkerScorer, WorkerSelectionContext,
 };
 
+use super::param_checks::finite_non_negative;
 use super::pipeline::StageImpl;
 use super::registry::{BuildFn, Registry};
 use switchyard_plugin_host::plugin::ComponentKind;
@@ -73,16 +74,6 @@ pub fn register(registry: &mut Registry) {
     super::engine_signals::register(registry);
     registry.add_builtin_policy("default", default_policy);
     registry.add_builtin_policy("builtin.least-busy", least_busy_policy);
-}
-
-pub(crate) fn finite_non_negative(name: &str, value: f64) -> Result<f64, PolicyError> {
-    if value.is_finite() && value >= 0.0 {
-        Ok(value)
-    } else {
-        Err(PolicyError::failed(format!(
-            "`{name}` must be a finite number >= 0, got {value}"
-        )))
-    }
 }
 
 fn rng(seed: Option<u64>) -> SmallRng {

@@ -20,7 +20,7 @@ use switchyard_plugin_sdk::{
     WorkerScorer, WorkerSelectionContext,
 };
 
-use super::builtin::finite_non_negative;
+use super::param_checks::finite_non_negative;
 use super::pipeline::StageImpl;
 use super::registry::Registry;
 use switchyard_plugin_host::plugin::ComponentKind;

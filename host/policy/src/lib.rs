@@ -9,6 +9,7 @@ pub mod engine_signals;
 pub mod error;
 pub mod histogram;
 pub mod instances;
+mod param_checks;
 pub mod pipeline;
 pub mod registry;
 mod request_columns;

@@ -5,13 +5,19 @@
 
 use std::sync::Arc;
 
-use axum::http::StatusCode;
 use switchyard_config::{RequestAttributeSettings, TenantSource};
 use switchyard_fleet::router::RouteRequest;
 use switchyard_plugin_host::plugin::RequestAttributes;
 
 use crate::caller::Caller;
-use crate::frontend::OpenAiError;
+
+/// A request header that cannot become an attribute: answered with 400.
+#[derive(Debug, thiserror::Error)]
+#[error("the `{name}` header {what}")]
+pub struct BadHeader {
+    pub name: String,
+    pub what: String,
+}
 
 /// The header a client or gateway names its request with.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
@@ -31,7 +37,7 @@ pub struct Described {
 pub fn kept_headers<'h>(
     settings: &RequestAttributeSettings,
     get: impl Fn(&str) -> Option<&'h [u8]>,
-) -> Result<Vec<(String, String)>, OpenAiError> {
+) -> Result<Vec<(String, String)>, BadHeader> {
     let mut names = settings.header_names();
     let extra = settings
         .tenant_sources()
@@ -73,12 +79,11 @@ pub fn kept_headers<'h>(
     Ok(kept)
 }
 
-fn bad_header(name: &str, what: String) -> OpenAiError {
-    OpenAiError::new(
-        StatusCode::BAD_REQUEST,
-        "invalid_request_error",
-        format!("the `{name}` header {what}"),
-    )
+fn bad_header(name: &str, what: String) -> BadHeader {
+    BadHeader {
+        name: name.to_owned(),
+        what,
+    }
 }
 
 /// The attributes of a request for `model` (as the client named it) with the `kept`
@@ -90,7 +95,7 @@ pub fn describe(
     model: &str,
     user: Option<&str>,
     fallback_id: &str,
-) -> Result<Described, OpenAiError> {
+) -> Result<Described, BadHeader> {
     let header = |name: &str| {
         kept.iter()
             .find(|(k, _)| k == name)
@@ -222,8 +227,7 @@ mod tests {
         }) else {
             panic!("a value over the limit is refused")
         };
-        let body = err.body().to_string();
-        assert!(body.contains("max_value_bytes"), "{body}");
+        assert!(err.to_string().contains("max_value_bytes"), "{err}");
         let bad = vec![("x-priority".to_owned(), "high".to_owned())];
         assert!(describe(&settings, bad, None, "m", None, "f").is_err());
     }

@@ -307,7 +307,7 @@ impl Exchange {
         drop(generation);
         self.kept_headers = match kept {
             Ok(kept) => kept,
-            Err(error) => return self.refuse(error).await,
+            Err(error) => return self.refuse(error.into()).await,
         };
         if !headers.end_of_stream {
             return Next::Continue; // the answer waits for the body

@@ -49,6 +49,16 @@ pub struct OpenAiError {
     code: Option<&'static str>,
 }
 
+impl From<request_attributes::BadHeader> for OpenAiError {
+    fn from(e: request_attributes::BadHeader) -> Self {
+        OpenAiError::new(
+            StatusCode::BAD_REQUEST,
+            "invalid_request_error",
+            e.to_string(),
+        )
+    }
+}
+
 impl OpenAiError {
     pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
         OpenAiError {
@@ -280,7 +290,7 @@ impl Frontend {
             headers.get(name).map(HeaderValue::as_bytes)
         }) {
             Ok(kept) => kept,
-            Err(error) => return error.into_response(),
+            Err(error) => return OpenAiError::from(error).into_response(),
         };
         drop(generation);
         let prepared = self
