@@ -278,6 +278,16 @@ fn engine_reported_load_routes_around_traffic_that_bypasses_the_router() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(pick("booked"), 1, "bookings alone see nothing on engine-a");
+    let workers: Value = agent
+        .get(&format!("{}/v1/workers", router.address))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    let engine = &workers[0]["engine"];
+    assert_eq!(engine["state"], "fresh", "{workers}");
+    assert_eq!(engine["running_requests"], 6.0, "{workers}");
+    assert!(workers[0].get("engine_error").is_none(), "{workers}");
     assert_eq!(
         pick("blended"),
         2,

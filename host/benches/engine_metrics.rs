@@ -55,8 +55,8 @@ fn main() {
             (id, url.clone(), EngineReport::new())
         })
         .collect();
-    let source = ConfigSource::parse("{}".into(), "<bench>".into(), std::path::PathBuf::new())
-        .unwrap();
+    let source =
+        ConfigSource::parse("{}".into(), "<bench>".into(), std::path::PathBuf::new()).unwrap();
     let settings = EngineMetricsSettings {
         interval_ms: 1_000,
         ..Default::default()
@@ -66,9 +66,8 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let client = scraper.block_on(async {
-        switchyard::serve::frontend::engine_client(&source).unwrap()
-    });
+    let client =
+        scraper.block_on(async { switchyard::serve::frontend::engine_client(&source).unwrap() });
     let mut per_round = Vec::new();
     for round in 0..=ROUNDS {
         let (cpu, wall) = (thread_cpu(), Instant::now());

@@ -66,6 +66,8 @@ pub struct Metrics {
     kv_evicted: AtomicU64,
     /// Frontend: selections repeated after an engine refused the connection.
     upstream_retries: AtomicU64,
+    engine_scrapes: AtomicU64,
+    engine_scrape_failures: AtomicU64,
     /// Frontend: engine failures answered to clients (connect, timeout, mid-answer).
     upstream_errors: AtomicU64,
     /// Frontend: requests answered 429 because `max_in_flight` were being proxied.
@@ -127,6 +129,8 @@ impl Metrics {
             expired: AtomicU64::new(0),
             kv_evicted: AtomicU64::new(0),
             upstream_retries: AtomicU64::new(0),
+            engine_scrapes: AtomicU64::new(0),
+            engine_scrape_failures: AtomicU64::new(0),
             upstream_errors: AtomicU64::new(0),
             shed: AtomicU64::new(0),
             ttfb: LatencyHistogram::default(),
@@ -168,6 +172,14 @@ impl Metrics {
 
     pub fn record_expired(&self, n: usize) {
         self.expired.fetch_add(n as u64, Ordering::Relaxed);
+    }
+
+    /// One engine's metrics were scraped (`engine_metrics:`), successfully or not.
+    pub fn record_engine_scrape(&self, ok: bool) {
+        self.engine_scrapes.fetch_add(1, Ordering::Relaxed);
+        if !ok {
+            self.engine_scrape_failures.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     pub fn record_upstream_retry(&self) {
@@ -481,6 +493,8 @@ impl Metrics {
             ("switchyard_reservations_expired", "Reservations released by expiry because nothing freed them (the last safety net).", &self.expired),
             ("switchyard_kv_blocks_evicted", "Blocks the KV index evicted (a worker's oldest) because the worker's events stored more than its budget (`total_kv_blocks`, or `router.max_offloaded_blocks_per_worker` for offload tiers).", &self.kv_evicted),
             ("switchyard_upstream_retries", "Frontend selections repeated after an engine refused the connection.", &self.upstream_retries),
+            ("switchyard_engine_scrapes", "Scrapes of engines' own metrics (engine_metrics:), each engine once per interval.", &self.engine_scrapes),
+            ("switchyard_engine_scrape_failures", "Engine scrapes that failed (GET /v1/workers shows each worker's engine_error); policies see the last sample as stale.", &self.engine_scrape_failures),
             ("switchyard_upstream_errors", "Frontend requests that ended with an engine failure (connect, timeout, mid-answer).", &self.upstream_errors),
             ("switchyard_frontend_shed", "Frontend requests answered 429 because frontend.max_in_flight requests were being proxied.", &self.shed),
             ("switchyard_ext_proc_picks", "Envoy endpoint picker: endpoints picked.", &self.ext_proc_picks),

@@ -184,6 +184,22 @@ async fn list_workers(State(router): Shared) -> Json<Vec<serde_json::Value>> {
                     "active_prefill_tokens": load.active_prefill_tokens,
                     "active_decode_blocks": load.active_decode_blocks,
                 });
+                let report = router.engine_report(w.id());
+                if let Some(reading) = report.read() {
+                    let s = &reading.sample;
+                    value["engine"] = json!({
+                        "state": if reading.fresh { "fresh" } else { "stale" },
+                        "sample_age_ms": reading.age.as_millis() as u64,
+                        "running_requests": s.running_requests,
+                        "waiting_requests": s.waiting_requests,
+                        "kv_cache_usage": Some(s.kv_cache_usage).filter(|k| k.is_finite()),
+                        "running_adapters": s.running_adapters.as_deref(),
+                        "waiting_adapters": s.waiting_adapters.as_deref(),
+                    });
+                }
+                if let Some(why) = report.failure() {
+                    value["engine_error"] = json!(why);
+                }
                 value
             })
             .collect(),

@@ -410,7 +410,7 @@ fn engine_reports(count: usize, rng: &mut rand::rngs::StdRng) -> Vec<Arc<EngineR
             };
             report.record(sample, std::time::Instant::now());
             if rng.gen_bool(0.125) {
-                report.mark_failed();
+                report.mark_failed("conformance: a failed scrape");
             }
             report
         })

@@ -56,6 +56,9 @@ struct Latest {
 #[derive(Debug, Default)]
 pub struct EngineReport {
     latest: RwLock<Option<Latest>>,
+    /// Why the last scrape failed; `None` after a success. For operators
+    /// (`GET /v1/workers`), never for policies.
+    failure: RwLock<Option<Box<str>>>,
 }
 
 /// A sample as a reader sees it: the values, their age, and whether the last scrape
@@ -86,10 +89,12 @@ impl EngineReport {
             fresh: true,
         };
         *self.latest.write().unwrap_or_else(|e| e.into_inner()) = Some(latest);
+        *self.failure.write().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
-    /// A scrape failed: the last values stay, marked stale, and keep ageing.
-    pub fn mark_failed(&self) {
+    /// A scrape failed (`why`): the last values stay, marked stale, and keep ageing.
+    pub fn mark_failed(&self, why: &str) {
+        *self.failure.write().unwrap_or_else(|e| e.into_inner()) = Some(why.into());
         if let Some(latest) = self
             .latest
             .write()
@@ -98,6 +103,15 @@ impl EngineReport {
         {
             latest.fresh = false;
         }
+    }
+
+    /// Why the last scrape failed, if it did.
+    pub fn failure(&self) -> Option<String> {
+        self.failure
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_deref()
+            .map(str::to_owned)
     }
 
     /// The latest sample, if any scrape ever succeeded.
@@ -121,6 +135,7 @@ impl EngineReport {
                 taken,
                 fresh: reading.fresh,
             })),
+            failure: RwLock::new(None),
         })
     }
 }
@@ -256,8 +271,9 @@ mod tests {
     fn a_failed_scrape_keeps_the_values_and_marks_them_stale() {
         let report = EngineReport::new();
         assert!(report.read().is_none());
-        report.mark_failed();
+        report.mark_failed("refused");
         assert!(report.read().is_none(), "nothing to mark before a success");
+        assert_eq!(report.failure().as_deref(), Some("refused"));
         let sample = EngineSample {
             running_requests: 3.0,
             waiting_requests: 1.0,
@@ -267,7 +283,8 @@ mod tests {
         };
         report.record(sample.clone(), Instant::now());
         assert!(report.read().unwrap().fresh);
-        report.mark_failed();
+        assert_eq!(report.failure(), None);
+        report.mark_failed("timed out");
         let reading = report.read().unwrap();
         assert!(!reading.fresh);
         assert_eq!(*reading.sample, sample);

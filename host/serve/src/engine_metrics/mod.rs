@@ -67,6 +67,7 @@ async fn scrape_forever(router: Arc<Router>, client: reqwest::Client) {
         let started = Instant::now();
         let round = scrape_all(&client, router.engine_reports(), &settings).await;
         for (worker, outcome) in round {
+            router.metrics.record_engine_scrape(outcome.is_ok());
             match outcome {
                 Ok(()) => {
                     if failing.remove(&worker) {
@@ -109,7 +110,7 @@ pub async fn scrape_all(
                 .map(|(worker, report)| {
                     match &outcome {
                         Ok(sample) => report.record(sample.clone(), taken),
-                        Err(_) => report.mark_failed(),
+                        Err(why) => report.mark_failed(why),
                     }
                     (worker, outcome.as_ref().map(drop).map_err(Clone::clone))
                 })
