@@ -378,3 +378,26 @@ fn select_cli_takes_attributes_and_engine_samples() {
         "engine 1's queue is 9 + 4:\n{anywhere}"
     );
 }
+
+/// Every YAML example of docs/engine-load.md is a config `switchyard check` accepts.
+#[test]
+fn the_engine_load_guide_configs_pass_check() {
+    let markdown = std::fs::read_to_string(repo().join("docs/engine-load.md")).unwrap();
+    let examples = blocks(&markdown, "yaml");
+    assert!(examples.len() >= 3);
+    let dir = tempfile::tempdir().unwrap();
+    for (i, yaml) in examples.iter().enumerate() {
+        let config = dir.path().join(format!("example-{i}.yaml"));
+        std::fs::write(&config, yaml).unwrap();
+        let output = Command::new(switchyard_bin())
+            .args(["check", "--config"])
+            .arg(&config)
+            .output()
+            .unwrap();
+        assert!(
+            output.status.success(),
+            "example {i}:\n{yaml}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+}

@@ -17,7 +17,7 @@
 #include <string.h>
 
 /* Revision of the SDK this header belongs to (the crate version). */
-#define SWITCHYARD_SDK_REVISION "0.2.0"
+#define SWITCHYARD_SDK_REVISION "0.3.0"
 
 /**
  * Major version of the plugin ABI. Changes only when existing fields change; the host

@@ -816,18 +816,22 @@ fn request_context(request: &RouteRequest, block_size: u32, request_blocks: u64)
     context.strict_priority = request.strict_priority;
     context.router_temperature_override = request.router_temperature;
     context.session = request.session.clone();
-    context.attributes = Some(match &request.attributes {
-        Some(given) if !given.model.is_empty() && !given.request_id.is_empty() => given.clone(),
-        given => {
-            let mut attributes = given.as_deref().cloned().unwrap_or_default();
-            if attributes.model.is_empty() {
-                attributes.model.clone_from(&request.model);
-            }
-            if attributes.request_id.is_empty() {
-                attributes.request_id = request.request_id.clone().unwrap_or_default();
-            }
-            Arc::new(attributes)
+    // Every serving path gives attributes (a reference count here); a direct caller of
+    // the router that gives none gets none, and pays nothing.
+    context.attributes = request.attributes.as_ref().map(|given| {
+        let complete = !given.model.is_empty()
+            && (!given.request_id.is_empty() || request.request_id.is_none());
+        if complete {
+            return given.clone();
         }
+        let mut attributes = RequestAttributes::clone(given);
+        if attributes.model.is_empty() {
+            attributes.model.clone_from(&request.model);
+        }
+        if attributes.request_id.is_empty() {
+            attributes.request_id = request.request_id.clone().unwrap_or_default();
+        }
+        Arc::new(attributes)
     });
     context
 }

@@ -114,6 +114,15 @@ impl EngineReport {
             .map(str::to_owned)
     }
 
+    /// Runs `f` on the latest sample (its values, age and freshness) under the read lock,
+    /// without taking a reference to it: what the per-candidate callbacks use.
+    fn peek<R>(&self, f: impl FnOnce(&EngineSample, Duration, bool) -> R) -> Option<R> {
+        let latest = self.latest.read().unwrap_or_else(|e| e.into_inner());
+        latest
+            .as_ref()
+            .map(|l| f(&l.sample, l.taken.elapsed(), l.fresh))
+    }
+
     /// The latest sample, if any scrape ever succeeded.
     pub fn read(&self) -> Option<EngineReading> {
         let latest = self.latest.read().unwrap_or_else(|e| e.into_inner());
@@ -191,25 +200,23 @@ pub(super) unsafe extern "C" fn get_engine(
         if out.is_null() {
             return Status::InvalidArgument.code();
         }
-        let Some(reading) = report.read() else {
-            return Status::NotFound.code();
-        };
-        let s = &reading.sample;
         let count =
             |list: &Option<Box<[Box<str>]>>| list.as_ref().map_or(f64::NAN, |l| l.len() as f64);
-        let full = switchyard_engine_load {
+        let Some(full) = report.peek(|s, age, fresh| switchyard_engine_load {
             struct_size: std::mem::size_of::<switchyard_engine_load>() as u32,
-            state: if reading.fresh {
+            state: if fresh {
                 SWITCHYARD_ENGINE_FRESH
             } else {
                 SWITCHYARD_ENGINE_STALE
             },
-            sample_age_seconds: reading.age.as_secs_f64(),
+            sample_age_seconds: age.as_secs_f64(),
             running_requests: s.running_requests,
             waiting_requests: s.waiting_requests,
             kv_cache_usage: s.kv_cache_usage,
             running_adapters: count(&s.running_adapters),
             waiting_adapters: count(&s.waiting_adapters),
+        }) else {
+            return Status::NotFound.code();
         };
         // SAFETY: `out` is the plugin's struct of `struct_size` bytes (at least the size
         // word, which it set); no byte past it nor past ours is written.
@@ -252,7 +259,7 @@ pub(super) unsafe extern "C" fn get_adapter(
         let Some(name) = (unsafe { str_from_abi(adapter) }) else {
             return Status::NotFound.code();
         };
-        match report.read().and_then(|r| r.sample.adapter(name)) {
+        match report.peek(|s, _, _| s.adapter(name)).flatten() {
             Some(state) => {
                 // SAFETY: the plugin's writable slot.
                 unsafe { *out_state = state };

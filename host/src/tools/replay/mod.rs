@@ -537,14 +537,12 @@ impl<'a> Simulation<'a> {
         let adapter = self.adapter[index];
         let route = RouteRequest {
             model: MODEL.into(),
-            attributes: adapter.map(|a| {
-                Arc::new(RequestAttributes {
-                    request_id: index.to_string(),
-                    model: MODEL.into(),
-                    lora_adapter: Some(adapter_name(a)),
-                    ..Default::default()
-                })
-            }),
+            attributes: Some(Arc::new(RequestAttributes {
+                request_id: index.to_string(),
+                model: MODEL.into(),
+                lora_adapter: adapter.map(adapter_name),
+                ..Default::default()
+            })),
             instance: Some(self.policy.into()),
             token_ids,
             block_hashes,
