@@ -401,3 +401,53 @@ fn the_engine_load_guide_configs_pass_check() {
         );
     }
 }
+
+/// A policy type whose build adds no picker is refused naming the type and its library,
+/// not only the instance.
+#[test]
+fn a_policy_type_without_a_picker_is_refused_naming_its_library() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("no_picker.c");
+    std::fs::write(
+        &source,
+        r#"#include <stdlib.h>
+#include <switchyard/plugin.h>
+static int32_t validate(void *u, const switchyard_params *p, void **out, const switchyard_error *e) {
+    (void)u; (void)p; (void)e; *out = NULL; return SWITCHYARD_STATUS_OK;
+}
+static int32_t build(void *f, const switchyard_partition *p, const switchyard_policy_builder *b,
+                     const switchyard_error *e) {
+    (void)f; (void)p; (void)e;
+    return switchyard_builder_add_registered(b, "builtin.active-requests", "", 1.0, e);
+}
+static const switchyard_policy_def def = {
+    .struct_size = sizeof(switchyard_policy_def), .type_name = "acme.no-picker",
+    .on_validate = validate, .on_build = build,
+};
+static int32_t reg(const switchyard_registrar *r, const switchyard_error *e) {
+    return r->callback_register_policy(r, &def, e);
+}
+SWITCHYARD_PLUGIN("acme-no-picker", "1.0.0", "tests", reg)
+"#,
+    )
+    .unwrap();
+    let lib = compile_c(dir.path(), "no_picker", &source, &repo().join("include"));
+    let yaml = format!(
+        "plugins:\n  - path: {}\nworker_selection:\n  instances:\n    - {{name: p, type: acme.no-picker}}\n",
+        lib.display()
+    );
+    let config = write_config(dir.path(), &yaml);
+    let output = Command::new(switchyard_bin())
+        .args(["check", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success());
+    assert!(
+        stderr.contains("a policy needs exactly one picker; policy type `acme.no-picker`")
+            && stderr.contains("no_picker.so")
+            && stderr.contains("added none"),
+        "{stderr}"
+    );
+}

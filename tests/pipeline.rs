@@ -132,20 +132,20 @@ fn a_picker_that_answers_ok_without_a_row_says_so() {
     assert_eq!(status, Status::OutOfRange);
     assert_eq!(
         message,
-        "the picker returned OK with *out_row = SIZE_MAX: it wrote no row, or wrote SIZE_MAX; write a row below the candidate count (4)"
+        "the picker returned OK with *out_row = SIZE_MAX: it wrote no row, or wrote SIZE_MAX; write a row below the candidate count (3)"
     );
 }
 
 #[test]
 fn input_group_bits_the_abi_does_not_define_are_refused() {
     let dir = tempfile::tempdir().unwrap();
-    let lib = broken_plugin(dir.path(), "bits", &["INPUTS=17"]);
+    let lib = broken_plugin(dir.path(), "bits", &["INPUTS=65"]);
     let error = start_error(
         dir.path(),
         &format!("plugins:\n  - path: {}\n", lib.display()),
     );
     assert!(
-        error.contains("type `fixture.keep-all`: declares input groups 0x10 that ABI 1.1 does not define (known: 0xf)"),
+        error.contains("type `fixture.keep-all`: declares input groups 0x40 that ABI 1.2 does not define (known: 0x3f)"),
         "{error}"
     );
     // LABELS (8) came with 1.1: a plugin declaring ABI 1.0 may not use it.
@@ -164,6 +164,24 @@ fn input_group_bits_the_abi_does_not_define_are_refused() {
     );
     assert!(
         error.contains("declares input groups 0x8 that ABI 1.0 does not define (known: 0x7)"),
+        "{error}"
+    );
+    // ENGINE (32) came with 1.2: a plugin declaring ABI 1.1 may not use it.
+    let lib = broken_plugin(
+        dir.path(),
+        "bits_1_1",
+        &[
+            "INPUTS=33",
+            "DESC_MINOR=1",
+            "DESC_FINGERPRINT=0xdb3ed4ebab9f0480ULL",
+        ],
+    );
+    let error = start_error(
+        dir.path(),
+        &format!("plugins:\n  - path: {}\n", lib.display()),
+    );
+    assert!(
+        error.contains("declares input groups 0x20 that ABI 1.1 does not define (known: 0xf)"),
         "{error}"
     );
 }

@@ -28,12 +28,25 @@ pub fn blocks(markdown: &str, lang: &str) -> Vec<String> {
 }
 
 /// A loopback port nothing listens on (until a test starts something there).
+/// A loopback port free now, for a process a test starts later (or restarts on the same
+/// port). Taken below the kernel's ephemeral range (32768 and up): a port the kernel hands
+/// out is soon some outgoing connection's local port, and a restarted engine would find
+/// it taken. Each test process walks its own stretch (from its PID), so parallel test
+/// binaries rarely meet; a port something listens on is skipped.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let start = std::process::id().wrapping_mul(2_654_435_761) % SPAN;
+    for _ in 0..SPAN {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = (LOW + (start + n) % SPAN) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free loopback port in {LOW}..{}", LOW + SPAN)
 }
 
 pub fn envoy_bin() -> PathBuf {
