@@ -157,7 +157,7 @@ impl FleetEngine {
 }
 
 /// The fleet's rows, and each row's labels and engine report.
-fn read_fleet(path: &Path) -> Result<Vec<(CandidateRow, Arc<Labels>, Arc<EngineReport>)>, String> {
+fn read_fleet(path: &Path) -> Result<(Vec<CandidateRow>, RowExtras), String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("{}: cannot read the fleet: {e}", path.display()))?;
     let workers: Vec<FleetWorker> = serde_yaml::from_str(&text).map_err(|e| {
@@ -171,27 +171,31 @@ fn read_fleet(path: &Path) -> Result<Vec<(CandidateRow, Arc<Labels>, Arc<EngineR
     if workers.is_empty() {
         return Err(format!("{}: the fleet has no workers", path.display()));
     }
-    Ok(workers
-        .into_iter()
-        .map(|w| {
-            let mut row = CandidateRow::new(WorkerId {
-                worker_id: w.worker_id,
-                dp_rank: w.dp_rank,
-            });
-            row.cache.device_overlap_blocks = w.device_overlap_blocks;
-            row.cache.host_overlap_blocks = w.host_overlap_blocks;
-            row.cache.disk_overlap_blocks = w.disk_overlap_blocks;
-            row.cache.shared_beyond_device_blocks = w.shared_beyond_device_blocks;
-            row.load.active_prefill_tokens = w.active_prefill_tokens;
-            row.load.decode_cost_blocks = w.decode_cost_blocks;
-            row.load.active_requests = w.active_requests;
-            row.preferred_taint_multiplier = w.preferred_taint_multiplier.unwrap_or(f64::NAN);
-            let engine = w
-                .engine
-                .map_or_else(EngineReport::none, FleetEngine::report);
-            (row, Labels::new(&w.labels), engine)
-        })
-        .collect())
+    let mut rows = Vec::with_capacity(workers.len());
+    let mut extras = RowExtras::default();
+    for (row, labels, engine) in workers.into_iter().map(|w| {
+        let mut row = CandidateRow::new(WorkerId {
+            worker_id: w.worker_id,
+            dp_rank: w.dp_rank,
+        });
+        row.cache.device_overlap_blocks = w.device_overlap_blocks;
+        row.cache.host_overlap_blocks = w.host_overlap_blocks;
+        row.cache.disk_overlap_blocks = w.disk_overlap_blocks;
+        row.cache.shared_beyond_device_blocks = w.shared_beyond_device_blocks;
+        row.load.active_prefill_tokens = w.active_prefill_tokens;
+        row.load.decode_cost_blocks = w.decode_cost_blocks;
+        row.load.active_requests = w.active_requests;
+        row.preferred_taint_multiplier = w.preferred_taint_multiplier.unwrap_or(f64::NAN);
+        let engine = w
+            .engine
+            .map_or_else(EngineReport::none, FleetEngine::report);
+        (row, Labels::new(&w.labels), engine)
+    }) {
+        rows.push(row);
+        extras.labels.push(labels);
+        extras.engine.push(engine);
+    }
+    Ok((rows, extras))
 }
 
 /// The decision (and with `--explain`, its table), or what went wrong.
@@ -202,11 +206,10 @@ pub fn run(args: &SelectArgs, startup: &Startup) -> Result<String, String> {
         engine: vec![EngineReport::none(); rows.len()],
     };
     if let Some(path) = &args.fleet {
-        for (row, labels, engine) in read_fleet(path)? {
-            rows.push(row);
-            extras.labels.push(labels);
-            extras.engine.push(engine);
-        }
+        let (fleet, fleet_extras) = read_fleet(path)?;
+        rows.extend(fleet);
+        extras.labels.extend(fleet_extras.labels);
+        extras.engine.extend(fleet_extras.engine);
     }
     if rows.is_empty() {
         return Err(
