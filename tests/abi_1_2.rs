@@ -451,3 +451,31 @@ SWITCHYARD_PLUGIN("acme-no-picker", "1.0.0", "tests", reg)
         "{stderr}"
     );
 }
+
+/// `check` says when an instance reads ENGINE while no engine is scraped.
+#[test]
+fn check_warns_when_engine_load_is_read_but_never_scraped() {
+    let dir = tempfile::tempdir().unwrap();
+    let instances = "worker_selection:\n  instances:\n    - name: engine\n      scorers: [{type: builtin.engine-queue}]\n      picker: {type: builtin.lowest-cost}\n    - {name: plain, type: builtin.least-busy}\n";
+    let check = |yaml: &str| {
+        let config = write_config(dir.path(), yaml);
+        let output = Command::new(switchyard_bin())
+            .args(["check", "--config"])
+            .arg(&config)
+            .output()
+            .unwrap();
+        assert!(output.status.success());
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    };
+    let warned = check(instances);
+    assert!(
+        warned.contains("instance `engine` reads engine-reported load")
+            && warned.contains("engine_metrics.interval_ms")
+            && !warned.contains("`plain`"),
+        "{warned}"
+    );
+    let scraped = check(&format!(
+        "engine_metrics: {{interval_ms: 500}}\n{instances}"
+    ));
+    assert!(!scraped.contains("engine-reported"), "{scraped}");
+}

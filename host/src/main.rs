@@ -144,6 +144,13 @@ fn warn_hardening(startup: &Startup) {
     }
 }
 
+/// Prints what the config asks policies to read that nothing feeds (`check`, `serve`).
+fn warn_unfed_inputs(startup: &Startup) {
+    for warning in summary::unfed_input_warnings(startup) {
+        eprintln!("warning: {warning}");
+    }
+}
+
 /// Runs a server future on a multi-threaded runtime until it returns.
 fn serve_until_signal(server: impl std::future::Future<Output = std::io::Result<()>>) -> ExitCode {
     // Every proxied request holds a client and an engine socket: raise the soft limit on
@@ -199,6 +206,7 @@ fn main() -> ExitCode {
                 return ExitCode::FAILURE;
             };
             print!("{}", summary::check_summary(&startup));
+            warn_unfed_inputs(&startup);
             // On loopback only this machine's users reach it; beyond, say what is open.
             if !listen.ip().to_canonical().is_loopback() {
                 warn_hardening(&startup);
@@ -253,6 +261,7 @@ fn main() -> ExitCode {
                 Ok(tokenizers) => {
                     print!("{}", summary::check_summary(&startup));
                     warn_hardening(&startup);
+                    warn_unfed_inputs(&startup);
                     if !tokenizers.is_empty() {
                         println!(
                             "tokenizers: {} model(s) tokenize their prompts",

@@ -78,6 +78,32 @@ fn write_plugin(out: &mut String, registry: &Registry, plugin: &LoadedPlugin) {
 }
 
 /// The `check` summary: plugins, their types, and each instance's components.
+/// Instances reading a group nothing feeds: ENGINE while `engine_metrics.interval_ms` is
+/// 0 (their components never see a sample). Printed by `check` and `serve`.
+pub fn unfed_input_warnings(startup: &Startup) -> Vec<String> {
+    if startup.source.config.engine_metrics.interval_ms > 0 {
+        return Vec::new();
+    }
+    let partition = PartitionKey::new("check", switchyard_plugin_sdk::WorkerType::Select);
+    startup
+        .instances
+        .iter()
+        .filter(|instance| {
+            instance.build(&partition).is_ok_and(|policy| {
+                policy
+                    .inputs()
+                    .contains(switchyard_plugin_sdk::WorkerInputs::ENGINE)
+            })
+        })
+        .map(|instance| {
+            format!(
+                "instance `{}` reads engine-reported load (the ENGINE input group), but `engine_metrics.interval_ms` is 0: no engine is scraped, so it sees no samples; set engine_metrics.interval_ms (docs/engine-load.md)",
+                instance.name
+            )
+        })
+        .collect()
+}
+
 pub fn check_summary(startup: &Startup) -> String {
     let mut out = String::new();
     let registry = &startup.registry;
