@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use switchyard_plugin_sdk::{WorkerId, WorkerType};
 
+pub mod admission;
 pub mod attributes;
 pub mod auth;
 pub mod hardening;
@@ -17,6 +18,7 @@ pub mod listener;
 pub mod replicas;
 pub mod worker_address;
 
+pub use admission::{AdmissionSettings, BusyThresholds, QueueSettings};
 pub use attributes::{EngineMetricsSettings, RequestAttributeSettings, TenantSource};
 pub use auth::{AuthSettings, Keyring};
 pub use limits::{MAX_CONFIG_BYTES, MAX_FLOW_DEPTH};
@@ -73,6 +75,10 @@ pub struct Config {
     /// Scraping engines' own load for policies (the ENGINE input group); off by default.
     #[serde(default)]
     pub engine_metrics: EngineMetricsSettings,
+    /// Busy thresholds and the queue requests wait in while every worker is busy; absent:
+    /// no worker is busy, nothing waits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admission: Option<AdmissionSettings>,
 }
 
 /// Where a plugin library runs (`plugins[].isolation`).
@@ -799,6 +805,13 @@ impl ConfigSource {
                 self.config.request_attributes.validate(),
             ),
             ("engine_metrics:", self.config.engine_metrics.validate()),
+            (
+                "admission:",
+                self.config
+                    .admission
+                    .as_ref()
+                    .map_or(Ok(()), AdmissionSettings::validate),
+            ),
         ];
         for (section, result) in sections {
             if let Err(message) = result {

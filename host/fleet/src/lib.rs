@@ -1,6 +1,7 @@
 //! The fleet: workers, the KV index and load accounting (the routing state policies
 //! read), metrics, and the router that ties them to the configured policy instances.
 
+pub mod admission;
 pub mod generation;
 pub mod kept_columns;
 pub mod kv_events;

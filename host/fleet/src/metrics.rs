@@ -93,6 +93,8 @@ pub struct Metrics {
     errors: Mutex<BTreeMap<(String, String), u64>>,
     /// Sharing load with other replicas (`replicas:`).
     pub replicas: ReplicaCounters,
+    /// The admission queue's counts (`admission:`), shared with the queue.
+    pub admission: std::sync::Arc<crate::admission::QueueCounters>,
 }
 
 /// What the bus between replicas did (all zero when `replicas:` is not configured).
@@ -144,6 +146,7 @@ impl Metrics {
             ext_proc_decision: LatencyHistogram::default(),
             kv_event_lag: LatencyHistogram::default(),
             replicas: ReplicaCounters::default(),
+            admission: Default::default(),
         }
     }
 
@@ -503,6 +506,22 @@ impl Metrics {
         ] {
             snapshot.family(name, help, counter, no_labels(Value::Count(counter_value.load(Ordering::Relaxed))));
         }
+        let queue = &self.admission;
+        for (name, help, counter_value) in [
+            ("switchyard_admission_queued", "Requests that waited in the admission queue because every worker was busy (admission:).", &queue.queued),
+            ("switchyard_admission_admitted", "Queued requests that got a worker.", &queue.admitted),
+            ("switchyard_admission_refused_full", "Requests answered 429 because admission.queue.max_queued wait already.", &queue.refused_full),
+            ("switchyard_admission_timed_out", "Queued requests answered 503 after admission.queue.max_wait_ms.", &queue.timed_out),
+            ("switchyard_admission_left", "Queued requests whose client went away (or that failed otherwise) before a worker freed.", &queue.left),
+        ] {
+            snapshot.family(name, help, counter, no_labels(Value::Count(counter_value.load(Ordering::Relaxed))));
+        }
+        snapshot.family(
+            "switchyard_admission_waiting",
+            "Requests waiting in the admission queue now.",
+            gauge,
+            no_labels(Value::Gauge(queue.waiting.load(Ordering::Relaxed) as f64)),
+        );
         let replicas = &self.replicas;
         for (name, help, value) in [
             ("switchyard_replica_bus_up", "1 while this replica is connected to the NATS bus it shares load over (replicas:).", &replicas.bus_up),

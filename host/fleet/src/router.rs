@@ -22,6 +22,7 @@ use super::load_accounting::{AccountingError, BookingChange, LoadAccounting};
 use super::metrics::Metrics;
 use super::predicted_kv::PredictedKv;
 use super::workers::{WorkerError, WorkerSpec, Workers};
+use crate::admission::AdmissionQueue;
 use switchyard_config::{KvTracking, OnError};
 use switchyard_plugin_host::plugin::{
     Outcome, PartitionKey, RequestAttributes, RequestContext, SessionInfo,
@@ -47,7 +48,7 @@ pub enum RequestWorkerType {
 }
 
 impl RequestWorkerType {
-    fn worker_type(self) -> WorkerType {
+    pub fn worker_type(self) -> WorkerType {
         match self {
             Self::Prefill => WorkerType::Prefill,
             Self::Decode => WorkerType::Decode,
@@ -91,6 +92,11 @@ pub struct RouteRequest {
     pub tracks_prefill_tokens: bool,
     #[serde(default)]
     pub session: Option<SessionInfo>,
+    /// `/v1/reserve` and `/v1/select` with `admission:`: whether a request finding every
+    /// worker busy waits its turn (`/v1/reserve`'s default) or is answered 503 at once
+    /// (`/v1/select`'s).
+    #[serde(default)]
+    pub wait: Option<bool>,
     /// What the request says about itself (ATTRIBUTES): tenant, LoRA adapter, headers.
     /// Its `model` and `request_id` default to the request's.
     #[serde(default)]
@@ -126,6 +132,9 @@ pub enum RouteError {
     UnknownInstance { name: String, known: String },
     #[error("no eligible worker: {0}")]
     NoWorker(String),
+    /// Every candidate is at or past an `admission.busy` threshold: the request may wait.
+    #[error("every worker is busy: {0}")]
+    Saturated(String),
     #[error("instance `{instance}` failed: {error}")]
     PolicyFailed {
         instance: String,
@@ -172,6 +181,8 @@ pub struct Router {
     health_errors: Mutex<HashMap<WorkerId, String>>,
     /// Requests whose policy asked for lifecycle notifications, and their delivery.
     lifecycles: Lifecycles,
+    /// Requests waiting while every candidate of their partition is busy (`admission:`).
+    pub admission: AdmissionQueue,
     /// Every address the router's listeners answer on: no worker may point at one.
     own_addresses: RwLock<Vec<std::net::SocketAddr>>,
     /// Where this router's booking changes go when replicas share load (`replicas:`).
@@ -232,6 +243,7 @@ impl Router {
             cooldown_until: Mutex::new(HashMap::new()),
             health_errors: Mutex::new(HashMap::new()),
             lifecycles: Lifecycles::new(),
+            admission: AdmissionQueue::new(metrics.admission.clone()),
             own_addresses: RwLock::new(Vec::new()),
             booking_feed: std::sync::OnceLock::new(),
             metrics,
@@ -271,6 +283,12 @@ impl Router {
         let mut columns = self.columns.lock();
         load.for_each_changed(|worker, now| columns.set_load(worker, now));
         result
+    }
+
+    /// Load went down (a booking freed, expired or left prefill): a waiting request, if
+    /// any, gets its try.
+    fn capacity_freed(&self) {
+        self.admission.release();
     }
 
     /// The generation now serving (a selection holds on to the one it started with).
@@ -432,6 +450,7 @@ impl Router {
             id: request_id.to_owned(),
         });
         self.lifecycles.prefill_complete(request_id);
+        self.capacity_freed();
         Ok(())
     }
 
@@ -441,6 +460,7 @@ impl Router {
             id: request_id.to_owned(),
         });
         self.lifecycles.finished(request_id);
+        self.capacity_freed();
         Ok(())
     }
 
@@ -454,6 +474,7 @@ impl Router {
         }
         self.metrics.record_expired(expired);
         if expired > 0 {
+            self.capacity_freed();
             let load = self.load.read();
             self.lifecycles.finish_unbooked(|id| load.is_booked(id));
         }
@@ -583,6 +604,15 @@ impl Router {
                     query.partition
                 ))
             })?;
+        let busy = generation
+            .startup
+            .source
+            .config
+            .admission
+            .as_ref()
+            .map(|a| &a.busy);
+        let busy = busy.filter(|b| b.any());
+        let keep_busy_out = busy.map(|busy| not_busy(busy, &lent.columns));
         let candidates = &mut scratch.candidates;
         candidates.lend(slot.inputs, lent.columns);
         let query_scratch = &mut scratch.query;
@@ -604,6 +634,22 @@ impl Router {
             if scratch.allowed.iter().all(|&allowed| allowed == 0) {
                 return Err(RouteError::NoWorker(format!(
                     "model `{}`: none of the endpoints the request may use is an eligible worker",
+                    query.request.model
+                )));
+            }
+            if let Some(idle) = &keep_busy_out {
+                for (allowed, &idle) in scratch.allowed.iter_mut().zip(idle) {
+                    *allowed &= idle;
+                }
+            }
+        } else if let Some(idle) = keep_busy_out {
+            scratch.allowed.clear();
+            scratch.allowed.extend(idle);
+        }
+        if query.request.only.is_some() || busy.is_some() {
+            if scratch.allowed.iter().all(|&allowed| allowed == 0) {
+                return Err(RouteError::Saturated(format!(
+                    "every candidate of model `{}` is at an admission.busy threshold",
                     query.request.model
                 )));
             }
@@ -782,6 +828,31 @@ fn validate(request: &RouteRequest, reserve: bool) -> Result<Option<String>, Rou
         }
     }
     Ok(request_id)
+}
+
+/// Per row of `columns`: 1 when the worker is under every `busy` threshold.
+fn not_busy(busy: &switchyard_config::BusyThresholds, columns: &KeptColumns) -> Vec<u8> {
+    (0..columns.len())
+        .map(|row| {
+            let over_requests = busy
+                .max_active_requests
+                .is_some_and(|max| columns.active_requests[row] >= max);
+            let over_prefill = busy
+                .max_active_prefill_tokens
+                .is_some_and(|max| columns.active_prefill_tokens[row] >= max);
+            let engine = (busy.max_engine_waiting.is_some() || busy.max_kv_cache_usage.is_some())
+                .then(|| columns.engine.get(row).and_then(|r| r.read()))
+                .flatten();
+            let over_engine = engine.is_some_and(|e| {
+                busy.max_engine_waiting
+                    .is_some_and(|max| e.sample.waiting_requests >= max)
+                    || busy
+                        .max_kv_cache_usage
+                        .is_some_and(|max| e.sample.kv_cache_usage >= max)
+            });
+            u8::from(!(over_requests || over_prefill || over_engine))
+        })
+        .collect()
 }
 
 /// The prompt's size in blocks and its chained block hashes: given hashes are used in

@@ -30,8 +30,9 @@ use switchyard_config::ExtProcSettings;
 use switchyard_fleet::generation::Generation;
 use switchyard_fleet::kv_index::KvEvent;
 use switchyard_fleet::load_accounting::AccountingError;
-use switchyard_fleet::router::{RouteError, RouteRequest, Router};
+use switchyard_fleet::router::{RouteDecision, RouteError, RouteRequest, Router};
 use switchyard_fleet::workers::{WorkerError, WorkerSpec};
+use switchyard_plugin_host::plugin::PartitionKey;
 
 type Shared = State<Arc<Router>>;
 
@@ -68,7 +69,7 @@ impl From<RouteError> for ApiError {
             | RouteError::Accounting(AccountingError::UnknownRequest(_)) => StatusCode::NOT_FOUND,
             RouteError::Worker(WorkerError::AlreadyRegistered(..))
             | RouteError::Accounting(AccountingError::AlreadyReserved(_)) => StatusCode::CONFLICT,
-            RouteError::NoWorker(_) => StatusCode::SERVICE_UNAVAILABLE,
+            RouteError::NoWorker(_) | RouteError::Saturated(_) => StatusCode::SERVICE_UNAVAILABLE,
             RouteError::PolicyFailed { .. } => StatusCode::INTERNAL_SERVER_ERROR,
         };
         let mut body = json!({ "error": error.to_string() });
@@ -124,8 +125,72 @@ async fn select(
     }
     let settings = &router.generation().startup.source.config.request_attributes;
     request_attributes::complete(settings, caller.as_ref().map(|c| &c.0), &mut request);
-    let decision = off_executor(router, move |r| r.select(&request)).await?;
-    Ok(Json(decision).into_response())
+    let wait = request.wait.unwrap_or(false);
+    decide_waiting(router, request, wait, |r, q| r.select(q)).await
+}
+
+/// Selects (and, for `/v1/reserve`, books) off the executor; with `wait`, a request that
+/// finds every worker busy waits its turn in the admission queue.
+async fn decide_waiting(
+    router: Arc<Router>,
+    request: RouteRequest,
+    wait: bool,
+    decide: fn(&Router, &RouteRequest) -> Result<RouteDecision, RouteError>,
+) -> Result<Response, ApiError> {
+    let request = Arc::new(request);
+    let attempt = || {
+        let (router, request) = (router.clone(), request.clone());
+        async move {
+            tokio::task::spawn_blocking(move || decide(&router, &request))
+                .await
+                .unwrap_or_else(|e| {
+                    Err(RouteError::BadRequest(format!(
+                        "the selection did not finish: {e}"
+                    )))
+                })
+        }
+    };
+    let first = attempt().await;
+    if !wait {
+        return Ok(Json(first?).into_response());
+    }
+    let place = crate::admission::Place {
+        partition: PartitionKey::new(request.model.clone(), request.worker_type.worker_type()),
+        priority: request.strict_priority,
+        tenant: request
+            .attributes
+            .as_ref()
+            .and_then(|a| a.tenant.as_deref()),
+    };
+    match crate::admission::queued(
+        &router,
+        place,
+        first,
+        crate::admission::is_saturated,
+        attempt,
+    )
+    .await
+    {
+        Ok(decision) => Ok(Json(decision).into_response()),
+        Err(crate::admission::Waited::Failed(error)) => Err(error.into()),
+        Err(crate::admission::Waited::Refused(refusal)) => {
+            let status = match refusal {
+                switchyard_fleet::admission::QueueRefusal::Full { .. } => {
+                    StatusCode::TOO_MANY_REQUESTS
+                }
+                switchyard_fleet::admission::QueueRefusal::TimedOut { .. } => {
+                    StatusCode::SERVICE_UNAVAILABLE
+                }
+            };
+            let mut response =
+                (status, Json(json!({ "error": refusal.to_string() }))).into_response();
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static("1"),
+            );
+            Ok(response)
+        }
+    }
 }
 
 async fn reserve(
@@ -136,8 +201,8 @@ async fn reserve(
     let mut request: RouteRequest = parse(&body)?;
     let settings = &router.generation().startup.source.config.request_attributes;
     request_attributes::complete(settings, caller.as_ref().map(|c| &c.0), &mut request);
-    let decision = off_executor(router, move |r| r.select_and_reserve(&request)).await?;
-    Ok(Json(decision).into_response())
+    let wait = request.wait.unwrap_or(true);
+    decide_waiting(router, request, wait, |r, q| r.select_and_reserve(q)).await
 }
 
 async fn prefill_complete(

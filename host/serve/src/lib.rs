@@ -1,6 +1,7 @@
 //! Network services over the router: the HTTP API, the OpenAI-compatible frontend, and
 //! the endpoint picker for Envoy gateways (ext_proc).
 
+pub mod admission;
 pub mod auth;
 pub mod caller;
 pub mod engine_metrics;

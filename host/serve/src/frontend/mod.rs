@@ -121,6 +121,11 @@ impl From<RouteError> for OpenAiError {
                 "server_error",
                 Some("no_healthy_worker"),
             ),
+            RouteError::Saturated(_) => (
+                StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                Some("overloaded"),
+            ),
             RouteError::PolicyFailed { .. } | RouteError::Accounting(_) | RouteError::Worker(_) => {
                 (StatusCode::INTERNAL_SERVER_ERROR, "server_error", None)
             }
@@ -325,13 +330,56 @@ impl Frontend {
                 prompt.model.clone_from(&described.partition_model);
                 let prompt = Arc::new(prompt);
                 let described = Arc::new(described);
-                let selected = frontend.select_now(&prompt, &described, request_id, first)?;
+                let selected = frontend.select_now(&prompt, &described, request_id, first);
                 Ok((prompt, described, selected))
             })
             .await;
-        let (prompt, described, mut selected) = match prepared {
+        let (prompt, described, first) = match prepared {
             Ok(prepared) => prepared,
             Err(error) => return error.into_response(),
+        };
+        // Every worker busy (`admission:`): the request waits its turn.
+        let place = crate::admission::Place {
+            partition: switchyard_plugin_host::plugin::PartitionKey::new(
+                prompt.model.clone(),
+                switchyard_plugin_sdk::WorkerType::Select,
+            ),
+            priority: described.priority,
+            tenant: described.attributes.tenant.as_deref(),
+        };
+        let retry = || {
+            let (frontend, prompt, described) = (self.clone(), prompt.clone(), described.clone());
+            let instance = instance.clone();
+            async move {
+                let selected = tokio::task::spawn_blocking(move || {
+                    let request_id = frontend.next_request_id();
+                    frontend.select_now(&prompt, &described, request_id, instance)
+                })
+                .await;
+                selected.unwrap_or_else(|e| {
+                    Err(RouteError::BadRequest(format!(
+                        "the request's selection did not finish: {e}"
+                    )))
+                })
+            }
+        };
+        let waited = crate::admission::queued(
+            &self.router,
+            place,
+            first,
+            crate::admission::is_saturated,
+            retry,
+        )
+        .await;
+        let mut selected = match waited {
+            Ok(selected) => selected,
+            Err(crate::admission::Waited::Refused(refusal)) => {
+                self.router.metrics.record_shed();
+                return crate::admission::refusal_response(&refusal);
+            }
+            Err(crate::admission::Waited::Failed(error)) => {
+                return OpenAiError::from(error).into_response()
+            }
         };
         let mut excluded_attempts = 0;
         loop {
@@ -369,7 +417,9 @@ impl Frontend {
                     selected = match self
                         .off_executor(move || {
                             let request_id = frontend.next_request_id();
-                            frontend.select_now(&prompt, &described, request_id, instance)
+                            frontend
+                                .select_now(&prompt, &described, request_id, instance)
+                                .map_err(OpenAiError::from)
                         })
                         .await
                     {
@@ -437,7 +487,7 @@ impl Frontend {
         described: &Described,
         request_id: String,
         instance: Option<String>,
-    ) -> Result<(RouteDecision, Lease), OpenAiError> {
+    ) -> Result<(RouteDecision, Lease), RouteError> {
         let decision = self.router.select_and_reserve(&RouteRequest {
             model: described.partition_model.clone(),
             strict_priority: described.priority,

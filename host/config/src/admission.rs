@@ -1,0 +1,93 @@
+//! Overload (`admission:`): when a worker counts as busy, and the queue a request waits in
+//! while every candidate is (docs/admission.md). Absent: no worker is ever busy, nothing
+//! waits, and selection costs what it did without it.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// The `admission:` section.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdmissionSettings {
+    #[serde(default)]
+    pub busy: BusyThresholds,
+    #[serde(default)]
+    pub queue: QueueSettings,
+}
+
+/// A worker at or past any of these is busy: not a candidate. Unset: no limit.
+#[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct BusyThresholds {
+    /// Requests the router booked on the worker (every replica's, with `replicas:`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_active_requests: Option<u32>,
+    /// Prompt tokens booked in the worker's prefill stage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_active_prefill_tokens: Option<u64>,
+    /// Requests waiting in the engine's own queue, as it reports (`engine_metrics:`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_engine_waiting: Option<f64>,
+    /// The engine's reported KV-cache usage, 0 to 1 (`engine_metrics:`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_kv_cache_usage: Option<f64>,
+}
+
+impl BusyThresholds {
+    pub fn any(&self) -> bool {
+        self.max_active_requests.is_some()
+            || self.max_active_prefill_tokens.is_some()
+            || self.max_engine_waiting.is_some()
+            || self.max_kv_cache_usage.is_some()
+    }
+}
+
+/// The queue of requests waiting for a worker that is not busy.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct QueueSettings {
+    /// Requests waiting at once, per partition; one more is refused with 429.
+    pub max_queued: usize,
+    /// How long a request waits at most; then 503 with `Retry-After`. A request's own
+    /// deadline (`x-switchyard-deadline-ms` header) can only shorten it.
+    pub max_wait_ms: u64,
+    /// Within a priority, tenants take turns in proportion to these weights (1 for a
+    /// tenant not listed, and for requests without a tenant).
+    pub tenant_weights: BTreeMap<String, u32>,
+}
+
+impl Default for QueueSettings {
+    fn default() -> Self {
+        QueueSettings {
+            max_queued: 1024,
+            max_wait_ms: 30_000,
+            tenant_weights: BTreeMap::new(),
+        }
+    }
+}
+
+impl AdmissionSettings {
+    pub fn validate(&self) -> Result<(), String> {
+        let b = &self.busy;
+        if b.max_engine_waiting
+            .is_some_and(|w| !(w.is_finite() && w >= 0.0))
+        {
+            return Err("`admission.busy.max_engine_waiting` must be a number >= 0".into());
+        }
+        if b.max_kv_cache_usage
+            .is_some_and(|u| !(0.0..=1.0).contains(&u))
+        {
+            return Err("`admission.busy.max_kv_cache_usage` is a fraction from 0 to 1".into());
+        }
+        if self.queue.max_wait_ms == 0 {
+            return Err("`admission.queue.max_wait_ms` must be at least 1".into());
+        }
+        if let Some((tenant, _)) = self.queue.tenant_weights.iter().find(|(_, &w)| w == 0) {
+            return Err(format!(
+                "`admission.queue.tenant_weights`: `{tenant}` has weight 0; a weight is at least 1"
+            ));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,430 @@
+//! The admission queue: requests wait here while every candidate of their partition is
+//! busy (`admission:`, docs/admission.md), and leave it in order as capacity frees.
+//!
+//! Order: the highest priority first; within a priority, tenants take turns by deficit
+//! round robin (a tenant of weight w is served w times per turn); within a tenant, first
+//! come first served. A waiter is *granted* a try when capacity frees (a booking freed or
+//! moved out of prefill): it selects again, books and leaves, or, still refused, goes back
+//! to its place (it keeps its arrival number). At most one try is under way per partition,
+//! so requests book in the queue's order; one that books hands the next a try at once, and
+//! a waiter's timer tick starts one when capacity freed without a booking freeing. A
+//! dropped ticket (a client that hung up)
+//! leaves the queue at once. Every operation is O(log n) in the waiters of a partition.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use switchyard_plugin_host::plugin::PartitionKey;
+use tokio::sync::oneshot;
+
+/// Why a request could not wait.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum QueueRefusal {
+    #[error("{queued} requests already wait for a worker of this model (admission.queue.max_queued); retry later")]
+    Full { queued: usize },
+    #[error(
+        "every worker stayed busy for {waited_ms} ms (admission.queue.max_wait_ms); retry later"
+    )]
+    TimedOut { waited_ms: u64 },
+}
+
+#[derive(Default)]
+struct TenantQueue {
+    /// Arrival number -> the waiter's grant.
+    waiters: BTreeMap<u64, oneshot::Sender<()>>,
+    /// Tries left in this tenant's current turn.
+    deficit: u32,
+}
+
+#[derive(Default)]
+struct Band {
+    tenants: HashMap<String, TenantQueue>,
+    /// The tenants with waiters, in turn order.
+    ring: VecDeque<String>,
+}
+
+#[derive(Default)]
+struct PartitionQueue {
+    /// Priority (higher first) -> its band.
+    bands: BTreeMap<Reverse<i32>, Band>,
+    len: usize,
+    /// Grants handed out whose waiter has not come back (booked, re-queued or left).
+    outstanding: usize,
+}
+
+#[derive(Default)]
+struct QueueState {
+    partitions: HashMap<PartitionKey, PartitionQueue>,
+    next_arrival: u64,
+}
+
+/// The router's queue of waiting requests, per partition.
+#[derive(Default)]
+pub struct AdmissionQueue {
+    state: Arc<Mutex<QueueState>>,
+    counters: Arc<QueueCounters>,
+}
+
+/// What `/metrics` reports of the queue.
+#[derive(Default, Debug)]
+pub struct QueueCounters {
+    /// Waiting now.
+    pub waiting: std::sync::atomic::AtomicU64,
+    pub queued: std::sync::atomic::AtomicU64,
+    pub admitted: std::sync::atomic::AtomicU64,
+    pub refused_full: std::sync::atomic::AtomicU64,
+    pub timed_out: std::sync::atomic::AtomicU64,
+    pub left: std::sync::atomic::AtomicU64,
+}
+
+/// Where a waiting request stands; leaving the queue when dropped.
+pub struct Ticket {
+    state: Arc<Mutex<QueueState>>,
+    counters: Arc<QueueCounters>,
+    partition: PartitionKey,
+    priority: i32,
+    tenant: String,
+    weight: u32,
+    arrival: u64,
+    grant: Option<oneshot::Receiver<()>>,
+    /// Whether the ticket holds one of its partition's outstanding grants.
+    granted: bool,
+    done: bool,
+}
+
+impl AdmissionQueue {
+    /// A queue counting into `counters` (the router's metrics).
+    pub fn new(counters: Arc<QueueCounters>) -> Self {
+        AdmissionQueue {
+            state: Arc::default(),
+            counters,
+        }
+    }
+
+    pub fn counters(&self) -> &QueueCounters {
+        &self.counters
+    }
+
+    /// Requests waiting now, in all partitions.
+    pub fn len(&self) -> usize {
+        self.state.lock().partitions.values().map(|p| p.len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Queues a request for `partition`; refused when `max_queued` wait there already.
+    pub fn enqueue(
+        &self,
+        partition: &PartitionKey,
+        priority: i32,
+        tenant: &str,
+        weight: u32,
+        max_queued: usize,
+    ) -> Result<Ticket, QueueRefusal> {
+        let mut state = self.state.lock();
+        let queued = state.partitions.get(partition).map_or(0, |p| p.len);
+        if queued >= max_queued {
+            self.counters.refused_full.fetch_add(1, Relaxed);
+            return Err(QueueRefusal::Full { queued });
+        }
+        let arrival = state.next_arrival;
+        state.next_arrival += 1;
+        let mut ticket = Ticket {
+            state: self.state.clone(),
+            counters: self.counters.clone(),
+            partition: partition.clone(),
+            priority,
+            tenant: tenant.to_owned(),
+            weight: weight.max(1),
+            arrival,
+            grant: None,
+            granted: false,
+            done: false,
+        };
+        ticket.insert(&mut state);
+        self.counters.queued.fetch_add(1, Relaxed);
+        Ok(ticket)
+    }
+
+    /// Capacity freed somewhere: the next waiter of every partition without a try under
+    /// way gets one. (A partition with a try under way passes the turn on when that try
+    /// books: tries run one at a time, so they book in the queue's order.)
+    pub fn release(&self) {
+        let mut state = self.state.lock();
+        if state.partitions.is_empty() {
+            return;
+        }
+        for queue in state.partitions.values_mut() {
+            if queue.outstanding == 0 {
+                queue.grant_next(&self.counters);
+            }
+        }
+    }
+}
+
+use std::sync::atomic::Ordering::Relaxed;
+
+impl PartitionQueue {
+    /// Grants the next waiter in order a try; false when none waits.
+    fn grant_next(&mut self, counters: &QueueCounters) -> bool {
+        loop {
+            let Some(mut entry) = self.bands.first_entry() else {
+                return false;
+            };
+            let band = entry.get_mut();
+            let Some(tenant) = band.ring.front().cloned() else {
+                entry.remove();
+                continue;
+            };
+            let queue = band
+                .tenants
+                .get_mut(&tenant)
+                .expect("a tenant in the ring has a queue");
+            let Some((_, grant)) = queue.waiters.pop_first() else {
+                band.ring.pop_front();
+                band.tenants.remove(&tenant);
+                continue;
+            };
+            queue.deficit = queue.deficit.saturating_sub(1);
+            if queue.waiters.is_empty() {
+                band.ring.pop_front();
+                band.tenants.remove(&tenant);
+            } else if queue.deficit == 0 {
+                band.ring.rotate_left(1);
+            }
+            if band.ring.is_empty() {
+                entry.remove();
+            }
+            self.len -= 1;
+            counters.waiting.fetch_sub(1, Relaxed);
+            // A waiter that left meanwhile dropped its receiver: try the next one.
+            if grant.send(()).is_ok() {
+                self.outstanding += 1;
+                return true;
+            }
+        }
+    }
+}
+
+impl Ticket {
+    fn insert(&mut self, state: &mut QueueState) {
+        let (grant, receive) = oneshot::channel();
+        self.grant = Some(receive);
+        let queue = state.partitions.entry(self.partition.clone()).or_default();
+        let band = queue.bands.entry(Reverse(self.priority)).or_default();
+        let tenant = band.tenants.entry(self.tenant.clone()).or_insert_with(|| {
+            band.ring.push_back(self.tenant.clone());
+            TenantQueue {
+                waiters: BTreeMap::new(),
+                deficit: self.weight,
+            }
+        });
+        if tenant.deficit == 0 {
+            tenant.deficit = self.weight;
+        }
+        tenant.waiters.insert(self.arrival, grant);
+        queue.len += 1;
+        self.counters.waiting.fetch_add(1, Relaxed);
+    }
+
+    /// Waits for this request's turn (`true`), or until `timeout` passes (`false`). Every
+    /// `tick` without a grant, the next waiter of the partition is granted a try if no
+    /// grant is out: capacity may have freed without a booking freeing (a worker added, an
+    /// engine's queue drained).
+    pub async fn wait(&mut self, timeout: Duration, tick: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let Some(grant) = self.grant.as_mut() else {
+                return false;
+            };
+            let next_tick = (tokio::time::Instant::now() + tick).min(deadline);
+            tokio::select! {
+                granted = grant => {
+                    self.grant = None;
+                    if granted.is_ok() {
+                        self.granted = true;
+                        return true;
+                    }
+                    return false;
+                }
+                _ = tokio::time::sleep_until(next_tick) => {
+                    if tokio::time::Instant::now() >= deadline {
+                        self.counters.timed_out.fetch_add(1, Relaxed);
+                        return false;
+                    }
+                    let mut state = self.state.lock();
+                    if let Some(queue) = state.partitions.get_mut(&self.partition) {
+                        if queue.outstanding == 0 {
+                            queue.grant_next(&self.counters);
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// The try failed (still busy): back to its place, ahead of later arrivals.
+    pub fn requeue(&mut self) {
+        let state = self.state.clone();
+        let mut state = state.lock();
+        self.give_back_grant(&mut state);
+        self.insert(&mut state);
+    }
+
+    /// The request was booked: it leaves the queue, and the next in line gets a try
+    /// (more capacity may be free).
+    pub fn admitted(mut self) {
+        self.counters.admitted.fetch_add(1, Relaxed);
+        self.done = true;
+        let state = self.state.clone();
+        let mut state = state.lock();
+        self.give_back_grant(&mut state);
+        self.forget(&mut state);
+        if let Some(queue) = state.partitions.get_mut(&self.partition) {
+            if queue.outstanding == 0 {
+                queue.grant_next(&self.counters);
+            }
+        }
+    }
+
+    fn give_back_grant(&mut self, state: &mut QueueState) {
+        if std::mem::take(&mut self.granted) {
+            if let Some(queue) = state.partitions.get_mut(&self.partition) {
+                queue.outstanding = queue.outstanding.saturating_sub(1);
+            }
+        }
+    }
+
+    /// Removes this ticket's waiter if it is still queued, and an emptied partition.
+    fn forget(&mut self, state: &mut QueueState) {
+        let Some(queue) = state.partitions.get_mut(&self.partition) else {
+            return;
+        };
+        if self.grant.take().is_some() {
+            if let Some(band) = queue.bands.get_mut(&Reverse(self.priority)) {
+                if let Some(tenant) = band.tenants.get_mut(&self.tenant) {
+                    if tenant.waiters.remove(&self.arrival).is_some() {
+                        queue.len -= 1;
+                        self.counters.waiting.fetch_sub(1, Relaxed);
+                    }
+                    if tenant.waiters.is_empty() {
+                        band.tenants.remove(&self.tenant);
+                        band.ring.retain(|t| *t != self.tenant);
+                    }
+                }
+                if band.ring.is_empty() {
+                    queue.bands.remove(&Reverse(self.priority));
+                }
+            }
+        }
+        if queue.len == 0 && queue.outstanding == 0 {
+            state.partitions.remove(&self.partition);
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        self.counters.left.fetch_add(1, Relaxed);
+        let state = self.state.clone();
+        let mut state = state.lock();
+        let held = self.granted;
+        self.give_back_grant(&mut state);
+        self.forget(&mut state);
+        // A grant this ticket held (its try was under way) goes to the next in line.
+        if held {
+            if let Some(queue) = state.partitions.get_mut(&self.partition) {
+                queue.grant_next(&self.counters);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use switchyard_plugin_sdk::WorkerType;
+
+    fn partition() -> PartitionKey {
+        PartitionKey::new("m", WorkerType::Select)
+    }
+
+    /// The order grants are handed out in, for tickets queued as `(priority, tenant)`.
+    fn order(queued: &[(i32, &str, u32)]) -> Vec<usize> {
+        let queue = AdmissionQueue::default();
+        let mut tickets: Vec<Ticket> = queued
+            .iter()
+            .map(|&(p, t, w)| queue.enqueue(&partition(), p, t, w, 100).unwrap())
+            .collect();
+        let mut granted = Vec::new();
+        for _ in 0..queued.len() {
+            queue.release();
+            let i = tickets
+                .iter_mut()
+                .position(|t| t.grant.as_mut().is_some_and(|g| g.try_recv().is_ok()))
+                .expect("one grant per release");
+            tickets[i].grant = None;
+            tickets[i].granted = true;
+            granted.push(i);
+            // Booked: its grant is no longer outstanding.
+            let state = tickets[i].state.clone();
+            tickets[i].give_back_grant(&mut state.lock());
+        }
+        granted
+    }
+
+    #[test]
+    fn priority_first_then_tenants_by_weight_then_arrival() {
+        // Two low-priority requests, then tenant a (weight 2) and b (weight 1) at high.
+        let queued = [
+            (0, "batch", 1),
+            (0, "batch", 1),
+            (5, "a", 2),
+            (5, "a", 2),
+            (5, "a", 2),
+            (5, "b", 1),
+            (5, "b", 1),
+        ];
+        assert_eq!(order(&queued), [2, 3, 5, 4, 6, 0, 1]);
+    }
+
+    #[test]
+    fn full_queue_refuses_and_a_dropped_ticket_leaves_at_once() {
+        let queue = AdmissionQueue::default();
+        let first = queue.enqueue(&partition(), 0, "t", 1, 2).unwrap();
+        let _second = queue.enqueue(&partition(), 0, "t", 1, 2).unwrap();
+        assert_eq!(
+            queue.enqueue(&partition(), 0, "t", 1, 2).err(),
+            Some(QueueRefusal::Full { queued: 2 })
+        );
+        drop(first);
+        assert_eq!(queue.len(), 1, "the hung-up request left");
+        assert!(queue.enqueue(&partition(), 0, "t", 1, 2).is_ok());
+    }
+
+    #[test]
+    fn a_requeued_try_keeps_its_place() {
+        let queue = AdmissionQueue::default();
+        let mut early = queue.enqueue(&partition(), 0, "t", 1, 10).unwrap();
+        let mut late = queue.enqueue(&partition(), 0, "t", 1, 10).unwrap();
+        queue.release();
+        assert!(early.grant.as_mut().unwrap().try_recv().is_ok());
+        early.grant = None;
+        early.granted = true;
+        early.requeue();
+        queue.release();
+        assert!(
+            early.grant.as_mut().unwrap().try_recv().is_ok(),
+            "still first"
+        );
+        assert!(late.grant.as_mut().unwrap().try_recv().is_err());
+    }
+}

@@ -1,0 +1,237 @@
+//! Overload through the real frontend (`admission:`): engine-sim engines on loopback,
+//! clients at three times the fleet's capacity. Every request is answered, with a worker
+//! or with an OpenAI-shaped 429 / 503 and `Retry-After`; none is lost; bookings and the
+//! queue are empty at the end; a client that hangs up while queued leaves the queue at
+//! once; and a high-priority request overtakes the low-priority ones queued before it.
+
+mod support;
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::*;
+
+fn new_agent() -> ureq::Agent {
+    ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(30))
+        .build()
+}
+
+fn chat(content: &str, max_tokens: u32) -> Value {
+    json!({"model": "demo", "max_tokens": max_tokens,
+           "messages": [{"role": "user", "content": content}]})
+}
+
+/// A metric's value from `/metrics` (0 when absent).
+fn metric(agent: &ureq::Agent, base: &str, name: &str) -> f64 {
+    let text = agent
+        .get(&format!("{base}/metrics"))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !done() {
+        assert!(started.elapsed() < Duration::from_secs(10), "{what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn three_times_capacity_every_request_answered_nothing_left_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    // 10 tokens at 100 tokens/s: each request holds its worker for about 100 ms.
+    let engines: Vec<Process> = (0..2)
+        .map(|i| engine_sim(&format!("e{i}"), "127.0.0.1:0", &["--decode-tps", "100"]))
+        .collect();
+    let yaml = format!(
+        "admission:\n  busy: {{max_active_requests: 2}}\n  queue: {{max_queued: 4, max_wait_ms: 1500}}\nworkers:\n{}",
+        demo_workers(&engines, false)
+    );
+    let router = serve(&write_config(dir.path(), &yaml));
+    let base = router.address.clone();
+    let statuses = Arc::new(Mutex::new(Vec::new()));
+    // Capacity 4 (2 workers x 2); 12 clients.
+    let clients: Vec<_> = (0..12)
+        .map(|c| {
+            let (base, statuses) = (base.clone(), statuses.clone());
+            std::thread::spawn(move || {
+                let agent = new_agent();
+                for n in 0..5 {
+                    let body = chat(&format!("client {c} request {n}"), 10);
+                    let answer = match agent
+                        .post(&format!("{base}/v1/chat/completions"))
+                        .send_json(body)
+                    {
+                        Ok(r) => (r.status(), None, String::new()),
+                        Err(ureq::Error::Status(code, r)) => {
+                            let retry = r.header("retry-after").map(str::to_owned);
+                            (code, retry, r.into_string().unwrap_or_default())
+                        }
+                        Err(e) => (0, None, e.to_string()),
+                    };
+                    statuses.lock().unwrap().push(answer);
+                }
+            })
+        })
+        .collect();
+    for client in clients {
+        client.join().unwrap();
+    }
+    let statuses = statuses.lock().unwrap();
+    assert_eq!(statuses.len(), 60, "every request has an answer");
+    let ok = statuses.iter().filter(|(s, ..)| *s == 200).count();
+    for (status, retry, body) in statuses.iter().filter(|(s, ..)| *s != 200) {
+        assert!(
+            matches!(status, 429 | 503),
+            "a refusal is 429 or 503: {status} {body}"
+        );
+        assert_eq!(retry.as_deref(), Some("1"), "with Retry-After: {body}");
+        let error: Value = serde_json::from_str(body).unwrap();
+        assert!(
+            error["error"]["message"].is_string(),
+            "OpenAI-shaped: {body}"
+        );
+    }
+    let agent = new_agent();
+    let queued = metric(&agent, &base, "switchyard_admission_queued_total");
+    println!(
+        "60 requests at 3x capacity: {ok} served, {} refused; {queued} waited in the queue",
+        60 - ok
+    );
+    assert!(ok >= 20, "most requests are served: {ok}");
+    assert!(queued > 0.0, "some requests waited");
+    // Nothing stays booked or queued.
+    wait_for("bookings back to zero", || {
+        let workers: Value = agent
+            .get(&format!("{base}/v1/workers"))
+            .call()
+            .unwrap()
+            .into_json()
+            .unwrap();
+        workers
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|w| w["load"]["active_requests"] == 0)
+    });
+    assert_eq!(metric(&agent, &base, "switchyard_admission_waiting"), 0.0);
+
+    // A queued client that hangs up leaves the queue at once.
+    let busy: Vec<_> = (0..4)
+        .map(|i| {
+            let base = base.clone();
+            std::thread::spawn(move || {
+                let _ = new_agent()
+                    .post(&format!("{base}/v1/chat/completions"))
+                    .send_json(chat(&format!("long {i}"), 80));
+            })
+        })
+        .collect();
+    wait_for("the four long requests booked", || {
+        metric(&agent, &base, "switchyard_bookings_active") >= 4.0
+            || metric(&agent, &base, "switchyard_active_bookings") >= 4.0
+            || {
+                let workers: Value = agent
+                    .get(&format!("{base}/v1/workers"))
+                    .call()
+                    .unwrap()
+                    .into_json()
+                    .unwrap();
+                workers
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|w| w["load"]["active_requests"].as_u64().unwrap())
+                    .sum::<u64>()
+                    >= 4
+            }
+    });
+    let address = base.trim_start_matches("http://");
+    let mut waiting = std::net::TcpStream::connect(address).unwrap();
+    let body = chat("queued, then gone", 10).to_string();
+    write!(
+        waiting,
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: {address}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    wait_for("the request queued", || {
+        metric(&agent, &base, "switchyard_admission_waiting") == 1.0
+    });
+    let left_before = metric(&agent, &base, "switchyard_admission_left_total");
+    drop(waiting);
+    wait_for("the hung-up request left the queue", || {
+        metric(&agent, &base, "switchyard_admission_waiting") == 0.0
+    });
+    assert!(metric(&agent, &base, "switchyard_admission_left_total") > left_before);
+    for b in busy {
+        b.join().unwrap();
+    }
+}
+
+#[test]
+fn a_high_priority_request_overtakes_the_low_priority_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    // One worker, one request at a time; 20 tokens at 100 tokens/s: 200 ms each.
+    let engine = engine_sim("e0", "127.0.0.1:0", &["--decode-tps", "100"]);
+    let yaml = format!(
+        "request_attributes: {{priority_header: x-priority}}\nadmission:\n  busy: {{max_active_requests: 1}}\n  queue: {{max_wait_ms: 10000}}\nworkers:\n{}",
+        demo_workers([&engine], false)
+    );
+    let router = serve(&write_config(dir.path(), &yaml));
+    let base = router.address.clone();
+    let finished = Arc::new(Mutex::new(Vec::new()));
+    let send = |name: &'static str, priority: i32| {
+        let (base, finished) = (base.clone(), finished.clone());
+        std::thread::spawn(move || {
+            let status = new_agent()
+                .post(&format!("{base}/v1/chat/completions"))
+                .set("x-priority", &priority.to_string())
+                .send_json(chat(name, 20))
+                .map(|r| r.status())
+                .unwrap_or(0);
+            finished.lock().unwrap().push((name, status));
+        })
+    };
+    let agent = new_agent();
+    let mut threads = vec![send("first", 0)];
+    wait_for("the first request booked", || {
+        metric(&agent, &base, "switchyard_admission_waiting") == 0.0 && {
+            let workers: Value = agent
+                .get(&format!("{base}/v1/workers"))
+                .call()
+                .unwrap()
+                .into_json()
+                .unwrap();
+            workers[0]["load"]["active_requests"] == 1
+        }
+    });
+    for (i, name) in ["low-1", "low-2", "low-3"].into_iter().enumerate() {
+        threads.push(send(name, 0));
+        wait_for("the low request queued", || {
+            metric(&agent, &base, "switchyard_admission_waiting") == (i + 1) as f64
+        });
+    }
+    threads.push(send("high", 10));
+    wait_for("the high request queued", || {
+        metric(&agent, &base, "switchyard_admission_waiting") == 4.0
+    });
+    for t in threads {
+        t.join().unwrap();
+    }
+    let finished = finished.lock().unwrap();
+    let order: Vec<&str> = finished.iter().map(|(n, _)| *n).collect();
+    assert!(finished.iter().all(|(_, s)| *s == 200), "{finished:?}");
+    assert_eq!(order, ["first", "high", "low-1", "low-2", "low-3"]);
+}
