@@ -235,3 +235,57 @@ fn a_high_priority_request_overtakes_the_low_priority_queue() {
     assert!(finished.iter().all(|(_, s)| *s == 200), "{finished:?}");
     assert_eq!(order, ["first", "high", "low-1", "low-2", "low-3"]);
 }
+
+/// The same queue behind a real Envoy: the picker holds the ext_proc stream while a
+/// request waits, and a full queue reaches the client as 429.
+#[test]
+fn envoy_streams_wait_in_the_queue_and_a_full_queue_answers_429() {
+    use support::real_envoy::Envoy;
+    let dir = tempfile::tempdir().unwrap();
+    // 30 tokens at 100 tokens/s: 300 ms each; one at a time; one may wait.
+    let engine = engine_sim("e0", "127.0.0.1:0", &["--decode-tps", "100"]);
+    let port = free_port();
+    let yaml = format!(
+        "admission:\n  busy: {{max_active_requests: 1}}\n  queue: {{max_queued: 1, max_wait_ms: 5000}}\nworkers:\n{}",
+        demo_workers([&engine], true)
+    );
+    let config = write_config(dir.path(), &yaml);
+    let _router = Process::start(
+        std::process::Command::new(switchyard_bin())
+            .args(["serve", "--listen", "127.0.0.1:0", "--ext-proc"])
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--config")
+            .arg(config)
+            .env("RUST_LOG", "warn"),
+        "switchyard listening on ",
+    );
+    let envoy = Envoy::start(dir.path(), port);
+    let url = format!("{}/v1/chat/completions", envoy.base);
+    wait_for("Envoy routes through the picker", || {
+        new_agent().post(&url).send_json(chat("ready?", 1)).is_ok()
+    });
+    let threads: Vec<_> = (0..4)
+        .map(|i| {
+            let url = url.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(20 * i));
+                match new_agent().post(&url).send_json(chat(&format!("e{i}"), 30)) {
+                    Ok(r) => r.status(),
+                    Err(ureq::Error::Status(code, _)) => code,
+                    Err(_) => 0,
+                }
+            })
+        })
+        .collect();
+    let answers: Vec<u16> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    let served = answers.iter().filter(|&&s| s == 200).count();
+    assert!(
+        served >= 2,
+        "the running one and the waiting one: {answers:?}"
+    );
+    assert!(
+        answers.iter().all(|&s| s == 200 || s == 429),
+        "the others find the queue full: {answers:?}"
+    );
+    assert!(answers.contains(&429), "{answers:?}");
+}

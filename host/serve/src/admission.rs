@@ -90,21 +90,27 @@ pub fn is_saturated(error: &RouteError) -> bool {
     matches!(error, RouteError::Saturated(_))
 }
 
-/// The OpenAI-shaped answer to a refusal: 429 when the queue is full, 503 when the wait
-/// ran out, both with `Retry-After`.
+/// The OpenAI-shaped error of a refusal: 429 when the queue is full, 503 when the wait
+/// ran out.
+pub fn refusal_error(refusal: &QueueRefusal) -> OpenAiError {
+    let (status, kind, code) = match refusal {
+        QueueRefusal::Full { .. } => (
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_exceeded",
+            "rate_limit_exceeded",
+        ),
+        QueueRefusal::TimedOut { .. } => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "overloaded",
+        ),
+    };
+    OpenAiError::new(status, kind, refusal.to_string()).with_code(code)
+}
+
+/// [`refusal_error`] as a response, with `Retry-After`.
 pub fn refusal_response(refusal: &QueueRefusal) -> Response {
-    let (status, code) = match refusal {
-        QueueRefusal::Full { .. } => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_exceeded"),
-        QueueRefusal::TimedOut { .. } => (StatusCode::SERVICE_UNAVAILABLE, "overloaded"),
-    };
-    let kind = if status == StatusCode::TOO_MANY_REQUESTS {
-        "rate_limit_exceeded"
-    } else {
-        "server_error"
-    };
-    let mut response = OpenAiError::new(status, kind, refusal.to_string())
-        .with_code(code)
-        .into_response();
+    let mut response = refusal_error(refusal).into_response();
     response.headers_mut().insert(
         axum::http::header::RETRY_AFTER,
         HeaderValue::from_static("1"),

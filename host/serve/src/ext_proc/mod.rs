@@ -41,6 +41,7 @@ use envoy_types::pb::envoy::service::ext_proc::v3::{
     processing_request::Request, HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse,
 };
 use rustc_hash::FxHashSet;
+use switchyard_plugin_host::plugin::PartitionKey;
 use switchyard_plugin_sdk::WorkerId;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
@@ -354,29 +355,74 @@ impl Exchange {
             (self.endpoint, self.instance.clone(), self.subset.clone());
         let kept = std::mem::take(&mut self.kept_headers);
         let caller = self.caller.clone();
-        let request_body = std::mem::take(&mut self.body);
-        // Parsing (tokenizing) and selecting (plugin code) run on the blocking pool.
-        let decided = tokio::task::spawn_blocking(move || {
-            let wanted = Wanted {
-                endpoint,
-                instance,
-                subset,
-                kept,
-            };
-            let booked = decide(&picker, &caller, wanted, &request_body);
-            (booked, request_body)
-        })
-        .await;
-        let (booked, request_body) = match decided {
-            Ok(decided) => decided,
-            Err(e) => {
-                return self
-                    .refuse(OpenAiError::new(
+        let request_body = Arc::new(std::mem::take(&mut self.body));
+        let wanted = Wanted {
+            endpoint,
+            instance,
+            subset,
+            kept,
+        };
+        // Parsing (tokenizing) and selecting (plugin code) run on the blocking pool; a
+        // request that finds every worker busy waits its turn (`admission:`) while Envoy
+        // holds the stream open.
+        let attempt = || {
+            let (picker, caller, wanted, body) = (
+                picker.clone(),
+                caller.clone(),
+                wanted.clone(),
+                request_body.clone(),
+            );
+            async move {
+                tokio::task::spawn_blocking(move || {
+                    let mut busy = None;
+                    match decide(&picker, &caller, wanted, &body, &mut busy) {
+                        Ok(booked) => Ok(booked),
+                        Err(_) if busy.is_some() => Err(Attempt::Busy(busy)),
+                        Err(error) => Err(Attempt::Failed(error)),
+                    }
+                })
+                .await
+                .unwrap_or_else(|e| {
+                    Err(Attempt::Failed(OpenAiError::new(
                         axum::http::StatusCode::INTERNAL_SERVER_ERROR,
                         "server_error",
                         format!("the pick did not finish: {e}"),
-                    ))
-                    .await
+                    )))
+                })
+            }
+        };
+        let first = attempt().await;
+        let place = match &first {
+            Err(Attempt::Busy(Some(place))) => place.clone(),
+            _ => BusyPlace::default(),
+        };
+        let router = self.picker.frontend.router().clone();
+        let waited = crate::admission::queued(
+            &router,
+            crate::admission::Place {
+                partition: PartitionKey::new(
+                    place.model,
+                    switchyard_plugin_sdk::WorkerType::Select,
+                ),
+                priority: place.priority,
+                tenant: place.tenant.as_deref(),
+            },
+            first,
+            |e| matches!(e, Attempt::Busy(_)),
+            attempt,
+        )
+        .await;
+        let booked = match waited {
+            Ok(booked) => Ok(booked),
+            Err(crate::admission::Waited::Failed(Attempt::Failed(error))) => Err(error),
+            Err(crate::admission::Waited::Failed(Attempt::Busy(_))) => Err(OpenAiError::new(
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                "every worker is busy (admission.busy)",
+            )
+            .with_code("overloaded")),
+            Err(crate::admission::Waited::Refused(refusal)) => {
+                Err(crate::admission::refusal_error(&refusal))
             }
         };
         match booked {
@@ -487,7 +533,23 @@ fn no_endpoint(message: impl Into<String>) -> OpenAiError {
     OpenAiError::from(RouteError::NoWorker(message.into()))
 }
 
+/// A pick that found every worker busy, and where the request waits.
+enum Attempt {
+    Busy(Option<BusyPlace>),
+    Failed(OpenAiError),
+}
+
+/// Where a request that found every worker busy waits: its partition's model, priority
+/// and tenant.
+#[derive(Clone, Default)]
+struct BusyPlace {
+    model: String,
+    priority: i32,
+    tenant: Option<String>,
+}
+
 /// What the stream's headers asked for.
+#[derive(Clone)]
 struct Wanted {
     endpoint: Endpoint,
     instance: Option<String>,
@@ -502,6 +564,7 @@ fn decide(
     caller: &Caller,
     wanted: Wanted,
     body: &[u8],
+    busy: &mut Option<BusyPlace>,
 ) -> Result<Booked, OpenAiError> {
     let Wanted {
         endpoint,
@@ -554,6 +617,7 @@ fn decide(
             ));
         }
     }
+    let tenant = described.attributes.tenant.clone();
     let decision = router.select_and_reserve(&RouteRequest {
         model: prompt.model.clone(),
         strict_priority: described.priority,
@@ -566,7 +630,18 @@ fn decide(
         // (`Default` leaves it off; serde's default, and engines, have it on.)
         tracks_prefill_tokens: true,
         ..Default::default()
-    })?;
+    });
+    let decision = match decision {
+        Err(RouteError::Saturated(why)) => {
+            *busy = Some(BusyPlace {
+                model: prompt.model.clone(),
+                priority: described.priority,
+                tenant,
+            });
+            return Err(RouteError::Saturated(why).into());
+        }
+        other => other?,
+    };
     let lease = Lease::new(router.clone(), request_id);
     let worker = WorkerId {
         worker_id: decision.worker_id,
