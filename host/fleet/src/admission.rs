@@ -29,6 +29,20 @@ pub enum QueueRefusal {
         "every worker stayed busy for {waited_ms} ms (admission.queue.max_wait_ms); retry later"
     )]
     TimedOut { waited_ms: u64 },
+    #[error(
+        "a request of higher priority took this request's place in the full queue; retry later"
+    )]
+    Evicted,
+}
+
+/// How a wait ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Turn {
+    /// The request may select again.
+    Granted,
+    TimedOut,
+    /// A higher-priority request took its place.
+    Evicted,
 }
 
 #[derive(Default)]
@@ -77,6 +91,7 @@ pub struct QueueCounters {
     pub admitted: std::sync::atomic::AtomicU64,
     pub refused_full: std::sync::atomic::AtomicU64,
     pub timed_out: std::sync::atomic::AtomicU64,
+    pub evicted: std::sync::atomic::AtomicU64,
     pub left: std::sync::atomic::AtomicU64,
 }
 
@@ -129,8 +144,16 @@ impl AdmissionQueue {
         let mut state = self.state.lock();
         let queued = state.partitions.get(partition).map_or(0, |p| p.len);
         if queued >= max_queued {
-            self.counters.refused_full.fetch_add(1, Relaxed);
-            return Err(QueueRefusal::Full { queued });
+            // Full: a request of higher priority than the lowest waiting one takes the
+            // place of that band's latest arrival; any other is refused.
+            let evicted = state
+                .partitions
+                .get_mut(partition)
+                .is_some_and(|queue| queue.evict_below(priority, &self.counters));
+            if !evicted {
+                self.counters.refused_full.fetch_add(1, Relaxed);
+                return Err(QueueRefusal::Full { queued });
+            }
         }
         let arrival = state.next_arrival;
         state.next_arrival += 1;
@@ -170,6 +193,39 @@ impl AdmissionQueue {
 use std::sync::atomic::Ordering::Relaxed;
 
 impl PartitionQueue {
+    /// Drops the latest arrival of the lowest band if that band's priority is below
+    /// `priority`; its waiter sees `Turn::Evicted`. True when one was dropped.
+    fn evict_below(&mut self, priority: i32, counters: &QueueCounters) -> bool {
+        let Some(mut entry) = self.bands.last_entry() else {
+            return false;
+        };
+        if entry.key().0 >= priority {
+            return false;
+        }
+        let band = entry.get_mut();
+        let latest = band
+            .tenants
+            .iter()
+            .filter_map(|(t, q)| q.waiters.last_key_value().map(|(a, _)| (*a, t.clone())))
+            .max();
+        let Some((arrival, tenant)) = latest else {
+            return false;
+        };
+        let queue = band.tenants.get_mut(&tenant).expect("just found");
+        queue.waiters.remove(&arrival);
+        if queue.waiters.is_empty() {
+            band.tenants.remove(&tenant);
+            band.ring.retain(|t| *t != tenant);
+        }
+        if band.ring.is_empty() {
+            entry.remove();
+        }
+        self.len -= 1;
+        counters.waiting.fetch_sub(1, Relaxed);
+        counters.evicted.fetch_add(1, Relaxed);
+        true
+    }
+
     /// Grants the next waiter in order a try; false when none waits.
     fn grant_next(&mut self, counters: &QueueCounters) -> bool {
         loop {
@@ -236,11 +292,11 @@ impl Ticket {
     /// `tick` without a grant, the next waiter of the partition is granted a try if no
     /// grant is out: capacity may have freed without a booking freeing (a worker added, an
     /// engine's queue drained).
-    pub async fn wait(&mut self, timeout: Duration, tick: Duration) -> bool {
+    pub async fn wait(&mut self, timeout: Duration, tick: Duration) -> Turn {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
             let Some(grant) = self.grant.as_mut() else {
-                return false;
+                return Turn::Evicted;
             };
             let next_tick = (tokio::time::Instant::now() + tick).min(deadline);
             tokio::select! {
@@ -248,14 +304,16 @@ impl Ticket {
                     self.grant = None;
                     if granted.is_ok() {
                         self.granted = true;
-                        return true;
+                        return Turn::Granted;
                     }
-                    return false;
+                    // The queue dropped this waiter's grant: evicted.
+                    self.done = true;
+                    return Turn::Evicted;
                 }
                 _ = tokio::time::sleep_until(next_tick) => {
                     if tokio::time::Instant::now() >= deadline {
                         self.counters.timed_out.fetch_add(1, Relaxed);
-                        return false;
+                        return Turn::TimedOut;
                     }
                     let mut state = self.state.lock();
                     if let Some(queue) = state.partitions.get_mut(&self.partition) {
@@ -265,6 +323,27 @@ impl Ticket {
                     }
                 }
             }
+        }
+    }
+
+    /// Whether this ticket was granted a try, without waiting (for a simulation that runs
+    /// in its own time: replay).
+    pub fn try_granted(&mut self) -> Option<Turn> {
+        let Some(grant) = self.grant.as_mut() else {
+            return self.granted.then_some(Turn::Granted);
+        };
+        match grant.try_recv() {
+            Ok(()) => {
+                self.grant = None;
+                self.granted = true;
+                Some(Turn::Granted)
+            }
+            Err(oneshot::error::TryRecvError::Closed) => {
+                self.grant = None;
+                self.done = true;
+                Some(Turn::Evicted)
+            }
+            Err(oneshot::error::TryRecvError::Empty) => None,
         }
     }
 
@@ -408,6 +487,21 @@ mod tests {
         drop(first);
         assert_eq!(queue.len(), 1, "the hung-up request left");
         assert!(queue.enqueue(&partition(), 0, "t", 1, 2).is_ok());
+    }
+
+    #[test]
+    fn a_full_queue_makes_room_for_higher_priority_only() {
+        let queue = AdmissionQueue::default();
+        let mut low = queue.enqueue(&partition(), 0, "batch", 1, 2).unwrap();
+        let _high = queue.enqueue(&partition(), 5, "a", 1, 2).unwrap();
+        assert_eq!(
+            queue.enqueue(&partition(), 0, "batch", 1, 2).err(),
+            Some(QueueRefusal::Full { queued: 2 }),
+            "the same priority waits no place"
+        );
+        let _higher = queue.enqueue(&partition(), 9, "a", 1, 2).unwrap();
+        assert_eq!(low.try_granted(), Some(Turn::Evicted));
+        assert_eq!(queue.len(), 2);
     }
 
     #[test]

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use switchyard_fleet::admission::QueueRefusal;
+use switchyard_fleet::admission::{QueueRefusal, Turn};
 use switchyard_fleet::router::{RouteError, Router};
 use switchyard_plugin_host::plugin::PartitionKey;
 
@@ -70,10 +70,19 @@ where
     let started = Instant::now();
     loop {
         let left = max_wait.saturating_sub(started.elapsed());
-        if left.is_zero() || !ticket.wait(left, TICK).await {
-            return Err(Waited::Refused(QueueRefusal::TimedOut {
-                waited_ms: started.elapsed().as_millis() as u64,
-            }));
+        let turn = if left.is_zero() {
+            Turn::TimedOut
+        } else {
+            ticket.wait(left, TICK).await
+        };
+        match turn {
+            Turn::Granted => {}
+            Turn::TimedOut => {
+                return Err(Waited::Refused(QueueRefusal::TimedOut {
+                    waited_ms: started.elapsed().as_millis() as u64,
+                }))
+            }
+            Turn::Evicted => return Err(Waited::Refused(QueueRefusal::Evicted)),
         }
         match attempt().await {
             Ok(done) => {
@@ -94,7 +103,7 @@ pub fn is_saturated(error: &RouteError) -> bool {
 /// ran out.
 pub fn refusal_error(refusal: &QueueRefusal) -> OpenAiError {
     let (status, kind, code) = match refusal {
-        QueueRefusal::Full { .. } => (
+        QueueRefusal::Full { .. } | QueueRefusal::Evicted => (
             StatusCode::TOO_MANY_REQUESTS,
             "rate_limit_exceeded",
             "rate_limit_exceeded",

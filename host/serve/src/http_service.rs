@@ -175,7 +175,8 @@ async fn decide_waiting(
         Err(crate::admission::Waited::Failed(error)) => Err(error.into()),
         Err(crate::admission::Waited::Refused(refusal)) => {
             let status = match refusal {
-                switchyard_fleet::admission::QueueRefusal::Full { .. } => {
+                switchyard_fleet::admission::QueueRefusal::Full { .. }
+                | switchyard_fleet::admission::QueueRefusal::Evicted => {
                     StatusCode::TOO_MANY_REQUESTS
                 }
                 switchyard_fleet::admission::QueueRefusal::TimedOut { .. } => {

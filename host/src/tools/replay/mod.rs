@@ -37,12 +37,14 @@ use serde::Deserialize;
 use switchyard_plugin_sdk::WorkerId;
 
 use crate::config::ConfigSource;
+use crate::fleet::admission::{Ticket, Turn};
 use crate::fleet::kv_index::KvEvent;
 use crate::fleet::router::{RouteError, RouteRequest, Router};
 use crate::fleet::workers::{WorkerRole, WorkerSpec};
-use crate::plugin::{EngineReport, EngineSample, RequestAttributes};
+use crate::plugin::{EngineReport, EngineSample, PartitionKey, RequestAttributes};
 use crate::startup::start;
 use over_zmq::{block_tokens, ZmqFleet};
+use switchyard_plugin_sdk::WorkerType;
 
 /// The model name the simulated workers serve.
 const MODEL: &str = "replay";
@@ -145,6 +147,10 @@ pub struct SimParams {
     pub adapter_load_s: f64,
     /// Trace time between two engine samples, in microseconds (0: before every request).
     pub engine_sample_us: u64,
+    /// Arrivals come this many times faster than the trace's timestamps say.
+    pub time_scale: f64,
+    /// The share of requests of the low-priority `batch` tenant (0: no tenants).
+    pub batch_share: f64,
 }
 
 /// Whether replicas count each other's bookings in replay.
@@ -185,6 +191,20 @@ pub struct PolicyReport {
     /// Requests for an adapter routed to a worker that held it / all requests for one;
     /// `None` without `--adapters`.
     pub adapter_hit_rate: Option<f64>,
+    /// Requests refused by the admission queue (full, or waited past its limit).
+    pub refused: u64,
+    /// Per tenant (`--batch-share`): TTFT of its served requests, and its refusals.
+    pub tenants: Vec<TenantReport>,
+}
+
+/// One tenant's share of a policy's run.
+#[derive(Clone, Debug)]
+pub struct TenantReport {
+    pub tenant: String,
+    pub served: u64,
+    pub refused: u64,
+    pub ttft_p50_ms: f64,
+    pub ttft_p99_ms: f64,
 }
 
 struct SimWorker {
@@ -304,6 +324,11 @@ struct Simulation<'a> {
     /// Each replica's report cell of each worker (ENGINE), and when they were last set.
     reports: Vec<Vec<Arc<EngineReport>>>,
     sampled_at: Option<u64>,
+    /// Requests waiting in the admission queue (`admission:`), in arrival order.
+    waiting: Vec<(usize, Ticket)>,
+    refused: u64,
+    refused_by_tenant: std::collections::BTreeMap<&'static str, u64>,
+    tenant_ttfts: std::collections::BTreeMap<&'static str, hdrhistogram::Histogram<u64>>,
 }
 
 impl<'a> Simulation<'a> {
@@ -371,6 +396,10 @@ impl<'a> Simulation<'a> {
             adapter_requests: 0,
             reports: Vec::new(),
             sampled_at: None,
+            waiting: Vec::new(),
+            refused: 0,
+            refused_by_tenant: Default::default(),
+            tenant_ttfts: Default::default(),
         };
         let mut specs = Vec::with_capacity(params.workers);
         for (id, kv_events) in (0..params.workers as u64).zip(sources) {
@@ -449,7 +478,7 @@ impl<'a> Simulation<'a> {
             if *at > now {
                 break;
             }
-            let Reverse((_, phase, index)) = self.events.pop().expect("peeked");
+            let Reverse((at, phase, index)) = self.events.pop().expect("peeked");
             let request = &self.trace[index];
             let w = self.assigned[index];
             let id = index.to_string();
@@ -491,6 +520,10 @@ impl<'a> Simulation<'a> {
             };
             result.map_err(|e| self.failed(e))?;
             self.sync();
+            if !self.waiting.is_empty() {
+                self.expire_waiting(at);
+                self.retry_granted(at)?;
+            }
         }
         Ok(())
     }
@@ -514,11 +547,126 @@ impl<'a> Simulation<'a> {
         (removed, stored)
     }
 
-    /// Routes request `index` through the router and simulates its prefill and decode.
+    /// When request `index` arrives, in microseconds of trace time (`--time-scale`
+    /// compresses the trace).
+    fn arrival_us(&self, index: usize) -> u64 {
+        (self.trace[index].timestamp as f64 * 1000.0 / self.params.time_scale).round() as u64
+    }
+
+    /// The request's tenant and priority (`--batch-share`): a share of the requests is
+    /// the low-priority `batch` tenant, the rest the high-priority `interactive` one.
+    fn tenant_of(&self, index: usize) -> (&'static str, i32) {
+        let share = self.params.batch_share;
+        if share <= 0.0 {
+            return ("", 0);
+        }
+        let h = (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 11;
+        if (h as f64 / (1u64 << 53) as f64) < share {
+            ("batch", 0)
+        } else {
+            ("interactive", 10)
+        }
+    }
+
+    /// Routes request `index` when it arrives; with `admission:`, a request that finds
+    /// every worker busy waits in the router's queue (in trace time).
     fn route(&mut self, index: usize) -> Result<(), ReplayError> {
-        let request = &self.trace[index];
-        let now = request.timestamp * 1000;
+        let now = self.arrival_us(index);
         self.advance(now)?;
+        self.expire_waiting(now);
+        if !self.try_route(index, now)? {
+            let (tenant, priority) = self.tenant_of(index);
+            let generation = self.owner(index).generation();
+            let queue = generation
+                .startup
+                .source
+                .config
+                .admission
+                .as_ref()
+                .map(|a| a.queue.clone())
+                .unwrap_or_default();
+            let weight = queue.tenant_weights.get(tenant).copied().unwrap_or(1);
+            let partition = PartitionKey::new(MODEL, WorkerType::Select);
+            match self.owner(index).admission.enqueue(
+                &partition,
+                priority,
+                tenant,
+                weight,
+                queue.max_queued,
+            ) {
+                Ok(ticket) => self.waiting.push((index, ticket)),
+                Err(_) => self.refuse(index),
+            }
+        }
+        Ok(())
+    }
+
+    /// Counts request `index` as refused (429 or 503).
+    fn refuse(&mut self, index: usize) {
+        let (tenant, _) = self.tenant_of(index);
+        self.refused += 1;
+        *self.refused_by_tenant.entry(tenant).or_default() += 1;
+    }
+
+    /// Waiting requests past `admission.queue.max_wait_ms` (in trace time) are refused.
+    fn expire_waiting(&mut self, now: u64) {
+        let max_wait_us = self.routers[0]
+            .generation()
+            .startup
+            .source
+            .config
+            .admission
+            .as_ref()
+            .map_or(u64::MAX, |a| a.queue.max_wait_ms.saturating_mul(1000));
+        let arrivals: Vec<u64> = self
+            .waiting
+            .iter()
+            .map(|(i, _)| self.arrival_us(*i))
+            .collect();
+        for (k, arrival) in arrivals.iter().enumerate().rev() {
+            if now.saturating_sub(*arrival) > max_wait_us {
+                let (index, ticket) = self.waiting.remove(k);
+                drop(ticket);
+                self.refuse(index);
+            }
+        }
+    }
+
+    /// Waiting requests granted a try select again at `now`; those still refused go back
+    /// to their place.
+    fn retry_granted(&mut self, now: u64) -> Result<(), ReplayError> {
+        loop {
+            let mut evicted = Vec::new();
+            let mut granted = None;
+            for (k, (_, ticket)) in self.waiting.iter_mut().enumerate() {
+                match ticket.try_granted() {
+                    Some(Turn::Granted) if granted.is_none() => granted = Some(k),
+                    Some(Turn::Evicted) => evicted.push(k),
+                    _ => {}
+                }
+            }
+            for &k in evicted.iter().rev() {
+                let (index, _) = self.waiting.remove(k);
+                self.refuse(index);
+            }
+            let Some(k) = granted.map(|k| k - evicted.iter().filter(|&&e| e < k).count()) else {
+                return Ok(());
+            };
+            let index = self.waiting[k].0;
+            if self.try_route(index, now)? {
+                let (_, ticket) = self.waiting.remove(k);
+                ticket.admitted();
+            } else {
+                self.waiting[k].1.requeue();
+                return Ok(());
+            }
+        }
+    }
+
+    /// Selects for request `index` at `now` and simulates its prefill and decode; false
+    /// when every worker is busy.
+    fn try_route(&mut self, index: usize, now: u64) -> Result<bool, ReplayError> {
+        let request = &self.trace[index];
         let (token_ids, block_hashes) = match self.params.kv_events {
             KvTransport::InProcess => (None, Some(request.hash_ids.clone())),
             // The router hashes the prompt's tokens, as it hashes the engines' blocks.
@@ -535,12 +683,15 @@ impl<'a> Simulation<'a> {
         };
         self.sample_engines(now);
         let adapter = self.adapter[index];
+        let (tenant, priority) = self.tenant_of(index);
         let route = RouteRequest {
             model: MODEL.into(),
+            strict_priority: priority,
             attributes: Some(Arc::new(RequestAttributes {
                 request_id: index.to_string(),
                 model: MODEL.into(),
                 lora_adapter: adapter.map(adapter_name),
+                tenant: (!tenant.is_empty()).then(|| tenant.to_owned()),
                 ..Default::default()
             })),
             instance: Some(self.policy.into()),
@@ -552,14 +703,18 @@ impl<'a> Simulation<'a> {
             ..Default::default()
         };
         let started = Instant::now();
-        let decision = self
-            .owner(index)
-            .select_and_reserve(&route)
-            .map_err(|e| self.failed(e))?;
+        let decision = match self.owner(index).select_and_reserve(&route) {
+            Err(RouteError::Saturated(_)) => {
+                self.router_time += started.elapsed();
+                return Ok(false);
+            }
+            decided => decided.map_err(|e| self.failed(e))?,
+        };
         self.router_time += started.elapsed();
         self.sync();
         let w = decision.worker_id as usize;
         self.assigned[index] = w;
+        let arrival = self.arrival_us(index) as f64 / 1e6;
         let worker = &mut self.workers[w];
 
         let hit = request
@@ -572,8 +727,7 @@ impl<'a> Simulation<'a> {
         let new_tokens = request
             .input_length
             .saturating_sub(hit * u64::from(self.params.block_size));
-        let arrival = now as f64 / 1e6;
-        let start = worker.prefill_free_at.max(arrival);
+        let start = worker.prefill_free_at.max(now as f64 / 1e6);
         let mut load_adapter = 0.0;
         if let Some(a) = adapter {
             self.adapter_requests += 1;
@@ -591,6 +745,15 @@ impl<'a> Simulation<'a> {
         worker.prefill_free_at = prefill_end;
         worker.active_tokens += request.input_length + request.output_length;
         self.ttfts.saturating_record(micros(prefill_end - arrival));
+        if !tenant.is_empty() {
+            self.tenant_ttfts
+                .entry(tenant)
+                .or_insert_with(|| {
+                    hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3)
+                        .expect("1 us to 1 h at 3 significant digits is valid")
+                })
+                .saturating_record(micros(prefill_end - arrival));
+        }
         self.events
             .push(Reverse((micros(prefill_end), Phase::PrefillDone, index)));
         let decode_end =
@@ -611,7 +774,7 @@ impl<'a> Simulation<'a> {
         if total > 0 {
             self.imbalance_sum += max as f64 / (total as f64 / self.workers.len() as f64);
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Each worker's engine report, as a scrape at `now` (microseconds) would set it, when
@@ -652,6 +815,18 @@ impl<'a> Simulation<'a> {
             fallbacks,
             adapter_hit_rate: (self.adapter_requests > 0)
                 .then(|| self.adapter_hits as f64 / self.adapter_requests as f64),
+            refused: self.refused,
+            tenants: self
+                .tenant_ttfts
+                .iter()
+                .map(|(tenant, h)| TenantReport {
+                    tenant: (*tenant).to_owned(),
+                    served: h.len(),
+                    refused: self.refused_by_tenant.get(tenant).copied().unwrap_or(0),
+                    ttft_p50_ms: h.value_at_quantile(0.50) as f64 / 1e3,
+                    ttft_p99_ms: h.value_at_quantile(0.99) as f64 / 1e3,
+                })
+                .collect(),
         }
     }
 }
@@ -673,6 +848,11 @@ pub fn replay(
         progress(index + 1);
     }
     simulation.advance(u64::MAX)?;
+    // Whoever still waits when the trace has ended and every request finished is refused.
+    for (index, ticket) in std::mem::take(&mut simulation.waiting) {
+        drop(ticket);
+        simulation.refuse(index);
+    }
     if simulation.zmq.is_some() {
         // Ends the subscriptions (their threads) before the publishers go away.
         for worker_id in 0..params.workers as u64 {
@@ -690,6 +870,9 @@ pub fn replay(
         };
         report.policy = format!("{policy} x{} ({sync})", routers.len());
     }
+    if params.time_scale != 1.0 {
+        report.policy = format!("{} @{}x", report.policy, params.time_scale);
+    }
     Ok(report)
 }
 
@@ -706,6 +889,7 @@ pub fn csv(reports: &[PolicyReport]) -> String {
         selections_per_s: String,
         fallbacks: u64,
         adapter_hit_rate: String,
+        refused: u64,
     }
     let mut writer = csv::Writer::from_writer(Vec::new());
     for r in reports {
@@ -722,7 +906,22 @@ pub fn csv(reports: &[PolicyReport]) -> String {
             adapter_hit_rate: r
                 .adapter_hit_rate
                 .map_or(String::new(), |a| format!("{a:.4}")),
+            refused: r.refused,
         });
+        for t in &r.tenants {
+            let _ = writer.serialize(Row {
+                policy: &format!("{} [{}]", r.policy, t.tenant),
+                requests: t.served as usize,
+                prefix_hit_rate: String::new(),
+                load_imbalance: String::new(),
+                ttft_p50_ms: format!("{:.1}", t.ttft_p50_ms),
+                ttft_p99_ms: format!("{:.1}", t.ttft_p99_ms),
+                selections_per_s: String::new(),
+                fallbacks: 0,
+                adapter_hit_rate: String::new(),
+                refused: t.refused,
+            });
+        }
     }
     String::from_utf8(writer.into_inner().unwrap_or_default()).unwrap_or_default()
 }
@@ -750,6 +949,26 @@ pub fn table(reports: &[PolicyReport]) -> String {
                 (n, Some(a)) => format!("  ({n} fallbacks) adapter hits {:.1}%", a * 100.0),
             }
         );
+        if r.refused > 0 && r.tenants.is_empty() {
+            let _ = writeln!(
+                out,
+                "{:<24} refused by the admission queue: {}",
+                "", r.refused
+            );
+        }
+        for t in &r.tenants {
+            let _ = writeln!(
+                out,
+                "{:<24} {:>9} {:>10} {:>10} {:>13.1} {:>13.1}   refused {}",
+                format!("  [{}]", t.tenant),
+                t.served,
+                "",
+                "",
+                t.ttft_p50_ms,
+                t.ttft_p99_ms,
+                t.refused
+            );
+        }
     }
     out
 }
@@ -891,6 +1110,15 @@ pub struct ReplayArgs {
     /// samples before every request.
     #[arg(long, default_value_t = 0)]
     pub engine_sample_ms: u64,
+    /// Arrivals this many times faster than the trace's timestamps (2: twice the load);
+    /// repeatable to compare.
+    #[arg(long = "time-scale", default_value = "1")]
+    pub time_scales: Vec<f64>,
+    /// The share of requests (0 to 1) sent as the low-priority `batch` tenant, the others
+    /// as the high-priority `interactive` one; 0: no tenants. Per-tenant TTFT and refusals
+    /// are reported beside each policy's row.
+    #[arg(long, default_value_t = 0.0)]
+    pub batch_share: f64,
 }
 
 /// Instances `replay` offers without --config: built-in policies only.
@@ -926,7 +1154,14 @@ pub fn run(args: &ReplayArgs) -> Result<(), String> {
         max_loras,
         adapter_load_ms,
         engine_sample_ms,
+        ref time_scales,
+        batch_share,
     } = *args;
+    if time_scales.iter().any(|&t| !(t.is_finite() && t > 0.0))
+        || !(0.0..=1.0).contains(&batch_share)
+    {
+        return Err("--time-scale must be a positive number and --batch-share from 0 to 1".into());
+    }
     if !(adapter_load_ms.is_finite() && adapter_load_ms >= 0.0) || max_loras == 0 {
         return Err("--adapter-load-ms must be a number >= 0 and --max-loras at least 1".into());
     }
@@ -958,6 +1193,8 @@ pub fn run(args: &ReplayArgs) -> Result<(), String> {
         max_loras,
         adapter_load_s: adapter_load_ms / 1e3,
         engine_sample_us: engine_sample_ms.saturating_mul(1000),
+        time_scale: 1.0,
+        batch_share,
     };
     let fresh_router = || -> Result<Arc<Router>, String> {
         let source = match config {
@@ -1001,17 +1238,20 @@ pub fn run(args: &ReplayArgs) -> Result<(), String> {
                 sync
             };
             for &mode in modes {
-                runs.push((policy, count, mode));
+                for &scale in time_scales {
+                    runs.push((policy, count, mode, scale));
+                }
             }
         }
     }
-    for (policy, count, mode) in runs {
+    for (policy, count, mode, time_scale) in runs {
         let routers = (0..count)
             .map(|_| fresh_router())
             .collect::<Result<Vec<_>, _>>()?;
         let params = SimParams {
             replicas: count,
             sync: mode,
+            time_scale,
             ..params
         };
         let bar = indicatif::ProgressBar::new(trace.len() as u64).with_message(policy.clone());
