@@ -257,3 +257,55 @@ fn lora_affinity_raises_the_adapter_hit_rate_in_replay() {
         "adapter hits {plain} -> {aware}:\n{csv}"
     );
 }
+
+/// `replay --batch-share` with `admission:`: past the fleet's capacity, requests wait in
+/// the router's own queue in trace time, the interactive tenant (priority 10) ahead of
+/// the batch one (0), so its TTFT stays below the batch tenant's.
+#[test]
+fn the_admission_queue_puts_the_interactive_tenant_first_in_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace.jsonl");
+    write_trace(&trace);
+    let config = dir.path().join("admission.yaml");
+    std::fs::write(
+        &config,
+        "admission:\n  busy: {max_active_prefill_tokens: 4096}\n  queue: {max_queued: 300, max_wait_ms: 600000}\nworker_selection:\n  instances:\n    - {name: least-busy, type: builtin.least-busy}\n",
+    )
+    .unwrap();
+    let csv = dir.path().join("tenants.csv");
+    run(Command::new(switchyard_bin())
+        .args(["replay", "--workers", "2", "--prefill-tps", "10000"])
+        .args([
+            "--policy",
+            "least-busy",
+            "--batch-share",
+            "0.5",
+            "--time-scale",
+            "2",
+        ])
+        .arg("--config")
+        .arg(&config)
+        .arg("--trace")
+        .arg(&trace)
+        .arg("--csv")
+        .arg(&csv)
+        .arg("--svg")
+        .arg(dir.path().join("tenants.svg")));
+    let csv = std::fs::read_to_string(&csv).unwrap();
+    let p99 = |tenant: &str| -> f64 {
+        let row = csv
+            .lines()
+            .find(|l| l.contains(&format!("[{tenant}]")))
+            .unwrap_or_else(|| panic!("no {tenant} row:\n{csv}"));
+        row.split(',').nth(5).unwrap().parse().unwrap()
+    };
+    // Measured: interactive p99 8.6 s, batch 15.8 s; none refused.
+    assert!(
+        p99("interactive") * 1.5 < p99("batch"),
+        "the interactive tenant goes first:\n{csv}"
+    );
+    assert!(
+        csv.lines().skip(1).all(|l| l.ends_with(",0")),
+        "none refused:\n{csv}"
+    );
+}
