@@ -289,3 +289,22 @@ fn envoy_streams_wait_in_the_queue_and_a_full_queue_answers_429() {
     );
     assert!(answers.contains(&429), "{answers:?}");
 }
+
+/// docs/admission.md's config is one `switchyard check` accepts.
+#[test]
+fn the_admission_guide_config_passes_check() {
+    let markdown = std::fs::read_to_string(repo().join("docs/admission.md")).unwrap();
+    let yaml = &blocks(&markdown, "yaml")[0];
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(dir.path(), yaml);
+    let output = std::process::Command::new(switchyard_bin())
+        .args(["check", "--config"])
+        .arg(&config)
+        .output()
+        .unwrap();
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
