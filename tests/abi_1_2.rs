@@ -89,16 +89,7 @@ fn plugins_built_against_the_frozen_1_1_header_load_and_route_unchanged() {
         zone.display()
     );
     let config = write_config(dir.path(), &yaml);
-    let check = Command::new(switchyard_bin())
-        .args(["check", "--config"])
-        .arg(&config)
-        .output()
-        .unwrap();
-    assert!(
-        check.status.success(),
-        "{}",
-        String::from_utf8_lossy(&check.stderr)
-    );
+    check_passes(&config);
     let server = serve(&config);
     let agent = agent();
     for n in 0..4 {
@@ -387,18 +378,9 @@ fn the_engine_load_guide_configs_pass_check() {
     assert!(examples.len() >= 3);
     let dir = tempfile::tempdir().unwrap();
     for (i, yaml) in examples.iter().enumerate() {
-        let config = dir.path().join(format!("example-{i}.yaml"));
-        std::fs::write(&config, yaml).unwrap();
-        let output = Command::new(switchyard_bin())
-            .args(["check", "--config"])
-            .arg(&config)
-            .output()
-            .unwrap();
-        assert!(
-            output.status.success(),
-            "example {i}:\n{yaml}\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
+        let folder = dir.path().join(format!("example-{i}"));
+        std::fs::create_dir_all(&folder).unwrap();
+        check_passes(&write_config(&folder, yaml));
     }
 }
 
@@ -457,16 +439,7 @@ SWITCHYARD_PLUGIN("acme-no-picker", "1.0.0", "tests", reg)
 fn check_warns_when_engine_load_is_read_but_never_scraped() {
     let dir = tempfile::tempdir().unwrap();
     let instances = "worker_selection:\n  instances:\n    - name: engine\n      scorers: [{type: builtin.engine-queue}]\n      picker: {type: builtin.lowest-cost}\n    - {name: plain, type: builtin.least-busy}\n";
-    let check = |yaml: &str| {
-        let config = write_config(dir.path(), yaml);
-        let output = Command::new(switchyard_bin())
-            .args(["check", "--config"])
-            .arg(&config)
-            .output()
-            .unwrap();
-        assert!(output.status.success());
-        String::from_utf8_lossy(&output.stderr).into_owned()
-    };
+    let check = |yaml: &str| check_passes(&write_config(dir.path(), yaml));
     let warned = check(instances);
     assert!(
         warned.contains("instance `engine` reads engine-reported load")

@@ -49,17 +49,7 @@ fn reserve(base: &str, id: &str) -> u64 {
 
 /// Active requests per worker id, as `GET /v1/workers` of `base` counts them.
 fn active(base: &str) -> Vec<u64> {
-    let workers: Value = ureq::get(&format!("{base}/v1/workers"))
-        .call()
-        .unwrap()
-        .into_json()
-        .unwrap();
-    workers
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|w| w["load"]["active_requests"].as_u64().unwrap())
-        .collect()
+    active_requests(base)
 }
 
 fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {

@@ -401,3 +401,34 @@ pub fn wait_for_no_bookings(base: &str, limit: std::time::Duration) {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+/// Active requests per worker (in id order), as `GET /v1/workers` of `base` counts them.
+pub fn active_requests(base: &str) -> Vec<u64> {
+    let workers: serde_json::Value = ureq::get(&format!("{base}/v1/workers"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    workers
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["load"]["active_requests"].as_u64().unwrap())
+        .collect()
+}
+
+/// `switchyard check --config CONFIG` must succeed; its stderr (the warnings).
+pub fn check_passes(config: &Path) -> String {
+    let output = Command::new(switchyard_bin())
+        .args(["check", "--config"])
+        .arg(config)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(
+        output.status.success(),
+        "check {}:\n{stderr}",
+        config.display()
+    );
+    stderr
+}

@@ -7,13 +7,9 @@
 
 use std::time::{Duration, Instant};
 
-use axum::http::{HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
 use switchyard_fleet::admission::{QueueRefusal, Turn};
 use switchyard_fleet::router::{RouteError, Router};
 use switchyard_plugin_host::plugin::PartitionKey;
-
-use crate::frontend::OpenAiError;
 
 /// How often a waiter checks whether capacity freed without a booking freeing.
 const TICK: Duration = Duration::from_millis(50);
@@ -97,32 +93,4 @@ where
 
 pub fn is_saturated(error: &RouteError) -> bool {
     matches!(error, RouteError::Saturated(_))
-}
-
-/// The OpenAI-shaped error of a refusal: 429 when the queue is full, 503 when the wait
-/// ran out.
-pub fn refusal_error(refusal: &QueueRefusal) -> OpenAiError {
-    let (status, kind, code) = match refusal {
-        QueueRefusal::Full { .. } | QueueRefusal::Evicted => (
-            StatusCode::TOO_MANY_REQUESTS,
-            "rate_limit_exceeded",
-            "rate_limit_exceeded",
-        ),
-        QueueRefusal::TimedOut { .. } => (
-            StatusCode::SERVICE_UNAVAILABLE,
-            "server_error",
-            "overloaded",
-        ),
-    };
-    OpenAiError::new(status, kind, refusal.to_string()).with_code(code)
-}
-
-/// [`refusal_error`] as a response, with `Retry-After`.
-pub fn refusal_response(refusal: &QueueRefusal) -> Response {
-    let mut response = refusal_error(refusal).into_response();
-    response.headers_mut().insert(
-        axum::http::header::RETRY_AFTER,
-        HeaderValue::from_static("1"),
-    );
-    response
 }

@@ -422,7 +422,7 @@ impl Exchange {
             )
             .with_code("overloaded")),
             Err(crate::admission::Waited::Refused(refusal)) => {
-                Err(crate::admission::refusal_error(&refusal))
+                Err(crate::frontend::refusal_error(&refusal))
             }
         };
         match booked {

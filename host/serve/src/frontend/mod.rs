@@ -375,7 +375,7 @@ impl Frontend {
             Ok(selected) => selected,
             Err(crate::admission::Waited::Refused(refusal)) => {
                 self.router.metrics.record_shed();
-                return crate::admission::refusal_response(&refusal);
+                return refusal_response(&refusal);
             }
             Err(crate::admission::Waited::Failed(error)) => {
                 return OpenAiError::from(error).into_response()
@@ -780,4 +780,33 @@ pub fn routes(frontend: Arc<Frontend>) -> HttpRouter {
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
         .with_state(frontend)
+}
+
+/// The OpenAI-shaped error of a refusal: 429 when the queue is full, 503 when the wait
+/// ran out.
+pub fn refusal_error(refusal: &switchyard_fleet::admission::QueueRefusal) -> OpenAiError {
+    let (status, kind, code) = match refusal {
+        switchyard_fleet::admission::QueueRefusal::Full { .. }
+        | switchyard_fleet::admission::QueueRefusal::Evicted => (
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_exceeded",
+            "rate_limit_exceeded",
+        ),
+        switchyard_fleet::admission::QueueRefusal::TimedOut { .. } => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "overloaded",
+        ),
+    };
+    OpenAiError::new(status, kind, refusal.to_string()).with_code(code)
+}
+
+/// [`refusal_error`] as a response, with `Retry-After`.
+pub fn refusal_response(refusal: &switchyard_fleet::admission::QueueRefusal) -> Response {
+    let mut response = refusal_error(refusal).into_response();
+    response.headers_mut().insert(
+        axum::http::header::RETRY_AFTER,
+        HeaderValue::from_static("1"),
+    );
+    response
 }
