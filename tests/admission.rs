@@ -240,7 +240,10 @@ fn envoy_streams_wait_in_the_queue_and_a_full_queue_answers_429() {
                 std::thread::sleep(Duration::from_millis(20 * i));
                 match new_agent().post(&url).send_json(chat(&format!("e{i}"), 30)) {
                     Ok(r) => r.status(),
-                    Err(ureq::Error::Status(code, _)) => code,
+                    Err(ureq::Error::Status(code, r)) => {
+                        assert_eq!(r.header("retry-after"), Some("1"), "{code}");
+                        code
+                    }
                     Err(_) => 0,
                 }
             })

@@ -203,20 +203,26 @@ pub fn trailers(request: bool) -> ProcessingResponse {
 
 /// An immediate (error) response to the client: `status`, a JSON body.
 pub fn immediate(status: u16, json: &serde_json::Value) -> ProcessingResponse {
+    let header = |key: &str, value: &[u8]| HeaderValueOption {
+        header: Some(HeaderValue {
+            key: key.into(),
+            raw_value: value.to_vec(),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let mut set_headers = vec![header("content-type", b"application/json")];
+    // Overload and shedding answers say when to come back, as the frontend's do.
+    if matches!(status, 429 | 503) {
+        set_headers.push(header("retry-after", b"1"));
+    }
     ProcessingResponse {
         response: Some(Response::ImmediateResponse(ImmediateResponse {
             status: Some(HttpStatus {
                 code: i32::from(status),
             }),
             headers: Some(HeaderMutation {
-                set_headers: vec![HeaderValueOption {
-                    header: Some(HeaderValue {
-                        key: "content-type".into(),
-                        raw_value: b"application/json".to_vec(),
-                        ..Default::default()
-                    }),
-                    ..Default::default()
-                }],
+                set_headers,
                 ..Default::default()
             }),
             body: json.to_string().into_bytes(),
