@@ -612,7 +612,12 @@ impl Router {
             .as_ref()
             .map(|a| &a.busy);
         let busy = busy.filter(|b| b.any());
-        let keep_busy_out = busy.map(|busy| not_busy(busy, &lent.columns));
+        // One byte per candidate, 1 where the worker may take the request: under every
+        // busy threshold (computed here, from the kept columns) and in the request's
+        // `only` set (below).
+        if let Some(busy) = busy {
+            mark_not_busy(busy, &lent.columns, &mut scratch.allowed);
+        }
         let candidates = &mut scratch.candidates;
         candidates.lend(slot.inputs, lent.columns);
         let query_scratch = &mut scratch.query;
@@ -623,28 +628,26 @@ impl Router {
         drop(state);
         if let Some(only) = &query.request.only {
             let columns = candidates.columns(None);
-            scratch.allowed.clear();
-            scratch
-                .allowed
-                .extend(columns.worker_id.iter().zip(columns.dp_rank).map(
-                    |(&worker_id, &dp_rank)| {
-                        u8::from(only.contains(&WorkerId { worker_id, dp_rank }))
-                    },
-                ));
-            if scratch.allowed.iter().all(|&allowed| allowed == 0) {
+            let ids = columns.worker_id.iter().zip(columns.dp_rank);
+            let in_only = ids.map(|(&worker_id, &dp_rank)| {
+                u8::from(only.contains(&WorkerId { worker_id, dp_rank }))
+            });
+            let mut any = 0;
+            if busy.is_some() {
+                for (allowed, ok) in scratch.allowed.iter_mut().zip(in_only) {
+                    any |= ok;
+                    *allowed &= ok;
+                }
+            } else {
+                scratch.allowed.clear();
+                scratch.allowed.extend(in_only.inspect(|&ok| any |= ok));
+            }
+            if any == 0 {
                 return Err(RouteError::NoWorker(format!(
                     "model `{}`: none of the endpoints the request may use is an eligible worker",
                     query.request.model
                 )));
             }
-            if let Some(idle) = &keep_busy_out {
-                for (allowed, &idle) in scratch.allowed.iter_mut().zip(idle) {
-                    *allowed &= idle;
-                }
-            }
-        } else if let Some(idle) = keep_busy_out {
-            scratch.allowed.clear();
-            scratch.allowed.extend(idle);
         }
         if query.request.only.is_some() || busy.is_some() {
             if scratch.allowed.iter().all(|&allowed| allowed == 0) {
@@ -653,7 +656,10 @@ impl Router {
                     query.request.model
                 )));
             }
-            candidates.retain(&scratch.allowed, slot.inputs);
+            // Nothing left out: the lent columns serve as they are.
+            if scratch.allowed.contains(&0) {
+                candidates.retain(&scratch.allowed, slot.inputs);
+            }
         }
         Ok(slot)
     }
@@ -830,29 +836,41 @@ fn validate(request: &RouteRequest, reserve: bool) -> Result<Option<String>, Rou
     Ok(request_id)
 }
 
-/// Per row of `columns`: 1 when the worker is under every `busy` threshold.
-fn not_busy(busy: &switchyard_config::BusyThresholds, columns: &KeptColumns) -> Vec<u8> {
-    (0..columns.len())
-        .map(|row| {
-            let over_requests = busy
-                .max_active_requests
-                .is_some_and(|max| columns.active_requests[row] >= max);
-            let over_prefill = busy
-                .max_active_prefill_tokens
-                .is_some_and(|max| columns.active_prefill_tokens[row] >= max);
-            let engine = (busy.max_engine_waiting.is_some() || busy.max_kv_cache_usage.is_some())
-                .then(|| columns.engine.get(row).and_then(|r| r.read()))
-                .flatten();
-            let over_engine = engine.is_some_and(|e| {
-                busy.max_engine_waiting
-                    .is_some_and(|max| e.sample.waiting_requests >= max)
-                    || busy
-                        .max_kv_cache_usage
-                        .is_some_and(|max| e.sample.kv_cache_usage >= max)
-            });
-            u8::from(!(over_requests || over_prefill || over_engine))
-        })
-        .collect()
+/// Into `out`, per row of `columns`: 1 when the worker is under every `busy` threshold.
+/// One pass per threshold set, each a plain comparison over a column (vectorized); the
+/// engine thresholds read each worker's report.
+fn mark_not_busy(
+    busy: &switchyard_config::BusyThresholds,
+    columns: &KeptColumns,
+    out: &mut Vec<u8>,
+) {
+    out.clear();
+    out.resize(columns.len(), 1);
+    if let Some(max) = busy.max_active_requests {
+        for (ok, &active) in out.iter_mut().zip(&columns.active_requests) {
+            *ok &= u8::from(active < max);
+        }
+    }
+    if let Some(max) = busy.max_active_prefill_tokens {
+        for (ok, &tokens) in out.iter_mut().zip(&columns.active_prefill_tokens) {
+            *ok &= u8::from(tokens < max);
+        }
+    }
+    if busy.max_engine_waiting.is_some() || busy.max_kv_cache_usage.is_some() {
+        for (ok, report) in out.iter_mut().zip(columns.engine.iter()) {
+            let Some(reading) = report.read() else {
+                continue;
+            };
+            let sample = &reading.sample;
+            let over = busy
+                .max_engine_waiting
+                .is_some_and(|max| sample.waiting_requests >= max)
+                || busy
+                    .max_kv_cache_usage
+                    .is_some_and(|max| sample.kv_cache_usage >= max);
+            *ok &= u8::from(!over);
+        }
+    }
 }
 
 /// The prompt's size in blocks and its chained block hashes: given hashes are used in
