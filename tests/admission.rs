@@ -270,3 +270,50 @@ fn the_admission_guide_config_passes_check() {
     let dir = tempfile::tempdir().unwrap();
     check_passes(&write_config(dir.path(), yaml));
 }
+
+/// `admission.rate_limits`: a tenant over its bucket gets 429 with `Retry-After` on the
+/// frontend and `/v1/reserve`; another tenant is not affected; the bucket refills.
+#[test]
+fn a_tenant_over_its_rate_gets_429_and_others_do_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_sim("e0", "127.0.0.1:0", &[]);
+    let yaml = format!(
+        "request_attributes: {{tenant: ['header:x-tenant']}}\nadmission:\n  rate_limits:\n    noisy: {{requests_per_s: 1, request_burst: 2}}\nworkers:\n{}",
+        demo_workers([&engine], false)
+    );
+    let router = serve(&write_config(dir.path(), &yaml));
+    let post = |tenant: &str| match new_agent()
+        .post(&format!("{}/v1/chat/completions", router.address))
+        .set("x-tenant", tenant)
+        .send_json(chat("hi", 1))
+    {
+        Ok(r) => (r.status(), None),
+        Err(ureq::Error::Status(code, r)) => (code, r.header("retry-after").map(str::to_owned)),
+        Err(e) => panic!("{e}"),
+    };
+    assert_eq!(post("noisy").0, 200);
+    assert_eq!(post("noisy").0, 200, "the burst is two");
+    let (status, retry) = post("noisy");
+    assert_eq!((status, retry.as_deref()), (429, Some("1")));
+    assert_eq!(post("quiet").0, 200, "another tenant has no limit");
+    let reserve = new_agent()
+        .post(&format!("{}/v1/reserve", router.address))
+        .send_json(
+            json!({"model": "demo", "block_hashes": [1], "request_id": "r1",
+                          "attributes": {"tenant": "noisy"}}),
+        );
+    assert!(
+        matches!(reserve, Err(ureq::Error::Status(429, _))),
+        "{reserve:?}"
+    );
+    std::thread::sleep(Duration::from_millis(1100));
+    assert_eq!(post("noisy").0, 200, "refilled after a second");
+    let agent = new_agent();
+    assert!(
+        metric(
+            &agent,
+            &router.address,
+            "switchyard_admission_rate_limited_total"
+        ) >= 2.0
+    );
+}

@@ -14,6 +14,27 @@ pub struct AdmissionSettings {
     pub busy: BusyThresholds,
     #[serde(default)]
     pub queue: QueueSettings,
+    /// Token buckets per tenant, checked before a request is routed; over one: 429 with
+    /// `Retry-After` (the seconds until the bucket holds enough again). The key `"*"`
+    /// applies to every tenant not listed (and to requests without one).
+    #[serde(default)]
+    pub rate_limits: BTreeMap<String, RateLimit>,
+}
+
+/// One tenant's rate: requests and prompt tokens per second, each with its burst.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimit {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub requests_per_s: Option<f64>,
+    /// Requests taken at once from a full bucket; default: one second's worth.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_burst: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens_per_s: Option<f64>,
+    /// Prompt tokens taken at once from a full bucket; default: one second's worth.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_burst: Option<f64>,
 }
 
 /// A worker at or past any of these is busy: not a candidate. Unset: no limit.
@@ -82,6 +103,19 @@ impl AdmissionSettings {
         }
         if self.queue.max_wait_ms == 0 {
             return Err("`admission.queue.max_wait_ms` must be at least 1".into());
+        }
+        for (tenant, limit) in &self.rate_limits {
+            let rates = [
+                limit.requests_per_s,
+                limit.request_burst,
+                limit.tokens_per_s,
+                limit.token_burst,
+            ];
+            if rates.iter().flatten().any(|r| !(r.is_finite() && *r > 0.0)) {
+                return Err(format!(
+                    "`admission.rate_limits.{tenant}`: every rate and burst is a number above 0"
+                ));
+            }
         }
         if let Some((tenant, _)) = self.queue.tenant_weights.iter().find(|(_, &w)| w == 0) {
             return Err(format!(

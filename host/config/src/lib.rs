@@ -18,7 +18,7 @@ pub mod listener;
 pub mod replicas;
 pub mod worker_address;
 
-pub use admission::{AdmissionSettings, BusyThresholds, QueueSettings};
+pub use admission::{AdmissionSettings, BusyThresholds, QueueSettings, RateLimit};
 pub use attributes::{EngineMetricsSettings, RequestAttributeSettings, TenantSource};
 pub use auth::{AuthSettings, Keyring};
 pub use limits::{MAX_CONFIG_BYTES, MAX_FLOW_DEPTH};

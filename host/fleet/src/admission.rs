@@ -92,6 +92,8 @@ pub struct QueueCounters {
     pub refused_full: std::sync::atomic::AtomicU64,
     pub timed_out: std::sync::atomic::AtomicU64,
     pub evicted: std::sync::atomic::AtomicU64,
+    /// Requests refused by a tenant's rate limit (`admission.rate_limits`).
+    pub rate_limited: std::sync::atomic::AtomicU64,
     pub left: std::sync::atomic::AtomicU64,
 }
 

@@ -10,6 +10,7 @@ pub mod lifecycle;
 pub mod load_accounting;
 pub mod metrics;
 pub mod predicted_kv;
+pub mod rate_limits;
 pub mod replicas;
 pub mod router;
 pub mod workers;

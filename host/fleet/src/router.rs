@@ -23,6 +23,7 @@ use super::metrics::Metrics;
 use super::predicted_kv::PredictedKv;
 use super::workers::{WorkerError, WorkerSpec, Workers};
 use crate::admission::AdmissionQueue;
+use crate::rate_limits::{OverRate, RateLimiter};
 use switchyard_config::{KvTracking, OnError};
 use switchyard_plugin_host::plugin::{
     Outcome, PartitionKey, RequestAttributes, RequestContext, SessionInfo,
@@ -183,6 +184,8 @@ pub struct Router {
     lifecycles: Lifecycles,
     /// Requests waiting while every candidate of their partition is busy (`admission:`).
     pub admission: AdmissionQueue,
+    /// Per-tenant token buckets (`admission.rate_limits`).
+    pub rate_limits: RateLimiter,
     /// Every address the router's listeners answer on: no worker may point at one.
     own_addresses: RwLock<Vec<std::net::SocketAddr>>,
     /// Where this router's booking changes go when replicas share load (`replicas:`).
@@ -244,6 +247,7 @@ impl Router {
             health_errors: Mutex::new(HashMap::new()),
             lifecycles: Lifecycles::new(),
             admission: AdmissionQueue::new(metrics.admission.clone()),
+            rate_limits: RateLimiter::default(),
             own_addresses: RwLock::new(Vec::new()),
             booking_feed: std::sync::OnceLock::new(),
             metrics,
@@ -282,6 +286,28 @@ impl Router {
         let result = change(&mut load);
         let mut columns = self.columns.lock();
         load.for_each_changed(|worker, now| columns.set_load(worker, now));
+        result
+    }
+
+    /// Takes a request of `tokens` prompt tokens from `tenant`'s rate limit, if the
+    /// config sets one for it (or `"*"` for any tenant).
+    pub fn within_rate(&self, tenant: Option<&str>, tokens: u64) -> Result<(), OverRate> {
+        let generation = self.generation();
+        let Some(admission) = generation.startup.source.config.admission.as_ref() else {
+            return Ok(());
+        };
+        let tenant = tenant.unwrap_or("");
+        let limits = &admission.rate_limits;
+        let Some(limit) = limits.get(tenant).or_else(|| limits.get("*")) else {
+            return Ok(());
+        };
+        let result = self.rate_limits.take(tenant, tokens, limit);
+        if result.is_err() {
+            self.metrics
+                .admission
+                .rate_limited
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         result
     }
 

@@ -202,6 +202,28 @@ async fn reserve(
     let mut request: RouteRequest = parse(&body)?;
     let settings = &router.generation().startup.source.config.request_attributes;
     request_attributes::complete(settings, caller.as_ref().map(|c| &c.0), &mut request);
+    let tokens = match (&request.token_ids, &request.block_hashes) {
+        (Some(tokens), _) => tokens.len() as u64,
+        (None, Some(blocks)) => blocks.len() as u64 * u64::from(router.block_size()),
+        (None, None) => 0,
+    };
+    let tenant = request
+        .attributes
+        .as_ref()
+        .and_then(|a| a.tenant.as_deref());
+    if let Err(over) = router.within_rate(tenant, tokens) {
+        let seconds = over.retry_after.as_secs_f64().ceil().max(1.0) as u64;
+        let mut response = (
+            StatusCode::TOO_MANY_REQUESTS,
+            Json(json!({ "error": over.to_string(), "code": "rate_limit_exceeded" })),
+        )
+            .into_response();
+        response.headers_mut().insert(
+            axum::http::header::RETRY_AFTER,
+            axum::http::HeaderValue::from(seconds),
+        );
+        return Ok(response);
+    }
     let wait = request.wait.unwrap_or(true);
     decide_waiting(router, request, wait, |r, q| r.select_and_reserve(q)).await
 }

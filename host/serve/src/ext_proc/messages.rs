@@ -202,7 +202,11 @@ pub fn trailers(request: bool) -> ProcessingResponse {
 }
 
 /// An immediate (error) response to the client: `status`, a JSON body.
-pub fn immediate(status: u16, json: &serde_json::Value) -> ProcessingResponse {
+pub fn immediate(
+    status: u16,
+    json: &serde_json::Value,
+    retry_after: Option<u64>,
+) -> ProcessingResponse {
     let header = |key: &str, value: &[u8]| HeaderValueOption {
         header: Some(HeaderValue {
             key: key.into(),
@@ -214,7 +218,8 @@ pub fn immediate(status: u16, json: &serde_json::Value) -> ProcessingResponse {
     let mut set_headers = vec![header("content-type", b"application/json")];
     // Overload and shedding answers say when to come back, as the frontend's do.
     if matches!(status, 429 | 503) {
-        set_headers.push(header("retry-after", b"1"));
+        let seconds = retry_after.unwrap_or(1).to_string();
+        set_headers.push(header("retry-after", seconds.as_bytes()));
     }
     ProcessingResponse {
         response: Some(Response::ImmediateResponse(ImmediateResponse {

@@ -286,6 +286,7 @@ impl Exchange {
             .send(Ok(messages::immediate(
                 error.status().as_u16(),
                 &error.body(),
+                error.retry_after(),
             )))
             .await;
         Next::Done
@@ -361,6 +362,7 @@ impl Exchange {
             instance,
             subset,
             kept,
+            rate_checked: Arc::default(),
         };
         // Parsing (tokenizing) and selecting (plugin code) run on the blocking pool; a
         // request that finds every worker busy waits its turn (`admission:`) while Envoy
@@ -555,6 +557,8 @@ struct Wanted {
     instance: Option<String>,
     subset: Option<Vec<String>>,
     kept: Vec<(String, String)>,
+    /// Set once the request was charged to its tenant's rate limit (shared by its tries).
+    rate_checked: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Parses the body and selects and books a worker among the eligible endpoints
@@ -571,6 +575,7 @@ fn decide(
         instance,
         subset,
         kept,
+        rate_checked: wanted_rate_checked,
     } = wanted;
     let frontend = &picker.frontend;
     let router = frontend.router();
@@ -593,6 +598,13 @@ fn decide(
         prompt.user.as_deref(),
         &request_id,
     )?;
+    // Once per request, not per try of a queued one.
+    if !wanted_rate_checked.swap(true, Ordering::Relaxed) {
+        router.within_rate(
+            described.attributes.tenant.as_deref(),
+            prompt.tokens.len() as u64,
+        )?;
+    }
     // From here on the prompt's model is the partition's (an adapter's base).
     prompt.model.clone_from(&described.partition_model);
     let mut eligible = eligible(router, subset.as_deref());

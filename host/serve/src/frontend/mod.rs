@@ -47,6 +47,8 @@ pub struct OpenAiError {
     kind: &'static str,
     param: Option<&'static str>,
     code: Option<&'static str>,
+    /// Seconds for `Retry-After` (overload and rate-limit answers).
+    retry_after: Option<u64>,
 }
 
 impl From<request_attributes::BadHeader> for OpenAiError {
@@ -67,12 +69,23 @@ impl OpenAiError {
             kind,
             param: None,
             code: None,
+            retry_after: None,
         }
     }
 
     pub fn with_code(mut self, code: &'static str) -> Self {
         self.code = Some(code);
         self
+    }
+
+    /// The same error, telling the client to come back in `seconds` (`Retry-After`).
+    pub fn with_retry_after(mut self, seconds: u64) -> Self {
+        self.retry_after = Some(seconds.max(1));
+        self
+    }
+
+    pub fn retry_after(&self) -> Option<u64> {
+        self.retry_after
     }
 
     pub fn status(&self) -> StatusCode {
@@ -86,7 +99,25 @@ impl OpenAiError {
 
 impl IntoResponse for OpenAiError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body())).into_response()
+        let mut response = (self.status, Json(self.body())).into_response();
+        if let Some(seconds) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        response
+    }
+}
+
+impl From<switchyard_fleet::rate_limits::OverRate> for OpenAiError {
+    fn from(over: switchyard_fleet::rate_limits::OverRate) -> Self {
+        OpenAiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_exceeded",
+            over.to_string(),
+        )
+        .with_code("rate_limit_exceeded")
+        .with_retry_after(over.retry_after.as_secs_f64().ceil() as u64)
     }
 }
 
@@ -136,6 +167,7 @@ impl From<RouteError> for OpenAiError {
             kind,
             param: None,
             code,
+            retry_after: None,
         }
     }
 }
@@ -324,6 +356,10 @@ impl Frontend {
                     &prompt.model,
                     prompt.user.as_deref(),
                     &request_id,
+                )?;
+                frontend.router.within_rate(
+                    described.attributes.tenant.as_deref(),
+                    prompt.tokens.len() as u64,
                 )?;
                 // From here on the prompt's model is the partition's (an adapter's base).
                 let mut prompt = prompt;
@@ -798,15 +834,12 @@ pub fn refusal_error(refusal: &switchyard_fleet::admission::QueueRefusal) -> Ope
             "overloaded",
         ),
     };
-    OpenAiError::new(status, kind, refusal.to_string()).with_code(code)
+    OpenAiError::new(status, kind, refusal.to_string())
+        .with_code(code)
+        .with_retry_after(1)
 }
 
-/// [`refusal_error`] as a response, with `Retry-After`.
+/// [`refusal_error`] as a response.
 pub fn refusal_response(refusal: &switchyard_fleet::admission::QueueRefusal) -> Response {
-    let mut response = refusal_error(refusal).into_response();
-    response.headers_mut().insert(
-        axum::http::header::RETRY_AFTER,
-        HeaderValue::from_static("1"),
-    );
-    response
+    refusal_error(refusal).into_response()
 }
