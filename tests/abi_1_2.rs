@@ -130,15 +130,7 @@ fn zoned_router(dir: &Path, engines: &[&Process], picker: u16, isolation: &str) 
         cmake_plugin("header_match_c").display()
     );
     let config = write_config(dir, &yaml);
-    Process::start(
-        Command::new(switchyard_bin())
-            .args(["serve", "--listen", "127.0.0.1:0", "--ext-proc"])
-            .arg(format!("127.0.0.1:{picker}"))
-            .arg("--config")
-            .arg(config)
-            .env("RUST_LOG", "warn"),
-        "switchyard listening on ",
-    )
+    serve_with_picker(&config, picker)
 }
 
 fn header_filter_on_every_path(isolation: &str) {

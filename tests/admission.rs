@@ -219,15 +219,7 @@ fn envoy_streams_wait_in_the_queue_and_a_full_queue_answers_429() {
         demo_workers([&engine], true)
     );
     let config = write_config(dir.path(), &yaml);
-    let _router = Process::start(
-        std::process::Command::new(switchyard_bin())
-            .args(["serve", "--listen", "127.0.0.1:0", "--ext-proc"])
-            .arg(format!("127.0.0.1:{port}"))
-            .arg("--config")
-            .arg(config)
-            .env("RUST_LOG", "warn"),
-        "switchyard listening on ",
-    );
+    let _router = serve_with_picker(&config, port);
     let envoy = Envoy::start(dir.path(), port);
     let url = format!("{}/v1/chat/completions", envoy.base);
     wait_for("Envoy routes through the picker", || {

@@ -31,15 +31,7 @@ fn picker(dir: &Path, picker: u16, engines: &[&Process], extra: &str) -> Process
          {extra}workers:\n{workers}"
     );
     let config = write_config(dir, &yaml);
-    Process::start(
-        Command::new(switchyard_bin())
-            .args(["serve", "--listen", "127.0.0.1:0", "--ext-proc"])
-            .arg(format!("127.0.0.1:{picker}"))
-            .arg("--config")
-            .arg(config)
-            .env("RUST_LOG", "warn"),
-        "switchyard listening on ",
-    )
+    serve_with_picker(&config, picker)
 }
 
 fn agent() -> ureq::Agent {

@@ -7,7 +7,6 @@
 mod support;
 
 use std::collections::HashMap;
-use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{json, Value as Json};
@@ -28,15 +27,7 @@ fn serve(dir: &std::path::Path, workers: &[(u64, String)], extra: &str) -> (Proc
         &format!("models:\n  demo: {{kv_tracking: predicted}}\n{extra}workers:\n{workers}"),
     );
     let port = free_port();
-    let process = Process::start(
-        Command::new(switchyard_bin())
-            .args(["serve", "--listen", "127.0.0.1:0", "--ext-proc"])
-            .arg(format!("127.0.0.1:{port}"))
-            .arg("--config")
-            .arg(&config)
-            .env("RUST_LOG", "warn"),
-        "switchyard listening on ",
-    );
+    let process = serve_with_picker(&config, port);
     let base = process.address.clone();
     (process, base, port)
 }

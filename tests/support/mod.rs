@@ -432,3 +432,17 @@ pub fn check_passes(config: &Path) -> String {
     );
     stderr
 }
+
+/// `switchyard serve` of `config` on a loopback port, with the Envoy endpoint picker on
+/// `picker`; stopped (by PID) when dropped.
+pub fn serve_with_picker(config: &Path, picker: u16) -> Process {
+    Process::start(
+        Command::new(switchyard_bin())
+            .args(["serve", "--listen", "127.0.0.1:0", "--ext-proc"])
+            .arg(format!("127.0.0.1:{picker}"))
+            .arg("--config")
+            .arg(config)
+            .env("RUST_LOG", "warn"),
+        "switchyard listening on ",
+    )
+}
