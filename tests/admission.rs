@@ -143,6 +143,16 @@ fn three_times_capacity_every_request_answered_nothing_left_behind() {
     wait_for("the request queued", || {
         metric(&agent, &base, "switchyard_admission_waiting") == 1.0
     });
+    let policies: Value = agent
+        .get(&format!("{base}/v1/policies"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    let admission = &policies["admission"];
+    assert_eq!(admission["waiting"], 1, "{admission}");
+    assert_eq!(admission["busy"]["max_active_requests"], 2, "{admission}");
+    assert_eq!(admission["queue"]["max_queued"], 4, "{admission}");
     let left_before = metric(&agent, &base, "switchyard_admission_left_total");
     drop(waiting);
     wait_for("the hung-up request left the queue", || {
