@@ -110,6 +110,8 @@ pub struct Ticket {
     /// Whether the ticket holds one of its partition's outstanding grants.
     granted: bool,
     done: bool,
+    /// Its end is already counted (timed out), so dropping it is not a client leaving.
+    counted: bool,
 }
 
 impl AdmissionQueue {
@@ -170,6 +172,7 @@ impl AdmissionQueue {
             grant: None,
             granted: false,
             done: false,
+            counted: false,
         };
         ticket.insert(&mut state);
         self.counters.queued.fetch_add(1, Relaxed);
@@ -180,10 +183,11 @@ impl AdmissionQueue {
     /// way gets one. (A partition with a try under way passes the turn on when that try
     /// books: tries run one at a time, so they book in the queue's order.)
     pub fn release(&self) {
-        let mut state = self.state.lock();
-        if state.partitions.is_empty() {
+        // Every free and prefill completion calls this: without waiters it takes no lock.
+        if self.counters.waiting.load(Relaxed) == 0 {
             return;
         }
+        let mut state = self.state.lock();
         for queue in state.partitions.values_mut() {
             if queue.outstanding == 0 {
                 queue.grant_next(&self.counters);
@@ -314,7 +318,7 @@ impl Ticket {
                 }
                 _ = tokio::time::sleep_until(next_tick) => {
                     if tokio::time::Instant::now() >= deadline {
-                        self.counters.timed_out.fetch_add(1, Relaxed);
+                        self.time_out();
                         return Turn::TimedOut;
                     }
                     let mut state = self.state.lock();
@@ -346,6 +350,14 @@ impl Ticket {
                 Some(Turn::Evicted)
             }
             Err(oneshot::error::TryRecvError::Empty) => None,
+        }
+    }
+
+    /// The wait ran out: counted as timed out (not as a client leaving) when dropped.
+    pub fn time_out(&mut self) {
+        if !self.counted {
+            self.counters.timed_out.fetch_add(1, Relaxed);
+            self.counted = true;
         }
     }
 
@@ -414,7 +426,9 @@ impl Drop for Ticket {
         if self.done {
             return;
         }
-        self.counters.left.fetch_add(1, Relaxed);
+        if !self.counted {
+            self.counters.left.fetch_add(1, Relaxed);
+        }
         let state = self.state.clone();
         let mut state = state.lock();
         let held = self.granted;
@@ -488,6 +502,13 @@ mod tests {
         );
         drop(first);
         assert_eq!(queue.len(), 1, "the hung-up request left");
+        assert_eq!(queue.counters().left.load(Relaxed), 1);
+        let mut late = queue.enqueue(&partition(), 0, "t", 1, 3).unwrap();
+        late.time_out();
+        drop(late);
+        assert_eq!(queue.len(), 1, "a timed-out request leaves too");
+        assert_eq!(queue.counters().left.load(Relaxed), 1, "counted once, as timed out");
+        assert_eq!(queue.counters().timed_out.load(Relaxed), 1);
         assert!(queue.enqueue(&partition(), 0, "t", 1, 2).is_ok());
     }
 

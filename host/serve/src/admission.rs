@@ -67,6 +67,7 @@ where
     loop {
         let left = max_wait.saturating_sub(started.elapsed());
         let turn = if left.is_zero() {
+            ticket.time_out();
             Turn::TimedOut
         } else {
             ticket.wait(left, TICK).await

@@ -625,7 +625,8 @@ impl<'a> Simulation<'a> {
             .collect();
         for (k, arrival) in arrivals.iter().enumerate().rev() {
             if now.saturating_sub(*arrival) > max_wait_us {
-                let (index, ticket) = self.waiting.remove(k);
+                let (index, mut ticket) = self.waiting.remove(k);
+                ticket.time_out();
                 drop(ticket);
                 self.refuse(index);
             }
