@@ -2,6 +2,11 @@
 //! and its prompt's tokens from its tenant's buckets before it is routed, or is refused
 //! with the time until the buckets hold enough. Buckets refill continuously at their
 //! rate, up to their burst; O(1) per request under one lock.
+//!
+//! Tenants can come from a header, so their number is bounded: past [`MAX_TENANTS`]
+//! buckets, those already refilled to their burst (indistinguishable from new ones) are
+//! dropped, in a sweep at most once a second; until one makes room, new tenants share
+//! one overflow bucket. So a flood of made-up tenants costs one linear sweep a second.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -53,10 +58,33 @@ struct TenantBuckets {
     prompt: Option<Bucket>,
 }
 
+impl TenantBuckets {
+    /// Whether both buckets have refilled to their burst under `limit` by `now`.
+    fn full(&self, limit: &RateLimit, now: Instant) -> bool {
+        let full =
+            |bucket: &Option<Bucket>, rate: Option<f64>, burst: Option<f64>| match (bucket, rate) {
+                (Some(b), Some(rate)) => {
+                    let burst = burst.unwrap_or(rate);
+                    b.refilled(rate, burst, now) >= burst
+                }
+                _ => true,
+            };
+        full(&self.requests, limit.requests_per_s, limit.request_burst)
+            && full(&self.prompt, limit.tokens_per_s, limit.token_burst)
+    }
+}
+
+/// Most tenants with buckets of their own.
+pub const MAX_TENANTS: usize = 65_536;
+
+/// The bucket of tenants that find no room of their own.
+const OVERFLOW: &str = "\u{0}overflow";
+
 /// Every tenant's buckets.
 #[derive(Default)]
 pub struct RateLimiter {
     buckets: Mutex<HashMap<String, TenantBuckets>>,
+    last_sweep: Mutex<Option<Instant>>,
 }
 
 impl RateLimiter {
@@ -65,7 +93,18 @@ impl RateLimiter {
     pub fn take(&self, tenant: &str, tokens: u64, limit: &RateLimit) -> Result<(), OverRate> {
         let now = Instant::now();
         let mut buckets = self.buckets.lock();
-        let tenant_buckets = buckets.entry(tenant.to_owned()).or_default();
+        let mut key = tenant;
+        if !buckets.contains_key(tenant) && buckets.len() >= MAX_TENANTS {
+            let mut last_sweep = self.last_sweep.lock();
+            if last_sweep.is_none_or(|at| now.duration_since(at) >= Duration::from_secs(1)) {
+                *last_sweep = Some(now);
+                buckets.retain(|_, b| !b.full(limit, now));
+            }
+            if buckets.len() >= MAX_TENANTS {
+                key = OVERFLOW;
+            }
+        }
+        let tenant_buckets = buckets.entry(key.to_owned()).or_default();
         let checks = [
             (
                 tenant_buckets.requests,
@@ -145,6 +184,35 @@ mod tests {
         assert_eq!(
             limiter.take("c", 10, &tokens).unwrap_err().what,
             "prompt-token"
+        );
+    }
+
+    #[test]
+    fn tenants_from_headers_stay_bounded() {
+        let limiter = RateLimiter::default();
+        let slow = RateLimit {
+            requests_per_s: Some(1e-6),
+            request_burst: Some(1.0),
+            tokens_per_s: None,
+            token_burst: None,
+        };
+        for i in 0..MAX_TENANTS + 10 {
+            assert!(limiter.take(&format!("t{i}"), 1, &slow).is_ok() || i >= MAX_TENANTS);
+        }
+        // Every bucket is still draining: newcomers share the overflow bucket.
+        assert_eq!(limiter.buckets.lock().len(), MAX_TENANTS + 1);
+        let fast = RateLimit {
+            requests_per_s: Some(1e9),
+            ..slow.clone()
+        };
+        // Under a limit whose buckets refill at once, the full ones are swept, at most
+        // once a second.
+        *limiter.last_sweep.lock() = None;
+        assert!(limiter.take("newcomer", 1, &fast).is_ok());
+        assert!(
+            limiter.buckets.lock().len() <= 2,
+            "{}",
+            limiter.buckets.lock().len()
         );
     }
 }
