@@ -55,34 +55,30 @@ fn default_max_value_bytes() -> usize {
 }
 
 /// One place the tenant may come from.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum TenantSource {
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TenantSource<'a> {
     Key,
     User,
-    Header(String),
+    /// A header, by name as the config spells it (look it up case-insensitively).
+    Header(&'a str),
 }
 
 impl RequestAttributeSettings {
-    /// The tenant sources, in order (checked by `validate`).
-    pub fn tenant_sources(&self) -> Vec<TenantSource> {
-        self.tenant
-            .iter()
-            .filter_map(|s| match s.as_str() {
-                "key" => Some(TenantSource::Key),
-                "user" => Some(TenantSource::User),
-                other => other
-                    .strip_prefix("header:")
-                    .map(|h| TenantSource::Header(h.trim().to_ascii_lowercase())),
-            })
-            .collect()
+    /// The tenant sources, in order (checked by `validate`). Read per request: nothing
+    /// is allocated.
+    pub fn tenant_sources(&self) -> impl Iterator<Item = TenantSource<'_>> {
+        self.tenant.iter().filter_map(|s| match s.as_str() {
+            "key" => Some(TenantSource::Key),
+            "user" => Some(TenantSource::User),
+            other => other
+                .strip_prefix("header:")
+                .map(|h| TenantSource::Header(h.trim())),
+        })
     }
 
-    /// The listed headers, lower-case.
-    pub fn header_names(&self) -> Vec<String> {
-        self.headers
-            .iter()
-            .map(|h| h.to_ascii_lowercase())
-            .collect()
+    /// Whether header `name` is one policies may read (ASCII case-insensitive).
+    pub fn lists_header(&self, name: &str) -> bool {
+        self.headers.iter().any(|h| h.eq_ignore_ascii_case(name))
     }
 
     /// Checks what serde cannot; the message names the setting.
@@ -187,14 +183,14 @@ mod tests {
             ..Default::default()
         };
         assert_eq!(s.validate(), Ok(()));
-        assert_eq!(s.header_names(), ["x-zone"]);
+        assert!(s.lists_header("x-zone") && s.lists_header("X-ZONE") && !s.lists_header("x-zon"));
         s.headers.push("Authorization".into());
         assert!(s.validate().unwrap_err().contains("credentials"));
         s.headers.pop();
         s.tenant = vec!["header:X-Tenant".into(), "key".into()];
         assert_eq!(
-            s.tenant_sources(),
-            [TenantSource::Header("x-tenant".into()), TenantSource::Key]
+            s.tenant_sources().collect::<Vec<_>>(),
+            [TenantSource::Header("X-Tenant"), TenantSource::Key]
         );
         s.tenant = vec!["ip".into()];
         assert!(s.validate().unwrap_err().contains("`ip`"));

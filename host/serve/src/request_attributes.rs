@@ -11,12 +11,14 @@ use switchyard_plugin_host::plugin::RequestAttributes;
 
 use crate::caller::Caller;
 
-/// A request header that cannot become an attribute: answered with 400.
+/// A request header (or body field) that cannot become an attribute: answered with 400.
 #[derive(Debug, thiserror::Error)]
-#[error("the `{name}` header {what}")]
+#[error("the `{name}` {} {what}", if *.field { "field" } else { "header" })]
 pub struct BadHeader {
     pub name: String,
     pub what: String,
+    /// A body field (OpenAI's `user`), not a header.
+    pub field: bool,
 }
 
 /// The header a client or gateway names its request with.
@@ -32,35 +34,30 @@ pub struct Described {
     pub priority: i32,
 }
 
-/// The headers of a request the router keeps: the listed ones, the request id, and those
-/// the tenant and priority come from. `get` looks a header up by lower-case name.
+/// The headers of a request the router keeps (lower-case name, value): the listed ones,
+/// the request id, and those the tenant and priority come from. `get` looks a header up
+/// case-insensitively.
 pub fn kept_headers<'h>(
     settings: &RequestAttributeSettings,
     get: impl Fn(&str) -> Option<&'h [u8]>,
 ) -> Result<Vec<(String, String)>, BadHeader> {
-    let mut names = settings.header_names();
-    let extra = settings
-        .tenant_sources()
-        .into_iter()
-        .filter_map(|s| match s {
-            TenantSource::Header(h) => Some(h),
-            _ => None,
-        })
-        .chain(
-            settings
-                .priority_header
-                .as_ref()
-                .map(|h| h.to_ascii_lowercase()),
-        )
-        .chain([REQUEST_ID_HEADER.to_owned()]);
-    for name in extra {
-        if !names.contains(&name) {
-            names.push(name);
-        }
-    }
-    let mut kept = Vec::new();
+    let tenant_headers = settings.tenant_sources().filter_map(|s| match s {
+        TenantSource::Header(h) => Some(h),
+        _ => None,
+    });
+    let names = settings
+        .headers
+        .iter()
+        .map(String::as_str)
+        .chain(tenant_headers)
+        .chain(settings.priority_header.as_deref())
+        .chain([REQUEST_ID_HEADER]);
+    let mut kept: Vec<(String, String)> = Vec::new();
     for name in names {
-        let Some(value) = get(&name) else { continue };
+        if kept.iter().any(|(k, _)| k.eq_ignore_ascii_case(name)) {
+            continue;
+        }
+        let Some(value) = get(name) else { continue };
         if value.len() > settings.max_value_bytes {
             return Err(bad_header(
                 &name,
@@ -74,7 +71,7 @@ pub fn kept_headers<'h>(
         let Ok(value) = std::str::from_utf8(value) else {
             return Err(bad_header(&name, "is not UTF-8 text".into()));
         };
-        kept.push((name, value.to_owned()));
+        kept.push((name.to_ascii_lowercase(), value.to_owned()));
     }
     Ok(kept)
 }
@@ -83,6 +80,7 @@ fn bad_header(name: &str, what: String) -> BadHeader {
     BadHeader {
         name: name.to_owned(),
         what,
+        field: false,
     }
 }
 
@@ -98,22 +96,30 @@ pub fn describe(
 ) -> Result<Described, BadHeader> {
     let header = |name: &str| {
         kept.iter()
-            .find(|(k, _)| k == name)
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
             .map(|(_, v)| v.as_str())
     };
-    let tenant = settings
-        .tenant_sources()
-        .into_iter()
-        .find_map(|source| match source {
-            TenantSource::Key => caller
-                .and_then(|c| c.grant.as_ref())
-                .map(|g| g.name.clone()),
-            TenantSource::User => user.filter(|u| !u.is_empty()).map(str::to_owned),
-            TenantSource::Header(h) => header(&h).filter(|v| !v.is_empty()).map(str::to_owned),
+    if let Some(user) = user.filter(|u| u.len() > settings.max_value_bytes) {
+        return Err(BadHeader {
+            name: "user".into(),
+            what: format!(
+                "is {} bytes, over the router's limit of {} (request_attributes.max_value_bytes)",
+                user.len(),
+                settings.max_value_bytes
+            ),
+            field: true,
         });
+    }
+    let tenant = settings.tenant_sources().find_map(|source| match source {
+        TenantSource::Key => caller
+            .and_then(|c| c.grant.as_ref())
+            .map(|g| g.name.clone()),
+        TenantSource::User => user.filter(|u| !u.is_empty()).map(str::to_owned),
+        TenantSource::Header(h) => header(h).filter(|v| !v.is_empty()).map(str::to_owned),
+    });
     let priority = match &settings.priority_header {
         None => 0,
-        Some(name) => match header(&name.to_ascii_lowercase()) {
+        Some(name) => match header(name) {
             None => 0,
             Some(value) => value.trim().parse::<i32>().map_err(|_| {
                 bad_header(
@@ -133,10 +139,9 @@ pub fn describe(
         Some(base) => (base.clone(), Some(model.to_owned())),
         None => (model.to_owned(), None),
     };
-    let listed = settings.header_names();
     let headers = kept
         .into_iter()
-        .filter(|(name, _)| listed.contains(name))
+        .filter(|(name, _)| settings.lists_header(name))
         .collect();
     Ok(Described {
         attributes: Arc::new(RequestAttributes {
@@ -165,15 +170,14 @@ pub fn complete(
         attributes.lora_adapter = Some(std::mem::replace(&mut request.model, base.clone()));
     }
     attributes.model.clone_from(&request.model);
-    if attributes.tenant.is_none() && settings.tenant_sources().contains(&TenantSource::Key) {
+    if attributes.tenant.is_none() && settings.tenant_sources().any(|s| s == TenantSource::Key) {
         attributes.tenant = caller
             .and_then(|c| c.grant.as_ref())
             .map(|g| g.name.clone());
     }
-    let listed = settings.header_names();
     attributes
         .headers
-        .retain(|(name, _)| listed.iter().any(|l| l.eq_ignore_ascii_case(name)));
+        .retain(|(name, _)| settings.lists_header(name));
     if attributes.request_id.is_empty() {
         attributes.request_id = request.request_id.clone().unwrap_or_default();
     }
@@ -202,7 +206,7 @@ mod tests {
         let get = |name: &str| {
             request
                 .iter()
-                .find(|(k, _)| *k == name)
+                .find(|(k, _)| k.eq_ignore_ascii_case(name))
                 .map(|(_, v)| v.as_bytes())
         };
         let Ok(kept) = kept_headers(&settings, get) else {
@@ -222,7 +226,7 @@ mod tests {
         let long = [("x-zone", "123456789")];
         let Err(err) = kept_headers(&settings, |n: &str| {
             long.iter()
-                .find(|(k, _)| *k == n)
+                .find(|(k, _)| k.eq_ignore_ascii_case(n))
                 .map(|(_, v)| v.as_bytes())
         }) else {
             panic!("a value over the limit is refused")
@@ -230,5 +234,15 @@ mod tests {
         assert!(err.to_string().contains("max_value_bytes"), "{err}");
         let bad = vec![("x-priority".to_owned(), "high".to_owned())];
         assert!(describe(&settings, bad, None, "m", None, "f").is_err());
+        let Err(long_user) = describe(&settings, Vec::new(), None, "m", Some("123456789"), "f")
+        else {
+            panic!("a `user` over max_value_bytes is refused")
+        };
+        assert!(
+            long_user
+                .to_string()
+                .starts_with("the `user` field is 9 bytes"),
+            "{long_user}"
+        );
     }
 }
