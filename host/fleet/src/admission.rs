@@ -507,7 +507,11 @@ mod tests {
         late.time_out();
         drop(late);
         assert_eq!(queue.len(), 1, "a timed-out request leaves too");
-        assert_eq!(queue.counters().left.load(Relaxed), 1, "counted once, as timed out");
+        assert_eq!(
+            queue.counters().left.load(Relaxed),
+            1,
+            "counted once, as timed out"
+        );
         assert_eq!(queue.counters().timed_out.load(Relaxed), 1);
         assert!(queue.enqueue(&partition(), 0, "t", 1, 2).is_ok());
     }

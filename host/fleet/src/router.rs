@@ -676,14 +676,19 @@ impl Router {
             }
         }
         if query.request.only.is_some() || busy.is_some() {
-            if scratch.allowed.iter().all(|&allowed| allowed == 0) {
+            let kept = scratch
+                .allowed
+                .iter()
+                .map(|&a| usize::from(a))
+                .sum::<usize>();
+            if kept == 0 {
                 return Err(RouteError::Saturated(format!(
                     "every candidate of model `{}` is at an admission.busy threshold",
                     query.request.model
                 )));
             }
             // Nothing left out: the lent columns serve as they are.
-            if scratch.allowed.contains(&0) {
+            if kept < scratch.allowed.len() {
                 candidates.retain(&scratch.allowed, slot.inputs);
             }
         }
@@ -884,17 +889,14 @@ fn mark_not_busy(
     }
     if busy.max_engine_waiting.is_some() || busy.max_kv_cache_usage.is_some() {
         for (ok, report) in out.iter_mut().zip(columns.engine.iter()) {
-            let Some(reading) = report.read() else {
-                continue;
-            };
-            let sample = &reading.sample;
-            let over = busy
-                .max_engine_waiting
-                .is_some_and(|max| sample.waiting_requests >= max)
-                || busy
-                    .max_kv_cache_usage
-                    .is_some_and(|max| sample.kv_cache_usage >= max);
-            *ok &= u8::from(!over);
+            let over = report.peek(|sample, _, _| {
+                busy.max_engine_waiting
+                    .is_some_and(|max| sample.waiting_requests >= max)
+                    || busy
+                        .max_kv_cache_usage
+                        .is_some_and(|max| sample.kv_cache_usage >= max)
+            });
+            *ok &= u8::from(over != Some(true));
         }
     }
 }

@@ -115,8 +115,8 @@ impl EngineReport {
     }
 
     /// Runs `f` on the latest sample (its values, age and freshness) under the read lock,
-    /// without taking a reference to it: what the per-candidate callbacks use.
-    fn peek<R>(&self, f: impl FnOnce(&EngineSample, Duration, bool) -> R) -> Option<R> {
+    /// without taking a reference to it: what per-candidate reads use.
+    pub fn peek<R>(&self, f: impl FnOnce(&EngineSample, Duration, bool) -> R) -> Option<R> {
         let latest = self.latest.read().unwrap_or_else(|e| e.into_inner());
         latest
             .as_ref()
