@@ -60,7 +60,7 @@ pub fn kept_headers<'h>(
         let Some(value) = get(name) else { continue };
         if value.len() > settings.max_value_bytes {
             return Err(bad_header(
-                &name,
+                name,
                 format!(
                     "is {} bytes, over the router's limit of {} (request_attributes.max_value_bytes)",
                     value.len(),
@@ -69,7 +69,7 @@ pub fn kept_headers<'h>(
             ));
         }
         let Ok(value) = std::str::from_utf8(value) else {
-            return Err(bad_header(&name, "is not UTF-8 text".into()));
+            return Err(bad_header(name, "is not UTF-8 text".into()));
         };
         kept.push((name.to_ascii_lowercase(), value.to_owned()));
     }
