@@ -17,7 +17,7 @@
 #include <string.h>
 
 /* Revision of the SDK this header belongs to (the crate version). */
-#define SWITCHYARD_SDK_REVISION "0.3.0"
+#define SWITCHYARD_SDK_REVISION "0.4.0"
 
 /**
  * Major version of the plugin ABI. Changes only when existing fields change; the host
@@ -29,14 +29,19 @@
  * Minor version of the plugin ABI. Grows when fields or callbacks are appended; the host
  * accepts plugins of any minor up to its own.
  */
-#define SWITCHYARD_ABI_MINOR 2
+#define SWITCHYARD_ABI_MINOR 3
 
 /**
  * Fingerprint of this minor's layout (every struct's fields, sizes and alignments, every
  * callback's signature). A plugin compiled against a hand-edited or stale header reports
  * a different value and is refused.
  */
-#define SWITCHYARD_LAYOUT_FINGERPRINT 529521263414253704
+#define SWITCHYARD_LAYOUT_FINGERPRINT 15329185482688310853ull
+
+/**
+ * Fingerprint of the ABI 1.2 layout, which the router keeps accepting from 1.2 plugins.
+ */
+#define SWITCHYARD_LAYOUT_FINGERPRINT_1_2 529521263414253704
 
 /**
  * Fingerprint of the ABI 1.1 layout, which the router keeps accepting from 1.1 plugins.
@@ -187,6 +192,24 @@
  * Component kind: picks one row (`on_pick`).
  */
 #define SWITCHYARD_COMPONENT_PICKER 2
+
+/**
+ * Component kind (ABI 1.3): decides, before any worker is selected, whether a request is
+ * served, and with which priority, tenant and longest wait it queues (`on_admit`).
+ */
+#define SWITCHYARD_COMPONENT_ADMITTER 3
+
+/**
+ * Admission verdict (ABI 1.3): the request goes on to worker selection (and waits in the
+ * queue, as `switchyard_admission` places it, while every worker is busy).
+ */
+#define SWITCHYARD_ADMIT 0
+
+/**
+ * Admission verdict (ABI 1.3): the request is answered at once with
+ * `switchyard_admission.status` and `message`; no worker is selected.
+ */
+#define SWITCHYARD_REJECT 1
 
 /**
  * Session input trigger: not given.
@@ -628,7 +651,106 @@ typedef struct switchyard_outcome {
 } switchyard_outcome;
 
 /**
- * A component type: a filter, a scorer or a picker. Plugin-owned; the host copies
+ * How loaded a partition is when a request arrives (ABI 1.3): what an admitter weighs.
+ * Host-owned, valid for the call. Counts are this router's view (with `replicas:`, the
+ * bookings of every replica).
+ */
+typedef struct switchyard_saturation {
+  /**
+   * `sizeof(switchyard_saturation)` as the host was compiled.
+   */
+  uint32_t struct_size;
+  /**
+   * Zero; keeps the layout explicit.
+   */
+  uint32_t reserved0;
+  /**
+   * Healthy workers of the partition.
+   */
+  uint64_t workers;
+  /**
+   * Of those, the workers at or past an `admission.busy` threshold (0 without one).
+   */
+  uint64_t busy_workers;
+  /**
+   * Requests booked on the partition's workers.
+   */
+  uint64_t active_requests;
+  /**
+   * Prompt tokens booked in the prefill stage of the partition's workers.
+   */
+  uint64_t active_prefill_tokens;
+  /**
+   * Requests waiting in the partition's admission queue.
+   */
+  uint64_t queued;
+  /**
+   * Of those, the requests of this request's tenant (as the request says it).
+   */
+  uint64_t queued_tenant;
+  /**
+   * Requests the queue holds at most (`admission.queue.max_queued`); 0 when the
+   * config has no `admission:` section, and nothing ever waits.
+   */
+  uint64_t queue_capacity;
+} switchyard_saturation;
+
+/**
+ * An admitter's answer (ABI 1.3). Host-owned, valid for the call; zeroed by the host
+ * but for `struct_size`, `message` and `verdict` (`SWITCHYARD_ADMIT`), so an admitter
+ * that writes nothing admits the request as it is. The plugin writes no field past
+ * `struct_size`.
+ */
+typedef struct switchyard_admission {
+  /**
+   * `sizeof(switchyard_admission)` as the host was compiled.
+   */
+  uint32_t struct_size;
+  /**
+   * `SWITCHYARD_ADMIT` or `SWITCHYARD_REJECT`.
+   */
+  uint32_t verdict;
+  /**
+   * Admit: 1 if `priority` replaces the request's `strict_priority` (its place in the
+   * queue, and what later admitters and the policy see).
+   */
+  uint8_t has_priority;
+  /**
+   * Zero; keeps the layout explicit.
+   */
+  uint8_t reserved0[3];
+  /**
+   * Admit: the priority, when `has_priority` is 1. Larger is served first.
+   */
+  int32_t priority;
+  /**
+   * Admit: the tenant the request queues as (its turn among tenants); plugin-owned,
+   * valid until the instance's next call (the host copies it when `on_admit` returns).
+   * `ptr == NULL` keeps the request's own.
+   */
+  struct switchyard_str tenant;
+  /**
+   * Admit: the longest the request may wait in the queue, in milliseconds; 0 keeps
+   * `admission.queue.max_wait_ms`, which a value can only shorten.
+   */
+  uint64_t max_wait_ms;
+  /**
+   * Reject: the HTTP status, 400 to 599; 0 means 429.
+   */
+  uint32_t status;
+  /**
+   * Reject: seconds for the `Retry-After` header; 0 sends none.
+   */
+  uint32_t retry_after_seconds;
+  /**
+   * Reject: a host-owned buffer for the message the client reads (write it with
+   * `switchyard_error_printf`); empty: the router says which admitter refused.
+   */
+  struct switchyard_error message;
+} switchyard_admission;
+
+/**
+ * A component type: a filter, a scorer, a picker or (ABI 1.3) an admitter. Plugin-owned; the host copies
  * `struct_size` bytes during the call that receives it, and `type_name` with them.
  * `user_data` must stay valid as long as the library is loaded.
  */
@@ -727,6 +849,19 @@ typedef struct switchyard_component_def {
   int32_t (*on_finished)(void *instance,
                          const struct switchyard_outcome *outcome,
                          const struct switchyard_error *error);
+  /**
+   * Admitters (ABI 1.3): decides whether `request` is served, writing `*decision`
+   * (already holding "admit, as it is"). Called once per request, before its worker
+   * is selected, one thread at a time per instance. The request's `attributes` are
+   * given when the admitter declared `SWITCHYARD_INPUT_ATTRIBUTES`, the only input
+   * group an admitter may declare. A failure answers the request as the admitter's
+   * `on_error` says (503 by default). Required for admitters.
+   */
+  int32_t (*on_admit)(void *instance,
+                      const struct switchyard_request *request,
+                      const struct switchyard_saturation *saturation,
+                      struct switchyard_admission *decision,
+                      const struct switchyard_error *error);
 } switchyard_component_def;
 
 /**
@@ -1075,6 +1210,35 @@ static inline int32_t switchyard_builder_add_registered(const switchyard_policy_
 #else
 #define SWITCHYARD_EXPORT __attribute__((visibility("default")))
 #endif
+/* Admitters (ABI 1.3): refuse the request with HTTP `status` (400-599), `Retry-After:
+ * retry_after_seconds` when it is above 0, and a printf-style message for the client. */
+static inline void switchyard_admission_reject(switchyard_admission *decision, uint32_t status,
+                                               uint32_t retry_after_seconds, const char *format, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 4, 5)))
+#endif
+    ;
+static inline void switchyard_admission_reject(switchyard_admission *decision, uint32_t status,
+                                               uint32_t retry_after_seconds, const char *format, ...) {
+    decision->verdict = SWITCHYARD_REJECT;
+    decision->status = status;
+    decision->retry_after_seconds = retry_after_seconds;
+    if (decision->message.buffer != NULL && decision->message.capacity > 0) {
+        va_list args;
+        va_start(args, format);
+        vsnprintf(decision->message.buffer, decision->message.capacity, format, args);
+        va_end(args);
+    }
+}
+
+/* Admitters (ABI 1.3): admit the request, waiting (when every worker is busy) at
+ * `priority`. */
+static inline void switchyard_admission_set_priority(switchyard_admission *decision, int32_t priority) {
+    decision->verdict = SWITCHYARD_ADMIT;
+    decision->has_priority = 1;
+    decision->priority = priority;
+}
+
 #ifdef __cplusplus
 #define SWITCHYARD_EXTERN_C extern "C"
 #else

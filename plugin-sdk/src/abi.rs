@@ -28,7 +28,7 @@ use abi_stable::StableAbi;
 pub const SWITCHYARD_ABI_MAJOR: u16 = 1;
 /// Minor version of the plugin ABI. Grows when fields or callbacks are appended; the host
 /// accepts plugins of any minor up to its own.
-pub const SWITCHYARD_ABI_MINOR: u16 = 2;
+pub const SWITCHYARD_ABI_MINOR: u16 = 3;
 /// Revision of the SDK that produced this header (the `switchyard-plugin-sdk` crate
 /// version). Informational by default; `revision: exact` in the router config demands an
 /// exact match.
@@ -37,7 +37,9 @@ pub const SWITCHYARD_SDK_REVISION: &str = env!("CARGO_PKG_VERSION");
 /// Fingerprint of this minor's layout (every struct's fields, sizes and alignments, every
 /// callback's signature). A plugin compiled against a hand-edited or stale header reports
 /// a different value and is refused.
-pub const SWITCHYARD_LAYOUT_FINGERPRINT: u64 = 0x0759_3cc8_96d2_9888;
+pub const SWITCHYARD_LAYOUT_FINGERPRINT: u64 = 0xd4bc_34fa_9fb6_2e45;
+/// Fingerprint of the ABI 1.2 layout, which the router keeps accepting from 1.2 plugins.
+pub const SWITCHYARD_LAYOUT_FINGERPRINT_1_2: u64 = 0x0759_3cc8_96d2_9888;
 /// Fingerprint of the ABI 1.1 layout, which the router keeps accepting from 1.1 plugins.
 pub const SWITCHYARD_LAYOUT_FINGERPRINT_1_1: u64 = 0xdb3e_d4eb_ab9f_0480;
 /// Fingerprint of the ABI 1.0 layout, which the router keeps accepting from 1.0 plugins.
@@ -109,6 +111,16 @@ pub const SWITCHYARD_COMPONENT_FILTER: u32 = 0;
 pub const SWITCHYARD_COMPONENT_SCORER: u32 = 1;
 /// Component kind: picks one row (`on_pick`).
 pub const SWITCHYARD_COMPONENT_PICKER: u32 = 2;
+/// Component kind (ABI 1.3): decides, before any worker is selected, whether a request is
+/// served, and with which priority, tenant and longest wait it queues (`on_admit`).
+pub const SWITCHYARD_COMPONENT_ADMITTER: u32 = 3;
+
+/// Admission verdict (ABI 1.3): the request goes on to worker selection (and waits in the
+/// queue, as `switchyard_admission` places it, while every worker is busy).
+pub const SWITCHYARD_ADMIT: u32 = 0;
+/// Admission verdict (ABI 1.3): the request is answered at once with
+/// `switchyard_admission.status` and `message`; no worker is selected.
+pub const SWITCHYARD_REJECT: u32 = 1;
 
 /// Session input trigger: not given.
 pub const SWITCHYARD_TRIGGER_NONE: u32 = 0;
@@ -371,6 +383,67 @@ pub struct switchyard_outcome {
     pub seconds_to_finish: f64,
 }
 
+/// How loaded a partition is when a request arrives (ABI 1.3): what an admitter weighs.
+/// Host-owned, valid for the call. Counts are this router's view (with `replicas:`, the
+/// bookings of every replica).
+#[repr(C)]
+#[cfg_attr(feature = "layout", derive(StableAbi))]
+pub struct switchyard_saturation {
+    /// `sizeof(switchyard_saturation)` as the host was compiled.
+    pub struct_size: u32,
+    /// Zero; keeps the layout explicit.
+    pub reserved0: u32,
+    /// Healthy workers of the partition.
+    pub workers: u64,
+    /// Of those, the workers at or past an `admission.busy` threshold (0 without one).
+    pub busy_workers: u64,
+    /// Requests booked on the partition's workers.
+    pub active_requests: u64,
+    /// Prompt tokens booked in the prefill stage of the partition's workers.
+    pub active_prefill_tokens: u64,
+    /// Requests waiting in the partition's admission queue.
+    pub queued: u64,
+    /// Of those, the requests of this request's tenant (as the request says it).
+    pub queued_tenant: u64,
+    /// Requests the queue holds at most (`admission.queue.max_queued`); 0 when the
+    /// config has no `admission:` section, and nothing ever waits.
+    pub queue_capacity: u64,
+}
+
+/// An admitter's answer (ABI 1.3). Host-owned, valid for the call; zeroed by the host
+/// but for `struct_size`, `message` and `verdict` (`SWITCHYARD_ADMIT`), so an admitter
+/// that writes nothing admits the request as it is. The plugin writes no field past
+/// `struct_size`.
+#[repr(C)]
+#[cfg_attr(feature = "layout", derive(StableAbi))]
+pub struct switchyard_admission {
+    /// `sizeof(switchyard_admission)` as the host was compiled.
+    pub struct_size: u32,
+    /// `SWITCHYARD_ADMIT` or `SWITCHYARD_REJECT`.
+    pub verdict: u32,
+    /// Admit: 1 if `priority` replaces the request's `strict_priority` (its place in the
+    /// queue, and what later admitters and the policy see).
+    pub has_priority: u8,
+    /// Zero; keeps the layout explicit.
+    pub reserved0: [u8; 3],
+    /// Admit: the priority, when `has_priority` is 1. Larger is served first.
+    pub priority: i32,
+    /// Admit: the tenant the request queues as (its turn among tenants); plugin-owned,
+    /// valid until the instance's next call (the host copies it when `on_admit` returns).
+    /// `ptr == NULL` keeps the request's own.
+    pub tenant: switchyard_str,
+    /// Admit: the longest the request may wait in the queue, in milliseconds; 0 keeps
+    /// `admission.queue.max_wait_ms`, which a value can only shorten.
+    pub max_wait_ms: u64,
+    /// Reject: the HTTP status, 400 to 599; 0 means 429.
+    pub status: u32,
+    /// Reject: seconds for the `Retry-After` header; 0 sends none.
+    pub retry_after_seconds: u32,
+    /// Reject: a host-owned buffer for the message the client reads (write it with
+    /// `switchyard_error_printf`); empty: the router says which admitter refused.
+    pub message: switchyard_error,
+}
+
 /// Parameters of a component or policy, as given in the config. Host-owned, valid for the
 /// call it is passed to; strings it hands out are valid as long as the params are.
 #[repr(C)]
@@ -420,7 +493,7 @@ pub struct switchyard_params {
     >,
 }
 
-/// A component type: a filter, a scorer or a picker. Plugin-owned; the host copies
+/// A component type: a filter, a scorer, a picker or (ABI 1.3) an admitter. Plugin-owned; the host copies
 /// `struct_size` bytes during the call that receives it, and `type_name` with them.
 /// `user_data` must stay valid as long as the library is loaded.
 #[repr(C)]
@@ -518,6 +591,21 @@ pub struct switchyard_component_def {
         unsafe extern "C" fn(
             instance: *mut c_void,
             outcome: *const switchyard_outcome,
+            error: *const switchyard_error,
+        ) -> i32,
+    >,
+    /// Admitters (ABI 1.3): decides whether `request` is served, writing `*decision`
+    /// (already holding "admit, as it is"). Called once per request, before its worker
+    /// is selected, one thread at a time per instance. The request's `attributes` are
+    /// given when the admitter declared `SWITCHYARD_INPUT_ATTRIBUTES`, the only input
+    /// group an admitter may declare. A failure answers the request as the admitter's
+    /// `on_error` says (503 by default). Required for admitters.
+    pub on_admit: Option<
+        unsafe extern "C" fn(
+            instance: *mut c_void,
+            request: *const switchyard_request,
+            saturation: *const switchyard_saturation,
+            decision: *mut switchyard_admission,
             error: *const switchyard_error,
         ) -> i32,
     >,

@@ -7,6 +7,7 @@ use std::ffi::CString;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use crate::abi::*;
+use crate::admission::{Admission, RequestAdmitter, Saturation};
 use crate::component::{
     Lifecycle, Notifications, PolicyParts, WorkerFilter, WorkerInputs, WorkerPicker, WorkerScorer,
 };
@@ -152,6 +153,60 @@ impl Kind for Box<dyn WorkerPicker> {
     }
 }
 
+/// An admitter behind the ABI, with its last answer: the tenant it names must outlive
+/// `on_admit` (the host copies it after the call returns).
+struct AdmitterSlot {
+    admitter: Box<dyn RequestAdmitter>,
+    last: Option<Admission>,
+}
+
+impl Kind for AdmitterSlot {
+    const KIND: u32 = SWITCHYARD_COMPONENT_ADMITTER;
+    fn inputs(&self) -> WorkerInputs {
+        self.admitter.required_worker_inputs()
+    }
+    fn lifecycle(&mut self) -> Option<&mut dyn Lifecycle> {
+        None
+    }
+    fn install(def: &mut switchyard_component_def) {
+        def.on_admit = Some(on_admit);
+    }
+}
+
+/// # Safety
+/// Called by the host per ABI 1.3: an admitter instance of this def, and pointers valid
+/// for the call.
+unsafe extern "C" fn on_admit(
+    instance: *mut c_void,
+    request: *const switchyard_request,
+    saturation: *const switchyard_saturation,
+    decision: *mut switchyard_admission,
+    error: *const switchyard_error,
+) -> i32 {
+    // SAFETY: the host calls on_admit only with instances this def created.
+    let slot = unsafe { slot::<AdmitterSlot>(instance) };
+    guard(
+        error,
+        Some(&mut slot.poisoned),
+        SWITCHYARD_STATUS_ERROR,
+        || {
+            // SAFETY: the host's request, saturation and decision are valid for the call.
+            let (context, saturation, decision) = unsafe {
+                (
+                    WorkerSelectionContext::from_abi(&*request),
+                    Saturation::from_abi(&*saturation),
+                    &mut *decision,
+                )
+            };
+            let answer = slot.component.admitter.admit(&context, &saturation)?;
+            // SAFETY: `decision` is the host's for this call, as its message buffer.
+            unsafe { answer.write_abi(decision) };
+            slot.component.last = Some(answer);
+            Ok(())
+        },
+    )
+}
+
 fn component_def<C: Kind>(
     type_name: &CStr,
     inputs: WorkerInputs,
@@ -173,6 +228,7 @@ fn component_def<C: Kind>(
         on_selected: None,
         on_prefill_complete: None,
         on_finished: None,
+        on_admit: None,
     };
     C::install(&mut def);
     if notifications.contains(Notifications::SELECTED) {
@@ -570,6 +626,22 @@ impl Registrar<'_> {
         create: impl Fn(&Params<'_>, &Partition<'_>) -> Result<P, PolicyError> + Send + Sync + 'static,
     ) -> Result<(), PolicyError> {
         self.notified_picker(type_name, inputs, Notifications::NONE, create)
+    }
+
+    /// Registers an admitter type (ABI 1.3). `inputs` is `WorkerInputs::ATTRIBUTES` or
+    /// `WorkerInputs::NONE`; list instances in the config's `admission.admitters`.
+    pub fn admitter<A: RequestAdmitter + 'static>(
+        &mut self,
+        type_name: &str,
+        inputs: WorkerInputs,
+        create: impl Fn(&Params<'_>, &Partition<'_>) -> Result<A, PolicyError> + Send + Sync + 'static,
+    ) -> Result<(), PolicyError> {
+        self.typed(type_name, inputs, Notifications::NONE, create, |a: A| {
+            AdmitterSlot {
+                admitter: Box::new(a),
+                last: None,
+            }
+        })
     }
 
     /// `filter`, for a type whose instances implement `Lifecycle`: the router delivers

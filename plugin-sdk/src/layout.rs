@@ -60,7 +60,7 @@ fn describe(layout: &'static TypeLayout, out: &mut String) {
 
 /// The canonical description of every ABI v1 struct, one per line.
 pub fn layout_description() -> String {
-    let roots: [&'static TypeLayout; 15] = [
+    let roots: [&'static TypeLayout; 17] = [
         switchyard_str::LAYOUT,
         switchyard_error::LAYOUT,
         switchyard_partition::LAYOUT,
@@ -70,6 +70,8 @@ pub fn layout_description() -> String {
         switchyard_candidates::LAYOUT,
         switchyard_engine_load::LAYOUT,
         switchyard_outcome::LAYOUT,
+        switchyard_saturation::LAYOUT,
+        switchyard_admission::LAYOUT,
         switchyard_params::LAYOUT,
         switchyard_component_def::LAYOUT,
         switchyard_policy_builder::LAYOUT,

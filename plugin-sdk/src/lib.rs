@@ -2,7 +2,8 @@
 //!
 //! - [`abi`]: the C ABI v1 (the only contract; `include/switchyard/plugin.h` is generated
 //!   from it).
-//! - [`WorkerFilter`], [`WorkerScorer`], [`WorkerPicker`]: the safe component traits.
+//! - [`WorkerFilter`], [`WorkerScorer`], [`WorkerPicker`]: the safe component traits, and
+//!   [`RequestAdmitter`] (ABI 1.3), which decides before selection whether a request is served.
 //! - [`Registrar`]: registers component and policy types.
 //! - [`export_plugin!`]: exports the entry symbol and writes the static [`manifest`].
 //! - Batch helpers for the components most policies use, written once for the host's
@@ -15,6 +16,7 @@
 #![warn(clippy::undocumented_unsafe_blocks)]
 
 pub mod abi;
+mod admission;
 mod component;
 pub mod export;
 #[cfg(feature = "layout")]
@@ -26,6 +28,7 @@ mod status;
 mod threshold;
 mod view;
 
+pub use admission::{Admission, Placement, RequestAdmitter, Saturation};
 pub use component::{
     Lifecycle, Notifications, PolicyError, PolicyParts, WorkerFilter, WorkerInputs, WorkerPicker,
     WorkerScorer,

@@ -52,6 +52,7 @@ pub mod kind {
     pub const filter: &str = "filter";
     pub const scorer: &str = "scorer";
     pub const picker: &str = "picker";
+    pub const admitter: &str = "admitter";
     pub const policy: &str = "policy";
 }
 

@@ -19,6 +19,58 @@ pub struct AdmissionSettings {
     /// applies to every tenant not listed (and to requests without one).
     #[serde(default)]
     pub rate_limits: BTreeMap<String, RateLimit>,
+    /// Admitter components (ABI 1.3), called in this order before a request's worker is
+    /// selected; the first to reject answers it (docs/admission.md).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub admitters: Vec<AdmitterEntry>,
+}
+
+/// One admitter: a registered admitter type and its parameters.
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdmitterEntry {
+    #[serde(rename = "type")]
+    pub admitter_type: String,
+    #[serde(default)]
+    pub parameters: serde_json::Map<String, serde_json::Value>,
+    #[serde(default)]
+    pub on_error: AdmitterOnError,
+}
+
+/// What a request gets when its admitter fails (an error, a panic, a missed deadline).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AdmitterOnError {
+    /// 503 with `Retry-After: 1`: an admitter that enforces something fails closed.
+    #[default]
+    Reject,
+    /// The admitter is passed over, as if it had admitted the request as it is.
+    Admit,
+}
+
+impl AdmitterOnError {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AdmitterOnError::Reject => "reject",
+            AdmitterOnError::Admit => "admit",
+        }
+    }
+}
+
+/// Why `limit` is not a rate: every rate and burst given is a number above 0.
+pub fn check_rate(tenant: &str, limit: &RateLimit) -> Result<(), String> {
+    let rates = [
+        limit.requests_per_s,
+        limit.request_burst,
+        limit.tokens_per_s,
+        limit.token_burst,
+    ];
+    if rates.iter().flatten().any(|r| !(r.is_finite() && *r > 0.0)) {
+        return Err(format!(
+            "`{tenant}`: every rate and burst is a number above 0"
+        ));
+    }
+    Ok(())
 }
 
 /// One tenant's rate: requests and prompt tokens per second, each with its burst.
@@ -70,8 +122,8 @@ impl BusyThresholds {
 pub struct QueueSettings {
     /// Requests waiting at once, per partition; one more is refused with 429.
     pub max_queued: usize,
-    /// How long a request waits at most; then 503 with `Retry-After`. A request's own
-    /// deadline (`x-switchyard-deadline-ms` header) can only shorten it.
+    /// How long a request waits at most; then 503 with `Retry-After`. An admitter's
+    /// `max_wait_ms` for a request can only shorten it.
     pub max_wait_ms: u64,
     /// Within a priority, tenants take turns in proportion to these weights (1 for a
     /// tenant not listed, and for requests without a tenant).
@@ -105,17 +157,7 @@ impl AdmissionSettings {
             return Err("`admission.queue.max_wait_ms` must be at least 1".into());
         }
         for (tenant, limit) in &self.rate_limits {
-            let rates = [
-                limit.requests_per_s,
-                limit.request_burst,
-                limit.tokens_per_s,
-                limit.token_burst,
-            ];
-            if rates.iter().flatten().any(|r| !(r.is_finite() && *r > 0.0)) {
-                return Err(format!(
-                    "`admission.rate_limits.{tenant}`: every rate and burst is a number above 0"
-                ));
-            }
+            check_rate(tenant, limit).map_err(|e| format!("`admission.rate_limits`: {e}"))?;
         }
         if let Some((tenant, _)) = self.queue.tenant_weights.iter().find(|(_, &w)| w == 0) {
             return Err(format!(

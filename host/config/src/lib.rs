@@ -18,7 +18,9 @@ pub mod listener;
 pub mod replicas;
 pub mod worker_address;
 
-pub use admission::{AdmissionSettings, BusyThresholds, QueueSettings, RateLimit};
+pub use admission::{
+    AdmissionSettings, AdmitterEntry, AdmitterOnError, BusyThresholds, QueueSettings, RateLimit,
+};
 pub use attributes::{EngineMetricsSettings, RequestAttributeSettings, TenantSource};
 pub use auth::{AuthSettings, Keyring};
 pub use limits::{MAX_CONFIG_BYTES, MAX_FLOW_DEPTH};

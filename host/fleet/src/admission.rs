@@ -94,6 +94,8 @@ pub struct QueueCounters {
     pub evicted: std::sync::atomic::AtomicU64,
     /// Requests refused by a tenant's rate limit (`admission.rate_limits`).
     pub rate_limited: std::sync::atomic::AtomicU64,
+    /// Requests an admitter rejected (`admission.admitters`).
+    pub rejected: std::sync::atomic::AtomicU64,
     pub left: std::sync::atomic::AtomicU64,
 }
 
@@ -134,6 +136,24 @@ impl AdmissionQueue {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Requests waiting for `partition`, and of those `tenant`'s: O(priority bands).
+    pub fn waiting_in(&self, partition: &PartitionKey, tenant: &str) -> (usize, usize) {
+        if self.counters.waiting.load(Relaxed) == 0 {
+            return (0, 0);
+        }
+        let state = self.state.lock();
+        let Some(queue) = state.partitions.get(partition) else {
+            return (0, 0);
+        };
+        let of_tenant = queue
+            .bands
+            .values()
+            .filter_map(|band| band.tenants.get(tenant))
+            .map(|t| t.waiters.len())
+            .sum();
+        (queue.len, of_tenant)
     }
 
     /// Queues a request for `partition`; refused when `max_queued` wait there already.

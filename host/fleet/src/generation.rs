@@ -14,7 +14,10 @@ use switchyard_plugin_sdk::WorkerInputs;
 use super::metrics::StageMetrics;
 use switchyard_plugin_host::plugin::PartitionKey;
 use switchyard_policy::startup::Startup;
-use switchyard_policy::{InstanceFactory, Selector};
+use switchyard_policy::{Admitters, InstanceFactory, Selector};
+
+/// The instance label of the admitters' stage metrics.
+pub const ADMISSION: &str = "admission";
 
 /// One instance's policy for one partition, behind its own lock (an instance is called
 /// by one thread at a time), with the input groups it reads known without that lock.
@@ -32,6 +35,8 @@ pub struct Generation {
     pub loaded_at: SystemTime,
     pub startup: Startup,
     partitions: RwLock<HashMap<PartitionKey, Selectors>>,
+    /// Per partition, its `admission.admitters` (absent when the config lists none).
+    admitters: RwLock<HashMap<PartitionKey, Arc<Mutex<Admitters>>>>,
     /// Every stage of every selector, for metrics to read without their locks.
     stages: RwLock<Vec<StageMetrics>>,
 }
@@ -43,6 +48,7 @@ impl Generation {
             loaded_at: SystemTime::now(),
             startup,
             partitions: RwLock::new(HashMap::new()),
+            admitters: RwLock::new(HashMap::new()),
             stages: RwLock::new(Vec::new()),
         }
     }
@@ -68,6 +74,11 @@ impl Generation {
     /// Instance `name`'s policy for `partition`, once the partition is built.
     pub fn selector(&self, partition: &PartitionKey, name: &str) -> Option<Arc<SelectorSlot>> {
         self.partitions.read().get(partition)?.get(name).cloned()
+    }
+
+    /// `partition`'s admitters, when the config lists any and the partition is built.
+    pub fn admitters(&self, partition: &PartitionKey) -> Option<Arc<Mutex<Admitters>>> {
+        self.admitters.read().get(partition).cloned()
     }
 
     /// Builds one policy per instance for `partition` (plugin code runs: no lock is held)
@@ -97,6 +108,21 @@ impl Generation {
                 }),
             );
         }
+        if !self.startup.admitters.is_empty() {
+            let admitters = Admitters::build(&self.startup.admitters, partition).map_err(|e| {
+                format!("the admitters (admission.admitters) cannot be built for partition {partition}: {e}")
+            })?;
+            stages.extend(admitters.stages().map(|stage| StageMetrics {
+                instance: ADMISSION.to_owned(),
+                partition: partition.clone(),
+                name: stage.name.clone(),
+                kind: stage.kind,
+                stats: stage.stats.clone(),
+            }));
+            self.admitters
+                .write()
+                .insert(partition.clone(), Arc::new(Mutex::new(admitters)));
+        }
         self.partitions.write().insert(partition.clone(), selectors);
         self.stages.write().extend(stages);
         Ok(())
@@ -106,6 +132,7 @@ impl Generation {
     /// the worker it was built for was refused).
     pub fn drop_partition(&self, partition: &PartitionKey) {
         self.partitions.write().remove(partition);
+        self.admitters.write().remove(partition);
         self.stages
             .write()
             .retain(|stage| &stage.partition != partition);

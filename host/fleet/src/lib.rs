@@ -10,7 +10,7 @@ pub mod lifecycle;
 pub mod load_accounting;
 pub mod metrics;
 pub mod predicted_kv;
-pub mod rate_limits;
 pub mod replicas;
+pub use switchyard_policy::rate_limits;
 pub mod router;
 pub mod workers;

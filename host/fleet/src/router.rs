@@ -32,10 +32,12 @@ use switchyard_policy::histogram::Stopwatch;
 use switchyard_policy::startup::{Startup, BUILTIN_DEFAULT};
 use switchyard_policy::{Candidates, InstanceFactory, KeptColumns, SelectError};
 
+mod admission;
 mod health;
 mod kv;
 mod reload;
 mod replicas;
+pub use admission::Refused;
 pub use reload::ReloadOutcome;
 
 /// The worker type a request asks for.

@@ -72,6 +72,7 @@ pub fn register(registry: &mut Registry) {
         Ok(StageImpl::Picker(Box::new(Softmax::from_params(p)?)))
     });
     super::engine_signals::register(registry);
+    super::admitters::register(registry);
     registry.add_builtin_policy("default", default_policy);
     registry.add_builtin_policy("builtin.least-busy", least_busy_policy);
 }

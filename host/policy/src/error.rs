@@ -67,6 +67,8 @@ pub enum BuildError {
         component: String,
         expected: &'static str,
     },
+    #[error("component `{component}` is an admitter: admitters decide before selection and are no pipeline stage; list it under `admission.admitters`")]
+    AdmitterInPipeline { component: String },
     #[error("scorer `{component}` has a non-finite weight {weight}")]
     NonFiniteWeight { component: String, weight: f64 },
     #[error("a policy needs exactly one picker; {} {}{}", built_by.as_deref().unwrap_or("it"), if built_by.is_some() { "added " } else { "has " }, match found { 0 => "none".to_owned(), n => n.to_string() })]

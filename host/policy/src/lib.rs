@@ -2,6 +2,7 @@
 //! instances, and the filter -> score -> pick pipeline they run. Plugin code is reached
 //! only through the [`switchyard_plugin_host::plugin`] boundary.
 
+pub mod admitters;
 pub mod builtin;
 pub mod candidates;
 pub mod compaction;
@@ -11,10 +12,12 @@ pub mod histogram;
 pub mod instances;
 mod param_checks;
 pub mod pipeline;
+pub mod rate_limits;
 pub mod registry;
 mod request_columns;
 pub mod startup;
 
+pub use admitters::{AdmitterUse, Admitters, Rejection};
 pub use candidates::{CandidateRow, Candidates, KeptColumns};
 pub use error::{BuildError, Refusal};
 pub use instances::{CallBudget, ComponentUse, InstanceFactory, InstanceKind};

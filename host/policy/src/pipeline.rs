@@ -8,7 +8,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use switchyard_plugin_sdk::{
-    PolicyError, Status, WorkerFilter, WorkerId, WorkerInputs, WorkerPicker, WorkerScorer,
+    Admission, PolicyError, RequestAdmitter, Saturation, Status, WorkerFilter, WorkerId,
+    WorkerInputs, WorkerPicker, WorkerScorer,
 };
 
 use super::candidates::{CandidateRow, Candidates, KeptColumns};
@@ -16,7 +17,7 @@ use super::error::BuildError;
 use super::histogram::{LatencyHistogram, Stopwatch};
 use switchyard_plugin_host::isolation::{share_channels, RemoteInstance};
 use switchyard_plugin_host::plugin::{
-    builtin_filter, builtin_pick, builtin_score, AbiRequest, CallError, Columns, ComponentInstance,
+    builtin_admit, builtin_filter, builtin_pick, builtin_score, AbiRequest, CallError, Columns, ComponentInstance,
     ComponentKind, EngineReport, ErrorBuffer, Labels, Lifecycle, Outcome, RequestContext,
 };
 
@@ -26,6 +27,7 @@ pub enum StageImpl {
     Filter(Box<dyn WorkerFilter>),
     Scorer(Box<dyn WorkerScorer>),
     Picker(Box<dyn WorkerPicker>),
+    Admitter(Box<dyn RequestAdmitter>),
     Plugin(ComponentInstance),
     /// A plugin instance in an isolated process, called through shared memory.
     Isolated(RemoteInstance),
@@ -141,6 +143,36 @@ impl Stage {
         }
     }
 
+    /// An admitter's answer for `request` (admitters run before selection, outside any
+    /// pipeline: `crate::admitters`). Timed and counted like every stage's call.
+    pub fn admit(
+        &mut self,
+        request: &AbiRequest<'_>,
+        saturation: &Saturation,
+        error: &mut ErrorBuffer,
+    ) -> Result<Admission, CallError> {
+        let inputs = self.inputs;
+        let watch = Stopwatch::start();
+        let result = match &mut self.imp {
+            StageImpl::Admitter(admitter) => {
+                builtin_admit(admitter.as_mut(), request, saturation, inputs)
+                    .map_err(builtin_failure)
+            }
+            StageImpl::Plugin(p) => p.admit(request, saturation, error),
+            StageImpl::Isolated(p) if p.kind() == ComponentKind::Admitter => {
+                p.admit(request, saturation)
+            }
+            _ => Err(wrong_kind(ComponentKind::Admitter)),
+        };
+        self.stats.latency.record(watch.elapsed_nanos());
+        result.inspect_err(|failure| {
+            StageStats::add(&self.stats.errors, 1);
+            if matches!(failure.status, Status::Panic | Status::Poisoned) {
+                self.stats.poisoned.store(true, Ordering::Relaxed);
+            }
+        })
+    }
+
     /// Whether this stage wants lifecycle notifications (plugin components that set them).
     pub fn notified(&self) -> bool {
         match &self.imp {
@@ -184,6 +216,7 @@ impl Stage {
                 (StageImpl::Filter(_), ComponentKind::Filter)
                     | (StageImpl::Scorer(_), ComponentKind::Scorer)
                     | (StageImpl::Picker(_), ComponentKind::Picker)
+                    | (StageImpl::Admitter(_), ComponentKind::Admitter)
             ),
         }
     }
@@ -247,6 +280,10 @@ impl Stage {
                 let columns = candidates.columns(Some(costs));
                 self.pick(raw, &columns, &mut error).map(RawOutput::Row)
             }
+            ComponentKind::Admitter => Err(CallError::new(
+                Status::InvalidArgument,
+                "an admitter sees no candidates: call it with `admit`",
+            )),
         })
     }
 }
@@ -339,6 +376,11 @@ impl Policy {
                 }
                 ComponentKind::Scorer => scorers.push((stage, weight)),
                 ComponentKind::Picker => pickers.push(stage),
+                ComponentKind::Admitter => {
+                    return Err(BuildError::AdmitterInPipeline {
+                        component: stage.name.to_string(),
+                    })
+                }
             }
         }
         if pickers.len() != 1 {

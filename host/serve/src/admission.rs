@@ -26,6 +26,8 @@ pub struct Place<'a> {
     pub partition: PartitionKey,
     pub priority: i32,
     pub tenant: Option<&'a str>,
+    /// An admitter's limit on the wait (shortens `admission.queue.max_wait_ms`).
+    pub max_wait: Option<Duration>,
 }
 
 /// `first` is the request's first selection; while it and every later try (`attempt`)
@@ -51,7 +53,7 @@ where
     let queue = &settings.queue;
     let tenant = place.tenant.unwrap_or("");
     let weight = queue.tenant_weights.get(tenant).copied().unwrap_or(1);
-    let max_wait = Duration::from_millis(queue.max_wait_ms);
+    let max_wait = Duration::from_millis(queue.max_wait_ms).min(place.max_wait.unwrap_or(Duration::MAX));
     let mut ticket = router
         .admission
         .enqueue(

@@ -15,7 +15,7 @@ use axum::{Json, Router as HttpRouter};
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-use switchyard_plugin_sdk::WorkerId;
+use switchyard_plugin_sdk::{Placement, WorkerId};
 
 use crate::caller::Caller;
 use crate::errors::refusal;
@@ -30,7 +30,7 @@ use switchyard_config::ExtProcSettings;
 use switchyard_fleet::generation::Generation;
 use switchyard_fleet::kv_index::KvEvent;
 use switchyard_fleet::load_accounting::AccountingError;
-use switchyard_fleet::router::{RouteDecision, RouteError, RouteRequest, Router};
+use switchyard_fleet::router::{Refused, RouteDecision, RouteError, RouteRequest, Router};
 use switchyard_fleet::workers::{WorkerError, WorkerSpec};
 use switchyard_plugin_host::plugin::PartitionKey;
 
@@ -126,7 +126,11 @@ async fn select(
     let settings = &router.generation().startup.source.config.request_attributes;
     request_attributes::complete(settings, caller.as_ref().map(|c| &c.0), &mut request);
     let wait = request.wait.unwrap_or(false);
-    decide_waiting(router, request, wait, |r, q| r.select(q)).await
+    // A dry run: no admission (no tenant's rate is charged, no admitter asked).
+    decide_waiting(router, request, Placement::default(), wait, |r, q| {
+        r.select(q)
+    })
+    .await
 }
 
 /// Selects (and, for `/v1/reserve`, books) off the executor; with `wait`, a request that
@@ -134,6 +138,7 @@ async fn select(
 async fn decide_waiting(
     router: Arc<Router>,
     request: RouteRequest,
+    placement: Placement,
     wait: bool,
     decide: fn(&Router, &RouteRequest) -> Result<RouteDecision, RouteError>,
 ) -> Result<Response, ApiError> {
@@ -157,10 +162,11 @@ async fn decide_waiting(
     let place = crate::admission::Place {
         partition: PartitionKey::new(request.model.clone(), request.worker_type.worker_type()),
         priority: request.strict_priority,
-        tenant: request
+        tenant: placement.tenant.as_deref().or(request
             .attributes
             .as_ref()
-            .and_then(|a| a.tenant.as_deref()),
+            .and_then(|a| a.tenant.as_deref())),
+        max_wait: placement.max_wait_ms.map(std::time::Duration::from_millis),
     };
     match crate::admission::queued(
         &router,
@@ -207,25 +213,58 @@ async fn reserve(
         (None, Some(blocks)) => blocks.len() as u64 * u64::from(router.block_size()),
         (None, None) => 0,
     };
-    let tenant = request
-        .attributes
-        .as_ref()
-        .and_then(|a| a.tenant.as_deref());
-    if let Err(over) = router.within_rate(tenant, tokens) {
-        let seconds = over.retry_after.as_secs_f64().ceil().max(1.0) as u64;
-        let mut response = (
-            StatusCode::TOO_MANY_REQUESTS,
-            Json(json!({ "error": over.to_string(), "code": "rate_limit_exceeded" })),
-        )
-            .into_response();
-        response.headers_mut().insert(
-            axum::http::header::RETRY_AFTER,
-            axum::http::HeaderValue::from(seconds),
-        );
-        return Ok(response);
+    let blocks = match (&request.token_ids, &request.block_hashes) {
+        (Some(tokens), _) => (tokens.len() as u64).div_ceil(u64::from(router.block_size())),
+        (None, Some(blocks)) => blocks.len() as u64,
+        (None, None) => 0,
+    };
+    // Admitters are plugin code: off the executor.
+    let (admitting, request) = (router.clone(), Arc::new(request));
+    let asked = request.clone();
+    let admitted =
+        tokio::task::spawn_blocking(move || admitting.admit(&asked, blocks, tokens)).await;
+    let placement = match admitted {
+        Ok(Ok(placement)) => placement,
+        Ok(Err(refused)) => return Ok(refused_response(refused)),
+        Err(e) => {
+            return Err(RouteError::BadRequest(format!("the admission did not finish: {e}")).into())
+        }
+    };
+    let mut request = Arc::unwrap_or_clone(request);
+    if let Some(priority) = placement.priority {
+        request.strict_priority = priority;
     }
     let wait = request.wait.unwrap_or(true);
-    decide_waiting(router, request, wait, |r, q| r.select_and_reserve(q)).await
+    decide_waiting(router, request, placement, wait, |r, q| {
+        r.select_and_reserve(q)
+    })
+    .await
+}
+
+/// A request admission refused: its status, `Retry-After`, and `{"error", "code"}`.
+fn refused_response(refused: Refused) -> Response {
+    let (status, code, message, retry_after) = match refused {
+        Refused::OverRate(over) => (
+            StatusCode::TOO_MANY_REQUESTS,
+            "rate_limit_exceeded",
+            over.to_string(),
+            over.retry_after.as_secs_f64().ceil().max(1.0) as u64,
+        ),
+        Refused::Rejected(rejection) => (
+            StatusCode::from_u16(rejection.status).unwrap_or(StatusCode::TOO_MANY_REQUESTS),
+            "admission_rejected",
+            rejection.message,
+            u64::from(rejection.retry_after_seconds),
+        ),
+    };
+    let mut response = (status, Json(json!({ "error": message, "code": code }))).into_response();
+    if retry_after > 0 {
+        response.headers_mut().insert(
+            axum::http::header::RETRY_AFTER,
+            axum::http::HeaderValue::from(retry_after),
+        );
+    }
+    response
 }
 
 async fn prefill_complete(

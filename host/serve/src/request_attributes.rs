@@ -4,8 +4,11 @@
 //! (`request_attributes:`). Nothing else of a request reaches a plugin.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use switchyard_config::{RequestAttributeSettings, TenantSource};
+use switchyard_plugin_host::plugin::PartitionKey;
+use switchyard_plugin_sdk::Placement;
 use switchyard_fleet::router::RouteRequest;
 use switchyard_plugin_host::plugin::RequestAttributes;
 
@@ -30,8 +33,34 @@ pub struct Described {
     pub attributes: Arc<RequestAttributes>,
     /// The partition's model: the base model when the request names a LoRA adapter.
     pub partition_model: String,
-    /// From `request_attributes.priority_header`; 0 without one.
+    /// From `request_attributes.priority_header` (0 without one), or an admitter's.
     pub priority: i32,
+    /// Where the admitters (`admission.admitters`) placed it in the queue.
+    pub placement: Placement,
+}
+
+impl Described {
+    /// Takes the admitters' placement: their priority becomes the request's.
+    pub fn admitted(&mut self, placement: Placement) {
+        if let Some(priority) = placement.priority {
+            self.priority = priority;
+        }
+        self.placement = placement;
+    }
+
+    /// Where the request waits while every worker of `partition` is busy.
+    pub fn place(&self, partition: PartitionKey) -> crate::admission::Place<'_> {
+        crate::admission::Place {
+            partition,
+            priority: self.priority,
+            tenant: self
+                .placement
+                .tenant
+                .as_deref()
+                .or(self.attributes.tenant.as_deref()),
+            max_wait: self.placement.max_wait_ms.map(Duration::from_millis),
+        }
+    }
 }
 
 /// The headers of a request the router keeps (lower-case name, value): the listed ones,
@@ -153,6 +182,7 @@ pub fn describe(
         }),
         partition_model,
         priority,
+        placement: Placement::default(),
     })
 }
 

@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use rand::{Rng, SeedableRng};
 use serde::{Deserialize, Serialize};
-use switchyard_plugin_sdk::{WorkerId, WorkerType};
+use switchyard_plugin_sdk::{Saturation, WorkerId, WorkerType};
 
 use crate::plugin::{
     ComponentKind, EngineReport, EngineSample, ErrorBuffer, Labels, Lifecycle, Outcome,
@@ -554,6 +554,120 @@ fn lifecycle_script() -> [(Lifecycle, Outcome); 5] {
     ]
 }
 
+/// The partitions an admitter is asked about: idle, half busy with a short queue, and
+/// saturated with a full one.
+fn saturations() -> [(&'static str, Saturation); 3] {
+    let idle = Saturation {
+        workers: 8,
+        queue_capacity: 64,
+        ..Saturation::default()
+    };
+    [
+        ("idle", idle),
+        (
+            "half busy",
+            Saturation {
+                busy_workers: 4,
+                active_requests: 40,
+                active_prefill_tokens: 80_000,
+                queued: 3,
+                queued_tenant: 1,
+                ..idle
+            },
+        ),
+        (
+            "saturated",
+            Saturation {
+                busy_workers: 8,
+                active_requests: 400,
+                active_prefill_tokens: u64::MAX / 2,
+                queued: 64,
+                queued_tenant: 64,
+                ..idle
+            },
+        ),
+    ]
+}
+
+/// An admitter, asked about requests with and without a tenant in partitions from idle to
+/// saturated: its answers must be valid (the router checks them as it does when serving)
+/// and, unless random by design, the same for the same input, from any thread.
+fn test_admitter(stage: &mut Stage, allow_random: bool) {
+    let mut with_tenant = conformance_request();
+    let mut without = conformance_request();
+    if let Some(attributes) = &without.attributes {
+        let mut anonymous = RequestAttributes::clone(attributes);
+        anonymous.tenant = None;
+        without.attributes = Some(Arc::new(anonymous));
+    }
+    let mut failures: Vec<(&str, String)> = Vec::new();
+    let mut error = ErrorBuffer::new();
+    let mut ask = |stage: &mut Stage, request: &RequestContext, saturation: &Saturation| {
+        request.with_abi(|raw| stage.admit(raw, saturation, &mut error))
+    };
+    for (request, who) in [(&mut with_tenant, "tenant-a"), (&mut without, "no tenant")] {
+        for (name, saturation) in saturations() {
+            emit(&Line::Phase(format!("asking it about a request of {who}, {name}")));
+            let first = ask(stage, request, &saturation);
+            let second = ask(stage, request, &saturation);
+            match (&first, &second) {
+                (Err(e), _) | (_, Err(e)) => failures.push((
+                    "answers are valid",
+                    format!("{who}, {name}: {} {}", e.status.name(), e.message),
+                )),
+                (Ok(a), Ok(b)) if a != b && !allow_random => failures.push((
+                    "same input, same output",
+                    format!("{who}, {name}: answered {a:?}, then {b:?} (pass --allow-random if the type is random or stateful by design, as a rate limit is)"),
+                )),
+                _ => {}
+            }
+            request.strict_priority = 0;
+        }
+    }
+    emit(&Line::Phase("asking it from another thread".into()));
+    let (_, saturation) = saturations()[1];
+    let here = ask(stage, &with_tenant, &saturation).ok();
+    let there = std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let mut error = ErrorBuffer::new();
+                with_tenant
+                    .with_abi(|raw| stage.admit(raw, &saturation, &mut error))
+                    .ok()
+            })
+            .join()
+            .ok()
+            .flatten()
+    });
+    if !allow_random && here.is_some() && here != there {
+        failures.push((
+            "another thread, same output",
+            format!("answered {here:?} here and {there:?} on another thread"),
+        ));
+    }
+    for check in [
+        "answers are valid",
+        "same input, same output",
+        "another thread, same output",
+    ] {
+        match failures.iter().find(|(c, _)| *c == check) {
+            Some((_, detail)) => finding(check, false, detail.clone()),
+            None => finding(check, true, ""),
+        }
+    }
+    emit(&Line::Phase("timing it".into()));
+    let calls = 2_000;
+    let started = Instant::now();
+    for _ in 0..calls {
+        let _ = ask(stage, &with_tenant, &saturation);
+    }
+    let per_call = started.elapsed().as_nanos() as f64 / f64::from(calls);
+    emit(&Line::Timing {
+        ns_per_call: per_call,
+        ns_per_candidate: per_call,
+    });
+}
+
 fn test_component(stage: &mut Stage, allow_random: bool) {
     let kind = stage.kind;
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
@@ -808,7 +922,11 @@ pub fn run_child() -> i32 {
         match stage {
             Ok(mut stage) => {
                 finding("given parameters accepted", true, "");
-                test_component(&mut stage, input.allow_random);
+                if stage.kind == ComponentKind::Admitter {
+                    test_admitter(&mut stage, input.allow_random);
+                } else {
+                    test_component(&mut stage, input.allow_random);
+                }
             }
             Err(e) => finding(
                 "given parameters accepted",

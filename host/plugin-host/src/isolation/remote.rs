@@ -11,12 +11,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use switchyard_plugin_sdk::WorkerInputs;
+use switchyard_plugin_sdk::{Admission, Saturation, WorkerInputs};
 
 use super::control::{Part, Partition, Reply, Request};
 use super::region::{post, wait_for, Region};
 use super::supervisor::IsolatedProcess;
-use crate::plugin::shared_call::{CallLayout, Op, SharedCall, BROKEN};
+use crate::plugin::shared_call::{CallLayout, Extra, Op, SharedCall, BROKEN};
 use crate::plugin::{
     AbiRequest, CallError, Columns, ComponentKind, Lifecycle, Outcome, PartitionKey, Status,
 };
@@ -334,6 +334,7 @@ enum Answer<'a> {
     Keep(&'a mut [u8]),
     Costs(&'a mut [f64]),
     Row(&'a mut usize),
+    Admission(&'a mut Option<Admission>),
     Nothing,
 }
 
@@ -369,7 +370,7 @@ impl RemoteInstance {
         op: Op,
         request: Option<&AbiRequest<'_>>,
         columns: Option<&Columns<'_>>,
-        notification: Option<(Lifecycle, &Outcome)>,
+        extra: Extra<'_>,
         answer: Answer<'_>,
     ) -> Result<(), CallError> {
         let target = Target {
@@ -379,7 +380,7 @@ impl RemoteInstance {
         };
         self.channel
             .get_or_insert_with(|| Channel::new(&self.unit.process))
-            .call(target, op, request, columns, notification, answer)
+            .call(target, op, request, columns, extra, answer)
     }
 
     pub fn filter(
@@ -389,7 +390,7 @@ impl RemoteInstance {
         keep: &mut [u8],
     ) -> Result<(), CallError> {
         let answer = Answer::Keep(keep);
-        self.call(Op::Filter, Some(request), Some(columns), None, answer)
+        self.call(Op::Filter, Some(request), Some(columns), Extra::None, answer)
     }
 
     pub fn score(
@@ -399,7 +400,7 @@ impl RemoteInstance {
         costs: &mut [f64],
     ) -> Result<(), CallError> {
         let answer = Answer::Costs(costs);
-        self.call(Op::Score, Some(request), Some(columns), None, answer)
+        self.call(Op::Score, Some(request), Some(columns), Extra::None, answer)
     }
 
     pub fn pick(
@@ -409,7 +410,7 @@ impl RemoteInstance {
     ) -> Result<usize, CallError> {
         let mut row = usize::MAX;
         let answer = Answer::Row(&mut row);
-        self.call(Op::Pick, Some(request), Some(columns), None, answer)?;
+        self.call(Op::Pick, Some(request), Some(columns), Extra::None, answer)?;
         if row == usize::MAX {
             return Err(CallError::new(
                 Status::OutOfRange,
@@ -428,8 +429,20 @@ impl RemoteInstance {
         if !self.notified {
             return Ok(());
         }
-        let notification = Some((event, outcome));
+        let notification = Extra::Notification(event, outcome);
         self.call(Op::Notify, request, None, notification, Answer::Nothing)
+    }
+
+    pub fn admit(
+        &mut self,
+        request: &AbiRequest<'_>,
+        saturation: &Saturation,
+    ) -> Result<Admission, CallError> {
+        let mut admission = None;
+        let answer = Answer::Admission(&mut admission);
+        let extra = Extra::Saturation(saturation);
+        self.call(Op::Admit, Some(request), None, extra, answer)?;
+        admission.ok_or_else(|| CallError::new(Status::Error, "the admitter gave no answer"))
     }
 }
 
@@ -578,7 +591,7 @@ impl Channel {
         op: Op,
         request: Option<&AbiRequest<'_>>,
         columns: Option<&Columns<'_>>,
-        notification: Option<(Lifecycle, &Outcome)>,
+        extra: Extra<'_>,
         answer: Answer<'_>,
     ) -> Result<(), CallError> {
         let process = &self.process;
@@ -621,7 +634,7 @@ impl Channel {
                 ));
             }
         }
-        call.write_call(op, id, request, columns, instance.inputs, notification)?;
+        call.write_call(op, id, request, columns, instance.inputs, extra)?;
         let seq = match previous.wrapping_add(1) {
             BROKEN => 1,
             s => s,
@@ -630,6 +643,7 @@ impl Channel {
             Op::Filter => "on_filter",
             Op::Score => "on_score",
             Op::Pick => "on_pick",
+            Op::Admit => "on_admit",
             _ => "a lifecycle notification",
         };
         // A late call that has come back since is over: this one replaces it.
@@ -679,6 +693,7 @@ impl Channel {
             Answer::Keep(keep) => call.read_keep(keep),
             Answer::Costs(costs) => call.read_costs(costs),
             Answer::Row(row) => *row = call.read_row(),
+            Answer::Admission(admission) => *admission = Some(call.read_admission()?),
             Answer::Nothing => {}
         }
         Ok(())
@@ -694,7 +709,7 @@ impl Drop for Channel {
         let seq = link.seq.wrapping_add(1).max(1);
         if let Some(call) = link.call.as_mut() {
             if call
-                .write_call(Op::Close, 0, None, None, WorkerInputs::NONE, None)
+                .write_call(Op::Close, 0, None, None, WorkerInputs::NONE, Extra::None)
                 .is_ok()
             {
                 let sync = call.sync();

@@ -18,7 +18,7 @@ pub const HOST_ABI_MINOR: u16 = SWITCHYARD_ABI_MINOR;
 /// plugin-to-host struct, and the input groups it defines. Appending a field in 1.(k+1)
 /// appends a row; earlier rows are frozen numbers (a test builds a plugin against the
 /// frozen 1.0 header and loads it).
-const MINORS: [MinorLayout; 3] = [
+const MINORS: [MinorLayout; 4] = [
     // 1.0
     MinorLayout {
         fingerprint: SWITCHYARD_LAYOUT_FINGERPRINT_1_0,
@@ -40,6 +40,14 @@ const MINORS: [MinorLayout; 3] = [
     },
     // 1.2: ATTRIBUTES and ENGINE (host-to-plugin structs only; the plugin's structs are
     // 1.1's).
+    MinorLayout {
+        fingerprint: SWITCHYARD_LAYOUT_FINGERPRINT_1_2,
+        descriptor_size: 64,
+        component_def_size: 96,
+        policy_def_size: 48,
+        inputs: SWITCHYARD_INPUT_ALL,
+    },
+    // 1.3: admitters (`on_admit` appended to the component def).
     MinorLayout {
         fingerprint: SWITCHYARD_LAYOUT_FINGERPRINT,
         descriptor_size: size_of::<switchyard_plugin_descriptor>(),

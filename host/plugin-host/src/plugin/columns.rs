@@ -7,8 +7,8 @@ use std::sync::Arc;
 
 use switchyard_plugin_sdk::abi::switchyard_candidates;
 use switchyard_plugin_sdk::{
-    PolicyError, WorkerCandidates, WorkerFilter, WorkerInputs, WorkerPicker, WorkerScorer,
-    WorkerSelectionContext,
+    Admission, PolicyError, RequestAdmitter, Saturation, WorkerCandidates, WorkerFilter,
+    WorkerInputs, WorkerPicker, WorkerScorer, WorkerSelectionContext,
 };
 
 use super::engine::{self, EngineReport};
@@ -194,6 +194,20 @@ pub fn builtin_score(
     with_views(request, columns, declared, |context, view| {
         scorer.score_batch(context, view, costs)
     })
+}
+
+/// Runs a built-in admitter (ABI 1.3's `on_admit`, without the C boundary).
+pub fn builtin_admit(
+    admitter: &mut dyn RequestAdmitter,
+    request: &AbiRequest<'_>,
+    saturation: &Saturation,
+    declared: WorkerInputs,
+) -> Result<Admission, PolicyError> {
+    let raw = request.view(declared);
+    // SAFETY: `raw` is the live request's ABI form (its session and attributes borrow
+    // it), valid for this call.
+    let context = unsafe { WorkerSelectionContext::from_abi(&raw) };
+    admitter.admit(&context, saturation)
 }
 
 /// Runs a built-in picker over `columns` (with `costs` set).

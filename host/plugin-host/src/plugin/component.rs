@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use switchyard_plugin_sdk::abi::*;
-use switchyard_plugin_sdk::{Status, WorkerId, WorkerInputs};
+use switchyard_plugin_sdk::{Admission, Placement, Saturation, Status, WorkerId, WorkerInputs};
 
 use super::abi_checks::{inputs_of_minor, read_def};
 use super::columns::Columns;
@@ -23,6 +23,8 @@ pub enum ComponentKind {
     Filter,
     Scorer,
     Picker,
+    /// Decides, before selection, whether a request is served (ABI 1.3).
+    Admitter,
 }
 
 impl ComponentKind {
@@ -31,6 +33,7 @@ impl ComponentKind {
             SWITCHYARD_COMPONENT_FILTER => Some(Self::Filter),
             SWITCHYARD_COMPONENT_SCORER => Some(Self::Scorer),
             SWITCHYARD_COMPONENT_PICKER => Some(Self::Picker),
+            SWITCHYARD_COMPONENT_ADMITTER => Some(Self::Admitter),
             _ => None,
         }
     }
@@ -39,6 +42,7 @@ impl ComponentKind {
             Self::Filter => "filter",
             Self::Scorer => "scorer",
             Self::Picker => "picker",
+            Self::Admitter => "admitter",
         }
     }
     /// The error of a component that is `what` (`a filter`, `a built-in scorer`, ...)
@@ -57,6 +61,7 @@ impl ComponentKind {
             Self::Filter => "filter",
             Self::Scorer => "score",
             Self::Picker => "pick",
+            Self::Admitter => "admit",
         }
     }
 }
@@ -164,15 +169,22 @@ impl ComponentDef {
             invalid(
                 &name,
                 format!(
-                    "unknown component kind {}; expected 0 (filter), 1 (scorer) or 2 (picker)",
+                    "unknown component kind {}; expected 0 (filter), 1 (scorer), 2 (picker) or 3 (admitter, ABI 1.3)",
                     def.kind
                 ),
             )
         })?;
+        if kind == ComponentKind::Admitter && abi_minor < 3 {
+            return Err(invalid(
+                &name,
+                format!("an admitter (kind 3) needs ABI 1.3; the plugin is built for 1.{abi_minor}: rebuild it against this router's header"),
+            ));
+        }
         let callback_missing = match kind {
             ComponentKind::Filter => def.on_filter.is_none(),
             ComponentKind::Scorer => def.on_score.is_none(),
             ComponentKind::Picker => def.on_pick.is_none(),
+            ComponentKind::Admitter => def.on_admit.is_none(),
         };
         if callback_missing {
             return Err(invalid(
@@ -193,6 +205,15 @@ impl ComponentDef {
                 &name,
                 format!(
                     "declares input groups {unknown:#x} that ABI 1.{abi_minor} does not define (known: {defined:#x}); declare only SWITCHYARD_INPUT_* bits of the header it is built with"
+                ),
+            ));
+        }
+        if kind == ComponentKind::Admitter && def.inputs & !SWITCHYARD_INPUT_ATTRIBUTES != 0 {
+            return Err(invalid(
+                &name,
+                format!(
+                    "an admitter declares input groups {:#x}; it sees no candidates, so it may declare only SWITCHYARD_INPUT_ATTRIBUTES ({SWITCHYARD_INPUT_ATTRIBUTES})",
+                    def.inputs
                 ),
             ));
         }
@@ -348,6 +369,61 @@ impl ComponentInstance {
         Ok(row)
     }
 
+    /// The plugin's admitter: its answer for `request` in a partition as `saturation`
+    /// says, checked (a status out of 400-599, an unknown verdict or a tenant that is not
+    /// UTF-8 is the plugin's error).
+    pub fn admit(
+        &mut self,
+        request: &AbiRequest<'_>,
+        saturation: &Saturation,
+        error: &mut ErrorBuffer,
+    ) -> Result<Admission, CallError> {
+        let Some(on_admit) = self.def.def.on_admit else {
+            return Err(self.not_a(ComponentKind::Admitter));
+        };
+        let mut message = ErrorBuffer::new();
+        let mut decision = switchyard_admission {
+            struct_size: std::mem::size_of::<switchyard_admission>() as u32,
+            verdict: SWITCHYARD_ADMIT,
+            has_priority: 0,
+            reserved0: [0; 3],
+            priority: 0,
+            tenant: switchyard_str {
+                ptr: std::ptr::null(),
+                len: 0,
+            },
+            max_wait_ms: 0,
+            status: 0,
+            retry_after_seconds: 0,
+            message: message.as_abi(),
+        };
+        let saturation = saturation.abi();
+        // SAFETY: the instance was created for this def and is called by one thread;
+        // request, saturation, decision (and its message buffer) and error outlive the call.
+        let code = unsafe {
+            on_admit(
+                self.instance,
+                &request.view(self.def.inputs),
+                &saturation,
+                &mut decision,
+                &error.as_abi(),
+            )
+        };
+        error.check(code)?;
+        // SAFETY: the plugin promises `tenant` valid until the instance's next call.
+        let tenant = unsafe { borrowed_bytes(decision.tenant) };
+        AdmissionFields {
+            verdict: decision.verdict,
+            priority: (decision.has_priority != 0).then_some(decision.priority),
+            tenant,
+            max_wait_ms: decision.max_wait_ms,
+            status: decision.status,
+            retry_after_seconds: decision.retry_after_seconds,
+            message: message.written(),
+        }
+        .checked()
+    }
+
     /// Whether the plugin asked for any lifecycle notification (ABI 1.1). When none of a
     /// policy's components did, the router tracks nothing for it.
     pub fn notified(&self) -> bool {
@@ -401,6 +477,79 @@ impl ComponentInstance {
     fn not_a(&self, called_as: ComponentKind) -> CallError {
         called_as.wrongly_called(self.def.kind.as_str())
     }
+}
+
+/// Bytes a tenant an admitter names may have.
+pub const MAX_TENANT_BYTES: usize = 256;
+
+/// An admitter's answer as plain values, however it crossed (in process or from an
+/// isolated one): checked into an [`Admission`] in one place.
+pub struct AdmissionFields<'a> {
+    pub verdict: u32,
+    pub priority: Option<i32>,
+    /// `None`: keep the request's own.
+    pub tenant: Option<&'a [u8]>,
+    pub max_wait_ms: u64,
+    pub status: u32,
+    pub retry_after_seconds: u32,
+    pub message: &'a [u8],
+}
+
+impl AdmissionFields<'_> {
+    pub fn checked(self) -> Result<Admission, CallError> {
+        let wrong = |what: String| Err(CallError::new(Status::OutOfRange, what));
+        match self.verdict {
+            SWITCHYARD_ADMIT => {
+                let tenant = match self.tenant {
+                    None => None,
+                    Some(bytes) if bytes.len() > MAX_TENANT_BYTES => {
+                        return wrong(format!(
+                            "the admitter named a tenant of {} bytes; at most {MAX_TENANT_BYTES}",
+                            bytes.len()
+                        ))
+                    }
+                    Some(bytes) => match std::str::from_utf8(bytes) {
+                        Ok(tenant) => Some(tenant.to_owned()),
+                        Err(_) => return wrong("the admitter named a tenant that is not UTF-8".into()),
+                    },
+                };
+                Ok(Admission::Admit(Placement {
+                    priority: self.priority,
+                    tenant,
+                    max_wait_ms: (self.max_wait_ms > 0).then_some(self.max_wait_ms),
+                }))
+            }
+            SWITCHYARD_REJECT => {
+                let status = match self.status {
+                    0 => 429,
+                    s @ 400..=599 => s as u16,
+                    other => {
+                        return wrong(format!(
+                            "the admitter rejected with status {other}; a rejection's status is 400 to 599 (0 means 429)"
+                        ))
+                    }
+                };
+                Ok(Admission::Reject {
+                    status,
+                    retry_after_seconds: self.retry_after_seconds,
+                    message: String::from_utf8_lossy(self.message).into_owned(),
+                })
+            }
+            other => wrong(format!(
+                "the admitter answered verdict {other}; expected SWITCHYARD_ADMIT (0) or SWITCHYARD_REJECT (1)"
+            )),
+        }
+    }
+}
+
+/// # Safety
+/// `s.ptr` is NULL or points to `s.len` bytes readable for `'a`.
+unsafe fn borrowed_bytes<'a>(s: switchyard_str) -> Option<&'a [u8]> {
+    if s.ptr.is_null() {
+        return None;
+    }
+    // SAFETY: per this function's contract.
+    Some(unsafe { std::slice::from_raw_parts(s.ptr.cast(), s.len) })
 }
 
 #[cold]

@@ -26,14 +26,19 @@ impl ErrorBuffer {
         }
     }
 
-    /// The message a plugin wrote (always NUL-terminated within the buffer).
-    pub fn message(&self) -> String {
+    /// The bytes a plugin wrote, up to the NUL (empty when it wrote none).
+    pub fn written(&self) -> &[u8] {
         let end = self
             .bytes
             .iter()
             .position(|&b| b == 0)
             .unwrap_or(self.bytes.len());
-        match String::from_utf8_lossy(&self.bytes[..end]) {
+        &self.bytes[..end]
+    }
+
+    /// The message a plugin wrote (always NUL-terminated within the buffer).
+    pub fn message(&self) -> String {
+        match String::from_utf8_lossy(self.written()) {
             m if m.is_empty() => "(the plugin gave no message)".to_owned(),
             m => m.into_owned(),
         }

@@ -40,8 +40,10 @@ pub mod request;
 pub mod shared_call;
 
 pub use abi_checks::{PluginInfo, RevisionRule, HOST_ABI_MINOR};
-pub use columns::{builtin_filter, builtin_pick, builtin_score, Columns};
-pub use component::{ComponentDef, ComponentInstance, ComponentKind, Lifecycle, Outcome};
+pub use columns::{builtin_admit, builtin_filter, builtin_pick, builtin_score, Columns};
+pub use component::{
+    AdmissionFields, ComponentDef, ComponentInstance, ComponentKind, Lifecycle, Outcome,
+};
 pub use engine::{EngineReading, EngineReport, EngineSample};
 pub use error_buffer::{CallError, ErrorBuffer};
 pub use labels::Labels;

@@ -16,10 +16,12 @@ use std::sync::atomic::AtomicU32;
 use std::sync::Arc;
 
 use switchyard_plugin_sdk::abi::*;
-use switchyard_plugin_sdk::{Status, WorkerInputs};
+use switchyard_plugin_sdk::{Admission, Saturation, Status, WorkerInputs};
 
 use super::columns::Columns;
-use super::component::{ComponentInstance, ComponentKind, Lifecycle, Outcome};
+use super::component::{
+    AdmissionFields, ComponentInstance, ComponentKind, Lifecycle, Outcome, MAX_TENANT_BYTES,
+};
 use super::engine::{EngineReading, EngineReport, EngineSample};
 use super::error_buffer::{CallError, ErrorBuffer};
 use super::labels::Labels;
@@ -35,11 +37,13 @@ pub enum Op {
     Notify = 4,
     /// The channel is closed: the child's call thread ends.
     Close = 5,
+    /// An admitter's `on_admit` (ABI 1.3).
+    Admit = 6,
 }
 
 impl Op {
     fn from_u32(op: u32) -> Option<Op> {
-        [Op::Filter, Op::Score, Op::Pick, Op::Notify, Op::Close]
+        [Op::Filter, Op::Score, Op::Pick, Op::Notify, Op::Close, Op::Admit]
             .into_iter()
             .find(|o| *o as u32 == op)
     }
@@ -49,8 +53,19 @@ impl Op {
             ComponentKind::Filter => Op::Filter,
             ComponentKind::Scorer => Op::Score,
             ComponentKind::Picker => Op::Pick,
+            ComponentKind::Admitter => Op::Admit,
         }
     }
+}
+
+/// What a call carries besides the request and the columns.
+#[derive(Clone, Copy)]
+pub enum Extra<'a> {
+    None,
+    /// A lifecycle notification's event and outcome.
+    Notification(Lifecycle, &'a Outcome),
+    /// An admitter's view of its partition.
+    Saturation(&'a Saturation),
 }
 
 /// `done_seq` once the child is gone: every waiting caller fails.
@@ -73,6 +88,8 @@ pub struct SyncWords {
 
 const ERROR_BYTES: usize = 1024;
 const STRING_BYTES: usize = 8192;
+/// An admitter's answer text: its tenant, then its message.
+const ANSWER_BYTES: usize = MAX_TENANT_BYTES + ERROR_BYTES;
 
 const TRACKS_PREFILL: u32 = 1;
 const HAS_EXPECTED_OUTPUT: u32 = 2;
@@ -108,12 +125,30 @@ struct CallFields {
     attributes_at: u32,
     attributes_len: u32,
     outcome: switchyard_outcome,
+    saturation: switchyard_saturation,
     // The answer.
     status: i32,
     error_len: u32,
     row: u64,
     error: [u8; ERROR_BYTES],
     strings: [u8; STRING_BYTES],
+    admission: AdmissionAnswer,
+}
+
+/// An admitter's answer, as plain numbers and bytes (`AdmissionFields`, crossed).
+#[repr(C)]
+struct AdmissionAnswer {
+    verdict: u32,
+    has_priority: u32,
+    priority: i32,
+    status: u32,
+    retry_after_seconds: u32,
+    /// `u32::MAX`: no tenant named.
+    tenant_len: u32,
+    message_len: u32,
+    max_wait_ms: u64,
+    /// The tenant at 0, the message at `MAX_TENANT_BYTES`.
+    text: [u8; ANSWER_BYTES],
 }
 
 /// The region's columns, in order.
@@ -259,7 +294,6 @@ impl SharedCall {
     /// Writes a call for `instance` of a component that declared `declared`. The columns
     /// are copied only where this region does not hold them already for the same
     /// `columns.version`. Returns the candidate count.
-    #[allow(clippy::too_many_arguments)]
     pub fn write_call(
         &mut self,
         op: Op,
@@ -267,7 +301,7 @@ impl SharedCall {
         request: Option<&AbiRequest<'_>>,
         columns: Option<&Columns<'_>>,
         declared: WorkerInputs,
-        notification: Option<(Lifecycle, &Outcome)>,
+        extra: Extra<'_>,
     ) -> Result<usize, CallError> {
         let mut count = 0;
         let mut present = WorkerInputs::NONE;
@@ -300,9 +334,13 @@ impl SharedCall {
         fields.status = Status::Error.code();
         fields.error_len = 0;
         fields.row = u64::MAX;
-        if let Some((event, outcome)) = notification {
-            fields.event = event as u32;
-            fields.outcome = outcome.abi();
+        match extra {
+            Extra::Notification(event, outcome) => {
+                fields.event = event as u32;
+                fields.outcome = outcome.abi();
+            }
+            Extra::Saturation(saturation) => fields.saturation = saturation.abi(),
+            Extra::None => {}
         }
         Ok(count)
     }
@@ -545,6 +583,24 @@ impl SharedCall {
         usize::try_from(self.fields().row).unwrap_or(usize::MAX)
     }
 
+    /// The admitter's answer, checked as an in-process one is (lengths clamped first).
+    pub fn read_admission(&mut self) -> Result<Admission, CallError> {
+        let answer = &self.fields().admission;
+        let tenant = (answer.tenant_len != u32::MAX)
+            .then(|| &answer.text[..(answer.tenant_len as usize).min(MAX_TENANT_BYTES + 1)]);
+        let message_len = (answer.message_len as usize).min(ERROR_BYTES);
+        AdmissionFields {
+            verdict: answer.verdict,
+            priority: (answer.has_priority != 0).then_some(answer.priority),
+            tenant,
+            max_wait_ms: answer.max_wait_ms,
+            status: answer.status,
+            retry_after_seconds: answer.retry_after_seconds,
+            message: &answer.text[MAX_TENANT_BYTES..MAX_TENANT_BYTES + message_len],
+        }
+        .checked()
+    }
+
     // ---- the child's side ----
 
     /// The posted call's op (None: not one this build knows) and instance id.
@@ -568,6 +624,7 @@ impl SharedCall {
         let (op, _) = self.posted();
         let result = match op {
             Some(Op::Notify) => self.run_notify(instance, error),
+            Some(Op::Admit) => self.run_admit(instance, error),
             Some(op @ (Op::Filter | Op::Score | Op::Pick)) => self.run_call(op, instance, error),
             _ => Err(CallError::new(Status::InvalidArgument, "unknown call")),
         };
@@ -575,6 +632,49 @@ impl SharedCall {
             Ok(()) => self.fields().status = Status::Ok.code(),
             Err(failure) => self.answer_error(&failure),
         }
+    }
+
+    fn run_admit(
+        &mut self,
+        instance: &mut ComponentInstance,
+        error: &mut ErrorBuffer,
+    ) -> Result<(), CallError> {
+        let saturation = Saturation::from_abi(&self.fields().saturation);
+        let admission = self.with_request(|request| instance.admit(request, &saturation, error))?;
+        let answer = &mut self.fields().admission;
+        answer.has_priority = 0;
+        answer.tenant_len = u32::MAX;
+        answer.message_len = 0;
+        match admission {
+            Admission::Admit(placement) => {
+                answer.verdict = SWITCHYARD_ADMIT;
+                if let Some(priority) = placement.priority {
+                    answer.has_priority = 1;
+                    answer.priority = priority;
+                }
+                if let Some(tenant) = &placement.tenant {
+                    // Checked to fit by `admit`.
+                    let len = tenant.len().min(MAX_TENANT_BYTES);
+                    answer.text[..len].copy_from_slice(&tenant.as_bytes()[..len]);
+                    answer.tenant_len = len as u32;
+                }
+                answer.max_wait_ms = placement.max_wait_ms.unwrap_or(0);
+            }
+            Admission::Reject {
+                status,
+                retry_after_seconds,
+                message,
+            } => {
+                answer.verdict = SWITCHYARD_REJECT;
+                answer.status = u32::from(status);
+                answer.retry_after_seconds = retry_after_seconds;
+                let len = message.len().min(ERROR_BYTES);
+                answer.text[MAX_TENANT_BYTES..MAX_TENANT_BYTES + len]
+                    .copy_from_slice(&message.as_bytes()[..len]);
+                answer.message_len = len as u32;
+            }
+        }
+        Ok(())
     }
 
     fn run_notify(

@@ -11,7 +11,10 @@ use std::time::Duration;
 
 use switchyard_plugin_sdk::WorkerType;
 
-use crate::{BuildError, CallBudget, ComponentUse, InstanceFactory, InstanceKind, Registry};
+use crate::{
+    AdmitterUse, Admitters, BuildError, CallBudget, ComponentUse, InstanceFactory, InstanceKind,
+    Registry,
+};
 pub use switchyard_config::BUILTIN_DEFAULT;
 use switchyard_config::{
     ComponentEntry, ConfigError, ConfigSource, InstanceEntry, Keyring, OnError,
@@ -65,6 +68,9 @@ pub enum StartupError {
         /// Where the refusing type comes from: a plugin's name and library, or built-in.
         origin: String,
     },
+    /// An `admission.admitters` entry names no admitter, or its type refused it.
+    #[error("{at}: admission.admitters: {message}")]
+    Admitter { at: Location, message: String },
     /// An instance validated but could not be built for a worker type.
     #[error("{at}: instance `{instance}` cannot be built for worker type {}: {error}{}", worker_type.as_str(), origin.as_ref().map(|o| format!(" (the type is from {o})")).unwrap_or_default())]
     Unbuildable {
@@ -116,6 +122,8 @@ pub struct Startup {
     pub default_instance: String,
     /// The config's API keys (`auth:`), read with it: a reload rotates them.
     pub keyring: Arc<Keyring>,
+    /// `admission.admitters`, resolved and checked; built per partition with its policies.
+    pub admitters: Vec<AdmitterUse>,
 }
 
 impl Startup {
@@ -188,6 +196,7 @@ fn assemble(
         errors.push(e.into());
         name
     });
+    let admitters = configured_admitters(&source, &registry, &mut errors);
     let keyring = Keyring::load(&source).unwrap_or_else(|e| {
         errors.extend(e.into_iter().map(StartupError::from));
         Keyring::default()
@@ -200,6 +209,7 @@ fn assemble(
             instances,
             default_instance,
             keyring: Arc::new(keyring),
+            admitters,
         })
     } else {
         Err(errors)
@@ -294,6 +304,58 @@ fn configured_instance(
         }
     }
     Ok(instance)
+}
+
+/// `admission.admitters`, each resolved and created once for every worker type; an entry
+/// that fails is reported at its `type:` line.
+fn configured_admitters(
+    source: &ConfigSource,
+    registry: &Registry,
+    errors: &mut Vec<StartupError>,
+) -> Vec<AdmitterUse> {
+    let Some(admission) = &source.config.admission else {
+        return Vec::new();
+    };
+    let section = source
+        .text
+        .lines()
+        .position(|l| l.starts_with("admission:"))
+        .map_or(1, |i| i + 1);
+    let mut uses = Vec::new();
+    for entry in &admission.admitters {
+        let type_name = &entry.admitter_type;
+        let at = Location {
+            config: source.name.clone(),
+            line: source.line_from("type", type_name, section),
+        };
+        let params = OwnedParams::new(entry.parameters.clone());
+        let checked = crate::admitters::resolve(registry, type_name, params, entry.on_error)
+            .map_err(|message| StartupError::Admitter {
+                at: at.clone(),
+                message,
+            })
+            .and_then(|admitter| {
+                for worker_type in WorkerType::ALL {
+                    let partition = PartitionKey::new("<startup check>", worker_type);
+                    if let Err(error) = Admitters::build(std::slice::from_ref(&admitter), &partition) {
+                        return Err(StartupError::Admitter {
+                            at: at.clone(),
+                            message: format!(
+                                "admitter `{type_name}` (from {}) refused its parameters {}: {error}",
+                                admitter.component.origin,
+                                admitter.params.json()
+                            ),
+                        });
+                    }
+                }
+                Ok(admitter)
+            });
+        match checked {
+            Ok(admitter) => uses.push(admitter),
+            Err(e) => errors.push(e),
+        }
+    }
+    uses
 }
 
 /// The instance requests get when they name none: `POLICY_ENV`, else the config's.

@@ -55,7 +55,7 @@ use crate::listener::Listener;
 use crate::request_attributes;
 use switchyard_config::auth::Audience;
 use switchyard_config::ExtProcSettings;
-use switchyard_fleet::router::{RouteError, RouteRequest, Router};
+use switchyard_fleet::router::{RouteError, Router};
 
 /// The gRPC service name Envoy calls (and the health service reports).
 pub const SERVICE_NAME: &str = "envoy.service.ext_proc.v3.ExternalProcessor";
@@ -362,7 +362,7 @@ impl Exchange {
             instance,
             subset,
             kept,
-            rate_checked: Arc::default(),
+            admitted: Arc::default(),
         };
         // Parsing (tokenizing) and selecting (plugin code) run on the blocking pool; a
         // request that finds every worker busy waits its turn (`admission:`) while Envoy
@@ -408,6 +408,7 @@ impl Exchange {
                 ),
                 priority: place.priority,
                 tenant: place.tenant.as_deref(),
+                max_wait: place.max_wait,
             },
             first,
             |e| matches!(e, Attempt::Busy(_)),
@@ -548,6 +549,7 @@ struct BusyPlace {
     model: String,
     priority: i32,
     tenant: Option<String>,
+    max_wait: Option<std::time::Duration>,
 }
 
 /// What the stream's headers asked for.
@@ -557,8 +559,9 @@ struct Wanted {
     instance: Option<String>,
     subset: Option<Vec<String>>,
     kept: Vec<(String, String)>,
-    /// Set once the request was charged to its tenant's rate limit (shared by its tries).
-    rate_checked: Arc<std::sync::atomic::AtomicBool>,
+    /// The request's admission (rate limit and admitters), made at its first try and
+    /// kept by the later ones of a queued request.
+    admitted: Arc<std::sync::OnceLock<switchyard_plugin_sdk::Placement>>,
 }
 
 /// Parses the body and selects and books a worker among the eligible endpoints
@@ -575,7 +578,7 @@ fn decide(
         instance,
         subset,
         kept,
-        rate_checked: wanted_rate_checked,
+        admitted,
     } = wanted;
     let frontend = &picker.frontend;
     let router = frontend.router();
@@ -590,7 +593,7 @@ fn decide(
         picker.id_prefix,
         picker.next_request.fetch_add(1, Ordering::Relaxed)
     );
-    let described = request_attributes::describe(
+    let mut described = request_attributes::describe(
         &router.generation().startup.source.config.request_attributes,
         kept,
         Some(caller),
@@ -598,15 +601,21 @@ fn decide(
         prompt.user.as_deref(),
         &request_id,
     )?;
-    // Once per request, not per try of a queued one.
-    if !wanted_rate_checked.swap(true, Ordering::Relaxed) {
-        router.within_rate(
-            described.attributes.tenant.as_deref(),
-            prompt.tokens.len() as u64,
-        )?;
-    }
     // From here on the prompt's model is the partition's (an adapter's base).
     prompt.model.clone_from(&described.partition_model);
+    // Once per request, not per try of a queued one.
+    let placement = match admitted.get() {
+        Some(placement) => placement.clone(),
+        None => {
+            let placement = router.admit(
+                &frontend.route_request(&prompt, &described, request_id.clone(), None),
+                prompt.block_hashes.len() as u64,
+                prompt.tokens.len() as u64,
+            )?;
+            admitted.get_or_init(|| placement).clone()
+        }
+    };
+    described.admitted(placement);
     let mut eligible = eligible(router, subset.as_deref());
     if subset.is_some() && eligible.is_empty() {
         return Err(no_endpoint(
@@ -629,26 +638,20 @@ fn decide(
             ));
         }
     }
-    let tenant = described.attributes.tenant.clone();
-    let decision = router.select_and_reserve(&RouteRequest {
-        model: prompt.model.clone(),
-        strict_priority: described.priority,
-        attributes: Some(described.attributes),
-        instance,
-        block_hashes: Some(prompt.block_hashes.clone()),
-        request_id: Some(request_id.clone()),
-        expected_output_tokens: prompt.expected_output_tokens,
-        only: Some(Arc::new(eligible.iter().map(|(id, _)| *id).collect())),
-        // (`Default` leaves it off; serde's default, and engines, have it on.)
-        tracks_prefill_tokens: true,
-        ..Default::default()
-    });
-    let decision = match decision {
+    let mut request = frontend.route_request(&prompt, &described, request_id.clone(), instance);
+    request.block_hashes = Some(prompt.block_hashes.clone());
+    request.only = Some(Arc::new(eligible.iter().map(|(id, _)| *id).collect()));
+    let decision = match router.select_and_reserve(&request) {
         Err(RouteError::Saturated(why)) => {
+            let place = described.place(PartitionKey::new(
+                prompt.model.clone(),
+                switchyard_plugin_sdk::WorkerType::Select,
+            ));
             *busy = Some(BusyPlace {
                 model: prompt.model.clone(),
-                priority: described.priority,
-                tenant,
+                priority: place.priority,
+                tenant: place.tenant.map(str::to_owned),
+                max_wait: place.max_wait,
             });
             return Err(RouteError::Saturated(why).into());
         }

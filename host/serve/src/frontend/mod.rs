@@ -34,7 +34,7 @@ use crate::caller::Caller;
 use crate::request_attributes::{self, Described};
 use prompt::{Endpoint, Prompt};
 use switchyard_config::FrontendSettings;
-use switchyard_fleet::router::{RouteDecision, RouteError, RouteRequest, Router};
+use switchyard_fleet::router::{Refused, RouteDecision, RouteError, RouteRequest, Router};
 use tokenizer::ModelTokenizer;
 
 /// The request header that names the instance to route with.
@@ -109,15 +109,33 @@ impl IntoResponse for OpenAiError {
     }
 }
 
-impl From<switchyard_fleet::rate_limits::OverRate> for OpenAiError {
-    fn from(over: switchyard_fleet::rate_limits::OverRate) -> Self {
-        OpenAiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "rate_limit_exceeded",
-            over.to_string(),
-        )
-        .with_code("rate_limit_exceeded")
-        .with_retry_after(over.retry_after.as_secs_f64().ceil() as u64)
+impl From<Refused> for OpenAiError {
+    fn from(refused: Refused) -> Self {
+        match refused {
+            Refused::OverRate(over) => OpenAiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_exceeded",
+                over.to_string(),
+            )
+            .with_code("rate_limit_exceeded")
+            .with_retry_after(over.retry_after.as_secs_f64().ceil() as u64),
+            Refused::Rejected(rejection) => {
+                let status = StatusCode::from_u16(rejection.status)
+                    .unwrap_or(StatusCode::TOO_MANY_REQUESTS);
+                let kind = match status.as_u16() {
+                    429 => "rate_limit_exceeded",
+                    401 | 403 => "permission_error",
+                    500.. => "server_error",
+                    _ => "invalid_request_error",
+                };
+                let error = OpenAiError::new(status, kind, rejection.message)
+                    .with_code("admission_rejected");
+                match rejection.retry_after_seconds {
+                    0 => error,
+                    seconds => error.with_retry_after(u64::from(seconds)),
+                }
+            }
+        }
     }
 }
 
@@ -357,13 +375,16 @@ impl Frontend {
                     prompt.user.as_deref(),
                     &request_id,
                 )?;
-                frontend.router.within_rate(
-                    described.attributes.tenant.as_deref(),
-                    prompt.tokens.len() as u64,
-                )?;
                 // From here on the prompt's model is the partition's (an adapter's base).
                 let mut prompt = prompt;
                 prompt.model.clone_from(&described.partition_model);
+                let mut described = described;
+                let placement = frontend.router.admit(
+                    &frontend.route_request(&prompt, &described, request_id.clone(), None),
+                    prompt.block_hashes.len() as u64,
+                    prompt.tokens.len() as u64,
+                )?;
+                described.admitted(placement);
                 let prompt = Arc::new(prompt);
                 let described = Arc::new(described);
                 let selected = frontend.select_now(&prompt, &described, request_id, first);
@@ -375,14 +396,10 @@ impl Frontend {
             Err(error) => return error.into_response(),
         };
         // Every worker busy (`admission:`): the request waits its turn.
-        let place = crate::admission::Place {
-            partition: switchyard_plugin_host::plugin::PartitionKey::new(
-                prompt.model.clone(),
-                switchyard_plugin_sdk::WorkerType::Select,
-            ),
-            priority: described.priority,
-            tenant: described.attributes.tenant.as_deref(),
-        };
+        let place = described.place(switchyard_plugin_host::plugin::PartitionKey::new(
+            prompt.model.clone(),
+            switchyard_plugin_sdk::WorkerType::Select,
+        ));
         let retry = || {
             let (frontend, prompt, described) = (self.clone(), prompt.clone(), described.clone());
             let instance = instance.clone();
@@ -524,19 +541,31 @@ impl Frontend {
         request_id: String,
         instance: Option<String>,
     ) -> Result<(RouteDecision, Lease), RouteError> {
-        let decision = self.router.select_and_reserve(&RouteRequest {
+        let mut request = self.route_request(prompt, described, request_id.clone(), instance);
+        request.block_hashes = Some(prompt.block_hashes.clone());
+        let decision = self.router.select_and_reserve(&request)?;
+        Ok((decision, Lease::new(self.router.clone(), request_id)))
+    }
+
+    /// What the router is asked for this request, but its block hashes.
+    pub fn route_request(
+        &self,
+        prompt: &Prompt,
+        described: &Described,
+        request_id: String,
+        instance: Option<String>,
+    ) -> RouteRequest {
+        RouteRequest {
             model: described.partition_model.clone(),
             strict_priority: described.priority,
             attributes: Some(described.attributes.clone()),
             instance,
-            block_hashes: Some(prompt.block_hashes.clone()),
-            request_id: Some(request_id.clone()),
+            request_id: Some(request_id),
             expected_output_tokens: prompt.expected_output_tokens,
             // (`Default` leaves it off; serde's default, and engines, have it on.)
             tracks_prefill_tokens: true,
             ..Default::default()
-        })?;
-        Ok((decision, Lease::new(self.router.clone(), request_id)))
+        }
     }
 
     /// A fresh booking id: unique in this router's run (the prefix is per run).

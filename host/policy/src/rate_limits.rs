@@ -35,16 +35,23 @@ pub struct OverRate {
     pub retry_after: Duration,
 }
 
-impl std::fmt::Display for OverRate {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let who = if self.tenant.is_empty() {
+impl OverRate {
+    /// Whose rate: the tenant, in words.
+    pub fn who(&self) -> String {
+        if self.tenant.is_empty() {
             "requests without a tenant".to_owned()
         } else {
             format!("tenant `{}`", self.tenant)
-        };
+        }
+    }
+}
+
+impl std::fmt::Display for OverRate {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "{who} is over its {} rate (admission.rate_limits); retry in {:.1} s",
+            "{} is over its {} rate (admission.rate_limits); retry in {:.1} s",
+            self.who(),
             self.what,
             self.retry_after.as_secs_f64()
         )

@@ -1,0 +1,83 @@
+//! Admission of a request before its selection: the tenant's rate
+//! (`admission.rate_limits`), then the partition's admitters (`admission.admitters`),
+//! which read its saturation. Runs on the caller's thread, which is never an executor's
+//! (admitters are plugin code).
+
+use super::*;
+use crate::rate_limits::OverRate;
+use switchyard_plugin_sdk::{Placement, Saturation};
+use switchyard_policy::Rejection;
+
+/// Why a request is not served.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Refused {
+    OverRate(OverRate),
+    Rejected(Rejection),
+}
+
+impl Router {
+    /// Admits `request` (of `request_blocks` KV blocks, `prompt_tokens` prompt tokens; its
+    /// block hashes are not read) or says why not. The placement says where it waits
+    /// while every worker is busy (the request's own priority and tenant when no admitter
+    /// changed them).
+    pub fn admit(
+        &self,
+        request: &RouteRequest,
+        request_blocks: u64,
+        prompt_tokens: u64,
+    ) -> Result<Placement, Refused> {
+        let tenant = request.attributes.as_ref().and_then(|a| a.tenant.as_deref());
+        self.within_rate(tenant, prompt_tokens)
+            .map_err(Refused::OverRate)?;
+        let generation = self.generation();
+        let partition = PartitionKey::new(request.model.clone(), request.worker_type.worker_type());
+        let Some(admitters) = generation.admitters(&partition) else {
+            return Ok(Placement::default());
+        };
+        let block_size = generation.startup.source.config.router.block_size;
+        let mut context = request_context(request, block_size, request_blocks);
+        let saturation = self.saturation(&generation, &partition, tenant.unwrap_or(""));
+        let admitted = admitters.lock().admit(&mut context, &saturation);
+        admitted.map_err(|rejection| {
+            self.metrics
+                .admission
+                .rejected
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Refused::Rejected(rejection)
+        })
+    }
+
+    /// How loaded `partition` is now, as an admitter sees it.
+    pub fn saturation(
+        &self,
+        generation: &Generation,
+        partition: &PartitionKey,
+        tenant: &str,
+    ) -> Saturation {
+        let (queued, queued_tenant) = self.admission.waiting_in(partition, tenant);
+        let admission = generation.startup.source.config.admission.as_ref();
+        let mut saturation = Saturation {
+            queued: queued as u64,
+            queued_tenant: queued_tenant as u64,
+            queue_capacity: admission.map_or(0, |a| a.queue.max_queued as u64),
+            ..Saturation::default()
+        };
+        let lent = {
+            let kv = self.kv.read();
+            self.columns.lock().lend(partition, &kv)
+        };
+        let Some(lent) = lent else {
+            return saturation;
+        };
+        let columns = &lent.columns;
+        saturation.workers = columns.len() as u64;
+        saturation.active_requests = columns.active_requests.iter().map(|&a| u64::from(a)).sum();
+        saturation.active_prefill_tokens = columns.active_prefill_tokens.iter().sum();
+        if let Some(busy) = admission.map(|a| &a.busy).filter(|b| b.any()) {
+            let mut not_busy = Vec::new();
+            mark_not_busy(busy, columns, &mut not_busy);
+            saturation.busy_workers = not_busy.iter().filter(|&&ok| ok == 0).count() as u64;
+        }
+        saturation
+    }
+}
