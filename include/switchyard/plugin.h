@@ -1189,6 +1189,7 @@ static inline int32_t switchyard_builder_add_registered(const switchyard_policy_
 #define SWITCHYARD_DECLARE_FILTER(name, inputs) SWITCHYARD_DECLARE_TYPE_("filter", name, inputs)
 #define SWITCHYARD_DECLARE_SCORER(name, inputs) SWITCHYARD_DECLARE_TYPE_("scorer", name, inputs)
 #define SWITCHYARD_DECLARE_PICKER(name, inputs) SWITCHYARD_DECLARE_TYPE_("picker", name, inputs)
+#define SWITCHYARD_DECLARE_ADMITTER(name, inputs) SWITCHYARD_DECLARE_TYPE_("admitter", name, inputs)
 #define SWITCHYARD_DECLARE_POLICY(name) SWITCHYARD_DECLARE_TYPE_("policy", name, 0)
 
 /* The library's own manifest record, named `switchyard_manifest_`. SWITCHYARD_PLUGIN

@@ -158,9 +158,9 @@ pub fn resolve(
     };
     if component.kind != ComponentKind::Admitter {
         return Err(format!(
-            "`{type_name}` is a {}, not an admitter; list it in an instance's `{}s:`",
-            component.kind.as_str(),
-            component.kind.as_str()
+            "`{type_name}` is {}, not an admitter; list it in {}",
+            component.kind.with_article(),
+            component.kind.config_place()
         ));
     }
     Ok(AdmitterUse {
@@ -175,13 +175,21 @@ pub fn register(registry: &mut Registry) {
         "builtin.rate-limit",
         ComponentKind::Admitter,
         WorkerInputs::ATTRIBUTES,
-        |p, _| Ok(StageImpl::Admitter(Box::new(TenantRateLimit::from_params(p)?))),
+        |p, _| {
+            Ok(StageImpl::Admitter(Box::new(TenantRateLimit::from_params(
+                p,
+            )?)))
+        },
     );
     registry.add_builtin_component(
         "builtin.strict-priority",
         ComponentKind::Admitter,
         WorkerInputs::ATTRIBUTES,
-        |p, _| Ok(StageImpl::Admitter(Box::new(StrictPriority::from_params(p)?))),
+        |p, _| {
+            Ok(StageImpl::Admitter(Box::new(StrictPriority::from_params(
+                p,
+            )?)))
+        },
     );
 }
 
@@ -223,10 +231,7 @@ impl RequestAdmitter for TenantRateLimit {
         context: &WorkerSelectionContext<'_>,
         _: &Saturation,
     ) -> Result<Admission, PolicyError> {
-        let tenant = context
-            .attributes()
-            .and_then(|a| a.tenant())
-            .unwrap_or("");
+        let tenant = context.attributes().and_then(|a| a.tenant()).unwrap_or("");
         let Some(limit) = self.limits.get(tenant).or_else(|| self.limits.get("*")) else {
             return Ok(Admission::admit());
         };
@@ -292,13 +297,12 @@ impl RequestAdmitter for StrictPriority {
     ) -> Result<Admission, PolicyError> {
         let tenant = context.attributes().and_then(|a| a.tenant());
         let listed = tenant.and_then(|t| self.priorities.get(t)).copied();
-        let priority = listed.or(self.default).or_else(|| {
-            (!self.trust_request).then_some(0)
-        });
+        let priority = listed
+            .or(self.default)
+            .or_else(|| (!self.trust_request).then_some(0));
         Ok(Admission::Admit(Placement {
             priority: priority.or(Some(context.strict_priority())),
             ..Placement::default()
         }))
     }
 }
-

@@ -17,8 +17,9 @@ use super::error::BuildError;
 use super::histogram::{LatencyHistogram, Stopwatch};
 use switchyard_plugin_host::isolation::{share_channels, RemoteInstance};
 use switchyard_plugin_host::plugin::{
-    builtin_admit, builtin_filter, builtin_pick, builtin_score, AbiRequest, CallError, Columns, ComponentInstance,
-    ComponentKind, EngineReport, ErrorBuffer, Labels, Lifecycle, Outcome, RequestContext,
+    builtin_admit, builtin_filter, builtin_pick, builtin_score, AbiRequest, CallError, Columns,
+    ComponentInstance, ComponentKind, EngineReport, ErrorBuffer, Labels, Lifecycle, Outcome,
+    RequestContext,
 };
 
 /// How a stage runs: a built-in trait object, called directly, or a plugin instance,

@@ -437,10 +437,12 @@ impl Registry {
             process: Some(process.to_owned()),
         };
         for info in library.components {
-            let kind = match info.kind.as_str() {
-                "filter" => ComponentKind::Filter,
-                "scorer" => ComponentKind::Scorer,
-                _ => ComponentKind::Picker,
+            let Some(kind) = ComponentKind::from_name(&info.kind) else {
+                return Err(LoadError::InvalidDefinition {
+                    path: library.plugin.path.clone(),
+                    name: info.name.clone(),
+                    problem: format!("the isolated process reports unknown kind `{}`", info.kind),
+                });
             };
             let component = ComponentType {
                 name: info.name.clone(),

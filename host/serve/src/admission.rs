@@ -53,7 +53,8 @@ where
     let queue = &settings.queue;
     let tenant = place.tenant.unwrap_or("");
     let weight = queue.tenant_weights.get(tenant).copied().unwrap_or(1);
-    let max_wait = Duration::from_millis(queue.max_wait_ms).min(place.max_wait.unwrap_or(Duration::MAX));
+    let max_wait =
+        Duration::from_millis(queue.max_wait_ms).min(place.max_wait.unwrap_or(Duration::MAX));
     let mut ticket = router
         .admission
         .enqueue(

@@ -428,6 +428,13 @@ async fn policies(State(router): Shared) -> Json<serde_json::Value> {
             "busy": a.busy,
             "queue": a.queue,
             "rate_limits": a.rate_limits,
+            "admitters": startup.admitters.iter().map(|u| json!({
+                "type": u.component.name,
+                "origin": u.component.origin.to_string(),
+                "parameters": serde_json::from_str::<serde_json::Value>(u.params.json()).unwrap_or_default(),
+                "on_error": u.on_error.as_str(),
+            })).collect::<Vec<_>>(),
+            "rejected": router.admission.counters().rejected.load(std::sync::atomic::Ordering::Relaxed),
             "waiting": router.admission.len(),
         })),
     }))

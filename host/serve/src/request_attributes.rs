@@ -7,10 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use switchyard_config::{RequestAttributeSettings, TenantSource};
-use switchyard_plugin_host::plugin::PartitionKey;
-use switchyard_plugin_sdk::Placement;
 use switchyard_fleet::router::RouteRequest;
+use switchyard_plugin_host::plugin::PartitionKey;
 use switchyard_plugin_host::plugin::RequestAttributes;
+use switchyard_plugin_sdk::Placement;
 
 use crate::caller::Caller;
 

@@ -26,7 +26,10 @@ impl Router {
         request_blocks: u64,
         prompt_tokens: u64,
     ) -> Result<Placement, Refused> {
-        let tenant = request.attributes.as_ref().and_then(|a| a.tenant.as_deref());
+        let tenant = request
+            .attributes
+            .as_ref()
+            .and_then(|a| a.tenant.as_deref());
         self.within_rate(tenant, prompt_tokens)
             .map_err(Refused::OverRate)?;
         let generation = self.generation();

@@ -278,20 +278,21 @@ pub fn build_policy(
                 let slot = Arc::new(InstanceSlot::default());
                 slot.set(incarnation, id);
                 unit.slots.push(slot.clone());
-                let kind = match kind.as_str() {
-                    "filter" => ComponentKind::Filter,
-                    "scorer" => ComponentKind::Scorer,
-                    _ => ComponentKind::Picker,
-                };
-                Pending::Own(slot, name, kind, inputs, weight, notified)
+                let kind = ComponentKind::from_name(&kind).ok_or_else(|| {
+                    CallError::new(
+                        Status::Error,
+                        format!("the isolated process built a component of unknown kind `{kind}`"),
+                    )
+                })?;
+                Ok(Pending::Own(slot, name, kind, inputs, weight, notified))
             }
             Part::Registered {
                 type_name,
                 params,
                 weight,
-            } => Pending::Registered(type_name, params, weight),
+            } => Ok(Pending::Registered(type_name, params, weight)),
         })
-        .collect();
+        .collect::<Result<_, CallError>>()?;
     let unit = Arc::new(unit);
     process.add_unit(&unit);
     Ok(pending
@@ -390,7 +391,13 @@ impl RemoteInstance {
         keep: &mut [u8],
     ) -> Result<(), CallError> {
         let answer = Answer::Keep(keep);
-        self.call(Op::Filter, Some(request), Some(columns), Extra::None, answer)
+        self.call(
+            Op::Filter,
+            Some(request),
+            Some(columns),
+            Extra::None,
+            answer,
+        )
     }
 
     pub fn score(

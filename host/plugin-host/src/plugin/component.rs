@@ -37,6 +37,13 @@ impl ComponentKind {
             _ => None,
         }
     }
+    /// The kind `as_str` names.
+    pub fn from_name(name: &str) -> Option<Self> {
+        [Self::Filter, Self::Scorer, Self::Picker, Self::Admitter]
+            .into_iter()
+            .find(|k| k.as_str() == name)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Filter => "filter",
@@ -53,6 +60,26 @@ impl ComponentKind {
             Status::InvalidArgument,
             format!("a {what} was called as a {}", self.as_str()),
         )
+    }
+
+    /// The kind with its article: `a filter`, `an admitter`.
+    pub fn with_article(self) -> &'static str {
+        match self {
+            Self::Filter => "a filter",
+            Self::Scorer => "a scorer",
+            Self::Picker => "a picker",
+            Self::Admitter => "an admitter",
+        }
+    }
+
+    /// Where the config lists a component of this kind.
+    pub fn config_place(self) -> &'static str {
+        match self {
+            Self::Filter => "an instance's `filters:`",
+            Self::Scorer => "an instance's `scorers:`",
+            Self::Picker => "an instance's `picker:`",
+            Self::Admitter => "`admission.admitters`",
+        }
     }
 
     /// The ABI callback name after `on_`.
@@ -189,7 +216,7 @@ impl ComponentDef {
         if callback_missing {
             return Err(invalid(
                 &name,
-                format!("a {} must set `on_{}`", kind.as_str(), kind.callback()),
+                format!("{} must set `on_{}`", kind.with_article(), kind.callback()),
             ));
         }
         if needs_create && def.on_create.is_none() {

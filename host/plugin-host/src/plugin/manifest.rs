@@ -105,9 +105,9 @@ pub fn parse(bytes: &[u8]) -> Result<Manifest, String> {
             });
         } else if header == TYPE_HEADER {
             let kind = field("kind")?;
-            if !matches!(kind, "filter" | "scorer" | "picker" | "policy") {
+            if !matches!(kind, "filter" | "scorer" | "picker" | "admitter" | "policy") {
                 return Err(format!(
-                    "type kind `{kind}`: expected filter, scorer, picker or policy"
+                    "type kind `{kind}`: expected filter, scorer, picker, admitter or policy"
                 ));
             }
             let inputs = parse_inputs(field("inputs")?)?;

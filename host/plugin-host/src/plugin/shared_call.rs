@@ -43,9 +43,16 @@ pub enum Op {
 
 impl Op {
     fn from_u32(op: u32) -> Option<Op> {
-        [Op::Filter, Op::Score, Op::Pick, Op::Notify, Op::Close, Op::Admit]
-            .into_iter()
-            .find(|o| *o as u32 == op)
+        [
+            Op::Filter,
+            Op::Score,
+            Op::Pick,
+            Op::Notify,
+            Op::Close,
+            Op::Admit,
+        ]
+        .into_iter()
+        .find(|o| *o as u32 == op)
     }
 
     pub fn of(kind: ComponentKind) -> Op {

@@ -500,10 +500,10 @@ fn component(
     };
     if component.kind != expected {
         return Err(at(format!(
-            "instance `{instance}`: `{type_name}` is a {}, but it is listed as a {}; move it under `{}s:`",
-            component.kind.as_str(),
-            expected.as_str(),
-            component.kind.as_str()
+            "instance `{instance}`: `{type_name}` is {}, but it is listed as {}; list it in {}",
+            component.kind.with_article(),
+            expected.with_article(),
+            component.kind.config_place()
         ))
         .into());
     }

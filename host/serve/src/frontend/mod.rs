@@ -120,8 +120,8 @@ impl From<Refused> for OpenAiError {
             .with_code("rate_limit_exceeded")
             .with_retry_after(over.retry_after.as_secs_f64().ceil() as u64),
             Refused::Rejected(rejection) => {
-                let status = StatusCode::from_u16(rejection.status)
-                    .unwrap_or(StatusCode::TOO_MANY_REQUESTS);
+                let status =
+                    StatusCode::from_u16(rejection.status).unwrap_or(StatusCode::TOO_MANY_REQUESTS);
                 let kind = match status.as_u16() {
                     429 => "rate_limit_exceeded",
                     401 | 403 => "permission_error",
