@@ -25,6 +25,9 @@ function(switchyard_add_plugin name)
   endif()
   if(CMAKE_SYSTEM_NAME STREQUAL "Linux")
     target_link_options(${name} PRIVATE "LINKER:-z,defs")
+    # With -z defs, a C plugin calling ceil() or sqrt() links only with libm named (an
+    # optimized build inlines them, a Debug build does not).
+    target_link_libraries(${name} PRIVATE m)
   endif()
   if(SWITCHYARD_PLUGIN_OUTPUT_DIR)
     set_target_properties(${name} PROPERTIES LIBRARY_OUTPUT_DIRECTORY "${SWITCHYARD_PLUGIN_OUTPUT_DIR}")

@@ -264,13 +264,18 @@ fn envoy_streams_wait_in_the_queue_and_a_full_queue_answers_429() {
     assert!(answers.contains(&429), "{answers:?}");
 }
 
-/// docs/admission.md's config is one `switchyard check` accepts.
+/// docs/admission.md's configs are ones `switchyard check` accepts (plugin paths are the
+/// repo's built examples).
 #[test]
-fn the_admission_guide_config_passes_check() {
+fn the_admission_guide_configs_pass_check() {
     let markdown = std::fs::read_to_string(repo().join("docs/admission.md")).unwrap();
-    let yaml = &blocks(&markdown, "yaml")[0];
     let dir = tempfile::tempdir().unwrap();
-    check_passes(&write_config(dir.path(), yaml));
+    let examples = blocks(&markdown, "yaml");
+    assert!(examples.len() >= 2, "the queue and the admitters");
+    let plugins = format!("{}/", repo().join("target/plugins").display());
+    for yaml in examples {
+        check_passes(&write_config(dir.path(), &yaml.replace("target/plugins/", &plugins)));
+    }
 }
 
 /// `admission.rate_limits`: a tenant over its bucket gets 429 with `Retry-After` on the

@@ -386,3 +386,55 @@ fn plugins_built_against_the_frozen_1_2_header_load_and_route_unchanged() {
     picked.sort_unstable();
     assert_eq!(picked, [1, 2], "least busy spreads the two");
 }
+
+/// The C++ layer's `Admitter`: compiled here against `plugin.hpp`, loaded and asked on
+/// `/v1/reserve`; its rejection's status and message reach the client as written.
+#[test]
+fn a_cpp_admitter_through_plugin_hpp() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("vip.cpp");
+    std::fs::write(
+        &source,
+        r#"#include <switchyard/plugin.hpp>
+class VipOnly : public switchyard::Admitter {
+public:
+    static constexpr uint32_t input_groups = switchyard::inputs::attributes;
+    VipOnly(const switchyard::Params &, const switchyard::Partition &) {}
+    uint32_t required_inputs() const override { return input_groups; }
+    switchyard::Admission admit(const switchyard::Request &request,
+                                const switchyard::Saturation &saturation) override {
+        auto tenant = request.attributes().tenant();
+        if (tenant && *tenant == "vip") {
+            return switchyard::Admission::admit().priority(7).tenant("vip-lane");
+        }
+        return switchyard::Admission::reject(451, 0, "vip only; " +
+            std::to_string(saturation.workers) + " workers");
+    }
+};
+static void register_types(switchyard::Registrar &r) { r.admitter<VipOnly>("cpp.vip-only"); }
+SWITCHYARD_CPP_PLUGIN("vip-only", "0.1.0", "switchyard tests", register_types)
+"#,
+    )
+    .unwrap();
+    let lib = dir.path().join("libvip.so");
+    let status = std::process::Command::new("c++")
+        .args(["-std=c++17", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror", "-I"])
+        .arg(repo().join("include"))
+        .arg(&source)
+        .arg("-o")
+        .arg(&lib)
+        .status()
+        .unwrap();
+    assert!(status.success(), "compiling the C++ admitter");
+    let engine = engine_sim("e0", "127.0.0.1:0", &[]);
+    let router = router_with_admitters(
+        dir.path(),
+        &engine,
+        &format!("plugins:\n  - path: {}\n", lib.display()),
+        "    - {type: cpp.vip-only}\n",
+    );
+    assert_eq!(reserve(&router.address, 1, "vip").0, 200);
+    let (status, retry, body) = reserve(&router.address, 2, "guest");
+    assert_eq!((status, retry), (451, None), "{body}");
+    assert_eq!(body["error"], "vip only; 1 workers", "{body}");
+}

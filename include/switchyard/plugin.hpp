@@ -437,6 +437,69 @@ public:
     virtual size_t pick(const Request &request, const Candidates &candidates) = 0;
 };
 
+// How loaded the request's partition is as it arrives (ABI 1.3): healthy and busy
+// workers, booked requests and prefill tokens, the queue (this tenant's and in all).
+using Saturation = switchyard_saturation;
+
+// An admitter's answer (ABI 1.3): admit (optionally at a priority, as a tenant, with a
+// shorter wait) or reject with an HTTP status, Retry-After and a message.
+class Admission {
+public:
+    static Admission admit() { return Admission(); }
+    static Admission reject(uint32_t status, uint32_t retry_after_seconds, std::string message) {
+        Admission a;
+        a.reject_ = true;
+        a.status_ = status;
+        a.retry_after_ = retry_after_seconds;
+        a.message_ = std::move(message);
+        return a;
+    }
+    Admission &priority(int32_t priority) {
+        priority_ = priority;
+        return *this;
+    }
+    Admission &tenant(std::string tenant) {
+        tenant_ = std::move(tenant);
+        return *this;
+    }
+    Admission &max_wait_ms(uint64_t ms) {
+        max_wait_ms_ = ms;
+        return *this;
+    }
+    // Into the host's struct; `keep` holds the tenant until the instance's next call.
+    void write(switchyard_admission *out, std::string &keep) const noexcept {
+        if (reject_) {
+            switchyard_admission_reject(out, status_, retry_after_, "%s", message_.c_str());
+            return;
+        }
+        out->verdict = SWITCHYARD_ADMIT;
+        if (priority_) switchyard_admission_set_priority(out, *priority_);
+        if (tenant_) {
+            keep = *tenant_;
+            out->tenant = switchyard_str{keep.data(), keep.size()};
+        }
+        out->max_wait_ms = max_wait_ms_;
+    }
+
+private:
+    bool reject_ = false;
+    uint32_t status_ = 0;
+    uint32_t retry_after_ = 0;
+    std::string message_;
+    std::optional<int32_t> priority_;
+    std::optional<std::string> tenant_;
+    uint64_t max_wait_ms_ = 0;
+};
+
+// Decides, before any worker is selected, whether a request is served (ABI 1.3). Reads
+// only the request (declare inputs::attributes for its tenant and headers).
+class Admitter {
+public:
+    virtual ~Admitter() = default;
+    virtual uint32_t required_inputs() const { return inputs::none; }
+    virtual Admission admit(const Request &request, const Saturation &saturation) = 0;
+};
+
 namespace detail {
 
 inline void write_error(const switchyard_error *error, const char *message) noexcept {
@@ -448,6 +511,8 @@ template <class Base>
 struct Slot {
     std::unique_ptr<Base> component;
     bool poisoned = false;
+    // An admitter's last tenant: valid until the instance's next call, as the ABI asks.
+    std::string tenant;
 };
 
 // Runs `body` at the boundary. switchyard::Error -> its status; any other exception ->
@@ -503,6 +568,15 @@ inline int32_t on_pick(void *instance, const switchyard_request *request,
     return guard(error, &slot->poisoned, [&] {
         size_t row = slot->component->pick(Request(request), Candidates(candidates));
         *out_row = row;
+    });
+}
+
+inline int32_t on_admit(void *instance, const switchyard_request *request,
+                        const switchyard_saturation *saturation, switchyard_admission *decision,
+                        const switchyard_error *error) noexcept {
+    auto *slot = static_cast<Slot<Admitter> *>(instance);
+    return guard(error, &slot->poisoned, [&] {
+        slot->component->admit(Request(request), *saturation).write(decision, slot->tenant);
     });
 }
 
@@ -566,6 +640,11 @@ struct Kind<Picker> {
     static constexpr uint32_t value = SWITCHYARD_COMPONENT_PICKER;
     static void install(switchyard_component_def &def) noexcept { def.on_pick = on_pick; }
 };
+template <>
+struct Kind<Admitter> {
+    static constexpr uint32_t value = SWITCHYARD_COMPONENT_ADMITTER;
+    static void install(switchyard_component_def &def) noexcept { def.on_admit = on_admit; }
+};
 
 template <class Base>
 switchyard_component_def component_def(const char *type_name, uint32_t inputs) noexcept {
@@ -584,7 +663,8 @@ switchyard_component_def component_def(const char *type_name, uint32_t inputs) n
 inline std::string group_names(uint32_t groups) {
     std::string names;
     const std::pair<uint32_t, const char *> all[] = {
-        {inputs::cache, "cache"}, {inputs::load, "load"}, {inputs::routing, "routing"}, {inputs::labels, "labels"}};
+        {inputs::cache, "cache"},   {inputs::load, "load"},     {inputs::routing, "routing"},
+        {inputs::labels, "labels"}, {inputs::attributes, "attributes"}, {inputs::engine, "engine"}};
     for (const auto &group : all) {
         if ((groups & group.first) != 0) names += (names.empty() ? "" : ", ") + std::string(group.second);
     }
@@ -725,6 +805,9 @@ public:
     void scorer(const char *type_name, uint32_t inputs) { component<Scorer, T>(type_name, inputs); }
     template <class T>
     void picker(const char *type_name, uint32_t inputs) { component<Picker, T>(type_name, inputs); }
+    // ABI 1.3: T derives from Admitter; list the type in `admission.admitters`.
+    template <class T>
+    void admitter(const char *type_name, uint32_t inputs) { component<Admitter, T>(type_name, inputs); }
 
     // Input groups declared once, in the class: `static constexpr uint32_t input_groups =
     // switchyard::inputs::load;`. required_inputs() need not be overridden then.
@@ -734,6 +817,8 @@ public:
     void scorer(const char *type_name) { component<Scorer, T>(type_name, groups_of<T>()); }
     template <class T>
     void picker(const char *type_name) { component<Picker, T>(type_name, groups_of<T>()); }
+    template <class T>
+    void admitter(const char *type_name) { component<Admitter, T>(type_name, groups_of<T>()); }
 
     // T derives from PolicyFactory and is constructible from (const Params&).
     // `type_name` must be a string literal (it is kept for naming the built components).
@@ -761,7 +846,7 @@ private:
     template <class Base, class T>
     void component(const char *type_name, uint32_t inputs) {
         switchyard_component_def def = detail::component_def<Base>(type_name, inputs);
-        detail::install_lifecycle<Base, T>(def);
+        if constexpr (!std::is_same_v<Base, Admitter>) detail::install_lifecycle<Base, T>(def);
         def.user_data = reinterpret_cast<void *>(static_cast<uintptr_t>(inputs));
         def.on_create = detail::on_create<Base, T>;
         check(raw_->callback_register_component(raw_, &def, error_));
