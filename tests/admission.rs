@@ -324,3 +324,47 @@ fn a_tenant_over_its_rate_gets_429_and_others_do_not() {
         ) >= 2.0
     );
 }
+
+/// `max_active_prefill_tokens` asks whether the worker has room for this request's
+/// uncached prefill: the worker holding the prompt's prefix has room first (so requests
+/// released from the queue keep their cache affinity), a prompt that fits nowhere waits,
+/// and an idle worker takes any.
+#[test]
+fn the_prefill_threshold_counts_the_request_uncached_tokens() {
+    use std::collections::HashSet;
+    use switchyard::fleet::router::{RouteError, RouteRequest, Router};
+    use switchyard_plugin_sdk::WorkerId;
+    let dir = tempfile::tempdir().unwrap();
+    // Blocks of 16 tokens; at most 64 prefill tokens booked per worker.
+    let yaml = "models:\n  m: {kv_tracking: predicted}\nadmission:\n  busy: {max_active_prefill_tokens: 64}\nworkers:\n  - {model: m, worker_id: 1}\n  - {model: m, worker_id: 2}\n";
+    let router = Router::new(start_yaml(dir.path(), yaml).unwrap()).unwrap();
+    let worker = |id| WorkerId {
+        worker_id: id,
+        dp_rank: 0,
+    };
+    let request = |id: &str, blocks: Vec<u64>, only: Option<u64>| RouteRequest {
+        model: "m".into(),
+        block_hashes: Some(blocks),
+        request_id: Some(id.into()),
+        tracks_prefill_tokens: true,
+        only: only.map(|w| Arc::new(HashSet::from_iter([worker(w)]))),
+        ..Default::default()
+    };
+    // Worker 2 holds the prefix 1..=8; each worker has 48 tokens (3 blocks) booked.
+    router.predict_cached("m", worker(2), &(1..=8).collect::<Vec<_>>());
+    router.select_and_reserve(&request("a", vec![101, 102, 103], Some(1))).unwrap();
+    router.select_and_reserve(&request("b", vec![201, 202, 203], Some(2))).unwrap();
+    // 9 blocks, 8 cached on worker 2: 48 + 16 fits there, 48 + 144 does not on worker 1.
+    let cached = router.select(&request("x", (1..=9).collect(), None)).unwrap();
+    assert_eq!(cached.worker_id, 2, "{cached:?}");
+    // 9 uncached blocks fit neither: the request waits.
+    let cold = request("y", (301..=309).collect(), None);
+    assert!(
+        matches!(router.select(&cold), Err(RouteError::Saturated(_))),
+        "{:?}",
+        router.select(&cold)
+    );
+    // Worker 1 idle: it takes any prompt.
+    router.free("a").unwrap();
+    assert_eq!(router.select(&cold).unwrap().worker_id, 1);
+}

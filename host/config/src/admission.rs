@@ -96,7 +96,10 @@ pub struct BusyThresholds {
     /// Requests the router booked on the worker (every replica's, with `replicas:`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_active_requests: Option<u32>,
-    /// Prompt tokens booked in the worker's prefill stage.
+    /// Prompt tokens booked in the worker's prefill stage, this request's uncached ones
+    /// included: a worker takes a request while its bookings plus the request's tokens not
+    /// in its cache stay within this (an idle worker takes any), so the worker holding a
+    /// prompt's prefix has room for it first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_active_prefill_tokens: Option<u64>,
     /// Requests waiting in the engine's own queue, as it reports (`engine_metrics:`).

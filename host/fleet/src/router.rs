@@ -654,6 +654,19 @@ impl Router {
         });
         drop(kv);
         drop(state);
+        if let Some(max) = busy.and_then(|b| b.max_active_prefill_tokens) {
+            // A worker has room for this request's prefill when what it has booked plus
+            // the request's uncached tokens stays within the threshold (an idle worker
+            // has room for any): the worker holding the prefix has room first, so
+            // requests released from the queue keep their cache affinity.
+            let block_size = u64::from(generation.startup.source.config.router.block_size);
+            let booked = &candidates.kept().active_prefill_tokens;
+            let rows = scratch.allowed.iter_mut().zip(booked).zip(candidates.device_overlaps());
+            for ((allowed, &booked), &overlap) in rows {
+                let uncached = query.request_blocks.saturating_sub(u64::from(overlap)) * block_size;
+                *allowed &= u8::from(booked == 0 || booked.saturating_add(uncached) <= max);
+            }
+        }
         if let Some(only) = &query.request.only {
             let columns = candidates.columns(None);
             let ids = columns.worker_id.iter().zip(columns.dp_rank);

@@ -419,6 +419,17 @@ impl Candidates {
         }
     }
 
+    /// The request-independent columns of these candidates (lent or own).
+    pub fn kept(&self) -> &KeptColumns {
+        &self.kept
+    }
+
+    /// Each row's device-cache overlap in blocks, as `fill_request` wrote it (every
+    /// request's, whatever groups the policy reads).
+    pub fn device_overlaps(&self) -> &[u32] {
+        &self.request.device_overlap_blocks
+    }
+
     /// The device-cache overlap `fill_request` wrote for `worker` (0 if not a row).
     pub fn device_overlap(&self, worker: WorkerId) -> u32 {
         self.kept
