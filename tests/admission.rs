@@ -274,7 +274,10 @@ fn the_admission_guide_configs_pass_check() {
     assert!(examples.len() >= 2, "the queue and the admitters");
     let plugins = format!("{}/", repo().join("target/plugins").display());
     for yaml in examples {
-        check_passes(&write_config(dir.path(), &yaml.replace("target/plugins/", &plugins)));
+        check_passes(&write_config(
+            dir.path(),
+            &yaml.replace("target/plugins/", &plugins),
+        ));
     }
 }
 
@@ -352,10 +355,16 @@ fn the_prefill_threshold_counts_the_request_uncached_tokens() {
     };
     // Worker 2 holds the prefix 1..=8; each worker has 48 tokens (3 blocks) booked.
     router.predict_cached("m", worker(2), &(1..=8).collect::<Vec<_>>());
-    router.select_and_reserve(&request("a", vec![101, 102, 103], Some(1))).unwrap();
-    router.select_and_reserve(&request("b", vec![201, 202, 203], Some(2))).unwrap();
+    router
+        .select_and_reserve(&request("a", vec![101, 102, 103], Some(1)))
+        .unwrap();
+    router
+        .select_and_reserve(&request("b", vec![201, 202, 203], Some(2)))
+        .unwrap();
     // 9 blocks, 8 cached on worker 2: 48 + 16 fits there, 48 + 144 does not on worker 1.
-    let cached = router.select(&request("x", (1..=9).collect(), None)).unwrap();
+    let cached = router
+        .select(&request("x", (1..=9).collect(), None))
+        .unwrap();
     assert_eq!(cached.worker_id, 2, "{cached:?}");
     // 9 uncached blocks fit neither: the request waits.
     let cold = request("y", (301..=309).collect(), None);
@@ -367,4 +376,35 @@ fn the_prefill_threshold_counts_the_request_uncached_tokens() {
     // Worker 1 idle: it takes any prompt.
     router.free("a").unwrap();
     assert_eq!(router.select(&cold).unwrap().worker_id, 1);
+}
+
+/// Strict priority: while a request of a higher priority waits, a lower one that would
+/// find a worker queues behind it instead; one of the waiter's own priority may book.
+#[test]
+fn no_request_books_while_a_higher_priority_one_waits() {
+    use switchyard::fleet::router::{RouteError, RouteRequest, Router};
+    use switchyard::plugin::PartitionKey;
+    use switchyard_plugin_sdk::WorkerType;
+    let dir = tempfile::tempdir().unwrap();
+    let yaml =
+        "admission:\n  busy: {max_active_requests: 8}\nworkers:\n  - {model: m, worker_id: 1}\n";
+    let router = Router::new(start_yaml(dir.path(), yaml).unwrap()).unwrap();
+    let request = |id: &str, priority: i32| RouteRequest {
+        model: "m".into(),
+        block_hashes: Some(vec![1, 2]),
+        request_id: Some(id.into()),
+        strict_priority: priority,
+        ..Default::default()
+    };
+    let partition = PartitionKey::new("m", WorkerType::Select);
+    let waiter = router.admission.enqueue(&partition, 10, "", 1, 16).unwrap();
+    let low = router.select_and_reserve(&request("low", 0));
+    assert!(matches!(low, Err(RouteError::Saturated(_))), "{low:?}");
+    assert!(
+        router.select(&request("dry", 0)).is_ok(),
+        "a dry run is not held back"
+    );
+    router.select_and_reserve(&request("peer", 10)).unwrap();
+    drop(waiter);
+    router.select_and_reserve(&request("low", 0)).unwrap();
 }

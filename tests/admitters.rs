@@ -418,7 +418,15 @@ SWITCHYARD_CPP_PLUGIN("vip-only", "0.1.0", "switchyard tests", register_types)
     .unwrap();
     let lib = dir.path().join("libvip.so");
     let status = std::process::Command::new("c++")
-        .args(["-std=c++17", "-shared", "-fPIC", "-Wall", "-Wextra", "-Werror", "-I"])
+        .args([
+            "-std=c++17",
+            "-shared",
+            "-fPIC",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-I",
+        ])
         .arg(repo().join("include"))
         .arg(&source)
         .arg("-o")

@@ -2,8 +2,10 @@
 //! rounds: the same router (1,024 workers, the built-in least-busy policy, select and
 //! reserve then free) without the section, with a queue but no busy thresholds, and with
 //! every threshold set but never reached (the busy pass over the candidates runs on every
-//! selection). Median and fastest round per variant, and their ratios to the router
-//! without `admission:`.
+//! selection), and with an admitter before each selection: the built-in strict priority,
+//! and the C tenant allow-list (plugin, through the C ABI). Every variant but "not
+//! admitted" (the selection alone) runs the serving paths' `admit` first. Median and fastest round per variant, and their ratios to
+//! the router without `admission:`.
 //!
 //! `make bench-admission` (or `cargo bench -p switchyard --bench admission`).
 
@@ -34,10 +36,22 @@ fn router(admission: &str) -> Router {
 fn main() {
     let variants = [
         ("no admission", router("")),
+        ("not admitted", router("")),
         ("queue only", router("admission: {queue: {max_queued: 1024}}\n")),
         (
             "thresholds",
             router("admission:\n  busy: {max_active_requests: 1000000, max_active_prefill_tokens: 1000000000}\n"),
+        ),
+        (
+            "builtin admit",
+            router("admission:\n  admitters: [{type: builtin.strict-priority, parameters: {priorities: {bench: 5}}}]\n"),
+        ),
+        (
+            "C admitter",
+            router(&format!(
+                "plugins:\n  - path: {}/../target/plugins/libtenant_allowlist_c.so\nadmission:\n  admitters: [{{type: c.tenant-allowlist, parameters: {{tenants: [{{name: bench, priority: 5}}]}}}}]\n",
+                env!("CARGO_MANIFEST_DIR")
+            )),
         ),
     ];
     let request = RouteRequest {
@@ -45,6 +59,10 @@ fn main() {
         block_hashes: Some((0..64).collect()),
         request_id: Some("bench".into()),
         tracks_prefill_tokens: true,
+        attributes: Some(std::sync::Arc::new(switchyard::plugin::RequestAttributes {
+            tenant: Some("bench".into()),
+            ..Default::default()
+        })),
         ..Default::default()
     };
     let per_round = 2_000;
@@ -53,6 +71,10 @@ fn main() {
         for (i, (_, router)) in variants.iter().enumerate() {
             let start = Instant::now();
             for _ in 0..per_round {
+                // "not admitted": the selection alone, as before admitters existed.
+                if i != 1 {
+                    black_box(router.admit(&request, 64, 1024).unwrap());
+                }
                 black_box(router.select_and_reserve(&request).unwrap());
                 router.free("bench").unwrap();
             }
@@ -66,7 +88,7 @@ fn main() {
             (s[s.len() / 2], s[0])
         })
         .collect();
-    println!("select-and-reserve + free, {WORKERS} workers, 31 interleaved rounds of {per_round}:");
+    println!("admit + select-and-reserve + free, {WORKERS} workers, 31 interleaved rounds of {per_round}:");
     println!(
         "{:<14} {:>12} {:>8} {:>12} {:>8}",
         "variant", "median", "ratio", "fastest", "ratio"

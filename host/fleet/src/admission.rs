@@ -138,6 +138,23 @@ impl AdmissionQueue {
         self.len() == 0
     }
 
+    /// Requests waiting for `partition` at a priority above `priority`: a new arrival of
+    /// that priority queues behind them instead of taking the capacity they wait for.
+    pub fn waiting_above(&self, partition: &PartitionKey, priority: i32) -> usize {
+        if self.counters.waiting.load(Relaxed) == 0 {
+            return 0;
+        }
+        let state = self.state.lock();
+        state.partitions.get(partition).map_or(0, |queue| {
+            queue
+                .bands
+                .range(..Reverse(priority))
+                .flat_map(|(_, band)| band.tenants.values())
+                .map(|tenant| tenant.waiters.len())
+                .sum()
+        })
+    }
+
     /// Requests waiting for `partition`, and of those `tenant`'s: O(priority bands).
     pub fn waiting_in(&self, partition: &PartitionKey, tenant: &str) -> (usize, usize) {
         if self.counters.waiting.load(Relaxed) == 0 {

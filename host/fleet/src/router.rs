@@ -549,6 +549,21 @@ impl Router {
                 })?;
         let partition = PartitionKey::new(request.model.clone(), request.worker_type.worker_type());
         let block_size = generation.startup.source.config.router.block_size;
+        // Strict priority: no request books while one of a higher priority waits (it
+        // queues behind them; one of its own priority it may overtake while capacity
+        // lasts). A try the queue granted is the highest waiting, so this holds it back
+        // only when a higher one arrived since.
+        if reserve {
+            let ahead = self
+                .admission
+                .waiting_above(&partition, request.strict_priority);
+            if ahead > 0 {
+                return Err(RouteError::Saturated(format!(
+                    "{ahead} requests of model `{}` above priority {} wait for a worker; this one waits behind them",
+                    request.model, request.strict_priority
+                )));
+            }
+        }
 
         SCRATCH.with(|scratch| {
             let scratch = &mut *scratch.borrow_mut();
@@ -644,7 +659,8 @@ impl Router {
         // busy threshold (computed here, from the kept columns) and in the request's
         // `only` set (below).
         if let Some(busy) = busy {
-            mark_not_busy(busy, &lent.columns, &mut scratch.allowed);
+            // The prefill threshold is the request's own, below.
+            mark_not_busy(busy, &lent.columns, &mut scratch.allowed, false);
         }
         let candidates = &mut scratch.candidates;
         candidates.lend(slot.inputs, lent.columns);
@@ -661,9 +677,14 @@ impl Router {
             // requests released from the queue keep their cache affinity.
             let block_size = u64::from(generation.startup.source.config.router.block_size);
             let booked = &candidates.kept().active_prefill_tokens;
-            let rows = scratch.allowed.iter_mut().zip(booked).zip(candidates.device_overlaps());
+            let rows = scratch
+                .allowed
+                .iter_mut()
+                .zip(booked)
+                .zip(candidates.device_overlaps());
+            let blocks = query.request_blocks;
             for ((allowed, &booked), &overlap) in rows {
-                let uncached = query.request_blocks.saturating_sub(u64::from(overlap)) * block_size;
+                let uncached = blocks.saturating_sub(u64::from(overlap)) * block_size;
                 *allowed &= u8::from(booked == 0 || booked.saturating_add(uncached) <= max);
             }
         }
@@ -882,13 +903,15 @@ fn validate(request: &RouteRequest, reserve: bool) -> Result<Option<String>, Rou
     Ok(request_id)
 }
 
-/// Into `out`, per row of `columns`: 1 when the worker is under every `busy` threshold.
-/// One pass per threshold set, each a plain comparison over a column (vectorized); the
+/// Into `out`, per row of `columns`: 1 when the worker is under every `busy` threshold
+/// (the prefill one only with `prefill`: a selection asks it per request instead). One
+/// pass per threshold set, each a plain comparison over a column (vectorized); the
 /// engine thresholds read each worker's report.
 fn mark_not_busy(
     busy: &switchyard_config::BusyThresholds,
     columns: &KeptColumns,
     out: &mut Vec<u8>,
+    prefill: bool,
 ) {
     out.clear();
     out.resize(columns.len(), 1);
@@ -897,7 +920,7 @@ fn mark_not_busy(
             *ok &= u8::from(active < max);
         }
     }
-    if let Some(max) = busy.max_active_prefill_tokens {
+    if let Some(max) = busy.max_active_prefill_tokens.filter(|_| prefill) {
         for (ok, &tokens) in out.iter_mut().zip(&columns.active_prefill_tokens) {
             *ok &= u8::from(tokens < max);
         }

@@ -33,6 +33,9 @@ impl Router {
         self.within_rate(tenant, prompt_tokens)
             .map_err(Refused::OverRate)?;
         let generation = self.generation();
+        if generation.startup.admitters.is_empty() {
+            return Ok(Placement::default());
+        }
         let partition = PartitionKey::new(request.model.clone(), request.worker_type.worker_type());
         let Some(admitters) = generation.admitters(&partition) else {
             return Ok(Placement::default());
@@ -78,7 +81,7 @@ impl Router {
         saturation.active_prefill_tokens = columns.active_prefill_tokens.iter().sum();
         if let Some(busy) = admission.map(|a| &a.busy).filter(|b| b.any()) {
             let mut not_busy = Vec::new();
-            mark_not_busy(busy, columns, &mut not_busy);
+            mark_not_busy(busy, columns, &mut not_busy, true);
             saturation.busy_workers = not_busy.iter().filter(|&&ok| ok == 0).count() as u64;
         }
         saturation
