@@ -73,13 +73,10 @@ fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
 /// `gold` above `bronze`.
 fn allowlist_router(dir: &Path, engine: &Process, picker: u16, isolation: &str) -> Process {
     let yaml = format!(
-        "request_attributes: {{tenant: ['header:x-tenant']}}\nplugins:\n  - path: {}\n{isolation}admission:\n  busy: {{max_active_requests: 1}}\n  queue: {{max_wait_ms: 20000}}\n  admitters:\n    - type: c.tenant-allowlist\n      parameters:\n        tenants: [{{name: gold, priority: 10}}, {{name: bronze, priority: 0}}]\nworkers:\n{}",
+        "request_attributes: {{tenant: ['header:x-tenant']}}\nplugins:\n  - path: {}\n{isolation}admission:\n  busy: {{max_active_requests: 1}}\n  queue: {{max_wait_ms: 20000}}\n  admitters:\n    - type: c.tenant-allowlist\n      parameters:\n        tenants: [{{name: gold, priority: 10}}, {{name: bronze, priority: 0}}]\nworkers:\n  - {{model: demo, worker_id: 1, url: \"{}\", address: \"{}\"}}\n",
         cmake_plugin("tenant_allowlist_c").display(),
-        format!(
-            "  - {{model: demo, worker_id: 1, url: \"{}\", address: \"{}\"}}\n",
-            engine.address,
-            engine.address.trim_start_matches("http://")
-        )
+        engine.address,
+        engine.address.trim_start_matches("http://")
     );
     let config = write_config(dir, &yaml);
     check_passes(&config);

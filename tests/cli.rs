@@ -548,3 +548,70 @@ fn inspect_says_when_this_router_would_refuse_the_library() {
     assert!(output.status.success());
     assert!(text(&output.stdout).contains("verdict:  this router (ABI 1.3) accepts"));
 }
+
+/// `select` asks the config's admitters and busy thresholds as the router does: the C
+/// allow-list's verdict and priority, the workers at a threshold (the prefill one per
+/// request: the worker caching the prompt has room, an equally loaded one without does
+/// not), and the refusal when the admitter says no or every worker is busy.
+#[test]
+fn select_shows_admission_and_busy_workers() {
+    let dir = tempfile::tempdir().unwrap();
+    let fleet = dir.path().join("fleet.yaml");
+    std::fs::write(
+        &fleet,
+        "- {worker_id: 1, active_requests: 8}\n\
+         - {worker_id: 2, active_prefill_tokens: 100, device_overlap_blocks: 4}\n\
+         - {worker_id: 3, active_prefill_tokens: 100}\n",
+    )
+    .unwrap();
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "plugins:\n  - path: {}\nadmission:\n  busy: {{max_active_requests: 8, max_active_prefill_tokens: 160}}\n  admitters:\n    - type: c.tenant-allowlist\n      parameters: {{tenants: [{{name: gold, priority: 10}}]}}\n",
+            cmake_plugin("tenant_allowlist_c").display()
+        ),
+    );
+    let (config, fleet) = (config.to_str().unwrap(), fleet.to_str().unwrap());
+    let select = |blocks: &str, tenant: &str| {
+        let args = [
+            "select",
+            "--config",
+            config,
+            "--fleet",
+            fleet,
+            "--blocks",
+            blocks,
+            "--tenant",
+            tenant,
+            "--explain",
+        ];
+        switchyard(&args, &[])
+    };
+    let output = select("5", "gold");
+    let shown = text(&output.stdout);
+    assert!(output.status.success(), "{shown}{}", text(&output.stderr));
+    assert!(
+        shown.contains("admission: admitted by c.tenant-allowlist (priority 10)"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("busy (admission.busy), not candidates: worker 1, 3"),
+        "{shown}"
+    );
+    assert!(shown.ends_with("worker 2 dp_rank 0\n"), "{shown}");
+    let output = select("5", "bronze");
+    assert!(!output.status.success());
+    assert!(
+        text(&output.stderr).contains(
+            "refused by admitter `c.tenant-allowlist`: 403 tenant `bronze` is not served"
+        ),
+        "{}",
+        text(&output.stderr)
+    );
+    let output = select("12", "gold");
+    assert!(
+        text(&output.stdout).contains("no pick: every worker is busy (admission.busy)"),
+        "{}",
+        text(&output.stdout)
+    );
+}

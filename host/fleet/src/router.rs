@@ -28,6 +28,7 @@ use switchyard_config::{KvTracking, OnError};
 use switchyard_plugin_host::plugin::{
     Outcome, PartitionKey, RequestAttributes, RequestContext, SessionInfo,
 };
+use switchyard_policy::busy::{mark_not_busy, mark_prefill_room, BusyInputs};
 use switchyard_policy::histogram::Stopwatch;
 use switchyard_policy::startup::{Startup, BUILTIN_DEFAULT};
 use switchyard_policy::{Candidates, InstanceFactory, KeptColumns, SelectError};
@@ -660,7 +661,12 @@ impl Router {
         // `only` set (below).
         if let Some(busy) = busy {
             // The prefill threshold is the request's own, below.
-            mark_not_busy(busy, &lent.columns, &mut scratch.allowed, false);
+            mark_not_busy(
+                busy,
+                &busy_inputs(&lent.columns),
+                &mut scratch.allowed,
+                false,
+            );
         }
         let candidates = &mut scratch.candidates;
         candidates.lend(slot.inputs, lent.columns);
@@ -671,22 +677,15 @@ impl Router {
         drop(kv);
         drop(state);
         if let Some(max) = busy.and_then(|b| b.max_active_prefill_tokens) {
-            // A worker has room for this request's prefill when what it has booked plus
-            // the request's uncached tokens stays within the threshold (an idle worker
-            // has room for any): the worker holding the prefix has room first, so
-            // requests released from the queue keep their cache affinity.
-            let block_size = u64::from(generation.startup.source.config.router.block_size);
-            let booked = &candidates.kept().active_prefill_tokens;
-            let rows = scratch
-                .allowed
-                .iter_mut()
-                .zip(booked)
-                .zip(candidates.device_overlaps());
-            let blocks = query.request_blocks;
-            for ((allowed, &booked), &overlap) in rows {
-                let uncached = blocks.saturating_sub(u64::from(overlap)) * block_size;
-                *allowed &= u8::from(booked == 0 || booked.saturating_add(uncached) <= max);
-            }
+            // Per request: released from the queue, a request goes where its cache is.
+            mark_prefill_room(
+                max,
+                &candidates.kept().active_prefill_tokens,
+                candidates.device_overlaps(),
+                query.request_blocks,
+                u64::from(generation.startup.source.config.router.block_size),
+                &mut scratch.allowed,
+            );
         }
         if let Some(only) = &query.request.only {
             let columns = candidates.columns(None);
@@ -903,39 +902,12 @@ fn validate(request: &RouteRequest, reserve: bool) -> Result<Option<String>, Rou
     Ok(request_id)
 }
 
-/// Into `out`, per row of `columns`: 1 when the worker is under every `busy` threshold
-/// (the prefill one only with `prefill`: a selection asks it per request instead). One
-/// pass per threshold set, each a plain comparison over a column (vectorized); the
-/// engine thresholds read each worker's report.
-fn mark_not_busy(
-    busy: &switchyard_config::BusyThresholds,
-    columns: &KeptColumns,
-    out: &mut Vec<u8>,
-    prefill: bool,
-) {
-    out.clear();
-    out.resize(columns.len(), 1);
-    if let Some(max) = busy.max_active_requests {
-        for (ok, &active) in out.iter_mut().zip(&columns.active_requests) {
-            *ok &= u8::from(active < max);
-        }
-    }
-    if let Some(max) = busy.max_active_prefill_tokens.filter(|_| prefill) {
-        for (ok, &tokens) in out.iter_mut().zip(&columns.active_prefill_tokens) {
-            *ok &= u8::from(tokens < max);
-        }
-    }
-    if busy.max_engine_waiting.is_some() || busy.max_kv_cache_usage.is_some() {
-        for (ok, report) in out.iter_mut().zip(columns.engine.iter()) {
-            let over = report.peek(|sample, _, _| {
-                busy.max_engine_waiting
-                    .is_some_and(|max| sample.waiting_requests >= max)
-                    || busy
-                        .max_kv_cache_usage
-                        .is_some_and(|max| sample.kv_cache_usage >= max)
-            });
-            *ok &= u8::from(over != Some(true));
-        }
+/// What the busy thresholds read of a partition's columns.
+fn busy_inputs(columns: &KeptColumns) -> BusyInputs<'_> {
+    BusyInputs {
+        active_requests: &columns.active_requests,
+        active_prefill_tokens: &columns.active_prefill_tokens,
+        engine: &columns.engine,
     }
 }
 

@@ -4,6 +4,7 @@
 
 pub mod admitters;
 pub mod builtin;
+pub mod busy;
 pub mod candidates;
 pub mod compaction;
 pub mod engine_signals;

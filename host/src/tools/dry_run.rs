@@ -8,13 +8,14 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::Deserialize;
-use switchyard_plugin_sdk::{WorkerId, WorkerType};
+use switchyard_plugin_sdk::{Saturation, WorkerId, WorkerType};
 
 use crate::plugin::{
     EngineReading, EngineReport, EngineSample, Labels, PartitionKey, RequestAttributes,
     RequestContext,
 };
-use crate::policy::{CandidateRow, RowExtras, SelectTrace, Selector};
+use crate::policy::busy::{mark_not_busy, mark_prefill_room, BusyInputs};
+use crate::policy::{Admitters, CandidateRow, RowExtras, SelectTrace, Selector};
 use crate::startup::Startup;
 
 /// What `select` takes.
@@ -239,16 +240,152 @@ pub fn run(args: &SelectArgs, startup: &Startup) -> Result<String, String> {
         tenant: args.tenant.clone(),
         headers: args.headers.clone(),
     }));
+    let busy = busy_workers(startup, &rows, &extras, args.blocks);
+    let mut admission = admit(startup, &rows, &mut request, busy.len())?;
+    if !busy.is_empty() {
+        let ids: Vec<String> = busy
+            .iter()
+            .map(|&r| rows[r].worker.worker_id.to_string())
+            .collect();
+        admission += &format!(
+            "busy (admission.busy), not candidates: worker {}\n",
+            ids.join(", ")
+        );
+        if busy.len() == rows.len() {
+            let why = "no pick: every worker is busy (admission.busy); the request would wait in the admission queue";
+            return if args.explain {
+                Ok(admission + why + "\n")
+            } else {
+                Err(why.into())
+            };
+        }
+        rows = without(&rows, &busy);
+        extras = RowExtras {
+            labels: without(&extras.labels, &busy),
+            engine: without(&extras.engine, &busy),
+        };
+    }
+    pick(args, &name, policy, &request, &rows, &extras, admission)
+}
+
+/// `items` but the rows in `busy`.
+fn without<T: Clone>(items: &[T], busy: &[usize]) -> Vec<T> {
+    let kept = items
+        .iter()
+        .enumerate()
+        .filter(|(row, _)| !busy.contains(row));
+    kept.map(|(_, item)| item.clone()).collect()
+}
+
+/// The instance's decision over `rows`, after the lines `admission` says.
+fn pick(
+    args: &SelectArgs,
+    name: &str,
+    policy: crate::policy::Policy,
+    request: &RequestContext,
+    rows: &[CandidateRow],
+    extras: &RowExtras,
+    admission: String,
+) -> Result<String, String> {
     let mut selector = Selector::new(policy);
-    let (result, trace) = selector.explain(&request, rows.iter().copied(), &extras);
+    let (result, trace) = selector.explain(request, rows.iter().copied(), extras);
     let decision = match &result {
         Ok(worker) => format!("worker {} dp_rank {}\n", worker.worker_id, worker.dp_rank),
         Err(e) => format!("no pick: instance `{name}`: {e}\n"),
     };
     match (args.explain, result) {
-        (true, result) => Ok(explain(&rows, &trace, result.as_ref().ok()) + &decision),
+        (true, result) => Ok(admission + &explain(rows, &trace, result.as_ref().ok()) + &decision),
         (false, Ok(_)) => Ok(decision),
         (false, Err(e)) => Err(format!("instance `{name}`: {e}")),
+    }
+}
+
+/// The rows at an `admission.busy` threshold for a request of `blocks` blocks, as the
+/// router decides it (the same functions).
+fn busy_workers(
+    startup: &Startup,
+    rows: &[CandidateRow],
+    extras: &RowExtras,
+    blocks: u64,
+) -> Vec<usize> {
+    let Some(busy) = startup
+        .source
+        .config
+        .admission
+        .as_ref()
+        .map(|a| &a.busy)
+        .filter(|b| b.any())
+    else {
+        return Vec::new();
+    };
+    let active: Vec<u32> = rows.iter().map(|r| r.load.active_requests).collect();
+    let prefill: Vec<u64> = rows.iter().map(|r| r.load.active_prefill_tokens).collect();
+    let overlaps: Vec<u32> = rows.iter().map(|r| r.cache.device_overlap_blocks).collect();
+    let inputs = BusyInputs {
+        active_requests: &active,
+        active_prefill_tokens: &prefill,
+        engine: &extras.engine,
+    };
+    let mut allowed = Vec::new();
+    mark_not_busy(busy, &inputs, &mut allowed, false);
+    if let Some(max) = busy.max_active_prefill_tokens {
+        let block_size = u64::from(startup.source.config.router.block_size);
+        mark_prefill_room(max, &prefill, &overlaps, blocks, block_size, &mut allowed);
+    }
+    allowed
+        .iter()
+        .enumerate()
+        .filter(|(_, &a)| a == 0)
+        .map(|(r, _)| r)
+        .collect()
+}
+
+/// The config's admitters on this request (`admission.admitters`): a line saying what they
+/// decided, or the refusal. The partition is the given fleet; nothing waits.
+fn admit(
+    startup: &Startup,
+    rows: &[CandidateRow],
+    request: &mut RequestContext,
+    busy: usize,
+) -> Result<String, String> {
+    if startup.admitters.is_empty() {
+        return Ok(String::new());
+    }
+    let partition = PartitionKey::new("dry-run", WorkerType::Select);
+    let mut admitters = Admitters::build(&startup.admitters, &partition)
+        .map_err(|e| format!("the admitters cannot be built: {e}"))?;
+    let admission = startup.source.config.admission.as_ref();
+    let saturation = Saturation {
+        workers: rows.len() as u64,
+        busy_workers: busy as u64,
+        active_requests: rows.iter().map(|r| u64::from(r.load.active_requests)).sum(),
+        active_prefill_tokens: rows.iter().map(|r| r.load.active_prefill_tokens).sum(),
+        queue_capacity: admission.map_or(0, |a| a.queue.max_queued as u64),
+        ..Saturation::default()
+    };
+    let names: Vec<&str> = admitters.stages().map(|s| &*s.name).collect();
+    let names = names.join(" -> ");
+    match admitters.admit(request, &saturation) {
+        Ok(placement) => Ok(format!(
+            "admission: admitted by {names} (priority {}{}{})\n",
+            request.strict_priority,
+            placement
+                .tenant
+                .map_or(String::new(), |t| format!(", queued as tenant `{t}`")),
+            placement
+                .max_wait_ms
+                .map_or(String::new(), |ms| format!(", waiting at most {ms} ms")),
+        )),
+        Err(rejection) => Err(format!(
+            "refused by admitter `{}`: {} {}{}",
+            rejection.admitter,
+            rejection.status,
+            rejection.message,
+            match rejection.retry_after_seconds {
+                0 => String::new(),
+                s => format!(" (Retry-After: {s})"),
+            }
+        )),
     }
 }
 

@@ -81,7 +81,7 @@ impl Router {
         saturation.active_prefill_tokens = columns.active_prefill_tokens.iter().sum();
         if let Some(busy) = admission.map(|a| &a.busy).filter(|b| b.any()) {
             let mut not_busy = Vec::new();
-            mark_not_busy(busy, columns, &mut not_busy, true);
+            mark_not_busy(busy, &busy_inputs(columns), &mut not_busy, true);
             saturation.busy_workers = not_busy.iter().filter(|&&ok| ok == 0).count() as u64;
         }
         saturation

@@ -330,29 +330,24 @@ fn configured_admitters(
         };
         let params = OwnedParams::new(entry.parameters.clone());
         let checked = crate::admitters::resolve(registry, type_name, params, entry.on_error)
-            .map_err(|message| StartupError::Admitter {
-                at: at.clone(),
-                message,
-            })
             .and_then(|admitter| {
                 for worker_type in WorkerType::ALL {
                     let partition = PartitionKey::new("<startup check>", worker_type);
-                    if let Err(error) = Admitters::build(std::slice::from_ref(&admitter), &partition) {
-                        return Err(StartupError::Admitter {
-                            at: at.clone(),
-                            message: format!(
-                                "admitter `{type_name}` (from {}) refused its parameters {}: {error}",
-                                admitter.component.origin,
-                                admitter.params.json()
-                            ),
-                        });
+                    if let Err(error) =
+                        Admitters::build(std::slice::from_ref(&admitter), &partition)
+                    {
+                        return Err(format!(
+                            "admitter `{type_name}` (from {}) refused its parameters {}: {error}",
+                            admitter.component.origin,
+                            admitter.params.json()
+                        ));
                     }
                 }
                 Ok(admitter)
             });
         match checked {
             Ok(admitter) => uses.push(admitter),
-            Err(e) => errors.push(e),
+            Err(message) => errors.push(StartupError::Admitter { at, message }),
         }
     }
     uses
