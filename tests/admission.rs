@@ -213,6 +213,11 @@ fn a_high_priority_request_overtakes_the_low_priority_queue() {
     let order: Vec<&str> = finished.iter().map(|(n, _)| *n).collect();
     assert!(finished.iter().all(|(_, s)| *s == 200), "{finished:?}");
     assert_eq!(order, ["first", "high", "low-1", "low-2", "low-3"]);
+    assert_eq!(
+        metric(&agent, &base, "switchyard_admission_wait_seconds_count"),
+        4.0,
+        "the four that waited are in the wait histogram"
+    );
 }
 
 /// The same queue behind a real Envoy: the picker holds the ext_proc stream while a
@@ -407,4 +412,44 @@ fn no_request_books_while_a_higher_priority_one_waits() {
     router.select_and_reserve(&request("peer", 10)).unwrap();
     drop(waiter);
     router.select_and_reserve(&request("low", 0)).unwrap();
+}
+
+/// `max_active_decode_blocks`: a worker whose booked decode footprint reached it is no
+/// candidate.
+#[test]
+fn the_decode_threshold_takes_a_full_worker_out() {
+    use std::collections::HashSet;
+    use switchyard::fleet::router::{RouteError, RouteRequest, Router};
+    use switchyard_plugin_sdk::WorkerId;
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = "admission:\n  busy: {max_active_decode_blocks: 10}\nworkers:\n  - {model: m, worker_id: 1}\n  - {model: m, worker_id: 2}\n";
+    let router = Router::new(start_yaml(dir.path(), yaml).unwrap()).unwrap();
+    let one = Some(Arc::new(HashSet::from_iter([WorkerId {
+        worker_id: 1,
+        dp_rank: 0,
+    }])));
+    let request = |id: &str, blocks: u64| RouteRequest {
+        model: "m".into(),
+        block_hashes: Some((0..blocks).collect()),
+        request_id: Some(id.into()),
+        ..Default::default()
+    };
+    router
+        .select_and_reserve(&RouteRequest {
+            only: one.clone(),
+            ..request("big", 12)
+        })
+        .unwrap();
+    for n in 0..3 {
+        let decision = router.select(&request(&format!("r{n}"), 1)).unwrap();
+        assert_eq!(decision.worker_id, 2, "worker 1 is full: {decision:?}");
+    }
+    let only_full = router.select_and_reserve(&RouteRequest {
+        only: one,
+        ..request("more", 1)
+    });
+    assert!(
+        matches!(only_full, Err(RouteError::Saturated(_))),
+        "{only_full:?}"
+    );
 }

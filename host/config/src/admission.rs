@@ -102,6 +102,9 @@ pub struct BusyThresholds {
     /// prompt's prefix has room for it first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_active_prefill_tokens: Option<u64>,
+    /// KV blocks booked for decode on the worker (the requests' projected footprints).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_active_decode_blocks: Option<u64>,
     /// Requests waiting in the engine's own queue, as it reports (`engine_metrics:`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_engine_waiting: Option<f64>,
@@ -114,6 +117,7 @@ impl BusyThresholds {
     pub fn any(&self) -> bool {
         self.max_active_requests.is_some()
             || self.max_active_prefill_tokens.is_some()
+            || self.max_active_decode_blocks.is_some()
             || self.max_engine_waiting.is_some()
             || self.max_kv_cache_usage.is_some()
     }

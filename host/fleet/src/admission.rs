@@ -97,6 +97,8 @@ pub struct QueueCounters {
     /// Requests an admitter rejected (`admission.admitters`).
     pub rejected: std::sync::atomic::AtomicU64,
     pub left: std::sync::atomic::AtomicU64,
+    /// How long requests waited before a worker took them, or the wait ended.
+    pub wait: switchyard_policy::histogram::LatencyHistogram,
 }
 
 /// Where a waiting request stands; leaving the queue when dropped.
@@ -114,6 +116,7 @@ pub struct Ticket {
     done: bool,
     /// Its end is already counted (timed out), so dropping it is not a client leaving.
     counted: bool,
+    queued_at: std::time::Instant,
 }
 
 impl AdmissionQueue {
@@ -136,6 +139,25 @@ impl AdmissionQueue {
 
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Requests waiting now per priority, over every partition (highest first).
+    pub fn waiting_by_priority(&self) -> Vec<(i32, usize)> {
+        if self.counters.waiting.load(Relaxed) == 0 {
+            return Vec::new();
+        }
+        let state = self.state.lock();
+        let mut by_priority: BTreeMap<Reverse<i32>, usize> = BTreeMap::new();
+        for queue in state.partitions.values() {
+            for (priority, band) in &queue.bands {
+                let waiting: usize = band.tenants.values().map(|t| t.waiters.len()).sum();
+                *by_priority.entry(*priority).or_default() += waiting;
+            }
+        }
+        by_priority
+            .into_iter()
+            .map(|(Reverse(p), n)| (p, n))
+            .collect()
     }
 
     /// Requests waiting for `partition` at a priority above `priority`: a new arrival of
@@ -206,6 +228,7 @@ impl AdmissionQueue {
             tenant: tenant.to_owned(),
             weight: weight.max(1),
             arrival,
+            queued_at: std::time::Instant::now(),
             grant: None,
             granted: false,
             done: false,
@@ -394,8 +417,16 @@ impl Ticket {
     pub fn time_out(&mut self) {
         if !self.counted {
             self.counters.timed_out.fetch_add(1, Relaxed);
+            self.record_wait();
             self.counted = true;
         }
+    }
+
+    fn record_wait(&self) {
+        let waited = self.queued_at.elapsed().as_nanos();
+        self.counters
+            .wait
+            .record(u64::try_from(waited).unwrap_or(u64::MAX));
     }
 
     /// The try failed (still busy): back to its place, ahead of later arrivals.
@@ -410,6 +441,7 @@ impl Ticket {
     /// (more capacity may be free).
     pub fn admitted(mut self) {
         self.counters.admitted.fetch_add(1, Relaxed);
+        self.record_wait();
         self.done = true;
         let state = self.state.clone();
         let mut state = state.lock();

@@ -317,6 +317,7 @@ impl Metrics {
         kv_blocks: [usize; 3],
         plugins: &[LoadedPlugin],
         processes: &[ProcessSnapshot],
+        waiting_by_priority: &[(i32, usize)],
     ) -> String {
         let mut snapshot = Snapshot::default();
         let counter = MetricType::Counter;
@@ -524,6 +525,21 @@ impl Metrics {
             "Requests waiting in the admission queue now.",
             gauge,
             no_labels(Value::Gauge(queue.waiting.load(Ordering::Relaxed) as f64)),
+        );
+        snapshot.family(
+            "switchyard_admission_waiting_by_priority",
+            "Requests waiting in the admission queue now, per priority (series only for priorities with waiters).",
+            gauge,
+            waiting_by_priority
+                .iter()
+                .map(|(priority, n)| (vec![("priority".to_owned(), priority.to_string())], Value::Gauge(*n as f64)))
+                .collect(),
+        );
+        snapshot.family(
+            "switchyard_admission_wait_seconds",
+            "How long queued requests waited, until a worker took them or max_wait_ms ended the wait.",
+            histogram,
+            no_labels(Value::Histogram(queue.wait.snapshot())),
         );
         let replicas = &self.replicas;
         for (name, help, value) in [

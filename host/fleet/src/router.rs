@@ -872,8 +872,15 @@ impl Router {
             .processes()
             .map(|p| p.snapshot())
             .collect();
-        self.metrics
-            .render(&stages, &loads, self.kv_blocks(), plugins, &processes)
+        let waiting = self.admission.waiting_by_priority();
+        self.metrics.render(
+            &stages,
+            &loads,
+            self.kv_blocks(),
+            plugins,
+            &processes,
+            &waiting,
+        )
     }
 }
 
@@ -907,6 +914,7 @@ fn busy_inputs(columns: &KeptColumns) -> BusyInputs<'_> {
     BusyInputs {
         active_requests: &columns.active_requests,
         active_prefill_tokens: &columns.active_prefill_tokens,
+        active_decode_blocks: &columns.active_decode_blocks,
         engine: &columns.engine,
     }
 }

@@ -12,6 +12,7 @@ use switchyard_plugin_host::plugin::EngineReport;
 pub struct BusyInputs<'a> {
     pub active_requests: &'a [u32],
     pub active_prefill_tokens: &'a [u64],
+    pub active_decode_blocks: &'a [u64],
     pub engine: &'a [Arc<EngineReport>],
 }
 
@@ -33,6 +34,11 @@ pub fn mark_not_busy(
     if let Some(max) = busy.max_active_prefill_tokens.filter(|_| prefill) {
         for (ok, &tokens) in out.iter_mut().zip(inputs.active_prefill_tokens) {
             *ok &= u8::from(tokens < max);
+        }
+    }
+    if let Some(max) = busy.max_active_decode_blocks {
+        for (ok, &blocks) in out.iter_mut().zip(inputs.active_decode_blocks) {
+            *ok &= u8::from(blocks < max);
         }
     }
     if busy.max_engine_waiting.is_some() || busy.max_kv_cache_usage.is_some() {

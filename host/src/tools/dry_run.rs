@@ -320,10 +320,12 @@ fn busy_workers(
     };
     let active: Vec<u32> = rows.iter().map(|r| r.load.active_requests).collect();
     let prefill: Vec<u64> = rows.iter().map(|r| r.load.active_prefill_tokens).collect();
+    let decode: Vec<u64> = rows.iter().map(|r| r.load.decode_cost_blocks).collect();
     let overlaps: Vec<u32> = rows.iter().map(|r| r.cache.device_overlap_blocks).collect();
     let inputs = BusyInputs {
         active_requests: &active,
         active_prefill_tokens: &prefill,
+        active_decode_blocks: &decode,
         engine: &extras.engine,
     };
     let mut allowed = Vec::new();
