@@ -54,6 +54,13 @@ impl StageStats {
             Ordering::Relaxed,
         );
     }
+    /// Counts a failed call; a panic or a poisoned instance marks the stage poisoned.
+    fn failed(&self, failure: &CallError) {
+        Self::add(&self.errors, 1);
+        if matches!(failure.status, Status::Panic | Status::Poisoned) {
+            self.poisoned.store(true, Ordering::Relaxed);
+        }
+    }
     pub fn calls(&self) -> u64 {
         self.latency.count()
     }
@@ -166,12 +173,7 @@ impl Stage {
             _ => Err(wrong_kind(ComponentKind::Admitter)),
         };
         self.stats.latency.record(watch.elapsed_nanos());
-        result.inspect_err(|failure| {
-            StageStats::add(&self.stats.errors, 1);
-            if matches!(failure.status, Status::Panic | Status::Poisoned) {
-                self.stats.poisoned.store(true, Ordering::Relaxed);
-            }
-        })
+        result.inspect_err(|failure| self.stats.failed(failure))
     }
 
     /// Whether this stage wants lifecycle notifications (plugin components that set them).
@@ -200,12 +202,7 @@ impl Stage {
             StageImpl::Isolated(instance) => instance.notify(event, request, outcome),
             _ => Ok(()),
         };
-        result.inspect_err(|failure| {
-            StageStats::add(&self.stats.errors, 1);
-            if matches!(failure.status, Status::Panic | Status::Poisoned) {
-                self.stats.poisoned.store(true, Ordering::Relaxed);
-            }
-        })
+        result.inspect_err(|failure| self.stats.failed(failure))
     }
 
     fn kind_matches(&self) -> bool {
@@ -646,10 +643,7 @@ fn timed<T>(
 }
 
 fn failed(stage: &mut Stage, failure: CallError) -> SelectError {
-    StageStats::add(&stage.stats.errors, 1);
-    if matches!(failure.status, Status::Panic | Status::Poisoned) {
-        stage.stats.poisoned.store(true, Ordering::Relaxed);
-    }
+    stage.stats.failed(&failure);
     SelectError::ComponentFailed {
         component: stage.name.clone(),
         kind: stage.kind.as_str(),
