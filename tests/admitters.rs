@@ -443,3 +443,46 @@ SWITCHYARD_CPP_PLUGIN("vip-only", "0.1.0", "switchyard tests", register_types)
     assert_eq!((status, retry), (451, None), "{body}");
     assert_eq!(body["error"], "vip only; 1 workers", "{body}");
 }
+
+/// The Rust SDK's `RequestAdmitter` in a real library: the example's
+/// `acme.shed-when-saturated` admits while a worker has room (queued as its lane) and, once
+/// every worker is busy, sheds low-priority requests at once while high ones wait.
+#[test]
+fn a_rust_admitter_sheds_low_priority_when_saturated() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_sim("e0", "127.0.0.1:0", &[]);
+    let yaml = format!(
+        "plugins:\n  - path: {}\nadmission:\n  busy: {{max_active_requests: 1}}\n  queue: {{max_wait_ms: 300}}\n  admitters:\n    - {{type: acme.shed-when-saturated, parameters: {{keep_priority: 5, lane: shed-ok}}}}\nworkers:\n{}",
+        rust_plugin("least_busy").display(),
+        demo_workers([&engine], false)
+    );
+    let router = serve(&write_config(dir.path(), &yaml));
+    let reserve = |n: u32, priority: i32| {
+        post_as(
+            &format!("{}/v1/reserve", router.address),
+            None,
+            &json!({"model": "demo", "block_hashes": [n], "request_id": format!("r{n}"),
+                    "strict_priority": priority}),
+        )
+    };
+    assert_eq!(reserve(1, 0).0, 200, "the worker has room");
+    let (status, retry, body) = reserve(2, 0);
+    assert_eq!((status, retry.as_deref()), (503, Some("1")), "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("all 1 workers are busy; requests below priority 5 are shed"),
+        "{body}"
+    );
+    // A high one is admitted and waits; nothing frees within 300 ms, so it times out.
+    let (status, _, body) = reserve(3, 9);
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("admission.queue.max_wait_ms"),
+        "waited, then timed out: {body}"
+    );
+}

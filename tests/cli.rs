@@ -139,11 +139,12 @@ fn inspect_load_prints_descriptor_and_registered_types_as_json() {
     assert_eq!(json["abi_major"], 1);
     assert_eq!(json["sdk_revision"], env!("CARGO_PKG_VERSION"));
     let registered = json["registered"].as_array().unwrap();
-    assert_eq!(registered.len(), 4);
+    assert_eq!(registered.len(), 5);
     assert_eq!(registered[1]["name"], "acme.min-device-overlap");
     assert_eq!(registered[1]["kind"], "filter");
     assert_eq!(registered[1]["inputs"], serde_json::json!(["CACHE"]));
-    assert_eq!(json["manifest"]["types"].as_array().unwrap().len(), 4);
+    assert_eq!(registered[4]["kind"], "admitter");
+    assert_eq!(json["manifest"]["types"].as_array().unwrap().len(), 5);
 
     let dir = tempfile::tempdir().unwrap();
     let broken = broken_plugin(dir.path(), "major", &["DESC_MAJOR=3"]);
@@ -162,24 +163,28 @@ fn inspect_load_prints_descriptor_and_registered_types_as_json() {
 /// The manifests the three languages' export macros write, read without loading.
 #[test]
 fn inspect_reads_the_manifest_of_every_language_without_loading() {
+    // The Rust example also registers an admitter.
     let cases = [
         (
             rust_plugin("least_busy"),
             "acme-least-busy",
             "acme.min-device-overlap",
+            5,
         ),
         (
             cmake_plugin("least_busy_c"),
             "acme-least-busy-c",
             "c.min-device-overlap",
+            4,
         ),
         (
             cmake_plugin("least_busy_cpp"),
             "acme-least-busy-cpp",
             "cpp.min-device-overlap",
+            4,
         ),
     ];
-    for (lib, name, filter) in cases {
+    for (lib, name, filter, count) in cases {
         let output = switchyard(&["plugin", "inspect", lib.to_str().unwrap(), "--json"], &[]);
         assert!(output.status.success(), "{}", text(&output.stderr));
         let json: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
@@ -188,7 +193,7 @@ fn inspect_reads_the_manifest_of_every_language_without_loading() {
         assert_eq!(manifest["abi_major"], 1);
         assert_eq!(manifest["sdk_revision"], env!("CARGO_PKG_VERSION"));
         let types = manifest["types"].as_array().unwrap();
-        assert_eq!(types.len(), 4, "{json}");
+        assert_eq!(types.len(), count, "{json}");
         let declared = types.iter().find(|t| t["name"] == filter).expect(filter);
         assert_eq!(declared["kind"], "filter");
         assert_eq!(declared["inputs"], serde_json::json!(["CACHE"]));

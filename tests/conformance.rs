@@ -105,10 +105,11 @@ fn each_misbehaviour_is_found_in_the_type_built_for_it() {
 
 #[test]
 fn the_example_plugins_of_all_three_languages_pass() {
-    for library in [
-        rust_plugin("least_busy"),
-        cmake_plugin("least_busy_c"),
-        cmake_plugin("least_busy_cpp"),
+    // The Rust example also registers an admitter.
+    for (library, types) in [
+        (rust_plugin("least_busy"), 5),
+        (cmake_plugin("least_busy_c"), 4),
+        (cmake_plugin("least_busy_cpp"), 4),
     ] {
         let output = Command::new(switchyard_bin())
             .args(["plugin", "test"])
@@ -117,8 +118,20 @@ fn the_example_plugins_of_all_three_languages_pass() {
             .unwrap();
         let table = String::from_utf8_lossy(&output.stdout);
         assert!(output.status.success(), "{}: {table}", library.display());
-        assert!(table.contains("4 type(s), 0 failed"), "{table}");
+        assert!(
+            table.contains(&format!("{types} type(s), 0 failed")),
+            "{table}"
+        );
         assert!(table.contains("ns per candidate at 1,024"), "{table}");
+        if types == 5 {
+            let admitter = table
+                .lines()
+                .find(|l| l.contains("admitter acme.shed-when-saturated"));
+            assert!(
+                admitter.is_some_and(|l| l.ends_with(" us per call")),
+                "timed per call: {table}"
+            );
+        }
     }
 }
 

@@ -3,13 +3,15 @@
 //! to the lowest worker id, so the choice does not depend on candidate order).
 //!
 //! Registers the policy type `least-busy` and its components standalone as
-//! `acme.min-device-overlap`, `acme.active-requests` and `acme.lowest-cost`.
+//! `acme.min-device-overlap`, `acme.active-requests` and `acme.lowest-cost`; and an
+//! admitter (ABI 1.3), `acme.shed-when-saturated`: with every worker busy, refuse at once
+//! (instead of queueing) the requests below a priority.
 
 use serde::Deserialize;
 use switchyard_plugin_sdk::{
-    export_plugin, Params, Partition, PolicyError, PolicyParts, Registrar, WorkerCandidate,
-    WorkerCandidates, WorkerFilter, WorkerInputs, WorkerPicker, WorkerScorer,
-    WorkerSelectionContext,
+    export_plugin, Admission, Params, Partition, Placement, PolicyError, PolicyParts, Registrar,
+    RequestAdmitter, Saturation, WorkerCandidate, WorkerCandidates, WorkerFilter, WorkerInputs,
+    WorkerPicker, WorkerScorer, WorkerSelectionContext,
 };
 
 struct MinimumDeviceOverlapFilter {
@@ -90,6 +92,54 @@ impl WorkerPicker for LowestCostPicker {
     }
 }
 
+/// Sheds instead of queueing: when every worker of the partition is busy, a request
+/// below `keep_priority` is refused at once with `status` and `Retry-After: 1`; the others
+/// are admitted to wait, queued as the tenant `lane` when given.
+struct ShedWhenSaturated {
+    keep_priority: i32,
+    status: u16,
+    lane: Option<String>,
+}
+
+impl RequestAdmitter for ShedWhenSaturated {
+    fn admit(
+        &mut self,
+        context: &WorkerSelectionContext<'_>,
+        saturation: &Saturation,
+    ) -> Result<Admission, PolicyError> {
+        let saturated = saturation.workers > 0 && saturation.busy_workers == saturation.workers;
+        if saturated && context.strict_priority() < self.keep_priority {
+            return Ok(Admission::Reject {
+                status: self.status,
+                retry_after_seconds: 1,
+                message: format!(
+                    "all {} workers are busy; requests below priority {} are shed",
+                    saturation.workers, self.keep_priority
+                ),
+            });
+        }
+        Ok(Admission::Admit(Placement {
+            tenant: self.lane.clone(),
+            ..Placement::default()
+        }))
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ShedParameters {
+    #[serde(default)]
+    keep_priority: i32,
+    #[serde(default = "service_unavailable")]
+    status: u16,
+    #[serde(default)]
+    lane: Option<String>,
+}
+
+fn service_unavailable() -> u16 {
+    503
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PolicyParameters {
@@ -150,7 +200,25 @@ fn register(registrar: &mut Registrar<'_>) -> Result<(), PolicyError> {
     registrar.picker("acme.lowest-cost", WorkerInputs::NONE, |params, _| {
         no_parameters(params)?;
         Ok(LowestCostPicker)
-    })
+    })?;
+    registrar.admitter(
+        "acme.shed-when-saturated",
+        WorkerInputs::NONE,
+        |params, _| {
+            let p: ShedParameters = params.deserialize()?;
+            if !(400..=599).contains(&p.status) {
+                return Err(PolicyError::failed(format!(
+                    "status must be an HTTP status from 400 to 599, got {}",
+                    p.status
+                )));
+            }
+            Ok(ShedWhenSaturated {
+                keep_priority: p.keep_priority,
+                status: p.status,
+                lane: p.lane,
+            })
+        },
+    )
 }
 
 export_plugin! {
@@ -163,5 +231,6 @@ export_plugin! {
         filter("acme.min-device-overlap", WorkerInputs::CACHE),
         scorer("acme.active-requests", WorkerInputs::LOAD),
         picker("acme.lowest-cost", WorkerInputs::NONE),
+        admitter("acme.shed-when-saturated", WorkerInputs::NONE),
     ],
 }
