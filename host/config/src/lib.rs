@@ -205,11 +205,31 @@ pub enum KvTracking {
     Off,
 }
 
+/// How the frontend serves a model whose workers are split into prefill and decode
+/// (docs/disaggregation.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Disaggregation {
+    /// One worker serves each request (aggregated workers).
+    #[default]
+    Off,
+    /// vLLM's KV-connector flow: the prefill worker is asked for one token with
+    /// `kv_transfer_params` asking for remote decode; what it answers in
+    /// `kv_transfer_params` goes with the request to the decode worker, which streams.
+    Vllm,
+    /// SGLang's bootstrap flow: both workers get the request at once with the prefill
+    /// worker's `bootstrap_host` / `bootstrap_port` and a fresh `bootstrap_room`; the
+    /// decode worker's answer streams.
+    Sglang,
+}
+
 /// Settings of one model (`models.NAME`).
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct ModelSettings {
     pub kv_tracking: KvTracking,
+    /// Whether the frontend pairs a prefill and a decode worker per request.
+    pub disaggregation: Disaggregation,
     /// `predicted`: blocks remembered per worker (least recently routed go first).
     pub predicted_blocks_per_worker: usize,
     /// `predicted`: seconds a routed block is assumed cached.
@@ -224,6 +244,7 @@ impl Default for ModelSettings {
     fn default() -> Self {
         ModelSettings {
             kv_tracking: KvTracking::default(),
+            disaggregation: Disaggregation::default(),
             predicted_blocks_per_worker: 65_536,
             predicted_ttl_secs: 600,
             tokenizer: None,
@@ -482,6 +503,10 @@ pub struct WorkerSpec {
     /// Where its engine publishes KV events (vLLM/SGLang ZeroMQ format), if it does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kv_events: Option<KvEventSource>,
+    /// SGLang prefill workers: the port of the engine's bootstrap server
+    /// (`--disaggregation-bootstrap-port`, 8998 by default); without it, `url`'s port.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap_port: Option<u16>,
 }
 
 /// Where a worker's engine publishes its KV events (`workers[].kv_events`).

@@ -13,6 +13,11 @@ impl Router {
             .and_then(|w| w.url.clone())
     }
 
+    /// What the config (or `POST /v1/workers`) says of a worker.
+    pub fn worker_spec(&self, id: WorkerId) -> Option<WorkerSpec> {
+        self.state.read().workers.get(id).cloned()
+    }
+
     /// Every worker with an engine address.
     /// Workers known only by `address` (the gateway's form): probed by TCP connect.
     pub fn worker_addresses(&self) -> Vec<(WorkerId, std::net::SocketAddr)> {

@@ -11,6 +11,7 @@
 //! - a connection refused before anything was sent marks the worker unhealthy for a
 //!   cool-down and selects again without it, a bounded number of times.
 
+mod disaggregation;
 pub mod health;
 pub mod prompt;
 pub mod tokenizer;
@@ -33,7 +34,7 @@ use switchyard_plugin_sdk::WorkerId;
 use crate::caller::Caller;
 use crate::request_attributes::{self, Described};
 use prompt::{Endpoint, Prompt};
-use switchyard_config::FrontendSettings;
+use switchyard_config::{Disaggregation, FrontendSettings};
 use switchyard_fleet::router::{Refused, RouteDecision, RouteError, RouteRequest, Router};
 use tokenizer::ModelTokenizer;
 
@@ -300,6 +301,16 @@ impl Frontend {
         &self.settings
     }
 
+    /// How `model` (a partition's) is served: by one worker, or by a prefill and a decode
+    /// worker in vLLM's or SGLang's flow.
+    pub fn disaggregation(&self, model: &str) -> Disaggregation {
+        let generation = self.router.generation();
+        let models = &generation.startup.source.config.models;
+        models
+            .get(model)
+            .map_or(Disaggregation::Off, |m| m.disaggregation)
+    }
+
     /// Routes one request: select and reserve, forward, stream back.
     async fn proxy(
         self: Arc<Self>,
@@ -387,12 +398,27 @@ impl Frontend {
                 described.admitted(placement);
                 let prompt = Arc::new(prompt);
                 let described = Arc::new(described);
-                let selected = frontend.select_now(&prompt, &described, request_id, first);
+                // A disaggregated model's pair is selected on its own path.
+                let mode = frontend.disaggregation(&described.partition_model);
+                let selected = (mode == Disaggregation::Off)
+                    .then(|| frontend.select_now(&prompt, &described, request_id, first));
                 Ok((prompt, described, selected))
             })
             .await;
         let (prompt, described, first) = match prepared {
-            Ok(prepared) => prepared,
+            Ok((prompt, described, Some(first))) => (prompt, described, first),
+            Ok((prompt, described, None)) => {
+                let mode = self.disaggregation(&described.partition_model);
+                let pair = disaggregation::Pair {
+                    endpoint,
+                    prompt,
+                    described,
+                    instance,
+                    body,
+                    arrived,
+                };
+                return self.serve_pair(mode, pair, slot).await;
+            }
             Err(error) => return error.into_response(),
         };
         // Every worker busy (`admission:`): the request waits its turn.

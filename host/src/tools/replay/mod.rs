@@ -415,6 +415,7 @@ impl<'a> Simulation<'a> {
                 preferred_taint_multiplier: None,
                 url: None,
                 address: None,
+                bootstrap_port: None,
             };
             for replica in routers {
                 replica

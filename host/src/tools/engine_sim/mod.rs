@@ -11,10 +11,15 @@
 //! `1 / decode_tps` seconds per request, concurrently. `--fail` makes it answer 500, or
 //! break the connection halfway through a streamed answer.
 //!
+//! With `--role prefill` or `--role decode` it plays one side of a disaggregated pair in
+//! vLLM's or SGLang's fields (`disaggregation`).
+//!
 //! With `--kv-events tcp://127.0.0.1:PORT` it publishes its cache's KV events as vLLM
 //! does (ZeroMQ PUB, msgpack; a replay socket with `--kv-replay`): blocks stored on
 //! prefill, removed on eviction. Its block hashes are its own (chained sha256, like
 //! vLLM's), not the router's: the router must agree on them from the token ids.
+
+mod disaggregation;
 
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
@@ -24,7 +29,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::{Body, Bytes};
 use axum::extract::State;
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::serve::ListenerExt;
@@ -113,6 +118,14 @@ pub struct EngineSimArgs {
     /// `model`), comma-separated.
     #[arg(long, value_delimiter = ',')]
     pub lora_adapters: Vec<String>,
+    /// Its part in a disaggregated pair: `prefill` keeps the KV of the requests that ask
+    /// for remote decode, `decode` pulls it (vLLM's `kv_transfer_params`, SGLang's
+    /// `bootstrap_*` fields).
+    #[arg(long, value_enum, default_value = "aggregated")]
+    pub role: disaggregation::Role,
+    /// A decode engine's time to receive one KV block from its prefill engine, ms.
+    #[arg(long, default_value_t = 0.05)]
+    pub transfer_ms_per_block: f64,
 }
 
 /// The engine's own chained block hashes: sha256 over the parent's hash and the block's
@@ -145,6 +158,10 @@ struct Engine {
     requests: AtomicU64,
     /// What `/metrics` reports.
     load: Mutex<Load>,
+    /// A prefill engine's KV kept for decode engines to pull.
+    transfers: disaggregation::Transfers,
+    /// Where it listens (what a vLLM prefill engine names as `remote_host:remote_port`).
+    address: SocketAddr,
 }
 
 /// The engine's requests by phase, as vLLM's scheduler gauges count them.
@@ -268,10 +285,16 @@ fn metrics_text(engine: &Engine) -> String {
             load.adapters_changed
         ));
     }
+    text.push_str(&engine.transfers.metrics());
     text
 }
 
 impl Engine {
+    /// How long receiving `blocks` KV blocks from a prefill engine takes.
+    fn transfer_delay(&self, blocks: u64) -> Duration {
+        Duration::from_secs_f64(blocks as f64 * self.args.transfer_ms_per_block.max(0.0) / 1e3)
+    }
+
     /// Looks the prompt's blocks up in the prefix cache (storing them); returns the
     /// prefill delay: the queue ahead of it plus its uncached tokens.
     fn prefill_delay(&self, prompt: &prompt::Prompt) -> Duration {
@@ -342,12 +365,21 @@ fn unix_now() -> u64 {
         .map_or(0, |d| d.as_secs())
 }
 
-async fn complete(engine: Arc<Engine>, endpoint: Endpoint, body: Bytes) -> Response {
+async fn complete(
+    engine: Arc<Engine>,
+    endpoint: Endpoint,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
     let prompt = match prompt::parse(endpoint, &body, engine.args.block_size, |_| None) {
         Ok(prompt) => prompt,
         Err(e) => {
             return openai_error(StatusCode::BAD_REQUEST, &e.message, "invalid_request_error")
         }
+    };
+    let handoff = match disaggregation::handoff(engine.args.role, &body, &headers) {
+        Ok(handoff) => handoff,
+        Err(e) => return openai_error(StatusCode::BAD_REQUEST, &e, "invalid_request_error"),
     };
     let adapter = engine
         .args
@@ -382,10 +414,52 @@ async fn complete(engine: Arc<Engine>, endpoint: Endpoint, body: Bytes) -> Respo
             .into_response();
     }
     let number = engine.requests.fetch_add(1, Ordering::Relaxed);
-    let tokens = prompt
+    let mut tokens = prompt
         .expected_output_tokens
         .unwrap_or(engine.args.default_max_tokens);
-    let prefill = engine.prefill_delay(&prompt);
+    use disaggregation::Handoff;
+    // A decode engine receives the KV instead of computing it; a prefill engine computes
+    // it and answers after one token.
+    let mut transferred_from = None;
+    let prefill = match &handoff {
+        Handoff::VllmDecode {
+            from,
+            id,
+            engine: named,
+        } => match disaggregation::pull(from, id, Duration::ZERO).await {
+            Ok((_, source)) if named.as_ref().is_some_and(|n| *n != source) => {
+                let message = format!(
+                    "`remote_engine_id` names `{}`, but {from} is `{source}`",
+                    named.as_deref().unwrap_or("")
+                );
+                return openai_error(StatusCode::BAD_REQUEST, &message, "invalid_request_error");
+            }
+            Ok((blocks, source)) => {
+                engine.transfers.received(&source);
+                transferred_from = Some(source);
+                engine.transfer_delay(blocks)
+            }
+            Err(e) => return openai_error(StatusCode::BAD_REQUEST, &e, "invalid_request_error"),
+        },
+        Handoff::SglangDecode { from, room } => {
+            let id = disaggregation::room_id(*room);
+            match disaggregation::pull(from, &id, Duration::from_secs(30)).await {
+                Ok((blocks, source)) => {
+                    engine.transfers.received(&source);
+                    transferred_from = Some(source);
+                    engine.transfer_delay(blocks)
+                }
+                Err(e) => {
+                    return openai_error(StatusCode::INTERNAL_SERVER_ERROR, &e, "server_error")
+                }
+            }
+        }
+        Handoff::VllmPrefill { .. } | Handoff::SglangPrefill { .. } => {
+            tokens = 1;
+            engine.prefill_delay(&prompt)
+        }
+        Handoff::None => engine.prefill_delay(&prompt),
+    };
     let per_token = Duration::from_secs_f64(1.0 / engine.args.decode_tps);
     let chunk = Chunk {
         endpoint,
@@ -394,14 +468,45 @@ async fn complete(engine: Arc<Engine>, endpoint: Endpoint, body: Bytes) -> Respo
         model: engine.args.model.clone(),
         name: engine.args.name.clone(),
     };
-    let name = [("x-engine-name", engine.args.name.clone())];
+    let mut name = HeaderMap::new();
+    for (header, value) in [
+        ("x-engine-name", Some(engine.args.name.clone())),
+        ("x-kv-transfer-from", transferred_from),
+    ] {
+        if let Some(value) = value.and_then(|v| v.parse().ok()) {
+            name.insert(header, value);
+        }
+    }
     let mut occupancy = Occupancy::wait(&engine, adapter, prompt.request_blocks);
-    if !prompt.stream {
+    let prefill_only = matches!(
+        handoff,
+        Handoff::VllmPrefill { .. } | Handoff::SglangPrefill { .. }
+    );
+    if !prompt.stream || prefill_only {
         tokio::time::sleep(prefill).await;
         occupancy.run();
         tokio::time::sleep(per_token * tokens as u32).await;
         drop(occupancy);
-        return (name, Json(chunk.whole(tokens, prompt.request_blocks))).into_response();
+        let mut answer = chunk.whole(tokens, prompt.request_blocks);
+        match handoff {
+            Handoff::VllmPrefill { id } => {
+                let params = disaggregation::vllm_params(
+                    &engine.args.name,
+                    &id,
+                    prompt.request_blocks,
+                    engine.address,
+                );
+                engine.transfers.keep(id, prompt.request_blocks);
+                answer["kv_transfer_params"] = params;
+            }
+            Handoff::SglangPrefill { room } => {
+                engine
+                    .transfers
+                    .keep(disaggregation::room_id(room), prompt.request_blocks);
+            }
+            _ => {}
+        }
+        return (name, Json(answer)).into_response();
     }
     let abort_at = (engine.args.fail == FailMode::AbortMidStream).then_some(tokens / 2);
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(4);
@@ -528,7 +633,10 @@ pub async fn run(args: EngineSimArgs) -> std::io::Result<()> {
         None => None,
     };
     let engine_tls = (args.tls_cert.clone(), args.tls_key.clone());
+    let address = listener.local_addr()?;
     let engine = Arc::new(Engine {
+        transfers: disaggregation::Transfers::default(),
+        address,
         cache: Mutex::new(LruCache::new(capacity)),
         events,
         prefill_free_at: Mutex::new(Instant::now()),
@@ -540,18 +648,36 @@ pub async fn run(args: EngineSimArgs) -> std::io::Result<()> {
     let app = HttpRouter::new()
         .route(
             "/v1/chat/completions",
-            post(|State(e): State<Arc<Engine>>, body: Bytes| {
-                complete(e, Endpoint::ChatCompletions, body)
-            }),
+            post(
+                |State(e): State<Arc<Engine>>, headers: HeaderMap, body: Bytes| {
+                    complete(e, Endpoint::ChatCompletions, headers, body)
+                },
+            ),
         )
         .route(
             "/v1/completions",
-            post(|State(e): State<Arc<Engine>>, body: Bytes| {
-                complete(e, Endpoint::Completions, body)
-            }),
+            post(
+                |State(e): State<Arc<Engine>>, headers: HeaderMap, body: Bytes| {
+                    complete(e, Endpoint::Completions, headers, body)
+                },
+            ),
         )
         .route("/v1/models", get(move || async move { Json(models) }))
         .route("/health", get(|| async { "ok\n" }))
+        .route(
+            "/switchyard-sim/kv/{id}/pull",
+            post(
+                |State(e): State<Arc<Engine>>,
+                 axum::extract::Path(id): axum::extract::Path<String>| async move {
+                    match e.transfers.take(&id) {
+                        Some(blocks) => {
+                            Json(json!({"blocks": blocks, "engine": e.args.name})).into_response()
+                        }
+                        None => StatusCode::NOT_FOUND.into_response(),
+                    }
+                },
+            ),
+        )
         .route(
             "/metrics",
             get(|State(e): State<Arc<Engine>>| async move {

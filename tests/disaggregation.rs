@@ -1,0 +1,231 @@
+//! Prefill/decode disaggregation through the frontend, against engine-sim processes in
+//! both roles speaking vLLM's and SGLang's fields: the decode worker gets exactly what the
+//! prefill returned (vLLM: it pulls the transfer the prefill engine named, and refuses
+//! one it does not know) or the room the prefill was given (SGLang); streamed and not;
+//! a refused prefill worker is skipped; a failing prefill answers 502, a decode failing
+//! mid-stream ends the stream with an error event; a client hanging up frees both; no
+//! booking stays behind.
+
+mod support;
+
+use std::io::{Read, Write};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use support::*;
+
+fn agent() -> ureq::Agent {
+    ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(30))
+        .build()
+}
+
+fn chat(content: &str, stream: bool) -> Value {
+    json!({"model": "demo", "max_tokens": 4, "stream": stream,
+           "messages": [{"role": "user", "content": content}]})
+}
+
+/// The value of `name` (with its labels, if any) in an engine's `/metrics` (0 if absent).
+fn engine_metric(engine: &Process, name: &str) -> f64 {
+    let text = agent()
+        .get(&format!("{}/metrics", engine.address))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// A router over `prefill` and `decode` engines (ids from 1, prefill first) for `mode`.
+fn pd_router(
+    dir: &std::path::Path,
+    mode: &str,
+    prefill: &[&Process],
+    decode: &[&Process],
+) -> Process {
+    let mut workers = String::new();
+    for (i, (engine, role)) in prefill
+        .iter()
+        .map(|e| (e, "prefill"))
+        .chain(decode.iter().map(|e| (e, "decode")))
+        .enumerate()
+    {
+        workers += &format!(
+            "  - {{model: demo, worker_id: {}, worker_type: {role}, url: \"{}\"}}\n",
+            i + 1,
+            engine.address
+        );
+    }
+    let yaml = format!(
+        "frontend: {{connect_retries: 1}}\nmodels:\n  demo: {{disaggregation: {mode}}}\nworkers:\n{workers}"
+    );
+    let config = write_config(dir, &yaml);
+    check_passes(&config);
+    serve(&config)
+}
+
+fn post(router: &Process, body: &Value) -> (u16, Option<String>, String) {
+    match agent()
+        .post(&format!("{}/v1/chat/completions", router.address))
+        .send_json(body.clone())
+    {
+        Ok(r) => {
+            let prefill = r.header("x-switchyard-prefill-worker").map(str::to_owned);
+            (r.status(), prefill, r.into_string().unwrap_or_default())
+        }
+        Err(ureq::Error::Status(code, r)) => (code, None, r.into_string().unwrap_or_default()),
+        Err(e) => (0, None, e.to_string()),
+    }
+}
+
+fn served_on_both_paths(mode: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let p0 = engine_sim("p0", "127.0.0.1:0", &["--role", "prefill"]);
+    let d0 = engine_sim("d0", "127.0.0.1:0", &["--role", "decode"]);
+    let d1 = engine_sim("d1", "127.0.0.1:0", &["--role", "decode"]);
+    let router = pd_router(dir.path(), mode, &[&p0], &[&d0, &d1]);
+    let (status, prefill, body) = post(&router, &chat("whole", false));
+    assert_eq!((status, prefill.as_deref()), (200, Some("1")), "{body}");
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(
+        answer["choices"][0]["message"]["content"], "tok0 tok1 tok2 tok3 ",
+        "the decode worker's whole answer: {answer}"
+    );
+    let fingerprint = answer["system_fingerprint"].as_str().unwrap_or("");
+    assert!(
+        fingerprint.starts_with('d'),
+        "a decode engine answered: {answer}"
+    );
+    let (status, _, body) = post(&router, &chat("streamed", true));
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body.matches("data: {").count(), 4, "{body}");
+    assert!(body.ends_with("data: [DONE]\n\n"), "{body}");
+    // Each decode pulled its KV from p0, as the prefill's answer (vLLM) or the shared room
+    // (SGLang) told it; p0 keeps nothing behind.
+    let received =
+        |d: &Process| engine_metric(d, "switchyard_sim_kv_transfers_received_total{from=\"p0\"}");
+    assert_eq!(received(&d0) + received(&d1), 2.0);
+    assert_eq!(
+        engine_metric(&p0, "switchyard_sim_kv_transfers_taken_total"),
+        2.0
+    );
+    assert_eq!(engine_metric(&p0, "switchyard_sim_kv_transfers_kept"), 0.0);
+    wait_for_no_bookings(&router.address, Duration::from_secs(10));
+}
+
+#[test]
+fn vllm_pairs_serve_streamed_and_whole_answers() {
+    served_on_both_paths("vllm");
+}
+
+#[test]
+fn sglang_pairs_serve_streamed_and_whole_answers() {
+    served_on_both_paths("sglang");
+}
+
+/// The decode engine refuses a transfer it was not handed: what the router passes on is
+/// what the prefill returned, not something it made up.
+#[test]
+fn a_decode_engine_refuses_an_unknown_transfer() {
+    let p0 = engine_sim("p0", "127.0.0.1:0", &["--role", "prefill"]);
+    let d0 = engine_sim("d0", "127.0.0.1:0", &["--role", "decode"]);
+    let (host, port) = p0
+        .address
+        .trim_start_matches("http://")
+        .rsplit_once(':')
+        .unwrap();
+    let mut body = chat("forged", false);
+    body["kv_transfer_params"] = json!({"do_remote_prefill": true, "remote_engine_id": "p0",
+        "remote_request_id": "never-prefilled", "remote_host": host, "remote_port": port.parse::<u16>().unwrap()});
+    let refused = agent()
+        .post(&format!("{}/v1/chat/completions", d0.address))
+        .send_json(body);
+    match refused {
+        Err(ureq::Error::Status(400, r)) => {
+            let text = r.into_string().unwrap();
+            assert!(text.contains("no KV transfer `never-prefilled`"), "{text}");
+        }
+        other => panic!("expected 400, got {other:?}"),
+    }
+}
+
+fn failures_leave_nothing_booked(mode: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    // A prefill worker that answers 500.
+    let broken = engine_sim(
+        "p-broken",
+        "127.0.0.1:0",
+        &["--role", "prefill", "--fail", "http500"],
+    );
+    let d0 = engine_sim("d0", "127.0.0.1:0", &["--role", "decode"]);
+    let router = pd_router(dir.path(), mode, &[&broken], &[&d0]);
+    let (status, _, body) = post(&router, &chat("p fails", false));
+    assert_eq!(status, 502, "{body}");
+    assert!(body.contains("prefill worker 1"), "{body}");
+    wait_for_no_bookings(&router.address, Duration::from_secs(10));
+    drop(router);
+    // A prefill worker whose engine is gone: skipped for the other one.
+    let mut gone = engine_sim("p-gone", "127.0.0.1:0", &["--role", "prefill"]);
+    let p1 = engine_sim("p1", "127.0.0.1:0", &["--role", "prefill"]);
+    let router = pd_router(dir.path(), mode, &[&gone, &p1], &[&d0]);
+    gone.kill();
+    for n in 0..3 {
+        let (status, prefill, body) = post(&router, &chat(&format!("retry {n}"), false));
+        assert_eq!((status, prefill.as_deref()), (200, Some("2")), "{body}");
+    }
+    wait_for_no_bookings(&router.address, Duration::from_secs(10));
+    drop(router);
+    // A decode engine that breaks its stream halfway: the stream ends with an error event.
+    let aborting = engine_sim(
+        "d-abort",
+        "127.0.0.1:0",
+        &["--role", "decode", "--fail", "abort-mid-stream"],
+    );
+    let router = pd_router(dir.path(), mode, &[&p1], &[&aborting]);
+    let (status, _, body) = post(&router, &chat("d fails", true));
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"error\""), "an SSE error event: {body}");
+    wait_for_no_bookings(&router.address, Duration::from_secs(10));
+    drop(router);
+    // A client that hangs up mid-stream frees both bookings.
+    let slow = engine_sim(
+        "d-slow",
+        "127.0.0.1:0",
+        &["--role", "decode", "--decode-tps", "5"],
+    );
+    let router = pd_router(dir.path(), mode, &[&p1], &[&slow]);
+    let address = router.address.trim_start_matches("http://").to_owned();
+    let mut socket = std::net::TcpStream::connect(&address).unwrap();
+    let body = json!({"model": "demo", "max_tokens": 200, "stream": true,
+                      "messages": [{"role": "user", "content": "hang up"}]})
+    .to_string();
+    write!(
+        socket,
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: {address}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut first = [0u8; 256];
+    let read = socket.read(&mut first).unwrap();
+    assert!(String::from_utf8_lossy(&first[..read]).starts_with("HTTP/1.1 200"));
+    assert!(
+        active_requests(&router.address).iter().sum::<u64>() >= 1,
+        "the decode is booked"
+    );
+    drop(socket);
+    wait_for_no_bookings(&router.address, Duration::from_secs(10));
+}
+
+#[test]
+fn vllm_failures_and_hang_ups_leave_nothing_booked() {
+    failures_leave_nothing_booked("vllm");
+}
+
+#[test]
+fn sglang_failures_and_hang_ups_leave_nothing_booked() {
+    failures_leave_nothing_booked("sglang");
+}
