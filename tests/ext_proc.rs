@@ -617,3 +617,60 @@ fn streams_need_a_client_key_and_instance_choice_follows_its_scope() {
         );
     });
 }
+
+/// llm-d's P/D convention: for a disaggregated model the picker's destination is a decode
+/// worker and `x-prefiller-host-port` names the prefill worker its sidecar prefills on;
+/// both are booked, the prefill until the decode answers, the decode until its end.
+#[test]
+fn a_disaggregated_pick_names_the_prefill_worker_for_the_decode_sidecar() {
+    let dir = tempfile::tempdir().unwrap();
+    let (prefill, decode) = (listening_address(), listening_address());
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "models:\n  demo: {{disaggregation: vllm}}\nworkers:\n  - {{model: demo, worker_id: 1, worker_type: prefill, address: \"{prefill}\"}}\n  - {{model: demo, worker_id: 2, worker_type: decode, address: \"{decode}\"}}\n"
+        ),
+    );
+    let port = free_port();
+    let router = serve_with_picker(&config, port);
+    let base = router.address.clone();
+    runtime().block_on(async {
+        let mut client = client(port).await;
+        let mut envoy = Envoy::open(&mut client, None).await;
+        let Answer::Picked(endpoint) = envoy
+            .request(
+                "/v1/chat/completions",
+                None,
+                &chat("a disaggregated prompt"),
+                2,
+            )
+            .await
+        else {
+            panic!("no pick");
+        };
+        assert_eq!(endpoint, decode, "the destination is the decode worker");
+        assert_eq!(
+            envoy.pick_headers,
+            [("x-prefiller-host-port".to_owned(), prefill.clone())],
+            "the sidecar's prefill worker"
+        );
+        let booked = loads(&base).await;
+        assert_eq!(
+            (booked[&prefill].0, booked[&decode].0),
+            (1, 1),
+            "{booked:?}"
+        );
+        envoy.response_headers(Some(&endpoint)).await;
+        envoy
+            .response_chunk(b"data: {\"choices\": []}\n\n", false)
+            .await;
+        let decoding = loads(&base).await;
+        assert_eq!(
+            decoding[&prefill].0, 0,
+            "the prefill ended with the decode's answer: {decoding:?}"
+        );
+        envoy.response_chunk(b"data: [DONE]\n\n", true).await;
+        envoy.half_close();
+        wait_for_zero_load(&base).await;
+    });
+}

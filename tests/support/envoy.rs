@@ -82,6 +82,8 @@ pub struct Envoy {
     /// Envoy attaches the same filter metadata to every message.
     metadata: Option<Metadata>,
     first: bool,
+    /// The headers the last pick set besides the destination (llm-d's P/D prefiller).
+    pub pick_headers: Vec<(String, String)>,
 }
 
 impl Envoy {
@@ -110,6 +112,7 @@ impl Envoy {
             from_picker,
             metadata,
             first: true,
+            pick_headers: Vec::new(),
         })
     }
 
@@ -180,7 +183,18 @@ impl Envoy {
                 let common = headers.response.unwrap();
                 assert!(common.clear_route_cache);
                 let set = common.header_mutation.unwrap().set_headers;
-                assert_eq!(set.len(), 1, "{set:?}");
+                assert!(!set.is_empty(), "{set:?}");
+                self.pick_headers = set[1..]
+                    .iter()
+                    .map(|h| h.header.clone().unwrap())
+                    .map(|h| (h.key, String::from_utf8(h.raw_value).unwrap()))
+                    .collect();
+                assert!(
+                    self.pick_headers
+                        .iter()
+                        .all(|(k, _)| k == "x-prefiller-host-port"),
+                    "only the destination, and llm-d's prefiller for P/D: {set:?}"
+                );
                 let header = set[0].header.clone().unwrap();
                 assert_eq!(header.key, "x-gateway-destination-endpoint");
                 assert!(header.value.is_empty(), "raw_value only, never both");

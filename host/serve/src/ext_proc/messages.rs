@@ -109,7 +109,12 @@ fn string(value: &str) -> Value {
 }
 
 /// The request-headers response that carries the pick.
-pub fn pick(endpoint: &str) -> ProcessingResponse {
+/// llm-d's P/D convention: the header its decode sidecar reads the prefill worker from.
+pub const PREFILLER: &str = "x-prefiller-host-port";
+
+/// The pick: `endpoint` in the destination header and metadata, and, for a
+/// disaggregated model, the prefill worker's `host:port` in [`PREFILLER`].
+pub fn pick(endpoint: &str, prefiller: Option<&str>) -> ProcessingResponse {
     let mut inner = Struct::default();
     inner.fields.insert(DESTINATION.into(), string(endpoint));
     let mut metadata = Struct::default();
@@ -124,14 +129,17 @@ pub fn pick(endpoint: &str) -> ProcessingResponse {
         response: Some(Response::RequestHeaders(HeadersResponse {
             response: Some(CommonResponse {
                 header_mutation: Some(HeaderMutation {
-                    set_headers: vec![HeaderValueOption {
-                        header: Some(HeaderValue {
-                            key: DESTINATION.into(),
-                            raw_value: endpoint.as_bytes().to_vec(),
+                    set_headers: std::iter::once((DESTINATION, endpoint))
+                        .chain(prefiller.map(|p| (PREFILLER, p)))
+                        .map(|(key, value)| HeaderValueOption {
+                            header: Some(HeaderValue {
+                                key: key.into(),
+                                raw_value: value.as_bytes().to_vec(),
+                                ..Default::default()
+                            }),
                             ..Default::default()
-                        }),
-                        ..Default::default()
-                    }],
+                        })
+                        .collect(),
                     ..Default::default()
                 }),
                 clear_route_cache: true,

@@ -54,8 +54,9 @@ use crate::caller::Caller;
 use crate::listener::Listener;
 use crate::request_attributes;
 use switchyard_config::auth::Audience;
+use switchyard_config::Disaggregation;
 use switchyard_config::ExtProcSettings;
-use switchyard_fleet::router::{RouteError, Router};
+use switchyard_fleet::router::{RequestWorkerType, RouteError, Router};
 
 /// The gRPC service name Envoy calls (and the health service reports).
 pub const SERVICE_NAME: &str = "envoy.service.ext_proc.v3.ExternalProcessor";
@@ -186,6 +187,10 @@ struct Booked {
     endpoint: SocketAddr,
     model: String,
     prefilled: bool,
+    /// A disaggregated model's prefill worker (llm-d's P/D convention: named to the
+    /// decode endpoint's sidecar in `x-prefiller-host-port`), booked until the decode
+    /// answers (the sidecar prefills first).
+    prefill: Option<(Lease, SocketAddr)>,
 }
 
 /// One HTTP request's stream.
@@ -324,7 +329,8 @@ impl Exchange {
                 .await;
         }
         let endpoint = eligible[rand::random::<u32>() as usize % eligible.len()].1;
-        self.send(vec![messages::pick(&endpoint.to_string())]).await
+        self.send(vec![messages::pick(&endpoint.to_string(), None)])
+            .await
     }
 
     /// Endpoints that may take a request: every worker's, within the subset hint when
@@ -430,7 +436,11 @@ impl Exchange {
         };
         match booked {
             Ok(booked) => {
-                let mut responses = vec![messages::pick(&booked.endpoint.to_string())];
+                let prefiller = booked.prefill.as_ref().map(|(_, at)| at.to_string());
+                let mut responses = vec![messages::pick(
+                    &booked.endpoint.to_string(),
+                    prefiller.as_deref(),
+                )];
                 responses.extend(messages::body(&request_body, true, true));
                 self.booked = Some(booked);
                 self.picker
@@ -494,6 +504,11 @@ impl Exchange {
             if !booked.prefilled {
                 booked.prefilled = true;
                 booked.lease.prefill_complete();
+            }
+            // The decode answers: the sidecar's prefill is over.
+            if let Some((mut lease, _)) = booked.prefill.take() {
+                lease.prefill_complete();
+                lease.free();
             }
         }
         if body.end_of_stream {
@@ -641,6 +656,35 @@ fn decide(
     let mut request = frontend.route_request(&prompt, &described, request_id.clone(), instance);
     request.block_hashes = Some(prompt.block_hashes.clone());
     request.only = Some(Arc::new(eligible.iter().map(|(id, _)| *id).collect()));
+    // A disaggregated model: the destination is a decode worker, and its prefill worker
+    // is selected (and booked) in its own partition.
+    let disaggregated = frontend.disaggregation(&prompt.model) != Disaggregation::Off;
+    let prefill = if disaggregated {
+        let id = format!("{request_id}-prefill");
+        let mut prefill = request.clone();
+        prefill.request_id = Some(id.clone());
+        prefill.worker_type = RequestWorkerType::Prefill;
+        let chosen = router.select_and_reserve(&prefill)?;
+        let lease = Lease::new(router.clone(), id);
+        let worker = WorkerId {
+            worker_id: chosen.worker_id,
+            dp_rank: chosen.dp_rank,
+        };
+        let at = eligible
+            .iter()
+            .find(|(id, _)| *id == worker)
+            .map(|(_, endpoint)| *endpoint)
+            .ok_or_else(|| {
+                no_endpoint(format!(
+                    "prefill worker {} has no endpoint",
+                    worker.worker_id
+                ))
+            })?;
+        request.worker_type = RequestWorkerType::Decode;
+        Some((lease, at))
+    } else {
+        None
+    };
     let decision = match router.select_and_reserve(&request) {
         Err(RouteError::Saturated(why)) => {
             let place = described.place(PartitionKey::new(
@@ -674,5 +718,6 @@ fn decide(
         endpoint,
         model: prompt.model,
         prefilled: false,
+        prefill,
     })
 }
