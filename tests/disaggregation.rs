@@ -238,3 +238,59 @@ fn the_guide_and_demo_configs_pass_check() {
     check_passes(&write_config(dir.path(), &blocks(&markdown, "yaml")[0]));
     check_passes(&repo().join("examples/demo-pd.yaml"));
 }
+
+/// With `admission:`, a pair's side whose workers are all busy waits in that side's queue,
+/// as an aggregated request does: two requests for one slow decode worker are both served,
+/// the second after waiting.
+#[test]
+fn a_busy_side_waits_in_the_admission_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let p0 = engine_sim("p0", "127.0.0.1:0", &["--role", "prefill"]);
+    let d0 = engine_sim(
+        "d0",
+        "127.0.0.1:0",
+        &["--role", "decode", "--decode-tps", "20"],
+    );
+    let yaml = format!(
+        "models:\n  demo: {{disaggregation: vllm}}\nadmission:\n  busy: {{max_active_requests: 1}}\n  queue: {{max_wait_ms: 20000}}\nworkers:\n  - {{model: demo, worker_id: 1, worker_type: prefill, url: \"{}\"}}\n  - {{model: demo, worker_id: 2, worker_type: decode, url: \"{}\"}}\n",
+        p0.address, d0.address
+    );
+    let router = serve(&write_config(dir.path(), &yaml));
+    let threads: Vec<_> = (0..2)
+        .map(|i| {
+            let base = router.address.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(100 * i));
+                let body = json!({"model": "demo", "max_tokens": 10, "stream": true,
+                                  "messages": [{"role": "user", "content": format!("q{i}")}]});
+                match agent()
+                    .post(&format!("{base}/v1/chat/completions"))
+                    .send_json(body)
+                {
+                    Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
+                    Err(e) => (0, e.to_string()),
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        let (status, body) = t.join().unwrap();
+        assert_eq!(status, 200, "{body}");
+        assert!(body.ends_with("data: [DONE]\n\n"), "{body}");
+    }
+    let metrics = agent()
+        .get(&format!("{}/metrics", router.address))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    let waited = metrics
+        .lines()
+        .find_map(|l| l.strip_prefix("switchyard_admission_wait_seconds_count "))
+        .and_then(|v| v.parse::<f64>().ok());
+    assert!(
+        waited.is_some_and(|n| n >= 1.0),
+        "one waited for the decode worker:\n{metrics}"
+    );
+    wait_for_no_bookings(&router.address, Duration::from_secs(10));
+}

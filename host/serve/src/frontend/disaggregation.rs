@@ -24,7 +24,8 @@ use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Map, Value};
 use switchyard_config::Disaggregation;
-use switchyard_fleet::router::{RequestWorkerType, RouteDecision};
+use switchyard_fleet::router::{RequestWorkerType, RouteDecision, RouteError};
+use switchyard_plugin_host::plugin::PartitionKey;
 use switchyard_plugin_sdk::WorkerId;
 use tokio::sync::OwnedSemaphorePermit;
 
@@ -58,6 +59,13 @@ impl Side {
     }
 }
 
+/// Why one try at a side found no worker: a routing error (every worker busy among them:
+/// the request waits), or another.
+enum SideError {
+    Route(RouteError),
+    Other(OpenAiError),
+}
+
 fn bad_gateway(message: String) -> OpenAiError {
     OpenAiError::new(StatusCode::BAD_GATEWAY, "server_error", message)
 }
@@ -81,31 +89,62 @@ impl Frontend {
         served.unwrap_or_else(IntoResponse::into_response)
     }
 
-    /// Selects and books a worker of `role` (off the executor: plugin code runs).
+    /// Selects and books a worker of `role`; while every worker of that side is busy
+    /// (`admission:`), the request waits in the side's partition queue, as any request.
     async fn select_side(
         self: &Arc<Self>,
         pair: &Pair,
         role: RequestWorkerType,
     ) -> Result<Side, OpenAiError> {
+        let first = self.try_side(pair, role).await;
+        let partition = PartitionKey::new(pair.prompt.model.clone(), role.worker_type());
+        let waited = crate::admission::queued(
+            &self.router,
+            pair.described.place(partition),
+            first,
+            |e: &SideError| matches!(e, SideError::Route(RouteError::Saturated(_))),
+            || self.try_side(pair, role),
+        )
+        .await;
+        waited.map_err(|waited| match waited {
+            crate::admission::Waited::Refused(refusal) => {
+                self.router.metrics.record_shed();
+                super::refusal_error(&refusal)
+            }
+            crate::admission::Waited::Failed(SideError::Route(e)) => e.into(),
+            crate::admission::Waited::Failed(SideError::Other(e)) => e,
+        })
+    }
+
+    /// One try at selecting and booking a worker of `role` (off the executor: plugin
+    /// code runs).
+    async fn try_side(
+        self: &Arc<Self>,
+        pair: &Pair,
+        role: RequestWorkerType,
+    ) -> Result<Side, SideError> {
         let frontend = self.clone();
         let (prompt, described, instance) = (
             pair.prompt.clone(),
             pair.described.clone(),
             pair.instance.clone(),
         );
-        self.off_executor(move || {
+        tokio::task::spawn_blocking(move || {
             let id = frontend.next_request_id();
             let mut request = frontend.route_request(&prompt, &described, id.clone(), instance);
             request.block_hashes = Some(prompt.block_hashes.clone());
             request.worker_type = role;
-            let decision = frontend.router.select_and_reserve(&request)?;
+            let decision = frontend
+                .router
+                .select_and_reserve(&request)
+                .map_err(SideError::Route)?;
             let lease = Lease::new(frontend.router.clone(), id);
             let worker = WorkerId {
                 worker_id: decision.worker_id,
                 dp_rank: decision.dp_rank,
             };
             let url = frontend.router.worker_url(worker).ok_or_else(|| {
-                OpenAiError::new(
+                SideError::Other(OpenAiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "server_error",
                     format!(
@@ -114,7 +153,7 @@ impl Frontend {
                         worker.worker_id,
                         prompt.model
                     ),
-                )
+                ))
             })?;
             Ok(Side {
                 decision,
@@ -123,6 +162,13 @@ impl Frontend {
             })
         })
         .await
+        .unwrap_or_else(|e| {
+            Err(SideError::Other(OpenAiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                format!("the selection did not finish: {e}"),
+            )))
+        })
     }
 
     fn post(
