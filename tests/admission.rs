@@ -402,7 +402,10 @@ fn no_request_books_while_a_higher_priority_one_waits() {
         ..Default::default()
     };
     let partition = PartitionKey::new("m", WorkerType::Select);
-    let waiter = router.admission.enqueue(&partition, 10, "", 1, 16).unwrap();
+    let waiter = router
+        .admission
+        .enqueue(&partition, 10, "", 1, 16, None)
+        .unwrap();
     let low = router.select_and_reserve(&request("low", 0));
     assert!(matches!(low, Err(RouteError::Saturated(_))), "{low:?}");
     assert!(

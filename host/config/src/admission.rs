@@ -135,6 +135,19 @@ pub struct QueueSettings {
     /// Within a priority, tenants take turns in proportion to these weights (1 for a
     /// tenant not listed, and for requests without a tenant).
     pub tenant_weights: BTreeMap<String, u32>,
+    /// Within a tenant: first come first served (`fifo`), or earliest deadline first
+    /// (`deadline`: a request's deadline is its arrival plus the longest it may wait,
+    /// `max_wait_ms` or an admitter's shorter one).
+    pub order: QueueOrder,
+}
+
+/// The order within a tenant's waiting requests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QueueOrder {
+    #[default]
+    Fifo,
+    Deadline,
 }
 
 impl Default for QueueSettings {
@@ -143,6 +156,7 @@ impl Default for QueueSettings {
             max_queued: 1024,
             max_wait_ms: 30_000,
             tenant_weights: BTreeMap::new(),
+            order: QueueOrder::default(),
         }
     }
 }

@@ -19,7 +19,8 @@ pub mod replicas;
 pub mod worker_address;
 
 pub use admission::{
-    AdmissionSettings, AdmitterEntry, AdmitterOnError, BusyThresholds, QueueSettings, RateLimit,
+    AdmissionSettings, AdmitterEntry, AdmitterOnError, BusyThresholds, QueueOrder, QueueSettings,
+    RateLimit,
 };
 pub use attributes::{EngineMetricsSettings, RequestAttributeSettings, TenantSource};
 pub use auth::{AuthSettings, Keyring};

@@ -45,10 +45,14 @@ pub enum Turn {
     Evicted,
 }
 
+/// A waiter's place within its tenant: its deadline in microseconds of the queue's clock
+/// (0 in first-come-first-served order), then its arrival number.
+type Place = (u64, u64);
+
 #[derive(Default)]
 struct TenantQueue {
-    /// Arrival number -> the waiter's grant.
-    waiters: BTreeMap<u64, oneshot::Sender<()>>,
+    /// Place (deadline, then arrival) -> the waiter's grant.
+    waiters: BTreeMap<Place, oneshot::Sender<()>>,
     /// Tries left in this tenant's current turn.
     deficit: u32,
 }
@@ -80,6 +84,23 @@ struct QueueState {
 pub struct AdmissionQueue {
     state: Arc<Mutex<QueueState>>,
     counters: Arc<QueueCounters>,
+    /// The clock deadlines are counted on.
+    epoch: Epoch,
+}
+
+/// When the queue was made (deadlines are microseconds since).
+struct Epoch(std::time::Instant);
+
+impl Default for Epoch {
+    fn default() -> Self {
+        Epoch(std::time::Instant::now())
+    }
+}
+
+impl Epoch {
+    fn elapsed(&self) -> Duration {
+        self.0.elapsed()
+    }
 }
 
 /// What `/metrics` reports of the queue.
@@ -109,7 +130,7 @@ pub struct Ticket {
     priority: i32,
     tenant: String,
     weight: u32,
-    arrival: u64,
+    place: Place,
     grant: Option<oneshot::Receiver<()>>,
     /// Whether the ticket holds one of its partition's outstanding grants.
     granted: bool,
@@ -125,6 +146,7 @@ impl AdmissionQueue {
         AdmissionQueue {
             state: Arc::default(),
             counters,
+            epoch: Epoch::default(),
         }
     }
 
@@ -196,6 +218,8 @@ impl AdmissionQueue {
     }
 
     /// Queues a request for `partition`; refused when `max_queued` wait there already.
+    /// With a `deadline` (how long it may wait: `admission.queue.order: deadline`) it
+    /// goes ahead of its tenant's requests due later; without, behind every earlier one.
     pub fn enqueue(
         &self,
         partition: &PartitionKey,
@@ -203,6 +227,7 @@ impl AdmissionQueue {
         tenant: &str,
         weight: u32,
         max_queued: usize,
+        deadline: Option<Duration>,
     ) -> Result<Ticket, QueueRefusal> {
         let mut state = self.state.lock();
         let queued = state.partitions.get(partition).map_or(0, |p| p.len);
@@ -220,6 +245,10 @@ impl AdmissionQueue {
         }
         let arrival = state.next_arrival;
         state.next_arrival += 1;
+        let due = deadline.map_or(0, |wait| {
+            let due = self.epoch.elapsed().saturating_add(wait);
+            u64::try_from(due.as_micros()).unwrap_or(u64::MAX).max(1)
+        });
         let mut ticket = Ticket {
             state: self.state.clone(),
             counters: self.counters.clone(),
@@ -227,7 +256,7 @@ impl AdmissionQueue {
             priority,
             tenant: tenant.to_owned(),
             weight: weight.max(1),
-            arrival,
+            place: (due, arrival),
             queued_at: std::time::Instant::now(),
             grant: None,
             granted: false,
@@ -349,7 +378,7 @@ impl Ticket {
         if tenant.deficit == 0 {
             tenant.deficit = self.weight;
         }
-        tenant.waiters.insert(self.arrival, grant);
+        tenant.waiters.insert(self.place, grant);
         queue.len += 1;
         self.counters.waiting.fetch_add(1, Relaxed);
     }
@@ -470,7 +499,7 @@ impl Ticket {
         if self.grant.take().is_some() {
             if let Some(band) = queue.bands.get_mut(&Reverse(self.priority)) {
                 if let Some(tenant) = band.tenants.get_mut(&self.tenant) {
-                    if tenant.waiters.remove(&self.arrival).is_some() {
+                    if tenant.waiters.remove(&self.place).is_some() {
                         queue.len -= 1;
                         self.counters.waiting.fetch_sub(1, Relaxed);
                     }
@@ -526,7 +555,7 @@ mod tests {
         let queue = AdmissionQueue::default();
         let mut tickets: Vec<Ticket> = queued
             .iter()
-            .map(|&(p, t, w)| queue.enqueue(&partition(), p, t, w, 100).unwrap())
+            .map(|&(p, t, w)| queue.enqueue(&partition(), p, t, w, 100, None).unwrap())
             .collect();
         let mut granted = Vec::new();
         for _ in 0..queued.len() {
@@ -563,16 +592,16 @@ mod tests {
     #[test]
     fn full_queue_refuses_and_a_dropped_ticket_leaves_at_once() {
         let queue = AdmissionQueue::default();
-        let first = queue.enqueue(&partition(), 0, "t", 1, 2).unwrap();
-        let _second = queue.enqueue(&partition(), 0, "t", 1, 2).unwrap();
+        let first = queue.enqueue(&partition(), 0, "t", 1, 2, None).unwrap();
+        let _second = queue.enqueue(&partition(), 0, "t", 1, 2, None).unwrap();
         assert_eq!(
-            queue.enqueue(&partition(), 0, "t", 1, 2).err(),
+            queue.enqueue(&partition(), 0, "t", 1, 2, None).err(),
             Some(QueueRefusal::Full { queued: 2 })
         );
         drop(first);
         assert_eq!(queue.len(), 1, "the hung-up request left");
         assert_eq!(queue.counters().left.load(Relaxed), 1);
-        let mut late = queue.enqueue(&partition(), 0, "t", 1, 3).unwrap();
+        let mut late = queue.enqueue(&partition(), 0, "t", 1, 3, None).unwrap();
         late.time_out();
         drop(late);
         assert_eq!(queue.len(), 1, "a timed-out request leaves too");
@@ -582,29 +611,55 @@ mod tests {
             "counted once, as timed out"
         );
         assert_eq!(queue.counters().timed_out.load(Relaxed), 1);
-        assert!(queue.enqueue(&partition(), 0, "t", 1, 2).is_ok());
+        assert!(queue.enqueue(&partition(), 0, "t", 1, 2, None).is_ok());
     }
 
     #[test]
     fn a_full_queue_makes_room_for_higher_priority_only() {
         let queue = AdmissionQueue::default();
-        let mut low = queue.enqueue(&partition(), 0, "batch", 1, 2).unwrap();
-        let _high = queue.enqueue(&partition(), 5, "a", 1, 2).unwrap();
+        let mut low = queue.enqueue(&partition(), 0, "batch", 1, 2, None).unwrap();
+        let _high = queue.enqueue(&partition(), 5, "a", 1, 2, None).unwrap();
         assert_eq!(
-            queue.enqueue(&partition(), 0, "batch", 1, 2).err(),
+            queue.enqueue(&partition(), 0, "batch", 1, 2, None).err(),
             Some(QueueRefusal::Full { queued: 2 }),
             "the same priority waits no place"
         );
-        let _higher = queue.enqueue(&partition(), 9, "a", 1, 2).unwrap();
+        let _higher = queue.enqueue(&partition(), 9, "a", 1, 2, None).unwrap();
         assert_eq!(low.try_granted(), Some(Turn::Evicted));
         assert_eq!(queue.len(), 2);
     }
 
     #[test]
+    fn deadline_order_serves_the_earliest_due_first_within_a_tenant() {
+        let queue = AdmissionQueue::default();
+        let secs = |s| Some(Duration::from_secs(s));
+        let mut patient = queue
+            .enqueue(&partition(), 0, "t", 1, 10, secs(60))
+            .unwrap();
+        let mut urgent = queue.enqueue(&partition(), 0, "t", 1, 10, secs(1)).unwrap();
+        let mut fifo = queue.enqueue(&partition(), 0, "u", 1, 10, None).unwrap();
+        queue.release();
+        assert_eq!(
+            urgent.try_granted(),
+            Some(Turn::Granted),
+            "due first, though later"
+        );
+        assert_eq!(patient.try_granted(), None);
+        urgent.admitted();
+        assert_eq!(
+            fifo.try_granted(),
+            Some(Turn::Granted),
+            "tenants still take turns"
+        );
+        fifo.admitted();
+        assert_eq!(patient.try_granted(), Some(Turn::Granted));
+    }
+
+    #[test]
     fn a_requeued_try_keeps_its_place() {
         let queue = AdmissionQueue::default();
-        let mut early = queue.enqueue(&partition(), 0, "t", 1, 10).unwrap();
-        let mut late = queue.enqueue(&partition(), 0, "t", 1, 10).unwrap();
+        let mut early = queue.enqueue(&partition(), 0, "t", 1, 10, None).unwrap();
+        let mut late = queue.enqueue(&partition(), 0, "t", 1, 10, None).unwrap();
         queue.release();
         assert!(early.grant.as_mut().unwrap().try_recv().is_ok());
         early.grant = None;

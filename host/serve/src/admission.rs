@@ -7,6 +7,7 @@
 
 use std::time::{Duration, Instant};
 
+use switchyard_config::QueueOrder;
 use switchyard_fleet::admission::{QueueRefusal, Turn};
 use switchyard_fleet::router::{RouteError, Router};
 use switchyard_plugin_host::plugin::PartitionKey;
@@ -63,6 +64,7 @@ where
             tenant,
             weight,
             queue.max_queued,
+            (queue.order == QueueOrder::Deadline).then_some(max_wait),
         )
         .map_err(Waited::Refused)?;
     drop(generation);

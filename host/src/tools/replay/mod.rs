@@ -594,6 +594,8 @@ impl<'a> Simulation<'a> {
                 tenant,
                 weight,
                 queue.max_queued,
+                (queue.order == switchyard_config::QueueOrder::Deadline)
+                    .then(|| Duration::from_millis(queue.max_wait_ms)),
             ) {
                 Ok(ticket) => self.waiting.push((index, ticket)),
                 Err(_) => self.refuse(index),
