@@ -230,14 +230,12 @@ impl Frontend {
                 Ok(answer) => answer,
             };
             let status = answer.status();
-            let text = answer.bytes().await.map_err(|e| {
-                self.router.metrics.record_upstream_error();
-                bad_gateway(format!(
-                    "prefill worker {}: {}",
-                    worker.worker_id,
-                    describe(&e)
-                ))
-            })?;
+            let text = read_bounded(answer, MAX_PREFILL_ANSWER)
+                .await
+                .map_err(|e| {
+                    self.router.metrics.record_upstream_error();
+                    bad_gateway(format!("prefill worker {}: {e}", worker.worker_id))
+                })?;
             if !status.is_success() {
                 self.router.metrics.record_upstream_error();
                 let status = StatusCode::from_u16(status.as_u16())
@@ -315,7 +313,9 @@ impl Frontend {
                 let mut prefill = prefill;
                 match sent.await.and_then(reqwest::Response::error_for_status) {
                     Ok(answer) => {
-                        let _ = answer.bytes().await;
+                        // Drained, not kept: the answer is not the client's.
+                        let mut chunks = answer.bytes_stream();
+                        while let Some(Ok(_)) = futures_util::StreamExt::next(&mut chunks).await {}
                         prefill.lease.prefill_complete();
                     }
                     Err(error) => {
@@ -417,6 +417,24 @@ impl Frontend {
         );
         Ok(response)
     }
+}
+
+/// The most a prefill answer may take (it is one token and the KV connector's
+/// parameters); a larger one is the engine's failure, not the router's memory.
+const MAX_PREFILL_ANSWER: usize = 8 << 20;
+
+/// `answer`'s body, refused past `limit` bytes.
+async fn read_bounded(answer: reqwest::Response, limit: usize) -> Result<Vec<u8>, String> {
+    let mut body = Vec::new();
+    let mut chunks = answer.bytes_stream();
+    while let Some(chunk) = futures_util::StreamExt::next(&mut chunks).await {
+        let chunk = chunk.map_err(|e| describe(&e))?;
+        if body.len() + chunk.len() > limit {
+            return Err(format!("its answer is over {limit} bytes"));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    Ok(body)
 }
 
 fn answer_status(status: StatusCode) -> String {
