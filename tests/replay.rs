@@ -309,3 +309,76 @@ fn the_admission_queue_puts_the_interactive_tenant_first_in_replay() {
         "none refused:\n{csv}"
     );
 }
+
+/// `replay --prefill-workers P --decode-workers D`: the disaggregated fleet against an
+/// aggregated one of the same size, with the same interference model. A decode worker
+/// never prefills, so its decodes keep full speed while the aggregated ones stall during
+/// prefills (the TPOT tail); one decode worker for the whole fleet is a bottleneck.
+#[test]
+fn replay_compares_a_disaggregated_fleet_with_an_aggregated_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace.jsonl");
+    write_trace(&trace);
+    let table = |p: &str, d: &str, batch: &str| {
+        let out = run(Command::new(switchyard_bin())
+            .args([
+                "replay",
+                "--policy",
+                "kv-overlap",
+                "--prefill-workers",
+                p,
+                "--decode-workers",
+                d,
+            ])
+            .args([
+                "--decode-tps",
+                "40",
+                "--prefill-tps",
+                "20000",
+                "--decode-batch",
+                batch,
+            ])
+            .arg("--trace")
+            .arg(&trace));
+        let rows: Vec<Vec<f64>> = out
+            .lines()
+            .skip(1)
+            .map(|l| {
+                l.split_whitespace()
+                    .rev()
+                    .take(6)
+                    .map(|v| v.trim_end_matches('%').parse().unwrap())
+                    .collect::<Vec<f64>>()
+                    .into_iter()
+                    .rev()
+                    .collect()
+            })
+            .collect();
+        assert_eq!(rows.len(), 2, "{out}");
+        (out, rows)
+    };
+    // Columns: hit rate, TTFT p50, TTFT p99, TPOT p50, TPOT p99, tokens/s.
+    let (out, rows) = table("2", "2", "16");
+    let (aggregated, pairs) = (&rows[0], &rows[1]);
+    assert!(
+        out.lines().nth(1).unwrap().contains("aggregated 4"),
+        "{out}"
+    );
+    assert!(
+        out.lines().nth(2).unwrap().contains("2 prefill + 2 decode"),
+        "{out}"
+    );
+    assert!(
+        pairs[4] < aggregated[4],
+        "decodes never wait for a prefill: {out}"
+    );
+    assert!(
+        pairs[1] > aggregated[1],
+        "the KV transfer and half the prefill capacity cost TTFT: {out}"
+    );
+    let (out, rows) = table("3", "1", "4");
+    assert!(
+        rows[1][3] > rows[0][3] * 2.0,
+        "one decode worker for all is a bottleneck: {out}"
+    );
+}

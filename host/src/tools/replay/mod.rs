@@ -22,6 +22,7 @@
 //! The KV events reach the router in process, or (`--kv-events zmq`) as an engine sends
 //! them: over ZeroMQ on loopback, through the router's subscribers (`over_zmq`).
 
+mod disaggregated;
 mod over_zmq;
 
 use std::cmp::Reverse;
@@ -296,6 +297,24 @@ fn micros(seconds: f64) -> u64 {
     (seconds * 1e6).round() as u64
 }
 
+/// Stores a prefilled prompt's blocks in a worker's LRU cache: the blocks evicted, and
+/// the positions of those it did not hold.
+fn store_blocks(cache: &mut LruCache<u64, ()>, hashes: &[u64]) -> (Vec<u64>, Vec<usize>) {
+    let mut stored = Vec::new();
+    let mut removed = Vec::new();
+    for (i, &hash) in hashes.iter().enumerate() {
+        if cache.get(&hash).is_none() {
+            if let Some((evicted, ())) = cache.push(hash, ()) {
+                if evicted != hash {
+                    removed.push(evicted);
+                }
+            }
+            stored.push(i);
+        }
+    }
+    (removed, stored)
+}
+
 /// One policy's run of the trace: the simulated workers, pending events and tallies.
 struct Simulation<'a> {
     /// The replicas; request `i` is routed by replica `i % len`.
@@ -532,20 +551,7 @@ impl<'a> Simulation<'a> {
     /// Caches `hashes` on worker `w`: the hashes evicted, and the positions in `hashes`
     /// newly stored.
     fn store(&mut self, w: usize, hashes: &[u64]) -> (Vec<u64>, Vec<usize>) {
-        let cache = &mut self.workers[w].cache;
-        let mut stored = Vec::new();
-        let mut removed = Vec::new();
-        for (i, &hash) in hashes.iter().enumerate() {
-            if cache.get(&hash).is_none() {
-                if let Some((evicted, ())) = cache.push(hash, ()) {
-                    if evicted != hash {
-                        removed.push(evicted);
-                    }
-                }
-                stored.push(i);
-            }
-        }
-        (removed, stored)
+        store_blocks(&mut self.workers[w].cache, hashes)
     }
 
     /// When request `index` arrives, in microseconds of trace time (`--time-scale`
@@ -1123,6 +1129,24 @@ pub struct ReplayArgs {
     /// are reported beside each policy's row.
     #[arg(long, default_value_t = 0.0)]
     pub batch_share: f64,
+    /// With --decode-workers: compare a disaggregated fleet of this many prefill workers
+    /// against an aggregated fleet of the same total size (docs/disaggregation.md).
+    #[arg(long, requires = "decode_workers")]
+    pub prefill_workers: Option<usize>,
+    /// The disaggregated fleet's decode workers.
+    #[arg(long, requires = "prefill_workers")]
+    pub decode_workers: Option<usize>,
+    /// Disaggregated: time to move one block's KV from the prefill to the decode worker.
+    #[arg(long, default_value_t = 2.0)]
+    pub transfer_ms_per_block: f64,
+    /// The share of decode speed a worker's prefill takes from the decodes it runs (both
+    /// fleets; a decode worker never prefills).
+    #[arg(long, default_value_t = 0.5)]
+    pub prefill_interference: f64,
+    /// Decodes a worker runs at full speed at once (both fleets); past it they share
+    /// the worker's speed.
+    #[arg(long, default_value_t = 16)]
+    pub decode_batch: usize,
 }
 
 /// Instances `replay` offers without --config: built-in policies only.
@@ -1160,6 +1184,11 @@ pub fn run(args: &ReplayArgs) -> Result<(), String> {
         engine_sample_ms,
         ref time_scales,
         batch_share,
+        prefill_workers,
+        decode_workers,
+        transfer_ms_per_block,
+        prefill_interference,
+        decode_batch,
     } = *args;
     if time_scales.iter().any(|&t| !(t.is_finite() && t > 0.0))
         || !(0.0..=1.0).contains(&batch_share)
@@ -1231,6 +1260,57 @@ pub fn run(args: &ReplayArgs) -> Result<(), String> {
             .map_err(|e| e.to_string())
     };
     fresh_router()?;
+    if let (Some(p), Some(d)) = (prefill_workers, decode_workers) {
+        if p == 0 || d == 0 {
+            return Err("--prefill-workers and --decode-workers must be at least 1".into());
+        }
+        let valid = (0.0..1.0).contains(&prefill_interference)
+            && transfer_ms_per_block.is_finite()
+            && transfer_ms_per_block.is_sign_positive();
+        if !valid {
+            return Err(
+                "--prefill-interference is from 0 to below 1, --transfer-ms-per-block at least 0"
+                    .into(),
+            );
+        }
+        let mut reports = Vec::new();
+        for policy in policies {
+            for &time_scale in time_scales {
+                for (prefill, decode, fleet) in [
+                    (
+                        p + d,
+                        0,
+                        format!("{policy} @{time_scale}x aggregated {}", p + d),
+                    ),
+                    (
+                        p,
+                        d,
+                        format!("{policy} @{time_scale}x {p} prefill + {d} decode"),
+                    ),
+                ] {
+                    let params = disaggregated::PairParams {
+                        prefill_workers: prefill,
+                        decode_workers: decode,
+                        cache_blocks,
+                        prefill_tokens_per_s: prefill_tps,
+                        decode_tokens_per_s: decode_tps,
+                        block_size,
+                        transfer_ms_per_block,
+                        interference: prefill_interference,
+                        decode_batch: decode_batch.max(1),
+                        time_scale,
+                    };
+                    let router = fresh_router()?;
+                    reports.push(
+                        disaggregated::replay_pairs(&router, &trace, params, policy, fleet)
+                            .map_err(|e| e.to_string())?,
+                    );
+                }
+            }
+        }
+        print!("{}", disaggregated::table(&reports));
+        return Ok(());
+    }
     let mut reports = Vec::new();
     // Each policy at each replica count; with several replicas, each sync mode.
     let mut runs = Vec::new();
