@@ -294,3 +294,32 @@ fn a_busy_side_waits_in_the_admission_queue() {
     );
     wait_for_no_bookings(&router.address, Duration::from_secs(10));
 }
+
+/// `aggregated_fallback`: when the prefill side fails, a decode worker serves the request
+/// whole, in both flows; nothing stays booked.
+#[test]
+fn a_failed_prefill_falls_back_to_the_decode_worker_when_allowed() {
+    let dir = tempfile::tempdir().unwrap();
+    let broken = engine_sim(
+        "p-broken",
+        "127.0.0.1:0",
+        &["--role", "prefill", "--fail", "http500"],
+    );
+    let d0 = engine_sim("d0", "127.0.0.1:0", &["--role", "decode"]);
+    for mode in ["vllm", "sglang"] {
+        let yaml = format!(
+            "models:\n  demo: {{disaggregation: {mode}, aggregated_fallback: true}}\nworkers:\n  - {{model: demo, worker_id: 1, worker_type: prefill, url: \"{}\"}}\n  - {{model: demo, worker_id: 2, worker_type: decode, url: \"{}\"}}\n",
+            broken.address, d0.address
+        );
+        let router = serve(&write_config(dir.path(), &yaml));
+        let (status, prefill, body) = post(&router, &chat("whole on decode", false));
+        assert_eq!(
+            (status, prefill.as_deref()),
+            (200, Some("none")),
+            "{mode}: {body}"
+        );
+        let answer: Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(answer["system_fingerprint"], "d0", "{mode}: {answer}");
+        wait_for_no_bookings(&router.address, Duration::from_secs(10));
+    }
+}

@@ -231,6 +231,10 @@ pub struct ModelSettings {
     pub kv_tracking: KvTracking,
     /// Whether the frontend pairs a prefill and a decode worker per request.
     pub disaggregation: Disaggregation,
+    /// Disaggregated: when the prefill side fails (no prefill worker, or its engine
+    /// fails), a decode worker serves the request whole instead of the client getting
+    /// the error (its engine must serve whole requests, as vLLM's `kv_both` does).
+    pub aggregated_fallback: bool,
     /// `predicted`: blocks remembered per worker (least recently routed go first).
     pub predicted_blocks_per_worker: usize,
     /// `predicted`: seconds a routed block is assumed cached.
@@ -246,6 +250,7 @@ impl Default for ModelSettings {
         ModelSettings {
             kv_tracking: KvTracking::default(),
             disaggregation: Disaggregation::default(),
+            aggregated_fallback: false,
             predicted_blocks_per_worker: 65_536,
             predicted_ttl_secs: 600,
             tokenizer: None,

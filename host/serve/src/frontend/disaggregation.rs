@@ -276,7 +276,10 @@ impl Frontend {
         slot: OwnedSemaphorePermit,
     ) -> Result<Response, OpenAiError> {
         let original = request_object(&pair.body)?;
-        let (mut prefill, answer) = self.prefill(pair, &vllm_prefill_body(&original)).await?;
+        let (mut prefill, answer) = match self.prefill(pair, &vllm_prefill_body(&original)).await {
+            Ok(done) => done,
+            Err(failure) => return self.whole_on_decode(pair, None, failure, slot).await,
+        };
         // The prefill worker's part is done once it answered.
         prefill.lease.prefill_complete();
         prefill.lease.free();
@@ -299,7 +302,14 @@ impl Frontend {
         let decode = self.select_side(pair, RequestWorkerType::Decode).await?;
         let mut refused = 0;
         loop {
-            let prefill = self.select_side(pair, RequestWorkerType::Prefill).await?;
+            let prefill = match self.select_side(pair, RequestWorkerType::Prefill).await {
+                Ok(prefill) => prefill,
+                Err(failure) => {
+                    return self
+                        .whole_on_decode(pair, Some(decode), failure, slot)
+                        .await
+                }
+            };
             let prefill_worker = prefill.worker();
             let (body, room) = self.with_bootstrap(&original, &prefill)?;
             // The prefill runs beside the decode; its answer is read and dropped, and its
@@ -346,12 +356,49 @@ impl Frontend {
                     continue;
                 }
             }
-            return Err(bad_gateway(format!(
+            let failure = bad_gateway(format!(
                 "prefill worker {} (bootstrap room {room}): {}",
                 prefill_worker.worker_id,
                 describe(&error)
-            )));
+            ));
+            return self
+                .whole_on_decode(pair, Some(decode), failure, slot)
+                .await;
         }
+    }
+
+    /// The prefill side failed with `failure`: with `aggregated_fallback`, a decode
+    /// worker (`decode`, or one selected now) serves the request whole; without, the
+    /// client gets the failure.
+    async fn whole_on_decode(
+        self: &Arc<Self>,
+        pair: &Pair,
+        decode: Option<Side>,
+        failure: OpenAiError,
+        slot: OwnedSemaphorePermit,
+    ) -> Result<Response, OpenAiError> {
+        let generation = self.router.generation();
+        let models = &generation.startup.source.config.models;
+        let fallback = models
+            .get(&pair.prompt.model)
+            .is_some_and(|m| m.aggregated_fallback);
+        drop(generation);
+        if !fallback {
+            return Err(failure);
+        }
+        tracing::warn!(model = %pair.prompt.model, error = %failure.message, "the prefill side failed; a decode worker serves the request whole (aggregated_fallback)");
+        let decode = match decode {
+            Some(decode) => decode,
+            None => self.select_side(pair, RequestWorkerType::Decode).await?,
+        };
+        let original = request_object(&pair.body)?;
+        let upstream = self.post(&decode, pair.endpoint, &original).send().await;
+        let mut response = self.relay_decode(pair, decode, upstream, 0, slot).await?;
+        response.headers_mut().insert(
+            HeaderName::from_static("x-switchyard-prefill-worker"),
+            HeaderValue::from_static("none"),
+        );
+        Ok(response)
     }
 
     /// The client's body with the prefill worker's bootstrap address and a fresh room.
