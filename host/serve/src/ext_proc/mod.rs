@@ -579,6 +579,18 @@ struct Wanted {
     admitted: Arc<std::sync::OnceLock<switchyard_plugin_sdk::Placement>>,
 }
 
+/// The endpoint the gateway reaches `worker` at.
+fn endpoint_of(
+    eligible: &[(WorkerId, SocketAddr)],
+    worker: WorkerId,
+) -> Result<SocketAddr, OpenAiError> {
+    eligible
+        .iter()
+        .find(|(id, _)| *id == worker)
+        .map(|(_, endpoint)| *endpoint)
+        .ok_or_else(|| no_endpoint(format!("worker {} has no endpoint", worker.worker_id)))
+}
+
 /// Parses the body and selects and books a worker among the eligible endpoints
 /// (blocking: tokenizers and plugin code run here).
 fn decide(
@@ -670,16 +682,7 @@ fn decide(
             worker_id: chosen.worker_id,
             dp_rank: chosen.dp_rank,
         };
-        let at = eligible
-            .iter()
-            .find(|(id, _)| *id == worker)
-            .map(|(_, endpoint)| *endpoint)
-            .ok_or_else(|| {
-                no_endpoint(format!(
-                    "prefill worker {} has no endpoint",
-                    worker.worker_id
-                ))
-            })?;
+        let at = endpoint_of(&eligible, worker)?;
         request.worker_type = RequestWorkerType::Decode;
         Some((lease, at))
     } else {
@@ -706,11 +709,7 @@ fn decide(
         worker_id: decision.worker_id,
         dp_rank: decision.dp_rank,
     };
-    let endpoint = eligible
-        .iter()
-        .find(|(id, _)| *id == worker)
-        .map(|(_, endpoint)| *endpoint)
-        .ok_or_else(|| no_endpoint(format!("worker {} has no endpoint", worker.worker_id)))?;
+    let endpoint = endpoint_of(&eligible, worker)?;
     router.predict_cached(&prompt.model, worker, &prompt.block_hashes);
     Ok(Booked {
         lease,

@@ -19,7 +19,7 @@ use std::sync::Arc;
 
 use lru::LruCache;
 
-use super::{micros, store_blocks, ReplayError, TraceRequest};
+use super::{cached_prefix, micros, store_blocks, ReplayError, TraceRequest};
 use crate::config::WorkerRole;
 use crate::fleet::kv_index::KvEvent;
 use crate::fleet::router::{RequestWorkerType, RouteError, RouteRequest, Router};
@@ -163,16 +163,9 @@ impl Pairs<'_> {
         self.prefill_worker[index] = w;
         let request = &self.trace[index];
         let worker = &mut self.workers[w];
-        let hit = request
-            .hash_ids
-            .iter()
-            .take_while(|h| worker.cache.get(h).is_some())
-            .count() as u64;
+        let (hit, new_tokens) = cached_prefix(&mut worker.cache, request, self.params.block_size);
         self.hit_blocks += hit;
         self.total_blocks += request.hash_ids.len() as u64;
-        let new_tokens = request
-            .input_length
-            .saturating_sub(hit * u64::from(self.params.block_size));
         let start = worker.prefill_free_at.max(arrival);
         let end = start + new_tokens as f64 / self.params.prefill_tokens_per_s;
         worker.prefill_free_at = end;

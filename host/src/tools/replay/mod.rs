@@ -297,6 +297,24 @@ fn micros(seconds: f64) -> u64 {
     (seconds * 1e6).round() as u64
 }
 
+/// How much of `request`'s prompt a worker's LRU cache holds (blocks, touched as used),
+/// and the prompt tokens left to prefill.
+fn cached_prefix(
+    cache: &mut LruCache<u64, ()>,
+    request: &TraceRequest,
+    block_size: u32,
+) -> (u64, u64) {
+    let hit = request
+        .hash_ids
+        .iter()
+        .take_while(|h| cache.get(h).is_some())
+        .count() as u64;
+    let new_tokens = request
+        .input_length
+        .saturating_sub(hit * u64::from(block_size));
+    (hit, new_tokens)
+}
+
 /// Stores a prefilled prompt's blocks in a worker's LRU cache: the blocks evicted, and
 /// the positions of those it did not hold.
 fn store_blocks(cache: &mut LruCache<u64, ()>, hashes: &[u64]) -> (Vec<u64>, Vec<usize>) {
@@ -726,17 +744,9 @@ impl<'a> Simulation<'a> {
         self.assigned[index] = w;
         let arrival = self.arrival_us(index) as f64 / 1e6;
         let worker = &mut self.workers[w];
-
-        let hit = request
-            .hash_ids
-            .iter()
-            .take_while(|h| worker.cache.get(h).is_some())
-            .count() as u64;
+        let (hit, new_tokens) = cached_prefix(&mut worker.cache, request, self.params.block_size);
         self.hit_blocks += hit;
         self.total_blocks += request.hash_ids.len() as u64;
-        let new_tokens = request
-            .input_length
-            .saturating_sub(hit * u64::from(self.params.block_size));
         let start = worker.prefill_free_at.max(now as f64 / 1e6);
         let mut load_adapter = 0.0;
         if let Some(a) = adapter {
