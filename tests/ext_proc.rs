@@ -674,3 +674,75 @@ fn a_disaggregated_pick_names_the_prefill_worker_for_the_decode_sidecar() {
         wait_for_zero_load(&base).await;
     });
 }
+
+/// A disaggregated side whose workers are all busy waits in its own partition's queue
+/// while Envoy holds the stream: the second request is picked only when the first one's
+/// decode booking ends.
+#[test]
+fn a_busy_decode_side_waits_in_its_own_queue_behind_envoy() {
+    let dir = tempfile::tempdir().unwrap();
+    let (prefill, decode) = (listening_address(), listening_address());
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "models:\n  demo: {{disaggregation: vllm}}\nadmission:\n  busy: {{max_active_requests: 1}}\n  queue: {{max_wait_ms: 20000}}\nworkers:\n  - {{model: demo, worker_id: 1, worker_type: prefill, address: \"{prefill}\"}}\n  - {{model: demo, worker_id: 2, worker_type: decode, address: \"{decode}\"}}\n"
+        ),
+    );
+    let port = free_port();
+    let router = serve_with_picker(&config, port);
+    let base = router.address.clone();
+    runtime().block_on(async {
+        let mut client = client(port).await;
+        let mut first = Envoy::open(&mut client, None).await;
+        let Answer::Picked(endpoint) = first
+            .request("/v1/chat/completions", None, &chat("first"), 1)
+            .await
+        else {
+            panic!("no pick");
+        };
+        first.response_headers(Some(&endpoint)).await;
+        first
+            .response_chunk(b"data: {\"choices\": []}\n\n", false)
+            .await;
+        // The prefill booking ended with the decode's first bytes; the decode worker is
+        // still at its threshold.
+        let mut second_client = client.clone();
+        let second = tokio::spawn(async move {
+            let mut envoy = Envoy::open(&mut second_client, None).await;
+            let answer = envoy
+                .request("/v1/chat/completions", None, &chat("second"), 1)
+                .await;
+            (envoy, answer)
+        });
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !second.is_finished(),
+            "the second waits for the decode worker"
+        );
+        let waiting: Json = support::get(format!("{base}/v1/policies"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(waiting["admission"]["waiting"], 1, "{waiting}");
+        first.response_chunk(b"data: [DONE]\n\n", true).await;
+        first.half_close();
+        let (mut envoy, answer) = tokio::time::timeout(Duration::from_secs(10), second)
+            .await
+            .expect("granted once the first ended")
+            .unwrap();
+        let Answer::Picked(picked) = answer else {
+            panic!("expected a pick, got {answer:?}");
+        };
+        assert_eq!(picked, decode);
+        assert_eq!(
+            envoy.pick_headers,
+            [("x-prefiller-host-port".to_owned(), prefill.clone())]
+        );
+        envoy.response_headers(Some(&decode)).await;
+        envoy.response_chunk(b"data: [DONE]\n\n", true).await;
+        envoy.half_close();
+        wait_for_zero_load(&base).await;
+    });
+}

@@ -385,8 +385,10 @@ impl Exchange {
                     let mut busy = None;
                     match decide(&picker, &caller, wanted, &body, &mut busy) {
                         Ok(booked) => Ok(booked),
-                        Err(_) if busy.is_some() => Err(Attempt::Busy(busy)),
-                        Err(error) => Err(Attempt::Failed(error)),
+                        Err(error) => Err(match busy {
+                            Some(place) => Attempt::Busy(place),
+                            None => Attempt::Failed(error),
+                        }),
                     }
                 })
                 .await
@@ -401,26 +403,29 @@ impl Exchange {
         };
         let first = attempt().await;
         let place = match &first {
-            Err(Attempt::Busy(Some(place))) => place.clone(),
-            _ => BusyPlace::default(),
+            Err(Attempt::Busy(place)) => Some(place.clone()),
+            _ => None,
         };
         let router = self.picker.frontend.router().clone();
-        let waited = crate::admission::queued(
-            &router,
-            crate::admission::Place {
-                partition: PartitionKey::new(
-                    place.model,
-                    switchyard_plugin_sdk::WorkerType::Select,
-                ),
-                priority: place.priority,
-                tenant: place.tenant.as_deref(),
-                max_wait: place.max_wait,
-            },
-            first,
-            |e| matches!(e, Attempt::Busy(_)),
-            attempt,
-        )
-        .await;
+        let waited = match place {
+            // Not busy: the first try's answer is the answer.
+            None => first.map_err(crate::admission::Waited::Failed),
+            Some(place) => {
+                crate::admission::queued(
+                    &router,
+                    crate::admission::Place {
+                        partition: place.partition,
+                        priority: place.priority,
+                        tenant: place.tenant.as_deref(),
+                        max_wait: place.max_wait,
+                    },
+                    first,
+                    |e| matches!(e, Attempt::Busy(_)),
+                    attempt,
+                )
+                .await
+            }
+        };
         let booked = match waited {
             Ok(booked) => Ok(booked),
             Err(crate::admission::Waited::Failed(Attempt::Failed(error))) => Err(error),
@@ -553,15 +558,15 @@ fn no_endpoint(message: impl Into<String>) -> OpenAiError {
 
 /// A pick that found every worker busy, and where the request waits.
 enum Attempt {
-    Busy(Option<BusyPlace>),
+    Busy(BusyPlace),
     Failed(OpenAiError),
 }
 
-/// Where a request that found every worker busy waits: its partition's model, priority
-/// and tenant.
-#[derive(Clone, Default)]
+/// Where a request that found every worker busy waits: its partition, priority and
+/// tenant.
+#[derive(Clone)]
 struct BusyPlace {
-    model: String,
+    partition: PartitionKey,
     priority: i32,
     tenant: Option<String>,
     max_wait: Option<std::time::Duration>,
@@ -577,6 +582,31 @@ struct Wanted {
     /// The request's admission (rate limit and admitters), made at its first try and
     /// kept by the later ones of a queued request.
     admitted: Arc<std::sync::OnceLock<switchyard_plugin_sdk::Placement>>,
+}
+
+/// `request` selected and booked; when every worker of its partition is busy, `busy`
+/// says where it waits (that partition: a disaggregated side waits in its own).
+fn booked_or_busy(
+    router: &Router,
+    request: &switchyard_fleet::router::RouteRequest,
+    described: &request_attributes::Described,
+    busy: &mut Option<BusyPlace>,
+) -> Result<switchyard_fleet::router::RouteDecision, OpenAiError> {
+    match router.select_and_reserve(request) {
+        Err(RouteError::Saturated(why)) => {
+            let partition =
+                PartitionKey::new(request.model.clone(), request.worker_type.worker_type());
+            let place = described.place(partition.clone());
+            *busy = Some(BusyPlace {
+                partition,
+                priority: place.priority,
+                tenant: place.tenant.map(str::to_owned),
+                max_wait: place.max_wait,
+            });
+            Err(RouteError::Saturated(why).into())
+        }
+        other => Ok(other?),
+    }
 }
 
 /// The endpoint the gateway reaches `worker` at.
@@ -676,7 +706,7 @@ fn decide(
         let mut prefill = request.clone();
         prefill.request_id = Some(id.clone());
         prefill.worker_type = RequestWorkerType::Prefill;
-        let chosen = router.select_and_reserve(&prefill)?;
+        let chosen = booked_or_busy(router, &prefill, &described, busy)?;
         let lease = Lease::new(router.clone(), id);
         let worker = WorkerId {
             worker_id: chosen.worker_id,
@@ -688,22 +718,7 @@ fn decide(
     } else {
         None
     };
-    let decision = match router.select_and_reserve(&request) {
-        Err(RouteError::Saturated(why)) => {
-            let place = described.place(PartitionKey::new(
-                prompt.model.clone(),
-                switchyard_plugin_sdk::WorkerType::Select,
-            ));
-            *busy = Some(BusyPlace {
-                model: prompt.model.clone(),
-                priority: place.priority,
-                tenant: place.tenant.map(str::to_owned),
-                max_wait: place.max_wait,
-            });
-            return Err(RouteError::Saturated(why).into());
-        }
-        other => other?,
-    };
+    let decision = booked_or_busy(router, &request, &described, busy)?;
     let lease = Lease::new(router.clone(), request_id);
     let worker = WorkerId {
         worker_id: decision.worker_id,
