@@ -80,9 +80,12 @@ impl Router {
         saturation.active_requests = columns.active_requests.iter().map(|&a| u64::from(a)).sum();
         saturation.active_prefill_tokens = columns.active_prefill_tokens.iter().sum();
         if let Some(busy) = admission.map(|a| &a.busy).filter(|b| b.any()) {
-            let mut not_busy = Vec::new();
-            mark_not_busy(busy, &busy_inputs(columns), &mut not_busy, true);
-            saturation.busy_workers = not_busy.iter().filter(|&&ok| ok == 0).count() as u64;
+            // The thread's selection buffer (a selection runs after this, not during).
+            SCRATCH.with(|scratch| {
+                let not_busy = &mut scratch.borrow_mut().selection.allowed;
+                mark_not_busy(busy, &busy_inputs(columns), not_busy, true);
+                saturation.busy_workers = not_busy.iter().filter(|&&ok| ok == 0).count() as u64;
+            });
         }
         saturation
     }

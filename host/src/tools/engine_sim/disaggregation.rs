@@ -196,8 +196,12 @@ pub fn vllm_params(name: &str, id: &str, blocks: u64, address: std::net::SocketA
 /// Pulls transfer `id` from the prefill engine at `from`, waiting up to `wait` for it to
 /// exist (SGLang's decode waits for its room; vLLM's transfer exists when asked): the
 /// blocks and the prefill engine's name.
-pub async fn pull(from: &str, id: &str, wait: Duration) -> Result<(u64, String), String> {
-    let client = reqwest::Client::new();
+pub async fn pull(
+    client: &reqwest::Client,
+    from: &str,
+    id: &str,
+    wait: Duration,
+) -> Result<(u64, String), String> {
     let url = format!("http://{from}/switchyard-sim/kv/{id}/pull");
     let deadline = Instant::now() + wait;
     loop {

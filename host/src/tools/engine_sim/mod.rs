@@ -162,6 +162,8 @@ struct Engine {
     transfers: disaggregation::Transfers,
     /// Where it listens (what a vLLM prefill engine names as `remote_host:remote_port`).
     address: SocketAddr,
+    /// A decode engine's client to its prefill engines (one pool for every pull).
+    client: reqwest::Client,
 }
 
 /// The engine's requests by phase, as vLLM's scheduler gauges count them.
@@ -426,7 +428,7 @@ async fn complete(
             from,
             id,
             engine: named,
-        } => match disaggregation::pull(from, id, Duration::ZERO).await {
+        } => match disaggregation::pull(&engine.client, from, id, Duration::ZERO).await {
             Ok((_, source)) if named.as_ref().is_some_and(|n| *n != source) => {
                 let message = format!(
                     "`remote_engine_id` names `{}`, but {from} is `{source}`",
@@ -443,7 +445,7 @@ async fn complete(
         },
         Handoff::SglangDecode { from, room } => {
             let id = disaggregation::room_id(*room);
-            match disaggregation::pull(from, &id, Duration::from_secs(30)).await {
+            match disaggregation::pull(&engine.client, from, &id, Duration::from_secs(30)).await {
                 Ok((blocks, source)) => {
                     engine.transfers.received(&source);
                     transferred_from = Some(source);
@@ -637,6 +639,7 @@ pub async fn run(args: EngineSimArgs) -> std::io::Result<()> {
     let engine = Arc::new(Engine {
         transfers: disaggregation::Transfers::default(),
         address,
+        client: reqwest::Client::new(),
         cache: Mutex::new(LruCache::new(capacity)),
         events,
         prefill_free_at: Mutex::new(Instant::now()),
