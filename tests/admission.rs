@@ -8,7 +8,7 @@ mod support;
 
 use std::io::Write;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::*;
@@ -22,29 +22,6 @@ fn new_agent() -> ureq::Agent {
 fn chat(content: &str, max_tokens: u32) -> Value {
     json!({"model": "demo", "max_tokens": max_tokens,
            "messages": [{"role": "user", "content": content}]})
-}
-
-/// A metric's value from `/metrics` (0 when absent).
-fn metric(agent: &ureq::Agent, base: &str, name: &str) -> f64 {
-    let text = agent
-        .get(&format!("{base}/metrics"))
-        .call()
-        .unwrap()
-        .into_string()
-        .unwrap();
-    text.lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
-}
-
-fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
-    let started = Instant::now();
-    while !done() {
-        assert!(started.elapsed() < Duration::from_secs(30), "{what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 #[test]
@@ -104,7 +81,7 @@ fn three_times_capacity_every_request_answered_nothing_left_behind() {
         );
     }
     let agent = new_agent();
-    let queued = metric(&agent, &base, "switchyard_admission_queued_total");
+    let queued = metric(&base, "switchyard_admission_queued_total");
     println!(
         "60 requests at 3x capacity: {ok} served, {} refused; {queued} waited in the queue",
         60 - ok
@@ -115,7 +92,7 @@ fn three_times_capacity_every_request_answered_nothing_left_behind() {
     wait_for("bookings back to zero", || {
         active_requests(&base).iter().all(|&n| n == 0)
     });
-    assert_eq!(metric(&agent, &base, "switchyard_admission_waiting"), 0.0);
+    assert_eq!(metric(&base, "switchyard_admission_waiting"), 0.0);
 
     // A queued client that hangs up leaves the queue at once.
     let busy: Vec<_> = (0..4)
@@ -141,7 +118,7 @@ fn three_times_capacity_every_request_answered_nothing_left_behind() {
     )
     .unwrap();
     wait_for("the request queued", || {
-        metric(&agent, &base, "switchyard_admission_waiting") == 1.0
+        metric(&base, "switchyard_admission_waiting") == 1.0
     });
     let policies: Value = agent
         .get(&format!("{base}/v1/policies"))
@@ -153,12 +130,12 @@ fn three_times_capacity_every_request_answered_nothing_left_behind() {
     assert_eq!(admission["waiting"], 1, "{admission}");
     assert_eq!(admission["busy"]["max_active_requests"], 2, "{admission}");
     assert_eq!(admission["queue"]["max_queued"], 4, "{admission}");
-    let left_before = metric(&agent, &base, "switchyard_admission_left_total");
+    let left_before = metric(&base, "switchyard_admission_left_total");
     drop(waiting);
     wait_for("the hung-up request left the queue", || {
-        metric(&agent, &base, "switchyard_admission_waiting") == 0.0
+        metric(&base, "switchyard_admission_waiting") == 0.0
     });
-    assert!(metric(&agent, &base, "switchyard_admission_left_total") > left_before);
+    assert!(metric(&base, "switchyard_admission_left_total") > left_before);
     for b in busy {
         b.join().unwrap();
     }
@@ -190,21 +167,19 @@ fn a_high_priority_request_overtakes_the_low_priority_queue() {
             finished.lock().unwrap().push((name, status));
         })
     };
-    let agent = new_agent();
     let mut threads = vec![send("first", 0, 200)];
     wait_for("the first request booked", || {
-        metric(&agent, &base, "switchyard_admission_waiting") == 0.0
-            && active_requests(&base) == [1]
+        metric(&base, "switchyard_admission_waiting") == 0.0 && active_requests(&base) == [1]
     });
     for (i, name) in ["low-1", "low-2", "low-3"].into_iter().enumerate() {
         threads.push(send(name, 0, 20));
         wait_for("the low request queued", || {
-            metric(&agent, &base, "switchyard_admission_waiting") == (i + 1) as f64
+            metric(&base, "switchyard_admission_waiting") == (i + 1) as f64
         });
     }
     threads.push(send("high", 10, 20));
     wait_for("the high request queued", || {
-        metric(&agent, &base, "switchyard_admission_waiting") == 4.0
+        metric(&base, "switchyard_admission_waiting") == 4.0
     });
     for t in threads {
         t.join().unwrap();
@@ -214,7 +189,7 @@ fn a_high_priority_request_overtakes_the_low_priority_queue() {
     assert!(finished.iter().all(|(_, s)| *s == 200), "{finished:?}");
     assert_eq!(order, ["first", "high", "low-1", "low-2", "low-3"]);
     assert_eq!(
-        metric(&agent, &base, "switchyard_admission_wait_seconds_count"),
+        metric(&base, "switchyard_admission_wait_seconds_count"),
         4.0,
         "the four that waited are in the wait histogram"
     );
@@ -323,14 +298,7 @@ fn a_tenant_over_its_rate_gets_429_and_others_do_not() {
     );
     std::thread::sleep(Duration::from_millis(1100));
     assert_eq!(post("noisy").0, 200, "refilled after a second");
-    let agent = new_agent();
-    assert!(
-        metric(
-            &agent,
-            &router.address,
-            "switchyard_admission_rate_limited_total"
-        ) >= 2.0
-    );
+    assert!(metric(&router.address, "switchyard_admission_rate_limited_total") >= 2.0);
 }
 
 /// `max_active_prefill_tokens` asks whether the worker has room for this request's

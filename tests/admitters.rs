@@ -9,7 +9,7 @@ mod support;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::real_envoy::Envoy;
@@ -49,24 +49,7 @@ fn post_as(url: &str, tenant: Option<&str>, body: &Value) -> (u16, Option<String
 }
 
 fn waiting(base: &str) -> f64 {
-    let text = agent()
-        .get(&format!("{base}/metrics"))
-        .call()
-        .unwrap()
-        .into_string()
-        .unwrap();
-    text.lines()
-        .find_map(|l| l.strip_prefix("switchyard_admission_waiting "))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
-}
-
-fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
-    let started = Instant::now();
-    while !done() {
-        assert!(started.elapsed() < Duration::from_secs(30), "{what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    metric(base, "switchyard_admission_waiting")
 }
 
 /// One engine, one request at a time; tenants from `x-tenant`; the C allow-list with

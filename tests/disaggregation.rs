@@ -25,21 +25,6 @@ fn chat(content: &str, stream: bool) -> Value {
            "messages": [{"role": "user", "content": content}]})
 }
 
-/// The value of `name` (with its labels, if any) in an engine's `/metrics` (0 if absent).
-fn engine_metric(engine: &Process, name: &str) -> f64 {
-    let text = agent()
-        .get(&format!("{}/metrics", engine.address))
-        .call()
-        .unwrap()
-        .into_string()
-        .unwrap();
-    text.lines()
-        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0.0)
-}
-
 /// A router over `prefill` and `decode` engines (ids from 1, prefill first) for `mode`.
 fn pd_router(
     dir: &std::path::Path,
@@ -106,14 +91,18 @@ fn served_on_both_paths(mode: &str) {
     assert!(body.ends_with("data: [DONE]\n\n"), "{body}");
     // Each decode pulled its KV from p0, as the prefill's answer (vLLM) or the shared room
     // (SGLang) told it; p0 keeps nothing behind.
-    let received =
-        |d: &Process| engine_metric(d, "switchyard_sim_kv_transfers_received_total{from=\"p0\"}");
+    let received = |d: &Process| {
+        metric(
+            &d.address,
+            "switchyard_sim_kv_transfers_received_total{from=\"p0\"}",
+        )
+    };
     assert_eq!(received(&d0) + received(&d1), 2.0);
     assert_eq!(
-        engine_metric(&p0, "switchyard_sim_kv_transfers_taken_total"),
+        metric(&p0.address, "switchyard_sim_kv_transfers_taken_total"),
         2.0
     );
-    assert_eq!(engine_metric(&p0, "switchyard_sim_kv_transfers_kept"), 0.0);
+    assert_eq!(metric(&p0.address, "switchyard_sim_kv_transfers_kept"), 0.0);
     wait_for_no_bookings(&router.address, Duration::from_secs(10));
 }
 

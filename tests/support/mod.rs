@@ -446,3 +446,34 @@ pub fn serve_with_picker(config: &Path, picker: u16) -> Process {
         "switchyard listening on ",
     )
 }
+
+/// The value of the metric line `name` (with its labels, if any) in the `/metrics` of the
+/// router or engine at `base`; 0 when absent.
+pub fn metric(base: &str, name: &str) -> f64 {
+    let agent = ureq::AgentBuilder::new()
+        .timeout(std::time::Duration::from_secs(30))
+        .build();
+    let text = agent
+        .get(&format!("{base}/metrics"))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    text.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Polls `done` every 20 ms; fails naming `what` after 30 s.
+pub fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let started = std::time::Instant::now();
+    while !done() {
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(30),
+            "{what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}

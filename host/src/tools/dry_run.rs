@@ -259,22 +259,23 @@ pub fn run(args: &SelectArgs, startup: &Startup) -> Result<String, String> {
                 Err(why.into())
             };
         }
-        rows = without(&rows, &busy);
+        let mut is_busy = vec![false; rows.len()];
+        for &row in &busy {
+            is_busy[row] = true;
+        }
+        rows = without(&rows, &is_busy);
         extras = RowExtras {
-            labels: without(&extras.labels, &busy),
-            engine: without(&extras.engine, &busy),
+            labels: without(&extras.labels, &is_busy),
+            engine: without(&extras.engine, &is_busy),
         };
     }
     pick(args, &name, policy, &request, &rows, &extras, admission)
 }
 
-/// `items` but the rows in `busy`.
-fn without<T: Clone>(items: &[T], busy: &[usize]) -> Vec<T> {
-    let kept = items
-        .iter()
-        .enumerate()
-        .filter(|(row, _)| !busy.contains(row));
-    kept.map(|(_, item)| item.clone()).collect()
+/// `items` but the rows `is_busy` marks.
+fn without<T: Clone>(items: &[T], is_busy: &[bool]) -> Vec<T> {
+    let kept = items.iter().zip(is_busy).filter(|(_, &busy)| !busy);
+    kept.map(|(item, _)| item.clone()).collect()
 }
 
 /// The instance's decision over `rows`, after the lines `admission` says.
