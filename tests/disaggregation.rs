@@ -312,3 +312,153 @@ fn a_failed_prefill_falls_back_to_the_decode_worker_when_allowed() {
         wait_for_no_bookings(&router.address, Duration::from_secs(10));
     }
 }
+
+/// The fields of the engine family's protocol a prefill or decode request carries: the
+/// rest of a peer router's request is its own typed request's defaults (`logprobs`,
+/// `skip_special_tokens`, ...), which switchyard does not add: it passes the client's.
+const VLLM_FIELDS: &[&str] = &[
+    "kv_transfer_params",
+    "stream",
+    "stream_options",
+    "max_tokens",
+    "max_completion_tokens",
+    "min_tokens",
+];
+const SGLANG_FIELDS: &[&str] = &["stream", "stream_options", "bootstrap_host", "bootstrap_port"];
+
+/// What an engine-sim recorded (`--record`), one JSON object per line.
+fn recorded(path: &std::path::Path) -> Vec<Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect()
+}
+
+/// The requests a recording engine received (not the answers it recorded).
+fn received(records: &[Value]) -> Vec<&Value> {
+    records.iter().filter(|r| r.get("body").is_some()).collect()
+}
+
+/// Sends the golden file's client requests through switchyard (`mode`) in front of
+/// recording engine-sims, and checks each side's request against what the peer router
+/// sent: the protocol's fields alike, one `x-request-id` for both sides, and every other
+/// field the client's own.
+fn matches_the_peer_router(mode: &str, golden: &str) {
+    let golden: Value = serde_json::from_str(
+        &std::fs::read_to_string(repo().join("tests/fixtures/disaggregation").join(golden))
+            .unwrap(),
+    )
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let (p_log, d_log) = (dir.path().join("p.jsonl"), dir.path().join("d.jsonl"));
+    let p_arg = p_log.to_str().unwrap();
+    let d_arg = d_log.to_str().unwrap();
+    let p0 = engine_sim("p0", "127.0.0.1:0", &["--role", "prefill", "--record", p_arg]);
+    let d0 = engine_sim("d0", "127.0.0.1:0", &["--role", "decode", "--record", d_arg]);
+    let p_url = reqwest::Url::parse(&p0.address).unwrap();
+    let (p_host, p_port) = (p_url.host_str().unwrap(), p_url.port().unwrap());
+    let yaml = format!(
+        "models:\n  demo: {{disaggregation: {mode}}}\nworkers:\n  \
+         - {{model: demo, worker_id: 1, worker_type: prefill, url: \"{}\", bootstrap_port: {p_port}}}\n  \
+         - {{model: demo, worker_id: 2, worker_type: decode, url: \"{}\"}}\n",
+        p0.address, d0.address
+    );
+    let router = serve(&write_config(dir.path(), &yaml));
+    let fields = if mode == "vllm" { VLLM_FIELDS } else { SGLANG_FIELDS };
+    let exchanges = golden["exchanges"].as_array().unwrap();
+    assert_eq!(exchanges.len(), 3, "the golden file's exchanges");
+    for (n, exchange) in exchanges.iter().enumerate() {
+        let path = exchange["path"].as_str().unwrap();
+        let client = &exchange["client"];
+        let answer = agent()
+            .post(&format!("{}{path}", router.address))
+            .send_json(client.clone());
+        let answer = answer.unwrap_or_else(|e| panic!("{path} {client}: {e}"));
+        let _ = answer.into_string();
+        wait_for("both engines to record the request", || {
+            received(&recorded(&p_log)).len() > n && received(&recorded(&d_log)).len() > n
+        });
+        let (p_records, d_records) = (recorded(&p_log), recorded(&d_log));
+        let (ours_p, ours_d) = (received(&p_records)[n], received(&d_records)[n]);
+        let (theirs_p, theirs_d) = (&exchange["prefill"], &exchange["decode"]);
+        let context = format!(
+            "{} vs switchyard, {path} {client}:\n  theirs: {theirs_p}\n          {theirs_d}\n  ours:   {ours_p}\n          {ours_d}",
+            golden["router"]
+        );
+        for (ours, theirs) in [(ours_p, theirs_p), (ours_d, theirs_d)] {
+            assert_eq!(ours["path"], theirs["path"], "{context}");
+            for field in fields {
+                let (o, t) = (&ours["body"][field], &theirs["body"][field]);
+                if *field == "kv_transfer_params" && t["do_remote_prefill"] == true {
+                    // The decode carries what its prefill answered, whole.
+                    assert_eq!(
+                        *t, golden["prefill_answer_kv_transfer_params"],
+                        "{context}"
+                    );
+                    let answered = p_records
+                        .iter()
+                        .filter_map(|r| r.get("answered_kv_transfer_params"))
+                        .nth(n)
+                        .unwrap_or_else(|| panic!("p0 answered no kv_transfer_params: {context}"));
+                    assert_eq!(o, answered, "{field}: {context}");
+                } else if *field == "bootstrap_host" || *field == "bootstrap_port" {
+                    let bootstrap = &golden["prefill_bootstrap"];
+                    assert_eq!(t, &bootstrap[&field["bootstrap_".len()..]], "{context}");
+                    let ours_expected = if *field == "bootstrap_host" {
+                        json!(p_host)
+                    } else {
+                        json!(p_port)
+                    };
+                    assert_eq!(*o, ours_expected, "{field}: {context}");
+                } else if *field == "max_tokens" && t.is_null() {
+                    // SGLang's router writes the client's `max_tokens` as
+                    // `max_completion_tokens` (its own request type); both mean one limit.
+                    assert_eq!(*o, client["max_tokens"], "{context}");
+                    let renamed = &theirs["body"]["max_completion_tokens"];
+                    assert!(renamed.is_null() || *renamed == client["max_tokens"], "{context}");
+                } else if *field == "stream" {
+                    // Absent is not streamed (the peers write their default, `false`).
+                    let streamed = |v: &Value| v.as_bool().unwrap_or(false);
+                    assert_eq!(streamed(o), streamed(t), "{field}: {context}");
+                } else if *field == "max_completion_tokens" && client.get(*field).is_none() {
+                    assert!(o.is_null(), "{field}: {context}");
+                } else {
+                    assert_eq!(o, t, "{field}: {context}");
+                }
+            }
+            // Everything else is the client's, as it sent it.
+            for (key, value) in client.as_object().unwrap() {
+                if !fields.contains(&key.as_str()) {
+                    assert_eq!(&ours["body"][key], value, "{key}: {context}");
+                }
+            }
+        }
+        // One id for both sides, as the peer sends (SGLang's router sends none; the
+        // bootstrap room is what ties the pair there).
+        if theirs_p["x-request-id"].is_string() {
+            assert_eq!(theirs_p["x-request-id"], theirs_d["x-request-id"], "{context}");
+        }
+        assert!(ours_p["x-request-id"].is_string(), "{context}");
+        assert_eq!(ours_p["x-request-id"], ours_d["x-request-id"], "{context}");
+        if mode == "sglang" {
+            for side in [theirs_p, theirs_d, ours_p, ours_d] {
+                let room = side["body"]["bootstrap_room"].as_u64();
+                assert!(room.is_some_and(|r| r < 1 << 63), "a room below 2^63: {context}");
+            }
+            assert_eq!(theirs_p["body"]["bootstrap_room"], theirs_d["body"]["bootstrap_room"]);
+            assert_eq!(ours_p["body"]["bootstrap_room"], ours_d["body"]["bootstrap_room"], "{context}");
+        }
+    }
+    wait_for_no_bookings(&router.address, Duration::from_secs(10));
+}
+
+#[test]
+fn vllm_requests_carry_what_vllm_router_sends() {
+    matches_the_peer_router("vllm", "vllm-router.json");
+}
+
+#[test]
+fn sglang_requests_carry_what_sglang_router_sends() {
+    matches_the_peer_router("sglang", "sglang-router.json");
+}

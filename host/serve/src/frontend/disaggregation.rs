@@ -41,6 +41,9 @@ pub(super) struct Pair {
     pub instance: Option<String>,
     pub body: Bytes,
     pub arrived: Instant,
+    /// The `x-request-id` both engines of the pair get, as vLLM's proxies and SGLang's
+    /// router send one id to both sides (the KV connector may key the transfer by it).
+    pub engine_request_id: String,
 }
 
 /// A booked worker of one side of the pair.
@@ -171,20 +174,15 @@ impl Frontend {
         })
     }
 
-    fn post(
-        &self,
-        side: &Side,
-        endpoint: Endpoint,
-        body: &Map<String, Value>,
-    ) -> reqwest::RequestBuilder {
+    fn post(&self, side: &Side, pair: &Pair, body: &Map<String, Value>) -> reqwest::RequestBuilder {
         self.client
             .post(format!(
                 "{}{}",
                 side.url.trim_end_matches('/'),
-                endpoint.path()
+                pair.endpoint.path()
             ))
             .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .header("x-request-id", side.lease.request_id())
+            .header("x-request-id", &pair.engine_request_id)
             .timeout(Duration::from_secs(self.settings.request_timeout_secs))
             .body(Value::Object(body.clone()).to_string())
     }
@@ -200,7 +198,7 @@ impl Frontend {
         loop {
             let side = self.select_side(pair, RequestWorkerType::Prefill).await?;
             let worker = side.worker();
-            let sent = self.post(&side, pair.endpoint, body).send().await;
+            let sent = self.post(&side, pair, body).send().await;
             let answer = match sent {
                 Err(error) if error.is_connect() && refused < self.settings.connect_retries => {
                     self.router.mark_unhealthy(
@@ -288,7 +286,7 @@ impl Frontend {
             decode_body.insert("kv_transfer_params".into(), params.clone());
         }
         let decode = self.select_side(pair, RequestWorkerType::Decode).await?;
-        let upstream = self.post(&decode, pair.endpoint, &decode_body).send().await;
+        let upstream = self.post(&decode, pair, &decode_body).send().await;
         self.relay_decode(pair, decode, upstream, prefill.decision.worker_id, slot)
             .await
     }
@@ -316,7 +314,7 @@ impl Frontend {
             // booking ends with it.
             let (failed, prefill_failed) = tokio::sync::oneshot::channel::<reqwest::Error>();
             let (sent, router) = (
-                self.post(&prefill, pair.endpoint, &body).send(),
+                self.post(&prefill, pair, &body).send(),
                 self.router.clone(),
             );
             tokio::spawn(async move {
@@ -335,7 +333,7 @@ impl Frontend {
                 }
                 prefill.lease.free();
             });
-            let upstream = self.post(&decode, pair.endpoint, &body).send();
+            let upstream = self.post(&decode, pair, &body).send();
             let error = tokio::select! {
                 upstream = upstream => {
                     return self.relay_decode(pair, decode, upstream, prefill_worker.worker_id, slot).await
@@ -392,7 +390,7 @@ impl Frontend {
             None => self.select_side(pair, RequestWorkerType::Decode).await?,
         };
         let original = request_object(&pair.body)?;
-        let upstream = self.post(&decode, pair.endpoint, &original).send().await;
+        let upstream = self.post(&decode, pair, &original).send().await;
         let mut response = self.relay_decode(pair, decode, upstream, 0, slot).await?;
         response.headers_mut().insert(
             HeaderName::from_static("x-switchyard-prefill-worker"),
@@ -500,8 +498,9 @@ fn request_object(body: &Bytes) -> Result<Map<String, Value>, OpenAiError> {
     }
 }
 
-/// vLLM's prefill request: the client's, asking for remote decode, one token, not
-/// streamed (the fields its disaggregated proxy sets; `min_tokens` is not for P).
+/// vLLM's prefill request: the client's, asking for remote decode, exactly one token
+/// (`max_tokens` and `min_tokens` 1, as vllm-router sets them), not streamed
+/// (`tests/fixtures/disaggregation/` holds what vllm-router sends).
 fn vllm_prefill_body(original: &Map<String, Value>) -> Map<String, Value> {
     let mut body = original.clone();
     body.insert(
@@ -517,10 +516,11 @@ fn vllm_prefill_body(original: &Map<String, Value>) -> Map<String, Value> {
     );
     body.insert("stream".into(), json!(false));
     body.insert("max_tokens".into(), json!(1));
+    body.insert("min_tokens".into(), json!(1));
     if body.contains_key("max_completion_tokens") {
         body.insert("max_completion_tokens".into(), json!(1));
     }
-    for key in ["stream_options", "min_tokens", "min_completion_tokens"] {
+    for key in ["stream_options", "min_completion_tokens"] {
         body.remove(key);
     }
     body
@@ -542,7 +542,8 @@ mod tests {
         assert_eq!(body["stream"], false);
         assert_eq!(body["max_tokens"], 1);
         assert_eq!(body["max_completion_tokens"], 1);
-        assert!(!body.contains_key("stream_options") && !body.contains_key("min_tokens"));
+        assert!(!body.contains_key("stream_options"));
+        assert_eq!(body["min_tokens"], 1);
         assert_eq!(body["kv_transfer_params"]["do_remote_decode"], true);
         assert_eq!(body["kv_transfer_params"]["remote_block_ids"], Value::Null);
         assert_eq!(body["messages"], json!([]));

@@ -416,6 +416,7 @@ impl Frontend {
                     instance,
                     body,
                     arrived,
+                    engine_request_id: self.next_request_id(),
                 };
                 return self.serve_pair(mode, pair, slot).await;
             }

@@ -190,6 +190,7 @@ pub fn vllm_params(name: &str, id: &str, blocks: u64, address: std::net::SocketA
         "remote_request_id": id,
         "remote_host": address.ip().to_string(),
         "remote_port": address.port(),
+        "tp_size": 1,
     })
 }
 

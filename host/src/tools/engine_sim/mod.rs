@@ -36,7 +36,7 @@ use axum::serve::ListenerExt;
 use axum::{Json, Router as HttpRouter};
 use lru::LruCache;
 use parking_lot::Mutex;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use crate::fleet::kv_events::publisher::{self, Publisher, PublisherSettings};
 use crate::fleet::kv_events::wire::{
@@ -126,6 +126,11 @@ pub struct EngineSimArgs {
     /// A decode engine's time to receive one KV block from its prefill engine, ms.
     #[arg(long, default_value_t = 0.05)]
     pub transfer_ms_per_block: f64,
+    /// Append each completion request it receives (path, `x-request-id`, body) and each
+    /// `kv_transfer_params` it answers to this file, one JSON object per line: what a
+    /// router sent, for tests and for debugging a router.
+    #[arg(long)]
+    pub record: Option<std::path::PathBuf>,
 }
 
 /// The engine's own chained block hashes: sha256 over the parent's hash and the block's
@@ -164,6 +169,20 @@ struct Engine {
     address: SocketAddr,
     /// A decode engine's client to its prefill engines (one pool for every pull).
     client: reqwest::Client,
+    /// `--record`'s file.
+    record: Option<Mutex<std::fs::File>>,
+}
+
+impl Engine {
+    /// One line of `--record` (a failed write is reported, not fatal: the engine serves on).
+    fn record(&self, line: Value) {
+        let Some(file) = &self.record else { return };
+        let mut text = line.to_string();
+        text.push('\n');
+        if let Err(e) = std::io::Write::write_all(&mut *file.lock(), text.as_bytes()) {
+            eprintln!("engine-sim: cannot write --record: {e}");
+        }
+    }
 }
 
 /// The engine's requests by phase, as vLLM's scheduler gauges count them.
@@ -373,6 +392,13 @@ async fn complete(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    let request_id = headers.get("x-request-id").and_then(|v| v.to_str().ok());
+    engine.record(json!({
+        "path": endpoint.path(),
+        "x-request-id": request_id,
+        "body": serde_json::from_slice::<Value>(&body)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned())),
+    }));
     let prompt = match prompt::parse(endpoint, &body, engine.args.block_size, |_| None) {
         Ok(prompt) => prompt,
         Err(e) => {
@@ -498,6 +524,7 @@ async fn complete(
                     prompt.request_blocks,
                     engine.address,
                 );
+                engine.record(json!({"x-request-id": id, "answered_kv_transfer_params": params}));
                 engine.transfers.keep(id, prompt.request_blocks);
                 answer["kv_transfer_params"] = params;
             }
@@ -635,6 +662,21 @@ pub async fn run(args: EngineSimArgs) -> std::io::Result<()> {
         None => None,
     };
     let engine_tls = (args.tls_cert.clone(), args.tls_key.clone());
+    let record = match &args.record {
+        Some(path) => Some(Mutex::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .map_err(|e| {
+                    std::io::Error::new(
+                        e.kind(),
+                        format!("--record {}: cannot open: {e}", path.display()),
+                    )
+                })?,
+        )),
+        None => None,
+    };
     let address = listener.local_addr()?;
     let engine = Arc::new(Engine {
         transfers: disaggregation::Transfers::default(),
@@ -645,6 +687,7 @@ pub async fn run(args: EngineSimArgs) -> std::io::Result<()> {
         prefill_free_at: Mutex::new(Instant::now()),
         requests: AtomicU64::new(0),
         load: Mutex::new(Load::default()),
+        record,
         args,
     });
     let models = json!({"object": "list", "data": [{"id": engine.args.model, "object": "model", "created": 0, "owned_by": "switchyard-engine-sim"}]});
