@@ -50,7 +50,7 @@ fn check_on_the_example_config_prints_the_summary() {
         "acme-least-busy 0.1.0",
         "acme-least-busy-c 0.1.0",
         "acme-least-busy-cpp 0.1.0",
-        "ABI:      1.3, SDK revision 0.4.0",
+        "ABI:      1.4, SDK revision 0.5.0",
         "policy  least-busy",
         "filter  acme.min-device-overlap  reads: CACHE",
         "scorer  cpp.active-requests  reads: LOAD",

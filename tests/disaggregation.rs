@@ -462,3 +462,89 @@ fn vllm_requests_carry_what_vllm_router_sends() {
 fn sglang_requests_carry_what_sglang_router_sends() {
     matches_the_peer_router("sglang", "sglang-router.json");
 }
+
+/// Both sides' lifecycle notifications, from a scorer that logs them
+/// (`tests/fixtures/lifecycle_plugin.c`) built against `include`: a router of the
+/// partitions' default instance, one request through `mode`, the log's lines once both
+/// sides finished.
+fn pair_notifications(mode: &str, include: &std::path::Path) -> Vec<String> {
+    let dir = tempfile::tempdir().unwrap();
+    let lib = compile_c(
+        dir.path(),
+        "lifecycle",
+        &repo().join("tests/fixtures/lifecycle_plugin.c"),
+        include,
+        &[],
+    );
+    let log = dir.path().join("notifications.log");
+    let p0 = engine_sim("p0", "127.0.0.1:0", &["--role", "prefill"]);
+    let d0 = engine_sim("d0", "127.0.0.1:0", &["--role", "decode"]);
+    let yaml = format!(
+        "plugins:\n  - path: {}\nmodels:\n  demo: {{disaggregation: {mode}}}\nworkers:\n  \
+         - {{model: demo, worker_id: 1, worker_type: prefill, url: \"{}\"}}\n  \
+         - {{model: demo, worker_id: 2, worker_type: decode, url: \"{}\"}}\n\
+         worker_selection:\n  default: logged\n  instances:\n    - name: logged\n      \
+         scorers: [{{type: fixture.lifecycle-log, parameters: {{log: \"{}\"}}}}]\n      \
+         picker: {{type: builtin.lowest-cost}}\n",
+        lib.display(),
+        p0.address,
+        d0.address,
+        log.display()
+    );
+    let router = serve(&write_config(dir.path(), &yaml));
+    let (status, prefill, body) = post(&router, &chat("paired", true));
+    assert_eq!((status, prefill.as_deref()), (200, Some("1")), "{body}");
+    let mut lines = Vec::new();
+    wait_for("both sides' on_finished", || {
+        lines = std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        lines.iter().filter(|l| l.starts_with("finished")).count() == 2
+    });
+    wait_for_no_bookings(&router.address, Duration::from_secs(10));
+    lines
+}
+
+/// The line of `event` about worker `worker` (1: prefill, 2: decode).
+fn line_of<'a>(lines: &'a [String], event: &str, worker: &str) -> &'a str {
+    lines
+        .iter()
+        .find(|l| {
+            let fields: Vec<&str> = l.split(' ').collect();
+            fields[0] == event && fields[2] == worker
+        })
+        .unwrap_or_else(|| panic!("no `{event}` for worker {worker}: {lines:#?}"))
+}
+
+#[test]
+fn lifecycle_notifications_name_the_pair() {
+    for mode in ["vllm", "sglang"] {
+        let lines = pair_notifications(mode, &repo().join("include"));
+        // Each side's on_finished names the other.
+        assert!(line_of(&lines, "finished", "1").ends_with(" paired 2"), "{mode}: {lines:#?}");
+        assert!(line_of(&lines, "finished", "2").ends_with(" paired 1"), "{mode}: {lines:#?}");
+        // on_selected names it when the other side was chosen first: vLLM's flow
+        // chooses the prefill first, SGLang's the decode.
+        let (first, second, other) = if mode == "vllm" {
+            ("1", "2", "1")
+        } else {
+            ("2", "1", "2")
+        };
+        assert!(line_of(&lines, "selected", first).ends_with(" -"), "{mode}: {lines:#?}");
+        let paired = line_of(&lines, "selected", second);
+        assert!(paired.ends_with(&format!(" paired {other}")), "{mode}: {lines:#?}");
+    }
+}
+
+#[test]
+fn a_plugin_built_against_the_frozen_1_3_header_hears_no_pair_and_works() {
+    let frozen = repo().join("tests/fixtures/abi-1.3");
+    let header = std::fs::read_to_string(frozen.join("switchyard/plugin.h")).unwrap();
+    assert!(header.contains("#define SWITCHYARD_ABI_MINOR 3"), "the frozen header is 1.3");
+    assert!(!header.contains("paired_worker_id"));
+    let lines = pair_notifications("vllm", &frozen);
+    assert_eq!(lines.len(), 6, "selected, prefill and finished on each side: {lines:#?}");
+    assert!(lines.iter().all(|l| !l.contains("paired")), "{lines:#?}");
+}

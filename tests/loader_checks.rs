@@ -168,7 +168,7 @@ fn sdk_revision_compatible_by_default_exact_on_request() {
         lib.display()
     );
     let error = start_error(dir.path(), &config);
-    assert!(error.contains("SDK revision mismatch: `revision: exact` requires 0.4.0, the plugin was built with 0.0.1"), "{error}");
+    assert!(error.contains("SDK revision mismatch: `revision: exact` requires 0.5.0, the plugin was built with 0.0.1"), "{error}");
     assert!(error.contains(&lib.display().to_string()), "{error}");
 }
 

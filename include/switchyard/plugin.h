@@ -17,7 +17,7 @@
 #include <string.h>
 
 /* Revision of the SDK this header belongs to (the crate version). */
-#define SWITCHYARD_SDK_REVISION "0.4.0"
+#define SWITCHYARD_SDK_REVISION "0.5.0"
 
 /**
  * Major version of the plugin ABI. Changes only when existing fields change; the host
@@ -29,14 +29,19 @@
  * Minor version of the plugin ABI. Grows when fields or callbacks are appended; the host
  * accepts plugins of any minor up to its own.
  */
-#define SWITCHYARD_ABI_MINOR 3
+#define SWITCHYARD_ABI_MINOR 4
 
 /**
  * Fingerprint of this minor's layout (every struct's fields, sizes and alignments, every
  * callback's signature). A plugin compiled against a hand-edited or stale header reports
  * a different value and is refused.
  */
-#define SWITCHYARD_LAYOUT_FINGERPRINT 15329185482688310853ull
+#define SWITCHYARD_LAYOUT_FINGERPRINT 14700644756528908575ull
+
+/**
+ * Fingerprint of the ABI 1.3 layout, which the router keeps accepting from 1.3 plugins.
+ */
+#define SWITCHYARD_LAYOUT_FINGERPRINT_1_3 15329185482688310853ull
 
 /**
  * Fingerprint of the ABI 1.2 layout, which the router keeps accepting from 1.2 plugins.
@@ -230,6 +235,11 @@
  * Session input trigger: something else.
  */
 #define SWITCHYARD_TRIGGER_OTHER 3
+
+/**
+ * `switchyard_outcome.paired_worker_id` when there is no pair (ABI 1.4).
+ */
+#define SWITCHYARD_NO_WORKER UINT64_MAX
 
 /**
  * A borrowed UTF-8 string: `len` bytes at `ptr`, not NUL-terminated.
@@ -648,6 +658,22 @@ typedef struct switchyard_outcome {
    * Seconds from the selection to the request's end; NaN until it ended.
    */
   double seconds_to_finish;
+  /**
+   * ABI 1.4: the other worker of a disaggregated pair (docs/disaggregation.md): the
+   * decode worker in the prefill side's notifications, the prefill worker in the
+   * decode side's; `SWITCHYARD_NO_WORKER` when the request is served whole, or while
+   * the other side is not chosen yet. `on_finished` always names it; `on_selected`
+   * does when the other side was chosen first. Past `struct_size` in an older router.
+   */
+  uint64_t paired_worker_id;
+  /**
+   * ABI 1.4: the paired worker's data-parallel rank (0 without a pair).
+   */
+  uint32_t paired_dp_rank;
+  /**
+   * Zero; keeps the layout explicit.
+   */
+  uint32_t reserved0;
 } switchyard_outcome;
 
 /**

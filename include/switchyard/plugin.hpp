@@ -381,6 +381,18 @@ public:
     uint32_t dp_rank() const noexcept { return raw_->dp_rank; }
     std::optional<double> seconds_to_prefill_complete() const noexcept { return known(raw_->seconds_to_prefill_complete); }
     std::optional<double> seconds_to_finish() const noexcept { return known(raw_->seconds_to_finish); }
+    // ABI 1.4: the other worker of a disaggregated pair (the decode worker in a prefill
+    // partition's notifications, the prefill worker in a decode partition's); nullopt for
+    // a request served whole, before the other side is chosen, or from an older router.
+    std::optional<uint64_t> paired_worker_id() const noexcept {
+        if (raw_->struct_size < offsetof(switchyard_outcome, reserved0) ||
+            raw_->paired_worker_id == SWITCHYARD_NO_WORKER)
+            return std::nullopt;
+        return raw_->paired_worker_id;
+    }
+    uint32_t paired_dp_rank() const noexcept {
+        return raw_->struct_size < offsetof(switchyard_outcome, reserved0) ? 0 : raw_->paired_dp_rank;
+    }
 
 private:
     static std::optional<double> known(double v) noexcept { return v != v ? std::nullopt : std::optional<double>(v); }

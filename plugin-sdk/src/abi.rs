@@ -28,7 +28,7 @@ use abi_stable::StableAbi;
 pub const SWITCHYARD_ABI_MAJOR: u16 = 1;
 /// Minor version of the plugin ABI. Grows when fields or callbacks are appended; the host
 /// accepts plugins of any minor up to its own.
-pub const SWITCHYARD_ABI_MINOR: u16 = 3;
+pub const SWITCHYARD_ABI_MINOR: u16 = 4;
 /// Revision of the SDK that produced this header (the `switchyard-plugin-sdk` crate
 /// version). Informational by default; `revision: exact` in the router config demands an
 /// exact match.
@@ -37,7 +37,9 @@ pub const SWITCHYARD_SDK_REVISION: &str = env!("CARGO_PKG_VERSION");
 /// Fingerprint of this minor's layout (every struct's fields, sizes and alignments, every
 /// callback's signature). A plugin compiled against a hand-edited or stale header reports
 /// a different value and is refused.
-pub const SWITCHYARD_LAYOUT_FINGERPRINT: u64 = 0xd4bc_34fa_9fb6_2e45;
+pub const SWITCHYARD_LAYOUT_FINGERPRINT: u64 = 0xcc03_2e84_ca1d_491f;
+/// Fingerprint of the ABI 1.3 layout, which the router keeps accepting from 1.3 plugins.
+pub const SWITCHYARD_LAYOUT_FINGERPRINT_1_3: u64 = 0xd4bc_34fa_9fb6_2e45;
 /// Fingerprint of the ABI 1.2 layout, which the router keeps accepting from 1.2 plugins.
 pub const SWITCHYARD_LAYOUT_FINGERPRINT_1_2: u64 = 0x0759_3cc8_96d2_9888;
 /// Fingerprint of the ABI 1.1 layout, which the router keeps accepting from 1.1 plugins.
@@ -381,7 +383,20 @@ pub struct switchyard_outcome {
     pub seconds_to_prefill_complete: f64,
     /// Seconds from the selection to the request's end; NaN until it ended.
     pub seconds_to_finish: f64,
+    /// ABI 1.4: the other worker of a disaggregated pair (docs/disaggregation.md): the
+    /// decode worker in the prefill side's notifications, the prefill worker in the
+    /// decode side's; `SWITCHYARD_NO_WORKER` when the request is served whole, or while
+    /// the other side is not chosen yet. `on_finished` always names it; `on_selected`
+    /// does when the other side was chosen first. Past `struct_size` in an older router.
+    pub paired_worker_id: u64,
+    /// ABI 1.4: the paired worker's data-parallel rank (0 without a pair).
+    pub paired_dp_rank: u32,
+    /// Zero; keeps the layout explicit.
+    pub reserved0: u32,
 }
+
+/// `switchyard_outcome.paired_worker_id` when there is no pair (ABI 1.4).
+pub const SWITCHYARD_NO_WORKER: u64 = u64::MAX;
 
 /// How loaded a partition is when a request arrives (ABI 1.3): what an admitter weighs.
 /// Host-owned, valid for the call. Counts are this router's view (with `replicas:`, the

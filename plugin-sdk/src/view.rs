@@ -248,6 +248,18 @@ impl<'a> Outcome<'a> {
     pub fn seconds_to_finish(&self) -> Option<f64> {
         Some(self.raw.seconds_to_finish).filter(|s| !s.is_nan())
     }
+    /// The other worker of a disaggregated pair (ABI 1.4): the decode worker in a
+    /// prefill partition's notifications, the prefill worker in a decode partition's.
+    /// `None` for a request served whole, before the other side is chosen, or from a
+    /// router older than 1.4.
+    pub fn paired_worker(&self) -> Option<WorkerId> {
+        let end = core::mem::offset_of!(switchyard_outcome, reserved0);
+        (self.raw.struct_size as usize >= end && self.raw.paired_worker_id != SWITCHYARD_NO_WORKER)
+            .then(|| WorkerId {
+                worker_id: self.raw.paired_worker_id,
+                dp_rank: self.raw.paired_dp_rank,
+            })
+    }
 }
 
 /// Worker identity: ID and data-parallel rank.

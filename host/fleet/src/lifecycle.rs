@@ -135,6 +135,17 @@ impl Lifecycles {
         }
     }
 
+    /// The request is one side of a disaggregated pair whose other side is `other`
+    /// (`None`: no longer paired).
+    pub fn paired(&self, request_id: &str, other: Option<WorkerId>) {
+        if self.count.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        if let Some(t) = self.tracked.lock().get_mut(request_id) {
+            t.outcome.paired = other;
+        }
+    }
+
     /// The request ended: its one `on_finished`.
     pub fn finished(&self, request_id: &str) {
         if self.count.load(Ordering::Relaxed) == 0 {

@@ -109,6 +109,10 @@ pub struct RouteRequest {
     /// reach); an empty set leaves none.
     #[serde(skip)]
     pub only: Option<Arc<FxHashSet<WorkerId>>>,
+    /// The other side of a disaggregated pair when it was chosen first: the lifecycle
+    /// notifications name it (`switchyard_outcome.paired_worker_id`).
+    #[serde(skip)]
+    pub paired: Option<WorkerId>,
 }
 
 /// Where a request goes.
@@ -410,6 +414,12 @@ impl Router {
         });
         self.lifecycles.moved(request_id, to);
         Ok(())
+    }
+
+    /// Request `request_id` (one side of a disaggregated pair) is paired with `other`
+    /// (`None`: served whole after all): its remaining lifecycle notifications name it.
+    pub fn pair(&self, request_id: &str, other: Option<WorkerId>) {
+        self.lifecycles.paired(request_id, other);
     }
 
     /// Every worker a gateway can send to (it has an `address`, or a `url` with an IP
@@ -759,6 +769,7 @@ impl Router {
                         worker: *worker,
                         to_prefill_complete: None,
                         to_finish: None,
+                        paired: query.request.paired,
                     };
                     // Failures are counted on the stage and logged; they change nothing.
                     let _ = selector.notify_selected(context, &outcome);

@@ -533,8 +533,9 @@ fn unknown_parameters_refused(refused: bool) {
     );
 }
 
-/// Two routed requests' notifications, as the router sends them: one served, one whose
-/// worker went away before its first token.
+/// Two routed requests' notifications, as the router sends them: one served (one side of
+/// a disaggregated pair, named when it ends), one whose worker went away before its first
+/// token.
 fn lifecycle_script() -> [(Lifecycle, Outcome); 5] {
     let worker = WorkerId {
         worker_id: 1,
@@ -545,12 +546,20 @@ fn lifecycle_script() -> [(Lifecycle, Outcome); 5] {
         worker,
         to_prefill_complete: prefill.map(Duration::from_secs_f64),
         to_finish: finish.map(Duration::from_secs_f64),
+        paired: None,
+    };
+    let paired = Outcome {
+        paired: Some(WorkerId {
+            worker_id: 2,
+            dp_rank: 0,
+        }),
+        ..outcome(1, Some(0.25), Some(2.0))
     };
     [
         (Lifecycle::Selected, outcome(1, None, None)),
         (Lifecycle::Selected, outcome(2, None, None)),
         (Lifecycle::PrefillComplete, outcome(1, Some(0.25), None)),
-        (Lifecycle::Finished, outcome(1, Some(0.25), Some(2.0))),
+        (Lifecycle::Finished, paired),
         (Lifecycle::Finished, outcome(2, None, Some(0.5))),
     ]
 }

@@ -120,6 +120,8 @@ pub struct Outcome {
     pub worker: WorkerId,
     pub to_prefill_complete: Option<Duration>,
     pub to_finish: Option<Duration>,
+    /// The other worker of a disaggregated pair, once chosen (ABI 1.4).
+    pub paired: Option<WorkerId>,
 }
 
 impl Outcome {
@@ -134,6 +136,10 @@ impl Outcome {
             },
             to_prefill_complete: duration(raw.seconds_to_prefill_complete),
             to_finish: duration(raw.seconds_to_finish),
+            paired: (raw.paired_worker_id != SWITCHYARD_NO_WORKER).then_some(WorkerId {
+                worker_id: raw.paired_worker_id,
+                dp_rank: raw.paired_dp_rank,
+            }),
         }
     }
 
@@ -146,6 +152,9 @@ impl Outcome {
             worker_id: self.worker.worker_id,
             seconds_to_prefill_complete: seconds(self.to_prefill_complete),
             seconds_to_finish: seconds(self.to_finish),
+            paired_worker_id: self.paired.map_or(SWITCHYARD_NO_WORKER, |w| w.worker_id),
+            paired_dp_rank: self.paired.map_or(0, |w| w.dp_rank),
+            reserved0: 0,
         }
     }
 }

@@ -714,7 +714,8 @@ fn decide(
         };
         let at = endpoint_of(&eligible, worker)?;
         request.worker_type = RequestWorkerType::Decode;
-        Some((lease, at))
+        request.paired = Some(worker);
+        Some((lease, at, worker))
     } else {
         None
     };
@@ -726,6 +727,10 @@ fn decide(
     };
     let endpoint = endpoint_of(&eligible, worker)?;
     router.predict_cached(&prompt.model, worker, &prompt.block_hashes);
+    let prefill = prefill.map(|(prefill, at, _)| {
+        router.pair(prefill.request_id(), Some(worker));
+        (prefill, at)
+    });
     Ok(Booked {
         lease,
         worker,

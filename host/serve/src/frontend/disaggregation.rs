@@ -98,15 +98,16 @@ impl Frontend {
         self: &Arc<Self>,
         pair: &Pair,
         role: RequestWorkerType,
+        paired: Option<WorkerId>,
     ) -> Result<Side, OpenAiError> {
-        let first = self.try_side(pair, role).await;
+        let first = self.try_side(pair, role, paired).await;
         let partition = PartitionKey::new(pair.prompt.model.clone(), role.worker_type());
         let waited = crate::admission::queued(
             &self.router,
             pair.described.place(partition),
             first,
             |e: &SideError| matches!(e, SideError::Route(RouteError::Saturated(_))),
-            || self.try_side(pair, role),
+            || self.try_side(pair, role, paired),
         )
         .await;
         waited.map_err(|waited| match waited {
@@ -119,12 +120,13 @@ impl Frontend {
         })
     }
 
-    /// One try at selecting and booking a worker of `role` (off the executor: plugin
-    /// code runs).
+    /// One try at selecting and booking a worker of `role`, paired with the other side's
+    /// worker when that was chosen first (off the executor: plugin code runs).
     async fn try_side(
         self: &Arc<Self>,
         pair: &Pair,
         role: RequestWorkerType,
+        paired: Option<WorkerId>,
     ) -> Result<Side, SideError> {
         let frontend = self.clone();
         let (prompt, described, instance) = (
@@ -137,6 +139,7 @@ impl Frontend {
             let mut request = frontend.route_request(&prompt, &described, id.clone(), instance);
             request.block_hashes = Some(prompt.block_hashes.clone());
             request.worker_type = role;
+            request.paired = paired;
             let decision = frontend
                 .router
                 .select_and_reserve(&request)
@@ -196,7 +199,9 @@ impl Frontend {
     ) -> Result<(Side, Value), OpenAiError> {
         let mut refused = 0;
         loop {
-            let side = self.select_side(pair, RequestWorkerType::Prefill).await?;
+            let side = self
+                .select_side(pair, RequestWorkerType::Prefill, None)
+                .await?;
             let worker = side.worker();
             let sent = self.post(&side, pair, body).send().await;
             let answer = match sent {
@@ -278,14 +283,20 @@ impl Frontend {
             Ok(done) => done,
             Err(failure) => return self.whole_on_decode(pair, None, failure, slot).await,
         };
-        // The prefill worker's part is done once it answered.
+        // Its prefill is done once it answered; the booking lasts until the decode worker
+        // is chosen (the engine holds the KV meanwhile), so its `on_finished` names the
+        // pair.
         prefill.lease.prefill_complete();
-        prefill.lease.free();
         let mut decode_body = original;
         if let Some(params) = answer.get("kv_transfer_params").filter(|p| !p.is_null()) {
             decode_body.insert("kv_transfer_params".into(), params.clone());
         }
-        let decode = self.select_side(pair, RequestWorkerType::Decode).await?;
+        let decode = self
+            .select_side(pair, RequestWorkerType::Decode, Some(prefill.worker()))
+            .await?;
+        self.router
+            .pair(prefill.lease.request_id(), Some(decode.worker()));
+        prefill.lease.free();
         let upstream = self.post(&decode, pair, &decode_body).send().await;
         self.relay_decode(pair, decode, upstream, prefill.decision.worker_id, slot)
             .await
@@ -297,10 +308,15 @@ impl Frontend {
         slot: OwnedSemaphorePermit,
     ) -> Result<Response, OpenAiError> {
         let original = request_object(&pair.body)?;
-        let decode = self.select_side(pair, RequestWorkerType::Decode).await?;
+        let decode = self
+            .select_side(pair, RequestWorkerType::Decode, None)
+            .await?;
         let mut refused = 0;
         loop {
-            let prefill = match self.select_side(pair, RequestWorkerType::Prefill).await {
+            let chosen = self
+                .select_side(pair, RequestWorkerType::Prefill, Some(decode.worker()))
+                .await;
+            let prefill = match chosen {
                 Ok(prefill) => prefill,
                 Err(failure) => {
                     return self
@@ -309,6 +325,8 @@ impl Frontend {
                 }
             };
             let prefill_worker = prefill.worker();
+            self.router
+                .pair(decode.lease.request_id(), Some(prefill_worker));
             let (body, room) = self.with_bootstrap(&original, &prefill)?;
             // The prefill runs beside the decode; its answer is read and dropped, and its
             // booking ends with it.
@@ -386,8 +404,14 @@ impl Frontend {
         }
         tracing::warn!(model = %pair.prompt.model, error = %failure.message, "the prefill side failed; a decode worker serves the request whole (aggregated_fallback)");
         let decode = match decode {
-            Some(decode) => decode,
-            None => self.select_side(pair, RequestWorkerType::Decode).await?,
+            Some(decode) => {
+                self.router.pair(decode.lease.request_id(), None);
+                decode
+            }
+            None => {
+                self.select_side(pair, RequestWorkerType::Decode, None)
+                    .await?
+            }
         };
         let original = request_object(&pair.body)?;
         let upstream = self.post(&decode, pair, &original).send().await;
