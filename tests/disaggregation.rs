@@ -324,7 +324,12 @@ const VLLM_FIELDS: &[&str] = &[
     "max_completion_tokens",
     "min_tokens",
 ];
-const SGLANG_FIELDS: &[&str] = &["stream", "stream_options", "bootstrap_host", "bootstrap_port"];
+const SGLANG_FIELDS: &[&str] = &[
+    "stream",
+    "stream_options",
+    "bootstrap_host",
+    "bootstrap_port",
+];
 
 /// What an engine-sim recorded (`--record`), one JSON object per line.
 fn recorded(path: &std::path::Path) -> Vec<Value> {
@@ -354,8 +359,16 @@ fn matches_the_peer_router(mode: &str, golden: &str) {
     let (p_log, d_log) = (dir.path().join("p.jsonl"), dir.path().join("d.jsonl"));
     let p_arg = p_log.to_str().unwrap();
     let d_arg = d_log.to_str().unwrap();
-    let p0 = engine_sim("p0", "127.0.0.1:0", &["--role", "prefill", "--record", p_arg]);
-    let d0 = engine_sim("d0", "127.0.0.1:0", &["--role", "decode", "--record", d_arg]);
+    let p0 = engine_sim(
+        "p0",
+        "127.0.0.1:0",
+        &["--role", "prefill", "--record", p_arg],
+    );
+    let d0 = engine_sim(
+        "d0",
+        "127.0.0.1:0",
+        &["--role", "decode", "--record", d_arg],
+    );
     let p_url = reqwest::Url::parse(&p0.address).unwrap();
     let (p_host, p_port) = (p_url.host_str().unwrap(), p_url.port().unwrap());
     let yaml = format!(
@@ -365,7 +378,11 @@ fn matches_the_peer_router(mode: &str, golden: &str) {
         p0.address, d0.address
     );
     let router = serve(&write_config(dir.path(), &yaml));
-    let fields = if mode == "vllm" { VLLM_FIELDS } else { SGLANG_FIELDS };
+    let fields = if mode == "vllm" {
+        VLLM_FIELDS
+    } else {
+        SGLANG_FIELDS
+    };
     let exchanges = golden["exchanges"].as_array().unwrap();
     assert_eq!(exchanges.len(), 3, "the golden file's exchanges");
     for (n, exchange) in exchanges.iter().enumerate() {
@@ -392,10 +409,7 @@ fn matches_the_peer_router(mode: &str, golden: &str) {
                 let (o, t) = (&ours["body"][field], &theirs["body"][field]);
                 if *field == "kv_transfer_params" && t["do_remote_prefill"] == true {
                     // The decode carries what its prefill answered, whole.
-                    assert_eq!(
-                        *t, golden["prefill_answer_kv_transfer_params"],
-                        "{context}"
-                    );
+                    assert_eq!(*t, golden["prefill_answer_kv_transfer_params"], "{context}");
                     let answered = p_records
                         .iter()
                         .filter_map(|r| r.get("answered_kv_transfer_params"))
@@ -416,7 +430,10 @@ fn matches_the_peer_router(mode: &str, golden: &str) {
                     // `max_completion_tokens` (its own request type); both mean one limit.
                     assert_eq!(*o, client["max_tokens"], "{context}");
                     let renamed = &theirs["body"]["max_completion_tokens"];
-                    assert!(renamed.is_null() || *renamed == client["max_tokens"], "{context}");
+                    assert!(
+                        renamed.is_null() || *renamed == client["max_tokens"],
+                        "{context}"
+                    );
                 } else if *field == "stream" {
                     // Absent is not streamed (the peers write their default, `false`).
                     let streamed = |v: &Value| v.as_bool().unwrap_or(false);
@@ -437,17 +454,29 @@ fn matches_the_peer_router(mode: &str, golden: &str) {
         // One id for both sides, as the peer sends (SGLang's router sends none; the
         // bootstrap room is what ties the pair there).
         if theirs_p["x-request-id"].is_string() {
-            assert_eq!(theirs_p["x-request-id"], theirs_d["x-request-id"], "{context}");
+            assert_eq!(
+                theirs_p["x-request-id"], theirs_d["x-request-id"],
+                "{context}"
+            );
         }
         assert!(ours_p["x-request-id"].is_string(), "{context}");
         assert_eq!(ours_p["x-request-id"], ours_d["x-request-id"], "{context}");
         if mode == "sglang" {
             for side in [theirs_p, theirs_d, ours_p, ours_d] {
                 let room = side["body"]["bootstrap_room"].as_u64();
-                assert!(room.is_some_and(|r| r < 1 << 63), "a room below 2^63: {context}");
+                assert!(
+                    room.is_some_and(|r| r < 1 << 63),
+                    "a room below 2^63: {context}"
+                );
             }
-            assert_eq!(theirs_p["body"]["bootstrap_room"], theirs_d["body"]["bootstrap_room"]);
-            assert_eq!(ours_p["body"]["bootstrap_room"], ours_d["body"]["bootstrap_room"], "{context}");
+            assert_eq!(
+                theirs_p["body"]["bootstrap_room"],
+                theirs_d["body"]["bootstrap_room"]
+            );
+            assert_eq!(
+                ours_p["body"]["bootstrap_room"], ours_d["body"]["bootstrap_room"],
+                "{context}"
+            );
         }
     }
     wait_for_no_bookings(&router.address, Duration::from_secs(10));
@@ -523,8 +552,14 @@ fn lifecycle_notifications_name_the_pair() {
     for mode in ["vllm", "sglang"] {
         let lines = pair_notifications(mode, &repo().join("include"));
         // Each side's on_finished names the other.
-        assert!(line_of(&lines, "finished", "1").ends_with(" paired 2"), "{mode}: {lines:#?}");
-        assert!(line_of(&lines, "finished", "2").ends_with(" paired 1"), "{mode}: {lines:#?}");
+        assert!(
+            line_of(&lines, "finished", "1").ends_with(" paired 2"),
+            "{mode}: {lines:#?}"
+        );
+        assert!(
+            line_of(&lines, "finished", "2").ends_with(" paired 1"),
+            "{mode}: {lines:#?}"
+        );
         // on_selected names it when the other side was chosen first: vLLM's flow
         // chooses the prefill first, SGLang's the decode.
         let (first, second, other) = if mode == "vllm" {
@@ -532,9 +567,15 @@ fn lifecycle_notifications_name_the_pair() {
         } else {
             ("2", "1", "2")
         };
-        assert!(line_of(&lines, "selected", first).ends_with(" -"), "{mode}: {lines:#?}");
+        assert!(
+            line_of(&lines, "selected", first).ends_with(" -"),
+            "{mode}: {lines:#?}"
+        );
         let paired = line_of(&lines, "selected", second);
-        assert!(paired.ends_with(&format!(" paired {other}")), "{mode}: {lines:#?}");
+        assert!(
+            paired.ends_with(&format!(" paired {other}")),
+            "{mode}: {lines:#?}"
+        );
     }
 }
 
@@ -542,9 +583,16 @@ fn lifecycle_notifications_name_the_pair() {
 fn a_plugin_built_against_the_frozen_1_3_header_hears_no_pair_and_works() {
     let frozen = repo().join("tests/fixtures/abi-1.3");
     let header = std::fs::read_to_string(frozen.join("switchyard/plugin.h")).unwrap();
-    assert!(header.contains("#define SWITCHYARD_ABI_MINOR 3"), "the frozen header is 1.3");
+    assert!(
+        header.contains("#define SWITCHYARD_ABI_MINOR 3"),
+        "the frozen header is 1.3"
+    );
     assert!(!header.contains("paired_worker_id"));
     let lines = pair_notifications("vllm", &frozen);
-    assert_eq!(lines.len(), 6, "selected, prefill and finished on each side: {lines:#?}");
+    assert_eq!(
+        lines.len(),
+        6,
+        "selected, prefill and finished on each side: {lines:#?}"
+    );
     assert!(lines.iter().all(|l| !l.contains("paired")), "{lines:#?}");
 }

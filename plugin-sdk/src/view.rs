@@ -255,7 +255,7 @@ impl<'a> Outcome<'a> {
     pub fn paired_worker(&self) -> Option<WorkerId> {
         let end = core::mem::offset_of!(switchyard_outcome, reserved0);
         (self.raw.struct_size as usize >= end && self.raw.paired_worker_id != SWITCHYARD_NO_WORKER)
-            .then(|| WorkerId {
+            .then_some(WorkerId {
                 worker_id: self.raw.paired_worker_id,
                 dp_rank: self.raw.paired_dp_rank,
             })
@@ -642,5 +642,34 @@ mod tests {
         assert_eq!(lowest(&[]), None);
         assert_eq!(lowest(&[(3.0, 9), (1.0, 8), (1.0, 2), (2.0, 1)]), Some(2));
         assert_eq!(lowest(&[(0.0, 1), (-0.0, 7)]), Some(1));
+    }
+
+    #[test]
+    fn the_pair_is_read_only_from_a_1_4_outcome() {
+        let mut raw = switchyard_outcome {
+            struct_size: core::mem::size_of::<switchyard_outcome>() as u32,
+            dp_rank: 0,
+            request_id: 1,
+            worker_id: 3,
+            seconds_to_prefill_complete: f64::NAN,
+            seconds_to_finish: f64::NAN,
+            paired_worker_id: 7,
+            paired_dp_rank: 1,
+            reserved0: 0,
+        };
+        let paired = |raw: &switchyard_outcome| unsafe { Outcome::from_abi(raw) }.paired_worker();
+        assert_eq!(
+            paired(&raw),
+            Some(WorkerId {
+                worker_id: 7,
+                dp_rank: 1
+            })
+        );
+        raw.paired_worker_id = SWITCHYARD_NO_WORKER;
+        assert_eq!(paired(&raw), None);
+        // A 1.3 router's outcome ends before the pair: whatever lies past it is not read.
+        raw.paired_worker_id = 7;
+        raw.struct_size = 40;
+        assert_eq!(paired(&raw), None);
     }
 }

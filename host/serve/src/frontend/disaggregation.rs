@@ -331,10 +331,7 @@ impl Frontend {
             // The prefill runs beside the decode; its answer is read and dropped, and its
             // booking ends with it.
             let (failed, prefill_failed) = tokio::sync::oneshot::channel::<reqwest::Error>();
-            let (sent, router) = (
-                self.post(&prefill, pair, &body).send(),
-                self.router.clone(),
-            );
+            let (sent, router) = (self.post(&prefill, pair, &body).send(), self.router.clone());
             tokio::spawn(async move {
                 let mut prefill = prefill;
                 match sent.await.and_then(reqwest::Response::error_for_status) {
