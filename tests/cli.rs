@@ -545,13 +545,13 @@ fn inspect_says_when_this_router_would_refuse_the_library() {
     assert!(!output.status.success(), "{shown}");
     assert!(shown.contains("ABI:      2.1"), "{shown}");
     assert!(
-        shown.contains("REFUSED by this router (ABI 1.3): it is built for ABI 2.x"),
+        shown.contains("REFUSED by this router (ABI 1.4): it is built for ABI 2.x"),
         "{shown}"
     );
     let good = cmake_plugin("least_busy_c");
     let output = switchyard(&["plugin", "inspect", good.to_str().unwrap()], &[]);
     assert!(output.status.success());
-    assert!(text(&output.stdout).contains("verdict:  this router (ABI 1.3) accepts"));
+    assert!(text(&output.stdout).contains("verdict:  this router (ABI 1.4) accepts"));
 }
 
 /// `select` asks the config's admitters and busy thresholds as the router does: the C
