@@ -388,3 +388,63 @@ fn an_upstream_failure_envoy_reports_takes_the_worker_out() {
         "once Envoy reported the failure, no request went to the dead engine: failed {failed:?}"
     );
 }
+
+/// docs/envoy.md's fallback endpoints: the picker names the pick and the next choice,
+/// the pick refuses connections, Envoy's override-host balancer retries on the next, and
+/// the booking follows it (the served-endpoint header the route adds).
+#[test]
+fn fallback_endpoints_carry_a_request_past_a_refusing_engine() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = engine_sim("e-first", "127.0.0.1:0", &[]);
+    let live = engine_sim("e-live", "127.0.0.1:0", &[]);
+    let spare = engine_sim("e-spare", "127.0.0.1:0", &[]);
+    let address = |p: &Process| -> std::net::SocketAddr {
+        p.address.trim_start_matches("http://").parse().unwrap()
+    };
+    let engines = [address(&first), address(&live), address(&spare)];
+    // The router probes once at start and then not again during the test, so once
+    // `e-first` is killed it stays the policy's first choice (lowest worker id).
+    let port = free_port();
+    let yaml = format!(
+        "frontend: {{health_interval_ms: 600000}}\n\
+         ext_proc: {{listen: \"127.0.0.1:{port}\", fallback_endpoints: 1}}\n\
+         worker_selection:\n  default: by-id\n  instances:\n    - name: by-id\n      \
+         picker: {{type: builtin.lowest-cost, parameters: {{tie_break: worker-id}}}}\n\
+         workers:\n  - {{model: demo, worker_id: 1, address: \"{}\"}}\n  \
+         - {{model: demo, worker_id: 2, address: \"{}\"}}\n  \
+         - {{model: demo, worker_id: 3, address: \"{}\"}}\n",
+        engines[0], engines[1], engines[2]
+    );
+    let config = write_config(dir.path(), &yaml);
+    check_passes(&config);
+    let router = serve(&config);
+    let envoy_port = free_port();
+    let envoy = Envoy::start_with(
+        dir.path(),
+        envoy_port,
+        &support::real_envoy::fallback_config(envoy_port, port, &engines),
+    );
+    let agent = agent();
+    wait_until_routing(&agent, &envoy);
+    let url = format!("{}/v1/chat/completions", envoy.base);
+    let (status, engine, body) = post(&agent, &url, &chat("first", false));
+    assert_eq!(
+        (status, engine.as_str()),
+        (200, "e-first"),
+        "the pick: {body}"
+    );
+    first.kill();
+    let rebooks = metric(&router.address, "switchyard_ext_proc_rebooks_total");
+    for n in 0..5 {
+        let (status, engine, body) =
+            post(&agent, &url, &chat(&format!("fallback {n}"), n % 2 == 0));
+        assert_eq!((status, engine.as_str()), (200, "e-live"), "{body}");
+    }
+    // Each request was picked for worker 1 and served by worker 2: its booking moved.
+    assert_eq!(
+        metric(&router.address, "switchyard_ext_proc_rebooks_total") - rebooks,
+        5.0
+    );
+    drop(spare);
+    wait_for_no_bookings(&router.address, Duration::from_secs(10));
+}

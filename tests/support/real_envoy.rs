@@ -162,3 +162,52 @@ impl Drop for Envoy {
         let _ = self.child.wait();
     }
 }
+
+/// The Envoy config of docs/envoy.md's "Fallback endpoints": the main config with the
+/// page's override-host route and cluster in place of the ORIGINAL_DST ones, the
+/// cluster's hosts `engines`.
+pub fn fallback_config(listen: u16, picker: u16, engines: &[std::net::SocketAddr]) -> String {
+    let doc = std::fs::read_to_string(repo().join("docs/envoy.md")).unwrap();
+    let snippet = blocks(&doc, "yaml")
+        .into_iter()
+        .find(|b| b.contains("override_host_sources"))
+        .expect("docs/envoy.md has the fallback endpoints' route and cluster");
+    let (route, cluster) = snippet
+        .split_once("---\n")
+        .expect("the snippet is the route, `---`, then the cluster");
+    let indent = |text: &str, by: usize| -> String {
+        text.lines()
+            .map(|l| format!("{}{l}\n", " ".repeat(by)))
+            .collect()
+    };
+    let mut config = envoy_config(listen, picker);
+    let old_route = "                          route:\n                            cluster: original_destination_cluster\n                            timeout: 0s            # answers stream for as long as they take\n";
+    assert!(config.contains(old_route), "docs/envoy.md's route changed");
+    config = config.replace(old_route, &indent(route, 26));
+    let start = config
+        .find("    - name: original_destination_cluster")
+        .expect("the ORIGINAL_DST cluster");
+    let end = config
+        .find("    - name: switchyard")
+        .expect("the picker's cluster");
+    let hosts: String = engines
+        .iter()
+        .map(|e| {
+            format!(
+                "          - endpoint: {{ address: {{ socket_address: {{ address: {}, port_value: {} }} }} }}\n",
+                e.ip(),
+                e.port()
+            )
+        })
+        .collect();
+    let mut cluster = cluster.to_owned();
+    let doc_hosts: String = cluster
+        .lines()
+        .filter(|l| l.contains("- endpoint: { address:"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert!(!doc_hosts.is_empty(), "the cluster lists its hosts");
+    cluster = cluster.replace(&doc_hosts, &hosts);
+    config.replace_range(start..end, &indent(&cluster, 4));
+    config
+}

@@ -171,10 +171,28 @@ pub struct ExtProcSettings {
     /// Serve the picker over TLS (with `client_ca`: mutual TLS).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsSettings>,
+    /// Endpoints named after the pick, in the policy's order of preference, for the
+    /// gateway to retry on (the Inference Extension's `ip:port,ip:port,...`). 0: the pick
+    /// alone, which is all an ORIGINAL_DST cluster can route. At most
+    /// `MAX_FALLBACK_ENDPOINTS`.
+    #[serde(default, deserialize_with = "fallback_count")]
+    pub fallback_endpoints: u8,
+}
+
+fn fallback_count<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u8, D::Error> {
+    let count = u64::deserialize(deserializer)?;
+    if count > u64::from(ExtProcSettings::MAX_FALLBACK_ENDPOINTS) {
+        return Err(serde::de::Error::custom(format!(
+            "fallback_endpoints is at most {} (got {count}): each one is another selection per request",
+            ExtProcSettings::MAX_FALLBACK_ENDPOINTS
+        )));
+    }
+    Ok(count as u8)
 }
 
 impl ExtProcSettings {
     pub const DEFAULT_MAX_BODY_BYTES: usize = 16 << 20;
+    pub const MAX_FALLBACK_ENDPOINTS: u8 = 8;
 
     /// Listening on `listen`, every other setting at its default.
     pub fn listening(listen: std::net::SocketAddr) -> Self {
@@ -183,6 +201,7 @@ impl ExtProcSettings {
             max_body_bytes: Self::DEFAULT_MAX_BODY_BYTES,
             max_requests_per_worker: None,
             tls: None,
+            fallback_endpoints: 0,
         }
     }
 }

@@ -69,6 +69,7 @@ pub struct EndpointPicker {
     frontend: Arc<Frontend>,
     max_body_bytes: usize,
     max_requests_per_worker: Option<u64>,
+    fallback_endpoints: u8,
     next_request: AtomicU64,
     id_prefix: String,
 }
@@ -79,6 +80,7 @@ impl EndpointPicker {
             frontend,
             max_body_bytes: settings.max_body_bytes,
             max_requests_per_worker: settings.max_requests_per_worker,
+            fallback_endpoints: settings.fallback_endpoints,
             next_request: AtomicU64::new(0),
             id_prefix: format!("epp-{:08x}", rand::random::<u32>()),
         }
@@ -185,6 +187,8 @@ struct Booked {
     lease: Lease,
     worker: WorkerId,
     endpoint: SocketAddr,
+    /// Where the gateway may retry, best first (`ext_proc.fallback_endpoints`).
+    fallbacks: Vec<SocketAddr>,
     model: String,
     prefilled: bool,
     /// A disaggregated model's prefill worker (llm-d's P/D convention: named to the
@@ -255,7 +259,12 @@ impl Exchange {
                 Some(Request::ResponseHeaders(headers)) => {
                     self.response_status = messages::header(&headers, ":status")
                         .and_then(|s| std::str::from_utf8(s).ok()?.parse().ok());
-                    self.rebook_if_served_elsewhere(message.metadata_context.as_ref());
+                    let served =
+                        messages::served(message.metadata_context.as_ref()).or_else(|| {
+                            let header = messages::header(&headers, messages::SERVED_KEY)?;
+                            Some(String::from_utf8_lossy(header).into_owned())
+                        });
+                    self.rebook_if_served_elsewhere(served);
                     self.send(vec![messages::response_headers()]).await
                 }
                 Some(Request::ResponseBody(body)) => self.response_body(body).await,
@@ -442,10 +451,12 @@ impl Exchange {
         match booked {
             Ok(booked) => {
                 let prefiller = booked.prefill.as_ref().map(|(_, at)| at.to_string());
-                let mut responses = vec![messages::pick(
-                    &booked.endpoint.to_string(),
-                    prefiller.as_deref(),
-                )];
+                let mut destination = booked.endpoint.to_string();
+                for fallback in &booked.fallbacks {
+                    destination.push(',');
+                    destination.push_str(&fallback.to_string());
+                }
+                let mut responses = vec![messages::pick(&destination, prefiller.as_deref())];
                 responses.extend(messages::body(&request_body, true, true));
                 self.booked = Some(booked);
                 self.picker
@@ -459,13 +470,11 @@ impl Exchange {
         }
     }
 
-    /// Envoy retried elsewhere: the load belongs to the endpoint that served.
-    fn rebook_if_served_elsewhere(
-        &mut self,
-        metadata: Option<&envoy_types::pb::envoy::config::core::v3::Metadata>,
-    ) {
-        let (Some(booked), Some(served)) = (self.booked.as_mut(), messages::served(metadata))
-        else {
+    /// Envoy retried elsewhere: the load belongs to the endpoint that served (as the
+    /// gateway says in the `envoy.lb` metadata, or, from a plain Envoy, in a response
+    /// header of the same name its route adds: docs/envoy.md).
+    fn rebook_if_served_elsewhere(&mut self, served: Option<String>) {
+        let (Some(booked), Some(served)) = (self.booked.as_mut(), served) else {
             return;
         };
         let Ok(served) = served.parse::<SocketAddr>() else {
@@ -609,6 +618,45 @@ fn booked_or_busy(
     }
 }
 
+/// Up to `count` endpoints for the gateway to retry on after `picked`, in the policy's
+/// order: each is its choice once the ones before are out (a selection that books
+/// nothing). Fewer when the eligible workers run out or the policy finds none.
+fn fallbacks(
+    router: &Router,
+    request: &switchyard_fleet::router::RouteRequest,
+    eligible: &[(WorkerId, SocketAddr)],
+    picked: WorkerId,
+    count: u8,
+) -> Vec<SocketAddr> {
+    let mut left: rustc_hash::FxHashSet<WorkerId> = eligible
+        .iter()
+        .map(|(id, _)| *id)
+        .filter(|id| *id != picked)
+        .collect();
+    let mut probe = request.clone();
+    probe.paired = None;
+    let mut found = Vec::new();
+    while found.len() < usize::from(count) && !left.is_empty() {
+        probe.only = Some(Arc::new(left.clone()));
+        let Ok(next) = router.select(&probe) else {
+            break;
+        };
+        let next = WorkerId {
+            worker_id: next.worker_id,
+            dp_rank: next.dp_rank,
+        };
+        // A policy answering outside `only` would loop; the router keeps to it, but
+        // stop rather than trust that here.
+        if !left.remove(&next) {
+            break;
+        }
+        if let Ok(endpoint) = endpoint_of(eligible, next) {
+            found.push(endpoint);
+        }
+    }
+    found
+}
+
 /// The endpoint the gateway reaches `worker` at.
 fn endpoint_of(
     eligible: &[(WorkerId, SocketAddr)],
@@ -727,6 +775,13 @@ fn decide(
     };
     let endpoint = endpoint_of(&eligible, worker)?;
     router.predict_cached(&prompt.model, worker, &prompt.block_hashes);
+    let fallbacks = fallbacks(
+        router,
+        &request,
+        &eligible,
+        worker,
+        picker.fallback_endpoints,
+    );
     let prefill = prefill.map(|(prefill, at, _)| {
         router.pair(prefill.request_id(), Some(worker));
         (prefill, at)
@@ -735,6 +790,7 @@ fn decide(
         lease,
         worker,
         endpoint,
+        fallbacks,
         model: prompt.model,
         prefilled: false,
         prefill,
