@@ -44,7 +44,7 @@ fn start_router(dir: &std::path::Path, grpc_port: u16) -> (Process, String) {
     std::fs::write(
         &config,
         format!(
-            "plugins:\n  - path: {}\nworker_selection:\n  instances:\n    - {{name: least-busy, type: least-busy}}\nmodels:\n  bench: {{kv_tracking: predicted}}\nworkers:\n{workers}",
+            "plugins:\n  - path: {}\n# The stand-in Envoy chooses the instance; behind a picker clients are never loopback.\nauth: {{choose_instance: anyone}}\nworker_selection:\n  instances:\n    - {{name: least-busy, type: least-busy}}\nmodels:\n  bench: {{kv_tracking: predicted}}\nworkers:\n{workers}",
             plugin.display()
         ),
     )
@@ -86,11 +86,14 @@ async fn server_side_mean_ms(base: &str) -> f64 {
 async fn one(client: &mut Client, instance: &str, body: &[u8]) -> Duration {
     let mut envoy = Envoy::open(client, None).await;
     let started = Instant::now();
-    let Answer::Picked(endpoint) = envoy
+    let endpoint = match envoy
         .request("/v1/chat/completions", Some(instance), body, 1)
         .await
-    else {
-        panic!("the picker refused a benchmark request");
+    {
+        Answer::Picked(endpoint) => endpoint,
+        Answer::Refused { status, body } => {
+            panic!("the picker refused a benchmark request: {status} {body}")
+        }
     };
     let decided = started.elapsed();
     envoy.response_headers(Some(&endpoint)).await;
