@@ -17,7 +17,7 @@ mod real_envoy;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use process::{start, Process};
+use process::{cpu_seconds, start, Process};
 use real_envoy::{free_port, Envoy};
 use serde_json::json;
 
@@ -173,7 +173,7 @@ fn main() {
     )
     .unwrap();
     let picker_port = free_port();
-    let (_router, _) = start(
+    let (router, _) = start(
         &[
             "serve",
             "--listen",
@@ -214,8 +214,9 @@ fn main() {
         }
     });
     println!("\nReal Envoy 1.40: round robin vs. switchyard's endpoint picker (ext_proc), 4 engine-sim engines, 2-token chat completions, {seconds} s per cell, 3 interleaved rounds");
-    println!("| streamed | concurrency | round robin req/s | picker req/s | ratio | p50 rr / picker (ms) | added p50 (ms) | p99 rr / picker (ms) | added p99 (ms) | failures |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let router_pid = router.0.id().to_string();
+    println!("| streamed | concurrency | round robin req/s | picker req/s | ratio | p50 rr / picker (ms) | added p50 (ms) | p99 rr / picker (ms) | added p99 (ms) | router CPU per request (us) | failures |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for stream in [false, true] {
         for concurrency in [1usize, 8, 32] {
             let mut cells = [
@@ -230,12 +231,18 @@ fn main() {
                     latencies_us: Vec::new(),
                 },
             ];
+            // The router's CPU during the picker's cells (it idles during round robin's).
+            let mut router_cpu = 0.0;
             for _round in 0..3 {
                 for (which, base) in [&round_robin.base, &through_picker.base]
                     .into_iter()
                     .enumerate()
                 {
+                    let before = cpu_seconds(&router_pid);
                     let cell = runtime.block_on(load(base, stream, concurrency, duration));
+                    if which == 1 {
+                        router_cpu += cpu_seconds(&router_pid) - before;
+                    }
                     cells[which].requests += cell.requests;
                     cells[which].failures += cell.failures;
                     cells[which].latencies_us.extend(cell.latencies_us);
@@ -257,7 +264,7 @@ fn main() {
                 ),
             );
             println!(
-                "| {stream} | {concurrency} | {:.0} | {:.0} | {:.2} | {:.2} / {:.2} | {:+.2} | {:.2} / {:.2} | {:+.2} | {} / {} |",
+                "| {stream} | {concurrency} | {:.0} | {:.0} | {:.2} | {:.2} / {:.2} | {:+.2} | {:.2} / {:.2} | {:+.2} | {:.0} | {} / {} |",
                 rate(rr),
                 rate(picked),
                 rate(picked) / rate(rr),
@@ -267,6 +274,7 @@ fn main() {
                 p99.0,
                 p99.1,
                 p99.1 - p99.0,
+                router_cpu / picked.requests.max(1) as f64 * 1e6,
                 rr.failures,
                 picked.failures
             );

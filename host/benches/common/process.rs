@@ -33,3 +33,16 @@ pub fn start(args: &[&str], announce: &str) -> (Process, String) {
     std::thread::spawn(move || for _ in lines {});
     (Process(child), found)
 }
+
+/// CPU time (user + system) a process has used, in seconds, from /proc.
+pub fn cpu_seconds(pid: &str) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces) are space-separated; utime and
+    // stime are the 14th and 15th fields overall.
+    let after = stat.rsplit(')').next().unwrap_or_default();
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: f64 = fields.get(11..13).map_or(0.0, |f| {
+        f.iter().filter_map(|v| v.parse::<f64>().ok()).sum()
+    });
+    ticks / 100.0 // USER_HZ is 100 on Linux
+}

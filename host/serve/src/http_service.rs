@@ -22,6 +22,7 @@ use crate::errors::refusal;
 use crate::ext_proc::{self, EndpointPicker};
 use crate::frontend::{self, Frontend};
 use crate::listener::{ConnectionTable, Limits, Listener};
+use crate::off_executor;
 use crate::reload::ListenerTls;
 use crate::request_attributes;
 use crate::request_body::BodyLimits;
@@ -94,6 +95,12 @@ fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
         .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
 }
 
+/// The size of what a selection hashes: the request's token ids or block hashes.
+fn input_bytes(request: &RouteRequest) -> usize {
+    request.token_ids.as_ref().map_or(0, |t| t.len() * 4)
+        + request.block_hashes.as_ref().map_or(0, |b| b.len() * 8)
+}
+
 /// Runs a selection on the blocking pool: plugin code never runs on the async
 /// executor's threads, so a slow component cannot delay other endpoints.
 async fn off_executor<T: Send + 'static>(
@@ -146,7 +153,8 @@ async fn decide_waiting(
     let attempt = || {
         let (router, request) = (router.clone(), request.clone());
         async move {
-            tokio::task::spawn_blocking(move || decide(&router, &request))
+            let inline = off_executor::inline_ok(&router, input_bytes(&request));
+            off_executor::run(inline, move || decide(&router, &request))
                 .await
                 .unwrap_or_else(|e| {
                     Err(RouteError::BadRequest(format!(
@@ -218,11 +226,11 @@ async fn reserve(
         (None, Some(blocks)) => blocks.len() as u64,
         (None, None) => 0,
     };
-    // Admitters are plugin code: off the executor.
+    // Admitters may be plugin code: off the executor.
+    let inline = off_executor::inline_ok(&router, input_bytes(&request));
     let (admitting, request) = (router.clone(), Arc::new(request));
     let asked = request.clone();
-    let admitted =
-        tokio::task::spawn_blocking(move || admitting.admit(&asked, blocks, tokens)).await;
+    let admitted = off_executor::run(inline, move || admitting.admit(&asked, blocks, tokens)).await;
     let placement = match admitted {
         Ok(Ok(placement)) => placement,
         Ok(Err(refused)) => return Ok(refused_response(refused)),

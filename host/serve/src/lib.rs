@@ -10,6 +10,7 @@ pub mod ext_proc;
 pub mod frontend;
 pub mod http_service;
 pub mod listener;
+pub mod off_executor;
 pub mod reload;
 pub mod request_attributes;
 pub mod request_body;

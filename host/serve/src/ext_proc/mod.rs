@@ -379,9 +379,9 @@ impl Exchange {
             kept,
             admitted: Arc::default(),
         };
-        // Parsing (tokenizing) and selecting (plugin code) run on the blocking pool; a
-        // request that finds every worker busy waits its turn (`admission:`) while Envoy
-        // holds the stream open.
+        // Parsing (tokenizing) and selecting (plugin code) run off the executor
+        // (`off_executor`); a request that finds every worker busy waits its turn
+        // (`admission:`) while Envoy holds the stream open.
         let attempt = || {
             let (picker, caller, wanted, body) = (
                 picker.clone(),
@@ -390,7 +390,8 @@ impl Exchange {
                 request_body.clone(),
             );
             async move {
-                tokio::task::spawn_blocking(move || {
+                let inline = picker.frontend.inline_ok(body.len());
+                crate::off_executor::run(inline, move || {
                     let mut busy = None;
                     match decide(&picker, &caller, wanted, &body, &mut busy) {
                         Ok(booked) => Ok(booked),

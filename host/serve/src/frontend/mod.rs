@@ -543,6 +543,12 @@ impl Frontend {
         }
     }
 
+    /// Whether work over `input_bytes` of a request may run on the executor's thread
+    /// (`off_executor::run`): only the router's own code, no tokenizer, a small input.
+    pub fn inline_ok(&self, input_bytes: usize) -> bool {
+        self.tokenizers.is_empty() && crate::off_executor::inline_ok(&self.router, input_bytes)
+    }
+
     /// Runs `work` on the blocking pool: plugin code never runs on the async executor's
     /// threads. If the client goes away meanwhile, what `work` returns is dropped when it
     /// finishes, so a lease it made frees its booking.

@@ -1,0 +1,42 @@
+//! Where a request's parsing and selection run. Plugin code never runs on the async
+//! executor's threads: whenever a plugin library is loaded (its filters, scorers,
+//! pickers, admitters or policy types may be in the request's path, or an isolated
+//! call may wait on another process), or a tokenizer runs, or the input is large, the
+//! work goes to the blocking pool. Otherwise only the router's own code runs, bounded by
+//! `INLINE_INPUT_BYTES` of input, and it runs inline: the two thread hand-offs the pool
+//! costs (a futex wake each way) are most of a small request's CPU
+//! (docs/BENCHMARKS.md, the Envoy endpoint picker).
+
+use std::panic::AssertUnwindSafe;
+
+use switchyard_fleet::router::Router;
+
+/// The most input (a request body) parsed and selected on the executor's thread: a
+/// JSON parse and a block hash of this much take tens of microseconds.
+pub const INLINE_INPUT_BYTES: usize = 64 << 10;
+
+/// Whether work over `input_bytes` of input may run inline: no plugin library is loaded
+/// in the router's current generation, and the input is small.
+pub fn inline_ok(router: &Router, input_bytes: usize) -> bool {
+    input_bytes <= INLINE_INPUT_BYTES && router.generation().startup.registry.plugins().is_empty()
+}
+
+/// Runs `work` inline when `inline`, else on the blocking pool; a panic in it is an
+/// error (its message), not a crash, either way.
+pub async fn run<T: Send + 'static>(
+    inline: bool,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, String> {
+    if inline {
+        return std::panic::catch_unwind(AssertUnwindSafe(work)).map_err(|panic| {
+            panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "it panicked".to_owned())
+        });
+    }
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| e.to_string())
+}
