@@ -6,7 +6,7 @@ CMAKE_BUILD := target/cmake
 BENCHES := $(patsubst host/benches/%.rs,%,$(wildcard host/benches/*.rs))
 BENCH_TARGETS := $(addprefix bench-,$(subst _,-,$(BENCHES)))
 
-.PHONY: run demo demo-pd test lint fuzz soak envoy build plugins check-tools bench $(BENCH_TARGETS) clean
+.PHONY: run demo demo-pd test lint fuzz soak envoy peers build plugins check-tools bench $(BENCH_TARGETS) clean
 
 check-tools:
 	@./scripts/check-tools
@@ -60,6 +60,11 @@ bench: bench-selection
 
 # A static pattern rule: .PHONY targets get no implicit (plain pattern) recipe.
 bench-envoy: envoy
+
+# The peers (vllm-router, sglang-router), pinned, from PyPI.
+bench-peers: peers
+peers:
+	./scripts/install-peers
 
 $(BENCH_TARGETS): bench-%: build
 	$(CARGO) bench -p switchyard --bench $(subst -,_,$*)

@@ -9,17 +9,18 @@
 //! `make bench-envoy` (Envoy from `scripts/install-test-tools`). Loopback only; every process
 //! it starts is killed when it ends. SWITCHYARD_BENCH_SECS sets each cell's duration (2).
 
+#[path = "common/load.rs"]
+mod load;
 #[path = "common/process.rs"]
 mod process;
 #[path = "../../tests/support/real_envoy.rs"]
 mod real_envoy;
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use load::{load, quantile, Cell};
 use process::{cpu_seconds, start, Process};
 use real_envoy::{free_port, Envoy};
-use serde_json::json;
 
 /// Envoy with a static round-robin cluster of `engines` and nothing else.
 fn round_robin_config(port: u16, engines: &[String]) -> String {
@@ -65,66 +66,6 @@ fn round_robin_config(port: u16, engines: &[String]) -> String {
           - lb_endpoints:
 {endpoints}"
     )
-}
-
-struct Cell {
-    requests: u64,
-    failures: u64,
-    latencies_us: Vec<u64>,
-}
-
-/// `concurrency` clients sending requests one after another for `duration`.
-async fn load(base: &str, stream: bool, concurrency: usize, duration: Duration) -> Cell {
-    switchyard::serve::tls::install_default_provider();
-    let client = reqwest::Client::builder()
-        .pool_max_idle_per_host(concurrency)
-        .build()
-        .unwrap();
-    let url = Arc::new(format!("{base}/v1/chat/completions"));
-    let until = Instant::now() + duration;
-    let tasks: Vec<_> = (0..concurrency)
-        .map(|c| {
-            let (client, url) = (client.clone(), url.clone());
-            tokio::spawn(async move {
-                let (mut latencies, mut failures, mut n) = (Vec::new(), 0u64, 0u64);
-                while Instant::now() < until {
-                    n += 1;
-                    let body = json!({"model": "demo", "stream": stream, "max_tokens": 2,
-                        "messages": [{"role": "user", "content": format!("client {c} request {n}")}]});
-                    let started = Instant::now();
-                    let ok = match client.post(url.as_str()).json(&body).send().await {
-                        Ok(r) if r.status().is_success() => r.bytes().await.is_ok(),
-                        _ => false,
-                    };
-                    if ok {
-                        latencies.push(started.elapsed().as_micros() as u64);
-                    } else {
-                        failures += 1;
-                    }
-                }
-                (latencies, failures)
-            })
-        })
-        .collect();
-    let mut cell = Cell {
-        requests: 0,
-        failures: 0,
-        latencies_us: Vec::new(),
-    };
-    for task in tasks {
-        let (latencies, failures) = task.await.unwrap();
-        cell.requests += latencies.len() as u64;
-        cell.failures += failures;
-        cell.latencies_us.extend(latencies);
-    }
-    cell
-}
-
-fn quantile(sorted: &[u64], q: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    sorted[((sorted.len() - 1) as f64 * q) as usize] as f64 / 1000.0
 }
 
 fn main() {
