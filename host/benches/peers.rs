@@ -128,7 +128,12 @@ fn main() {
     let workers: String = urls
         .iter()
         .enumerate()
-        .map(|(i, url)| format!("  - {{model: demo, worker_id: {}, url: \"{url}\"}}\n", i + 1))
+        .map(|(i, url)| {
+            format!(
+                "  - {{model: demo, worker_id: {}, url: \"{url}\"}}\n",
+                i + 1
+            )
+        })
         .collect();
     let config = dir.path().join("switchyard.yaml");
     std::fs::write(&config, format!("workers:\n{workers}")).unwrap();

@@ -657,7 +657,10 @@ mod tests {
             paired_dp_rank: 1,
             reserved0: 0,
         };
-        let paired = |raw: &switchyard_outcome| unsafe { Outcome::from_abi(raw) }.paired_worker();
+        let paired = |raw: &switchyard_outcome| {
+            // SAFETY: `raw` is a valid outcome for the call.
+            unsafe { Outcome::from_abi(raw) }.paired_worker()
+        };
         assert_eq!(
             paired(&raw),
             Some(WorkerId {

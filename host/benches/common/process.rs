@@ -1,5 +1,6 @@
 //! The processes a benchmark starts (`switchyard serve`, `engine-sim`): killed by their PID
 //! when dropped, so nothing outlives the run.
+#![allow(dead_code)] // each benchmark uses part of it
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
