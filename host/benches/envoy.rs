@@ -19,7 +19,7 @@ mod real_envoy;
 use std::time::{Duration, Instant};
 
 use load::{load, quantile, Cell};
-use process::{cpu_seconds, start, Process};
+use process::{cell_seconds, cpu_seconds, fast_engines, serve};
 use real_envoy::{free_port, Envoy};
 
 /// Envoy with a static round-robin cluster of `engines` and nothing else.
@@ -73,30 +73,14 @@ fn main() {
         println!("envoy: bench");
         return;
     }
-    let seconds: f64 = std::env::var("SWITCHYARD_BENCH_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(2.0);
+    let seconds = cell_seconds();
     let duration = Duration::from_secs_f64(seconds);
     let dir = tempfile::tempdir().unwrap();
-    let engines: Vec<(Process, String)> = (0..4)
-        .map(|i| {
-            let (process, address) = start(
-                &[
-                    "engine-sim",
-                    "--name",
-                    &format!("e{i}"),
-                    "--decode-tps",
-                    "100000",
-                    "--prefill-tps",
-                    "100000000",
-                ],
-                "engine-sim listening on http://",
-            );
-            (process, address)
-        })
+    let engines = fast_engines(4);
+    let addresses: Vec<String> = engines
+        .iter()
+        .map(|(_, a)| a.trim_start_matches("http://").to_owned())
         .collect();
-    let addresses: Vec<String> = engines.iter().map(|(_, a)| a.clone()).collect();
     let workers: String = addresses
         .iter()
         .enumerate()
@@ -114,18 +98,8 @@ fn main() {
     )
     .unwrap();
     let picker_port = free_port();
-    let (router, _) = start(
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--ext-proc",
-            &format!("127.0.0.1:{picker_port}"),
-            "--config",
-            config.to_str().unwrap(),
-        ],
-        "switchyard listening on ",
-    );
+    let picker = format!("127.0.0.1:{picker_port}");
+    let (router, _) = serve(&config, &["--ext-proc", &picker]);
     let through_picker = Envoy::start(dir.path(), picker_port);
     let rr_port = free_port();
     let round_robin = Envoy::start_with(

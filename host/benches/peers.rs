@@ -25,7 +25,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use load::{load_spread, quantile, Cell};
-use process::{cpu_seconds, start, Process};
+use process::{cell_seconds, cpu_seconds, fast_engines, serve, Process};
 use real_envoy::free_port;
 
 /// One way to reach the engines.
@@ -96,10 +96,7 @@ fn main() {
         println!("peers: bench");
         return;
     }
-    let seconds: f64 = std::env::var("SWITCHYARD_BENCH_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(2.0);
+    let seconds = cell_seconds();
     let concurrencies: Vec<usize> = std::env::var("SWITCHYARD_BENCH_CONCURRENCY")
         .unwrap_or_else(|_| "1,16,64".into())
         .split(',')
@@ -107,23 +104,7 @@ fn main() {
         .collect();
     let duration = Duration::from_secs_f64(seconds);
     let dir = tempfile::tempdir().unwrap();
-    let engines: Vec<(Process, String)> = (0..4)
-        .map(|i| {
-            let (process, address) = start(
-                &[
-                    "engine-sim",
-                    "--name",
-                    &format!("e{i}"),
-                    "--decode-tps",
-                    "100000",
-                    "--prefill-tps",
-                    "100000000",
-                ],
-                "engine-sim listening on ",
-            );
-            (process, address)
-        })
-        .collect();
+    let engines = fast_engines(4);
     let urls: Vec<String> = engines.iter().map(|(_, a)| a.clone()).collect();
     let workers: String = urls
         .iter()
@@ -137,16 +118,7 @@ fn main() {
         .collect();
     let config = dir.path().join("switchyard.yaml");
     std::fs::write(&config, format!("workers:\n{workers}")).unwrap();
-    let (router, address) = start(
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--config",
-            config.to_str().unwrap(),
-        ],
-        "switchyard listening on ",
-    );
+    let (router, address) = serve(&config, &[]);
     let mut paths = vec![
         Path {
             name: "direct".into(),

@@ -47,3 +47,47 @@ pub fn cpu_seconds(pid: &str) -> f64 {
     });
     ticks / 100.0 // USER_HZ is 100 on Linux
 }
+
+/// Each cell's duration: `SWITCHYARD_BENCH_SECS`, else 2 s.
+pub fn cell_seconds() -> f64 {
+    std::env::var("SWITCHYARD_BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2.0)
+}
+
+/// `n` engine-sims (`e0`, `e1`, ...) whose answers take about a millisecond (prefill
+/// effectively free, 100,000 tokens/s decode), so a proxy's cost is not hidden behind
+/// the engine; with their `http://` addresses.
+pub fn fast_engines(n: usize) -> Vec<(Process, String)> {
+    (0..n)
+        .map(|i| {
+            start(
+                &[
+                    "engine-sim",
+                    "--name",
+                    &format!("e{i}"),
+                    "--decode-tps",
+                    "100000",
+                    "--prefill-tps",
+                    "100000000",
+                ],
+                "engine-sim listening on ",
+            )
+        })
+        .collect()
+}
+
+/// `switchyard serve` of `config` on a loopback port, with `extra` arguments; its
+/// address.
+pub fn serve(config: &std::path::Path, extra: &[&str]) -> (Process, String) {
+    let mut args = vec![
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--config",
+        config.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    start(&args, "switchyard listening on ")
+}
