@@ -40,3 +40,18 @@ pub async fn run<T: Send + 'static>(
         .await
         .map_err(|e| e.to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::run;
+
+    #[tokio::test]
+    async fn both_ways_answer_and_a_panic_is_an_error() {
+        assert_eq!(run(true, || 7).await, Ok(7));
+        assert_eq!(run(false, || 7).await, Ok(7));
+        let inline = run(true, || -> u32 { panic!("deliberate") }).await;
+        assert_eq!(inline, Err("deliberate".to_owned()));
+        let pooled = run(false, || -> u32 { panic!("deliberate") }).await;
+        assert!(pooled.is_err_and(|e| e.contains("panicked")));
+    }
+}
