@@ -1,0 +1,274 @@
+//! Serving the HTTP API (and, beside it, the endpoint picker): binding the listeners,
+//! refusing an exposed configuration, and draining on SIGTERM.
+
+use super::*;
+
+/// Resolves on SIGTERM or SIGINT. The handlers are installed when this is called, not
+/// when the future is first polled, so a signal right after startup is not lost.
+#[cfg(unix)]
+pub fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
+    Ok(async move {
+        tokio::select! {
+            _ = terminate.recv() => {},
+            _ = interrupt.recv() => {},
+        }
+        tracing::info!("shutting down: finishing requests in flight");
+    })
+}
+
+#[cfg(not(unix))]
+pub fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
+    Ok(async {
+        let _ = tokio::signal::ctrl_c().await;
+        tracing::info!("shutting down: finishing requests in flight");
+    })
+}
+
+/// How `serve` listens.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    pub listen: SocketAddr,
+    /// The Envoy endpoint picker's settings, when it is served.
+    pub ext_proc: Option<ExtProcSettings>,
+    /// Serve a non-loopback address without API keys (`serve --insecure`).
+    pub insecure: bool,
+}
+
+/// Refuses to serve a non-loopback address that no credential guards, as Redis's
+/// protected mode does: on a network, anyone who can reach the port could register a
+/// worker and receive users' prompts.
+fn check_exposure(options: &ServeOptions, generation: &Generation) -> std::io::Result<()> {
+    let source = &generation.startup.source;
+    let keyring = &generation.startup.keyring;
+    if options.insecure || source.config.auth.insecure {
+        return Ok(());
+    }
+    let exposed = |address: &SocketAddr| !address.ip().to_canonical().is_loopback();
+    if exposed(&options.listen) && !keyring.has(switchyard_config::auth::Audience::Operator) {
+        return Err(std::io::Error::other(format!(
+            "{}: --listen {} is not a loopback address, and the config has no operator keys (auth.operators): anyone who can reach the port could register workers and receive users' prompts. Configure keys (docs/security.md), or pass --insecure (or set auth.insecure: true) on a lab network",
+            source.name, options.listen
+        )));
+    }
+    if let Some(ext_proc) = &options.ext_proc {
+        let mutual_tls = ext_proc.tls.as_ref().is_some_and(|t| t.client_ca.is_some());
+        if exposed(&ext_proc.listen)
+            && !mutual_tls
+            && !keyring.has(switchyard_config::auth::Audience::Client)
+        {
+            return Err(std::io::Error::other(format!(
+                "{}: the endpoint picker's address {} is not loopback, and neither client keys (auth.clients) nor mutual TLS (ext_proc.tls.client_ca) guard it. Configure one (docs/security.md), or pass --insecure on a lab network",
+                source.name, ext_proc.listen
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Connections the kernel queues for `accept` (clamped to `net.core.somaxconn`). std's
+/// 128 overflows under a burst of new connections, and each overflow costs its client a
+/// one-second SYN retransmit.
+const ACCEPT_BACKLOG: u32 = 4096;
+
+/// Binds `listen`; the error says which listener and what to do.
+pub async fn bind(
+    listen: SocketAddr,
+    what: &str,
+    option: &str,
+) -> std::io::Result<tokio::net::TcpListener> {
+    let bound = (|| {
+        let socket = match listen {
+            SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+            SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+        };
+        socket.set_reuseaddr(true)?;
+        socket.bind(listen)?;
+        socket.listen(ACCEPT_BACKLOG)
+    })();
+    bound.map_err(|e| {
+        std::io::Error::new(
+            e.kind(),
+            format!("cannot listen on {listen} for {what}: {e}; pick another {option} address"),
+        )
+    })
+}
+
+/// Every address a listener bound to `address` answers on: a wildcard bind answers on
+/// loopback and on each of the machine's interface addresses.
+fn answering_addresses(address: SocketAddr) -> Vec<SocketAddr> {
+    if !address.ip().is_unspecified() {
+        return vec![address];
+    }
+    let mut ips: Vec<std::net::IpAddr> = vec![
+        std::net::Ipv4Addr::LOCALHOST.into(),
+        std::net::Ipv6Addr::LOCALHOST.into(),
+        address.ip(),
+    ];
+    if let Ok(interfaces) = nix::ifaddrs::getifaddrs() {
+        ips.extend(interfaces.filter_map(|i| {
+            let a = i.address?;
+            a.as_sockaddr_in()
+                .map(|v4| std::net::IpAddr::V4(v4.ip()))
+                .or_else(|| a.as_sockaddr_in6().map(|v6| std::net::IpAddr::V6(v6.ip())))
+        }));
+    }
+    ips.into_iter()
+        .map(|ip| SocketAddr::new(ip, address.port()))
+        .collect()
+}
+
+/// The open-file limit in force (the binary raises it to the hard limit first).
+fn open_file_limit() -> u64 {
+    rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(1024, |(soft, _)| soft)
+}
+
+/// Serves until SIGINT or SIGTERM. Prints `switchyard listening on http://ADDR` (or
+/// https) once bound.
+pub async fn serve(router: Arc<Router>, options: ServeOptions) -> std::io::Result<()> {
+    crate::tls::install_default_provider();
+    let generation = router.generation();
+    check_exposure(&options, &generation)?;
+    let source = &generation.startup.source;
+    let config = &source.config;
+    let tcp = bind(options.listen, "the HTTP service", "--listen").await?;
+    let address = tcp.local_addr()?;
+    let server_tls =
+        |section: &str, settings: Option<&switchyard_config::TlsSettings>, alpn: &[&[u8]]| {
+            settings
+                .map(|t| crate::tls::server_config(section, t, source, alpn).map(ServerTls::new))
+                .transpose()
+                .map_err(std::io::Error::other)
+        };
+    let listener_tls = ListenerTls {
+        http: server_tls("http.tls", config.http.tls.as_ref(), crate::tls::HTTP_ALPN)?,
+        ext_proc: server_tls(
+            "ext_proc.tls",
+            options.ext_proc.as_ref().and_then(|e| e.tls.as_ref()),
+            crate::tls::GRPC_ALPN,
+        )?,
+    };
+    let limits = Limits::http(&config.http, open_file_limit());
+    let body_limits = BodyLimits {
+        max_bytes: config.http.max_body_bytes,
+        read_timeout: Duration::from_secs(config.http.body_read_timeout_secs),
+    };
+    let drain_timeout = Duration::from_secs(config.router.drain_timeout_secs);
+    let ext_proc_tcp = match &options.ext_proc {
+        Some(settings) => Some(bind(settings.listen, "ext_proc", "--ext-proc").await?),
+        None => None,
+    };
+    let mut own = answering_addresses(address);
+    if let Some(tcp) = &ext_proc_tcp {
+        own.extend(answering_addresses(tcp.local_addr()?));
+    }
+    drop(generation);
+    router
+        .set_own_addresses(own)
+        .map_err(|e| std::io::Error::other(format!("in `workers:` of the config: {e}")))?;
+    let shutdown = shutdown_signal()?;
+    // SIGTERM or SIGINT starts the drain: every listener stops accepting, what is in
+    // flight finishes (up to `router.drain_timeout_secs`), then the process ends.
+    let (drain, draining) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = drain.send(true);
+    });
+    let drained = |mut draining: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = draining.wait_for(|&d| d).await;
+    };
+    let frontend = Frontend::new(router.clone()).map_err(std::io::Error::other)?;
+    tokio::spawn(frontend::health::probe_forever(frontend.clone()));
+    crate::engine_metrics::start(router.clone())?;
+    router.subscribe_kv_events(&router.workers())?;
+    crate::reload::on_hangup(router.clone(), listener_tls.clone())?;
+    let replicas = router.generation().startup.source.config.replicas.clone();
+    if let Some(settings) = replicas {
+        let token = settings
+            .token_file
+            .as_ref()
+            .map(|f| router.generation().startup.source.resolve(f));
+        let nats = settings.nats.clone();
+        // The others' bookings are in before this replica serves.
+        let id = switchyard_fleet::replicas::start(router.clone(), settings, token)
+            .await
+            .map_err(std::io::Error::other)?;
+        println!("switchyard replica {id} sharing load over {nats}");
+    }
+    let scheme = if listener_tls.http.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    println!("switchyard listening on {scheme}://{address}");
+    let picker = match (options.ext_proc, ext_proc_tcp) {
+        (Some(settings), Some(tcp)) => {
+            let picker = EndpointPicker::new(frontend.clone(), &settings);
+            let table = ConnectionTable::new("ext_proc", limits.clone());
+            let listener = Listener::new(tcp, listener_tls.ext_proc.clone(), table);
+            let listening = ext_proc::serve(picker, listener, draining.clone());
+            // Errors end the whole process: an operator who asked for the picker must
+            // not get a router without it.
+            Some(tokio::spawn(async move {
+                if let Err(e) = listening.await {
+                    eprintln!("error: {e}");
+                    std::process::exit(1);
+                }
+            }))
+        }
+        _ => None,
+    };
+    let expiry = router.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            let router = expiry.clone();
+            // Takes the load lock for writing: off the executor, like every lock a
+            // selection may hold.
+            let expired = tokio::task::spawn_blocking(move || router.expire())
+                .await
+                .unwrap_or(0);
+            if expired > 0 {
+                tracing::warn!(expired, "released reservations that were never freed");
+            }
+        }
+    });
+    let table = ConnectionTable::new("http", limits.clone());
+    let listener = Listener::new(tcp, listener_tls.http.clone(), table.clone());
+    let app = app(router, frontend, body_limits).layer(Extension(listener_tls));
+    let connection_drain = draining.clone();
+    let deadline_drain = draining.clone();
+    let http = async move {
+        listener
+            .run(draining.clone(), move |connection| {
+                let (app, limits, drain) = (app.clone(), limits.clone(), connection_drain.clone());
+                tokio::spawn(crate::listener::serve_http(connection, app, limits, drain));
+            })
+            .await;
+        // Accepting stopped: each connection closes once its requests are answered.
+        while !table.is_empty() {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    let both = async {
+        http.await;
+        if let Some(picker) = picker {
+            let _ = picker.await;
+        }
+        Ok(())
+    };
+    tokio::pin!(both);
+    tokio::select! {
+        served = &mut both => served,
+        () = async {
+            drained(deadline_drain).await;
+            tokio::time::sleep(drain_timeout).await;
+        } => {
+            tracing::warn!(seconds = drain_timeout.as_secs(), "drain deadline reached (router.drain_timeout_secs): ending with requests still in flight");
+            Ok(())
+        }
+    }
+}
