@@ -36,123 +36,15 @@ use switchyard_policy::{Candidates, InstanceFactory, KeptColumns, SelectError};
 mod admission;
 mod health;
 mod kv;
+mod membership;
 mod reload;
 mod replicas;
 pub use admission::Refused;
 pub use reload::ReloadOutcome;
 
-/// The worker type a request asks for.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RequestWorkerType {
-    Prefill,
-    Decode,
-    #[default]
-    Select,
-}
-
-impl RequestWorkerType {
-    pub fn worker_type(self) -> WorkerType {
-        match self {
-            Self::Prefill => WorkerType::Prefill,
-            Self::Decode => WorkerType::Decode,
-            Self::Select => WorkerType::Select,
-        }
-    }
-}
-
-fn yes() -> bool {
-    true
-}
-
-/// A routing request.
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct RouteRequest {
-    pub model: String,
-    #[serde(default)]
-    pub worker_type: RequestWorkerType,
-    /// Instance to use instead of the default.
-    #[serde(default)]
-    pub instance: Option<String>,
-    #[serde(default)]
-    pub router_temperature: Option<f64>,
-    /// The prompt as token ids (hashed into blocks by the router) ...
-    #[serde(default)]
-    pub token_ids: Option<Vec<u32>>,
-    /// ... or as chained block hashes.
-    #[serde(default)]
-    pub block_hashes: Option<Vec<u64>>,
-    /// Required for select-and-reserve: the id later passed to prefill-complete and free.
-    #[serde(default)]
-    pub request_id: Option<String>,
-    #[serde(default)]
-    pub expected_output_tokens: Option<u64>,
-    #[serde(default)]
-    pub priority_jump: f64,
-    #[serde(default)]
-    pub strict_priority: i32,
-    #[serde(default = "yes")]
-    pub tracks_prefill_tokens: bool,
-    #[serde(default)]
-    pub session: Option<SessionInfo>,
-    /// `/v1/reserve` and `/v1/select` with `admission:`: whether a request finding every
-    /// worker busy waits its turn (`/v1/reserve`'s default) or is answered 503 at once
-    /// (`/v1/select`'s).
-    #[serde(default)]
-    pub wait: Option<bool>,
-    /// What the request says about itself (ATTRIBUTES): tenant, LoRA adapter, headers.
-    /// Its `model` and `request_id` default to the request's.
-    #[serde(default)]
-    pub attributes: Option<Arc<RequestAttributes>>,
-    /// Only these workers are candidates (a gateway's subset hint, or the workers it can
-    /// reach); an empty set leaves none.
-    #[serde(skip)]
-    pub only: Option<Arc<FxHashSet<WorkerId>>>,
-    /// The other side of a disaggregated pair when it was chosen first: the lifecycle
-    /// notifications name it (`switchyard_outcome.paired_worker_id`).
-    #[serde(skip)]
-    pub paired: Option<WorkerId>,
-}
-
-/// Where a request goes.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-pub struct RouteDecision {
-    pub worker_id: u64,
-    pub dp_rank: u32,
-    pub instance: String,
-    /// True when the instance failed and the built-in policy routed the request.
-    pub fallback: bool,
-    pub request_blocks: u64,
-    pub device_overlap_blocks: u32,
-    /// Set for select-and-reserve.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub request_id: Option<String>,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum RouteError {
-    #[error("{0}")]
-    BadRequest(String),
-    #[error("unknown model `{0}`: no worker serves it; add workers with POST /v1/workers")]
-    UnknownModel(String),
-    #[error("unknown instance `{name}`; configured instances: {known}")]
-    UnknownInstance { name: String, known: String },
-    #[error("no eligible worker: {0}")]
-    NoWorker(String),
-    /// Every candidate is at or past an `admission.busy` threshold: the request may wait.
-    #[error("every worker is busy: {0}")]
-    Saturated(String),
-    #[error("instance `{instance}` failed: {error}")]
-    PolicyFailed {
-        instance: String,
-        error: SelectError,
-    },
-    #[error(transparent)]
-    Accounting(#[from] AccountingError),
-    #[error(transparent)]
-    Worker(#[from] WorkerError),
-}
+mod request;
+use request::{prompt_blocks, request_context, validate};
+pub use request::{RequestWorkerType, RouteDecision, RouteError, RouteRequest};
 
 struct State {
     workers: Workers,
@@ -339,68 +231,6 @@ impl Router {
             .block_size
     }
 
-    /// Registers a worker; a new partition gets one policy instance per configured
-    /// instance, built now.
-    ///
-    /// Everything that can refuse the worker is checked before anything is built: a
-    /// refused registration leaves no partition, policy or metric series behind.
-    pub fn add_worker(&self, spec: WorkerSpec) -> Result<(), RouteError> {
-        spec.validate().map_err(WorkerError::Invalid)?;
-        self.check_destinations(&spec)?;
-        let _changing = self.changing.lock();
-        if let Some(existing) = self.state.read().workers.get(spec.id()) {
-            return Err(WorkerError::AlreadyRegistered(spec.id(), existing.model.clone()).into());
-        }
-        let generation = self.generation();
-        let partition = spec.partition();
-        let built = !generation.has_partition(&partition);
-        self.ensure_partition(&generation, &partition)?;
-        if let Err(e) = self.change_workers(|workers| workers.add(spec)) {
-            if built {
-                generation.drop_partition(&partition);
-            }
-            return Err(e.into());
-        }
-        Ok(())
-    }
-
-    /// Records the addresses the router's listeners answer on, and checks the workers
-    /// registered so far against them.
-    pub fn set_own_addresses(&self, own: Vec<std::net::SocketAddr>) -> Result<(), RouteError> {
-        *self.own_addresses.write() = own;
-        self.workers()
-            .iter()
-            .try_for_each(|spec| self.check_destinations(spec))
-    }
-
-    /// `spec` points inside `router.worker_networks` and not at the router itself.
-    fn check_destinations(&self, spec: &WorkerSpec) -> Result<(), RouteError> {
-        let networks = self.generation().startup.source.worker_networks();
-        spec.check_destinations(&networks, &self.own_addresses.read())
-            .map_err(|e| {
-                RouteError::Worker(WorkerError::Invalid(format!(
-                    "worker {}: {e}",
-                    spec.worker_id
-                )))
-            })
-    }
-
-    /// Builds `partition`'s policies into `generation` if it has none yet: before the
-    /// worker is registered, and without the fleet's locks, so selections and metrics never
-    /// wait for a plugin's `on_create`. The caller holds `changing`.
-    fn ensure_partition(
-        &self,
-        generation: &Generation,
-        partition: &PartitionKey,
-    ) -> Result<(), RouteError> {
-        if generation.has_partition(partition) {
-            return Ok(());
-        }
-        generation
-            .build_partition(partition)
-            .map_err(RouteError::BadRequest)
-    }
-
     /// Moves a request's booking to the worker that actually served it.
     pub fn rebook(&self, request_id: &str, to: WorkerId) -> Result<(), RouteError> {
         if self.state.read().workers.get(to).is_none() {
@@ -420,57 +250,6 @@ impl Router {
     /// (`None`: served whole after all): its remaining lifecycle notifications name it.
     pub fn pair(&self, request_id: &str, other: Option<WorkerId>) {
         self.lifecycles.paired(request_id, other);
-    }
-
-    /// Every worker a gateway can send to (it has an `address`, or a `url` with an IP
-    /// host), with that endpoint.
-    pub fn endpoints(&self) -> Vec<(WorkerId, std::net::SocketAddr)> {
-        self.state
-            .read()
-            .workers
-            .all()
-            .filter_map(|spec| Some((spec.id(), spec.endpoint()?)))
-            .collect()
-    }
-
-    /// Removes a worker, its cached blocks and its bookings.
-    /// A partition left without workers is dropped with its policies and metric series
-    /// (built again if a worker of it comes back).
-    pub fn remove_worker(&self, id: WorkerId) -> Result<WorkerSpec, RouteError> {
-        let _changing = self.changing.lock();
-        self.remove_worker_changing(id)
-    }
-
-    /// `remove_worker`, for a caller that holds `changing` (a reload).
-    fn remove_worker_changing(&self, id: WorkerId) -> Result<WorkerSpec, RouteError> {
-        let spec = self.change_workers(|workers| workers.remove(id))?;
-        let partition = spec.partition();
-        if !self.state.read().workers.uses_partition(&partition) {
-            self.generation().drop_partition(&partition);
-        }
-        self.kv.write().remove_worker(id);
-        self.book(|load| load.remove_worker(id));
-        self.predicted.lock().remove_worker(id);
-        self.engine_blocks.lock().remove(&id);
-        self.subscriptions.lock().remove(&id);
-        self.kv_overruns.lock().remove(&id);
-        self.cooldown_until.lock().remove(&id);
-        self.health_errors.lock().remove(&id);
-        let load = self.load.read();
-        self.lifecycles.finish_unbooked(|id| load.is_booked(id));
-        Ok(spec)
-    }
-
-    /// The models the workers serve, sorted.
-    pub fn models(&self) -> Vec<String> {
-        let state = self.state.read();
-        let models: std::collections::BTreeSet<_> =
-            state.workers.all().map(|w| w.model.clone()).collect();
-        models.into_iter().collect()
-    }
-
-    pub fn workers(&self) -> Vec<WorkerSpec> {
-        self.state.read().workers.all().cloned().collect()
     }
 
     /// Select only: where the request would go; nothing is booked.
@@ -895,31 +674,6 @@ impl Router {
     }
 }
 
-/// Checks what serde cannot; returns the request id (required to reserve).
-fn validate(request: &RouteRequest, reserve: bool) -> Result<Option<String>, RouteError> {
-    let request_id = match (&request.request_id, reserve) {
-        (Some(id), _) if id.is_empty() => {
-            return Err(RouteError::BadRequest(
-                "`request_id` must not be empty".into(),
-            ))
-        }
-        (None, true) => {
-            return Err(RouteError::BadRequest(
-                "select-and-reserve needs a `request_id`".into(),
-            ))
-        }
-        (id, _) => id.clone(),
-    };
-    if let Some(t) = request.router_temperature {
-        if !t.is_finite() || t < 0.0 {
-            return Err(RouteError::BadRequest(format!(
-                "`router_temperature` must be a finite number >= 0, got {t}"
-            )));
-        }
-    }
-    Ok(request_id)
-}
-
 /// What the busy thresholds read of a partition's columns.
 fn busy_inputs(columns: &KeptColumns) -> BusyInputs<'_> {
     BusyInputs {
@@ -928,58 +682,6 @@ fn busy_inputs(columns: &KeptColumns) -> BusyInputs<'_> {
         active_decode_blocks: &columns.active_decode_blocks,
         engine: &columns.engine,
     }
-}
-
-/// The prompt's size in blocks and its chained block hashes: given hashes are used in
-/// place, token ids are hashed into `scratch`.
-fn prompt_blocks<'a>(
-    request: &'a RouteRequest,
-    block_size: u32,
-    scratch: &'a mut Vec<u64>,
-) -> Result<(u64, &'a [u64]), RouteError> {
-    match (&request.token_ids, &request.block_hashes) {
-        (Some(_), Some(_)) => Err(RouteError::BadRequest(
-            "give `token_ids` or `block_hashes`, not both".into(),
-        )),
-        (None, None) => Err(RouteError::BadRequest(
-            "give the prompt as `token_ids` or `block_hashes`".into(),
-        )),
-        (Some(tokens), None) => {
-            hash_tokens(tokens, block_size, scratch);
-            let blocks = (tokens.len() as u64).div_ceil(u64::from(block_size));
-            Ok((blocks, scratch))
-        }
-        (None, Some(given)) => Ok((given.len() as u64, given)),
-    }
-}
-
-/// The request context components see.
-fn request_context(request: &RouteRequest, block_size: u32, request_blocks: u64) -> RequestContext {
-    let mut context = RequestContext::new(block_size, request_blocks);
-    context.tracks_prefill_tokens = request.tracks_prefill_tokens;
-    context.expected_output_tokens = request.expected_output_tokens;
-    context.priority_jump = request.priority_jump;
-    context.strict_priority = request.strict_priority;
-    context.router_temperature_override = request.router_temperature;
-    context.session = request.session.clone();
-    // Every serving path gives attributes (a reference count here); a direct caller of
-    // the router that gives none gets none, and pays nothing.
-    context.attributes = request.attributes.as_ref().map(|given| {
-        let complete = !given.model.is_empty()
-            && (!given.request_id.is_empty() || request.request_id.is_none());
-        if complete {
-            return given.clone();
-        }
-        let mut attributes = RequestAttributes::clone(given);
-        if attributes.model.is_empty() {
-            attributes.model.clone_from(&request.model);
-        }
-        if attributes.request_id.is_empty() {
-            attributes.request_id = request.request_id.clone().unwrap_or_default();
-        }
-        Arc::new(attributes)
-    });
-    context
 }
 
 /// The members of the request's partition; an error when it has none.
