@@ -17,6 +17,7 @@ mod limits;
 pub mod listener;
 pub mod replicas;
 pub mod worker_address;
+mod workers;
 
 pub use admission::{
     AdmissionSettings, AdmitterEntry, AdmitterOnError, BusyThresholds, QueueOrder, QueueSettings,
@@ -30,6 +31,7 @@ pub use replicas::ReplicaSettings;
 pub use switchyard_plugin_host::isolation::IsolationSettings;
 use switchyard_plugin_host::plugin::{PartitionKey, RevisionRule};
 pub use worker_address::{EngineUrl, WorkerNetworks};
+pub use workers::{KvEventSource, WorkerRole, WorkerSpec};
 
 /// The config shipped inside the binary: the example plugins of all three languages,
 /// with paths relative to the folder of the `switchyard` executable.
@@ -466,199 +468,6 @@ impl Default for RouterSettings {
             drain_timeout_secs: 30,
             worker_networks: Vec::new(),
         }
-    }
-}
-
-/// What a worker does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum WorkerRole {
-    Prefill,
-    Decode,
-    Aggregated,
-}
-
-impl WorkerRole {
-    pub fn worker_type(self) -> WorkerType {
-        match self {
-            WorkerRole::Prefill => WorkerType::Prefill,
-            WorkerRole::Decode => WorkerType::Decode,
-            WorkerRole::Aggregated => WorkerType::Select,
-        }
-    }
-}
-
-fn aggregated() -> WorkerRole {
-    WorkerRole::Aggregated
-}
-fn default_kv_blocks() -> u64 {
-    16_384
-}
-fn default_batched_tokens() -> u64 {
-    8_192
-}
-
-/// A worker (one data-parallel rank of an engine), as configured or added over HTTP.
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct WorkerSpec {
-    pub model: String,
-    pub worker_id: u64,
-    #[serde(default)]
-    pub dp_rank: u32,
-    #[serde(default = "aggregated")]
-    pub worker_type: WorkerRole,
-    /// KV capacity in blocks.
-    #[serde(default = "default_kv_blocks")]
-    pub total_kv_blocks: u64,
-    #[serde(default = "default_batched_tokens")]
-    pub max_batched_tokens: u64,
-    #[serde(default)]
-    pub labels: BTreeMap<String, String>,
-    /// Cost multiplier from preferred routing constraints (taints), if any.
-    #[serde(default)]
-    pub preferred_taint_multiplier: Option<f64>,
-    /// The worker's OpenAI-compatible engine, `http://host:port`, for the frontend.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub url: Option<String>,
-    /// The engine's `ip:port` as a gateway reaches it: what the Envoy endpoint picker
-    /// answers. Without it, `url`'s host and port when the host is an IP address.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub address: Option<String>,
-    /// Where its engine publishes KV events (vLLM/SGLang ZeroMQ format), if it does.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub kv_events: Option<KvEventSource>,
-    /// SGLang prefill workers: the port of the engine's bootstrap server
-    /// (`--disaggregation-bootstrap-port`, 8998 by default); without it, `url`'s port.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub bootstrap_port: Option<u16>,
-}
-
-/// Where a worker's engine publishes its KV events (`workers[].kv_events`).
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct KvEventSource {
-    /// The engine's PUB socket, e.g. `tcp://10.0.0.5:5557` (vLLM's
-    /// `--kv-events-config '{"endpoint": "tcp://*:5557", ...}'`; with data parallelism
-    /// each rank publishes on its own port: base + rank).
-    pub endpoint: String,
-    /// The engine's replay ROUTER socket (`replay_endpoint`, e.g. `tcp://10.0.0.5:5558`):
-    /// lost batches are asked for there. Without it a gap clears the worker's blocks.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub replay_endpoint: Option<String>,
-    /// The topic the engine publishes on (vLLM's default: empty).
-    #[serde(default)]
-    pub topic: String,
-}
-
-impl KvEventSource {
-    /// Checks the endpoints' form (`tcp://host:port`).
-    pub fn validate(&self) -> Result<(), String> {
-        for (field, endpoint) in self.endpoints() {
-            worker_address::parse_tcp_endpoint(endpoint)
-                .map_err(|e| format!("kv_events.{field}: {e}"))?;
-        }
-        Ok(())
-    }
-
-    /// `endpoint` and `replay_endpoint` when set, by field name.
-    fn endpoints(&self) -> impl Iterator<Item = (&'static str, &String)> {
-        std::iter::once(("endpoint", &self.endpoint))
-            .chain(self.replay_endpoint.iter().map(|e| ("replay_endpoint", e)))
-    }
-}
-
-impl WorkerSpec {
-    pub fn id(&self) -> WorkerId {
-        WorkerId {
-            worker_id: self.worker_id,
-            dp_rank: self.dp_rank,
-        }
-    }
-    pub fn partition(&self) -> PartitionKey {
-        PartitionKey::new(self.model.clone(), self.worker_type.worker_type())
-    }
-    /// The `ip:port` a gateway sends this worker's requests to, if it has one.
-    pub fn endpoint(&self) -> Option<std::net::SocketAddr> {
-        match &self.address {
-            Some(address) => address.parse().ok(),
-            None => EngineUrl::parse(self.url.as_deref()?).ok()?.socket_addr(),
-        }
-    }
-
-    /// Every host and port this worker makes the router (or a gateway) talk to, each
-    /// with the field that names it.
-    fn destinations(&self) -> Vec<(&'static str, String, u16)> {
-        let mut out = Vec::new();
-        if let Some(url) = self.url.as_deref().and_then(|u| EngineUrl::parse(u).ok()) {
-            out.push(("url", url.host, url.port));
-        }
-        if let Some(address) = self.endpoint().filter(|_| self.address.is_some()) {
-            out.push(("address", address.ip().to_string(), address.port()));
-        }
-        for (field, endpoint) in self.kv_events.iter().flat_map(KvEventSource::endpoints) {
-            if let Ok((host, port)) = worker_address::parse_tcp_endpoint(endpoint) {
-                out.push((
-                    if field == "endpoint" {
-                        "kv_events.endpoint"
-                    } else {
-                        "kv_events.replay_endpoint"
-                    },
-                    host,
-                    port,
-                ));
-            }
-        }
-        out
-    }
-
-    /// Checks where the worker points against the allow-list and the router's own
-    /// listeners (`own`): a worker must not turn the router against itself.
-    pub fn check_destinations(
-        &self,
-        networks: &WorkerNetworks,
-        own: &[std::net::SocketAddr],
-    ) -> Result<(), String> {
-        for (field, host, port) in self.destinations() {
-            if worker_address::is_own_address(&host, port, own) {
-                return Err(format!("`{field}` points at the router itself ({host}:{port}); a worker must be an engine"));
-            }
-            if !networks.permits(&host) {
-                return Err(format!("`{field}` host `{host}` is not in `router.worker_networks`; add its network or name there if it is one of your engines"));
-            }
-        }
-        Ok(())
-    }
-
-    /// Checks the values serde cannot.
-    pub fn validate(&self) -> Result<(), String> {
-        if let Some(address) = &self.address {
-            if address.parse::<std::net::SocketAddr>().is_err() {
-                return Err(format!(
-                    "`address` must be an IP address and port like 10.0.0.7:8000, got `{address}`"
-                ));
-            }
-        }
-        if self.model.trim().is_empty() {
-            return Err("`model` must not be empty".into());
-        }
-        if self.total_kv_blocks == 0 {
-            return Err("`total_kv_blocks` must be at least 1".into());
-        }
-        if let Some(url) = &self.url {
-            EngineUrl::parse(url).map_err(|e| format!("`url`: {e}"))?;
-        }
-        if let Some(source) = &self.kv_events {
-            source.validate()?;
-        }
-        if let Some(m) = self.preferred_taint_multiplier {
-            if !m.is_finite() || m < 0.0 {
-                return Err(format!(
-                    "`preferred_taint_multiplier` must be a finite number >= 0, got {m}"
-                ));
-            }
-        }
-        Ok(())
     }
 }
 
