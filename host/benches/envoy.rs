@@ -19,7 +19,7 @@ mod real_envoy;
 use std::time::{Duration, Instant};
 
 use load::{load, quantile, Cell};
-use process::{cell_seconds, cpu_seconds, fast_engines, serve};
+use process::{cell_seconds, cpu_seconds, fast_engines, serve, worker_lines};
 use real_envoy::{free_port, Envoy};
 
 /// Envoy with a static round-robin cluster of `engines` and nothing else.
@@ -81,16 +81,7 @@ fn main() {
         .iter()
         .map(|(_, a)| a.trim_start_matches("http://").to_owned())
         .collect();
-    let workers: String = addresses
-        .iter()
-        .enumerate()
-        .map(|(i, a)| {
-            format!(
-                "  - {{model: demo, worker_id: {}, address: \"{a}\"}}\n",
-                i + 1
-            )
-        })
-        .collect();
+    let workers = worker_lines("address", &addresses);
     let config = dir.path().join("switchyard.yaml");
     std::fs::write(
         &config,

@@ -25,7 +25,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use load::{load_spread, quantile, Cell};
-use process::{cell_seconds, cpu_seconds, fast_engines, serve, Process};
+use process::{cell_seconds, cpu_seconds, fast_engines, serve, worker_lines, Process};
 use real_envoy::free_port;
 
 /// One way to reach the engines.
@@ -106,16 +106,7 @@ fn main() {
     let dir = tempfile::tempdir().unwrap();
     let engines = fast_engines(4);
     let urls: Vec<String> = engines.iter().map(|(_, a)| a.clone()).collect();
-    let workers: String = urls
-        .iter()
-        .enumerate()
-        .map(|(i, url)| {
-            format!(
-                "  - {{model: demo, worker_id: {}, url: \"{url}\"}}\n",
-                i + 1
-            )
-        })
-        .collect();
+    let workers = worker_lines("url", &urls);
     let config = dir.path().join("switchyard.yaml");
     std::fs::write(&config, format!("workers:\n{workers}")).unwrap();
     let (router, address) = serve(&config, &[]);

@@ -91,3 +91,18 @@ pub fn serve(config: &std::path::Path, extra: &[&str]) -> (Process, String) {
     args.extend_from_slice(extra);
     start(&args, "switchyard listening on ")
 }
+
+/// The `workers:` entries of model `demo`, ids from 1, each `key: "value"` (`url` or
+/// `address`).
+pub fn worker_lines(key: &str, values: &[String]) -> String {
+    values
+        .iter()
+        .enumerate()
+        .map(|(i, value)| {
+            format!(
+                "  - {{model: demo, worker_id: {}, {key}: \"{value}\"}}\n",
+                i + 1
+            )
+        })
+        .collect()
+}
