@@ -629,6 +629,10 @@ fn fallbacks(
     picked: WorkerId,
     count: u8,
 ) -> Vec<SocketAddr> {
+    if count == 0 {
+        // The default: nothing to allocate or copy on the pick's path.
+        return Vec::new();
+    }
     let mut left: rustc_hash::FxHashSet<WorkerId> = eligible
         .iter()
         .map(|(id, _)| *id)
