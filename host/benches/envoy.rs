@@ -16,9 +16,9 @@ mod process;
 #[path = "../../tests/support/real_envoy.rs"]
 mod real_envoy;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use load::{load, quantile, Cell};
+use load::{load, quantile, warm_up, Cell};
 use process::{cell_seconds, cpu_seconds, fast_engines, serve, worker_lines};
 use real_envoy::{free_port, Envoy};
 
@@ -106,17 +106,7 @@ fn main() {
     // Warm up both paths (connections, the picker's health check).
     runtime.block_on(async {
         for base in [&round_robin.base, &through_picker.base] {
-            let started = Instant::now();
-            while load(base, false, 1, Duration::from_millis(200))
-                .await
-                .requests
-                == 0
-            {
-                assert!(
-                    started.elapsed() < Duration::from_secs(20),
-                    "{base} never answered"
-                );
-            }
+            warm_up(std::slice::from_ref(base), base, Duration::from_secs(20)).await;
         }
     });
     println!("\nReal Envoy 1.40: round robin vs. switchyard's endpoint picker (ext_proc), 4 engine-sim engines, 2-token chat completions, {seconds} s per cell, 3 interleaved rounds");

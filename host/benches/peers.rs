@@ -24,7 +24,7 @@ use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use load::{load_spread, quantile, Cell};
+use load::{load_spread, quantile, warm_up, Cell};
 use process::{cell_seconds, cpu_seconds, fast_engines, serve, worker_lines, Process};
 use real_envoy::free_port;
 
@@ -143,18 +143,7 @@ fn main() {
     // Warm up every path (connections, the routers' first health checks).
     runtime.block_on(async {
         for path in &paths {
-            let started = Instant::now();
-            while load_spread(&path.bases, false, 1, Duration::from_millis(200))
-                .await
-                .requests
-                == 0
-            {
-                assert!(
-                    started.elapsed() < Duration::from_secs(30),
-                    "{} never answered",
-                    path.name
-                );
-            }
+            warm_up(&path.bases, &path.name, Duration::from_secs(30)).await;
         }
     });
     println!(

@@ -84,3 +84,16 @@ pub fn quantile(sorted: &[u64], q: f64) -> f64 {
     }
     sorted[((sorted.len() - 1) as f64 * q) as usize] as f64 / 1000.0
 }
+
+/// Sends single requests to `bases` until one succeeds (connections open, the router's
+/// first health checks done); panics naming `name` after `limit`.
+pub async fn warm_up(bases: &[String], name: &str, limit: Duration) {
+    let started = Instant::now();
+    while load_spread(bases, false, 1, Duration::from_millis(200))
+        .await
+        .requests
+        == 0
+    {
+        assert!(started.elapsed() < limit, "{name} never answered");
+    }
+}
