@@ -61,8 +61,10 @@ bench: bench-selection
 # A static pattern rule: .PHONY targets get no implicit (plain pattern) recipe.
 bench-envoy: envoy
 
-# The peers (vllm-router, sglang-router), pinned, from PyPI.
-bench-peers: peers
+# The peers (vllm-router, sglang-router, Dynamo's select service), pinned, from PyPI:
+# the proxy comparison (peers.rs), then the decision API (peers_select.rs).
+bench-peers: peers bench-peers-select
+bench-peers-select: peers
 peers:
 	./scripts/install-peers
 
