@@ -33,19 +33,45 @@ use super::KvSourceCounters;
 
 /// How long a replay may take before it counts as failed.
 const REPLAY_TIMEOUT: Duration = Duration::from_secs(2);
-/// How often a waiting subscriber checks whether it should stop.
-const POLL: Duration = Duration::from_millis(200);
-/// Silence after which the SUB socket is connected afresh.
+/// Silence after which the SUB socket is connected afresh, after the engine last spoke:
+/// a backstop, for a restart the socket's own reconnection did not report.
 const RECONNECT_AFTER_SILENCE: Duration = Duration::from_secs(3);
+/// The longest silence between two such checks of an engine that stays idle: each check
+/// doubles the wait, so a thousand idle engines cost a reconnect each per this long, not
+/// hundreds per second.
+const MAX_SILENCE: Duration = Duration::from_secs(48);
 
-/// A running subscription; dropping it stops the thread (within `POLL`).
+/// Tells a subscriber's thread to stop; it wakes at once, whatever it waits on, so an
+/// idle subscription costs no periodic wake-ups.
+#[derive(Default)]
+struct Stop {
+    flag: AtomicBool,
+    wake: tokio::sync::Notify,
+}
+
+impl Stop {
+    fn stopped(&self) -> bool {
+        self.flag.load(Ordering::Relaxed)
+    }
+
+    /// Resolves once stop is asked (at once if it was).
+    async fn asked(&self) {
+        while !self.stopped() {
+            self.wake.notified().await;
+        }
+    }
+}
+
+/// A running subscription; dropping it stops the thread.
 pub struct Subscription {
-    stop: Arc<AtomicBool>,
+    stop: Arc<Stop>,
 }
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.flag.store(true, Ordering::Relaxed);
+        // Stores a permit if the thread is not waiting yet: the wake-up is not lost.
+        self.stop.wake.notify_one();
     }
 }
 
@@ -76,7 +102,7 @@ pub fn subscribe(
     dp_rank: u32,
     source: KvEventSource,
 ) -> std::io::Result<Subscription> {
-    let stop = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(Stop::default());
     let counters = router.kv_source(&source.endpoint, worker_id);
     let mut subscriber = Subscriber {
         router,
@@ -105,6 +131,25 @@ pub fn subscribe(
     Ok(Subscription { stop })
 }
 
+/// What a waiting subscriber heard first.
+enum Heard {
+    /// The socket's monitor: an event, or None once it closed.
+    Monitor(Option<zeromq::SocketEvent>),
+    /// The socket: a message, a receive error, or the silence ran out.
+    Socket(Result<zeromq::ZmqResult<ZmqMessage>, tokio::time::error::Elapsed>),
+}
+
+/// The monitor's next event; never resolves once the monitor is gone.
+async fn next_event<S>(monitor: &mut Option<S>) -> Option<zeromq::SocketEvent>
+where
+    S: futures_util::Stream<Item = zeromq::SocketEvent> + Unpin,
+{
+    match monitor {
+        Some(events) => futures_util::StreamExt::next(events).await,
+        None => std::future::pending().await,
+    }
+}
+
 struct Subscriber {
     router: Arc<dyn EventSink>,
     worker_id: u64,
@@ -112,7 +157,7 @@ struct Subscriber {
     /// Every dp_rank this publisher's batches named: what a clear applies to.
     ranks: BTreeSet<u32>,
     source: KvEventSource,
-    stop: Arc<AtomicBool>,
+    stop: Arc<Stop>,
     /// The next sequence number; None before the first batch.
     expected: Option<u64>,
     /// The timestamp of the last batch applied.
@@ -126,11 +171,12 @@ struct Subscriber {
 
 impl Subscriber {
     fn stopped(&self) -> bool {
-        self.stop.load(Ordering::Relaxed)
+        self.stop.stopped()
     }
 
     async fn run(&mut self) {
         let mut first = true;
+        let mut silence = RECONNECT_AFTER_SILENCE;
         while !self.stopped() {
             let Some(mut socket) = self.connect().await else {
                 return;
@@ -142,26 +188,42 @@ impl Subscriber {
                 self.check_continuity().await;
             }
             first = false;
-            let mut silent = Duration::ZERO;
+            // The socket reconnects by itself when the engine goes away and comes back
+            // (a restart): each time, check what the publisher has (the monitor tells).
+            let mut monitor = Some(socket.monitor());
             while !self.stopped() {
-                let message = match tokio::time::timeout(POLL, socket.recv()).await {
-                    Err(_) => {
-                        // An engine that went away and came back is not always noticed
-                        // by the socket: after a while of silence, connect afresh (what
-                        // was missed meanwhile shows as a gap and is replayed).
-                        silent += POLL;
-                        if silent >= RECONNECT_AFTER_SILENCE {
-                            break;
-                        }
+                let heard = tokio::select! {
+                    () = self.stop.asked() => return,
+                    event = next_event(&mut monitor) => Heard::Monitor(event),
+                    received = tokio::time::timeout(silence, socket.recv()) => Heard::Socket(received),
+                };
+                let message = match heard {
+                    Heard::Monitor(Some(zeromq::SocketEvent::Connected(..))) => {
+                        tracing::debug!(endpoint = %self.source.endpoint, worker_id = self.worker_id, "kv events: reconnected");
+                        self.counters.reconnects.fetch_add(1, Ordering::Relaxed);
+                        self.check_continuity().await;
                         continue;
                     }
-                    Ok(Ok(message)) => message,
-                    Ok(Err(e)) => {
+                    Heard::Monitor(Some(_)) => continue,
+                    Heard::Monitor(None) => {
+                        monitor = None;
+                        continue;
+                    }
+                    Heard::Socket(Err(_)) => {
+                        // An engine that went away and came back is not always noticed
+                        // by the socket: after a while of silence, connect afresh (what
+                        // was missed meanwhile shows as a gap and is replayed), and
+                        // wait twice as long before the next such check.
+                        silence = (silence * 2).min(MAX_SILENCE);
+                        break;
+                    }
+                    Heard::Socket(Ok(Ok(message))) => message,
+                    Heard::Socket(Ok(Err(e))) => {
                         tracing::warn!(endpoint = %self.source.endpoint, error = %e, "kv events: receive failed; reconnecting");
                         break;
                     }
                 };
-                silent = Duration::ZERO;
+                silence = RECONNECT_AFTER_SILENCE;
                 let frames = message.into_vec();
                 let Some((sequence, payload)) = split_frames(&frames) else {
                     self.counters.decode_errors.fetch_add(1, Ordering::Relaxed);
@@ -198,7 +260,10 @@ impl Subscriber {
                 }
             }
             self.counters.reconnects.fetch_add(1, Ordering::Relaxed);
-            tokio::time::sleep(backoff).await;
+            tokio::select! {
+                () = self.stop.asked() => return None,
+                () = tokio::time::sleep(backoff) => {}
+            }
             backoff = (backoff * 2).min(Duration::from_secs(5));
         }
     }
