@@ -62,9 +62,10 @@ bench: bench-selection
 bench-envoy: envoy
 
 # The peers (vllm-router, sglang-router, Dynamo's select service), pinned, from PyPI:
-# the proxy comparison (peers.rs), then the decision API (peers_select.rs).
-bench-peers: peers bench-peers-select
-bench-peers-select: peers
+# the proxy comparison (peers.rs), the decision API (peers_select.rs), then the trace
+# replay (peers_replay.rs).
+bench-peers: peers bench-peers-select bench-peers-replay
+bench-peers-select bench-peers-replay: peers
 peers:
 	./scripts/install-peers
 

@@ -83,6 +83,9 @@ enum Command {
     Replay(ReplayArgs),
     /// Run a simulated OpenAI-compatible inference engine (for tests, benchmarks, demos).
     EngineSim(EngineSimArgs),
+    /// Send a request trace (Mooncake JSONL) to a running server at the trace's times,
+    /// streamed; print the time-to-first-token quantiles.
+    SendTrace(switchyard::tools::send_trace::SendTraceArgs),
     /// Internal: exercise one plugin in this child process (see startup::probe).
     /// The isolated plugin process (`isolation: process`), started by the router.
     #[command(name = "__isolated-plugins", hide = true)]
@@ -243,6 +246,19 @@ fn main() -> ExitCode {
         }
         Command::Replay(args) => match replay::run(&args) {
             Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        Command::SendTrace(args) => match switchyard::tools::send_trace::run(&args) {
+            Ok(summary) => {
+                println!(
+                    "{}",
+                    serde_json::to_string(&summary).expect("a summary serializes")
+                );
+                ExitCode::SUCCESS
+            }
             Err(e) => {
                 eprintln!("error: {e}");
                 ExitCode::FAILURE

@@ -6,4 +6,5 @@ pub mod dry_run;
 pub mod engine_sim;
 pub mod replay;
 pub mod scaffold;
+pub mod send_trace;
 pub mod summary;

@@ -2,7 +2,8 @@
 //! frontend's tests, benchmark and demo run against on loopback.
 //!
 //! It serves `/v1/chat/completions`, `/v1/completions`, `/v1/models`, `/health` and
-//! `/metrics` (vLLM's gauges: running and waiting requests, KV-cache usage, and LoRA
+//! `/metrics` (vLLM's gauges: running and waiting requests, KV-cache usage, prefix-cache
+//! queries and hits in tokens, and LoRA
 //! adapters in `vllm:lora_requests_info`; `--lora-adapters` names the adapters it
 //! serves, as vLLM's `--lora-modules` does). A
 //! prompt's blocks (hashed as the router hashes prompt text) go through an LRU prefix
@@ -161,6 +162,10 @@ struct Engine {
     /// When the prefill queue is next free.
     prefill_free_at: Mutex<Instant>,
     requests: AtomicU64,
+    /// Prompt tokens looked up in the prefix cache, and those found: vLLM's
+    /// `vllm:prefix_cache_queries` / `vllm:prefix_cache_hits` counters.
+    prefix_queries: AtomicU64,
+    prefix_hits: AtomicU64,
     /// What `/metrics` reports.
     load: Mutex<Load>,
     /// A prefill engine's KV kept for decode engines to pull.
@@ -284,8 +289,17 @@ fn metrics_text(engine: &Engine) -> String {
          vllm:num_requests_waiting{{engine=\"0\",model_name=\"{model}\"}} {}\n\
          # HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n\
          # TYPE vllm:kv_cache_usage_perc gauge\n\
-         vllm:kv_cache_usage_perc{{engine=\"0\",model_name=\"{model}\"}} {usage}\n",
-        load.running, load.waiting
+         vllm:kv_cache_usage_perc{{engine=\"0\",model_name=\"{model}\"}} {usage}\n\
+         # HELP vllm:prefix_cache_queries Prefix cache queries, in terms of number of queried tokens.\n\
+         # TYPE vllm:prefix_cache_queries counter\n\
+         vllm:prefix_cache_queries_total{{engine=\"0\",model_name=\"{model}\"}} {}\n\
+         # HELP vllm:prefix_cache_hits Prefix cache hits, in terms of number of cached tokens.\n\
+         # TYPE vllm:prefix_cache_hits counter\n\
+         vllm:prefix_cache_hits_total{{engine=\"0\",model_name=\"{model}\"}} {}\n",
+        load.running,
+        load.waiting,
+        engine.prefix_queries.load(Ordering::Relaxed),
+        engine.prefix_hits.load(Ordering::Relaxed),
     );
     if !engine.args.lora_adapters.is_empty() {
         let list = |phase: fn(&(u64, u64)) -> bool| {
@@ -365,6 +379,10 @@ impl Engine {
         }
         drop(cache);
         let hit = hit as u64;
+        let cached = (hit * u64::from(block_size)).min(prompt.tokens.len() as u64);
+        self.prefix_queries
+            .fetch_add(prompt.tokens.len() as u64, Ordering::Relaxed);
+        self.prefix_hits.fetch_add(cached, Ordering::Relaxed);
         let tokens = prompt.request_blocks.saturating_sub(hit) * u64::from(self.args.block_size);
         let work = Duration::from_secs_f64(tokens as f64 / self.args.prefill_tps);
         let now = Instant::now();
@@ -686,6 +704,8 @@ pub async fn run(args: EngineSimArgs) -> std::io::Result<()> {
         events,
         prefill_free_at: Mutex::new(Instant::now()),
         requests: AtomicU64::new(0),
+        prefix_queries: AtomicU64::new(0),
+        prefix_hits: AtomicU64::new(0),
         load: Mutex::new(Load::default()),
         record,
         args,
