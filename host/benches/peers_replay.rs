@@ -12,7 +12,9 @@
 //! cut into rounds without changing what the caches hold). SWITCHYARD_TRACE names the
 //! trace (`../shared/data/mooncake/synthetic_trace.jsonl` beside the repository),
 //! SWITCHYARD_REPLAY_REQUESTS how many of its requests (3000), SWITCHYARD_REPLAY_TIME_SCALE
-//! how much faster than recorded (10). Loopback only; every process is killed when it
+//! how much faster than recorded (10), SWITCHYARD_REPLAY_ROUTERS which routers (names or
+//! their beginnings, comma-separated; all), SWITCHYARD_REPLAY_CONFIG more YAML for
+//! switchyard's config (a sweep's knobs). Loopback only; every process is killed when it
 //! ends.
 
 #[path = "common/process.rs"]
@@ -112,13 +114,15 @@ fn router(name: &str, fleet: &Fleet, dir: &Path) -> Result<(Process, String), St
             .enumerate()
             .map(|(i, (url, (publish, replay)))| {
                 format!(
-                    "  - {{model: demo, worker_id: {}, url: \"{url}\", kv_events: {{endpoint: \"{publish}\", replay_endpoint: \"{replay}\"}}}}\n",
+                    "  - {{model: demo, worker_id: {}, url: \"{url}\", total_kv_blocks: {CACHE_BLOCKS}, kv_events: {{endpoint: \"{publish}\", replay_endpoint: \"{replay}\"}}}}\n",
                     i + 1
                 )
             })
             .collect();
         let config = dir.join("switchyard.yaml");
-        std::fs::write(&config, format!("workers:\n{workers}")).unwrap();
+        // SWITCHYARD_REPLAY_CONFIG: more of switchyard's config (a sweep's knobs).
+        let extra = std::env::var("SWITCHYARD_REPLAY_CONFIG").unwrap_or_default();
+        std::fs::write(&config, format!("workers:\n{workers}{extra}\n")).unwrap();
         return Ok(serve(&config, &[]));
     }
     let (program, policy) = name.split_once(' ').unwrap();
@@ -206,12 +210,16 @@ fn main() {
     );
     println!("| router | TTFT p50 (ms) | p90 (ms) | p99 (ms) | engines' hit rate | failures | router CPU (s) | run (s) |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    let only = std::env::var("SWITCHYARD_REPLAY_ROUTERS").unwrap_or_default();
     for name in [
         "switchyard default",
         "sglang-router cache_aware",
         "vllm-router cache_aware",
         "vllm-router round_robin",
-    ] {
+    ]
+    .into_iter()
+    .filter(|name| only.is_empty() || only.split(',').any(|o| name.starts_with(o.trim())))
+    {
         let fleet = fleet();
         let (process, base) = match router(name, &fleet, dir.path()) {
             Ok(router) => router,
