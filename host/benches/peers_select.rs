@@ -50,7 +50,7 @@ const CONCURRENCY: usize = 16;
 fn block(p: usize, b: usize) -> impl Iterator<Item = u32> {
     [p as u32 + 1, b as u32 + 1]
         .into_iter()
-        .chain(std::iter::repeat(7).take(BLOCK_SIZE - 2))
+        .chain(std::iter::repeat_n(7, BLOCK_SIZE - 2))
 }
 
 fn prompt(p: usize) -> Vec<u32> {
