@@ -25,11 +25,14 @@
 //! `max_requests_per_worker` (load shedding), 500 when the policy failed and `on_error`
 //! says so.
 
+mod decide;
 mod messages;
+
+use decide::{decide, eligible, no_endpoint, Attempt, Wanted};
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -40,23 +43,19 @@ use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
 use envoy_types::pb::envoy::service::ext_proc::v3::{
     processing_request::Request, HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse,
 };
-use rustc_hash::FxHashSet;
-use switchyard_plugin_host::plugin::PartitionKey;
 use switchyard_plugin_sdk::WorkerId;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
 use tonic::{Status, Streaming};
 
-use super::frontend::prompt::{self, Endpoint};
+use super::frontend::prompt::Endpoint;
 use super::frontend::{Frontend, Lease, OpenAiError, INSTANCE_HEADER};
 use crate::auth;
 use crate::caller::Caller;
 use crate::listener::Listener;
 use crate::request_attributes;
 use switchyard_config::auth::Audience;
-use switchyard_config::Disaggregation;
 use switchyard_config::ExtProcSettings;
-use switchyard_fleet::router::{RequestWorkerType, RouteError, Router};
 
 /// The gRPC service name Envoy calls (and the health service reports).
 pub const SERVICE_NAME: &str = "envoy.service.ext_proc.v3.ExternalProcessor";
@@ -549,255 +548,4 @@ impl Exchange {
         frontend.router().mark_unhealthy(booked.worker, cooldown);
         frontend.router().metrics.record_upstream_error();
     }
-}
-
-/// The workers a gateway can send to, within `subset` (`ip:port` strings) when given.
-fn eligible(router: &Router, subset: Option<&[String]>) -> Vec<(WorkerId, SocketAddr)> {
-    let subset: Option<FxHashSet<SocketAddr>> =
-        subset.map(|s| s.iter().filter_map(|e| e.parse().ok()).collect());
-    router
-        .endpoints()
-        .into_iter()
-        .filter(|(_, endpoint)| subset.as_ref().is_none_or(|s| s.contains(endpoint)))
-        .collect()
-}
-
-fn no_endpoint(message: impl Into<String>) -> OpenAiError {
-    OpenAiError::from(RouteError::NoWorker(message.into()))
-}
-
-/// A pick that found every worker busy, and where the request waits.
-enum Attempt {
-    Busy(BusyPlace),
-    Failed(OpenAiError),
-}
-
-/// Where a request that found every worker busy waits: its partition, priority and
-/// tenant.
-#[derive(Clone)]
-struct BusyPlace {
-    partition: PartitionKey,
-    priority: i32,
-    tenant: Option<String>,
-    max_wait: Option<std::time::Duration>,
-}
-
-/// What the stream's headers asked for.
-#[derive(Clone)]
-struct Wanted {
-    endpoint: Endpoint,
-    instance: Option<String>,
-    subset: Option<Vec<String>>,
-    kept: Vec<(String, String)>,
-    /// The request's admission (rate limit and admitters), made at its first try and
-    /// kept by the later ones of a queued request.
-    admitted: Arc<std::sync::OnceLock<switchyard_plugin_sdk::Placement>>,
-}
-
-/// `request` selected and booked; when every worker of its partition is busy, `busy`
-/// says where it waits (that partition: a disaggregated side waits in its own).
-fn booked_or_busy(
-    router: &Router,
-    request: &switchyard_fleet::router::RouteRequest,
-    described: &request_attributes::Described,
-    busy: &mut Option<BusyPlace>,
-) -> Result<switchyard_fleet::router::RouteDecision, OpenAiError> {
-    match router.select_and_reserve(request) {
-        Err(RouteError::Saturated(why)) => {
-            let partition =
-                PartitionKey::new(request.model.clone(), request.worker_type.worker_type());
-            let place = described.place(partition.clone());
-            *busy = Some(BusyPlace {
-                partition,
-                priority: place.priority,
-                tenant: place.tenant.map(str::to_owned),
-                max_wait: place.max_wait,
-            });
-            Err(RouteError::Saturated(why).into())
-        }
-        other => Ok(other?),
-    }
-}
-
-/// Up to `count` endpoints for the gateway to retry on after `picked`, in the policy's
-/// order: each is its choice once the ones before are out (a selection that books
-/// nothing). Fewer when the eligible workers run out or the policy finds none.
-fn fallbacks(
-    router: &Router,
-    request: &switchyard_fleet::router::RouteRequest,
-    eligible: &[(WorkerId, SocketAddr)],
-    picked: WorkerId,
-    count: u8,
-) -> Vec<SocketAddr> {
-    if count == 0 {
-        // The default: nothing to allocate or copy on the pick's path.
-        return Vec::new();
-    }
-    let mut left: rustc_hash::FxHashSet<WorkerId> = eligible
-        .iter()
-        .map(|(id, _)| *id)
-        .filter(|id| *id != picked)
-        .collect();
-    let mut probe = request.clone();
-    probe.paired = None;
-    let mut found = Vec::new();
-    while found.len() < usize::from(count) && !left.is_empty() {
-        probe.only = Some(Arc::new(left.clone()));
-        let Ok(next) = router.select(&probe) else {
-            break;
-        };
-        let next = WorkerId {
-            worker_id: next.worker_id,
-            dp_rank: next.dp_rank,
-        };
-        // A policy answering outside `only` would loop; the router keeps to it, but
-        // stop rather than trust that here.
-        if !left.remove(&next) {
-            break;
-        }
-        if let Ok(endpoint) = endpoint_of(eligible, next) {
-            found.push(endpoint);
-        }
-    }
-    found
-}
-
-/// The endpoint the gateway reaches `worker` at.
-fn endpoint_of(
-    eligible: &[(WorkerId, SocketAddr)],
-    worker: WorkerId,
-) -> Result<SocketAddr, OpenAiError> {
-    eligible
-        .iter()
-        .find(|(id, _)| *id == worker)
-        .map(|(_, endpoint)| *endpoint)
-        .ok_or_else(|| no_endpoint(format!("worker {} has no endpoint", worker.worker_id)))
-}
-
-/// Parses the body and selects and books a worker among the eligible endpoints
-/// (blocking: tokenizers and plugin code run here).
-fn decide(
-    picker: &EndpointPicker,
-    caller: &Caller,
-    wanted: Wanted,
-    body: &[u8],
-    busy: &mut Option<BusyPlace>,
-) -> Result<Booked, OpenAiError> {
-    let Wanted {
-        endpoint,
-        instance,
-        subset,
-        kept,
-        admitted,
-    } = wanted;
-    let frontend = &picker.frontend;
-    let router = frontend.router();
-    let mut prompt = prompt::parse(endpoint, body, router.block_size(), |model| {
-        frontend.tokenizer(model)
-    })?;
-    caller
-        .check_route(&prompt.model, instance.as_deref())
-        .map_err(crate::frontend::forbidden)?;
-    let request_id = format!(
-        "{}-{}",
-        picker.id_prefix,
-        picker.next_request.fetch_add(1, Ordering::Relaxed)
-    );
-    let mut described = request_attributes::describe(
-        &router.generation().startup.source.config.request_attributes,
-        kept,
-        Some(caller),
-        &prompt.model,
-        prompt.user.as_deref(),
-        &request_id,
-    )?;
-    // From here on the prompt's model is the partition's (an adapter's base).
-    prompt.model.clone_from(&described.partition_model);
-    // Once per request, not per try of a queued one.
-    let placement = match admitted.get() {
-        Some(placement) => placement.clone(),
-        None => {
-            let placement = router.admit(
-                &frontend.route_request(&prompt, &described, request_id.clone(), None),
-                prompt.block_hashes.len() as u64,
-                prompt.tokens.len() as u64,
-            )?;
-            admitted.get_or_init(|| placement).clone()
-        }
-    };
-    described.admitted(placement);
-    let mut eligible = eligible(router, subset.as_deref());
-    if subset.is_some() && eligible.is_empty() {
-        return Err(no_endpoint(
-            "none of the endpoints in the gateway's subset hint is a switchyard worker",
-        ));
-    }
-    if let Some(limit) = picker.max_requests_per_worker {
-        let loads: HashMap<WorkerId, u64> = router
-            .loads()
-            .into_iter()
-            .map(|(id, load)| (id, u64::from(load.active_requests)))
-            .collect();
-        let before = eligible.len();
-        eligible.retain(|(id, _)| loads.get(id).copied().unwrap_or(0) < limit);
-        if before > 0 && eligible.is_empty() {
-            return Err(OpenAiError::new(
-                axum::http::StatusCode::TOO_MANY_REQUESTS,
-                "rate_limit_exceeded",
-                format!("every eligible worker has {limit} active requests (ext_proc.max_requests_per_worker); retry later"),
-            ));
-        }
-    }
-    let mut request = frontend.route_request(&prompt, &described, request_id.clone(), instance);
-    request.block_hashes = Some(prompt.block_hashes.clone());
-    request.only = Some(Arc::new(eligible.iter().map(|(id, _)| *id).collect()));
-    // A disaggregated model: the destination is a decode worker, and its prefill worker
-    // is selected (and booked) in its own partition.
-    let disaggregated = frontend.disaggregation(&prompt.model) != Disaggregation::Off;
-    let prefill = if disaggregated {
-        let id = format!("{request_id}-prefill");
-        let mut prefill = request.clone();
-        prefill.request_id = Some(id.clone());
-        prefill.worker_type = RequestWorkerType::Prefill;
-        let chosen = booked_or_busy(router, &prefill, &described, busy)?;
-        let lease = Lease::new(router.clone(), id);
-        let worker = WorkerId {
-            worker_id: chosen.worker_id,
-            dp_rank: chosen.dp_rank,
-        };
-        let at = endpoint_of(&eligible, worker)?;
-        request.worker_type = RequestWorkerType::Decode;
-        request.paired = Some(worker);
-        Some((lease, at, worker))
-    } else {
-        None
-    };
-    let decision = booked_or_busy(router, &request, &described, busy)?;
-    let lease = Lease::new(router.clone(), request_id);
-    let worker = WorkerId {
-        worker_id: decision.worker_id,
-        dp_rank: decision.dp_rank,
-    };
-    let endpoint = endpoint_of(&eligible, worker)?;
-    router.predict_cached(&prompt.model, worker, &prompt.block_hashes);
-    let fallbacks = fallbacks(
-        router,
-        &request,
-        &eligible,
-        worker,
-        picker.fallback_endpoints,
-    );
-    let prefill = prefill.map(|(prefill, at, _)| {
-        router.pair(prefill.request_id(), Some(worker));
-        (prefill, at)
-    });
-    Ok(Booked {
-        lease,
-        worker,
-        endpoint,
-        fallbacks,
-        model: prompt.model,
-        prefilled: false,
-        prefill,
-    })
 }

@@ -21,6 +21,9 @@
 //! vLLM's), not the router's: the router must agree on them from the token ids.
 
 mod disaggregation;
+mod metrics;
+
+use metrics::metrics_text;
 
 use std::net::SocketAddr;
 use std::num::NonZeroUsize;
@@ -273,55 +276,6 @@ fn unix_seconds() -> f64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64())
-}
-
-/// `/metrics` in vLLM's names (vllm/v1/metrics/loggers.py).
-fn metrics_text(engine: &Engine) -> String {
-    let load = engine.load.lock();
-    let model = &engine.args.model;
-    let usage = (load.running_blocks as f64 / engine.args.cache_blocks.max(1) as f64).min(1.0);
-    let mut text = format!(
-        "# HELP vllm:num_requests_running Number of requests in model execution batches.\n\
-         # TYPE vllm:num_requests_running gauge\n\
-         vllm:num_requests_running{{engine=\"0\",model_name=\"{model}\"}} {}\n\
-         # HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n\
-         # TYPE vllm:num_requests_waiting gauge\n\
-         vllm:num_requests_waiting{{engine=\"0\",model_name=\"{model}\"}} {}\n\
-         # HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.\n\
-         # TYPE vllm:kv_cache_usage_perc gauge\n\
-         vllm:kv_cache_usage_perc{{engine=\"0\",model_name=\"{model}\"}} {usage}\n\
-         # HELP vllm:prefix_cache_queries Prefix cache queries, in terms of number of queried tokens.\n\
-         # TYPE vllm:prefix_cache_queries counter\n\
-         vllm:prefix_cache_queries_total{{engine=\"0\",model_name=\"{model}\"}} {}\n\
-         # HELP vllm:prefix_cache_hits Prefix cache hits, in terms of number of cached tokens.\n\
-         # TYPE vllm:prefix_cache_hits counter\n\
-         vllm:prefix_cache_hits_total{{engine=\"0\",model_name=\"{model}\"}} {}\n",
-        load.running,
-        load.waiting,
-        engine.prefix_queries.load(Ordering::Relaxed),
-        engine.prefix_hits.load(Ordering::Relaxed),
-    );
-    if !engine.args.lora_adapters.is_empty() {
-        let list = |phase: fn(&(u64, u64)) -> bool| {
-            load.adapters
-                .iter()
-                .filter(|(_, counts)| phase(counts))
-                .map(|(name, _)| name.as_str())
-                .collect::<Vec<_>>()
-                .join(",")
-        };
-        text.push_str(&format!(
-            "# HELP vllm:lora_requests_info Running stats on lora requests.\n\
-             # TYPE vllm:lora_requests_info gauge\n\
-             vllm:lora_requests_info{{max_lora=\"{}\",running_lora_adapters=\"{}\",waiting_lora_adapters=\"{}\"}} {}\n",
-            engine.args.lora_adapters.len(),
-            list(|c| c.1 > 0),
-            list(|c| c.1 == 0 && c.0 > 0),
-            load.adapters_changed
-        ));
-    }
-    text.push_str(&engine.transfers.metrics());
-    text
 }
 
 impl Engine {
