@@ -14,19 +14,18 @@
 
 #[path = "common/load.rs"]
 mod load;
+#[path = "common/peer_routers.rs"]
+mod peer_routers;
 #[path = "common/process.rs"]
 mod process;
 #[path = "../../tests/support/real_envoy.rs"]
 mod real_envoy;
 
-use std::net::TcpStream;
-use std::path::PathBuf;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use load::{load_spread, quantile, warm_up, Cell};
+use peer_routers::start_peer;
 use process::{cell_seconds, cpu_seconds, fast_engines, serve, worker_lines, Process};
-use real_envoy::free_port;
 
 /// One way to reach the engines.
 struct Path {
@@ -37,55 +36,12 @@ struct Path {
     _process: Option<Process>,
 }
 
-/// Where the peers are: `SWITCHYARD_PEERS_VENV`, or the venv `make bench-peers` fills.
-fn venv() -> PathBuf {
-    std::env::var_os("SWITCHYARD_PEERS_VENV").map_or_else(
-        || {
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-                .join("../target/peers-venv")
-                .to_owned()
-        },
-        PathBuf::from,
-    )
-}
-
 /// A peer router over `engines`, or why not.
 fn peer(router: &str, policy: &str, engines: &[String]) -> Result<Path, String> {
-    let bin = venv().join("bin").join(router);
-    if !bin.exists() {
-        return Err(format!(
-            "{} is not installed (make bench-peers installs it)",
-            bin.display()
-        ));
-    }
-    let (port, metrics) = (free_port(), free_port());
-    let mut command = Command::new(&bin);
-    if router == "sglang-router" {
-        command.arg("launch");
-    }
-    command
-        .arg("--worker-urls")
-        .args(engines)
-        .args(["--policy", policy, "--host", "127.0.0.1"])
-        .args(["--port", &port.to_string()])
-        .args(["--prometheus-port", &metrics.to_string()])
-        .args(["--log-level", "error"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null());
-    let child = command
-        .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
-    let process = Process(child);
-    let started = Instant::now();
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if started.elapsed() > Duration::from_secs(60) {
-            return Err(format!("{router} did not listen on {port} within 60 s"));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let (process, base) = start_peer(router, policy, engines)?;
     Ok(Path {
         name: format!("{router} {policy}"),
-        bases: vec![format!("http://127.0.0.1:{port}")],
+        bases: vec![base],
         pid: Some(process.0.id().to_string()),
         _process: Some(process),
     })

@@ -17,16 +17,17 @@
 //! switchyard's config (a sweep's knobs). Loopback only; every process is killed when it
 //! ends.
 
+#[path = "common/peer_routers.rs"]
+mod peer_routers;
 #[path = "common/process.rs"]
 mod process;
 #[path = "../../tests/support/real_envoy.rs"]
 mod real_envoy;
 
-use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use peer_routers::start_peer;
 use process::{cpu_seconds, serve, start, Process};
 use real_envoy::free_port;
 use serde_json::json;
@@ -126,42 +127,8 @@ fn router(name: &str, fleet: &Fleet, dir: &Path) -> Result<(Process, String), St
         return Ok(serve(&config, &[]));
     }
     let (program, policy) = name.split_once(' ').unwrap();
-    let venv = std::env::var_os("SWITCHYARD_PEERS_VENV").map_or_else(
-        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/peers-venv"),
-        PathBuf::from,
-    );
-    let bin = venv.join("bin").join(program);
-    if !bin.exists() {
-        return Err(format!(
-            "{} is not installed (make bench-peers installs it)",
-            bin.display()
-        ));
-    }
-    let (port, metrics) = (free_port(), free_port());
-    let mut command = Command::new(&bin);
-    if program == "sglang-router" {
-        command.arg("launch");
-    }
-    let child = command
-        .arg("--worker-urls")
-        .args(&urls)
-        .args(["--policy", policy, "--host", "127.0.0.1"])
-        .args(["--port", &port.to_string()])
-        .args(["--prometheus-port", &metrics.to_string()])
-        .args(["--log-level", "error"])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| format!("cannot start {}: {e}", bin.display()))?;
-    let process = Process(child);
-    let started = Instant::now();
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        if started.elapsed() > Duration::from_secs(60) {
-            return Err(format!("{name} did not listen on {port} within 60 s"));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    Ok((process, format!("http://127.0.0.1:{port}")))
+    let urls: Vec<String> = urls.iter().map(|u| (*u).to_owned()).collect();
+    start_peer(program, policy, &urls)
 }
 
 /// Waits until a one-word completion goes through `base` (the router has found its

@@ -21,20 +21,21 @@
 //! so. Loopback only; the servers are killed when it ends. SWITCHYARD_BENCH_SECS sets a
 //! cell's duration (2), SWITCHYARD_BENCH_WORKERS the fleet sizes (`64,1000`).
 
+#[path = "common/peer_routers.rs"]
+mod peer_routers;
 #[path = "common/process.rs"]
 mod process;
 #[path = "../../tests/support/real_envoy.rs"]
 mod real_envoy;
 
-use std::io::{BufRead, BufReader};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::Bytes;
-use process::{cell_seconds, cpu_seconds, Process};
+use process::{cell_seconds, cpu_seconds, start_command, Process};
 use real_envoy::free_port;
 use serde_json::{json, Value};
 use switchyard::fleet::kv_events::publisher::{self, Publisher, PublisherSettings};
@@ -141,26 +142,16 @@ fn start_switchyard(dir: &Path, publishers: &[Publisher]) -> Running {
         .collect();
     let config = dir.join(format!("switchyard-{}.yaml", publishers.len()));
     std::fs::write(&config, format!("workers:\n{workers}")).unwrap();
-    let mut child = pinned(Path::new(env!("CARGO_BIN_EXE_switchyard")))
+    let mut command = pinned(Path::new(env!("CARGO_BIN_EXE_switchyard")));
+    command
         .args(["serve", "--listen", "127.0.0.1:0", "--config"])
-        .arg(&config)
-        .env("RUST_LOG", "error")
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("switchyard starts");
-    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
-    let address = loop {
-        let line = lines.next().expect("it announces its address").unwrap();
-        if let Some(rest) = line.strip_prefix("switchyard listening on ") {
-            break rest.to_owned();
-        }
-    };
-    std::thread::spawn(move || for _ in lines {});
+        .arg(&config);
+    let (process, address) = start_command(command, "switchyard listening on ");
     Running {
         server: Server::Switchyard,
         base: address,
-        pid: child.id().to_string(),
-        _process: Process(child),
+        pid: process.0.id().to_string(),
+        _process: process,
     }
 }
 
@@ -169,10 +160,7 @@ async fn start_dynamo(
     client: &reqwest::Client,
     publishers: &[Publisher],
 ) -> Result<Running, String> {
-    let venv = std::env::var_os("SWITCHYARD_PEERS_VENV").map_or_else(
-        || Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/peers-venv"),
-        PathBuf::from,
-    );
+    let venv = peer_routers::venv();
     let python = venv.join("bin/python");
     let installed = Command::new(&python)
         .args(["-c", "import dynamo.select_service"])

@@ -17,8 +17,14 @@ impl Drop for Process {
 /// Starts the switchyard binary with `args`; returns it and what follows `announce` in
 /// its first line that starts so (its address).
 pub fn start(args: &[&str], announce: &str) -> (Process, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_switchyard"))
-        .args(args)
+    let mut command = Command::new(env!("CARGO_BIN_EXE_switchyard"));
+    command.args(args);
+    start_command(command, announce)
+}
+
+/// `start` for a command made elsewhere (a switchyard under `taskset`, say).
+pub fn start_command(mut command: Command, announce: &str) -> (Process, String) {
+    let mut child = command
         .env("RUST_LOG", "error")
         .stdout(Stdio::piped())
         .spawn()
