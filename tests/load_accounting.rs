@@ -258,3 +258,59 @@ fn an_instance_over_its_call_budget_trips_to_the_fallback_for_its_cool_down() {
         "{metrics}"
     );
 }
+
+/// The `default` policy's `uncached_weight`: worker 0 holds the request's 32 blocks but
+/// has two 32-block prefills booked (cost 2 x (32 queued + 32 decoding) = 128); worker 1
+/// is idle and must prefill all 32 (cost 32 x weight + 32 decoding). At weight 1 the idle
+/// worker is cheaper (64); at the default, 8, the holder is (288 against 128).
+#[test]
+fn uncached_weight_decides_between_the_holder_under_load_and_an_idle_worker() {
+    let chosen = |knobs: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        let startup = start_yaml(
+            dir.path(),
+            &format!("worker_selection:\n  builtin_default: {{{knobs}}}\n"),
+        )
+        .unwrap();
+        let router = Router::new(startup).unwrap();
+        for id in 0..2 {
+            router.add_worker(spec(id)).unwrap();
+        }
+        let holder = WorkerId {
+            worker_id: 0,
+            dp_rank: 0,
+        };
+        let prompt: Vec<u64> = (1..=32).collect();
+        let stored: switchyard::fleet::kv_index::KvEvent =
+            serde_json::from_value(serde_json::json!({"type": "stored", "block_hashes": prompt}))
+                .unwrap();
+        router.kv_events(holder, &[stored]).unwrap();
+        for booking in 0..2u64 {
+            let booked = router
+                .select_and_reserve(&RouteRequest {
+                    model: "m".into(),
+                    block_hashes: Some((1000 * (booking + 1)..1000 * (booking + 1) + 32).collect()),
+                    request_id: Some(format!("load-{booking}")),
+                    tracks_prefill_tokens: true,
+                    only: Some(Arc::new([holder].into_iter().collect())),
+                    ..Default::default()
+                })
+                .unwrap();
+            assert_eq!(booked.worker_id, 0);
+        }
+        let decision = router
+            .select(&RouteRequest {
+                model: "m".into(),
+                block_hashes: Some(prompt),
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!(
+            decision.device_overlap_blocks,
+            if decision.worker_id == 0 { 32 } else { 0 }
+        );
+        decision.worker_id
+    };
+    assert_eq!(chosen("uncached_weight: 1"), 1, "weight 1: the idle worker");
+    assert_eq!(chosen(""), 0, "the default weight: the holder");
+}

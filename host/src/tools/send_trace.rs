@@ -65,6 +65,8 @@ pub enum SendTraceError {
     TimeScale(f64),
     #[error("--url {url}: {message}; give the server's base URL, e.g. http://127.0.0.1:8080")]
     Url { url: String, message: String },
+    #[error("cannot start the client's runtime: {0}")]
+    Runtime(std::io::Error),
     #[error("{}: cannot write the CSV: {source}", path.display())]
     Csv {
         path: PathBuf,
@@ -123,11 +125,17 @@ pub fn prompt_text(request: &TraceRequest, block_tokens: usize) -> String {
     text
 }
 
+/// The most of one SSE line kept while looking for the first text: a server that never
+/// ends a line cannot grow the client without bound.
+const MAX_LINE_BYTES: usize = 1 << 20;
+
 /// Whether streamed bytes so far hold a chunk with generated text.
 fn has_text(seen: &[u8]) -> bool {
     seen.split(|&b| b == b'\n').any(|line| {
+        // The value's first byte must have arrived, and not close an empty string.
         line.starts_with(b"data: {")
-            && memfind(line, b"\"text\":\"").is_some_and(|at| line.get(at + 8) != Some(&b'"'))
+            && memfind(line, b"\"text\":\"")
+                .is_some_and(|at| line.get(at + 8).is_some_and(|&b| b != b'"'))
     })
 }
 
@@ -177,6 +185,11 @@ async fn send_one(
                     seen = Vec::new();
                 } else if let Some(last) = seen.iter().rposition(|&b| b == b'\n') {
                     seen.drain(..=last);
+                }
+                if seen.len() > MAX_LINE_BYTES {
+                    return Err(format!(
+                        "an answer line went past {MAX_LINE_BYTES} bytes with no text"
+                    ));
                 }
             }
         }
@@ -309,10 +322,7 @@ pub fn run(args: &SendTraceArgs) -> Result<Summary, SendTraceError> {
         .worker_threads(2)
         .enable_all()
         .build()
-        .map_err(|e| SendTraceError::Url {
-            url: args.url.clone(),
-            message: format!("cannot start the client's runtime: {e}"),
-        })?;
+        .map_err(SendTraceError::Runtime)?;
     let sent = runtime.block_on(send(args))?;
     Ok(summarize(&sent))
 }
@@ -344,5 +354,7 @@ mod tests {
         assert!(!has_text(b"data: {\"choices\":[{\"text\":\"\"}]}\n\n"));
         assert!(has_text(b"data: {\"choices\":[{\"text\":\"hi\"}]}\n\n"));
         assert!(!has_text(b"data: [DONE]\n\n"));
+        // Cut right after the opening quote: not known yet.
+        assert!(!has_text(b"data: {\"choices\":[{\"text\":\""));
     }
 }
