@@ -204,189 +204,198 @@ fn main() -> ExitCode {
             listen,
             ext_proc,
             insecure,
-        } => {
-            let Some(startup) = startup_probed(config.as_ref(), true) else {
-                return ExitCode::FAILURE;
-            };
-            print!("{}", summary::check_summary(&startup));
-            warn_unfed_inputs(&startup);
-            // On loopback only this machine's users reach it; beyond, say what is open.
-            if !listen.ip().to_canonical().is_loopback() {
-                warn_hardening(&startup);
-            }
-            let mut ext_proc_settings = startup.source.config.ext_proc.clone();
-            if let Some(address) = ext_proc {
-                match &mut ext_proc_settings {
-                    Some(settings) => settings.listen = address,
-                    None => {
-                        ext_proc_settings =
-                            Some(switchyard::config::ExtProcSettings::listening(address))
-                    }
-                }
-            }
-            let router = match Router::new(startup) {
-                Ok(router) => std::sync::Arc::new(router),
-                Err(e) => {
-                    eprintln!("error: in `workers:` of the config: {e}");
-                    return ExitCode::FAILURE;
-                }
-            };
-            serve_until_signal(switchyard::serve::http_service::serve(
-                router,
-                switchyard::serve::http_service::ServeOptions {
-                    listen,
-                    ext_proc: ext_proc_settings,
-                    insecure,
-                },
-            ))
-        }
+        } => serve(config.as_ref(), listen, ext_proc, insecure),
         Command::EngineSim(args) => serve_until_signal(engine_sim::run(args)),
         Command::IsolatedPlugins => {
             ExitCode::from(u8::try_from(switchyard::isolation::child::run()).unwrap_or(2))
         }
-        Command::Replay(args) => match replay::run(&args) {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::FAILURE
-            }
-        },
-        Command::SendTrace(args) => match switchyard::tools::send_trace::run(&args) {
-            Ok(summary) => {
+        Command::Replay(args) => reported(replay::run(&args), |()| {}),
+        Command::SendTrace(args) => {
+            reported(switchyard::tools::send_trace::run(&args), |summary| {
                 println!(
                     "{}",
                     serde_json::to_string(&summary).expect("a summary serializes")
                 );
-                ExitCode::SUCCESS
-            }
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::FAILURE
-            }
-        },
-        Command::Check { config } => match startup_probed(config.as_ref(), true) {
-            Some(startup) => match switchyard::serve::frontend::load_tokenizers(&startup.source)
-                .and_then(|tokenizers| {
-                    let tls = switchyard::serve::tls::check_files(&startup.source);
-                    if tls.is_empty() {
-                        Ok(tokenizers)
-                    } else {
-                        Err(tls)
-                    }
-                }) {
-                Ok(tokenizers) => {
-                    print!("{}", summary::check_summary(&startup));
-                    warn_hardening(&startup);
-                    warn_unfed_inputs(&startup);
-                    if !tokenizers.is_empty() {
-                        println!(
-                            "tokenizers: {} model(s) tokenize their prompts",
-                            tokenizers.len()
-                        );
-                    }
-                    ExitCode::SUCCESS
-                }
-                Err(errors) => {
-                    for e in &errors {
-                        eprintln!("error: {e}");
-                    }
-                    eprintln!("{} error(s); nothing was started", errors.len());
-                    ExitCode::FAILURE
-                }
-            },
-            None => ExitCode::FAILURE,
-        },
+            })
+        }
+        Command::Check { config } => check(config.as_ref()),
         Command::Select(args) => {
             let Some(startup) = startup(args.config.as_ref()) else {
                 return ExitCode::FAILURE;
             };
-            match switchyard::tools::dry_run::run(&args, &startup) {
-                Ok(out) => {
-                    print!("{out}");
-                    ExitCode::SUCCESS
-                }
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    ExitCode::FAILURE
-                }
-            }
+            reported(switchyard::tools::dry_run::run(&args, &startup), |out| {
+                print!("{out}");
+            })
         }
         Command::PluginTestChild => {
             ExitCode::from(u8::try_from(switchyard::tools::conformance::run_child()).unwrap_or(2))
         }
         Command::Plugin {
             command: PluginCommand::Test(args),
-        } => match switchyard::tools::conformance::run(&args) {
-            Ok(reports) => {
-                if args.json {
-                    println!(
-                        "{}",
-                        serde_json::to_string_pretty(&reports).unwrap_or_default()
-                    );
-                } else {
-                    print!(
-                        "{}",
-                        switchyard::tools::conformance::table(&args.file, &reports)
-                    );
-                }
-                if reports.iter().all(|r| r.passed()) {
-                    ExitCode::SUCCESS
-                } else {
-                    ExitCode::FAILURE
-                }
-            }
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::from(2)
-            }
-        },
+        } => plugin_test(&args),
         Command::Plugin {
             command: PluginCommand::New(args),
-        } => match switchyard::tools::scaffold::new_plugin(&args) {
-            Ok(dir) => {
-                println!(
-                    "created {}: build and check it with {}/test.sh",
-                    dir.display(),
-                    dir.display()
-                );
+        } => reported(switchyard::tools::scaffold::new_plugin(&args), |dir| {
+            println!(
+                "created {}: build and check it with {}/test.sh",
+                dir.display(),
+                dir.display()
+            );
+        }),
+        Command::Plugin {
+            command: PluginCommand::Inspect { file, load, json },
+        } => inspect(&file, load, json),
+    }
+}
+
+/// Success prints what `ok` prints; an error is printed on stderr and fails the exit status.
+fn reported<T, E: std::fmt::Display>(result: Result<T, E>, ok: impl FnOnce(T)) -> ExitCode {
+    match result {
+        Ok(value) => {
+            ok(value);
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// `switchyard serve`: the router until SIGINT or SIGTERM.
+fn serve(
+    config: Option<&PathBuf>,
+    listen: std::net::SocketAddr,
+    ext_proc: Option<std::net::SocketAddr>,
+    insecure: bool,
+) -> ExitCode {
+    let Some(startup) = startup_probed(config, true) else {
+        return ExitCode::FAILURE;
+    };
+    print!("{}", summary::check_summary(&startup));
+    warn_unfed_inputs(&startup);
+    // On loopback only this machine's users reach it; beyond, say what is open.
+    if !listen.ip().to_canonical().is_loopback() {
+        warn_hardening(&startup);
+    }
+    let mut ext_proc_settings = startup.source.config.ext_proc.clone();
+    if let Some(address) = ext_proc {
+        match &mut ext_proc_settings {
+            Some(settings) => settings.listen = address,
+            None => {
+                ext_proc_settings = Some(switchyard::config::ExtProcSettings::listening(address))
+            }
+        }
+    }
+    let router = match Router::new(startup) {
+        Ok(router) => std::sync::Arc::new(router),
+        Err(e) => {
+            eprintln!("error: in `workers:` of the config: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    serve_until_signal(switchyard::serve::http_service::serve(
+        router,
+        switchyard::serve::http_service::ServeOptions {
+            listen,
+            ext_proc: ext_proc_settings,
+            insecure,
+        },
+    ))
+}
+
+/// `switchyard check`: loads everything `serve` would, starts nothing.
+fn check(config: Option<&PathBuf>) -> ExitCode {
+    match startup_probed(config, true) {
+        Some(startup) => match switchyard::serve::frontend::load_tokenizers(&startup.source)
+            .and_then(|tokenizers| {
+                let tls = switchyard::serve::tls::check_files(&startup.source);
+                if tls.is_empty() {
+                    Ok(tokenizers)
+                } else {
+                    Err(tls)
+                }
+            }) {
+            Ok(tokenizers) => {
+                print!("{}", summary::check_summary(&startup));
+                warn_hardening(&startup);
+                warn_unfed_inputs(&startup);
+                if !tokenizers.is_empty() {
+                    println!(
+                        "tokenizers: {} model(s) tokenize their prompts",
+                        tokenizers.len()
+                    );
+                }
                 ExitCode::SUCCESS
             }
-            Err(e) => {
-                eprintln!("error: {e}");
+            Err(errors) => {
+                for e in &errors {
+                    eprintln!("error: {e}");
+                }
+                eprintln!("{} error(s); nothing was started", errors.len());
                 ExitCode::FAILURE
             }
         },
-        Command::Plugin {
-            command: PluginCommand::Inspect { file, load, json },
-        } => {
-            // A library this router would refuse is shown, and the exit status says so.
-            let shown = if load {
-                summary::inspect_loaded(&file)
-                    .map(|(i, text)| (serde_json::to_string_pretty(&i), text, false))
+        None => ExitCode::FAILURE,
+    }
+}
+
+/// `switchyard plugin test`: the conformance suite's table (or JSON); exit 2 when it could not run.
+fn plugin_test(args: &switchyard::tools::conformance::TestArgs) -> ExitCode {
+    match switchyard::tools::conformance::run(args) {
+        Ok(reports) => {
+            if args.json {
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&reports).unwrap_or_default()
+                );
             } else {
-                summary::inspect_file(&file).map(|(i, text)| {
-                    let refused = i.refused.is_some();
-                    (serde_json::to_string_pretty(&i), text, refused)
-                })
-            };
-            match shown {
-                Ok((as_json, text, refused)) => {
-                    if json {
-                        println!("{}", as_json.expect("serializable"));
-                    } else {
-                        print!("{text}");
-                    }
-                    if refused {
-                        ExitCode::FAILURE
-                    } else {
-                        ExitCode::SUCCESS
-                    }
-                }
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    ExitCode::FAILURE
-                }
+                print!(
+                    "{}",
+                    switchyard::tools::conformance::table(&args.file, &reports)
+                );
             }
+            if reports.iter().all(|r| r.passed()) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `switchyard plugin inspect`: a library this router would refuse is shown, and the exit
+/// status says so.
+fn inspect(file: &std::path::Path, load: bool, json: bool) -> ExitCode {
+    let shown = if load {
+        summary::inspect_loaded(file)
+            .map(|(i, text)| (serde_json::to_string_pretty(&i), text, false))
+    } else {
+        summary::inspect_file(file).map(|(i, text)| {
+            let refused = i.refused.is_some();
+            (serde_json::to_string_pretty(&i), text, refused)
+        })
+    };
+    match shown {
+        Ok((as_json, text, refused)) => {
+            if json {
+                println!("{}", as_json.expect("serializable"));
+            } else {
+                print!("{text}");
+            }
+            if refused {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            }
+        }
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
         }
     }
 }

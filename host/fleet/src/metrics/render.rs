@@ -1,6 +1,7 @@
 //! Rendering `/metrics`: every series, read from the counters into a snapshot that
 //! the Prometheus project's client writes as text.
 
+use super::snapshot::Labels;
 use super::*;
 
 impl Metrics {
@@ -15,17 +16,42 @@ impl Metrics {
         waiting_by_priority: &[(i32, usize)],
     ) -> String {
         let mut snapshot = Snapshot::default();
-        let counter = MetricType::Counter;
-        let gauge = MetricType::Gauge;
-        let histogram = MetricType::Histogram;
-        let instance = |name: &str| vec![("instance".to_owned(), name.to_owned())];
         let instances = self.instances.read();
+        self.render_selections(&mut snapshot, &instances);
+        render_stages(&mut snapshot, stages, &instances);
+        render_workers(&mut snapshot, loads, kv_blocks);
+        self.render_counters(&mut snapshot);
+        self.render_admission(&mut snapshot, waiting_by_priority);
+        self.render_replicas(&mut snapshot);
+        self.render_latency_and_config(&mut snapshot);
+        self.render_kv_sources(&mut snapshot);
+        render_plugins(&mut snapshot, plugins);
+        render_isolation(&mut snapshot, processes);
+
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register_collector(Box::new(snapshot));
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &registry);
+        out
+    }
+
+    /// Selections per policy instance: counts, time, errors, fallbacks, trips.
+    fn render_selections(
+        &self,
+        snapshot: &mut Snapshot,
+        instances: &BTreeMap<String, InstanceCounters>,
+    ) {
+        let instance = |name: &str| vec![("instance".to_owned(), name.to_owned())];
         let per_instance = |value: &dyn Fn(&InstanceCounters) -> Value| -> Vec<Row> {
             instances
                 .iter()
                 .map(|(name, c)| (instance(name), value(c)))
                 .collect()
         };
+        let counter = MetricType::Counter;
+        let gauge = MetricType::Gauge;
+        let histogram = MetricType::Histogram;
         snapshot.family(
             "switchyard_selections",
             "Selections run, per instance (fallback runs count for `default`).",
@@ -91,102 +117,11 @@ impl Metrics {
             counter,
             per_instance(&|c| Value::Count(c.fallbacks.load(Ordering::Relaxed))),
         );
-        let stage_labels = |s: &StageMetrics| {
-            vec![
-                ("instance".to_owned(), s.instance.clone()),
-                ("partition".to_owned(), s.partition.to_string()),
-                ("component".to_owned(), s.name.to_string()),
-                ("kind".to_owned(), s.kind.as_str().to_owned()),
-            ]
-        };
-        let per_stage = |value: &dyn Fn(&StageStats) -> Value| -> Vec<Row> {
-            stages
-                .iter()
-                .map(|s| (stage_labels(s), value(&s.stats)))
-                .collect()
-        };
-        snapshot.family(
-            "switchyard_component_calls",
-            "Calls per component instance.",
-            counter,
-            per_stage(&|s| Value::Count(s.calls())),
-        );
-        snapshot.family(
-            "switchyard_component_seconds",
-            "Time spent in each component instance.",
-            counter,
-            per_stage(&|s| Value::Seconds(s.latency.sum_seconds())),
-        );
-        snapshot.family(
-            "switchyard_component_errors",
-            "Errors per component instance.",
-            counter,
-            per_stage(&|s| Value::Count(s.errors())),
-        );
-        snapshot.family(
-            "switchyard_component_duration_seconds",
-            "Call latency per component instance.",
-            histogram,
-            per_stage(&|s| Value::Histogram(s.latency.snapshot())),
-        );
-        let mut poisoned: BTreeMap<&str, u64> = instances.keys().map(|i| (i.as_str(), 0)).collect();
-        for stage in stages.iter().filter(|s| s.stats.poisoned()) {
-            *poisoned.entry(&stage.instance).or_default() += 1;
-        }
-        snapshot.family(
-            "switchyard_poisoned_components",
-            "Component instances that panicked or threw and refuse every call, per instance.",
-            gauge,
-            poisoned
-                .into_iter()
-                .map(|(i, n)| (instance(i), Value::Gauge(n as f64)))
-                .collect(),
-        );
-        for (name, help, value) in [
-            (
-                "active_requests",
-                "Requests booked on the worker.",
-                (|l: &WorkerLoad| u64::from(l.active_requests)) as fn(&WorkerLoad) -> u64,
-            ),
-            (
-                "active_prefill_tokens",
-                "Prefill tokens booked on the worker.",
-                |l| l.active_prefill_tokens,
-            ),
-            (
-                "active_decode_blocks",
-                "Decode blocks booked on the worker.",
-                |l| l.active_decode_blocks,
-            ),
-        ] {
-            let rows = loads
-                .iter()
-                .map(|(worker, load)| {
-                    (
-                        vec![
-                            ("worker_id".to_owned(), worker.worker_id.to_string()),
-                            ("dp_rank".to_owned(), worker.dp_rank.to_string()),
-                        ],
-                        Value::Gauge(value(load) as f64),
-                    )
-                })
-                .collect();
-            snapshot.family(&format!("switchyard_worker_{name}"), help, gauge, rows);
-        }
-        snapshot.family(
-            "switchyard_kv_blocks",
-            "Blocks in the KV index, per tier.",
-            gauge,
-            Tier::ALL
-                .iter()
-                .map(|t| {
-                    (
-                        vec![("tier".to_owned(), t.as_str().to_owned())],
-                        Value::Gauge(kv_blocks[*t as usize] as f64),
-                    )
-                })
-                .collect(),
-        );
+    }
+
+    /// Counters without labels: expiry, eviction, the frontend's and the picker's.
+    fn render_counters(&self, snapshot: &mut Snapshot) {
+        let counter = MetricType::Counter;
         let no_labels = |value: Value| vec![(Vec::new(), value)];
         for (name, help, counter_value) in [
             ("switchyard_reservations_expired", "Reservations released by expiry because nothing freed them (the last safety net).", &self.expired),
@@ -202,6 +137,16 @@ impl Metrics {
         ] {
             snapshot.family(name, help, counter, no_labels(Value::Count(counter_value.load(Ordering::Relaxed))));
         }
+    }
+
+    /// The admission queue (`admission:`).
+    fn render_admission(&self, snapshot: &mut Snapshot, waiting_by_priority: &[(i32, usize)]) {
+        let (counter, gauge, histogram) = (
+            MetricType::Counter,
+            MetricType::Gauge,
+            MetricType::Histogram,
+        );
+        let no_labels = |value: Value| vec![(Vec::new(), value)];
         let queue = &self.admission;
         for (name, help, counter_value) in [
             ("switchyard_admission_queued", "Requests that waited in the admission queue because every worker was busy (admission:).", &queue.queued),
@@ -236,6 +181,12 @@ impl Metrics {
             histogram,
             no_labels(Value::Histogram(queue.wait.snapshot())),
         );
+    }
+
+    /// The replicas' bus (`replicas:`).
+    fn render_replicas(&self, snapshot: &mut Snapshot) {
+        let (counter, gauge) = (MetricType::Counter, MetricType::Gauge);
+        let no_labels = |value: Value| vec![(Vec::new(), value)];
         let replicas = &self.replicas;
         for (name, help, value) in [
             ("switchyard_replica_bus_up", "1 while this replica is connected to the NATS bus it shares load over (replicas:).", &replicas.bus_up),
@@ -259,6 +210,16 @@ impl Metrics {
             counter,
             no_labels(Value::Count(replicas.peers_lost.load(Ordering::Relaxed))),
         );
+    }
+
+    /// Latency histograms of the frontend, the picker and KV events; the config generation.
+    fn render_latency_and_config(&self, snapshot: &mut Snapshot) {
+        let (counter, gauge, histogram) = (
+            MetricType::Counter,
+            MetricType::Gauge,
+            MetricType::Histogram,
+        );
+        let no_labels = |value: Value| vec![(Vec::new(), value)];
         snapshot.family(
             "switchyard_frontend_ttfb_seconds",
             "Frontend: from a request's arrival to the first byte of its answer.",
@@ -305,40 +266,154 @@ impl Metrics {
             histogram,
             no_labels(Value::Histogram(self.kv_event_lag.snapshot())),
         );
-        self.render_kv_sources(&mut snapshot);
-        let plugin_rows = plugins
+    }
+}
+
+/// Per component instance of every pipeline stage: calls, time, errors, poisoning.
+fn render_stages(
+    snapshot: &mut Snapshot,
+    stages: &[StageMetrics],
+    instances: &BTreeMap<String, InstanceCounters>,
+) {
+    let (counter, gauge, histogram) = (
+        MetricType::Counter,
+        MetricType::Gauge,
+        MetricType::Histogram,
+    );
+    let instance = |name: &str| vec![("instance".to_owned(), name.to_owned())];
+    let stage_labels = |s: &StageMetrics| {
+        vec![
+            ("instance".to_owned(), s.instance.clone()),
+            ("partition".to_owned(), s.partition.to_string()),
+            ("component".to_owned(), s.name.to_string()),
+            ("kind".to_owned(), s.kind.as_str().to_owned()),
+        ]
+    };
+    let per_stage = |value: &dyn Fn(&StageStats) -> Value| -> Vec<Row> {
+        stages
             .iter()
-            .map(|p| {
+            .map(|s| (stage_labels(s), value(&s.stats)))
+            .collect()
+    };
+    snapshot.family(
+        "switchyard_component_calls",
+        "Calls per component instance.",
+        counter,
+        per_stage(&|s| Value::Count(s.calls())),
+    );
+    snapshot.family(
+        "switchyard_component_seconds",
+        "Time spent in each component instance.",
+        counter,
+        per_stage(&|s| Value::Seconds(s.latency.sum_seconds())),
+    );
+    snapshot.family(
+        "switchyard_component_errors",
+        "Errors per component instance.",
+        counter,
+        per_stage(&|s| Value::Count(s.errors())),
+    );
+    snapshot.family(
+        "switchyard_component_duration_seconds",
+        "Call latency per component instance.",
+        histogram,
+        per_stage(&|s| Value::Histogram(s.latency.snapshot())),
+    );
+    let mut poisoned: BTreeMap<&str, u64> = instances.keys().map(|i| (i.as_str(), 0)).collect();
+    for stage in stages.iter().filter(|s| s.stats.poisoned()) {
+        *poisoned.entry(&stage.instance).or_default() += 1;
+    }
+    snapshot.family(
+        "switchyard_poisoned_components",
+        "Component instances that panicked or threw and refuse every call, per instance.",
+        gauge,
+        poisoned
+            .into_iter()
+            .map(|(i, n)| (instance(i), Value::Gauge(n as f64)))
+            .collect(),
+    );
+}
+
+/// Each worker's booked load and the KV index's size per tier.
+fn render_workers(
+    snapshot: &mut Snapshot,
+    loads: &[(WorkerId, WorkerLoad)],
+    kv_blocks: [usize; 3],
+) {
+    let gauge = MetricType::Gauge;
+    for (name, help, value) in [
+        (
+            "active_requests",
+            "Requests booked on the worker.",
+            (|l: &WorkerLoad| u64::from(l.active_requests)) as fn(&WorkerLoad) -> u64,
+        ),
+        (
+            "active_prefill_tokens",
+            "Prefill tokens booked on the worker.",
+            |l| l.active_prefill_tokens,
+        ),
+        (
+            "active_decode_blocks",
+            "Decode blocks booked on the worker.",
+            |l| l.active_decode_blocks,
+        ),
+    ] {
+        let rows = loads
+            .iter()
+            .map(|(worker, load)| {
                 (
                     vec![
-                        ("name".to_owned(), p.info.name.clone()),
-                        ("version".to_owned(), p.info.version.clone()),
-                        ("vendor".to_owned(), p.info.vendor.clone()),
-                        ("abi_minor".to_owned(), p.info.abi_minor.to_string()),
-                        ("sdk_revision".to_owned(), p.info.sdk_revision.clone()),
-                        ("sha256".to_owned(), p.sha256.clone()),
-                        ("path".to_owned(), p.path.display().to_string()),
+                        ("worker_id".to_owned(), worker.worker_id.to_string()),
+                        ("dp_rank".to_owned(), worker.dp_rank.to_string()),
                     ],
-                    Value::Gauge(1.0),
+                    Value::Gauge(value(load) as f64),
                 )
             })
             .collect();
-        snapshot.family(
-            "switchyard_plugin_info",
-            "One series per loaded plugin library, always 1: its identity in labels.",
-            gauge,
-            plugin_rows,
-        );
-
-        render_isolation(&mut snapshot, processes);
-
-        let mut registry = prometheus_client::registry::Registry::default();
-        registry.register_collector(Box::new(snapshot));
-        let mut out = String::new();
-        // Writing into a String cannot fail.
-        let _ = prometheus_client::encoding::prometheus_text::encode(&mut out, &registry);
-        out
+        snapshot.family(&format!("switchyard_worker_{name}"), help, gauge, rows);
     }
+    snapshot.family(
+        "switchyard_kv_blocks",
+        "Blocks in the KV index, per tier.",
+        gauge,
+        Tier::ALL
+            .iter()
+            .map(|t| {
+                (
+                    vec![("tier".to_owned(), t.as_str().to_owned())],
+                    Value::Gauge(kv_blocks[*t as usize] as f64),
+                )
+            })
+            .collect(),
+    );
+}
+
+/// One series per loaded plugin library.
+fn render_plugins(snapshot: &mut Snapshot, plugins: &[LoadedPlugin]) {
+    let gauge = MetricType::Gauge;
+    let plugin_rows = plugins
+        .iter()
+        .map(|p| {
+            (
+                vec![
+                    ("name".to_owned(), p.info.name.clone()),
+                    ("version".to_owned(), p.info.version.clone()),
+                    ("vendor".to_owned(), p.info.vendor.clone()),
+                    ("abi_minor".to_owned(), p.info.abi_minor.to_string()),
+                    ("sdk_revision".to_owned(), p.info.sdk_revision.clone()),
+                    ("sha256".to_owned(), p.sha256.clone()),
+                    ("path".to_owned(), p.path.display().to_string()),
+                ],
+                Value::Gauge(1.0),
+            )
+        })
+        .collect();
+    snapshot.family(
+        "switchyard_plugin_info",
+        "One series per loaded plugin library, always 1: its identity in labels.",
+        gauge,
+        plugin_rows,
+    );
 }
 
 /// The isolated plugin processes' series (`isolation: process`).
@@ -398,12 +473,7 @@ fn render_isolation(snapshot: &mut Snapshot, processes: &[ProcessSnapshot]) {
 impl Metrics {
     fn render_kv_sources(&self, snapshot: &mut Snapshot) {
         let sources = self.kv_sources.lock().clone();
-        let labels = |c: &KvSourceCounters| {
-            vec![
-                ("worker_id".to_owned(), c.worker_id.to_string()),
-                ("endpoint".to_owned(), c.endpoint.clone()),
-            ]
-        };
+        let labels = kv_source_labels;
         let count = |read: &dyn Fn(&KvSourceCounters) -> u64| -> Vec<Row> {
             sources
                 .iter()
@@ -461,10 +531,22 @@ impl Metrics {
         for (name, help, rows) in families {
             snapshot.family(name, help, MetricType::Counter, rows);
         }
-        let by = |key: &str,
-                  names: &[&str],
-                  values: &dyn Fn(&KvSourceCounters, usize) -> u64|
-         -> Vec<Row> {
+        render_kv_reasons(snapshot, &sources);
+    }
+}
+
+fn kv_source_labels(c: &KvSourceCounters) -> Labels {
+    vec![
+        ("worker_id".to_owned(), c.worker_id.to_string()),
+        ("endpoint".to_owned(), c.endpoint.clone()),
+    ]
+}
+
+/// Per publisher: clears and ignored events by reason, and the last batch's lag.
+fn render_kv_reasons(snapshot: &mut Snapshot, sources: &[Arc<KvSourceCounters>]) {
+    let labels = kv_source_labels;
+    let by =
+        |key: &str, names: &[&str], values: &dyn Fn(&KvSourceCounters, usize) -> u64| -> Vec<Row> {
             sources
                 .iter()
                 .flat_map(|c| {
@@ -476,41 +558,40 @@ impl Metrics {
                 })
                 .collect()
         };
-        snapshot.family(
+    snapshot.family(
             "switchyard_kv_event_clears",
             "A worker's blocks cleared because of its KV events, by reason: restart (sequence back to 0), gap (not replayable), engine (AllBlocksCleared).",
             MetricType::Counter,
             by("reason", &CLEAR_REASONS, &|c, i| c.clears[i].load(Ordering::Relaxed)),
         );
-        snapshot.family(
-            "switchyard_kv_events_ignored",
-            "Engine KV events not applied, by reason.",
-            MetricType::Counter,
-            by(
-                "reason",
-                &[
-                    "block_size",
-                    "unknown_parent",
-                    "token_count",
-                    "unknown_medium",
-                    "other_group",
-                ],
-                &|c, i| c.ignored[i].load(Ordering::Relaxed),
-            ),
-        );
-        snapshot.family(
-            "switchyard_kv_event_lag_last_seconds",
-            "Now minus the publisher's timestamp, for its last batch that carried one.",
-            MetricType::Gauge,
-            sources
-                .iter()
-                .map(|c| {
-                    (
-                        labels(c),
-                        Value::Gauge(c.last_lag_nanos.load(Ordering::Relaxed) as f64 / 1e9),
-                    )
-                })
-                .collect(),
-        );
-    }
+    snapshot.family(
+        "switchyard_kv_events_ignored",
+        "Engine KV events not applied, by reason.",
+        MetricType::Counter,
+        by(
+            "reason",
+            &[
+                "block_size",
+                "unknown_parent",
+                "token_count",
+                "unknown_medium",
+                "other_group",
+            ],
+            &|c, i| c.ignored[i].load(Ordering::Relaxed),
+        ),
+    );
+    snapshot.family(
+        "switchyard_kv_event_lag_last_seconds",
+        "Now minus the publisher's timestamp, for its last batch that carried one.",
+        MetricType::Gauge,
+        sources
+            .iter()
+            .map(|c| {
+                (
+                    labels(c),
+                    Value::Gauge(c.last_lag_nanos.load(Ordering::Relaxed) as f64 / 1e9),
+                )
+            })
+            .collect(),
+    );
 }

@@ -38,6 +38,25 @@ use switchyard_config::{Disaggregation, FrontendSettings};
 use switchyard_fleet::router::{Refused, RouteDecision, RouteError, RouteRequest, Router};
 use tokenizer::ModelTokenizer;
 
+/// A selection and the booking it holds until the answer ends.
+type Selected = (RouteDecision, Lease);
+/// A parsed request and, unless its model is disaggregated, its first selection.
+type Prepared = (
+    Arc<Prompt>,
+    Arc<Described>,
+    Option<Result<Selected, RouteError>>,
+);
+
+/// What the request sends upstream, once a worker is selected.
+struct Upstream {
+    endpoint: Endpoint,
+    prompt: Arc<Prompt>,
+    described: Arc<Described>,
+    instance: Option<String>,
+    body: Bytes,
+    arrived: std::time::Instant,
+}
+
 /// The request header that names the instance to route with.
 pub const INSTANCE_HEADER: &str = "x-switchyard-instance";
 
@@ -188,65 +207,8 @@ impl Frontend {
                 .into_response()
             }
         };
-        // Parsing (tokenizing a long prompt is CPU work) and the first selection (plugin
-        // code) run in one trip to the blocking pool.
-        let frontend = self.clone();
-        let parsing = body.clone();
-        let first = instance.clone();
-        let generation = self.router.generation();
-        let settings = &generation.startup.source.config.request_attributes;
-        let kept = match request_attributes::kept_headers(settings, |name| {
-            headers.get(name).map(HeaderValue::as_bytes)
-        }) {
-            Ok(kept) => kept,
-            Err(error) => return OpenAiError::from(error).into_response(),
-        };
-        drop(generation);
         let prepared = self
-            .off_executor(move || {
-                let prompt =
-                    prompt::parse(endpoint, &parsing, frontend.router.block_size(), |model| {
-                        frontend.tokenizers.get(model)
-                    })
-                    .map_err(OpenAiError::from)?;
-                if let Some(caller) = &caller {
-                    caller
-                        .check_route(&prompt.model, first.as_deref())
-                        .map_err(forbidden)?;
-                }
-                let request_id = frontend.next_request_id();
-                let described = request_attributes::describe(
-                    &frontend
-                        .router
-                        .generation()
-                        .startup
-                        .source
-                        .config
-                        .request_attributes,
-                    kept,
-                    caller.as_ref(),
-                    &prompt.model,
-                    prompt.user.as_deref(),
-                    &request_id,
-                )?;
-                // From here on the prompt's model is the partition's (an adapter's base).
-                let mut prompt = prompt;
-                prompt.model.clone_from(&described.partition_model);
-                let mut described = described;
-                let placement = frontend.router.admit(
-                    &frontend.route_request(&prompt, &described, request_id.clone(), None),
-                    prompt.block_hashes.len() as u64,
-                    prompt.tokens.len() as u64,
-                )?;
-                described.admitted(placement);
-                let prompt = Arc::new(prompt);
-                let described = Arc::new(described);
-                // A disaggregated model's pair is selected on its own path.
-                let mode = frontend.disaggregation(&described.partition_model);
-                let selected = (mode == Disaggregation::Off)
-                    .then(|| frontend.select_now(&prompt, &described, request_id, first));
-                Ok((prompt, described, selected))
-            })
+            .prepare(endpoint, caller, &headers, body.clone(), instance.clone())
             .await;
         let (prompt, described, first) = match prepared {
             Ok((prompt, described, Some(first))) => (prompt, described, first),
@@ -265,7 +227,97 @@ impl Frontend {
             }
             Err(error) => return error.into_response(),
         };
-        // Every worker busy (`admission:`): the request waits its turn.
+        let selected = match self.wait_turn(&prompt, &described, &instance, first).await {
+            Ok(selected) => selected,
+            Err(response) => return response,
+        };
+        let upstream = Upstream {
+            endpoint,
+            prompt,
+            described,
+            instance,
+            body,
+            arrived,
+        };
+        self.forward(upstream, selected, slot).await
+    }
+
+    /// Parses the request and runs its first selection (unless its model is
+    /// disaggregated), in one trip to the blocking pool.
+    async fn prepare(
+        self: &Arc<Self>,
+        endpoint: Endpoint,
+        caller: Option<Caller>,
+        headers: &HeaderMap,
+        parsing: Bytes,
+        first: Option<String>,
+    ) -> Result<Prepared, OpenAiError> {
+        // Parsing (tokenizing a long prompt is CPU work) and the first selection (plugin
+        // code) run in one trip to the blocking pool.
+        let frontend = self.clone();
+        let generation = self.router.generation();
+        let settings = &generation.startup.source.config.request_attributes;
+        let kept = match request_attributes::kept_headers(settings, |name| {
+            headers.get(name).map(HeaderValue::as_bytes)
+        }) {
+            Ok(kept) => kept,
+            Err(error) => return Err(OpenAiError::from(error)),
+        };
+        drop(generation);
+        self.off_executor(move || {
+            let prompt = prompt::parse(endpoint, &parsing, frontend.router.block_size(), |model| {
+                frontend.tokenizers.get(model)
+            })
+            .map_err(OpenAiError::from)?;
+            if let Some(caller) = &caller {
+                caller
+                    .check_route(&prompt.model, first.as_deref())
+                    .map_err(forbidden)?;
+            }
+            let request_id = frontend.next_request_id();
+            let described = request_attributes::describe(
+                &frontend
+                    .router
+                    .generation()
+                    .startup
+                    .source
+                    .config
+                    .request_attributes,
+                kept,
+                caller.as_ref(),
+                &prompt.model,
+                prompt.user.as_deref(),
+                &request_id,
+            )?;
+            // From here on the prompt's model is the partition's (an adapter's base).
+            let mut prompt = prompt;
+            prompt.model.clone_from(&described.partition_model);
+            let mut described = described;
+            let placement = frontend.router.admit(
+                &frontend.route_request(&prompt, &described, request_id.clone(), None),
+                prompt.block_hashes.len() as u64,
+                prompt.tokens.len() as u64,
+            )?;
+            described.admitted(placement);
+            let prompt = Arc::new(prompt);
+            let described = Arc::new(described);
+            // A disaggregated model's pair is selected on its own path.
+            let mode = frontend.disaggregation(&described.partition_model);
+            let selected = (mode == Disaggregation::Off)
+                .then(|| frontend.select_now(&prompt, &described, request_id, first));
+            Ok((prompt, described, selected))
+        })
+        .await
+    }
+
+    /// Waits in the admission queue while every worker is busy (`admission:`).
+    async fn wait_turn(
+        self: &Arc<Self>,
+        prompt: &Arc<Prompt>,
+        described: &Arc<Described>,
+        instance: &Option<String>,
+        first: Result<Selected, RouteError>,
+    ) -> Result<Selected, Response> {
         let place = described.place(switchyard_plugin_host::plugin::PartitionKey::new(
             prompt.model.clone(),
             switchyard_plugin_sdk::WorkerType::Select,
@@ -294,16 +346,34 @@ impl Frontend {
             retry,
         )
         .await;
-        let mut selected = match waited {
-            Ok(selected) => selected,
+        match waited {
+            Ok(selected) => Ok(selected),
             Err(crate::admission::Waited::Refused(refusal)) => {
                 self.router.metrics.record_shed();
-                return refusal_response(&refusal);
+                Err(refusal_response(&refusal))
             }
             Err(crate::admission::Waited::Failed(error)) => {
-                return OpenAiError::from(error).into_response()
+                Err(OpenAiError::from(error).into_response())
             }
-        };
+        }
+    }
+
+    /// Sends the request to the selected worker; an engine that refuses the
+    /// connection is marked unhealthy and another is selected (`connect_retries`).
+    async fn forward(
+        self: &Arc<Self>,
+        request: Upstream,
+        mut selected: Selected,
+        slot: tokio::sync::OwnedSemaphorePermit,
+    ) -> Response {
+        let Upstream {
+            endpoint,
+            prompt,
+            described,
+            instance,
+            body,
+            arrived,
+        } = request;
         let mut excluded_attempts = 0;
         loop {
             let (decision, lease) = selected;
@@ -352,28 +422,7 @@ impl Frontend {
                 }
                 Err(error) => {
                     drop(lease);
-                    let (status, what) = if error.is_connect() {
-                        self.router.mark_unhealthy(
-                            worker,
-                            Duration::from_millis(self.settings.unhealthy_cooldown_ms),
-                        );
-                        (StatusCode::BAD_GATEWAY, "could not connect to")
-                    } else if error.is_timeout() {
-                        (StatusCode::GATEWAY_TIMEOUT, "timed out waiting for")
-                    } else {
-                        (StatusCode::BAD_GATEWAY, "failed talking to")
-                    };
-                    self.router.metrics.record_upstream_error();
-                    return OpenAiError::new(
-                        status,
-                        "server_error",
-                        format!(
-                            "switchyard {what} worker {} ({url}): {}",
-                            worker.worker_id,
-                            describe(&error)
-                        ),
-                    )
-                    .into_response();
+                    return self.upstream_failed(worker, &url, &error);
                 }
                 Ok(response) => {
                     let mut lease = lease;
@@ -384,6 +433,32 @@ impl Frontend {
                 }
             }
         }
+    }
+
+    /// The answer when the engine could not be reached or failed mid-request.
+    fn upstream_failed(&self, worker: WorkerId, url: &str, error: &reqwest::Error) -> Response {
+        let (status, what) = if error.is_connect() {
+            self.router.mark_unhealthy(
+                worker,
+                Duration::from_millis(self.settings.unhealthy_cooldown_ms),
+            );
+            (StatusCode::BAD_GATEWAY, "could not connect to")
+        } else if error.is_timeout() {
+            (StatusCode::GATEWAY_TIMEOUT, "timed out waiting for")
+        } else {
+            (StatusCode::BAD_GATEWAY, "failed talking to")
+        };
+        self.router.metrics.record_upstream_error();
+        OpenAiError::new(
+            status,
+            "server_error",
+            format!(
+                "switchyard {what} worker {} ({url}): {}",
+                worker.worker_id,
+                describe(error)
+            ),
+        )
+        .into_response()
     }
 
     /// Whether work over `input_bytes` of a request may run on the executor's thread
