@@ -46,7 +46,7 @@ use crate::fleet::kv_events::publisher::{self, Publisher, PublisherSettings};
 use crate::fleet::kv_events::wire::{
     EngineEvent, EventForm, HashForm, RemovedBlocks, StoredBlocks,
 };
-use crate::serve::frontend::prompt::{self, Endpoint};
+use crate::serve::frontend::prompt::{self, Endpoint, Prompt};
 use crate::serve::http_service::shutdown_signal;
 
 /// How a simulated engine misbehaves.
@@ -286,7 +286,7 @@ impl Engine {
 
     /// Looks the prompt's blocks up in the prefix cache (storing them); returns the
     /// prefill delay: the queue ahead of it plus its uncached tokens.
-    fn prefill_delay(&self, prompt: &prompt::Prompt) -> Duration {
+    fn prefill_delay(&self, prompt: &Prompt) -> Duration {
         let block_size = self.args.block_size;
         let hashes = engine_block_hashes(&prompt.tokens, block_size);
         let mut cache = self.cache.lock();
@@ -364,103 +364,28 @@ async fn complete(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let request_id = headers.get("x-request-id").and_then(|v| v.to_str().ok());
-    engine.record(json!({
-        "path": endpoint.path(),
-        "x-request-id": request_id,
-        "body": serde_json::from_slice::<Value>(&body)
-            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&body).into_owned())),
-    }));
-    let prompt = match prompt::parse(endpoint, &body, engine.args.block_size, |_| None) {
-        Ok(prompt) => prompt,
-        Err(e) => {
-            return openai_error(StatusCode::BAD_REQUEST, &e.message, "invalid_request_error")
-        }
-    };
-    let handoff = match disaggregation::handoff(engine.args.role, &body, &headers) {
-        Ok(handoff) => handoff,
-        Err(e) => return openai_error(StatusCode::BAD_REQUEST, &e, "invalid_request_error"),
-    };
-    let adapter = engine
-        .args
-        .lora_adapters
-        .iter()
-        .find(|a| **a == prompt.model)
-        .cloned();
-    if prompt.model != engine.args.model && adapter.is_none() {
-        let message = format!(
-            "model `{}` is not served here (this engine serves `{}`)",
-            prompt.model, engine.args.model
-        );
-        return openai_error(StatusCode::NOT_FOUND, &message, "invalid_request_error");
-    }
-    if engine.args.fail == FailMode::Http500 {
-        return openai_error(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "simulated engine failure",
-            "server_error",
-        );
-    }
-    if engine.args.fail == FailMode::CloseAfterHeaders {
-        // The pause lets the headers go out first, as an engine's would.
-        let broken = futures_util::stream::once(async {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            Err::<Bytes, _>(std::io::Error::other("simulated close after headers"))
-        });
-        return (
-            [(header::CONTENT_TYPE, "application/json")],
-            Body::from_stream(broken),
-        )
-            .into_response();
-    }
-    let number = engine.requests.fetch_add(1, Ordering::Relaxed);
-    let mut tokens = prompt
-        .expected_output_tokens
-        .unwrap_or(engine.args.default_max_tokens);
     use disaggregation::Handoff;
-    // A decode engine receives the KV instead of computing it; a prefill engine computes
-    // it and answers after one token.
-    let mut transferred_from = None;
-    let prefill = match &handoff {
-        Handoff::VllmDecode {
-            from,
-            id,
-            engine: named,
-        } => match disaggregation::pull(&engine.client, from, id, Duration::ZERO).await {
-            Ok((_, source)) if named.as_ref().is_some_and(|n| *n != source) => {
-                let message = format!(
-                    "`remote_engine_id` names `{}`, but {from} is `{source}`",
-                    named.as_deref().unwrap_or("")
-                );
-                return openai_error(StatusCode::BAD_REQUEST, &message, "invalid_request_error");
-            }
-            Ok((blocks, source)) => {
-                engine.transfers.received(&source);
-                transferred_from = Some(source);
-                engine.transfer_delay(blocks)
-            }
-            Err(e) => return openai_error(StatusCode::BAD_REQUEST, &e, "invalid_request_error"),
-        },
-        Handoff::SglangDecode { from, room } => {
-            let id = disaggregation::room_id(*room);
-            match disaggregation::pull(&engine.client, from, &id, Duration::from_secs(30)).await {
-                Ok((blocks, source)) => {
-                    engine.transfers.received(&source);
-                    transferred_from = Some(source);
-                    engine.transfer_delay(blocks)
-                }
-                Err(e) => {
-                    return openai_error(StatusCode::INTERNAL_SERVER_ERROR, &e, "server_error")
-                }
-            }
-        }
-        Handoff::VllmPrefill { .. } | Handoff::SglangPrefill { .. } => {
-            tokens = 1;
-            engine.prefill_delay(&prompt)
-        }
-        Handoff::None => engine.prefill_delay(&prompt),
+    let (prompt, handoff, adapter) = match accept(&engine, endpoint, &headers, &body) {
+        Ok(accepted) => accepted,
+        Err(refused) => return refused,
     };
-    let per_token = Duration::from_secs_f64(1.0 / engine.args.decode_tps);
+    let number = engine.requests.fetch_add(1, Ordering::Relaxed);
+    // A prefill engine computes the KV and answers after one token.
+    let prefill_only = matches!(
+        handoff,
+        Handoff::VllmPrefill { .. } | Handoff::SglangPrefill { .. }
+    );
+    let tokens = if prefill_only {
+        1
+    } else {
+        prompt
+            .expected_output_tokens
+            .unwrap_or(engine.args.default_max_tokens)
+    };
+    let (prefill, transferred_from) = match kv_ready_in(&engine, &handoff, &prompt).await {
+        Ok(ready) => ready,
+        Err(refused) => return refused,
+    };
     let chunk = Chunk {
         endpoint,
         id: number,
@@ -477,38 +402,196 @@ async fn complete(
             name.insert(header, value);
         }
     }
-    let mut occupancy = Occupancy::wait(&engine, adapter, prompt.request_blocks);
-    let prefill_only = matches!(
-        handoff,
-        Handoff::VllmPrefill { .. } | Handoff::SglangPrefill { .. }
-    );
+    let occupancy = Occupancy::wait(&engine, adapter, prompt.request_blocks);
+    let timing = (prefill, tokens);
     if !prompt.stream || prefill_only {
-        tokio::time::sleep(prefill).await;
-        occupancy.run();
-        tokio::time::sleep(per_token * tokens as u32).await;
-        drop(occupancy);
-        let mut answer = chunk.whole(tokens, prompt.request_blocks);
-        match handoff {
-            Handoff::VllmPrefill { id } => {
-                let params = disaggregation::vllm_params(
-                    &engine.args.name,
-                    &id,
-                    prompt.request_blocks,
-                    engine.address,
-                );
-                engine.record(json!({"x-request-id": id, "answered_kv_transfer_params": params}));
-                engine.transfers.keep(id, prompt.request_blocks);
-                answer["kv_transfer_params"] = params;
-            }
-            Handoff::SglangPrefill { room } => {
-                engine
-                    .transfers
-                    .keep(disaggregation::room_id(room), prompt.request_blocks);
-            }
-            _ => {}
-        }
+        let answer = answer_whole(&engine, &prompt, handoff, chunk, occupancy, timing).await;
         return (name, Json(answer)).into_response();
     }
+    (name, answer_streamed(&engine, chunk, occupancy, timing)).into_response()
+}
+
+/// Records the request, parses it, and refuses what this engine would: a bad body, another
+/// model, a simulated failure (`--fail`). The prompt, its handoff and its adapter.
+fn accept(
+    engine: &Engine,
+    endpoint: Endpoint,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<(Prompt, disaggregation::Handoff, Option<String>), Response> {
+    let request_id = headers.get("x-request-id").and_then(|v| v.to_str().ok());
+    engine.record(json!({
+        "path": endpoint.path(),
+        "x-request-id": request_id,
+        "body": serde_json::from_slice::<Value>(body)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(body).into_owned())),
+    }));
+    let prompt = match prompt::parse(endpoint, body, engine.args.block_size, |_| None) {
+        Ok(prompt) => prompt,
+        Err(e) => {
+            return Err(openai_error(
+                StatusCode::BAD_REQUEST,
+                &e.message,
+                "invalid_request_error",
+            ))
+        }
+    };
+    let handoff = match disaggregation::handoff(engine.args.role, body, headers) {
+        Ok(handoff) => handoff,
+        Err(e) => {
+            return Err(openai_error(
+                StatusCode::BAD_REQUEST,
+                &e,
+                "invalid_request_error",
+            ))
+        }
+    };
+    let adapter = engine
+        .args
+        .lora_adapters
+        .iter()
+        .find(|a| **a == prompt.model)
+        .cloned();
+    if prompt.model != engine.args.model && adapter.is_none() {
+        let message = format!(
+            "model `{}` is not served here (this engine serves `{}`)",
+            prompt.model, engine.args.model
+        );
+        return Err(openai_error(
+            StatusCode::NOT_FOUND,
+            &message,
+            "invalid_request_error",
+        ));
+    }
+    if engine.args.fail == FailMode::Http500 {
+        return Err(openai_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "simulated engine failure",
+            "server_error",
+        ));
+    }
+    if engine.args.fail == FailMode::CloseAfterHeaders {
+        // The pause lets the headers go out first, as an engine's would.
+        let broken = futures_util::stream::once(async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            Err::<Bytes, _>(std::io::Error::other("simulated close after headers"))
+        });
+        return Err((
+            [(header::CONTENT_TYPE, "application/json")],
+            Body::from_stream(broken),
+        )
+            .into_response());
+    }
+    Ok((prompt, handoff, adapter))
+}
+
+/// When the prompt's KV is ready: a decode engine receives it from the prefill engine (and
+/// names it), every other computes it.
+async fn kv_ready_in(
+    engine: &Engine,
+    handoff: &disaggregation::Handoff,
+    prompt: &Prompt,
+) -> Result<(Duration, Option<String>), Response> {
+    use disaggregation::Handoff;
+    let ready = match handoff {
+        Handoff::VllmDecode {
+            from,
+            id,
+            engine: named,
+        } => match disaggregation::pull(&engine.client, from, id, Duration::ZERO).await {
+            Ok((_, source)) if named.as_ref().is_some_and(|n| *n != source) => {
+                let message = format!(
+                    "`remote_engine_id` names `{}`, but {from} is `{source}`",
+                    named.as_deref().unwrap_or("")
+                );
+                return Err(openai_error(
+                    StatusCode::BAD_REQUEST,
+                    &message,
+                    "invalid_request_error",
+                ));
+            }
+            Ok((blocks, source)) => {
+                engine.transfers.received(&source);
+                (engine.transfer_delay(blocks), Some(source))
+            }
+            Err(e) => {
+                return Err(openai_error(
+                    StatusCode::BAD_REQUEST,
+                    &e,
+                    "invalid_request_error",
+                ))
+            }
+        },
+        Handoff::SglangDecode { from, room } => {
+            let id = disaggregation::room_id(*room);
+            match disaggregation::pull(&engine.client, from, &id, Duration::from_secs(30)).await {
+                Ok((blocks, source)) => {
+                    engine.transfers.received(&source);
+                    (engine.transfer_delay(blocks), Some(source))
+                }
+                Err(e) => {
+                    return Err(openai_error(
+                        StatusCode::INTERNAL_SERVER_ERROR,
+                        &e,
+                        "server_error",
+                    ))
+                }
+            }
+        }
+        Handoff::VllmPrefill { .. } | Handoff::SglangPrefill { .. } | Handoff::None => {
+            (engine.prefill_delay(prompt), None)
+        }
+    };
+    Ok(ready)
+}
+
+/// The whole answer after prefill and every token; a prefill engine keeps the KV for its
+/// decode engine to pull.
+async fn answer_whole(
+    engine: &Engine,
+    prompt: &Prompt,
+    handoff: disaggregation::Handoff,
+    chunk: Chunk,
+    mut occupancy: Occupancy,
+    (prefill, tokens): (Duration, u64),
+) -> Value {
+    use disaggregation::Handoff;
+    let per_token = Duration::from_secs_f64(1.0 / engine.args.decode_tps);
+    tokio::time::sleep(prefill).await;
+    occupancy.run();
+    tokio::time::sleep(per_token * tokens as u32).await;
+    drop(occupancy);
+    let mut answer = chunk.whole(tokens, prompt.request_blocks);
+    match handoff {
+        Handoff::VllmPrefill { id } => {
+            let params = disaggregation::vllm_params(
+                &engine.args.name,
+                &id,
+                prompt.request_blocks,
+                engine.address,
+            );
+            engine.record(json!({"x-request-id": id, "answered_kv_transfer_params": params}));
+            engine.transfers.keep(id, prompt.request_blocks);
+            answer["kv_transfer_params"] = params;
+        }
+        Handoff::SglangPrefill { room } => {
+            engine
+                .transfers
+                .keep(disaggregation::room_id(room), prompt.request_blocks);
+        }
+        _ => {}
+    }
+    answer
+}
+
+/// The answer as server-sent events, a token per `1 / --decode-tps`.
+fn answer_streamed(
+    engine: &Engine,
+    chunk: Chunk,
+    mut occupancy: Occupancy,
+    (prefill, tokens): (Duration, u64),
+) -> impl IntoResponse {
+    let per_token = Duration::from_secs_f64(1.0 / engine.args.decode_tps);
     let abort_at = (engine.args.fail == FailMode::AbortMidStream).then_some(tokens / 2);
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes, std::io::Error>>(4);
     tokio::spawn(async move {
@@ -533,14 +616,12 @@ async fn complete(
         rx.recv().await.map(|item| (item, rx))
     });
     (
-        name,
         [
             (header::CONTENT_TYPE, "text/event-stream"),
             (header::CACHE_CONTROL, "no-cache"),
         ],
         Body::from_stream(stream),
     )
-        .into_response()
 }
 
 /// The fixed parts of one answer's chunks.
@@ -634,21 +715,7 @@ pub async fn run(args: EngineSimArgs) -> std::io::Result<()> {
         None => None,
     };
     let engine_tls = (args.tls_cert.clone(), args.tls_key.clone());
-    let record = match &args.record {
-        Some(path) => Some(Mutex::new(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .map_err(|e| {
-                    std::io::Error::new(
-                        e.kind(),
-                        format!("--record {}: cannot open: {e}", path.display()),
-                    )
-                })?,
-        )),
-        None => None,
-    };
+    let record = open_record(args.record.as_deref())?;
     let address = listener.local_addr()?;
     let engine = Arc::new(Engine {
         transfers: disaggregation::Transfers::default(),
@@ -664,8 +731,25 @@ pub async fn run(args: EngineSimArgs) -> std::io::Result<()> {
         record,
         args,
     });
+    let app = routes(engine);
+    let shutdown = shutdown_signal()?;
+    if let (Some(cert), Some(key)) = (&engine_tls.0, &engine_tls.1) {
+        return serve_https(listener, app, cert, key, shutdown).await;
+    }
+    println!("engine-sim listening on http://{}", listener.local_addr()?);
+    // Tokens stream as small writes: no Nagle delay (see serve::http_service).
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// The engine's HTTP API: OpenAI completions, models, health, KV pulls, metrics.
+fn routes(engine: Arc<Engine>) -> HttpRouter {
     let models = json!({"object": "list", "data": [{"id": engine.args.model, "object": "model", "created": 0, "owned_by": "switchyard-engine-sim"}]});
-    let app = HttpRouter::new()
+    HttpRouter::new()
         .route(
             "/v1/chat/completions",
             post(
@@ -707,19 +791,26 @@ pub async fn run(args: EngineSimArgs) -> std::io::Result<()> {
                 )
             }),
         )
-        .with_state(engine);
-    let shutdown = shutdown_signal()?;
-    if let (Some(cert), Some(key)) = (&engine_tls.0, &engine_tls.1) {
-        return serve_https(listener, app, cert, key, shutdown).await;
-    }
-    println!("engine-sim listening on http://{}", listener.local_addr()?);
-    // Tokens stream as small writes: no Nagle delay (see serve::http_service).
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown)
-        .await
+        .with_state(engine)
+}
+
+/// `--record`: the file every request is appended to, as JSON lines.
+fn open_record(record: Option<&std::path::Path>) -> std::io::Result<Option<Mutex<std::fs::File>>> {
+    Ok(match record {
+        Some(path) => Some(Mutex::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .map_err(|e| {
+                    std::io::Error::new(
+                        e.kind(),
+                        format!("--record {}: cannot open: {e}", path.display()),
+                    )
+                })?,
+        )),
+        None => None,
+    })
 }
 
 /// Serves `app` over HTTPS through the router's own listener (TLS, limits).

@@ -107,31 +107,34 @@ const REPLAY_BUILTIN_CONFIG: &str = "worker_selection:
 /// `switchyard replay`: every policy over the trace on a fresh router, a table on stdout,
 /// a CSV and an SVG chart.
 pub fn run(args: &ReplayArgs) -> Result<(), String> {
+    check_args(args)?;
+    let trace = read_trace(&args.trace).map_err(|e| e.to_string())?;
+    fresh_router(args)?;
+    if let (Some(p), Some(d)) = (args.prefill_workers, args.decode_workers) {
+        if p == 0 || d == 0 {
+            return Err("--prefill-workers and --decode-workers must be at least 1".into());
+        }
+        return run_disaggregated(args, &trace, p, d);
+    }
+    let reports = run_aggregated(args, &trace)?;
+    write_reports(args, &trace, &reports)
+}
+
+/// The numbers the arguments must satisfy, checked before any work.
+fn check_args(args: &ReplayArgs) -> Result<(), String> {
     let ReplayArgs {
-        trace: ref trace_path,
         workers,
-        ref policies,
-        ref config,
         cache_blocks,
         prefill_tps,
         decode_tps,
         block_size,
-        csv: ref csv_path,
-        svg: ref svg_path,
         kv_events,
         ref replicas,
-        ref sync,
-        adapters,
         max_loras,
         adapter_load_ms,
-        engine_sample_ms,
         ref time_scales,
         batch_share,
-        prefill_workers,
-        decode_workers,
-        transfer_ms_per_block,
-        prefill_interference,
-        decode_batch,
+        ..
     } = *args;
     if time_scales.iter().any(|&t| !(t.is_finite() && t > 0.0))
         || !(0.0..=1.0).contains(&batch_share)
@@ -155,107 +158,135 @@ pub fn run(args: &ReplayArgs) -> Result<(), String> {
     if workers == 0 || block_size == 0 || cache_blocks == 0 {
         return Err("--workers, --block-size and --cache-blocks must be at least 1".into());
     }
-    let trace = read_trace(trace_path).map_err(|e| e.to_string())?;
-    let params = SimParams {
-        workers,
+    Ok(())
+}
+
+/// A router on the config (or the built-in policies), without workers: the replay adds its own.
+fn fresh_router(args: &ReplayArgs) -> Result<Arc<Router>, String> {
+    let (config, policies, block_size) = (&args.config, &args.policies, args.block_size);
+    let source = match config {
+        Some(path) => ConfigSource::from_file(path),
+        None => ConfigSource::parse(
+            REPLAY_BUILTIN_CONFIG.into(),
+            "<replay built-in config>".into(),
+            PathBuf::new(),
+        ),
+    }
+    .map_err(|e| e.to_string())?;
+    let mut startup = start(source).map_err(|errors| {
+        errors
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join("\n")
+    })?;
+    startup.source.config.workers.clear();
+    startup.source.config.router.block_size = block_size;
+    if let Some(unknown) = policies.iter().find(|p| startup.instance(p).is_none()) {
+        let names: Vec<_> = startup.instances.iter().map(|i| i.name.as_str()).collect();
+        return Err(format!(
+            "--policy {unknown}: no such instance; available: {}",
+            names.join(", ")
+        ));
+    }
+    Router::new(startup)
+        .map(Arc::new)
+        .map_err(|e| e.to_string())
+}
+
+/// `--prefill-workers` and `--decode-workers`: each policy on pairs and on the same
+/// engines aggregated.
+fn run_disaggregated(
+    args: &ReplayArgs,
+    trace: &[TraceRequest],
+    p: usize,
+    d: usize,
+) -> Result<(), String> {
+    let ReplayArgs {
         cache_blocks,
-        prefill_tokens_per_s: prefill_tps,
-        decode_tokens_per_s: decode_tps,
+        prefill_tps,
+        decode_tps,
         block_size,
-        kv_events,
-        replicas: 1,
-        sync: ReplicaSync::Shared,
-        adapters,
-        max_loras,
-        adapter_load_s: adapter_load_ms / 1e3,
-        engine_sample_us: engine_sample_ms.saturating_mul(1000),
-        time_scale: 1.0,
-        batch_share,
-    };
-    let fresh_router = || -> Result<Arc<Router>, String> {
-        let source = match config {
-            Some(path) => ConfigSource::from_file(path),
-            None => ConfigSource::parse(
-                REPLAY_BUILTIN_CONFIG.into(),
-                "<replay built-in config>".into(),
-                PathBuf::new(),
-            ),
-        }
-        .map_err(|e| e.to_string())?;
-        let mut startup = start(source).map_err(|errors| {
-            errors
-                .iter()
-                .map(ToString::to_string)
-                .collect::<Vec<_>>()
-                .join("\n")
-        })?;
-        startup.source.config.workers.clear();
-        startup.source.config.router.block_size = block_size;
-        if let Some(unknown) = policies.iter().find(|p| startup.instance(p).is_none()) {
-            let names: Vec<_> = startup.instances.iter().map(|i| i.name.as_str()).collect();
-            return Err(format!(
-                "--policy {unknown}: no such instance; available: {}",
-                names.join(", ")
-            ));
-        }
-        Router::new(startup)
-            .map(Arc::new)
-            .map_err(|e| e.to_string())
-    };
-    fresh_router()?;
-    if let (Some(p), Some(d)) = (prefill_workers, decode_workers) {
-        if p == 0 || d == 0 {
-            return Err("--prefill-workers and --decode-workers must be at least 1".into());
-        }
-        let valid = (0.0..1.0).contains(&prefill_interference)
-            && transfer_ms_per_block.is_finite()
-            && transfer_ms_per_block.is_sign_positive();
-        if !valid {
-            return Err(
-                "--prefill-interference is from 0 to below 1, --transfer-ms-per-block at least 0"
-                    .into(),
-            );
-        }
-        let mut reports = Vec::new();
-        for policy in policies {
-            for &time_scale in time_scales {
-                for (prefill, decode, fleet) in [
-                    (
-                        p + d,
-                        0,
-                        format!("{policy} @{time_scale}x aggregated {}", p + d),
-                    ),
-                    (
-                        p,
-                        d,
-                        format!("{policy} @{time_scale}x {p} prefill + {d} decode"),
-                    ),
-                ] {
-                    let params = disaggregated::PairParams {
-                        prefill_workers: prefill,
-                        decode_workers: decode,
-                        cache_blocks,
-                        prefill_tokens_per_s: prefill_tps,
-                        decode_tokens_per_s: decode_tps,
-                        block_size,
-                        transfer_ms_per_block,
-                        interference: prefill_interference,
-                        decode_batch: decode_batch.max(1),
-                        time_scale,
-                    };
-                    let router = fresh_router()?;
-                    reports.push(
-                        disaggregated::replay_pairs(&router, &trace, params, policy, fleet)
-                            .map_err(|e| e.to_string())?,
-                    );
-                }
-            }
-        }
-        print!("{}", disaggregated::table(&reports));
-        return Ok(());
+        ref policies,
+        ref time_scales,
+        transfer_ms_per_block,
+        prefill_interference,
+        decode_batch,
+        ..
+    } = *args;
+    let valid = (0.0..1.0).contains(&prefill_interference)
+        && transfer_ms_per_block.is_finite()
+        && transfer_ms_per_block.is_sign_positive();
+    if !valid {
+        return Err(
+            "--prefill-interference is from 0 to below 1, --transfer-ms-per-block at least 0"
+                .into(),
+        );
     }
     let mut reports = Vec::new();
-    // Each policy at each replica count; with several replicas, each sync mode.
+    for policy in policies {
+        for &time_scale in time_scales {
+            for (prefill, decode, fleet) in [
+                (
+                    p + d,
+                    0,
+                    format!("{policy} @{time_scale}x aggregated {}", p + d),
+                ),
+                (
+                    p,
+                    d,
+                    format!("{policy} @{time_scale}x {p} prefill + {d} decode"),
+                ),
+            ] {
+                let params = disaggregated::PairParams {
+                    prefill_workers: prefill,
+                    decode_workers: decode,
+                    cache_blocks,
+                    prefill_tokens_per_s: prefill_tps,
+                    decode_tokens_per_s: decode_tps,
+                    block_size,
+                    transfer_ms_per_block,
+                    interference: prefill_interference,
+                    decode_batch: decode_batch.max(1),
+                    time_scale,
+                };
+                let router = fresh_router(args)?;
+                reports.push(
+                    disaggregated::replay_pairs(&router, trace, params, policy, fleet)
+                        .map_err(|e| e.to_string())?,
+                );
+            }
+        }
+    }
+    print!("{}", disaggregated::table(&reports));
+    Ok(())
+}
+
+/// Each policy at each replica count; with several replicas, each sync mode.
+fn run_aggregated(args: &ReplayArgs, trace: &[TraceRequest]) -> Result<Vec<PolicyReport>, String> {
+    let params = SimParams {
+        workers: args.workers,
+        cache_blocks: args.cache_blocks,
+        prefill_tokens_per_s: args.prefill_tps,
+        decode_tokens_per_s: args.decode_tps,
+        block_size: args.block_size,
+        kv_events: args.kv_events,
+        replicas: 1,
+        sync: ReplicaSync::Shared,
+        adapters: args.adapters,
+        max_loras: args.max_loras,
+        adapter_load_s: args.adapter_load_ms / 1e3,
+        engine_sample_us: args.engine_sample_ms.saturating_mul(1000),
+        time_scale: 1.0,
+        batch_share: args.batch_share,
+    };
+    let (policies, replicas, sync, time_scales) = (
+        &args.policies,
+        &args.replicas,
+        &args.sync,
+        &args.time_scales,
+    );
+    let mut reports = Vec::new();
     let mut runs = Vec::new();
     for policy in policies {
         for &count in replicas {
@@ -273,7 +304,7 @@ pub fn run(args: &ReplayArgs) -> Result<(), String> {
     }
     for (policy, count, mode, time_scale) in runs {
         let routers = (0..count)
-            .map(|_| fresh_router())
+            .map(|_| fresh_router(args))
             .collect::<Result<Vec<_>, _>>()?;
         let params = SimParams {
             replicas: count,
@@ -289,21 +320,37 @@ pub fn run(args: &ReplayArgs) -> Result<(), String> {
             .expect("valid template")
             .progress_chars("=> "),
         );
-        let report = replay(&routers, &trace, params, policy, |n| {
+        let report = replay(&routers, trace, params, policy, |n| {
             bar.set_position(n as u64)
         })
         .map_err(|e| e.to_string())?;
         bar.finish_and_clear();
         reports.push(report);
     }
-    print!("{}", table(&reports));
-    std::fs::write(csv_path, csv(&reports))
+    Ok(reports)
+}
+
+/// The table on stdout, the CSV and the SVG chart.
+fn write_reports(
+    args: &ReplayArgs,
+    trace: &[TraceRequest],
+    reports: &[PolicyReport],
+) -> Result<(), String> {
+    let (csv_path, svg_path) = (&args.csv, &args.svg);
+    let (workers, cache_blocks, prefill_tps, decode_tps) = (
+        args.workers,
+        args.cache_blocks,
+        args.prefill_tps,
+        args.decode_tps,
+    );
+    print!("{}", table(reports));
+    std::fs::write(csv_path, csv(reports))
         .map_err(|e| format!("{}: cannot write the CSV: {e}", csv_path.display()))?;
     let title = format!(
         "{} requests, {workers} workers, {cache_blocks}-block LRU caches, prefill {prefill_tps} tok/s, decode {decode_tps} tok/s",
         trace.len()
     );
-    std::fs::write(svg_path, svg(&reports, &title))
+    std::fs::write(svg_path, svg(reports, &title))
         .map_err(|e| format!("{}: cannot write the SVG: {e}", svg_path.display()))?;
     println!("wrote {} and {}", csv_path.display(), svg_path.display());
     Ok(())
