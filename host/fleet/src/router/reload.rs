@@ -44,61 +44,13 @@ impl Router {
                 startup.source.name, old.router.block_size, new.router.block_size
             )]);
         }
-        let tokenizers =
-            |c: &switchyard_config::Config| -> Vec<(String, Option<std::path::PathBuf>)> {
-                c.models
-                    .iter()
-                    .map(|(model, settings)| (model.clone(), settings.tokenizer.clone()))
-                    .collect()
-            };
-        let mut needs_restart = Vec::new();
-        if as_json(&old.frontend) != as_json(&new.frontend) {
-            needs_restart.push("frontend".to_owned());
-        }
-        let without_tls = |c: &switchyard_config::Config| {
-            c.ext_proc.clone().map(|mut e| {
-                e.tls = None;
-                as_json(&e)
-            })
-        };
-        if without_tls(old) != without_tls(new) {
-            needs_restart.push("ext_proc".to_owned());
-        }
-        if as_json(&old.replicas) != as_json(&new.replicas) {
-            needs_restart.push("replicas".to_owned());
-        }
-        if old.http.without_tls() != new.http.without_tls() {
-            needs_restart.push("http (all but http.tls)".to_owned());
-        }
-        if tokenizers(old) != tokenizers(new) {
-            needs_restart.push("models.*.tokenizer".to_owned());
-        }
-        let before: HashMap<WorkerId, &WorkerSpec> =
-            old.workers.iter().map(|w| (w.id(), w)).collect();
-        let after: HashMap<WorkerId, &WorkerSpec> =
-            new.workers.iter().map(|w| (w.id(), w)).collect();
-        let removed: Vec<WorkerId> = before
-            .keys()
-            .filter(|id| !after.contains_key(id))
-            .copied()
-            .collect();
-        let changed: Vec<WorkerSpec> = new
-            .workers
-            .iter()
-            .filter(|w| {
-                before
-                    .get(&w.id())
-                    .is_some_and(|old| as_json(*old) != as_json(*w))
-            })
-            .cloned()
-            .collect();
-        let added: Vec<WorkerSpec> = new
-            .workers
-            .iter()
-            .filter(|w| !before.contains_key(&w.id()))
-            .cloned()
-            .collect();
-
+        let needs_restart = needs_restart(old, new);
+        let WorkerChanges {
+            before,
+            removed,
+            changed,
+            added,
+        } = WorkerChanges::between(old, new);
         let live = self.state.read().workers.len();
         if live > 0
             && added.is_empty()
@@ -145,10 +97,28 @@ impl Router {
             .add_instances(instances.iter().map(String::as_str));
         self.metrics.record_generation(number, loaded_at);
 
-        for id in &removed {
+        self.apply_worker_changes(&before, &removed, &changed, &added);
+        Ok(ReloadOutcome {
+            generation: number,
+            workers_added: added.len(),
+            workers_removed: removed.len(),
+            workers_updated: changed.len(),
+            needs_restart,
+        })
+    }
+    /// Removes, updates and adds workers after the swap; new and changed workers' KV
+    /// events are followed.
+    fn apply_worker_changes(
+        self: &Arc<Self>,
+        before: &HashMap<WorkerId, &WorkerSpec>,
+        removed: &[WorkerId],
+        changed: &[WorkerSpec],
+        added: &[WorkerSpec],
+    ) {
+        for id in removed {
             let _ = self.remove_worker_changing(*id);
         }
-        for spec in &changed {
+        for spec in changed {
             let id = spec.id();
             let same_partition = before[&id].partition() == spec.partition();
             if same_partition {
@@ -166,21 +136,92 @@ impl Router {
                 self.subscriptions.lock().remove(&id);
             }
         }
-        for spec in &added {
+        for spec in added {
             if let Err(e) = self.change_workers(|workers| workers.add(spec.clone())) {
                 tracing::warn!(error = %e, "reload: a new worker was not added");
             }
         }
-        let subscribe: Vec<WorkerSpec> = added.iter().chain(&changed).cloned().collect();
+        let subscribe: Vec<WorkerSpec> = added.iter().chain(changed).cloned().collect();
         if let Err(e) = self.subscribe_kv_events(&subscribe) {
             tracing::warn!(error = %e, "reload: cannot follow a worker's KV events");
         }
-        Ok(ReloadOutcome {
-            generation: number,
-            workers_added: added.len(),
-            workers_removed: removed.len(),
-            workers_updated: changed.len(),
-            needs_restart,
+    }
+}
+
+/// Sections that changed but are read only at startup.
+fn needs_restart(old: &switchyard_config::Config, new: &switchyard_config::Config) -> Vec<String> {
+    let tokenizers = |c: &switchyard_config::Config| -> Vec<(String, Option<std::path::PathBuf>)> {
+        c.models
+            .iter()
+            .map(|(model, settings)| (model.clone(), settings.tokenizer.clone()))
+            .collect()
+    };
+    let mut needs_restart = Vec::new();
+    if as_json(&old.frontend) != as_json(&new.frontend) {
+        needs_restart.push("frontend".to_owned());
+    }
+    let without_tls = |c: &switchyard_config::Config| {
+        c.ext_proc.clone().map(|mut e| {
+            e.tls = None;
+            as_json(&e)
         })
+    };
+    if without_tls(old) != without_tls(new) {
+        needs_restart.push("ext_proc".to_owned());
+    }
+    if as_json(&old.replicas) != as_json(&new.replicas) {
+        needs_restart.push("replicas".to_owned());
+    }
+    if old.http.without_tls() != new.http.without_tls() {
+        needs_restart.push("http (all but http.tls)".to_owned());
+    }
+    if tokenizers(old) != tokenizers(new) {
+        needs_restart.push("models.*.tokenizer".to_owned());
+    }
+    needs_restart
+}
+
+/// How the workers of two configs differ.
+struct WorkerChanges<'a> {
+    before: HashMap<WorkerId, &'a WorkerSpec>,
+    removed: Vec<WorkerId>,
+    changed: Vec<WorkerSpec>,
+    added: Vec<WorkerSpec>,
+}
+
+impl<'a> WorkerChanges<'a> {
+    fn between(old: &'a switchyard_config::Config, new: &switchyard_config::Config) -> Self {
+        let before: HashMap<WorkerId, &WorkerSpec> =
+            old.workers.iter().map(|w| (w.id(), w)).collect();
+        let after: HashMap<WorkerId, &WorkerSpec> =
+            new.workers.iter().map(|w| (w.id(), w)).collect();
+        let removed: Vec<WorkerId> = before
+            .keys()
+            .filter(|id| !after.contains_key(id))
+            .copied()
+            .collect();
+        let changed: Vec<WorkerSpec> = new
+            .workers
+            .iter()
+            .filter(|w| {
+                before
+                    .get(&w.id())
+                    .is_some_and(|old| as_json(*old) != as_json(*w))
+            })
+            .cloned()
+            .collect();
+        let added: Vec<WorkerSpec> = new
+            .workers
+            .iter()
+            .filter(|w| !before.contains_key(&w.id()))
+            .cloned()
+            .collect();
+
+        Self {
+            before,
+            removed,
+            changed,
+            added,
+        }
     }
 }

@@ -125,6 +125,68 @@ fn open_file_limit() -> u64 {
     rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(1024, |(soft, _)| soft)
 }
 
+/// The listeners' TLS (`http.tls`, `ext_proc.tls`), kept to swap certificates on reload.
+fn listener_tls(
+    source: &switchyard_config::ConfigSource,
+    options: &ServeOptions,
+) -> std::io::Result<ListenerTls> {
+    let config = &source.config;
+    let server_tls =
+        |section: &str, settings: Option<&switchyard_config::TlsSettings>, alpn: &[&[u8]]| {
+            settings
+                .map(|t| crate::tls::server_config(section, t, source, alpn).map(ServerTls::new))
+                .transpose()
+                .map_err(std::io::Error::other)
+        };
+    Ok(ListenerTls {
+        http: server_tls("http.tls", config.http.tls.as_ref(), crate::tls::HTTP_ALPN)?,
+        ext_proc: server_tls(
+            "ext_proc.tls",
+            options.ext_proc.as_ref().and_then(|e| e.tls.as_ref()),
+            crate::tls::GRPC_ALPN,
+        )?,
+    })
+}
+
+/// Everything that runs beside the listeners: engine scrapes, KV-event subscriptions,
+/// reload on SIGHUP, the replicas' bus.
+async fn start_background(router: &Arc<Router>, listener_tls: &ListenerTls) -> std::io::Result<()> {
+    crate::engine_metrics::start(router.clone())?;
+    router.subscribe_kv_events(&router.workers())?;
+    crate::reload::on_hangup(router.clone(), listener_tls.clone())?;
+    let replicas = router.generation().startup.source.config.replicas.clone();
+    if let Some(settings) = replicas {
+        let token = settings
+            .token_file
+            .as_ref()
+            .map(|f| router.generation().startup.source.resolve(f));
+        let nats = settings.nats.clone();
+        // The others' bookings are in before this replica serves.
+        let id = switchyard_fleet::replicas::start(router.clone(), settings, token)
+            .await
+            .map_err(std::io::Error::other)?;
+        println!("switchyard replica {id} sharing load over {nats}");
+    }
+    Ok(())
+}
+
+/// Releases reservations nothing freed, once a second.
+async fn expire_forever(expiry: Arc<Router>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let router = expiry.clone();
+        // Takes the load lock for writing: off the executor, like every lock a
+        // selection may hold.
+        let expired = tokio::task::spawn_blocking(move || router.expire())
+            .await
+            .unwrap_or(0);
+        if expired > 0 {
+            tracing::warn!(expired, "released reservations that were never freed");
+        }
+    }
+}
+
 /// Serves until SIGINT or SIGTERM. Prints `switchyard listening on http://ADDR` (or
 /// https) once bound.
 pub async fn serve(router: Arc<Router>, options: ServeOptions) -> std::io::Result<()> {
@@ -135,21 +197,7 @@ pub async fn serve(router: Arc<Router>, options: ServeOptions) -> std::io::Resul
     let config = &source.config;
     let tcp = bind(options.listen, "the HTTP service", "--listen").await?;
     let address = tcp.local_addr()?;
-    let server_tls =
-        |section: &str, settings: Option<&switchyard_config::TlsSettings>, alpn: &[&[u8]]| {
-            settings
-                .map(|t| crate::tls::server_config(section, t, source, alpn).map(ServerTls::new))
-                .transpose()
-                .map_err(std::io::Error::other)
-        };
-    let listener_tls = ListenerTls {
-        http: server_tls("http.tls", config.http.tls.as_ref(), crate::tls::HTTP_ALPN)?,
-        ext_proc: server_tls(
-            "ext_proc.tls",
-            options.ext_proc.as_ref().and_then(|e| e.tls.as_ref()),
-            crate::tls::GRPC_ALPN,
-        )?,
-    };
+    let listener_tls = listener_tls(source, &options)?;
     let limits = Limits::http(&config.http, open_file_limit());
     let body_limits = BodyLimits {
         max_bytes: config.http.max_body_bytes,
@@ -181,22 +229,7 @@ pub async fn serve(router: Arc<Router>, options: ServeOptions) -> std::io::Resul
     };
     let frontend = Frontend::new(router.clone()).map_err(std::io::Error::other)?;
     tokio::spawn(frontend::health::probe_forever(frontend.clone()));
-    crate::engine_metrics::start(router.clone())?;
-    router.subscribe_kv_events(&router.workers())?;
-    crate::reload::on_hangup(router.clone(), listener_tls.clone())?;
-    let replicas = router.generation().startup.source.config.replicas.clone();
-    if let Some(settings) = replicas {
-        let token = settings
-            .token_file
-            .as_ref()
-            .map(|f| router.generation().startup.source.resolve(f));
-        let nats = settings.nats.clone();
-        // The others' bookings are in before this replica serves.
-        let id = switchyard_fleet::replicas::start(router.clone(), settings, token)
-            .await
-            .map_err(std::io::Error::other)?;
-        println!("switchyard replica {id} sharing load over {nats}");
-    }
+    start_background(&router, &listener_tls).await?;
     let scheme = if listener_tls.http.is_some() {
         "https"
     } else {
@@ -220,22 +253,7 @@ pub async fn serve(router: Arc<Router>, options: ServeOptions) -> std::io::Resul
         }
         _ => None,
     };
-    let expiry = router.clone();
-    tokio::spawn(async move {
-        let mut tick = tokio::time::interval(Duration::from_secs(1));
-        loop {
-            tick.tick().await;
-            let router = expiry.clone();
-            // Takes the load lock for writing: off the executor, like every lock a
-            // selection may hold.
-            let expired = tokio::task::spawn_blocking(move || router.expire())
-                .await
-                .unwrap_or(0);
-            if expired > 0 {
-                tracing::warn!(expired, "released reservations that were never freed");
-            }
-        }
-    });
+    tokio::spawn(expire_forever(router.clone()));
     let table = ConnectionTable::new("http", limits.clone());
     let listener = Listener::new(tcp, listener_tls.http.clone(), table.clone());
     let app = app(router, frontend, body_limits).layer(Extension(listener_tls));
