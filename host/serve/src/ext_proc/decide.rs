@@ -142,6 +142,64 @@ fn endpoint_of(
         .ok_or_else(|| no_endpoint(format!("worker {} has no endpoint", worker.worker_id)))
 }
 
+/// The endpoints the request may go to: within the gateway's subset hint, and under
+/// `ext_proc.max_requests_per_worker`.
+fn eligible_within_limits(
+    picker: &EndpointPicker,
+    subset: Option<&[String]>,
+) -> Result<Vec<(WorkerId, SocketAddr)>, OpenAiError> {
+    let router = picker.frontend.router();
+    let mut eligible = eligible(router, subset);
+    if subset.is_some() && eligible.is_empty() {
+        return Err(no_endpoint(
+            "none of the endpoints in the gateway's subset hint is a switchyard worker",
+        ));
+    }
+    if let Some(limit) = picker.max_requests_per_worker {
+        let loads: HashMap<WorkerId, u64> = router
+            .loads()
+            .into_iter()
+            .map(|(id, load)| (id, u64::from(load.active_requests)))
+            .collect();
+        let before = eligible.len();
+        eligible.retain(|(id, _)| loads.get(id).copied().unwrap_or(0) < limit);
+        if before > 0 && eligible.is_empty() {
+            return Err(OpenAiError::new(
+                axum::http::StatusCode::TOO_MANY_REQUESTS,
+                "rate_limit_exceeded",
+                format!("every eligible worker has {limit} active requests (ext_proc.max_requests_per_worker); retry later"),
+            ));
+        }
+    }
+    Ok(eligible)
+}
+
+/// Selects and books the prefill worker of a disaggregated request in its own partition;
+/// `request` becomes the decode half, paired with it.
+fn book_prefill(
+    router: &Arc<Router>,
+    request: &mut switchyard_fleet::router::RouteRequest,
+    described: &crate::request_attributes::Described,
+    eligible: &[(WorkerId, SocketAddr)],
+    busy: &mut Option<BusyPlace>,
+) -> Result<(Lease, SocketAddr, WorkerId), OpenAiError> {
+    let request_id = request.request_id.clone().unwrap_or_default();
+    let id = format!("{request_id}-prefill");
+    let mut prefill = request.clone();
+    prefill.request_id = Some(id.clone());
+    prefill.worker_type = RequestWorkerType::Prefill;
+    let chosen = booked_or_busy(router, &prefill, described, busy)?;
+    let lease = Lease::new(router.clone(), id);
+    let worker = WorkerId {
+        worker_id: chosen.worker_id,
+        dp_rank: chosen.dp_rank,
+    };
+    let at = endpoint_of(eligible, worker)?;
+    request.worker_type = RequestWorkerType::Decode;
+    request.paired = Some(worker);
+    Ok((lease, at, worker))
+}
+
 /// Parses the body and selects and books a worker among the eligible endpoints
 /// (blocking: tokenizers and plugin code run here).
 pub(super) fn decide(
@@ -194,28 +252,7 @@ pub(super) fn decide(
         }
     };
     described.admitted(placement);
-    let mut eligible = eligible(router, subset.as_deref());
-    if subset.is_some() && eligible.is_empty() {
-        return Err(no_endpoint(
-            "none of the endpoints in the gateway's subset hint is a switchyard worker",
-        ));
-    }
-    if let Some(limit) = picker.max_requests_per_worker {
-        let loads: HashMap<WorkerId, u64> = router
-            .loads()
-            .into_iter()
-            .map(|(id, load)| (id, u64::from(load.active_requests)))
-            .collect();
-        let before = eligible.len();
-        eligible.retain(|(id, _)| loads.get(id).copied().unwrap_or(0) < limit);
-        if before > 0 && eligible.is_empty() {
-            return Err(OpenAiError::new(
-                axum::http::StatusCode::TOO_MANY_REQUESTS,
-                "rate_limit_exceeded",
-                format!("every eligible worker has {limit} active requests (ext_proc.max_requests_per_worker); retry later"),
-            ));
-        }
-    }
+    let eligible = eligible_within_limits(picker, subset.as_deref())?;
     let mut request = frontend.route_request(&prompt, &described, request_id.clone(), instance);
     request.block_hashes = Some(prompt.block_hashes.clone());
     request.only = Some(Arc::new(eligible.iter().map(|(id, _)| *id).collect()));
@@ -223,20 +260,13 @@ pub(super) fn decide(
     // is selected (and booked) in its own partition.
     let disaggregated = frontend.disaggregation(&prompt.model) != Disaggregation::Off;
     let prefill = if disaggregated {
-        let id = format!("{request_id}-prefill");
-        let mut prefill = request.clone();
-        prefill.request_id = Some(id.clone());
-        prefill.worker_type = RequestWorkerType::Prefill;
-        let chosen = booked_or_busy(router, &prefill, &described, busy)?;
-        let lease = Lease::new(router.clone(), id);
-        let worker = WorkerId {
-            worker_id: chosen.worker_id,
-            dp_rank: chosen.dp_rank,
-        };
-        let at = endpoint_of(&eligible, worker)?;
-        request.worker_type = RequestWorkerType::Decode;
-        request.paired = Some(worker);
-        Some((lease, at, worker))
+        Some(book_prefill(
+            router,
+            &mut request,
+            &described,
+            &eligible,
+            busy,
+        )?)
     } else {
         None
     };

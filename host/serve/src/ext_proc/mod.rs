@@ -378,76 +378,7 @@ impl Exchange {
             kept,
             admitted: Arc::default(),
         };
-        // Parsing (tokenizing) and selecting (plugin code) run off the executor
-        // (`off_executor`); a request that finds every worker busy waits its turn
-        // (`admission:`) while Envoy holds the stream open.
-        let attempt = || {
-            let (picker, caller, wanted, body) = (
-                picker.clone(),
-                caller.clone(),
-                wanted.clone(),
-                request_body.clone(),
-            );
-            async move {
-                let inline = picker.frontend.inline_ok(body.len());
-                crate::off_executor::run(inline, move || {
-                    let mut busy = None;
-                    match decide(&picker, &caller, wanted, &body, &mut busy) {
-                        Ok(booked) => Ok(booked),
-                        Err(error) => Err(match busy {
-                            Some(place) => Attempt::Busy(place),
-                            None => Attempt::Failed(error),
-                        }),
-                    }
-                })
-                .await
-                .unwrap_or_else(|e| {
-                    Err(Attempt::Failed(OpenAiError::new(
-                        axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-                        "server_error",
-                        format!("the pick did not finish: {e}"),
-                    )))
-                })
-            }
-        };
-        let first = attempt().await;
-        let place = match &first {
-            Err(Attempt::Busy(place)) => Some(place.clone()),
-            _ => None,
-        };
-        let router = self.picker.frontend.router().clone();
-        let waited = match place {
-            // Not busy: the first try's answer is the answer.
-            None => first.map_err(crate::admission::Waited::Failed),
-            Some(place) => {
-                crate::admission::queued(
-                    &router,
-                    crate::admission::Place {
-                        partition: place.partition,
-                        priority: place.priority,
-                        tenant: place.tenant.as_deref(),
-                        max_wait: place.max_wait,
-                    },
-                    first,
-                    |e| matches!(e, Attempt::Busy(_)),
-                    attempt,
-                )
-                .await
-            }
-        };
-        let booked = match waited {
-            Ok(booked) => Ok(booked),
-            Err(crate::admission::Waited::Failed(Attempt::Failed(error))) => Err(error),
-            Err(crate::admission::Waited::Failed(Attempt::Busy(_))) => Err(OpenAiError::new(
-                axum::http::StatusCode::SERVICE_UNAVAILABLE,
-                "server_error",
-                "every worker is busy (admission.busy)",
-            )
-            .with_code("overloaded")),
-            Err(crate::admission::Waited::Refused(refusal)) => {
-                Err(crate::frontend::refusal_error(&refusal))
-            }
-        };
+        let booked = pick(picker, caller, wanted, request_body.clone()).await;
         match booked {
             Ok(booked) => {
                 let prefiller = booked.prefill.as_ref().map(|(_, at)| at.to_string());
@@ -547,5 +478,86 @@ impl Exchange {
         let cooldown = std::time::Duration::from_millis(frontend.settings().unhealthy_cooldown_ms);
         frontend.router().mark_unhealthy(booked.worker, cooldown);
         frontend.router().metrics.record_upstream_error();
+    }
+}
+
+/// Parsing (tokenizing) and selecting (plugin code) run off the executor
+/// (`off_executor`); a request that finds every worker busy waits its turn
+/// (`admission:`) while Envoy holds the stream open.
+async fn pick(
+    picker: Arc<EndpointPicker>,
+    caller: Caller,
+    wanted: Wanted,
+    request_body: Arc<Vec<u8>>,
+) -> Result<Booked, OpenAiError> {
+    // Parsing (tokenizing) and selecting (plugin code) run off the executor
+    // (`off_executor`); a request that finds every worker busy waits its turn
+    // (`admission:`) while Envoy holds the stream open.
+    let attempt = || {
+        let (picker, caller, wanted, body) = (
+            picker.clone(),
+            caller.clone(),
+            wanted.clone(),
+            request_body.clone(),
+        );
+        async move {
+            let inline = picker.frontend.inline_ok(body.len());
+            crate::off_executor::run(inline, move || {
+                let mut busy = None;
+                match decide(&picker, &caller, wanted, &body, &mut busy) {
+                    Ok(booked) => Ok(booked),
+                    Err(error) => Err(match busy {
+                        Some(place) => Attempt::Busy(place),
+                        None => Attempt::Failed(error),
+                    }),
+                }
+            })
+            .await
+            .unwrap_or_else(|e| {
+                Err(Attempt::Failed(OpenAiError::new(
+                    axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                    "server_error",
+                    format!("the pick did not finish: {e}"),
+                )))
+            })
+        }
+    };
+    let first = attempt().await;
+    let place = match &first {
+        Err(Attempt::Busy(place)) => Some(place.clone()),
+        _ => None,
+    };
+    let router = picker.frontend.router().clone();
+    let waited = match place {
+        // Not busy: the first try's answer is the answer.
+        None => first.map_err(crate::admission::Waited::Failed),
+        Some(place) => {
+            crate::admission::queued(
+                &router,
+                crate::admission::Place {
+                    partition: place.partition,
+                    priority: place.priority,
+                    tenant: place.tenant.as_deref(),
+                    max_wait: place.max_wait,
+                },
+                first,
+                |e| matches!(e, Attempt::Busy(_)),
+                attempt,
+            )
+            .await
+        }
+    };
+    match waited {
+        Ok(booked) => Ok(booked),
+        Err(crate::admission::Waited::Failed(Attempt::Failed(error))) => Err(error),
+        Err(crate::admission::Waited::Failed(Attempt::Busy(_))) => Err(OpenAiError::new(
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "every worker is busy (admission.busy)",
+        )
+        .with_code("overloaded")),
+        Err(crate::admission::Waited::Refused(refusal)) => {
+            Err(crate::frontend::refusal_error(&refusal))
+        }
     }
 }
