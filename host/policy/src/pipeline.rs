@@ -500,6 +500,35 @@ impl Policy {
         if candidates.is_empty() {
             return Err(SelectError::NoCandidates);
         }
+        self.run_filters(request, candidates, trace.as_deref_mut())?;
+        let count = candidates.len();
+        self.run_scorers(request, candidates, trace.as_deref_mut())?;
+        if let Some(trace) = trace {
+            trace.picker = Some(self.picker.name.clone());
+        }
+        let columns = candidates.columns(Some(&self.total));
+        let row = timed(&mut self.picker, |stage| {
+            stage.pick(request, &columns, &mut self.error)
+        })
+        .map_err(|f| failed(&mut self.picker, f))?;
+        if row >= count {
+            StageStats::add(&self.picker.stats.errors, 1);
+            return Err(SelectError::RowOutOfRange {
+                component: self.picker.name.clone(),
+                row,
+                count,
+            });
+        }
+        Ok(row)
+    }
+
+    /// The filters, each compacting `candidates` to the rows it keeps.
+    fn run_filters(
+        &mut self,
+        request: &AbiRequest<'_>,
+        candidates: &mut Candidates,
+        mut trace: Option<&mut SelectTrace>,
+    ) -> Result<(), SelectError> {
         for (filter, &still_needed) in self.filters.iter_mut().zip(&self.needed_after) {
             // Sized only: the boundary sets every byte to 1 before the filter runs.
             self.keep.resize(candidates.len(), 1);
@@ -526,6 +555,16 @@ impl Policy {
                 });
             }
         }
+        Ok(())
+    }
+
+    /// The scorers, their weighted costs summed into `total` per row.
+    fn run_scorers(
+        &mut self,
+        request: &AbiRequest<'_>,
+        candidates: &Candidates,
+        mut trace: Option<&mut SelectTrace>,
+    ) -> Result<(), SelectError> {
         let count = candidates.len();
         // The first scorer, at weight 1, writes the totals themselves: its sum with the
         // zero totals is the cost itself (but -0.0 becomes 0.0), computed in place, so no
@@ -577,16 +616,7 @@ impl Policy {
                     true => &self.total,
                     false => &self.contribution,
                 };
-                let (row, what, value) = (0..count)
-                    .find_map(|row| {
-                        let (cost, total) = (costs[row], self.total[row]);
-                        if !cost.is_finite() {
-                            Some((row, "cost", cost))
-                        } else {
-                            (!total.is_finite()).then_some((row, "running total", total))
-                        }
-                    })
-                    .unwrap_or((0, "cost", f64::NAN));
+                let (row, what, value) = first_non_finite(costs, &self.total);
                 StageStats::add(&scorer.stats.errors, 1);
                 return Err(SelectError::NonFiniteCost {
                     component: scorer.name.clone(),
@@ -596,29 +626,29 @@ impl Policy {
                 });
             }
         }
-        if let Some(trace) = trace {
-            trace.picker = Some(self.picker.name.clone());
-        }
-        let columns = candidates.columns(Some(&self.total));
-        let row = timed(&mut self.picker, |stage| {
-            stage.pick(request, &columns, &mut self.error)
-        })
-        .map_err(|f| failed(&mut self.picker, f))?;
-        if row >= count {
-            StageStats::add(&self.picker.stats.errors, 1);
-            return Err(SelectError::RowOutOfRange {
-                component: self.picker.name.clone(),
-                row,
-                count,
-            });
-        }
-        Ok(row)
+        Ok(())
     }
 
     /// Total cost per row of the last selection (after filtering).
     pub fn last_costs(&self) -> &[f64] {
         &self.total
     }
+}
+
+/// The first row whose cost or running total is not finite (there is one: the vectorized
+/// check said so).
+#[cold]
+fn first_non_finite(costs: &[f64], total: &[f64]) -> (usize, &'static str, f64) {
+    (0..costs.len())
+        .find_map(|row| {
+            let (cost, total) = (costs[row], total[row]);
+            if !cost.is_finite() {
+                Some((row, "cost", cost))
+            } else {
+                (!total.is_finite()).then_some((row, "running total", total))
+            }
+        })
+        .unwrap_or((0, "cost", f64::NAN))
 }
 
 /// `x.is_finite()` in two vector instructions rather than four: x - x is 0 for every

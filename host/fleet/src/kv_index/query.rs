@@ -318,37 +318,20 @@ impl KvIndex {
             if wide {
                 match bitset(run) {
                     Some(words) => {
-                        let mut any = false;
-                        for (w, active) in bits.iter_mut().enumerate() {
-                            let next = words.get(w).copied().unwrap_or(0);
-                            let mut dropped = *active & !next;
-                            while dropped != 0 {
-                                let slot = w as u32 * 64 + dropped.trailing_zeros();
-                                record(out, slot, depth);
-                                dropped &= dropped - 1;
-                            }
-                            *active &= next;
-                            any |= *active != 0;
-                        }
-                        if !any {
+                        if !narrow_bits(bits, words, |slot| record(out, slot, depth)) {
                             return depth;
                         }
                     }
                     None => {
                         // Narrowing to a list or one slot: keep those of them still held,
                         // record every other slot of the bitset.
-                        for (w, &active) in bits.iter().enumerate() {
-                            let mut each = active;
-                            while each != 0 {
-                                let slot = w as u32 * 64 + each.trailing_zeros();
-                                if tier.sets.contains(run.holders, slot) {
-                                    few.push(slot);
-                                } else {
-                                    record(out, slot, depth);
-                                }
-                                each &= each - 1;
+                        bits_to_list(bits, few, |slot| {
+                            let still = tier.sets.contains(run.holders, slot);
+                            if !still {
+                                record(out, slot, depth);
                             }
-                        }
+                            still
+                        });
                         wide = false;
                     }
                 }
@@ -458,5 +441,38 @@ impl KvIndex {
             depth = run.end;
         }
         depth
+    }
+}
+
+/// Intersects the wide set `bits` with the next run's bitset `words`, calling `dropped`
+/// for each slot that leaves it. Whether any slot is left.
+#[inline]
+fn narrow_bits(bits: &mut [u64], words: &[u64], mut dropped: impl FnMut(u32)) -> bool {
+    let mut any = false;
+    for (w, active) in bits.iter_mut().enumerate() {
+        let next = words.get(w).copied().unwrap_or(0);
+        let mut leaving = *active & !next;
+        while leaving != 0 {
+            dropped(w as u32 * 64 + leaving.trailing_zeros());
+            leaving &= leaving - 1;
+        }
+        *active &= next;
+        any |= *active != 0;
+    }
+    any
+}
+
+/// Moves the slots of the wide set `bits` for which `keep` holds into the list `few`.
+#[inline]
+fn bits_to_list(bits: &[u64], few: &mut Vec<u32>, mut keep: impl FnMut(u32) -> bool) {
+    for (w, &active) in bits.iter().enumerate() {
+        let mut each = active;
+        while each != 0 {
+            let slot = w as u32 * 64 + each.trailing_zeros();
+            if keep(slot) {
+                few.push(slot);
+            }
+            each &= each - 1;
+        }
     }
 }
