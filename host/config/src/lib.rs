@@ -603,6 +603,24 @@ impl ConfigSource {
     /// Checks the values serde cannot: router knobs and instance names. Returns every
     /// error, and which `worker_selection.instances` entries are sound enough to build.
     pub fn validate(&self) -> (Vec<ConfigError>, Vec<&InstanceEntry>) {
+        let mut errors = self.check_positive();
+        errors.extend(self.check_worker_destinations());
+        errors.extend(self.check_sections());
+        let (instance_errors, sound) = self.check_instances();
+        errors.extend(instance_errors);
+        (errors, sound)
+    }
+
+    /// The first line (1-based) that starts, after indentation, with `prefix`.
+    fn line_starting(&self, prefix: &str) -> Option<usize> {
+        self.text
+            .lines()
+            .position(|l| l.trim_start().starts_with(prefix))
+            .map(|i| i + 1)
+    }
+
+    /// Knobs that must be at least 1.
+    fn check_positive(&self) -> Vec<ConfigError> {
         let mut errors = Vec::new();
         let router = &self.config.router;
         let frontend = &self.config.frontend;
@@ -636,11 +654,7 @@ impl ConfigSource {
         );
         for (section, key, value) in positive {
             if value == 0 {
-                let line = self
-                    .text
-                    .lines()
-                    .position(|l| l.trim_start().starts_with(&format!("{key}:")))
-                    .map(|i| i + 1);
+                let line = self.line_starting(&format!("{key}:"));
                 errors.push(ConfigError {
                     file: self.name.clone(),
                     line,
@@ -648,15 +662,17 @@ impl ConfigSource {
                 });
             }
         }
-        errors.extend(self.check_worker_destinations());
+        errors
+    }
+
+    /// Sections that check themselves: replicas, request attributes, engine metrics,
+    /// admission.
+    fn check_sections(&self) -> Vec<ConfigError> {
+        let mut errors = Vec::new();
         if let Some(Err(message)) = self.config.replicas.as_ref().map(ReplicaSettings::validate) {
             errors.push(ConfigError {
                 file: self.name.clone(),
-                line: self
-                    .text
-                    .lines()
-                    .position(|l| l.trim_start().starts_with("replicas:"))
-                    .map(|i| i + 1),
+                line: self.line_starting("replicas:"),
                 message,
             });
         }
@@ -678,15 +694,18 @@ impl ConfigSource {
             if let Err(message) = result {
                 errors.push(ConfigError {
                     file: self.name.clone(),
-                    line: self
-                        .text
-                        .lines()
-                        .position(|l| l.trim_start().starts_with(section))
-                        .map(|i| i + 1),
+                    line: self.line_starting(section),
                     message,
                 });
             }
         }
+        errors
+    }
+
+    /// Instance names: not empty, not the built-in's, unique. The errors, and the entries
+    /// sound enough to build.
+    fn check_instances(&self) -> (Vec<ConfigError>, Vec<&InstanceEntry>) {
+        let mut errors = Vec::new();
         let mut seen = std::collections::HashSet::new();
         let mut sound = Vec::new();
         let entries = &self.config.worker_selection.instances;

@@ -224,6 +224,24 @@ struct Simulation<'a> {
     tenant_ttfts: std::collections::BTreeMap<&'static str, hdrhistogram::Histogram<u64>>,
 }
 
+/// With shared bookings across replicas, each replica's feed of its booking changes.
+fn booking_feeds(
+    routers: &[Arc<Router>],
+    sync: ReplicaSync,
+) -> Vec<tokio::sync::mpsc::Receiver<switchyard_fleet::load_accounting::BookingChange>> {
+    match sync {
+        ReplicaSync::Shared if routers.len() > 1 => routers
+            .iter()
+            .map(|r| {
+                let (feed, changes) = tokio::sync::mpsc::channel(switchyard_fleet::replicas::QUEUE);
+                r.share_bookings(feed);
+                changes
+            })
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
 impl<'a> Simulation<'a> {
     /// Registers `params.workers` simulated workers with the (fresh) router.
     fn new(
@@ -233,18 +251,7 @@ impl<'a> Simulation<'a> {
         policy: &'a str,
     ) -> Result<Self, ReplayError> {
         let router = &routers[0];
-        let feeds = match params.sync {
-            ReplicaSync::Shared if routers.len() > 1 => routers
-                .iter()
-                .map(|r| {
-                    let (feed, changes) =
-                        tokio::sync::mpsc::channel(switchyard_fleet::replicas::QUEUE);
-                    r.share_bookings(feed);
-                    changes
-                })
-                .collect(),
-            _ => Vec::new(),
-        };
+        let feeds = booking_feeds(routers, params.sync);
         let capacity = NonZeroUsize::new(params.cache_blocks.max(1)).expect("non-zero");
         let lora_slots = NonZeroUsize::new(params.max_loras.max(1)).expect("non-zero");
         let (zmq, sources) = match params.kv_events {
@@ -294,15 +301,30 @@ impl<'a> Simulation<'a> {
             refused_by_tenant: Default::default(),
             tenant_ttfts: Default::default(),
         };
-        let mut specs = Vec::with_capacity(params.workers);
-        for (id, kv_events) in (0..params.workers as u64).zip(sources) {
+        let specs = simulation.add_workers(sources)?;
+        if let Some(fleet) = &mut simulation.zmq {
+            router
+                .subscribe_kv_events(&specs)
+                .map_err(|e| ReplayError::Setup(format!("cannot subscribe to KV events: {e}")))?;
+            fleet.connect(router).map_err(ReplayError::Setup)?;
+        }
+        Ok(simulation)
+    }
+
+    /// Registers a worker per KV-event source with every replica; their specs.
+    fn add_workers(
+        &mut self,
+        sources: Vec<Option<switchyard_config::KvEventSource>>,
+    ) -> Result<Vec<WorkerSpec>, ReplayError> {
+        let mut specs = Vec::with_capacity(self.params.workers);
+        for (id, kv_events) in (0..self.params.workers as u64).zip(sources) {
             let spec = WorkerSpec {
                 kv_events,
                 model: MODEL.into(),
                 worker_id: id,
                 dp_rank: 0,
                 worker_type: WorkerRole::Aggregated,
-                total_kv_blocks: params.cache_blocks as u64,
+                total_kv_blocks: self.params.cache_blocks as u64,
                 max_batched_tokens: 8192,
                 labels: Default::default(),
                 preferred_taint_multiplier: None,
@@ -310,17 +332,18 @@ impl<'a> Simulation<'a> {
                 address: None,
                 bootstrap_port: None,
             };
-            for replica in routers {
+            for replica in self.routers {
                 replica
                     .add_worker(spec.clone())
-                    .map_err(|e| simulation.failed(e))?;
+                    .map_err(|e| self.failed(e))?;
             }
             specs.push(spec);
         }
-        simulation.reports = routers
+        self.reports = self
+            .routers
             .iter()
             .map(|r| {
-                (0..params.workers as u64)
+                (0..self.params.workers as u64)
                     .map(|id| {
                         r.engine_report(WorkerId {
                             worker_id: id,
@@ -330,13 +353,7 @@ impl<'a> Simulation<'a> {
                     .collect()
             })
             .collect();
-        if let Some(fleet) = &mut simulation.zmq {
-            router
-                .subscribe_kv_events(&specs)
-                .map_err(|e| ReplayError::Setup(format!("cannot subscribe to KV events: {e}")))?;
-            fleet.connect(router).map_err(ReplayError::Setup)?;
-        }
-        Ok(simulation)
+        Ok(specs)
     }
 
     /// The replica that routes (and books) request `index`.
@@ -551,41 +568,10 @@ impl<'a> Simulation<'a> {
     /// when every worker is busy.
     fn try_route(&mut self, index: usize, now: u64) -> Result<bool, ReplayError> {
         let request = &self.trace[index];
-        let (token_ids, block_hashes) = match self.params.kv_events {
-            KvTransport::InProcess => (None, Some(request.hash_ids.clone())),
-            // The router hashes the prompt's tokens, as it hashes the engines' blocks.
-            KvTransport::Zmq => (
-                Some(
-                    request
-                        .hash_ids
-                        .iter()
-                        .flat_map(|&h| block_tokens(h, self.params.block_size))
-                        .collect(),
-                ),
-                None,
-            ),
-        };
         self.sample_engines(now);
         let adapter = self.adapter[index];
-        let (tenant, priority) = self.tenant_of(index);
-        let route = RouteRequest {
-            model: MODEL.into(),
-            strict_priority: priority,
-            attributes: Some(Arc::new(RequestAttributes {
-                request_id: index.to_string(),
-                model: MODEL.into(),
-                lora_adapter: adapter.map(adapter_name),
-                tenant: (!tenant.is_empty()).then(|| tenant.to_owned()),
-                ..Default::default()
-            })),
-            instance: Some(self.policy.into()),
-            token_ids,
-            block_hashes,
-            request_id: Some(index.to_string()),
-            expected_output_tokens: Some(request.output_length),
-            tracks_prefill_tokens: true,
-            ..Default::default()
-        };
+        let (tenant, _) = self.tenant_of(index);
+        let route = self.route_request(index);
         let started = Instant::now();
         let decision = match self.owner(index).select_and_reserve(&route) {
             Err(RouteError::Saturated(_)) => {
@@ -640,6 +626,52 @@ impl<'a> Simulation<'a> {
             index,
         )));
 
+        self.count_imbalance();
+        Ok(true)
+    }
+
+    /// What the router is asked for request `index`: its prompt as block hashes (or, with
+    /// KV events over ZeroMQ, as tokens the router hashes), adapter, tenant and priority.
+    fn route_request(&self, index: usize) -> RouteRequest {
+        let request = &self.trace[index];
+        let (token_ids, block_hashes) = match self.params.kv_events {
+            KvTransport::InProcess => (None, Some(request.hash_ids.clone())),
+            // The router hashes the prompt's tokens, as it hashes the engines' blocks.
+            KvTransport::Zmq => (
+                Some(
+                    request
+                        .hash_ids
+                        .iter()
+                        .flat_map(|&h| block_tokens(h, self.params.block_size))
+                        .collect(),
+                ),
+                None,
+            ),
+        };
+        let adapter = self.adapter[index];
+        let (tenant, priority) = self.tenant_of(index);
+        RouteRequest {
+            model: MODEL.into(),
+            strict_priority: priority,
+            attributes: Some(Arc::new(RequestAttributes {
+                request_id: index.to_string(),
+                model: MODEL.into(),
+                lora_adapter: adapter.map(adapter_name),
+                tenant: (!tenant.is_empty()).then(|| tenant.to_owned()),
+                ..Default::default()
+            })),
+            instance: Some(self.policy.into()),
+            token_ids,
+            block_hashes,
+            request_id: Some(index.to_string()),
+            expected_output_tokens: Some(request.output_length),
+            tracks_prefill_tokens: true,
+            ..Default::default()
+        }
+    }
+
+    /// The load imbalance after a request: the busiest worker's active tokens over the mean.
+    fn count_imbalance(&mut self) {
         let total: u64 = self.workers.iter().map(|w| w.active_tokens).sum();
         let max = self
             .workers
@@ -650,7 +682,6 @@ impl<'a> Simulation<'a> {
         if total > 0 {
             self.imbalance_sum += max as f64 / (total as f64 / self.workers.len() as f64);
         }
-        Ok(true)
     }
 
     /// Each worker's engine report, as a scrape at `now` (microseconds) would set it, when
