@@ -192,31 +192,28 @@ fn default_id() -> String {
     )
 }
 
-/// Starts sharing `router`'s load with the other replicas; returns this replica's id
-/// once the others' bookings are in (or `snapshot_wait_ms` has passed). If the bus
-/// cannot be reached, the router goes on alone and keeps trying.
-pub async fn start(
-    router: Arc<Router>,
-    settings: ReplicaSettings,
-    token_path: Option<std::path::PathBuf>,
-) -> Result<String, ReplicaError> {
-    let id = settings.id.clone().unwrap_or_else(default_id);
+/// How this replica connects to the bus: its name, token, and the callback that tracks
+/// the connection (`connected` is told at each `Connected`).
+fn connect_options(
+    id: &str,
+    token_path: Option<&std::path::Path>,
+    router: &Arc<Router>,
+    connected: Arc<tokio::sync::Notify>,
+) -> Result<async_nats::ConnectOptions, ReplicaError> {
     let mut options = async_nats::ConnectOptions::new()
         .name(format!("switchyard {id}"))
         .retry_on_initial_connect()
         .connection_timeout(Duration::from_secs(2))
         .max_reconnects(None);
-    if let Some(path) = &token_path {
+    if let Some(path) = token_path {
         let token = std::fs::read_to_string(path).map_err(|error| ReplicaError::Token {
             path: path.display().to_string(),
             error,
         })?;
         options = options.token(token.trim().to_owned());
     }
-    // Told at each `Connected`: the first is the start, each later one the bus coming back.
-    let connected = Arc::new(tokio::sync::Notify::new());
-    let (events_router, reconnected) = (router.clone(), connected.clone());
-    options = options.event_callback(move |event| {
+    let (events_router, reconnected) = (router.clone(), connected);
+    Ok(options.event_callback(move |event| {
         let (router, reconnected) = (events_router.clone(), reconnected.clone());
         async move {
             let bus = &router.metrics.replicas.bus_up;
@@ -233,7 +230,21 @@ pub async fn start(
                 other => tracing::debug!(event = %other, "replicas: bus event"),
             }
         }
-    });
+    }))
+}
+
+/// Starts sharing `router`'s load with the other replicas; returns this replica's id
+/// once the others' bookings are in (or `snapshot_wait_ms` has passed). If the bus
+/// cannot be reached, the router goes on alone and keeps trying.
+pub async fn start(
+    router: Arc<Router>,
+    settings: ReplicaSettings,
+    token_path: Option<std::path::PathBuf>,
+) -> Result<String, ReplicaError> {
+    let id = settings.id.clone().unwrap_or_else(default_id);
+    // Told at each `Connected`: the first is the start, each later one the bus coming back.
+    let connected = Arc::new(tokio::sync::Notify::new());
+    let options = connect_options(&id, token_path.as_deref(), &router, connected.clone())?;
     let client = options
         .connect(&settings.nats)
         .await

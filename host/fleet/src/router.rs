@@ -121,6 +121,31 @@ thread_local! {
     static SCRATCH: std::cell::RefCell<Scratch> = Default::default();
 }
 
+/// Clears `allowed` for each candidate outside the request's `only` set (`narrowing`:
+/// on top of the busy marks already there; else `allowed` is written afresh). Whether any
+/// candidate is in the set.
+fn mark_only(
+    only: &FxHashSet<WorkerId>,
+    columns: &switchyard_plugin_host::plugin::Columns<'_>,
+    allowed: &mut Vec<u8>,
+    narrowing: bool,
+) -> bool {
+    let ids = columns.worker_id.iter().zip(columns.dp_rank);
+    let in_only =
+        ids.map(|(&worker_id, &dp_rank)| u8::from(only.contains(&WorkerId { worker_id, dp_rank })));
+    let mut any = 0;
+    if narrowing {
+        for (allowed, ok) in allowed.iter_mut().zip(in_only) {
+            any |= ok;
+            *allowed &= ok;
+        }
+    } else {
+        allowed.clear();
+        allowed.extend(in_only.inspect(|&ok| any |= ok));
+    }
+    any != 0
+}
+
 impl Router {
     /// A router over a started config, with the config's static workers.
     pub fn new(startup: Startup) -> Result<Self, RouteError> {
@@ -478,21 +503,7 @@ impl Router {
         }
         if let Some(only) = &query.request.only {
             let columns = candidates.columns(None);
-            let ids = columns.worker_id.iter().zip(columns.dp_rank);
-            let in_only = ids.map(|(&worker_id, &dp_rank)| {
-                u8::from(only.contains(&WorkerId { worker_id, dp_rank }))
-            });
-            let mut any = 0;
-            if busy.is_some() {
-                for (allowed, ok) in scratch.allowed.iter_mut().zip(in_only) {
-                    any |= ok;
-                    *allowed &= ok;
-                }
-            } else {
-                scratch.allowed.clear();
-                scratch.allowed.extend(in_only.inspect(|&ok| any |= ok));
-            }
-            if any == 0 {
+            if !mark_only(only, &columns, &mut scratch.allowed, busy.is_some()) {
                 return Err(RouteError::NoWorker(format!(
                     "model `{}`: none of the endpoints the request may use is an eligible worker",
                     query.request.model

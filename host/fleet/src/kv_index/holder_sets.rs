@@ -158,6 +158,17 @@ impl HolderSets {
         }
     }
 
+    /// Appends the slots of `holders` to `few` when it is one slot or a list (a bitset
+    /// appends nothing: the caller walks it as bits).
+    #[inline]
+    pub(super) fn list_into(&self, holders: Holders, few: &mut Vec<u32>) {
+        if !is_set(holders) {
+            few.push(holders);
+        } else if let Members::List(list) = self.get(holders) {
+            few.extend_from_slice(list);
+        }
+    }
+
     /// `holders` plus `slot`, and whether `slot` was new; consumes the caller's reference
     /// to `holders` and returns one to the result.
     pub(super) fn with(&mut self, holders: Holders, slot: u32, slots: u32) -> (Holders, bool) {

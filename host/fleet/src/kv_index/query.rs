@@ -302,14 +302,7 @@ impl KvIndex {
             }
             None => {
                 out.fill(0);
-                match is_set(first.holders) {
-                    true => {
-                        if let Members::List(list) = tier.sets.get(first.holders) {
-                            few.extend_from_slice(list);
-                        }
-                    }
-                    false => few.push(first.holders),
-                }
+                tier.sets.list_into(first.holders, few);
             }
         }
         // The walk ends where the last slots drop out: the deepest any slot holds (dead
@@ -352,12 +345,11 @@ impl KvIndex {
         for &slot in few.iter() {
             record(out, slot, depth);
         }
-        for (w, &active) in bits.iter().enumerate().filter(|_| wide) {
-            let mut each = active;
-            while each != 0 {
-                record(out, w as u32 * 64 + each.trailing_zeros(), depth);
-                each &= each - 1;
-            }
+        if wide {
+            bits_to_list(bits, few, |slot| {
+                record(out, slot, depth);
+                false
+            });
         }
         depth
     }
