@@ -176,25 +176,7 @@ impl Child {
                 type_name,
                 params,
                 partition,
-            } => {
-                let Some(def) = self.components.get(&type_name) else {
-                    return Some(failed(&unknown(&type_name)));
-                };
-                let params = match parse_params(&params) {
-                    Ok(p) => p,
-                    Err(e) => return Some(failed(&e)),
-                };
-                match def.create(&params, &partition.key()) {
-                    Ok(instance) => {
-                        let notified = instance.notified();
-                        Reply::Created {
-                            id: self.keep(instance),
-                            notified,
-                        }
-                    }
-                    Err(e) => failed(&e),
-                }
-            }
+            } => self.create(&type_name, &params, &partition.key()),
             Request::Validate { type_name, params } => match self.factory(&type_name, &params) {
                 Ok(_) => Reply::Ok,
                 Err(e) => failed(&e),
@@ -205,33 +187,10 @@ impl Child {
                 partition,
                 registered,
             } => self.build(&type_name, &params, &partition.key(), &registered),
-            Request::OpenChannel { rows, label_bytes } => {
-                let Some(fd) = fd else {
-                    return Some(failed(&CallError::new(
-                        Status::InvalidArgument,
-                        "no region",
-                    )));
-                };
-                match Region::map(fd) {
-                    Ok(region) if region.len() >= CallLayout::new(rows, label_bytes).size() => {
-                        let layout = CallLayout::new(rows, label_bytes);
-                        let instances = self.instances.clone();
-                        let spin = self.spin;
-                        let spawned = std::thread::Builder::new()
-                            .name("isolated-calls".into())
-                            .spawn(move || serve_channel(region, layout, instances, spin));
-                        match spawned {
-                            Ok(_) => Reply::Ok,
-                            Err(e) => failed(&CallError::new(Status::Error, e.to_string())),
-                        }
-                    }
-                    Ok(_) => failed(&CallError::new(
-                        Status::InvalidArgument,
-                        "the region is smaller than its layout",
-                    )),
-                    Err(e) => failed(&CallError::new(Status::Error, e.to_string())),
-                }
-            }
+            Request::OpenChannel { rows, label_bytes } => match fd {
+                Some(fd) => self.open_channel(fd, rows, label_bytes),
+                None => failed(&CallError::new(Status::InvalidArgument, "no region")),
+            },
             Request::Destroy { ids } => {
                 let mut instances = self.instances.lock().unwrap_or_else(|e| e.into_inner());
                 for id in ids {
@@ -241,6 +200,50 @@ impl Child {
             }
         };
         Some(reply)
+    }
+
+    /// An instance of `type_name` for `partition`, kept under a new id.
+    fn create(&mut self, type_name: &str, params: &str, partition: &plugin::PartitionKey) -> Reply {
+        let Some(def) = self.components.get(type_name) else {
+            return failed(&unknown(type_name));
+        };
+        let params = match parse_params(params) {
+            Ok(p) => p,
+            Err(e) => return failed(&e),
+        };
+        match def.create(&params, partition) {
+            Ok(instance) => {
+                let notified = instance.notified();
+                Reply::Created {
+                    id: self.keep(instance),
+                    notified,
+                }
+            }
+            Err(e) => failed(&e),
+        }
+    }
+
+    /// Serves calls over the shared region `fd` on a thread of their own.
+    fn open_channel(&mut self, fd: OwnedFd, rows: usize, label_bytes: usize) -> Reply {
+        match Region::map(fd) {
+            Ok(region) if region.len() >= CallLayout::new(rows, label_bytes).size() => {
+                let layout = CallLayout::new(rows, label_bytes);
+                let instances = self.instances.clone();
+                let spin = self.spin;
+                let spawned = std::thread::Builder::new()
+                    .name("isolated-calls".into())
+                    .spawn(move || serve_channel(region, layout, instances, spin));
+                match spawned {
+                    Ok(_) => Reply::Ok,
+                    Err(e) => failed(&CallError::new(Status::Error, e.to_string())),
+                }
+            }
+            Ok(_) => failed(&CallError::new(
+                Status::InvalidArgument,
+                "the region is smaller than its layout",
+            )),
+            Err(e) => failed(&CallError::new(Status::Error, e.to_string())),
+        }
     }
 
     fn load(&mut self, spec: PluginSpec, taken: Vec<(String, String)>) -> Reply {

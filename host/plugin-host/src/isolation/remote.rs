@@ -592,6 +592,44 @@ impl Channel {
         }
     }
 
+    /// What the wait for call `seq` ended with: its answer, a broken process, or a
+    /// missed deadline (the call stays in flight: `stuck_since`).
+    fn finished(
+        &self,
+        name: &str,
+        callback: &str,
+        done: Option<u32>,
+        seq: u32,
+    ) -> Result<(), CallError> {
+        let process = &self.process;
+        let settings = &process.settings;
+        match done {
+            Some(d) if d == seq => {
+                self.in_flight.lock().call = None;
+                Ok(())
+            }
+            Some(BROKEN) => Err(process.down_error()),
+            None => {
+                process.deadline_misses.fetch_add(1, Ordering::Relaxed);
+                self.in_flight.lock().stuck_since = Some(Instant::now());
+                Err(CallError::new(
+                Status::Error,
+                format!(
+                    "{callback} of `{}` in the isolated process `{}` missed its deadline of {} ms (isolation.call_deadline_ms); if it does not return within {} ms the process is killed and restarted",
+                    name, process.name, settings.call_deadline_ms, settings.kill_after_ms
+                ),
+            ))
+            }
+            Some(other) => Err(CallError::new(
+                Status::Error,
+                format!(
+                    "the isolated process `{}` answered call {other}, not {seq}",
+                    process.name
+                ),
+            )),
+        }
+    }
+
     fn call(
         &self,
         instance: Target<'_>,
@@ -627,32 +665,17 @@ impl Channel {
         let Some(call) = call.as_mut() else {
             return Err(process.down_error());
         };
-        match call.sync().done_seq.load(Ordering::Acquire) {
-            done if done == previous => {}
-            BROKEN => return Err(process.down_error()),
-            _ => {
-                process.refused_calls.fetch_add(1, Ordering::Relaxed);
-                return Err(CallError::new(
-                    Status::Error,
-                    format!(
-                        "the isolated process `{}` is still running a call that missed its deadline",
-                        process.name
-                    ),
-                ));
-            }
-        }
+        idle(
+            process,
+            call.sync().done_seq.load(Ordering::Acquire),
+            previous,
+        )?;
         call.write_call(op, id, request, columns, instance.inputs, extra)?;
         let seq = match previous.wrapping_add(1) {
             BROKEN => 1,
             s => s,
         };
-        let callback = match op {
-            Op::Filter => "on_filter",
-            Op::Score => "on_score",
-            Op::Pick => "on_pick",
-            Op::Admit => "on_admit",
-            _ => "a lifecycle notification",
-        };
+        let callback = callback_of(op);
         // A late call that has come back since is over: this one replaces it.
         *self.in_flight.lock() = InFlight {
             call: Some((instance.name.clone(), callback)),
@@ -671,30 +694,7 @@ impl Channel {
             Duration::from_micros(settings.spin_us),
             Some(deadline),
         );
-        match done {
-            Some(d) if d == seq => self.in_flight.lock().call = None,
-            Some(BROKEN) => return Err(process.down_error()),
-            None => {
-                process.deadline_misses.fetch_add(1, Ordering::Relaxed);
-                self.in_flight.lock().stuck_since = Some(Instant::now());
-                return Err(CallError::new(
-                    Status::Error,
-                    format!(
-                        "{callback} of `{}` in the isolated process `{}` missed its deadline of {} ms (isolation.call_deadline_ms); if it does not return within {} ms the process is killed and restarted",
-                        instance.name, process.name, settings.call_deadline_ms, settings.kill_after_ms
-                    ),
-                ));
-            }
-            Some(other) => {
-                return Err(CallError::new(
-                    Status::Error,
-                    format!(
-                        "the isolated process `{}` answered call {other}, not {seq}",
-                        process.name
-                    ),
-                ))
-            }
-        }
+        self.finished(instance.name, callback, done, seq)?;
         call.read_status()?;
         match answer {
             Answer::Keep(keep) => call.read_keep(keep),
@@ -744,5 +744,34 @@ impl super::supervisor::SupervisedChannel for Channel {
 impl super::supervisor::RebuiltUnit for BuildUnit {
     fn rebuild(&self) -> Result<(), String> {
         BuildUnit::rebuild(self)
+    }
+}
+
+/// A new call may be posted only once the last one is done (`done` is its sequence).
+fn idle(process: &IsolatedProcess, done: u32, previous: u32) -> Result<(), CallError> {
+    match done {
+        done if done == previous => Ok(()),
+        BROKEN => Err(process.down_error()),
+        _ => {
+            process.refused_calls.fetch_add(1, Ordering::Relaxed);
+            Err(CallError::new(
+                Status::Error,
+                format!(
+                    "the isolated process `{}` is still running a call that missed its deadline",
+                    process.name
+                ),
+            ))
+        }
+    }
+}
+
+/// The plugin callback an operation runs, as error messages name it.
+fn callback_of(op: Op) -> &'static str {
+    match op {
+        Op::Filter => "on_filter",
+        Op::Score => "on_score",
+        Op::Pick => "on_pick",
+        Op::Admit => "on_admit",
+        _ => "a lifecycle notification",
     }
 }
