@@ -180,6 +180,25 @@ pub(super) unsafe fn check_descriptor(
     unsafe { check_descriptor_as(path, descriptor, rule, HOST_ABI_MINOR) }
 }
 
+/// The plugin's ABI: the host's major, a minor the host knows.
+fn check_version(path: &Path, head: &DescriptorHead, host_minor: u16) -> Result<(), LoadError> {
+    if head.abi_major != SWITCHYARD_ABI_MAJOR {
+        Err(LoadError::AbiMajorMismatch {
+            path: path.to_owned(),
+            found: head.abi_major,
+            expected: SWITCHYARD_ABI_MAJOR,
+        })
+    } else if head.abi_minor > host_minor {
+        Err(LoadError::NewerMinor {
+            path: path.to_owned(),
+            found: head.abi_minor,
+            host: host_minor,
+        })
+    } else {
+        Ok(())
+    }
+}
+
 /// `check_descriptor` as a router of ABI `1.host_minor` runs it (tests play an older
 /// router with it).
 ///
@@ -198,20 +217,7 @@ unsafe fn check_descriptor_as(
     }
     // SAFETY: every descriptor of every ABI starts with this head (per the contract).
     let head = unsafe { &*descriptor.cast::<DescriptorHead>() };
-    if head.abi_major != SWITCHYARD_ABI_MAJOR {
-        return Err(LoadError::AbiMajorMismatch {
-            path: path.to_owned(),
-            found: head.abi_major,
-            expected: SWITCHYARD_ABI_MAJOR,
-        });
-    }
-    if head.abi_minor > host_minor {
-        return Err(LoadError::NewerMinor {
-            path: path.to_owned(),
-            found: head.abi_minor,
-            host: host_minor,
-        });
-    }
+    check_version(path, head, host_minor)?;
     let minor = &MINORS[usize::from(head.abi_minor)];
     let truncated =
         |what: &'static str, found: usize, required: usize| LoadError::TruncatedStruct {

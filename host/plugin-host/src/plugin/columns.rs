@@ -42,6 +42,15 @@ pub struct Columns<'a> {
     pub costs: Option<&'a [f64]>,
 }
 
+/// The input groups an ABI view carries.
+struct Present {
+    cache: bool,
+    load: bool,
+    routing: bool,
+    labels: bool,
+    engine: bool,
+}
+
 impl Columns<'_> {
     pub fn len(&self) -> usize {
         self.worker_id.len()
@@ -51,10 +60,10 @@ impl Columns<'_> {
         self.worker_id.is_empty()
     }
 
-    /// The ABI view for a component that declared `declared`.
+    /// Which input groups the view carries: declared by the component, gathered by the
+    /// router, and whole (a column per row).
     #[inline]
-    pub(super) fn abi_view(&self, declared: WorkerInputs) -> switchyard_candidates {
-        let count = self.worker_id.len().min(self.dp_rank.len());
+    fn present(&self, declared: WorkerInputs, count: usize) -> Present {
         let whole = |len: usize| len == count;
         let cache = declared.contains(WorkerInputs::CACHE)
             && self.inputs.contains(WorkerInputs::CACHE)
@@ -76,6 +85,27 @@ impl Columns<'_> {
         let engine = declared.contains(WorkerInputs::ENGINE)
             && self.inputs.contains(WorkerInputs::ENGINE)
             && whole(self.engine.len());
+        Present {
+            cache,
+            load,
+            routing,
+            labels,
+            engine,
+        }
+    }
+
+    /// The ABI view for a component that declared `declared`.
+    #[inline]
+    pub(super) fn abi_view(&self, declared: WorkerInputs) -> switchyard_candidates {
+        let count = self.worker_id.len().min(self.dp_rank.len());
+        let whole = |len: usize| len == count;
+        let Present {
+            cache,
+            load,
+            routing,
+            labels,
+            engine,
+        } = self.present(declared, count);
         fn group<T>(present: bool, values: &[T]) -> *const T {
             if present {
                 values.as_ptr()

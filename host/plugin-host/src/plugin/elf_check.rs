@@ -23,30 +23,30 @@ fn host_machine() -> Option<(u16, &'static str)> {
     }
 }
 
+/// The file is long enough for an ELF header and is 64-bit ELF.
+fn is_elf64(data: &[u8]) -> Result<(), String> {
+    if data.len() < size_of::<elf::FileHeader64<Endianness>>() {
+        return Err(format!(
+            "the file has {} bytes, too few for an ELF header: it is empty or was cut short",
+            data.len()
+        ));
+    }
+    match FileKind::parse(data) {
+        Ok(FileKind::Elf64) => {}
+        Ok(FileKind::Elf32) => return Err("it is a 32-bit ELF file; this router is 64-bit".into()),
+        Ok(other) => return Err(format!("it is a {other:?} file, not an ELF shared library")),
+        Err(_) => return Err("it does not start with the ELF magic bytes".into()),
+    }
+    Ok(())
+}
+
 /// Checks the bytes of the plugin file at `path` (what is about to be loaded).
 pub fn check(path: &Path, data: &[u8]) -> Result<(), LoadError> {
     let bad = |reason: String| LoadError::NotLoadable {
         path: path.to_owned(),
         reason,
     };
-    if data.len() < size_of::<elf::FileHeader64<Endianness>>() {
-        return Err(bad(format!(
-            "the file has {} bytes, too few for an ELF header: it is empty or was cut short",
-            data.len()
-        )));
-    }
-    match FileKind::parse(data) {
-        Ok(FileKind::Elf64) => {}
-        Ok(FileKind::Elf32) => {
-            return Err(bad("it is a 32-bit ELF file; this router is 64-bit".into()))
-        }
-        Ok(other) => {
-            return Err(bad(format!(
-                "it is a {other:?} file, not an ELF shared library"
-            )))
-        }
-        Err(_) => return Err(bad("it does not start with the ELF magic bytes".into())),
-    }
+    is_elf64(data).map_err(bad)?;
     let unreadable = |e: object::read::Error| {
         bad(format!(
             "its ELF header is unreadable ({e}): the file was cut short or corrupted"
