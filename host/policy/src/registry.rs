@@ -213,6 +213,38 @@ fn create_registered(
         .map_err(|e| CallError::new(Status::InvalidParameters, e.to_string()))
 }
 
+/// One stage an isolated policy built: its own component (in the child process), or a
+/// registered type created here.
+fn isolated_stage(
+    part: BuiltPart,
+    components: &ComponentTable,
+    partition: &PartitionKey,
+) -> Result<(Stage, f64), CallError> {
+    match part {
+        BuiltPart::Own(instance, weight) => Ok((
+            Stage::new(
+                Arc::from(instance.name()),
+                instance.kind(),
+                instance.inputs(),
+                StageImpl::Isolated(instance),
+            ),
+            weight,
+        )),
+        BuiltPart::Registered {
+            type_name,
+            params,
+            weight,
+        } => {
+            let params = match serde_json::from_str(&params) {
+                Ok(serde_json::Value::Object(map)) => OwnedParams::new(map),
+                _ => OwnedParams::default(),
+            };
+            create_registered(components, &type_name, &params, partition)
+                .map(|stage| (stage, weight))
+        }
+    }
+}
+
 impl PolicyFactory {
     /// Builds the stages (filters and scorers in order, one picker) for one partition.
     pub fn build(&self, partition: &PartitionKey) -> Result<Vec<(Stage, f64)>, BuildError> {
@@ -270,30 +302,7 @@ impl PolicyFactory {
                     .map_err(failed)?;
                 parts
                     .into_iter()
-                    .map(|part| match part {
-                        BuiltPart::Own(instance, weight) => Ok((
-                            Stage::new(
-                                Arc::from(instance.name()),
-                                instance.kind(),
-                                instance.inputs(),
-                                StageImpl::Isolated(instance),
-                            ),
-                            weight,
-                        )),
-                        BuiltPart::Registered {
-                            type_name,
-                            params,
-                            weight,
-                        } => {
-                            let params = match serde_json::from_str(&params) {
-                                Ok(serde_json::Value::Object(map)) => OwnedParams::new(map),
-                                _ => OwnedParams::default(),
-                            };
-                            create_registered(components, &type_name, &params, partition)
-                                .map(|stage| (stage, weight))
-                                .map_err(failed)
-                        }
-                    })
+                    .map(|part| isolated_stage(part, components, partition).map_err(failed))
                     .collect()
             }
         }

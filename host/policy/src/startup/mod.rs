@@ -399,41 +399,7 @@ fn instance(
         (None, false) => {
             return Err(at(format!("instance `{name}` needs `type: <policy type>`, or `scorers` and a `picker`")).into())
         }
-        (Some(policy_type), false) => {
-            let type_line = source.line_from("type", policy_type, name_line);
-            let at_type = |message: String| ConfigError {
-                file: source.name.clone(),
-                line: type_line,
-                message,
-            };
-            let Some(policy) = registry.policy(policy_type) else {
-                let hint = match registry.component(policy_type) {
-                    Some(c) => format!(" (`{policy_type}` is a {}: list it under `{}s:` of a composed instance)", c.kind.as_str(), c.kind.as_str()),
-                    None => String::new(),
-                };
-                return Err(Box::new(StartupError::UnknownType(at_type(format!(
-                    "instance `{name}`: unknown policy type `{policy_type}`{hint}. Registered policy types: {}. Load the plugin that provides it under `plugins:`",
-                    registry.names_of(None).join(", ")
-                )))));
-            };
-            let params = OwnedParams::new(entry.parameters.clone());
-            let factory = policy.validate(&params, registry).map_err(|error| Box::new(StartupError::InvalidParameters {
-                at: Location {
-                    config: source.name.clone(),
-                    line: type_line,
-                },
-                instance: name.clone(),
-                policy_type: policy_type.clone(),
-                params: params.json().to_owned(),
-                error,
-                origin: policy.origin.to_string(),
-            }))?;
-            InstanceKind::Policy {
-                policy_type: policy_type.clone(),
-                origin: policy.origin.to_string(),
-                factory,
-            }
-        }
+        (Some(policy_type), false) => policy_instance(source, registry, entry, policy_type, name_line)?,
         (None, true) => {
             let mut components = Vec::new();
             for (entries, kind) in [(&entry.filters, ComponentKind::Filter), (&entry.scorers, ComponentKind::Scorer)] {
@@ -468,6 +434,56 @@ fn instance(
         on_error: entry.on_error,
         kind,
         budget,
+    })
+}
+
+/// An instance of a policy type (`type:`), its parameters validated by the type.
+fn policy_instance(
+    source: &ConfigSource,
+    registry: &Registry,
+    entry: &InstanceEntry,
+    policy_type: &str,
+    name_line: usize,
+) -> Result<InstanceKind, Box<StartupError>> {
+    let name = &entry.name;
+    let type_line = source.line_from("type", policy_type, name_line);
+    let at_type = |message: String| ConfigError {
+        file: source.name.clone(),
+        line: type_line,
+        message,
+    };
+    let Some(policy) = registry.policy(policy_type) else {
+        let hint = match registry.component(policy_type) {
+            Some(c) => format!(
+                " (`{policy_type}` is a {}: list it under `{}s:` of a composed instance)",
+                c.kind.as_str(),
+                c.kind.as_str()
+            ),
+            None => String::new(),
+        };
+        return Err(Box::new(StartupError::UnknownType(at_type(format!(
+            "instance `{name}`: unknown policy type `{policy_type}`{hint}. Registered policy types: {}. Load the plugin that provides it under `plugins:`",
+            registry.names_of(None).join(", ")
+        )))));
+    };
+    let params = OwnedParams::new(entry.parameters.clone());
+    let factory = policy.validate(&params, registry).map_err(|error| {
+        Box::new(StartupError::InvalidParameters {
+            at: Location {
+                config: source.name.clone(),
+                line: type_line,
+            },
+            instance: name.clone(),
+            policy_type: policy_type.to_owned(),
+            params: params.json().to_owned(),
+            error,
+            origin: policy.origin.to_string(),
+        })
+    })?;
+    Ok(InstanceKind::Policy {
+        policy_type: policy_type.to_owned(),
+        origin: policy.origin.to_string(),
+        factory,
     })
 }
 

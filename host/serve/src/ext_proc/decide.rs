@@ -200,29 +200,23 @@ fn book_prefill(
     Ok((lease, at, worker))
 }
 
-/// Parses the body and selects and books a worker among the eligible endpoints
-/// (blocking: tokenizers and plugin code run here).
-pub(super) fn decide(
+/// The request parsed, allowed for the caller, described (`request_attributes:`) and
+/// admitted (once per request, not per try of a queued one); its request id.
+fn parsed_and_admitted(
     picker: &EndpointPicker,
     caller: &Caller,
-    wanted: Wanted,
+    (endpoint, instance): (Endpoint, Option<&str>),
+    kept: Vec<(String, String)>,
+    admitted: &std::sync::OnceLock<switchyard_plugin_sdk::Placement>,
     body: &[u8],
-    busy: &mut Option<BusyPlace>,
-) -> Result<Booked, OpenAiError> {
-    let Wanted {
-        endpoint,
-        instance,
-        subset,
-        kept,
-        admitted,
-    } = wanted;
+) -> Result<(prompt::Prompt, crate::request_attributes::Described, String), OpenAiError> {
     let frontend = &picker.frontend;
     let router = frontend.router();
     let mut prompt = prompt::parse(endpoint, body, router.block_size(), |model| {
         frontend.tokenizer(model)
     })?;
     caller
-        .check_route(&prompt.model, instance.as_deref())
+        .check_route(&prompt.model, instance)
         .map_err(crate::frontend::forbidden)?;
     let request_id = format!(
         "{}-{}",
@@ -239,7 +233,6 @@ pub(super) fn decide(
     )?;
     // From here on the prompt's model is the partition's (an adapter's base).
     prompt.model.clone_from(&described.partition_model);
-    // Once per request, not per try of a queued one.
     let placement = match admitted.get() {
         Some(placement) => placement.clone(),
         None => {
@@ -252,6 +245,35 @@ pub(super) fn decide(
         }
     };
     described.admitted(placement);
+    Ok((prompt, described, request_id))
+}
+
+/// Parses the body and selects and books a worker among the eligible endpoints
+/// (blocking: tokenizers and plugin code run here).
+pub(super) fn decide(
+    picker: &EndpointPicker,
+    caller: &Caller,
+    wanted: Wanted,
+    body: &[u8],
+    busy: &mut Option<BusyPlace>,
+) -> Result<Booked, OpenAiError> {
+    let Wanted {
+        endpoint,
+        instance,
+        subset,
+        kept,
+        admitted,
+    } = wanted;
+    let (prompt, described, request_id) = parsed_and_admitted(
+        picker,
+        caller,
+        (endpoint, instance.as_deref()),
+        kept,
+        &admitted,
+        body,
+    )?;
+    let frontend = &picker.frontend;
+    let router = frontend.router();
     let eligible = eligible_within_limits(picker, subset.as_deref())?;
     let mut request = frontend.route_request(&prompt, &described, request_id.clone(), instance);
     request.block_hashes = Some(prompt.block_hashes.clone());

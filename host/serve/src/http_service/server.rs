@@ -187,6 +187,35 @@ async fn expire_forever(expiry: Arc<Router>) {
     }
 }
 
+/// A flag that turns true at SIGINT or SIGTERM.
+fn drain_on_signal() -> std::io::Result<tokio::sync::watch::Receiver<bool>> {
+    let shutdown = shutdown_signal()?;
+    let (drain, draining) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = drain.send(true);
+    });
+    Ok(draining)
+}
+
+/// The Envoy endpoint picker on its own listener. Its errors end the whole process: an
+/// operator who asked for the picker must not get a router without it.
+fn start_picker(
+    frontend: &Arc<Frontend>,
+    settings: &switchyard_config::ExtProcSettings,
+    listener: Listener,
+    draining: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    let picker = EndpointPicker::new(frontend.clone(), settings);
+    let listening = ext_proc::serve(picker, listener, draining);
+    tokio::spawn(async move {
+        if let Err(e) = listening.await {
+            eprintln!("error: {e}");
+            std::process::exit(1);
+        }
+    })
+}
+
 /// Serves until SIGINT or SIGTERM. Prints `switchyard listening on http://ADDR` (or
 /// https) once bound.
 pub async fn serve(router: Arc<Router>, options: ServeOptions) -> std::io::Result<()> {
@@ -216,14 +245,9 @@ pub async fn serve(router: Arc<Router>, options: ServeOptions) -> std::io::Resul
     router
         .set_own_addresses(own)
         .map_err(|e| std::io::Error::other(format!("in `workers:` of the config: {e}")))?;
-    let shutdown = shutdown_signal()?;
     // SIGTERM or SIGINT starts the drain: every listener stops accepting, what is in
     // flight finishes (up to `router.drain_timeout_secs`), then the process ends.
-    let (drain, draining) = tokio::sync::watch::channel(false);
-    tokio::spawn(async move {
-        shutdown.await;
-        let _ = drain.send(true);
-    });
+    let draining = drain_on_signal()?;
     let drained = |mut draining: tokio::sync::watch::Receiver<bool>| async move {
         let _ = draining.wait_for(|&d| d).await;
     };
@@ -238,18 +262,14 @@ pub async fn serve(router: Arc<Router>, options: ServeOptions) -> std::io::Resul
     println!("switchyard listening on {scheme}://{address}");
     let picker = match (options.ext_proc, ext_proc_tcp) {
         (Some(settings), Some(tcp)) => {
-            let picker = EndpointPicker::new(frontend.clone(), &settings);
             let table = ConnectionTable::new("ext_proc", limits.clone());
             let listener = Listener::new(tcp, listener_tls.ext_proc.clone(), table);
-            let listening = ext_proc::serve(picker, listener, draining.clone());
-            // Errors end the whole process: an operator who asked for the picker must
-            // not get a router without it.
-            Some(tokio::spawn(async move {
-                if let Err(e) = listening.await {
-                    eprintln!("error: {e}");
-                    std::process::exit(1);
-                }
-            }))
+            Some(start_picker(
+                &frontend,
+                &settings,
+                listener,
+                draining.clone(),
+            ))
         }
         _ => None,
     };
