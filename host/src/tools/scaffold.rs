@@ -124,6 +124,14 @@ fn files(args: &NewArgs, sdk: Option<&Path>) -> Vec<(String, String)> {
             ));
         }
     }
+    out.extend(common_files(args, &build, &library));
+    out
+}
+
+/// The files every language's scaffold has: its config, test script and README.
+fn common_files(args: &NewArgs, build: &str, library: &str) -> Vec<(String, String)> {
+    let name = args.name.as_str();
+    let mut out = Vec::new();
     out.push((
         "switchyard.yaml".into(),
         format!(

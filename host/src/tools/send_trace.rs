@@ -271,24 +271,29 @@ pub async fn send(args: &SendTraceArgs) -> Result<Vec<Sent>, SendTraceError> {
         }));
     }
     if let Some(path) = &args.csv {
-        let mut text = String::from("index,sent_ms,ttft_ms,total_ms,status,error\n");
-        for s in &sent {
-            text.push_str(&format!(
-                "{},{:.3},{},{:.3},{},{}\n",
-                s.index,
-                s.sent_ms,
-                s.ttft_ms.map_or(String::new(), |t| format!("{t:.3}")),
-                s.total_ms,
-                s.status,
-                s.error.as_deref().unwrap_or("").replace([',', '\n'], " ")
-            ));
-        }
-        std::fs::write(path, text).map_err(|source| SendTraceError::Csv {
-            path: path.clone(),
-            source,
-        })?;
+        write_csv(path, &sent)?;
     }
     Ok(sent)
+}
+
+/// `--csv`: a row per request.
+fn write_csv(path: &std::path::Path, sent: &[Sent]) -> Result<(), SendTraceError> {
+    let mut text = String::from("index,sent_ms,ttft_ms,total_ms,status,error\n");
+    for s in sent {
+        text.push_str(&format!(
+            "{},{:.3},{},{:.3},{},{}\n",
+            s.index,
+            s.sent_ms,
+            s.ttft_ms.map_or(String::new(), |t| format!("{t:.3}")),
+            s.total_ms,
+            s.status,
+            s.error.as_deref().unwrap_or("").replace([',', '\n'], " ")
+        ));
+    }
+    std::fs::write(path, text).map_err(|source| SendTraceError::Csv {
+        path: path.to_owned(),
+        source,
+    })
 }
 
 /// TTFT quantiles over the requests that got text; failures counted.

@@ -225,46 +225,55 @@ pub fn run(args: &TestArgs) -> Result<Vec<TypeReport>, String> {
         }
         types.retain(|(n, _)| args.types.contains(n));
     }
-    let mut reports = Vec::new();
-    for (type_name, kind) in types {
-        let (lines, ended) = child(&ChildInput {
-            file: args.file.clone(),
-            type_name: Some(type_name.clone()),
-            params: given.of(&type_name).to_owned(),
-            allow_random: args.allow_random,
-        })?;
-        let mut report = TypeReport {
-            type_name,
-            kind,
-            findings: Vec::new(),
-            ns_per_call: None,
-            ns_per_candidate: None,
-        };
-        let mut phase = String::from("starting");
-        for line in lines {
-            match line {
-                Line::Phase(p) => phase = p,
-                Line::Finding(f) => report.findings.push(f),
-                Line::Timing {
-                    ns_per_call,
-                    ns_per_candidate,
-                } => {
-                    report.ns_per_call = Some(ns_per_call);
-                    report.ns_per_candidate = ns_per_candidate;
-                }
-                Line::Types(_) | Line::Refused(_) | Line::Done => {}
+    types
+        .into_iter()
+        .map(|(type_name, kind)| test_type(args, &given, type_name, kind))
+        .collect()
+}
+
+/// One registered type tested in a child process of its own.
+fn test_type(
+    args: &TestArgs,
+    given: &GivenParams,
+    type_name: String,
+    kind: String,
+) -> Result<TypeReport, String> {
+    let (lines, ended) = child(&ChildInput {
+        file: args.file.clone(),
+        type_name: Some(type_name.clone()),
+        params: given.of(&type_name).to_owned(),
+        allow_random: args.allow_random,
+    })?;
+    let mut report = TypeReport {
+        type_name,
+        kind,
+        findings: Vec::new(),
+        ns_per_call: None,
+        ns_per_candidate: None,
+    };
+    let mut phase = String::from("starting");
+    for line in lines {
+        match line {
+            Line::Phase(p) => phase = p,
+            Line::Finding(f) => report.findings.push(f),
+            Line::Timing {
+                ns_per_call,
+                ns_per_candidate,
+            } => {
+                report.ns_per_call = Some(ns_per_call);
+                report.ns_per_candidate = ns_per_candidate;
             }
+            Line::Types(_) | Line::Refused(_) | Line::Done => {}
         }
-        if let Some(how) = ended {
-            report.findings.push(Finding {
-                check: "no crash".into(),
-                ok: false,
-                detail: format!("the test process {how} while {phase}"),
-            });
-        }
-        reports.push(report);
     }
-    Ok(reports)
+    if let Some(how) = ended {
+        report.findings.push(Finding {
+            check: "no crash".into(),
+            ok: false,
+            detail: format!("the test process {how} while {phase}"),
+        });
+    }
+    Ok(report)
 }
 
 /// The report as a table.
@@ -444,7 +453,6 @@ fn test_admitter(stage: &mut Stage, allow_random: bool) {
 }
 
 fn test_component(stage: &mut Stage, allow_random: bool) {
-    let kind = stage.kind;
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
     let request = conformance_request();
     let mut failures: Vec<(&str, String)> = Vec::new();
@@ -488,15 +496,51 @@ fn test_component(stage: &mut Stage, allow_random: bool) {
             }
         }
     }
+    other_thread_and_notifications(
+        stage,
+        &request,
+        &mut candidates,
+        &mut rng,
+        allow_random,
+        &mut failures,
+    );
+    report_failures(stage, &failures);
+    emit(&Line::Phase("timing it on 1,024 candidates".into()));
+    candidates.fill(stage.inputs, rows(1024, "random", &mut rng));
+    candidates.fill_labels(labels(1024, &mut rng));
+    candidates.fill_engine(engine_reports(1024, &mut rng));
+    let costs = vec![1.0; 1024];
+    let calls = 200;
+    let started = Instant::now();
+    for _ in 0..calls {
+        let _ = stage.call_once(&request, &candidates, &costs);
+    }
+    let per_call = started.elapsed().as_nanos() as f64 / f64::from(calls);
+    emit(&Line::Timing {
+        ns_per_call: per_call,
+        ns_per_candidate: Some(per_call / 1024.0),
+    });
+}
+
+/// A call from another thread answers as one from this thread; the lifecycle
+/// notifications (if the component takes them) succeed.
+fn other_thread_and_notifications(
+    stage: &mut Stage,
+    request: &RequestContext,
+    candidates: &mut Candidates,
+    rng: &mut rand::rngs::StdRng,
+    allow_random: bool,
+    failures: &mut Vec<(&'static str, String)>,
+) {
     emit(&Line::Phase("calling it from another thread".into()));
-    candidates.fill(stage.inputs, rows(64, "random", &mut rng));
-    candidates.fill_labels(labels(64, &mut rng));
-    candidates.fill_engine(engine_reports(64, &mut rng));
+    candidates.fill(stage.inputs, rows(64, "random", rng));
+    candidates.fill_labels(labels(64, rng));
+    candidates.fill_engine(engine_reports(64, rng));
     let costs = vec![1.0; 64];
-    let here = stage.call_once(&request, &candidates, &costs).ok();
+    let here = stage.call_once(request, &*candidates, &costs).ok();
     let there = std::thread::scope(|scope| {
         scope
-            .spawn(|| stage.call_once(&request, &candidates, &costs).ok())
+            .spawn(|| stage.call_once(request, &*candidates, &costs).ok())
             .join()
             .ok()
             .flatten()
@@ -529,7 +573,11 @@ fn test_component(stage: &mut Stage, allow_random: bool) {
             }
         }
     }
-    // One finding per check: its first failure.
+}
+
+/// One finding per check that applies to the component's kind: its first failure.
+fn report_failures(stage: &Stage, failures: &[(&str, String)]) {
+    let kind = stage.kind;
     for check in [
         "lifecycle notifications succeed",
         "calls succeed",
@@ -554,21 +602,27 @@ fn test_component(stage: &mut Stage, allow_random: bool) {
             None => finding(check, true, ""),
         }
     }
-    emit(&Line::Phase("timing it on 1,024 candidates".into()));
-    candidates.fill(stage.inputs, rows(1024, "random", &mut rng));
-    candidates.fill_labels(labels(1024, &mut rng));
-    candidates.fill_engine(engine_reports(1024, &mut rng));
-    let costs = vec![1.0; 1024];
-    let calls = 200;
-    let started = Instant::now();
-    for _ in 0..calls {
-        let _ = stage.call_once(&request, &candidates, &costs);
+}
+
+/// What the policy's lifecycle notifications failed with, the first failure.
+fn policy_notifications(selector: &mut Selector, request: &RequestContext) -> Option<String> {
+    let mut failed = None;
+    for (event, outcome) in lifecycle_script() {
+        let failures = if event == Lifecycle::Selected {
+            selector.notify_selected(request, &outcome)
+        } else {
+            selector.policy.notify(event, None, &outcome)
+        };
+        if let Some((component, e)) = failures.into_iter().next() {
+            failed = failed.or(Some(format!(
+                "{} of `{component}`: {} {}",
+                event.callback(),
+                e.status.name(),
+                e.message
+            )));
+        }
     }
-    let per_call = started.elapsed().as_nanos() as f64 / f64::from(calls);
-    emit(&Line::Timing {
-        ns_per_call: per_call,
-        ns_per_candidate: Some(per_call / 1024.0),
-    });
+    failed
 }
 
 fn test_policy(policy: Policy, allow_random: bool) {
@@ -600,25 +654,7 @@ fn test_policy(policy: Policy, allow_random: bool) {
         None => finding("selections succeed", true, ""),
     }
     if selector.policy.notified() {
-        emit(&Line::Phase(
-            "delivering its lifecycle notifications".into(),
-        ));
-        let mut failed = None;
-        for (event, outcome) in lifecycle_script() {
-            let failures = if event == Lifecycle::Selected {
-                selector.notify_selected(&request, &outcome)
-            } else {
-                selector.policy.notify(event, None, &outcome)
-            };
-            if let Some((component, e)) = failures.into_iter().next() {
-                failed = failed.or(Some(format!(
-                    "{} of `{component}`: {} {}",
-                    event.callback(),
-                    e.status.name(),
-                    e.message
-                )));
-            }
-        }
+        let failed = policy_notifications(&mut selector, &request);
         finding(
             "lifecycle notifications succeed",
             failed.is_none(),

@@ -367,7 +367,7 @@ async fn complete(
     use disaggregation::Handoff;
     let (prompt, handoff, adapter) = match accept(&engine, endpoint, &headers, &body) {
         Ok(accepted) => accepted,
-        Err(refused) => return refused,
+        Err(refused) => return *refused,
     };
     let number = engine.requests.fetch_add(1, Ordering::Relaxed);
     // A prefill engine computes the KV and answers after one token.
@@ -418,7 +418,7 @@ fn accept(
     endpoint: Endpoint,
     headers: &HeaderMap,
     body: &Bytes,
-) -> Result<(Prompt, disaggregation::Handoff, Option<String>), Response> {
+) -> Result<(Prompt, disaggregation::Handoff, Option<String>), Box<Response>> {
     let request_id = headers.get("x-request-id").and_then(|v| v.to_str().ok());
     engine.record(json!({
         "path": endpoint.path(),
@@ -429,21 +429,21 @@ fn accept(
     let prompt = match prompt::parse(endpoint, body, engine.args.block_size, |_| None) {
         Ok(prompt) => prompt,
         Err(e) => {
-            return Err(openai_error(
+            return Err(Box::new(openai_error(
                 StatusCode::BAD_REQUEST,
                 &e.message,
                 "invalid_request_error",
-            ))
+            )))
         }
     };
     let handoff = match disaggregation::handoff(engine.args.role, body, headers) {
         Ok(handoff) => handoff,
         Err(e) => {
-            return Err(openai_error(
+            return Err(Box::new(openai_error(
                 StatusCode::BAD_REQUEST,
                 &e,
                 "invalid_request_error",
-            ))
+            )))
         }
     };
     let adapter = engine
@@ -457,18 +457,18 @@ fn accept(
             "model `{}` is not served here (this engine serves `{}`)",
             prompt.model, engine.args.model
         );
-        return Err(openai_error(
+        return Err(Box::new(openai_error(
             StatusCode::NOT_FOUND,
             &message,
             "invalid_request_error",
-        ));
+        )));
     }
     if engine.args.fail == FailMode::Http500 {
-        return Err(openai_error(
+        return Err(Box::new(openai_error(
             StatusCode::INTERNAL_SERVER_ERROR,
             "simulated engine failure",
             "server_error",
-        ));
+        )));
     }
     if engine.args.fail == FailMode::CloseAfterHeaders {
         // The pause lets the headers go out first, as an engine's would.
@@ -476,11 +476,13 @@ fn accept(
             tokio::time::sleep(Duration::from_millis(50)).await;
             Err::<Bytes, _>(std::io::Error::other("simulated close after headers"))
         });
-        return Err((
-            [(header::CONTENT_TYPE, "application/json")],
-            Body::from_stream(broken),
-        )
-            .into_response());
+        return Err(Box::new(
+            (
+                [(header::CONTENT_TYPE, "application/json")],
+                Body::from_stream(broken),
+            )
+                .into_response(),
+        ));
     }
     Ok((prompt, handoff, adapter))
 }
