@@ -268,10 +268,7 @@ impl KvIndex {
                 *d = depth;
             }
         };
-        let bitset = |run: &Run| match is_set(run.holders).then(|| tier.sets.get(run.holders)) {
-            Some(Members::Bits { words, .. }) => Some(&words[..]),
-            _ => None,
-        };
+        let bitset = |run: &Run| bitset_of(tier, run);
         let mut wide = false;
         let mut from = 1;
         let mut depth = first.end;
@@ -305,53 +302,7 @@ impl KvIndex {
                 tier.sets.list_into(first.holders, few);
             }
         }
-        // The walk ends where the last slots drop out: the deepest any slot holds (dead
-        // ones included; `walk_tier` corrects for those).
-        for run in &runs[from..] {
-            if wide {
-                match bitset(run) {
-                    Some(words) => {
-                        if !narrow_bits(bits, words, |slot| record(out, slot, depth)) {
-                            return depth;
-                        }
-                    }
-                    None => {
-                        // Narrowing to a list or one slot: keep those of them still held,
-                        // record every other slot of the bitset.
-                        bits_to_list(bits, few, |slot| {
-                            let still = tier.sets.contains(run.holders, slot);
-                            if !still {
-                                record(out, slot, depth);
-                            }
-                            still
-                        });
-                        wide = false;
-                    }
-                }
-            } else {
-                few.retain(|&slot| {
-                    let still = tier.sets.contains(run.holders, slot);
-                    if !still {
-                        record(out, slot, depth);
-                    }
-                    still
-                });
-            }
-            if !wide && few.is_empty() {
-                return depth;
-            }
-            depth = run.end;
-        }
-        for &slot in few.iter() {
-            record(out, slot, depth);
-        }
-        if wide {
-            bits_to_list(bits, few, |slot| {
-                record(out, slot, depth);
-                false
-            });
-        }
-        depth
+        walk_rest(tier, &runs[from..], few, bits, wide, depth, out, record)
     }
 
     /// How deep along `runs` some one live slot holds every block: the holder sets of
@@ -467,4 +418,77 @@ fn bits_to_list(bits: &[u64], few: &mut Vec<u32>, mut keep: impl FnMut(u32) -> b
             each &= each - 1;
         }
     }
+}
+
+/// The bitset of `run`'s holders, when they are one.
+#[inline]
+fn bitset_of<'t>(tier: &'t TierIndex, run: &Run) -> Option<&'t [u64]> {
+    match is_set(run.holders).then(|| tier.sets.get(run.holders)) {
+        Some(Members::Bits { words, .. }) => Some(&words[..]),
+        _ => None,
+    }
+}
+
+/// `materialize` past its first runs: the set still holding every block so far (`few`,
+/// or `bits` while `wide`) narrowed run by run; each slot that drops out is recorded at
+/// `depth`, the end of the last run it held.
+#[allow(clippy::too_many_arguments)] // the walk's state, passed as `materialize` holds it
+#[inline]
+fn walk_rest(
+    tier: &TierIndex,
+    rest: &[Run],
+    few: &mut Vec<u32>,
+    bits: &mut Vec<u64>,
+    mut wide: bool,
+    mut depth: u32,
+    out: &mut [u32],
+    record: impl Fn(&mut [u32], u32, u32),
+) -> u32 {
+    // The walk ends where the last slots drop out: the deepest any slot holds (dead
+    // ones included; `walk_tier` corrects for those).
+    for run in rest {
+        if wide {
+            match bitset_of(tier, run) {
+                Some(words) => {
+                    if !narrow_bits(bits, words, |slot| record(out, slot, depth)) {
+                        return depth;
+                    }
+                }
+                None => {
+                    // Narrowing to a list or one slot: keep those of them still held,
+                    // record every other slot of the bitset.
+                    bits_to_list(bits, few, |slot| {
+                        let still = tier.sets.contains(run.holders, slot);
+                        if !still {
+                            record(out, slot, depth);
+                        }
+                        still
+                    });
+                    wide = false;
+                }
+            }
+        } else {
+            few.retain(|&slot| {
+                let still = tier.sets.contains(run.holders, slot);
+                if !still {
+                    record(out, slot, depth);
+                }
+                still
+            });
+        }
+        if !wide && few.is_empty() {
+            return depth;
+        }
+        depth = run.end;
+    }
+    for &slot in few.iter() {
+        record(out, slot, depth);
+    }
+    if wide {
+        bits_to_list(bits, few, |slot| {
+            record(out, slot, depth);
+            false
+        });
+    }
+    depth
 }

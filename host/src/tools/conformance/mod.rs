@@ -28,7 +28,8 @@ use crate::plugin::{
     OwnedParams, PartitionKey, PluginSpec, RequestAttributes, RequestContext, RevisionRule,
 };
 use crate::policy::{
-    CandidateRow, Candidates, Origin, Policy, RawOutput, Registry, RowExtras, Selector, Stage,
+    CandidateRow, Candidates, Origin, Policy, PolicyFactory, RawOutput, Registry, RowExtras,
+    Selector, Stage,
 };
 
 mod inputs;
@@ -678,6 +679,45 @@ fn test_policy(policy: Policy, allow_random: bool) {
     });
 }
 
+/// The plugin's own types (components and policies), with their kinds.
+fn plugin_types(registry: &Registry) -> Vec<(String, String)> {
+    let mut types: Vec<(String, String)> = registry
+        .components()
+        .filter(|c| matches!(c.origin, Origin::Plugin { .. }))
+        .map(|c| (c.name.clone(), c.kind.as_str().to_owned()))
+        .collect();
+    types.extend(
+        registry
+            .policies()
+            .filter(|p| matches!(p.origin, Origin::Plugin { .. }))
+            .map(|p| (p.name.clone(), "policy".to_owned())),
+    );
+    types.sort();
+    types
+}
+
+/// A policy type built for every worker type; the `select` build tested.
+fn build_and_test(factory: &PolicyFactory, allow_random: bool) {
+    for worker_type in WorkerType::ALL {
+        emit(&Line::Phase(format!(
+            "building it for {}",
+            worker_type.as_str()
+        )));
+        let built = factory
+            .build(&PartitionKey::new("conformance", worker_type))
+            .and_then(Policy::new);
+        match built {
+            Ok(policy) if worker_type == WorkerType::Select => test_policy(policy, allow_random),
+            Ok(_) => {}
+            Err(e) => finding(
+                "builds for every worker type",
+                false,
+                format!("{}: {e}", worker_type.as_str()),
+            ),
+        }
+    }
+}
+
 /// The child: reads its input (library, type, parameters) on stdin, lists or tests one
 /// type, one JSON line per phase and finding. Returns the exit code.
 pub fn run_child() -> i32 {
@@ -701,19 +741,7 @@ pub fn run_child() -> i32 {
         return 3;
     }
     let Some(type_name) = input.type_name else {
-        let mut types: Vec<(String, String)> = registry
-            .components()
-            .filter(|c| matches!(c.origin, Origin::Plugin { .. }))
-            .map(|c| (c.name.clone(), c.kind.as_str().to_owned()))
-            .collect();
-        types.extend(
-            registry
-                .policies()
-                .filter(|p| matches!(p.origin, Origin::Plugin { .. }))
-                .map(|p| (p.name.clone(), "policy".to_owned())),
-        );
-        types.sort();
-        emit(&Line::Types(types));
+        emit(&Line::Types(plugin_types(&registry)));
         emit(&Line::Done);
         return 0;
     };
@@ -753,26 +781,7 @@ pub fn run_child() -> i32 {
         match factory {
             Ok(factory) => {
                 finding("given parameters accepted", true, "");
-                for worker_type in WorkerType::ALL {
-                    emit(&Line::Phase(format!(
-                        "building it for {}",
-                        worker_type.as_str()
-                    )));
-                    let built = factory
-                        .build(&PartitionKey::new("conformance", worker_type))
-                        .and_then(Policy::new);
-                    match built {
-                        Ok(policy) if worker_type == WorkerType::Select => {
-                            test_policy(policy, input.allow_random)
-                        }
-                        Ok(_) => {}
-                        Err(e) => finding(
-                            "builds for every worker type",
-                            false,
-                            format!("{}: {e}", worker_type.as_str()),
-                        ),
-                    }
-                }
+                build_and_test(&factory, input.allow_random);
             }
             Err(e) => finding(
                 "given parameters accepted",
