@@ -216,67 +216,20 @@ fn start_picker(
     })
 }
 
-/// Serves until SIGINT or SIGTERM. Prints `switchyard listening on http://ADDR` (or
-/// https) once bound.
-pub async fn serve(router: Arc<Router>, options: ServeOptions) -> std::io::Result<()> {
-    crate::tls::install_default_provider();
-    let generation = router.generation();
-    check_exposure(&options, &generation)?;
-    let source = &generation.startup.source;
-    let config = &source.config;
-    let tcp = bind(options.listen, "the HTTP service", "--listen").await?;
-    let address = tcp.local_addr()?;
-    let listener_tls = listener_tls(source, &options)?;
-    let limits = Limits::http(&config.http, open_file_limit());
-    let body_limits = BodyLimits {
-        max_bytes: config.http.max_body_bytes,
-        read_timeout: Duration::from_secs(config.http.body_read_timeout_secs),
-    };
-    let drain_timeout = Duration::from_secs(config.router.drain_timeout_secs);
-    let ext_proc_tcp = match &options.ext_proc {
-        Some(settings) => Some(bind(settings.listen, "ext_proc", "--ext-proc").await?),
-        None => None,
-    };
-    let mut own = answering_addresses(address);
-    if let Some(tcp) = &ext_proc_tcp {
-        own.extend(answering_addresses(tcp.local_addr()?));
-    }
-    drop(generation);
-    router
-        .set_own_addresses(own)
-        .map_err(|e| std::io::Error::other(format!("in `workers:` of the config: {e}")))?;
-    // SIGTERM or SIGINT starts the drain: every listener stops accepting, what is in
-    // flight finishes (up to `router.drain_timeout_secs`), then the process ends.
-    let draining = drain_on_signal()?;
+/// Accepts HTTP connections until the drain starts, then waits for what is in flight
+/// (and the picker) up to `drain_timeout`.
+async fn serve_until_drained(
+    listener: Listener,
+    app: axum::Router,
+    limits: Limits,
+    table: Arc<ConnectionTable>,
+    picker: Option<tokio::task::JoinHandle<()>>,
+    draining: tokio::sync::watch::Receiver<bool>,
+    drain_timeout: Duration,
+) -> std::io::Result<()> {
     let drained = |mut draining: tokio::sync::watch::Receiver<bool>| async move {
         let _ = draining.wait_for(|&d| d).await;
     };
-    let frontend = Frontend::new(router.clone()).map_err(std::io::Error::other)?;
-    tokio::spawn(frontend::health::probe_forever(frontend.clone()));
-    start_background(&router, &listener_tls).await?;
-    let scheme = if listener_tls.http.is_some() {
-        "https"
-    } else {
-        "http"
-    };
-    println!("switchyard listening on {scheme}://{address}");
-    let picker = match (options.ext_proc, ext_proc_tcp) {
-        (Some(settings), Some(tcp)) => {
-            let table = ConnectionTable::new("ext_proc", limits.clone());
-            let listener = Listener::new(tcp, listener_tls.ext_proc.clone(), table);
-            Some(start_picker(
-                &frontend,
-                &settings,
-                listener,
-                draining.clone(),
-            ))
-        }
-        _ => None,
-    };
-    tokio::spawn(expire_forever(router.clone()));
-    let table = ConnectionTable::new("http", limits.clone());
-    let listener = Listener::new(tcp, listener_tls.http.clone(), table.clone());
-    let app = app(router, frontend, body_limits).layer(Extension(listener_tls));
     let connection_drain = draining.clone();
     let deadline_drain = draining.clone();
     let http = async move {
@@ -309,4 +262,74 @@ pub async fn serve(router: Arc<Router>, options: ServeOptions) -> std::io::Resul
             Ok(())
         }
     }
+}
+
+/// Serves until SIGINT or SIGTERM. Prints `switchyard listening on http://ADDR` (or
+/// https) once bound.
+pub async fn serve(router: Arc<Router>, options: ServeOptions) -> std::io::Result<()> {
+    crate::tls::install_default_provider();
+    let generation = router.generation();
+    check_exposure(&options, &generation)?;
+    let source = &generation.startup.source;
+    let config = &source.config;
+    let tcp = bind(options.listen, "the HTTP service", "--listen").await?;
+    let address = tcp.local_addr()?;
+    let listener_tls = listener_tls(source, &options)?;
+    let limits = Limits::http(&config.http, open_file_limit());
+    let body_limits = BodyLimits {
+        max_bytes: config.http.max_body_bytes,
+        read_timeout: Duration::from_secs(config.http.body_read_timeout_secs),
+    };
+    let drain_timeout = Duration::from_secs(config.router.drain_timeout_secs);
+    let ext_proc_tcp = match &options.ext_proc {
+        Some(settings) => Some(bind(settings.listen, "ext_proc", "--ext-proc").await?),
+        None => None,
+    };
+    let mut own = answering_addresses(address);
+    if let Some(tcp) = &ext_proc_tcp {
+        own.extend(answering_addresses(tcp.local_addr()?));
+    }
+    drop(generation);
+    router
+        .set_own_addresses(own)
+        .map_err(|e| std::io::Error::other(format!("in `workers:` of the config: {e}")))?;
+    // SIGTERM or SIGINT starts the drain: every listener stops accepting, what is in
+    // flight finishes (up to `router.drain_timeout_secs`), then the process ends.
+    let draining = drain_on_signal()?;
+    let frontend = Frontend::new(router.clone()).map_err(std::io::Error::other)?;
+    tokio::spawn(frontend::health::probe_forever(frontend.clone()));
+    start_background(&router, &listener_tls).await?;
+    let scheme = if listener_tls.http.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    println!("switchyard listening on {scheme}://{address}");
+    let picker = match (options.ext_proc, ext_proc_tcp) {
+        (Some(settings), Some(tcp)) => {
+            let table = ConnectionTable::new("ext_proc", limits.clone());
+            let listener = Listener::new(tcp, listener_tls.ext_proc.clone(), table);
+            Some(start_picker(
+                &frontend,
+                &settings,
+                listener,
+                draining.clone(),
+            ))
+        }
+        _ => None,
+    };
+    tokio::spawn(expire_forever(router.clone()));
+    let table = ConnectionTable::new("http", limits.clone());
+    let listener = Listener::new(tcp, listener_tls.http.clone(), table.clone());
+    let app = app(router, frontend, body_limits).layer(Extension(listener_tls));
+    serve_until_drained(
+        listener,
+        app,
+        limits,
+        table,
+        picker,
+        draining,
+        drain_timeout,
+    )
+    .await
 }
