@@ -10,39 +10,15 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::json;
 use support::*;
 
-/// `switchyard serve` on a loopback port, stopped (by PID) when dropped.
-struct Server {
-    _process: Process,
-    base: String,
+/// Server calls of these tests.
+trait Reserve {
+    fn reserve(&self, instance: &str, id: &str, session: Option<&str>) -> u64;
 }
 
-impl Server {
-    fn start(config: &Path) -> Server {
-        let process = serve(config);
-        let base = process.address.clone();
-        Server {
-            _process: process,
-            base,
-        }
-    }
-
-    fn post(&self, path: &str, body: Value) -> Value {
-        let response = ureq::post(&format!("{}{path}", self.base)).send_json(body.clone());
-        match response {
-            Ok(r) => r.into_json().unwrap_or(Value::Null),
-            Err(e) => panic!("POST {path} {body}: {e}"),
-        }
-    }
-
-    fn delete(&self, path: &str) {
-        ureq::delete(&format!("{}{path}", self.base))
-            .call()
-            .unwrap_or_else(|e| panic!("DELETE {path}: {e}"));
-    }
-
+impl Reserve for Server {
     /// The worker `/v1/reserve` books request `id` on.
     fn reserve(&self, instance: &str, id: &str, session: Option<&str>) -> u64 {
         let mut body =
@@ -50,7 +26,7 @@ impl Server {
         if let Some(session) = session {
             body["session"] = json!({ "session_id": session });
         }
-        self.post("/v1/reserve", body)["worker_id"]
+        self.ok("/v1/reserve", body)["worker_id"]
             .as_u64()
             .expect("a decision")
     }
@@ -358,13 +334,13 @@ fn lifecycle_notifications(isolation: &str) {
     );
     let server = Server::start(&write_config(dir.path(), &yaml));
     // A dry-run select routes nothing: no notification.
-    server.post(
+    server.ok(
         "/v1/select",
         json!({"model": "m", "block_hashes": [1], "request_id": "dry"}),
     );
     assert_eq!(server.reserve("logged", "r1", Some("chat-7")), 1);
-    server.post("/v1/requests/r1/prefill_complete", json!({}));
-    server.post("/v1/requests/r1/free", json!({}));
+    server.ok("/v1/requests/r1/prefill_complete", json!({}));
+    server.ok("/v1/requests/r1/free", json!({}));
     // Prefill-complete and finished are delivered off the request path, so another
     // request's `on_selected` may overtake them; the order checked below is per request.
     wait_for_log(&log, |l| l.iter().any(|l| l.starts_with("finished 1 ")));

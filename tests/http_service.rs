@@ -10,60 +10,6 @@ use std::process::Command;
 use serde_json::{json, Value};
 use support::*;
 
-struct Server {
-    process: Process,
-    base: String,
-}
-
-impl Server {
-    fn start(config: &std::path::Path) -> Server {
-        Server::start_logging(config, "warn")
-    }
-
-    fn start_logging(config: &std::path::Path, level: &str) -> Server {
-        let process = serve_logging(config, level);
-        let base = process.address.clone();
-        Server { process, base }
-    }
-
-    fn call(&self, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
-        let request = ureq::request(method, &format!("{}{path}", self.base));
-        let response = match body {
-            Some(body) => request
-                .set("content-type", "application/json")
-                .send_string(body),
-            None => request.call(),
-        };
-        let response = match response {
-            Ok(r) => r,
-            Err(ureq::Error::Status(_, r)) => r,
-            Err(e) => panic!("{method} {path}: {e}"),
-        };
-        let status = response.status();
-        let text = response.into_string().unwrap();
-        (
-            status,
-            serde_json::from_str(&text).unwrap_or(Value::String(text)),
-        )
-    }
-
-    fn post(&self, path: &str, body: Value) -> (u16, Value) {
-        self.call("POST", path, Some(&body.to_string()))
-    }
-
-    fn ok(&self, path: &str, body: Value) -> Value {
-        let (status, value) = self.post(path, body.clone());
-        assert!(status < 300, "POST {path} {body} -> {status} {value}");
-        value
-    }
-
-    fn metrics(&self) -> String {
-        let (status, text) = self.call("GET", "/metrics", None);
-        assert_eq!(status, 200);
-        text.as_str().unwrap().to_owned()
-    }
-}
-
 fn config(dir: &std::path::Path) -> std::path::PathBuf {
     let yaml = format!(
         "plugins:\n  - path: {}\n  - path: {}\n  - path: {}\n  - path: {}\n\
@@ -94,21 +40,8 @@ fn worker_load(server: &Server, id: u64) -> Value {
         .clone()
 }
 
-#[test]
-fn routes_by_overlap_and_load_through_plugins_of_three_languages() {
-    let dir = tempfile::tempdir().unwrap();
-    let server = Server::start(&config(dir.path()));
-    assert_eq!(
-        server.call("GET", "/readyz", None).0,
-        503,
-        "not ready without workers"
-    );
-    for id in 1..=3 {
-        server.ok("/v1/workers", json!({"model": "m", "worker_id": id}));
-    }
-    assert_eq!(server.call("GET", "/readyz", None).0, 200);
-    assert_eq!(server.call("GET", "/healthz", None).0, 200);
-
+/// Device overlap decides (block hashes, and token ids the router hashes); the prompt.
+fn routes_by_overlap(server: &Server) -> serde_json::Value {
     // Worker 2 holds the first 4 blocks of the prompt on device; worker 3 the first 2.
     server.ok(
         "/v1/kv_events",
@@ -151,6 +84,12 @@ fn routes_by_overlap_and_load_through_plugins_of_three_languages() {
         "{decision}"
     );
 
+    prompt
+}
+
+/// Least busy in each language: reservations are visible in the next decision, and
+/// prefill-complete and free give the load back.
+fn reservations_count_in_the_next_decision(server: &Server) {
     // Least busy in each language: reservations are visible in the next decision.
     let mut chosen = Vec::new();
     for (n, instance) in [
@@ -173,7 +112,7 @@ fn routes_by_overlap_and_load_through_plugins_of_three_languages() {
         "each reservation goes to the least busy, ties to the lowest id"
     );
     assert_eq!(
-        worker_load(&server, 1),
+        worker_load(server, 1),
         json!({"active_requests": 2, "active_prefill_tokens": 64, "active_decode_blocks": 8})
     );
     assert!(server
@@ -181,7 +120,7 @@ fn routes_by_overlap_and_load_through_plugins_of_three_languages() {
         .contains("switchyard_worker_active_requests{worker_id=\"1\",dp_rank=\"0\"} 2"));
 
     server.ok("/v1/requests/r0/prefill_complete", json!({}));
-    assert_eq!(worker_load(&server, 1)["active_prefill_tokens"], 32);
+    assert_eq!(worker_load(server, 1)["active_prefill_tokens"], 32);
     for n in 0..6 {
         let path = format!("/v1/requests/r{n}");
         let (status, body) = server.call("DELETE", &path, None);
@@ -189,10 +128,29 @@ fn routes_by_overlap_and_load_through_plugins_of_three_languages() {
     }
     for id in 1..=3 {
         assert_eq!(
-            worker_load(&server, id),
+            worker_load(server, id),
             json!({"active_requests": 0, "active_prefill_tokens": 0, "active_decode_blocks": 0})
         );
     }
+}
+
+#[test]
+fn routes_by_overlap_and_load_through_plugins_of_three_languages() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(&config(dir.path()));
+    assert_eq!(
+        server.call("GET", "/readyz", None).0,
+        503,
+        "not ready without workers"
+    );
+    for id in 1..=3 {
+        server.ok("/v1/workers", json!({"model": "m", "worker_id": id}));
+    }
+    assert_eq!(server.call("GET", "/readyz", None).0, 200);
+    assert_eq!(server.call("GET", "/healthz", None).0, 200);
+
+    let prompt = routes_by_overlap(&server);
+    reservations_count_in_the_next_decision(&server);
     let (_, policies) = server.call("GET", "/v1/policies", None);
     assert_eq!(policies["default"], "least-busy-cpp");
     assert_eq!(policies["plugins"].as_array().unwrap().len(), 4);
@@ -208,6 +166,159 @@ fn routes_by_overlap_and_load_through_plugins_of_three_languages() {
     assert!(metrics.contains("switchyard_component_calls_total{instance=\"kv\",partition=\"m/select\",component=\"c.lowest-cost\",kind=\"picker\"} 3"), "{metrics}");
 }
 
+/// Each malformed-input class: method, path, body, the status and part of the message.
+const MALFORMED: &[(&str, &str, Option<&str>, u16, &str)] = &[
+    (
+        "POST",
+        "/v1/select",
+        Some("{\"model\": \"m\""),
+        400,
+        "invalid JSON body: EOF while parsing",
+    ),
+    (
+        "POST",
+        "/v1/select",
+        Some(""),
+        400,
+        "the request body is empty",
+    ),
+    (
+        "POST",
+        "/v1/select",
+        Some("{\"block_hashes\": [1]}"),
+        400,
+        "missing field `model`",
+    ),
+    (
+        "POST",
+        "/v1/select",
+        Some("{\"model\": \"m\", \"block_hashes\": [1], \"colour\": 1}"),
+        400,
+        "unknown field `colour`",
+    ),
+    (
+        "POST",
+        "/v1/select",
+        Some("{\"model\": \"m\", \"block_hashes\": \"x\"}"),
+        400,
+        "invalid type: string \"x\"",
+    ),
+    (
+        "POST",
+        "/v1/select",
+        Some("{\"model\": \"m\"}"),
+        400,
+        "give the prompt as `token_ids` or `block_hashes`",
+    ),
+    (
+        "POST",
+        "/v1/select",
+        Some("{\"model\": \"m\", \"block_hashes\": [1], \"token_ids\": [1]}"),
+        400,
+        "not both",
+    ),
+    (
+        "POST",
+        "/v1/select",
+        Some("{\"model\": \"m\", \"block_hashes\": [1], \"router_temperature\": -1}"),
+        400,
+        "`router_temperature` must be a finite number >= 0",
+    ),
+    (
+        "POST",
+        "/v1/reserve",
+        Some("{\"model\": \"m\", \"block_hashes\": [1]}"),
+        400,
+        "select-and-reserve needs a `request_id`",
+    ),
+    (
+        "POST",
+        "/v1/workers",
+        Some("{\"model\": \"\", \"worker_id\": 9}"),
+        400,
+        "`model` must not be empty",
+    ),
+    (
+        "POST",
+        "/v1/kv_events",
+        Some("{\"worker_id\": 1, \"events\": [{\"type\": \"moved\"}]}"),
+        400,
+        "unknown variant `moved`",
+    ),
+    (
+        "DELETE",
+        "/v1/workers/abc",
+        None,
+        400,
+        "worker id must be a whole number",
+    ),
+    (
+        "POST",
+        "/v1/select",
+        Some("{\"model\": \"gpt-9\", \"block_hashes\": [1]}"),
+        404,
+        "unknown model `gpt-9`",
+    ),
+    (
+        "POST",
+        "/v1/select",
+        Some("{\"model\": \"m\", \"block_hashes\": [1], \"instance\": \"nope\"}"),
+        404,
+        "unknown instance `nope`; configured instances: default, least-busy",
+    ),
+    (
+        "POST",
+        "/v1/kv_events",
+        Some("{\"worker_id\": 77, \"events\": []}"),
+        404,
+        "no worker 77 (dp_rank 0)",
+    ),
+    ("DELETE", "/v1/workers/77", None, 404, "no worker 77"),
+    (
+        "POST",
+        "/v1/requests/ghost/free",
+        None,
+        404,
+        "no reserved request `ghost`",
+    ),
+    (
+        "POST",
+        "/v1/requests/ghost/prefill_complete",
+        None,
+        404,
+        "no reserved request `ghost`",
+    ),
+    ("GET", "/v2/everything", None, 404, "no such endpoint"),
+    (
+        "POST",
+        "/v1/workers",
+        Some("{\"model\": \"m\", \"worker_id\": 1}"),
+        409,
+        "already registered",
+    ),
+    (
+        "POST",
+        "/v1/select",
+        Some("{\"model\": \"m\", \"worker_type\": \"prefill\", \"block_hashes\": [1]}"),
+        503,
+        "model `m` has no prefill workers",
+    ),
+    (
+        "POST",
+        "/v1/select",
+        Some("{\"model\": \"m\", \"instance\": \"picky\", \"block_hashes\": [1]}"),
+        503,
+        "rejected every worker",
+    ),
+    (
+        "POST",
+        "/v1/select",
+        Some("{\"model\": \"m\", \"instance\": \"fragile\", \"block_hashes\": [1]}"),
+        500,
+        "scorer `cpp.throwing-scorer` failed (panicked): threw: scorer state corrupted",
+    ),
+];
+
 #[test]
 fn every_malformed_input_class_gets_its_status_and_a_message() {
     let dir = tempfile::tempdir().unwrap();
@@ -217,158 +328,7 @@ fn every_malformed_input_class_gets_its_status_and_a_message() {
         "/v1/workers",
         json!({"model": "m", "worker_id": 2, "worker_type": "decode"}),
     );
-    let cases: Vec<(&str, &str, Option<&str>, u16, &str)> = vec![
-        (
-            "POST",
-            "/v1/select",
-            Some("{\"model\": \"m\""),
-            400,
-            "invalid JSON body: EOF while parsing",
-        ),
-        (
-            "POST",
-            "/v1/select",
-            Some(""),
-            400,
-            "the request body is empty",
-        ),
-        (
-            "POST",
-            "/v1/select",
-            Some("{\"block_hashes\": [1]}"),
-            400,
-            "missing field `model`",
-        ),
-        (
-            "POST",
-            "/v1/select",
-            Some("{\"model\": \"m\", \"block_hashes\": [1], \"colour\": 1}"),
-            400,
-            "unknown field `colour`",
-        ),
-        (
-            "POST",
-            "/v1/select",
-            Some("{\"model\": \"m\", \"block_hashes\": \"x\"}"),
-            400,
-            "invalid type: string \"x\"",
-        ),
-        (
-            "POST",
-            "/v1/select",
-            Some("{\"model\": \"m\"}"),
-            400,
-            "give the prompt as `token_ids` or `block_hashes`",
-        ),
-        (
-            "POST",
-            "/v1/select",
-            Some("{\"model\": \"m\", \"block_hashes\": [1], \"token_ids\": [1]}"),
-            400,
-            "not both",
-        ),
-        (
-            "POST",
-            "/v1/select",
-            Some("{\"model\": \"m\", \"block_hashes\": [1], \"router_temperature\": -1}"),
-            400,
-            "`router_temperature` must be a finite number >= 0",
-        ),
-        (
-            "POST",
-            "/v1/reserve",
-            Some("{\"model\": \"m\", \"block_hashes\": [1]}"),
-            400,
-            "select-and-reserve needs a `request_id`",
-        ),
-        (
-            "POST",
-            "/v1/workers",
-            Some("{\"model\": \"\", \"worker_id\": 9}"),
-            400,
-            "`model` must not be empty",
-        ),
-        (
-            "POST",
-            "/v1/kv_events",
-            Some("{\"worker_id\": 1, \"events\": [{\"type\": \"moved\"}]}"),
-            400,
-            "unknown variant `moved`",
-        ),
-        (
-            "DELETE",
-            "/v1/workers/abc",
-            None,
-            400,
-            "worker id must be a whole number",
-        ),
-        (
-            "POST",
-            "/v1/select",
-            Some("{\"model\": \"gpt-9\", \"block_hashes\": [1]}"),
-            404,
-            "unknown model `gpt-9`",
-        ),
-        (
-            "POST",
-            "/v1/select",
-            Some("{\"model\": \"m\", \"block_hashes\": [1], \"instance\": \"nope\"}"),
-            404,
-            "unknown instance `nope`; configured instances: default, least-busy",
-        ),
-        (
-            "POST",
-            "/v1/kv_events",
-            Some("{\"worker_id\": 77, \"events\": []}"),
-            404,
-            "no worker 77 (dp_rank 0)",
-        ),
-        ("DELETE", "/v1/workers/77", None, 404, "no worker 77"),
-        (
-            "POST",
-            "/v1/requests/ghost/free",
-            None,
-            404,
-            "no reserved request `ghost`",
-        ),
-        (
-            "POST",
-            "/v1/requests/ghost/prefill_complete",
-            None,
-            404,
-            "no reserved request `ghost`",
-        ),
-        ("GET", "/v2/everything", None, 404, "no such endpoint"),
-        (
-            "POST",
-            "/v1/workers",
-            Some("{\"model\": \"m\", \"worker_id\": 1}"),
-            409,
-            "already registered",
-        ),
-        (
-            "POST",
-            "/v1/select",
-            Some("{\"model\": \"m\", \"worker_type\": \"prefill\", \"block_hashes\": [1]}"),
-            503,
-            "model `m` has no prefill workers",
-        ),
-        (
-            "POST",
-            "/v1/select",
-            Some("{\"model\": \"m\", \"instance\": \"picky\", \"block_hashes\": [1]}"),
-            503,
-            "rejected every worker",
-        ),
-        (
-            "POST",
-            "/v1/select",
-            Some("{\"model\": \"m\", \"instance\": \"fragile\", \"block_hashes\": [1]}"),
-            500,
-            "scorer `cpp.throwing-scorer` failed (panicked): threw: scorer state corrupted",
-        ),
-    ];
-    for (method, path, body, status, message) in cases {
+    for &(method, path, body, status, message) in MALFORMED {
         let (got, value) = server.call(method, path, body);
         let error = value["error"].as_str().unwrap_or_default();
         assert_eq!(got, status, "{method} {path} {body:?}: {value}");
@@ -521,14 +481,9 @@ where
     value
 }
 
-#[test]
-fn metrics_parse_as_prometheus_text_with_cumulative_histograms_and_escaped_labels() {
-    use openmetrics_parser::{prometheus::parse_prometheus, PrometheusValue};
-    let dir = tempfile::tempdir().unwrap();
-    let weird = "quote\"and\nnewline";
-    let yaml = "worker_selection:\n  instances:\n    - {name: \"quote\\\"and\\nnewline\", type: builtin.least-busy}\n\
-                workers:\n  - {model: demo, worker_id: 1}\n  - {model: demo, worker_id: 2}\n";
-    let server = Server::start(&write_config(dir.path(), yaml));
+/// 25 selections by the instance `weird`, 10 by `default`, and a KV event with a
+/// timestamp.
+fn select_and_post_an_event(server: &Server, weird: &str) {
     for (instance, n) in [(weird, 25), ("default", 10)] {
         for i in 0..n {
             server.ok(
@@ -545,6 +500,39 @@ fn metrics_parse_as_prometheus_text_with_cumulative_histograms_and_escaped_label
         "/v1/kv_events",
         json!({"worker_id": 1, "timestamp": sent, "events": [{"type": "stored", "block_hashes": [7]}]}),
     );
+}
+
+/// Every `switchyard_*` series the shipped Grafana dashboard queries.
+fn dashboard_series() -> Vec<String> {
+    let dashboard: Value = serde_json::from_str(
+        &std::fs::read_to_string(repo().join("docs/grafana-dashboard.json")).unwrap(),
+    )
+    .unwrap();
+    let mut used = Vec::new();
+    for panel in dashboard["panels"].as_array().unwrap() {
+        for target in panel["targets"].as_array().unwrap() {
+            let expr = target["expr"].as_str().unwrap();
+            for (at, _) in expr.match_indices("switchyard_") {
+                let name: String = expr[at..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                used.push(name);
+            }
+        }
+    }
+    used
+}
+
+#[test]
+fn metrics_parse_as_prometheus_text_with_cumulative_histograms_and_escaped_labels() {
+    use openmetrics_parser::{prometheus::parse_prometheus, PrometheusValue};
+    let dir = tempfile::tempdir().unwrap();
+    let weird = "quote\"and\nnewline";
+    let yaml = "worker_selection:\n  instances:\n    - {name: \"quote\\\"and\\nnewline\", type: builtin.least-busy}\n\
+                workers:\n  - {model: demo, worker_id: 1}\n  - {model: demo, worker_id: 2}\n";
+    let server = Server::start(&write_config(dir.path(), yaml));
+    select_and_post_an_event(&server, weird);
     let text = server.metrics();
     assert!(
         text.contains("switchyard_kv_event_lag_seconds_count 1\n"),
@@ -610,23 +598,7 @@ fn metrics_parse_as_prometheus_text_with_cumulative_histograms_and_escaped_label
     );
 
     // Every series the shipped Grafana dashboard queries is one the router exports.
-    let dashboard: Value = serde_json::from_str(
-        &std::fs::read_to_string(repo().join("docs/grafana-dashboard.json")).unwrap(),
-    )
-    .unwrap();
-    let mut used = Vec::new();
-    for panel in dashboard["panels"].as_array().unwrap() {
-        for target in panel["targets"].as_array().unwrap() {
-            let expr = target["expr"].as_str().unwrap();
-            for (at, _) in expr.match_indices("switchyard_") {
-                let name: String = expr[at..]
-                    .chars()
-                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                    .collect();
-                used.push(name);
-            }
-        }
-    }
+    let used = dashboard_series();
     assert!(
         used.len() >= 10,
         "the dashboard queries switchyard series: {used:?}"
@@ -653,6 +625,76 @@ fn rss_kb(pid: u32) -> u64 {
         .unwrap()
 }
 
+/// Sends requests `range` (request i asks `i % 10` blocks: 1 fails in the scorer, 2
+/// gives NaN costs, 3 makes the picker answer an out-of-range row; the others route
+/// normally); every answer that is not what its fault should give.
+fn send_with_faults(base: &str, range: std::ops::Range<usize>) -> Vec<String> {
+    let agent = ureq::AgentBuilder::new()
+        .timeout(std::time::Duration::from_secs(30))
+        .build();
+    let mut unexpected = Vec::new();
+    for i in range {
+        let instance = if (i / 10) % 2 == 0 {
+            "resilient"
+        } else {
+            "strict"
+        };
+        let blocks = i % 10;
+        let id = format!("r{i}");
+        let body = json!({"model": "demo", "instance": instance, "request_id": id,
+                          "token_ids": vec![7u32; blocks * 16]});
+        let faulty = (1..=3).contains(&blocks);
+        match agent.post(&format!("{base}/v1/reserve")).send_json(body) {
+            Ok(r) => {
+                let decision: Value = r.into_json().unwrap();
+                if decision["fallback"] != json!(faulty) {
+                    unexpected.push(format!("{i}: {decision}"));
+                }
+                agent
+                    .post(&format!("{base}/v1/requests/{id}/free"))
+                    .call()
+                    .unwrap();
+            }
+            Err(ureq::Error::Status(500, r)) if faulty && instance == "strict" => {
+                let error: Value = r.into_json().unwrap();
+                let component = if blocks == 3 {
+                    "fixture.chaos-picker"
+                } else {
+                    "fixture.chaos"
+                };
+                if error["instance"] != "strict" || error["component"] != component {
+                    unexpected.push(format!("{i}: {error}"));
+                }
+            }
+            Err(e) => unexpected.push(format!("{i} ({instance}, {blocks} blocks): {e}")),
+        }
+    }
+    unexpected
+}
+
+fn faults_counted(metrics: &str) {
+    for instance in ["resilient", "strict"] {
+        for (component, n) in [("fixture.chaos", 2_000), ("fixture.chaos-picker", 1_000)] {
+            let line = format!(
+                "switchyard_selection_errors_total{{instance=\"{instance}\",component=\"{component}\"}} {n}\n"
+            );
+            assert!(
+                metrics.contains(&line),
+                "missing `{}` in:\n{metrics}",
+                line.trim()
+            );
+        }
+    }
+    assert!(
+        metrics.contains("switchyard_fallbacks_total{instance=\"resilient\"} 3000\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains("switchyard_fallbacks_total{instance=\"strict\"} 0\n"),
+        "{metrics}"
+    );
+}
+
 #[test]
 fn twenty_thousand_requests_with_injected_faults_are_all_answered_and_counted() {
     let dir = tempfile::tempdir().unwrap();
@@ -669,53 +711,9 @@ fn twenty_thousand_requests_with_injected_faults_are_all_answered_and_counted() 
     let server = Server::start_logging(&write_config(dir.path(), &yaml), "error");
     const REQUESTS: usize = 20_000;
     const THREADS: usize = 64;
-    // Request i asks `i % 10` blocks: 1 fails in the scorer, 2 gives NaN costs, 3 makes
-    // the picker answer an out-of-range row; the others route normally.
     let run = |from: usize, to: usize| {
         let base = server.base.clone();
-        std::thread::spawn(move || {
-            let agent = ureq::AgentBuilder::new()
-                .timeout(std::time::Duration::from_secs(30))
-                .build();
-            let mut unexpected = Vec::new();
-            for i in from..to {
-                let instance = if (i / 10) % 2 == 0 {
-                    "resilient"
-                } else {
-                    "strict"
-                };
-                let blocks = i % 10;
-                let id = format!("r{i}");
-                let body = json!({"model": "demo", "instance": instance, "request_id": id,
-                                  "token_ids": vec![7u32; blocks * 16]});
-                let faulty = (1..=3).contains(&blocks);
-                match agent.post(&format!("{base}/v1/reserve")).send_json(body) {
-                    Ok(r) => {
-                        let decision: Value = r.into_json().unwrap();
-                        if decision["fallback"] != json!(faulty) {
-                            unexpected.push(format!("{i}: {decision}"));
-                        }
-                        agent
-                            .post(&format!("{base}/v1/requests/{id}/free"))
-                            .call()
-                            .unwrap();
-                    }
-                    Err(ureq::Error::Status(500, r)) if faulty && instance == "strict" => {
-                        let error: Value = r.into_json().unwrap();
-                        let component = if blocks == 3 {
-                            "fixture.chaos-picker"
-                        } else {
-                            "fixture.chaos"
-                        };
-                        if error["instance"] != "strict" || error["component"] != component {
-                            unexpected.push(format!("{i}: {error}"));
-                        }
-                    }
-                    Err(e) => unexpected.push(format!("{i} ({instance}, {blocks} blocks): {e}")),
-                }
-            }
-            unexpected
-        })
+        std::thread::spawn(move || send_with_faults(&base, from..to))
     };
     let per_thread = REQUESTS / THREADS + 1;
     let chunks = |start: usize, end: usize| {
@@ -749,27 +747,7 @@ fn twenty_thousand_requests_with_injected_faults_are_all_answered_and_counted() 
     );
 
     // The fault counters equal the faults injected: per instance, 1,000 of each kind.
-    let metrics = server.metrics();
-    for instance in ["resilient", "strict"] {
-        for (component, n) in [("fixture.chaos", 2_000), ("fixture.chaos-picker", 1_000)] {
-            let line = format!(
-                "switchyard_selection_errors_total{{instance=\"{instance}\",component=\"{component}\"}} {n}\n"
-            );
-            assert!(
-                metrics.contains(&line),
-                "missing `{}` in:\n{metrics}",
-                line.trim()
-            );
-        }
-    }
-    assert!(
-        metrics.contains("switchyard_fallbacks_total{instance=\"resilient\"} 3000\n"),
-        "{metrics}"
-    );
-    assert!(
-        metrics.contains("switchyard_fallbacks_total{instance=\"strict\"} 0\n"),
-        "{metrics}"
-    );
+    faults_counted(&server.metrics());
     for id in 1..=3 {
         let load = worker_load(&server, id);
         assert_eq!(load["active_requests"], 0, "worker {id}: {load}");

@@ -5,6 +5,7 @@
 pub mod envoy;
 pub mod nats;
 pub mod real_envoy;
+pub mod server;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -20,6 +21,8 @@ use switchyard_plugin_sdk::{Status, WorkerId, WorkerType};
 // Not every test uses each of these.
 #[allow(unused_imports)]
 pub use real_envoy::{blocks, free_port, repo};
+#[allow(unused_imports)]
+pub use server::Server;
 
 /// target/debug (or release): where cargo wrote this test binary's crates.
 /// An HTTP client for the tests. The router's TLS uses rustls with the ring provider,
