@@ -178,6 +178,89 @@ struct Counts {
     hung_up: AtomicU64,
 }
 
+/// A client until `stop`: streamed and not; one request in four hangs up after its
+/// first bytes. Every answer is counted by its kind.
+fn chat_until_stopped(base: &str, client: u64, stop: &AtomicBool, counts: &Counts) {
+    let agent = agent();
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        n += 1;
+        let stream = n.is_multiple_of(2);
+        let body = json!({"model": "demo", "stream": stream, "max_tokens": 8,
+            "messages": [{"role": "user", "content": format!("conversation {} turn {}", client * 7 + n % 5, n % 3)}]});
+        let sent = agent
+            .post(&format!("{base}/v1/chat/completions"))
+            .send_json(body);
+        match sent {
+            Ok(response) if n % 4 == 1 => {
+                let mut first = [0u8; 16];
+                let _ = response.into_reader().read(&mut first);
+                counts.hung_up.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(response) => {
+                // A stream cut by a dying engine ends with an error event: answered.
+                let _ = response.into_string();
+                counts.answered.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(ureq::Error::Status(status, response)) => {
+                let text = response.into_string().unwrap_or_default();
+                let error: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+                assert!(
+                    error["error"]["message"].is_string(),
+                    "{status}: not an OpenAI error: {text}"
+                );
+                counts.errors.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                eprintln!("unanswered: {e}");
+                counts.unanswered.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// Reloads (the config written with another weight), duplicate registrations and a
+/// KV-event flood with clears, until `stop`.
+fn churn_until_stopped(
+    base: &str,
+    config: &std::path::Path,
+    yaml: &dyn Fn(u32) -> String,
+    stop: &AtomicBool,
+) {
+    let agent = agent();
+    let mut n = 0u64;
+    while !stop.load(Ordering::Relaxed) {
+        n += 1;
+        if n.is_multiple_of(40) {
+            std::fs::write(&config, yaml(1 + (n / 40 % 3) as u32)).unwrap();
+            let (status, text) =
+                call(&agent, "POST", &format!("{base}/v1/admin/reload"), None).unwrap();
+            assert_eq!(status, 200, "reload: {text}");
+        }
+        let dup = json!({"model": format!("dup-{n}"), "worker_id": 1});
+        assert_eq!(
+            call(&agent, "POST", &format!("{base}/v1/workers"), Some(&dup))
+                .unwrap()
+                .0,
+            409
+        );
+        let hashes: Vec<u64> = (0..2_000).map(|i| n << 20 | i).collect();
+        let events = if n.is_multiple_of(10) {
+            json!([{"type": "cleared"}])
+        } else {
+            json!([{"type": "stored", "block_hashes": hashes}])
+        };
+        let body = json!({"worker_id": 9, "events": events});
+        assert_eq!(
+            call(&agent, "POST", &format!("{base}/v1/kv_events"), Some(&body))
+                .unwrap()
+                .0,
+            200
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn soak_with_faults_answers_everything_and_stays_flat() {
     let seconds: u64 = std::env::var("SWITCHYARD_SOAK_SECS")
@@ -228,37 +311,7 @@ fn soak_with_faults_answers_everything_and_stays_flat() {
     for client in 0..6u64 {
         let (base, stop, counts) = (base.clone(), stop.clone(), counts.clone());
         threads.push(std::thread::spawn(move || {
-            let agent = agent();
-            let mut n = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                n += 1;
-                let stream = n.is_multiple_of(2);
-                let body = json!({"model": "demo", "stream": stream, "max_tokens": 8,
-                    "messages": [{"role": "user", "content": format!("conversation {} turn {}", client * 7 + n % 5, n % 3)}]});
-                let sent = agent.post(&format!("{base}/v1/chat/completions")).send_json(body);
-                match sent {
-                    Ok(response) if n % 4 == 1 => {
-                        let mut first = [0u8; 16];
-                        let _ = response.into_reader().read(&mut first);
-                        counts.hung_up.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Ok(response) => {
-                        // A stream cut by a dying engine ends with an error event: answered.
-                        let _ = response.into_string();
-                        counts.answered.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Err(ureq::Error::Status(status, response)) => {
-                        let text = response.into_string().unwrap_or_default();
-                        let error: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-                        assert!(error["error"]["message"].is_string(), "{status}: not an OpenAI error: {text}");
-                        counts.errors.fetch_add(1, Ordering::Relaxed);
-                    }
-                    Err(e) => {
-                        eprintln!("unanswered: {e}");
-                        counts.unanswered.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            }
+            chat_until_stopped(&base, client, &stop, &counts)
         }));
     }
     // Engines killed and restarted on their port.
@@ -280,38 +333,7 @@ fn soak_with_faults_answers_everything_and_stays_flat() {
     {
         let (base, stop, config) = (base.clone(), stop.clone(), config.clone());
         threads.push(std::thread::spawn(move || {
-            let agent = agent();
-            let mut n = 0u64;
-            while !stop.load(Ordering::Relaxed) {
-                n += 1;
-                if n.is_multiple_of(40) {
-                    std::fs::write(&config, yaml(1 + (n / 40 % 3) as u32)).unwrap();
-                    let (status, text) =
-                        call(&agent, "POST", &format!("{base}/v1/admin/reload"), None).unwrap();
-                    assert_eq!(status, 200, "reload: {text}");
-                }
-                let dup = json!({"model": format!("dup-{n}"), "worker_id": 1});
-                assert_eq!(
-                    call(&agent, "POST", &format!("{base}/v1/workers"), Some(&dup))
-                        .unwrap()
-                        .0,
-                    409
-                );
-                let hashes: Vec<u64> = (0..2_000).map(|i| n << 20 | i).collect();
-                let events = if n.is_multiple_of(10) {
-                    json!([{"type": "cleared"}])
-                } else {
-                    json!([{"type": "stored", "block_hashes": hashes}])
-                };
-                let body = json!({"worker_id": 9, "events": events});
-                assert_eq!(
-                    call(&agent, "POST", &format!("{base}/v1/kv_events"), Some(&body))
-                        .unwrap()
-                        .0,
-                    200
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
+            churn_until_stopped(&base, &config, &yaml, &stop)
         }));
     }
     let healthz = probe(format!("{base}/healthz"), None, stop.clone());
