@@ -345,6 +345,82 @@ fn received(records: &[Value]) -> Vec<&Value> {
     records.iter().filter(|r| r.get("body").is_some()).collect()
 }
 
+/// One exchange of the golden file and what switchyard's engines received for it.
+struct Seen<'a> {
+    golden: &'a Value,
+    client: &'a Value,
+    prefill_records: &'a [Value],
+    n: usize,
+    prefill: (&'a str, u16),
+    context: &'a str,
+}
+
+impl Seen<'_> {
+    /// One side's request (`ours`) against the peer's (`theirs`): the protocol's `fields`
+    /// alike, everything else the client's.
+    fn same_request(&self, ours: &Value, theirs: &Value, fields: &[&str]) {
+        assert_eq!(ours["path"], theirs["path"], "{}", self.context);
+        for field in fields {
+            let (o, t) = (&ours["body"][field], &theirs["body"][field]);
+            if *field == "kv_transfer_params" && t["do_remote_prefill"] == true {
+                // The decode carries what its prefill answered, whole.
+                assert_eq!(
+                    *t, self.golden["prefill_answer_kv_transfer_params"],
+                    "{}",
+                    self.context
+                );
+                let answered = self
+                    .prefill_records
+                    .iter()
+                    .filter_map(|r| r.get("answered_kv_transfer_params"))
+                    .nth(self.n)
+                    .unwrap_or_else(|| {
+                        panic!("p0 answered no kv_transfer_params: {}", self.context)
+                    });
+                assert_eq!(o, answered, "{field}: {}", self.context);
+            } else if *field == "bootstrap_host" || *field == "bootstrap_port" {
+                let bootstrap = &self.golden["prefill_bootstrap"];
+                assert_eq!(
+                    t,
+                    &bootstrap[&field["bootstrap_".len()..]],
+                    "{}",
+                    self.context
+                );
+                let ours_expected = if *field == "bootstrap_host" {
+                    json!(self.prefill.0)
+                } else {
+                    json!(self.prefill.1)
+                };
+                assert_eq!(*o, ours_expected, "{field}: {}", self.context);
+            } else if *field == "max_tokens" && t.is_null() {
+                // SGLang's router writes the client's `max_tokens` as
+                // `max_completion_tokens` (its own request type); both mean one limit.
+                assert_eq!(*o, self.client["max_tokens"], "{}", self.context);
+                let renamed = &theirs["body"]["max_completion_tokens"];
+                assert!(
+                    renamed.is_null() || *renamed == self.client["max_tokens"],
+                    "{}",
+                    self.context
+                );
+            } else if *field == "stream" {
+                // Absent is not streamed (the peers write their default, `false`).
+                let streamed = |v: &Value| v.as_bool().unwrap_or(false);
+                assert_eq!(streamed(o), streamed(t), "{field}: {}", self.context);
+            } else if *field == "max_completion_tokens" && self.client.get(*field).is_none() {
+                assert!(o.is_null(), "{field}: {}", self.context);
+            } else {
+                assert_eq!(o, t, "{field}: {}", self.context);
+            }
+        }
+        // Everything else is the client's, as it sent it.
+        for (key, value) in self.client.as_object().unwrap() {
+            if !fields.contains(&key.as_str()) {
+                assert_eq!(&ours["body"][key], value, "{key}: {}", self.context);
+            }
+        }
+    }
+}
+
 /// Sends the golden file's client requests through switchyard (`mode`) in front of
 /// recording engine-sims, and checks each side's request against what the peer router
 /// sent: the protocol's fields alike, one `x-request-id` for both sides, and every other
@@ -403,53 +479,16 @@ fn matches_the_peer_router(mode: &str, golden: &str) {
             "{} vs switchyard, {path} {client}:\n  theirs: {theirs_p}\n          {theirs_d}\n  ours:   {ours_p}\n          {ours_d}",
             golden["router"]
         );
+        let seen = Seen {
+            golden: &golden,
+            client,
+            prefill_records: &p_records,
+            n,
+            prefill: (p_host, p_port),
+            context: &context,
+        };
         for (ours, theirs) in [(ours_p, theirs_p), (ours_d, theirs_d)] {
-            assert_eq!(ours["path"], theirs["path"], "{context}");
-            for field in fields {
-                let (o, t) = (&ours["body"][field], &theirs["body"][field]);
-                if *field == "kv_transfer_params" && t["do_remote_prefill"] == true {
-                    // The decode carries what its prefill answered, whole.
-                    assert_eq!(*t, golden["prefill_answer_kv_transfer_params"], "{context}");
-                    let answered = p_records
-                        .iter()
-                        .filter_map(|r| r.get("answered_kv_transfer_params"))
-                        .nth(n)
-                        .unwrap_or_else(|| panic!("p0 answered no kv_transfer_params: {context}"));
-                    assert_eq!(o, answered, "{field}: {context}");
-                } else if *field == "bootstrap_host" || *field == "bootstrap_port" {
-                    let bootstrap = &golden["prefill_bootstrap"];
-                    assert_eq!(t, &bootstrap[&field["bootstrap_".len()..]], "{context}");
-                    let ours_expected = if *field == "bootstrap_host" {
-                        json!(p_host)
-                    } else {
-                        json!(p_port)
-                    };
-                    assert_eq!(*o, ours_expected, "{field}: {context}");
-                } else if *field == "max_tokens" && t.is_null() {
-                    // SGLang's router writes the client's `max_tokens` as
-                    // `max_completion_tokens` (its own request type); both mean one limit.
-                    assert_eq!(*o, client["max_tokens"], "{context}");
-                    let renamed = &theirs["body"]["max_completion_tokens"];
-                    assert!(
-                        renamed.is_null() || *renamed == client["max_tokens"],
-                        "{context}"
-                    );
-                } else if *field == "stream" {
-                    // Absent is not streamed (the peers write their default, `false`).
-                    let streamed = |v: &Value| v.as_bool().unwrap_or(false);
-                    assert_eq!(streamed(o), streamed(t), "{field}: {context}");
-                } else if *field == "max_completion_tokens" && client.get(*field).is_none() {
-                    assert!(o.is_null(), "{field}: {context}");
-                } else {
-                    assert_eq!(o, t, "{field}: {context}");
-                }
-            }
-            // Everything else is the client's, as it sent it.
-            for (key, value) in client.as_object().unwrap() {
-                if !fields.contains(&key.as_str()) {
-                    assert_eq!(&ours["body"][key], value, "{key}: {context}");
-                }
-            }
+            seen.same_request(ours, theirs, fields);
         }
         // One id for both sides, as the peer sends (SGLang's router sends none; the
         // bootstrap room is what ties the pair there).
