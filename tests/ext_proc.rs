@@ -36,14 +36,6 @@ fn endpoints(n: u64) -> Vec<(u64, String)> {
     (1..=n).map(|i| (i, listening_address())).collect()
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 fn chat(content: &str) -> Vec<u8> {
     json!({"model": "demo", "max_tokens": 16, "stream": true,
            "messages": [{"role": "user", "content": content}]})

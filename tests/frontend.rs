@@ -39,14 +39,6 @@ fn chat(content: &str, stream: bool, max_tokens: u64) -> Value {
            "messages": [{"role": "system", "content": "You are a routing test."}, {"role": "user", "content": content}]})
 }
 
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 async fn workers(client: &reqwest::Client, base: &str) -> Vec<Value> {
     let value: Value = client
         .get(format!("{base}/v1/workers"))

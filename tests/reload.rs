@@ -78,6 +78,193 @@ fn chosen(sent: &[Sent], from: Instant, to: Instant) -> Vec<u64> {
         .collect()
 }
 
+/// When each reload of the test started and ended.
+struct Reloads {
+    started: Instant,
+    weight: (Instant, Instant),
+    version: (Instant, Instant),
+    broken_done: Instant,
+    end: Instant,
+}
+
+/// No request failed, and each reload switched the decisions made after it.
+fn decisions_switched(sent: &[Sent], r: &Reloads) {
+    assert!(sent.len() > 1000, "only {} requests were sent", sent.len());
+    let failed: Vec<u16> = sent
+        .iter()
+        .map(|s| s.status)
+        .filter(|s| *s != 200)
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} requests failed during the reloads: {failed:?}",
+        failed.len()
+    );
+
+    let before = chosen(sent, r.started, r.weight.0);
+    assert!(
+        !before.is_empty() && before.iter().all(|w| *w == 1),
+        "version 1, no load weight: worker 1 only: {before:?}"
+    );
+    let weighted = chosen(sent, r.weight.1, r.version.0);
+    assert!(
+        weighted.iter().any(|w| *w != 1),
+        "with the load weight, overlapping requests spread: {weighted:?}"
+    );
+    let after = chosen(sent, r.version.1, r.end);
+    assert!(
+        !after.is_empty() && after.iter().all(|w| *w == 3),
+        "version 2 prefers worker 3 from the reload on: {after:?}"
+    );
+    assert!(chosen(sent, r.broken_done, r.end).iter().all(|w| *w == 3));
+}
+
+/// A booking (`kept`) and blocks cached on worker 2.
+async fn book_and_cache(client: &reqwest::Client, base: &str) {
+    let kept: Value = client
+        .post(format!("{base}/v1/reserve"))
+        .json(&json!({"model": "demo", "request_id": "kept", "block_hashes": [1, 2, 3]}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(kept["worker_id"].is_u64(), "{kept}");
+    let stored = client
+        .post(format!("{base}/v1/kv_events"))
+        .json(&json!({"worker_id": 2, "events": [{"type": "stored", "block_hashes": [7001, 7002, 7003, 7004]}]}))
+        .send().await.unwrap();
+    assert!(
+        stored.status().is_success(),
+        "{}",
+        stored.text().await.unwrap()
+    );
+}
+
+/// The booking made before the reloads is still known (and freeable), worker 2's blocks
+/// still cached, generation 3 serving with 2 reloads and 1 refusal counted.
+async fn state_survived(client: &reqwest::Client, base: &str) {
+    let selected: Value = client
+        .post(format!("{base}/v1/select"))
+        .json(&json!({"model": "demo", "instance": "default", "block_hashes": [7001, 7002, 7003, 7004]}))
+        .send().await.unwrap().json().await.unwrap();
+    assert_eq!(
+        (&selected["worker_id"], &selected["device_overlap_blocks"]),
+        (&json!(2), &json!(4)),
+        "{selected}"
+    );
+    let workers: Value = client
+        .get(format!("{base}/v1/workers"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let busy: u64 = workers
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["load"]["active_requests"].as_u64().unwrap())
+        .sum();
+    assert_eq!(busy, 1, "only the kept booking remains: {workers}");
+    let freed = client
+        .post(format!("{base}/v1/requests/kept/free"))
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        freed.status().is_success(),
+        "the booking made before the reloads is still known"
+    );
+    let policies: Value = client
+        .get(format!("{base}/v1/policies"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(policies["generation"]["number"], 3);
+    let metrics = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for line in [
+        "switchyard_config_generation 3",
+        "switchyard_config_reloads_total{result=\"ok\"} 2",
+        "switchyard_config_reloads_total{result=\"failed\"} 1",
+    ] {
+        assert!(metrics.contains(line), "{line} missing:\n{metrics}");
+    }
+    // Both versions are loaded (different files at one path); the serving one is listed.
+    assert_eq!(
+        metrics.matches("switchyard_plugin_info{").count(),
+        1,
+        "{metrics}"
+    );
+}
+
+/// One streamed chat request every millisecond until `stop` (30 s at most), at most 128
+/// in flight; each one's times, status and worker into `sent`.
+async fn chat_until_stopped(
+    client: reqwest::Client,
+    base: String,
+    sent: Arc<Mutex<Vec<Sent>>>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) {
+    let mut tick = tokio::time::interval(Duration::from_millis(1));
+    let mut tasks = Vec::new();
+    let in_flight = Arc::new(tokio::sync::Semaphore::new(128));
+    let started = Instant::now();
+    let mut i = 0u64;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed)
+        && started.elapsed() < Duration::from_secs(30)
+    {
+        tick.tick().await;
+        i += 1;
+        let permit = in_flight.clone().acquire_owned().await.unwrap();
+        let (client, base, sent) = (client.clone(), base.clone(), sent.clone());
+        tasks.push(tokio::spawn(async move {
+            let _permit = permit;
+            let at = Instant::now();
+            let response = client
+                .post(format!("{base}/v1/chat/completions"))
+                .json(&json!({"model": "demo", "stream": true, "max_tokens": 4,
+                              "messages": [{"role": "user", "content": format!("request {i}")}]}))
+                .send()
+                .await
+                .unwrap();
+            let decided = Instant::now();
+            let status = response.status().as_u16();
+            let worker = response
+                .headers()
+                .get("x-switchyard-worker")
+                .and_then(|v| v.to_str().ok()?.parse().ok())
+                .unwrap_or(0);
+            let body = response.text().await.unwrap();
+            assert!(
+                status != 200 || body.contains("[DONE]"),
+                "a stream ended early: {body}"
+            );
+            sent.lock().unwrap().push(Sent {
+                at,
+                decided,
+                status,
+                worker,
+            });
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+}
+
 #[test]
 fn reloads_under_traffic_switch_decisions_and_drop_nothing() {
     let dir = tempfile::tempdir().unwrap();
@@ -87,24 +274,10 @@ fn reloads_under_traffic_switch_decisions_and_drop_nothing() {
     let config_path = write_config(dir.path(), &config(&plugin, &engines, 0.0));
     let router = serve(&config_path);
     let base = router.address.clone();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
+    runtime().block_on(async {
         let client = support::http_client();
         // State that must survive: a booking, and blocks cached on worker 2.
-        let kept: Value = client
-            .post(format!("{base}/v1/reserve"))
-            .json(&json!({"model": "demo", "request_id": "kept", "block_hashes": [1, 2, 3]}))
-            .send().await.unwrap().json().await.unwrap();
-        assert!(kept["worker_id"].is_u64(), "{kept}");
-        let stored = client
-            .post(format!("{base}/v1/kv_events"))
-            .json(&json!({"worker_id": 2, "events": [{"type": "stored", "block_hashes": [7001, 7002, 7003, 7004]}]}))
-            .send().await.unwrap();
-        assert!(stored.status().is_success(), "{}", stored.text().await.unwrap());
+        book_and_cache(&client, &base).await;
 
         // Traffic: one streamed chat request every millisecond until the reloads are done
         // (30 s at most), at most 128 in flight (a loaded machine slows the rate rather
@@ -112,44 +285,9 @@ fn reloads_under_traffic_switch_decisions_and_drop_nothing() {
         let sent: Arc<Mutex<Vec<Sent>>> = Arc::default();
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let traffic = {
-            let (client, base, sent, stop) = (client.clone(), base.clone(), sent.clone(), stop.clone());
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(Duration::from_millis(1));
-                let mut tasks = Vec::new();
-                let in_flight = Arc::new(tokio::sync::Semaphore::new(128));
-                let started = Instant::now();
-                let mut i = 0u64;
-                while !stop.load(std::sync::atomic::Ordering::Relaxed)
-                    && started.elapsed() < Duration::from_secs(30)
-                {
-                    tick.tick().await;
-                    i += 1;
-                    let permit = in_flight.clone().acquire_owned().await.unwrap();
-                    let (client, base, sent) = (client.clone(), base.clone(), sent.clone());
-                    tasks.push(tokio::spawn(async move {
-                        let _permit = permit;
-                        let at = Instant::now();
-                        let response = client
-                            .post(format!("{base}/v1/chat/completions"))
-                            .json(&json!({"model": "demo", "stream": true, "max_tokens": 4,
-                                          "messages": [{"role": "user", "content": format!("request {i}")}]}))
-                            .send()
-                            .await
-                            .unwrap();
-                        let decided = Instant::now();
-                        let status = response.status().as_u16();
-                        let worker = response.headers().get("x-switchyard-worker")
-                            .and_then(|v| v.to_str().ok()?.parse().ok())
-                            .unwrap_or(0);
-                        let body = response.text().await.unwrap();
-                        assert!(status != 200 || body.contains("[DONE]"), "a stream ended early: {body}");
-                        sent.lock().unwrap().push(Sent { at, decided, status, worker });
-                    }));
-                }
-                for task in tasks {
-                    task.await.unwrap();
-                }
-            })
+            let (client, base, sent, stop) =
+                (client.clone(), base.clone(), sent.clone(), stop.clone());
+            tokio::spawn(chat_until_stopped(client, base, sent, stop))
         };
 
         let started = Instant::now();
@@ -173,54 +311,37 @@ fn reloads_under_traffic_switch_decisions_and_drop_nothing() {
         tokio::time::sleep(Duration::from_millis(800)).await;
 
         // 3. A broken config: refused with its errors; generation 3 keeps serving.
-        std::fs::write(&config_path, config(&plugin, &engines, 0.0).replace("fixture.by-id", "fixture.by-idd")).unwrap();
+        std::fs::write(
+            &config_path,
+            config(&plugin, &engines, 0.0).replace("fixture.by-id", "fixture.by-idd"),
+        )
+        .unwrap();
         let (broken_done, status, answer) = reload(&client, &base).await;
         assert_eq!(status, 422, "{answer}");
         assert_eq!(answer["reloaded"], false);
         assert_eq!(answer["generation"]["number"], 3, "{answer}");
         let errors = answer["errors"].to_string();
-        assert!(errors.contains("fixture.by-idd") && errors.contains("config.yaml"), "{errors}");
+        assert!(
+            errors.contains("fixture.by-idd") && errors.contains("config.yaml"),
+            "{errors}"
+        );
 
         tokio::time::sleep(Duration::from_millis(300)).await;
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         traffic.await.unwrap();
         let sent = std::mem::take(&mut *sent.lock().unwrap());
         let end = Instant::now();
-        assert!(sent.len() > 1000, "only {} requests were sent", sent.len());
-        let failed: Vec<u16> = sent.iter().map(|s| s.status).filter(|s| *s != 200).collect();
-        assert!(failed.is_empty(), "{} requests failed during the reloads: {failed:?}", failed.len());
-
-        let before = chosen(&sent, started, weight_started);
-        assert!(!before.is_empty() && before.iter().all(|w| *w == 1), "version 1, no load weight: worker 1 only: {before:?}");
-        let weighted = chosen(&sent, weight_done, version_started);
-        assert!(weighted.iter().any(|w| *w != 1), "with the load weight, overlapping requests spread: {weighted:?}");
-        let after = chosen(&sent, version_done, end);
-        assert!(!after.is_empty() && after.iter().all(|w| *w == 3), "version 2 prefers worker 3 from the reload on: {after:?}");
-        assert!(chosen(&sent, broken_done, end).iter().all(|w| *w == 3));
+        let reloads = Reloads {
+            started,
+            weight: (weight_started, weight_done),
+            version: (version_started, version_done),
+            broken_done,
+            end,
+        };
+        decisions_switched(&sent, &reloads);
 
         // What survives: the booking (freeable) and worker 2's cached blocks.
-        let selected: Value = client
-            .post(format!("{base}/v1/select"))
-            .json(&json!({"model": "demo", "instance": "default", "block_hashes": [7001, 7002, 7003, 7004]}))
-            .send().await.unwrap().json().await.unwrap();
-        assert_eq!((&selected["worker_id"], &selected["device_overlap_blocks"]), (&json!(2), &json!(4)), "{selected}");
-        let workers: Value = client.get(format!("{base}/v1/workers")).send().await.unwrap().json().await.unwrap();
-        let busy: u64 = workers.as_array().unwrap().iter().map(|w| w["load"]["active_requests"].as_u64().unwrap()).sum();
-        assert_eq!(busy, 1, "only the kept booking remains: {workers}");
-        let freed = client.post(format!("{base}/v1/requests/kept/free")).send().await.unwrap();
-        assert!(freed.status().is_success(), "the booking made before the reloads is still known");
-        let policies: Value = client.get(format!("{base}/v1/policies")).send().await.unwrap().json().await.unwrap();
-        assert_eq!(policies["generation"]["number"], 3);
-        let metrics = client.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
-        for line in [
-            "switchyard_config_generation 3",
-            "switchyard_config_reloads_total{result=\"ok\"} 2",
-            "switchyard_config_reloads_total{result=\"failed\"} 1",
-        ] {
-            assert!(metrics.contains(line), "{line} missing:\n{metrics}");
-        }
-        // Both versions are loaded (different files at one path); the serving one is listed.
-        assert_eq!(metrics.matches("switchyard_plugin_info{").count(), 1, "{metrics}");
+        state_survived(&client, &base).await;
     });
     drop(engines);
 }

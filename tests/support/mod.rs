@@ -24,7 +24,15 @@ pub use real_envoy::{blocks, free_port, repo};
 #[allow(unused_imports)]
 pub use server::Server;
 
-/// target/debug (or release): where cargo wrote this test binary's crates.
+/// A two-thread tokio runtime, as on the CI machine's two cores.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 /// An HTTP client for the tests. The router's TLS uses rustls with the ring provider,
 /// which the process must choose before reqwest builds a client (the binary does it in
 /// `main`).
@@ -81,6 +89,7 @@ pub async fn get(url: impl reqwest::IntoUrl) -> reqwest::Result<reqwest::Respons
     http_client().get(url).send().await
 }
 
+/// target/debug (or release): where cargo wrote this test binary's crates.
 pub fn cargo_out_dir() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     exe.parent().unwrap().parent().unwrap().to_owned()
