@@ -71,6 +71,81 @@ fn index_matches_the_reference_model_with_a_wide_fleet_and_frequent_sweeps() {
     );
 }
 
+/// A random event for `chain` in `tier`: of 20, `clears` clear a worker (the tier or all
+/// of it), most of the rest store part of the chain, the others remove some of it.
+fn random_event(rng: &mut rand::rngs::StdRng, tier: Tier, chain: &[u64], clears: u32) -> KvEvent {
+    let roll = rng.gen_range(0..20);
+    match roll {
+        _ if roll < clears => KvEvent::Cleared {
+            tier: if rng.gen_bool(0.5) { Some(tier) } else { None },
+        },
+        _ if roll < 14 => {
+            let start = if rng.gen_bool(0.7) {
+                0
+            } else {
+                rng.gen_range(0..chain.len())
+            };
+            let end = rng.gen_range(start..=chain.len());
+            KvEvent::Stored {
+                tier,
+                parent_hash: start.checked_sub(1).map(|p| chain[p]),
+                block_hashes: chain[start..end].to_vec(),
+            }
+        }
+        _ => {
+            let n = rng.gen_range(0..4);
+            KvEvent::Removed {
+                tier,
+                block_hashes: (0..n)
+                    .map(|_| chain[rng.gen_range(0..chain.len())])
+                    .collect(),
+            }
+        }
+    }
+}
+
+/// `query_rows` answers as `query` does, in a partition's row order: some of the workers,
+/// shuffled, and one the index has never seen.
+fn same_in_row_order(
+    index: &KvIndex,
+    reference: &Reference,
+    workers: &[WorkerId],
+    query: &[u64],
+    fleet: u32,
+    rng: &mut rand::rngs::StdRng,
+) {
+    let mut scratch = QueryScratch::default();
+    let mut rows = SlotRows::default();
+    let mut columns: [Vec<u32>; 3] = Default::default();
+    let mut members: Vec<WorkerId> = workers
+        .iter()
+        .copied()
+        .filter(|_| rng.gen_bool(0.7))
+        .collect();
+    members.shuffle(rng);
+    members.push(WorkerId {
+        worker_id: u64::MAX,
+        dp_rank: 0,
+    });
+    rows.set(members.iter().map(|&w| index.slot_of(w)));
+    for column in &mut columns {
+        column.clear();
+        column.resize(members.len(), u32::MAX);
+    }
+    let [device, host, disk] = &mut columns;
+    let fleet_of_rows = index.query_rows(query, &mut scratch, &rows, [device, host, disk]);
+    assert_eq!(fleet_of_rows, fleet, "query {query:?}");
+    for (row, &w) in members.iter().enumerate() {
+        for t in Tier::ALL {
+            assert_eq!(
+                columns[t as usize][row],
+                reference.prefix(w, t, query),
+                "row {row} worker {w:?} tier {t:?} query {query:?}"
+            );
+        }
+    }
+}
+
 /// `clears`: out of 20 events, how many clear a worker (one tier or all of it).
 fn random_walk(
     fleet: u64,
@@ -96,42 +171,13 @@ fn random_walk(
     index.set_lazy_runs(lazy_runs);
     let mut reference = Reference::default();
     let mut scratch = QueryScratch::default();
-    let mut rows = SlotRows::default();
-    let mut columns: [Vec<u32>; 3] = Default::default();
     let tiers = Tier::ALL;
     let mut nonzero = 0;
     for step in 0..steps {
         let worker = workers[rng.gen_range(0..workers.len())];
         let tier = tiers[rng.gen_range(0..3)];
         let chain = &chains[rng.gen_range(0..chains.len())];
-        let roll = rng.gen_range(0..20);
-        let event = match roll {
-            _ if roll < clears => KvEvent::Cleared {
-                tier: if rng.gen_bool(0.5) { Some(tier) } else { None },
-            },
-            _ if roll < 14 => {
-                let start = if rng.gen_bool(0.7) {
-                    0
-                } else {
-                    rng.gen_range(0..chain.len())
-                };
-                let end = rng.gen_range(start..=chain.len());
-                KvEvent::Stored {
-                    tier,
-                    parent_hash: start.checked_sub(1).map(|p| chain[p]),
-                    block_hashes: chain[start..end].to_vec(),
-                }
-            }
-            _ => {
-                let n = rng.gen_range(0..4);
-                KvEvent::Removed {
-                    tier,
-                    block_hashes: (0..n)
-                        .map(|_| chain[rng.gen_range(0..chain.len())])
-                        .collect(),
-                }
-            }
-        };
+        let event = random_event(&mut rng, tier, chain, clears);
         index.apply(worker, &event);
         reference.apply(worker, &event);
 
@@ -165,35 +211,8 @@ fn random_walk(
                 }
             }
             assert_eq!(result.fleet_prefix, fleet, "step {step}");
-            // The same answer in a partition's row order: some of the workers, shuffled,
-            // and one the index has never seen.
-            let mut members: Vec<WorkerId> = workers
-                .iter()
-                .copied()
-                .filter(|_| rng.gen_bool(0.7))
-                .collect();
-            members.shuffle(&mut rng);
-            members.push(WorkerId {
-                worker_id: u64::MAX,
-                dp_rank: 0,
-            });
-            rows.set(members.iter().map(|&w| index.slot_of(w)));
-            for column in &mut columns {
-                column.clear();
-                column.resize(members.len(), u32::MAX);
-            }
-            let [device, host, disk] = &mut columns;
-            let fleet_of_rows = index.query_rows(query, &mut scratch, &rows, [device, host, disk]);
-            assert_eq!(fleet_of_rows, fleet, "step {step}");
-            for (row, &w) in members.iter().enumerate() {
-                for t in tiers {
-                    assert_eq!(
-                        columns[t as usize][row],
-                        reference.prefix(w, t, query),
-                        "step {step}: row {row} worker {w:?} tier {t:?} query {query:?}"
-                    );
-                }
-            }
+            // The same answer in a partition's row order.
+            same_in_row_order(&index, &reference, &workers, query, fleet, &mut rng);
         }
     }
     assert!(
@@ -201,6 +220,75 @@ fn random_walk(
         "the random walk must exercise real overlaps, got {nonzero}"
     );
     index.shape()
+}
+
+/// Of 20 events, 1 clears the tier, 15 store up to 10 blocks of `chain`, 4 remove 3.
+fn store_mostly(rng: &mut rand::rngs::StdRng, tier: Tier, chain: &[u64]) -> KvEvent {
+    match rng.gen_range(0..20) {
+        0 => KvEvent::Cleared { tier: Some(tier) },
+        1..=15 => {
+            let start = rng.gen_range(0..chain.len());
+            let end = rng.gen_range(start..=chain.len().min(start + 10));
+            KvEvent::Stored {
+                tier,
+                parent_hash: None,
+                block_hashes: chain[start..end].to_vec(),
+            }
+        }
+        _ => KvEvent::Removed {
+            tier,
+            block_hashes: (0..3).map(|_| chain[rng.gen_range(0..20)]).collect(),
+        },
+    }
+}
+
+/// Whether `worker` holds `hash` in `tier`.
+fn holds(index: &KvIndex, worker: WorkerId, tier: Tier, hash: u64) -> bool {
+    let mut scratch = QueryScratch::default();
+    index
+        .query(&[hash], &mut scratch)
+        .overlap(worker)
+        .tier(tier)
+        > 0
+}
+
+/// No worker holds more than its budget in any tier.
+fn within_budgets(
+    index: &KvIndex,
+    workers: &[WorkerId],
+    budgets: &HashMap<WorkerId, [u64; 3]>,
+    step: usize,
+) {
+    for &w in workers {
+        for t in Tier::ALL {
+            assert!(
+                index.held(w, t) <= budgets[&w][t as usize],
+                "step {step}: {w:?} holds {} in {t:?}, budget {}",
+                index.held(w, t),
+                budgets[&w][t as usize]
+            );
+        }
+    }
+}
+
+/// No worker holds, along `query`, what was never stored or was removed.
+fn nothing_unstored(
+    index: &KvIndex,
+    reference: &Reference,
+    workers: &[WorkerId],
+    query: &[u64],
+    step: usize,
+) {
+    let mut scratch = QueryScratch::default();
+    let result = index.query(query, &mut scratch);
+    for &w in workers {
+        for t in Tier::ALL {
+            assert!(
+                result.overlap(w).tier(t) <= reference.prefix(w, t, query),
+                "step {step}: {w:?} holds in {t:?} what was never stored or was removed"
+            );
+        }
+    }
 }
 
 /// Workers whose events store far more than their budget (what they declared they can
@@ -238,31 +326,9 @@ fn budgets_bound_what_each_worker_holds_evicting_its_oldest_blocks() {
             index.set_budget(worker, budget);
             budgets.insert(worker, budget);
         }
-        let event = match rng.gen_range(0..20) {
-            0 => KvEvent::Cleared { tier: Some(tier) },
-            1..=15 => {
-                let start = rng.gen_range(0..chain.len());
-                let end = rng.gen_range(start..=chain.len().min(start + 10));
-                KvEvent::Stored {
-                    tier,
-                    parent_hash: None,
-                    block_hashes: chain[start..end].to_vec(),
-                }
-            }
-            _ => KvEvent::Removed {
-                tier,
-                block_hashes: (0..3).map(|_| chain[rng.gen_range(0..20)]).collect(),
-            },
-        };
+        let event = store_mostly(&mut rng, tier, chain);
         let evicted_before = index.evicted();
-        let holds = |index: &KvIndex, hash: u64| {
-            let mut scratch = QueryScratch::default();
-            index
-                .query(&[hash], &mut scratch)
-                .overlap(worker)
-                .tier(tier)
-                > 0
-        };
+        let holds = |index: &KvIndex, hash: u64| holds(index, worker, tier, hash);
         // Blocks this worker never stored before (since its last clear of the tier) are
         // its newest: their own store never evicts them. (A block removed and stored
         // again keeps its first place in the order: eviction runs only for a worker past
@@ -289,33 +355,15 @@ fn budgets_bound_what_each_worker_holds_evicting_its_oldest_blocks() {
             index.evicted() == evicted_before || matches!(event, KvEvent::Stored { .. }),
             "step {step}: only stores evict"
         );
-        for &w in &workers {
-            for t in Tier::ALL {
-                assert!(
-                    index.held(w, t) <= budgets[&w][t as usize],
-                    "step {step}: {w:?} holds {} in {t:?}, budget {}",
-                    index.held(w, t),
-                    budgets[&w][t as usize]
-                );
-            }
-        }
+        within_budgets(&index, &workers, &budgets, step);
         for &hash in &new_blocks {
             assert!(
                 holds(&index, hash),
                 "step {step}: block {hash:x}, just stored, was evicted"
             );
         }
-        let mut scratch = QueryScratch::default();
         let query = &chains[rng.gen_range(0..chains.len())];
-        let result = index.query(query, &mut scratch);
-        for &w in &workers {
-            for t in Tier::ALL {
-                assert!(
-                    result.overlap(w).tier(t) <= reference.prefix(w, t, query),
-                    "step {step}: {w:?} holds in {t:?} what was never stored or was removed"
-                );
-            }
-        }
+        nothing_unstored(&index, &reference, &workers, query, step);
     }
     assert!(index.evicted() > 1_000, "evicted only {}", index.evicted());
     // Every pair stored and never removed by an event is either held or counted evicted.
