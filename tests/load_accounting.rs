@@ -104,6 +104,70 @@ fn interleaved_reservations_return_every_count_to_zero() {
     }
 }
 
+/// Workers marked unhealthy, probed healthy, added and removed at random until `stop`.
+fn churn_until_stopped(router: &Router, stop: &std::sync::atomic::AtomicBool) {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(99);
+    let mut next = 16;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        let id = WorkerId {
+            worker_id: rng.gen_range(0..next),
+            dp_rank: 0,
+        };
+        match rng.gen_range(0..4) {
+            0 => router.mark_unhealthy(id, std::time::Duration::ZERO),
+            1 => router.record_probe(id, Ok(())),
+            2 => {
+                router.add_worker(spec(next)).unwrap();
+                next += 1;
+            }
+            _ => {
+                let _ = router.remove_worker(id);
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_micros(200));
+    }
+}
+
+/// The partition's kept columns hold exactly the healthy members, each with its booked
+/// load; the loads.
+fn columns_match_loads(
+    router: &Router,
+    partition: &PartitionKey,
+) -> std::collections::HashMap<WorkerId, switchyard::fleet::load_accounting::WorkerLoad> {
+    let columns = router.kept_columns(partition).unwrap();
+    let loads: std::collections::HashMap<_, _> = router.loads().into_iter().collect();
+    let mut kept: Vec<WorkerId> = (0..columns.len()).map(|row| columns.worker(row)).collect();
+    for (row, id) in kept.iter().enumerate() {
+        let load = loads[id];
+        assert_eq!(
+            (
+                columns.active_prefill_tokens[row],
+                columns.active_decode_blocks[row],
+                columns.active_requests[row]
+            ),
+            (
+                load.active_prefill_tokens,
+                load.active_decode_blocks,
+                load.active_requests
+            ),
+            "worker {id:?}"
+        );
+    }
+    let mut healthy: Vec<WorkerId> = router
+        .workers()
+        .iter()
+        .map(|w| w.id())
+        .filter(|id| router.is_healthy(*id))
+        .collect();
+    kept.sort_by_key(|w| (w.worker_id, w.dp_rank));
+    healthy.sort_by_key(|w| (w.worker_id, w.dp_rank));
+    assert_eq!(
+        kept, healthy,
+        "the columns hold exactly the healthy members"
+    );
+    loads
+}
+
 /// Bookings from several threads while workers fail and recover their health, join and
 /// leave: once quiet, the candidate columns the router keeps per partition hold exactly
 /// the healthy members, each with its booked load, and every count is back to zero.
@@ -142,28 +206,7 @@ fn kept_candidate_columns_follow_bookings_health_and_membership() {
         .collect();
     let churn = {
         let (router, stop) = (router.clone(), stop.clone());
-        std::thread::spawn(move || {
-            let mut rng = rand::rngs::StdRng::seed_from_u64(99);
-            let mut next = 16;
-            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let id = WorkerId {
-                    worker_id: rng.gen_range(0..next),
-                    dp_rank: 0,
-                };
-                match rng.gen_range(0..4) {
-                    0 => router.mark_unhealthy(id, std::time::Duration::ZERO),
-                    1 => router.record_probe(id, Ok(())),
-                    2 => {
-                        router.add_worker(spec(next)).unwrap();
-                        next += 1;
-                    }
-                    _ => {
-                        let _ = router.remove_worker(id);
-                    }
-                }
-                std::thread::sleep(std::time::Duration::from_micros(200));
-            }
-        })
+        std::thread::spawn(move || churn_until_stopped(&router, &stop))
     };
     let open: Vec<String> = bookers
         .into_iter()
@@ -172,40 +215,7 @@ fn kept_candidate_columns_follow_bookings_health_and_membership() {
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     churn.join().unwrap();
 
-    let check = || {
-        let columns = router.kept_columns(&partition).unwrap();
-        let loads: std::collections::HashMap<_, _> = router.loads().into_iter().collect();
-        let mut kept: Vec<WorkerId> = (0..columns.len()).map(|row| columns.worker(row)).collect();
-        for (row, id) in kept.iter().enumerate() {
-            let load = loads[id];
-            assert_eq!(
-                (
-                    columns.active_prefill_tokens[row],
-                    columns.active_decode_blocks[row],
-                    columns.active_requests[row]
-                ),
-                (
-                    load.active_prefill_tokens,
-                    load.active_decode_blocks,
-                    load.active_requests
-                ),
-                "worker {id:?}"
-            );
-        }
-        let mut healthy: Vec<WorkerId> = router
-            .workers()
-            .iter()
-            .map(|w| w.id())
-            .filter(|id| router.is_healthy(*id))
-            .collect();
-        kept.sort_by_key(|w| (w.worker_id, w.dp_rank));
-        healthy.sort_by_key(|w| (w.worker_id, w.dp_rank));
-        assert_eq!(
-            kept, healthy,
-            "the columns hold exactly the healthy members"
-        );
-        loads
-    };
+    let check = || columns_match_loads(&router, &partition);
     let loads = check();
     assert!(
         loads.values().any(|l| l.active_requests > 0),
