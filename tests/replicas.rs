@@ -191,6 +191,56 @@ fn the_bus_going_down_fails_no_request_and_sharing_resumes_when_it_is_back() {
     }
 }
 
+/// Waits (20 s at most) until a request through Envoy is answered.
+fn until_envoy_routes(agent: &ureq::Agent, url: &str) {
+    let started = Instant::now();
+    while agent.post(url).send_json(json!({"model": "demo", "max_tokens": 1, "messages": [{"role": "user", "content": "ready?"}]})).is_err() {
+        assert!(started.elapsed() < Duration::from_secs(20), "Envoy never routed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// A replica per picker port, sharing load over the NATS server at `nats`.
+fn picker_replicas(
+    dir: &std::path::Path,
+    pickers: &[u16],
+    nats: u16,
+    workers: &str,
+) -> Vec<Process> {
+    pickers
+        .iter()
+        .enumerate()
+        .map(|(i, port)| {
+            let config = dir.join(format!("r{i}.yaml"));
+            std::fs::write(&config, format!(
+                "replicas: {{nats: 'nats://127.0.0.1:{}', id: r{i}, heartbeat_ms: 100, peer_ttl_ms: 800}}\n\
+                 frontend: {{health_interval_ms: 100}}\nworkers:\n{workers}", nats)).unwrap();
+            Process::start(
+                Command::new(switchyard_bin())
+                    .args(["serve", "--listen", "127.0.0.1:0", "--ext-proc", &format!("127.0.0.1:{port}"), "--config"])
+                    .arg(&config)
+                    .env("RUST_LOG", "warn"),
+                "switchyard listening on ",
+            )
+        })
+        .collect()
+}
+
+/// A real Envoy on docs/envoy.md's config, its picker cluster given every picker port.
+fn envoy_with_pickers(dir: &std::path::Path, pickers: &[u16]) -> Envoy {
+    let listen = free_port();
+    let first = format!(
+        "socket_address: {{ address: 127.0.0.1, port_value: {} }}",
+        pickers[0]
+    );
+    let more: String = pickers[1..]
+        .iter()
+        .map(|p| format!("\n              - endpoint:\n                  address:\n                    socket_address: {{ address: 127.0.0.1, port_value: {p} }}"))
+        .collect();
+    let config = envoy_config(listen, pickers[0]).replace(&first, &format!("{first}{more}"));
+    Envoy::start_with(dir, listen, &config)
+}
+
 /// Three replicas as the ext_proc cluster of one real Envoy (its config docs/envoy.md's,
 /// with three picker endpoints), in front of two slow `engine-sim` engines. Envoy spreads
 /// the streams over the pickers; each picker counts the others' bookings, so the engines
@@ -205,44 +255,14 @@ fn three_replicas_behind_a_real_envoy_share_load_and_survive_one_killed() {
         .collect();
     let workers = demo_workers(engines.iter(), true);
     let pickers: Vec<u16> = (0..3).map(|_| free_port()).collect();
-    let mut replicas: Vec<Process> = pickers
-        .iter()
-        .enumerate()
-        .map(|(i, port)| {
-            let config = dir.path().join(format!("r{i}.yaml"));
-            std::fs::write(&config, format!(
-                "replicas: {{nats: 'nats://127.0.0.1:{}', id: r{i}, heartbeat_ms: 100, peer_ttl_ms: 800}}\n\
-                 frontend: {{health_interval_ms: 100}}\nworkers:\n{workers}", nats.port)).unwrap();
-            Process::start(
-                Command::new(switchyard_bin())
-                    .args(["serve", "--listen", "127.0.0.1:0", "--ext-proc", &format!("127.0.0.1:{port}"), "--config"])
-                    .arg(&config)
-                    .env("RUST_LOG", "warn"),
-                "switchyard listening on ",
-            )
-        })
-        .collect();
+    let mut replicas = picker_replicas(dir.path(), &pickers, nats.port, &workers);
     // docs/envoy.md's config, its picker cluster given all three endpoints.
-    let listen = free_port();
-    let first = format!(
-        "socket_address: {{ address: 127.0.0.1, port_value: {} }}",
-        pickers[0]
-    );
-    let more: String = pickers[1..]
-        .iter()
-        .map(|p| format!("\n              - endpoint:\n                  address:\n                    socket_address: {{ address: 127.0.0.1, port_value: {p} }}"))
-        .collect();
-    let config = envoy_config(listen, pickers[0]).replace(&first, &format!("{first}{more}"));
-    let envoy = Envoy::start_with(dir.path(), listen, &config);
+    let envoy = envoy_with_pickers(dir.path(), &pickers);
     let url = format!("{}/v1/chat/completions", envoy.base);
     let agent = ureq::AgentBuilder::new()
         .timeout(Duration::from_secs(30))
         .build();
-    let started = Instant::now();
-    while agent.post(&url).send_json(json!({"model": "demo", "max_tokens": 1, "messages": [{"role": "user", "content": "ready?"}]})).is_err() {
-        assert!(started.elapsed() < Duration::from_secs(20), "Envoy never routed");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    until_envoy_routes(&agent, &url);
 
     // Eight long streams (50 tokens at 25 tokens/s), started 50 ms apart.
     let long = |i: usize| json!({"model": "demo", "stream": true, "max_tokens": 50, "messages": [{"role": "user", "content": format!("long stream {i}")}]});
