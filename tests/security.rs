@@ -195,6 +195,57 @@ fn every_route_answers_401_without_a_key_and_403_with_the_other_audiences() {
     }
 }
 
+/// The client keys file rewritten: the old key goes, a new one comes, with a reload and
+/// no restart; a file that breaks the rules refuses the reload, the serving keys stay.
+fn keys_rotate_by_reload(dir: &std::path::Path, base: &str) {
+    std::fs::write(
+        dir.join("clients.keys"),
+        format!("{CLIENT_NEW}\n{CLIENT_ROTATED_IN}\n"),
+    )
+    .unwrap();
+    let (status, reloaded) = call(base, "POST", "/v1/admin/reload", Some(OPERATOR), None);
+    assert_eq!(status, 200, "{reloaded}");
+    let select = json!({"model": "demo", "block_hashes": [1]});
+    assert_eq!(
+        call(base, "POST", "/v1/select", Some(CLIENT_OLD), Some(&select)).0,
+        401,
+        "rotated out"
+    );
+    assert_eq!(
+        call(base, "POST", "/v1/select", Some(CLIENT_NEW), Some(&select)).0,
+        200
+    );
+    assert_eq!(
+        call(
+            base,
+            "POST",
+            "/v1/select",
+            Some(CLIENT_ROTATED_IN),
+            Some(&select)
+        )
+        .0,
+        200
+    );
+
+    // A key file that breaks the rules refuses the reload; the serving keys stay.
+    std::fs::write(dir.join("clients.keys"), "short\n").unwrap();
+    let (status, refused) = call(base, "POST", "/v1/admin/reload", Some(OPERATOR), None);
+    assert_eq!(status, 422, "{refused}");
+    let errors = refused["errors"].to_string();
+    assert!(
+        errors.contains("clients.keys, line 1") && errors.contains("at least 16 characters"),
+        "{errors}"
+    );
+    assert!(
+        !errors.contains("short"),
+        "the key itself is never shown: {errors}"
+    );
+    assert_eq!(
+        call(base, "POST", "/v1/select", Some(CLIENT_NEW), Some(&select)).0,
+        200
+    );
+}
+
 #[test]
 fn a_client_key_cannot_register_a_worker_an_operator_key_can_and_keys_rotate_by_reload() {
     let dir = tempfile::tempdir().unwrap();
@@ -228,52 +279,7 @@ fn a_client_key_cannot_register_a_worker_an_operator_key_can_and_keys_rotate_by_
     assert_eq!(status, 200, "{picked}");
 
     // Rotation: the old key goes, a new one comes, with a reload and no restart.
-    std::fs::write(
-        dir.path().join("clients.keys"),
-        format!("{CLIENT_NEW}\n{CLIENT_ROTATED_IN}\n"),
-    )
-    .unwrap();
-    let (status, reloaded) = call(base, "POST", "/v1/admin/reload", Some(OPERATOR), None);
-    assert_eq!(status, 200, "{reloaded}");
-    let select = json!({"model": "demo", "block_hashes": [1]});
-    assert_eq!(
-        call(base, "POST", "/v1/select", Some(CLIENT_OLD), Some(&select)).0,
-        401,
-        "rotated out"
-    );
-    assert_eq!(
-        call(base, "POST", "/v1/select", Some(CLIENT_NEW), Some(&select)).0,
-        200
-    );
-    assert_eq!(
-        call(
-            base,
-            "POST",
-            "/v1/select",
-            Some(CLIENT_ROTATED_IN),
-            Some(&select)
-        )
-        .0,
-        200
-    );
-
-    // A key file that breaks the rules refuses the reload; the serving keys stay.
-    std::fs::write(dir.path().join("clients.keys"), "short\n").unwrap();
-    let (status, refused) = call(base, "POST", "/v1/admin/reload", Some(OPERATOR), None);
-    assert_eq!(status, 422, "{refused}");
-    let errors = refused["errors"].to_string();
-    assert!(
-        errors.contains("clients.keys, line 1") && errors.contains("at least 16 characters"),
-        "{errors}"
-    );
-    assert!(
-        !errors.contains("short"),
-        "the key itself is never shown: {errors}"
-    );
-    assert_eq!(
-        call(base, "POST", "/v1/select", Some(CLIENT_NEW), Some(&select)).0,
-        200
-    );
+    keys_rotate_by_reload(dir.path(), base);
 
     // `choose_instance: scoped`: only a key listing the instance may choose it.
     std::fs::write(dir.path().join("clients.keys"), format!("{CLIENT_NEW}\n")).unwrap();
@@ -336,6 +342,21 @@ fn keys_never_stand_in_the_config_and_bad_key_sources_name_what_to_do() {
         );
         assert!(!stderr.contains("abcdefghijklmnopqrstuvwxyz"), "{stderr}");
     }
+}
+
+fn configured_worker_outside_the_allow_list_fails(dir: &std::path::Path) {
+    let bad = write_config(dir, "router:\n  worker_networks: [10.0.0.0/8]\nworkers:\n  - {model: demo, worker_id: 1, url: 'http://192.168.0.5:8000'}\n");
+    let out = Command::new(switchyard_bin())
+        .args(["check", "--config"])
+        .arg(&bad)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        stderr.contains("config.yaml:4:") && stderr.contains("worker 1: `url` host `192.168.0.5`"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -413,18 +434,7 @@ fn worker_urls_that_would_exfiltrate_or_forge_requests_are_refused() {
     assert!(!workers.to_string().contains("hunter2"));
 
     // A configured worker outside the allow-list fails the config, at its line.
-    let bad = write_config(dir.path(), "router:\n  worker_networks: [10.0.0.0/8]\nworkers:\n  - {model: demo, worker_id: 1, url: 'http://192.168.0.5:8000'}\n");
-    let out = Command::new(switchyard_bin())
-        .args(["check", "--config"])
-        .arg(&bad)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(
-        stderr.contains("config.yaml:4:") && stderr.contains("worker 1: `url` host `192.168.0.5`"),
-        "{stderr}"
-    );
+    configured_worker_outside_the_allow_list_fails(dir.path());
 }
 
 #[test]
