@@ -434,6 +434,33 @@ fn check_and_serve_refuse_a_plugin_that_crashes_in_its_probe_and_survive() {
     assert!(output.status.success(), "{}", text(&output.stderr));
 }
 
+fn a_bad_fleet_file_names_its_line(config: &std::path::Path, fleet: &std::path::Path) {
+    std::fs::write(
+        fleet,
+        "- {worker_id: 1}\n- {worker_id: 2, actve_requests: 1}\n",
+    )
+    .unwrap();
+    let output = switchyard(
+        &[
+            "select",
+            "--config",
+            config.to_str().unwrap(),
+            "--fleet",
+            fleet.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let error = text(&output.stderr);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(
+        error.contains("fleet.yaml:2: not a fleet:")
+            && error.contains("unknown field `actve_requests`, expected one of `worker_id`"),
+        "{error}"
+    );
+    let output = switchyard(&["select", "--config", config.to_str().unwrap()], &[]);
+    assert!(text(&output.stderr).contains("give the candidates with --worker"));
+}
+
 #[test]
 fn select_explains_each_stage_per_worker_over_a_fleet_file() {
     let dir = tempfile::tempdir().unwrap();
@@ -500,30 +527,7 @@ fn select_explains_each_stage_per_worker_over_a_fleet_file() {
     assert!(total(3) < total(1), "{out}");
 
     // A fleet file with a typo: the file, the line, and what a fleet is.
-    std::fs::write(
-        &fleet,
-        "- {worker_id: 1}\n- {worker_id: 2, actve_requests: 1}\n",
-    )
-    .unwrap();
-    let output = switchyard(
-        &[
-            "select",
-            "--config",
-            config.to_str().unwrap(),
-            "--fleet",
-            fleet.to_str().unwrap(),
-        ],
-        &[],
-    );
-    let error = text(&output.stderr);
-    assert_eq!(output.status.code(), Some(1));
-    assert!(
-        error.contains("fleet.yaml:2: not a fleet:")
-            && error.contains("unknown field `actve_requests`, expected one of `worker_id`"),
-        "{error}"
-    );
-    let output = switchyard(&["select", "--config", config.to_str().unwrap()], &[]);
-    assert!(text(&output.stderr).contains("give the candidates with --worker"));
+    a_bad_fleet_file_names_its_line(&config, &fleet);
 }
 
 /// `plugin inspect` judges what the manifest declares: a library built for an ABI this

@@ -416,6 +416,21 @@ async fn streamed_request(
     Outcome::Unclear("the stream ended without [DONE] or an error event".into())
 }
 
+/// Kills `victim` (by PID) once `streams` have started (3 s at most).
+async fn kill_after(victim: u32, started: Arc<AtomicUsize>, streams: usize) {
+    for _ in 0..300 {
+        if started.load(Ordering::Relaxed) >= streams {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let status = Command::new("kill")
+        .args(["-9", &victim.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
 #[test]
 fn a_thousand_streams_with_hangups_and_a_killed_engine_leave_no_booking() {
     let dir = tempfile::tempdir().unwrap();
@@ -444,20 +459,7 @@ fn a_thousand_streams_with_hangups_and_a_killed_engine_leave_no_booking() {
             })
             .collect();
         // Kill one engine (by PID) once a few hundred streams are under way.
-        let killer_started = started.clone();
-        let killer = tokio::spawn(async move {
-            for _ in 0..300 {
-                if killer_started.load(Ordering::Relaxed) >= 300 {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            let status = Command::new("kill")
-                .args(["-9", &victim.to_string()])
-                .status()
-                .unwrap();
-            assert!(status.success());
-        });
+        let killer = tokio::spawn(kill_after(victim, started.clone(), 300));
         let mut outcomes = Vec::new();
         for task in tasks {
             let outcome = tokio::time::timeout(Duration::from_secs(120), task)
