@@ -24,6 +24,69 @@ fn chat(content: &str, max_tokens: u32) -> Value {
            "messages": [{"role": "user", "content": content}]})
 }
 
+/// With every worker busy, a request queues; its client hangs up; it leaves the queue.
+fn a_queued_client_that_hangs_up_leaves(agent: &ureq::Agent, base: &str) {
+    let address = base.trim_start_matches("http://");
+    let mut waiting = std::net::TcpStream::connect(address).unwrap();
+    let body = chat("queued, then gone", 10).to_string();
+    write!(
+        waiting,
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: {address}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    wait_for("the request queued", || {
+        metric(base, "switchyard_admission_waiting") == 1.0
+    });
+    let policies: Value = agent
+        .get(&format!("{base}/v1/policies"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    let admission = &policies["admission"];
+    assert_eq!(admission["waiting"], 1, "{admission}");
+    assert_eq!(admission["busy"]["max_active_requests"], 2, "{admission}");
+    assert_eq!(admission["queue"]["max_queued"], 4, "{admission}");
+    let left_before = metric(base, "switchyard_admission_left_total");
+    drop(waiting);
+    wait_for("the hung-up request left the queue", || {
+        metric(base, "switchyard_admission_waiting") == 0.0
+    });
+    assert!(metric(base, "switchyard_admission_left_total") > left_before);
+}
+
+/// One chat request: its status, `Retry-After` and body (status 0: no answer).
+fn answer_of(agent: &ureq::Agent, base: &str, body: Value) -> (u16, Option<String>, String) {
+    match agent
+        .post(&format!("{base}/v1/chat/completions"))
+        .send_json(body)
+    {
+        Ok(r) => (r.status(), None, String::new()),
+        Err(ureq::Error::Status(code, r)) => {
+            let retry = r.header("retry-after").map(str::to_owned);
+            (code, retry, r.into_string().unwrap_or_default())
+        }
+        Err(e) => (0, None, e.to_string()),
+    }
+}
+
+/// Every refusal is a 429 or 503 with `Retry-After` and an OpenAI-shaped error.
+fn refusals_are_openai_shaped_with_retry_after(statuses: &[(u16, Option<String>, String)]) {
+    for (status, retry, body) in statuses.iter().filter(|(s, ..)| *s != 200) {
+        assert!(
+            matches!(status, 429 | 503),
+            "a refusal is 429 or 503: {status} {body}"
+        );
+        assert_eq!(retry.as_deref(), Some("1"), "with Retry-After: {body}");
+        let error: Value = serde_json::from_str(body).unwrap();
+        assert!(
+            error["error"]["message"].is_string(),
+            "OpenAI-shaped: {body}"
+        );
+    }
+}
+
 #[test]
 fn three_times_capacity_every_request_answered_nothing_left_behind() {
     let dir = tempfile::tempdir().unwrap();
@@ -46,17 +109,7 @@ fn three_times_capacity_every_request_answered_nothing_left_behind() {
                 let agent = new_agent();
                 for n in 0..5 {
                     let body = chat(&format!("client {c} request {n}"), 10);
-                    let answer = match agent
-                        .post(&format!("{base}/v1/chat/completions"))
-                        .send_json(body)
-                    {
-                        Ok(r) => (r.status(), None, String::new()),
-                        Err(ureq::Error::Status(code, r)) => {
-                            let retry = r.header("retry-after").map(str::to_owned);
-                            (code, retry, r.into_string().unwrap_or_default())
-                        }
-                        Err(e) => (0, None, e.to_string()),
-                    };
+                    let answer = answer_of(&agent, &base, body);
                     statuses.lock().unwrap().push(answer);
                 }
             })
@@ -68,18 +121,7 @@ fn three_times_capacity_every_request_answered_nothing_left_behind() {
     let statuses = statuses.lock().unwrap();
     assert_eq!(statuses.len(), 60, "every request has an answer");
     let ok = statuses.iter().filter(|(s, ..)| *s == 200).count();
-    for (status, retry, body) in statuses.iter().filter(|(s, ..)| *s != 200) {
-        assert!(
-            matches!(status, 429 | 503),
-            "a refusal is 429 or 503: {status} {body}"
-        );
-        assert_eq!(retry.as_deref(), Some("1"), "with Retry-After: {body}");
-        let error: Value = serde_json::from_str(body).unwrap();
-        assert!(
-            error["error"]["message"].is_string(),
-            "OpenAI-shaped: {body}"
-        );
-    }
+    refusals_are_openai_shaped_with_retry_after(&statuses);
     let agent = new_agent();
     let queued = metric(&base, "switchyard_admission_queued_total");
     println!(
@@ -108,34 +150,7 @@ fn three_times_capacity_every_request_answered_nothing_left_behind() {
     wait_for("the four long requests booked", || {
         active_requests(&base).iter().sum::<u64>() >= 4
     });
-    let address = base.trim_start_matches("http://");
-    let mut waiting = std::net::TcpStream::connect(address).unwrap();
-    let body = chat("queued, then gone", 10).to_string();
-    write!(
-        waiting,
-        "POST /v1/chat/completions HTTP/1.1\r\nhost: {address}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    wait_for("the request queued", || {
-        metric(&base, "switchyard_admission_waiting") == 1.0
-    });
-    let policies: Value = agent
-        .get(&format!("{base}/v1/policies"))
-        .call()
-        .unwrap()
-        .into_json()
-        .unwrap();
-    let admission = &policies["admission"];
-    assert_eq!(admission["waiting"], 1, "{admission}");
-    assert_eq!(admission["busy"]["max_active_requests"], 2, "{admission}");
-    assert_eq!(admission["queue"]["max_queued"], 4, "{admission}");
-    let left_before = metric(&base, "switchyard_admission_left_total");
-    drop(waiting);
-    wait_for("the hung-up request left the queue", || {
-        metric(&base, "switchyard_admission_waiting") == 0.0
-    });
-    assert!(metric(&base, "switchyard_admission_left_total") > left_before);
+    a_queued_client_that_hangs_up_leaves(&agent, &base);
     for b in busy {
         b.join().unwrap();
     }
