@@ -73,6 +73,44 @@ fn probe_until(
     latencies
 }
 
+/// Two attacker processes of 10,000 connections each (a process may hold 20,000
+/// descriptors here): 20 source addresses x 500 connections apiece, idle and slowloris.
+fn start_floods(host: &str, port: &str) -> Vec<std::process::Child> {
+    let script = repo().join("tests/support/flood.py");
+    let flood_secs = "14";
+    [("idle", 2), ("slowloris", 22)]
+        .into_iter()
+        .map(|(mode, first)| {
+            Command::new("python3")
+                .arg(&script)
+                .args([
+                    host,
+                    port,
+                    &first.to_string(),
+                    "20",
+                    "500",
+                    flood_secs,
+                    mode,
+                ])
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("python3")
+        })
+        .collect()
+}
+
+fn print_probes(phases: &[(&str, &Vec<Duration>)]) {
+    for (phase, latencies) in phases {
+        println!(
+            "probes {phase}: {} answered, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+            latencies.len(),
+            percentile(latencies, 0.5),
+            percentile(latencies, 0.99),
+            percentile(latencies, 1.0)
+        );
+    }
+}
+
 #[test]
 fn twenty_thousand_idle_and_slowloris_connections_leave_new_clients_answered() {
     let dir = tempfile::tempdir().unwrap();
@@ -91,29 +129,7 @@ fn twenty_thousand_idle_and_slowloris_connections_leave_new_clients_answered() {
         &mut max_fds,
     );
 
-    // Two attacker processes of 10,000 connections each (a process may hold 20,000
-    // descriptors here): 20 source addresses x 500 connections apiece.
-    let script = repo().join("tests/support/flood.py");
-    let flood_secs = "14";
-    let attackers: Vec<_> = [("idle", 2), ("slowloris", 22)]
-        .into_iter()
-        .map(|(mode, first)| {
-            Command::new("python3")
-                .arg(&script)
-                .args([
-                    host,
-                    port,
-                    &first.to_string(),
-                    "20",
-                    "500",
-                    flood_secs,
-                    mode,
-                ])
-                .stdout(Stdio::piped())
-                .spawn()
-                .expect("python3")
-        })
-        .collect();
+    let attackers = start_floods(host, port);
     // Let the flood build up, then probe through it.
     std::thread::sleep(Duration::from_secs(3));
     let during = probe_until(
@@ -141,19 +157,11 @@ fn twenty_thousand_idle_and_slowloris_connections_leave_new_clients_answered() {
 
     let cap = (20_000u64.min(limit_of_open_files()) - 64) / 2;
     println!("flood: {}", reports.join(" "));
-    for (phase, latencies) in [
+    print_probes(&[
         ("before", &baseline),
         ("during", &during),
         ("after", &after),
-    ] {
-        println!(
-            "probes {phase}: {} answered, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
-            latencies.len(),
-            percentile(latencies, 0.5),
-            percentile(latencies, 0.99),
-            percentile(latencies, 1.0)
-        );
-    }
+    ]);
     println!("router: at most {max_fds} open descriptors (connection cap {cap})");
     let total: u64 = reports
         .iter()
