@@ -85,6 +85,59 @@ fn https_engine(name: &str, model: &str, cert: &Path, key: &Path) -> Process {
     )
 }
 
+/// Worker 2 (the rogue engine) is out, its health error naming the unknown issuer and
+/// `frontend.engine_ca` (30 s at most).
+fn rogue_engine_out_for_its_issuer(ca: &std::path::Path, base: &str) {
+    let started = std::time::Instant::now();
+    loop {
+        let (_, workers, _) = curl(ca, &format!("{base}/v1/workers"), None);
+        let workers: serde_json::Value = serde_json::from_str(&workers).unwrap();
+        let reason = workers[1]["health_error"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned();
+        if reason.contains("UnknownIssuer") {
+            assert!(reason.contains("frontend.engine_ca"), "{reason}");
+            break;
+        }
+        assert!(
+            started.elapsed().as_secs() < 30,
+            "worker 2's health error: {workers}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+fn openai_client_over_https(base: &str, ca: &std::path::Path) {
+    let python = repo().join("target/test-venv/bin/python");
+    assert!(
+        python.exists(),
+        "no {}: run scripts/install-test-tools (make test does) for the OpenAI client",
+        python.display()
+    );
+    let script = r#"
+import sys, openai
+client = openai.OpenAI(base_url=sys.argv[1] + "/v1", api_key="unused", http_client=openai.DefaultHttpxClient(verify=sys.argv[2]))
+answer = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+print(answer.system_fingerprint, answer.choices[0].finish_reason)
+chunks = list(client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "hi"}], max_tokens=3, stream=True))
+print("streamed", len(chunks))
+"#;
+    let out = Command::new(&python)
+        .args(["-c", script, base])
+        .arg(ca)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("tls-engine"), "{stdout}");
+    assert!(stdout.contains("streamed"), "{stdout}");
+}
+
 const CHAT: &str = r#"{"model": "demo", "messages": [{"role": "user", "content": "hello over TLS"}], "max_tokens": 4}"#;
 
 #[test]
@@ -97,11 +150,8 @@ fn https_clients_and_https_engines_with_a_test_ca_and_certificates_reloaded_on_s
     let (rogue_cert, rogue_key) = other_ca.leaf(d, "rogue");
     let engine = https_engine("tls-engine", "demo", &engine_cert, &engine_key);
     let rogue = https_engine("rogue-engine", "rogue", &rogue_cert, &rogue_key);
-    assert!(
-        engine.address.starts_with("https://127.0.0.1:"),
-        "{}",
-        engine.address
-    );
+    let https = engine.address.starts_with("https://127.0.0.1:");
+    assert!(https, "{}", engine.address);
     let config = write_config(
         d,
         &format!(
@@ -142,53 +192,10 @@ fn https_clients_and_https_engines_with_a_test_ca_and_certificates_reloaded_on_s
     assert!(ok, "{err}");
     assert!(!out.contains("rogue-engine"), "{out}");
     assert!(out.contains("\"error\""), "{out}");
-    let started = std::time::Instant::now();
-    loop {
-        let (_, workers, _) = curl(&ca.pem, &format!("{base}/v1/workers"), None);
-        let workers: serde_json::Value = serde_json::from_str(&workers).unwrap();
-        let reason = workers[1]["health_error"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
-        if reason.contains("UnknownIssuer") {
-            assert!(reason.contains("frontend.engine_ca"), "{reason}");
-            break;
-        }
-        assert!(
-            started.elapsed().as_secs() < 30,
-            "worker 2's health error: {workers}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    rogue_engine_out_for_its_issuer(&ca.pem, &base);
 
     // The official OpenAI Python client, over https with the test CA.
-    let python = repo().join("target/test-venv/bin/python");
-    assert!(
-        python.exists(),
-        "no {}: run scripts/install-test-tools (make test does) for the OpenAI client",
-        python.display()
-    );
-    let script = r#"
-import sys, openai
-client = openai.OpenAI(base_url=sys.argv[1] + "/v1", api_key="unused", http_client=openai.DefaultHttpxClient(verify=sys.argv[2]))
-answer = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
-print(answer.system_fingerprint, answer.choices[0].finish_reason)
-chunks = list(client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "hi"}], max_tokens=3, stream=True))
-print("streamed", len(chunks))
-"#;
-    let out = Command::new(&python)
-        .args(["-c", script, &base])
-        .arg(&ca.pem)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(stdout.contains("tls-engine"), "{stdout}");
-    assert!(stdout.contains("streamed"), "{stdout}");
+    openai_client_over_https(&base, &ca.pem);
 
     // New certificates (from another CA) on SIGHUP, no restart: new connections get them.
     let (new_cert, new_key) = other_ca.leaf(d, "router-next");
