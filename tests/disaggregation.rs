@@ -356,6 +356,48 @@ struct Seen<'a> {
 }
 
 impl Seen<'_> {
+    /// The two sides of one request are tied as the peer ties them: one `x-request-id`
+    /// (SGLang's router sends none; the bootstrap room is what ties the pair there).
+    fn one_pair(
+        &self,
+        mode: &str,
+        [ours_p, ours_d]: [&Value; 2],
+        [theirs_p, theirs_d]: [&Value; 2],
+    ) {
+        if theirs_p["x-request-id"].is_string() {
+            assert_eq!(
+                theirs_p["x-request-id"], theirs_d["x-request-id"],
+                "{}",
+                self.context
+            );
+        }
+        assert!(ours_p["x-request-id"].is_string(), "{}", self.context);
+        assert_eq!(
+            ours_p["x-request-id"], ours_d["x-request-id"],
+            "{}",
+            self.context
+        );
+        if mode == "sglang" {
+            for side in [theirs_p, theirs_d, ours_p, ours_d] {
+                let room = side["body"]["bootstrap_room"].as_u64();
+                assert!(
+                    room.is_some_and(|r| r < 1 << 63),
+                    "a room below 2^63: {}",
+                    self.context
+                );
+            }
+            assert_eq!(
+                theirs_p["body"]["bootstrap_room"],
+                theirs_d["body"]["bootstrap_room"]
+            );
+            assert_eq!(
+                ours_p["body"]["bootstrap_room"], ours_d["body"]["bootstrap_room"],
+                "{}",
+                self.context
+            );
+        }
+    }
+
     /// One side's request (`ours`) against the peer's (`theirs`): the protocol's `fields`
     /// alike, everything else the client's.
     fn same_request(&self, ours: &Value, theirs: &Value, fields: &[&str]) {
@@ -490,33 +532,7 @@ fn matches_the_peer_router(mode: &str, golden: &str) {
         for (ours, theirs) in [(ours_p, theirs_p), (ours_d, theirs_d)] {
             seen.same_request(ours, theirs, fields);
         }
-        // One id for both sides, as the peer sends (SGLang's router sends none; the
-        // bootstrap room is what ties the pair there).
-        if theirs_p["x-request-id"].is_string() {
-            assert_eq!(
-                theirs_p["x-request-id"], theirs_d["x-request-id"],
-                "{context}"
-            );
-        }
-        assert!(ours_p["x-request-id"].is_string(), "{context}");
-        assert_eq!(ours_p["x-request-id"], ours_d["x-request-id"], "{context}");
-        if mode == "sglang" {
-            for side in [theirs_p, theirs_d, ours_p, ours_d] {
-                let room = side["body"]["bootstrap_room"].as_u64();
-                assert!(
-                    room.is_some_and(|r| r < 1 << 63),
-                    "a room below 2^63: {context}"
-                );
-            }
-            assert_eq!(
-                theirs_p["body"]["bootstrap_room"],
-                theirs_d["body"]["bootstrap_room"]
-            );
-            assert_eq!(
-                ours_p["body"]["bootstrap_room"], ours_d["body"]["bootstrap_room"],
-                "{context}"
-            );
-        }
+        seen.one_pair(mode, [ours_p, ours_d], [theirs_p, theirs_d]);
     }
     wait_for_no_bookings(&router.address, Duration::from_secs(10));
 }

@@ -524,6 +524,51 @@ fn dashboard_series() -> Vec<String> {
     used
 }
 
+/// The selection and component histograms: cumulative buckets, +Inf equal to the count,
+/// one observation per selection of the instance `weird`.
+fn histograms_are_cumulative(
+    exposition: &openmetrics_parser::MetricsExposition<
+        openmetrics_parser::PrometheusType,
+        openmetrics_parser::PrometheusValue,
+    >,
+    weird: &str,
+) {
+    use openmetrics_parser::PrometheusValue;
+    let family = |name: &str| {
+        exposition
+            .families
+            .get(name)
+            .unwrap_or_else(|| panic!("no family {name}"))
+    };
+    for name in [
+        "switchyard_selection_duration_seconds",
+        "switchyard_component_duration_seconds",
+    ] {
+        let mut seen = 0;
+        for sample in family(name).iter_samples() {
+            let PrometheusValue::Histogram(h) = &sample.value else {
+                panic!("{name} is not a histogram")
+            };
+            let counts: Vec<f64> = h.buckets.iter().map(|b| b.count.as_f64()).collect();
+            assert!(
+                counts.windows(2).all(|w| w[0] <= w[1]),
+                "{name}: buckets are cumulative: {counts:?}"
+            );
+            assert_eq!(h.buckets.last().unwrap().upper_bound, f64::INFINITY);
+            assert_eq!(
+                Some(*counts.last().unwrap() as u64),
+                h.count,
+                "{name}: +Inf bucket = count"
+            );
+            if label_of(sample, "instance").as_deref() == Some(weird) {
+                seen += 1;
+                assert_eq!(h.count, Some(25), "{name}: one observation per selection");
+            }
+        }
+        assert!(seen >= 1, "{name} has series for the weird instance");
+    }
+}
+
 #[test]
 fn metrics_parse_as_prometheus_text_with_cumulative_histograms_and_escaped_labels() {
     use openmetrics_parser::{prometheus::parse_prometheus, PrometheusValue};
@@ -563,33 +608,7 @@ fn metrics_parse_as_prometheus_text_with_cumulative_histograms_and_escaped_label
         "the label value survives escaping"
     );
     assert_eq!(count_of("default"), Some(10.0));
-    for name in [
-        "switchyard_selection_duration_seconds",
-        "switchyard_component_duration_seconds",
-    ] {
-        let mut seen = 0;
-        for sample in family(name).iter_samples() {
-            let PrometheusValue::Histogram(h) = &sample.value else {
-                panic!("{name} is not a histogram")
-            };
-            let counts: Vec<f64> = h.buckets.iter().map(|b| b.count.as_f64()).collect();
-            assert!(
-                counts.windows(2).all(|w| w[0] <= w[1]),
-                "{name}: buckets are cumulative: {counts:?}"
-            );
-            assert_eq!(h.buckets.last().unwrap().upper_bound, f64::INFINITY);
-            assert_eq!(
-                Some(*counts.last().unwrap() as u64),
-                h.count,
-                "{name}: +Inf bucket = count"
-            );
-            if label_of(sample, "instance").as_deref() == Some(weird) {
-                seen += 1;
-                assert_eq!(h.count, Some(25), "{name}: one observation per selection");
-            }
-        }
-        assert!(seen >= 1, "{name} has series for the weird instance");
-    }
+    histograms_are_cumulative(&exposition, weird);
     let plugins = family("switchyard_plugin_info");
     assert_eq!(
         plugins.iter_samples().count(),
