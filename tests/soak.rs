@@ -171,6 +171,7 @@ fn clearing_and_removing_workers_of_400k_blocks_keeps_serving() {
     );
 }
 
+#[derive(Default)]
 struct Counts {
     answered: AtomicU64,
     errors: AtomicU64,
@@ -261,6 +262,72 @@ fn churn_until_stopped(
     }
 }
 
+fn restart_engines_until_stopped(
+    engines: &Mutex<Vec<Process>>,
+    start_engine: impl Fn(usize) -> Process,
+    stop: &AtomicBool,
+) {
+    for victim in (0..3).cycle() {
+        std::thread::sleep(Duration::from_secs(3));
+        if stop.load(Ordering::Relaxed) {
+            break;
+        }
+        engines.lock().unwrap()[victim].kill();
+        std::thread::sleep(Duration::from_millis(700));
+        engines.lock().unwrap()[victim] = start_engine(victim);
+    }
+}
+
+/// Every request answered, /healthz never failed, and neither the series nor the memory
+/// grew past warm-up.
+fn answered_and_flat(
+    counts: &Counts,
+    healthz_failed: u64,
+    (series_warm, series_end): (usize, usize),
+    (rss_warm, rss_end): (u64, u64),
+) {
+    let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+    assert_eq!(
+        get(&counts.unanswered),
+        0,
+        "requests left without an answer"
+    );
+    assert_eq!(healthz_failed, 0, "/healthz failed");
+    assert!(
+        get(&counts.answered) > 100,
+        "too little traffic to mean anything"
+    );
+    assert!(
+        series_end as f64 <= series_warm as f64 * 1.05,
+        "/metrics grew from {series_warm} to {series_end} series"
+    );
+    assert!(
+        rss_end as f64 <= rss_warm as f64 * 1.25 + 8_192.0,
+        "resident memory grew from {rss_warm} to {rss_end} KiB"
+    );
+}
+
+/// The soak's config: three engines on `ports`, a KV-only worker, the load scorer at
+/// `weight` (reloads change it).
+fn soak_config(ports: &[u16], weight: u32) -> String {
+    let workers: String = ports
+        .iter()
+        .enumerate()
+        .map(|(i, port)| {
+            format!(
+                "  - {{model: demo, worker_id: {}, url: \"http://127.0.0.1:{port}\"}}\n",
+                i + 1
+            )
+        })
+        .collect();
+    format!(
+        "models:\n  demo: {{kv_tracking: predicted}}\n\
+         frontend: {{health_interval_ms: 100, unhealthy_cooldown_ms: 300, connect_timeout_ms: 300, connect_retries: 3, request_timeout_secs: 10}}\n\
+         worker_selection:\n  default: soak\n  instances:\n    - name: soak\n      scorers: [{{type: builtin.active-requests, weight: {weight}}}, {{type: builtin.kv-overlap, weight: 1}}]\n      picker: {{type: builtin.lowest-cost}}\n\
+         workers:\n{workers}  - {{model: kvonly, worker_id: 9, total_kv_blocks: 50000}}\n"
+    )
+}
+
 #[test]
 fn soak_with_faults_answers_everything_and_stays_flat() {
     let seconds: u64 = std::env::var("SWITCHYARD_SOAK_SECS")
@@ -278,34 +345,12 @@ fn soak_with_faults_answers_everything_and_stays_flat() {
     };
     let engines: Arc<Mutex<Vec<Process>>> =
         Arc::new(Mutex::new((0..3).map(&start_engine).collect()));
-    let workers: String = ports
-        .iter()
-        .enumerate()
-        .map(|(i, port)| {
-            format!(
-                "  - {{model: demo, worker_id: {}, url: \"http://127.0.0.1:{port}\"}}\n",
-                i + 1
-            )
-        })
-        .collect();
-    let yaml = move |weight: u32| {
-        format!(
-            "models:\n  demo: {{kv_tracking: predicted}}\n\
-             frontend: {{health_interval_ms: 100, unhealthy_cooldown_ms: 300, connect_timeout_ms: 300, connect_retries: 3, request_timeout_secs: 10}}\n\
-             worker_selection:\n  default: soak\n  instances:\n    - name: soak\n      scorers: [{{type: builtin.active-requests, weight: {weight}}}, {{type: builtin.kv-overlap, weight: 1}}]\n      picker: {{type: builtin.lowest-cost}}\n\
-             workers:\n{workers}  - {{model: kvonly, worker_id: 9, total_kv_blocks: 50000}}\n"
-        )
-    };
+    let yaml = move |weight: u32| soak_config(&ports, weight);
     let config = write_config(dir.path(), &yaml(1));
     let router = serve(&config);
     let base = router.address.clone();
     let stop = Arc::new(AtomicBool::new(false));
-    let counts = Arc::new(Counts {
-        answered: AtomicU64::new(0),
-        errors: AtomicU64::new(0),
-        unanswered: AtomicU64::new(0),
-        hung_up: AtomicU64::new(0),
-    });
+    let counts = Arc::new(Counts::default());
     let mut threads = Vec::new();
     // Clients: streamed and not; one request in four hangs up after its first bytes.
     for client in 0..6u64 {
@@ -314,19 +359,11 @@ fn soak_with_faults_answers_everything_and_stays_flat() {
             chat_until_stopped(&base, client, &stop, &counts)
         }));
     }
-    // Engines killed and restarted on their port.
+    // Engines killed and restarted on their port, one every 3 s.
     {
         let (stop, engines) = (stop.clone(), engines.clone());
         threads.push(std::thread::spawn(move || {
-            let mut i = 0;
-            while !stop.load(Ordering::Relaxed) {
-                std::thread::sleep(Duration::from_secs(3));
-                let victim = i % 3;
-                engines.lock().unwrap()[victim].kill();
-                std::thread::sleep(Duration::from_millis(700));
-                engines.lock().unwrap()[victim] = start_engine(victim);
-                i += 1;
-            }
+            restart_engines_until_stopped(&engines, start_engine, &stop)
         }));
     }
     // Reloads, duplicate registrations, a KV-event flood with clears.
@@ -360,22 +397,10 @@ fn soak_with_faults_answers_everything_and_stays_flat() {
         get(&counts.answered), get(&counts.errors), get(&counts.hung_up), get(&counts.unanswered)
     );
     eprintln!("/healthz throughout: {}", summary(healthz));
-    assert_eq!(
-        get(&counts.unanswered),
-        0,
-        "requests left without an answer"
-    );
-    assert_eq!(healthz_failed, 0, "/healthz failed");
-    assert!(
-        get(&counts.answered) > 100,
-        "too little traffic to mean anything"
-    );
-    assert!(
-        series_end as f64 <= series_warm as f64 * 1.05,
-        "/metrics grew from {series_warm} to {series_end} series"
-    );
-    assert!(
-        rss_end as f64 <= rss_warm as f64 * 1.25 + 8_192.0,
-        "resident memory grew from {rss_warm} to {rss_end} KiB"
+    answered_and_flat(
+        &counts,
+        healthz_failed,
+        (series_warm, series_end),
+        (rss_warm, rss_end),
     );
 }

@@ -144,6 +144,65 @@ impl Envoy {
             .expect("the picker did not end the stream")
     }
 
+    /// The pick in the request headers answer, checked: header and metadata equal,
+    /// route cache cleared, only the destination (and llm-d's prefiller) set.
+    fn checked_pick(
+        &mut self,
+        headers: envoy_types::pb::envoy::service::ext_proc::v3::HeadersResponse,
+        metadata: Option<Struct>,
+    ) -> String {
+        let common = headers.response.unwrap();
+        assert!(common.clear_route_cache);
+        let set = common.header_mutation.unwrap().set_headers;
+        assert!(!set.is_empty(), "{set:?}");
+        self.pick_headers = set[1..]
+            .iter()
+            .map(|h| h.header.clone().unwrap())
+            .map(|h| (h.key, String::from_utf8(h.raw_value).unwrap()))
+            .collect();
+        assert!(
+            self.pick_headers
+                .iter()
+                .all(|(k, _)| k == "x-prefiller-host-port"),
+            "only the destination, and llm-d's prefiller for P/D: {set:?}"
+        );
+        let header = set[0].header.clone().unwrap();
+        assert_eq!(header.key, "x-gateway-destination-endpoint");
+        assert!(header.value.is_empty(), "raw_value only, never both");
+        let in_header = String::from_utf8(header.raw_value).unwrap();
+        let metadata = metadata.unwrap();
+        let Some(Kind::StructValue(lb)) = &metadata.fields["envoy.lb"].kind else {
+            panic!("envoy.lb must be a struct: {metadata:?}");
+        };
+        let Some(Kind::StringValue(in_metadata)) =
+            &lb.fields["x-gateway-destination-endpoint"].kind
+        else {
+            panic!("the metadata pick must be a string: {lb:?}");
+        };
+        assert_eq!(&in_header, in_metadata, "header and metadata must agree");
+        in_header
+    }
+
+    /// The request body the picker passed back, whole.
+    async fn echoed_body(&mut self) -> Vec<u8> {
+        let mut echoed = Vec::new();
+        loop {
+            let Some(Response::RequestBody(body)) = self.next().await.response else {
+                panic!("expected request body answers");
+            };
+            let Some(Mutation::StreamedResponse(chunk)) =
+                body.response.unwrap().body_mutation.unwrap().mutation
+            else {
+                panic!("full-duplex body answers are streamed responses");
+            };
+            echoed.extend_from_slice(&chunk.body);
+            if chunk.end_of_stream {
+                break;
+            }
+        }
+        echoed
+    }
+
     /// Request headers, then `body` in `chunks` pieces; the pick (checked: header and
     /// metadata equal, route cache cleared, the body passed back whole) or the refusal.
     pub async fn request(
@@ -180,36 +239,7 @@ impl Envoy {
         let first = self.next().await;
         let picked = match first.response {
             Some(Response::RequestHeaders(headers)) => {
-                let common = headers.response.unwrap();
-                assert!(common.clear_route_cache);
-                let set = common.header_mutation.unwrap().set_headers;
-                assert!(!set.is_empty(), "{set:?}");
-                self.pick_headers = set[1..]
-                    .iter()
-                    .map(|h| h.header.clone().unwrap())
-                    .map(|h| (h.key, String::from_utf8(h.raw_value).unwrap()))
-                    .collect();
-                assert!(
-                    self.pick_headers
-                        .iter()
-                        .all(|(k, _)| k == "x-prefiller-host-port"),
-                    "only the destination, and llm-d's prefiller for P/D: {set:?}"
-                );
-                let header = set[0].header.clone().unwrap();
-                assert_eq!(header.key, "x-gateway-destination-endpoint");
-                assert!(header.value.is_empty(), "raw_value only, never both");
-                let in_header = String::from_utf8(header.raw_value).unwrap();
-                let metadata = first.dynamic_metadata.unwrap();
-                let Some(Kind::StructValue(lb)) = &metadata.fields["envoy.lb"].kind else {
-                    panic!("envoy.lb must be a struct: {metadata:?}");
-                };
-                let Some(Kind::StringValue(in_metadata)) =
-                    &lb.fields["x-gateway-destination-endpoint"].kind
-                else {
-                    panic!("the metadata pick must be a string: {lb:?}");
-                };
-                assert_eq!(&in_header, in_metadata, "header and metadata must agree");
-                in_header
+                self.checked_pick(headers, first.dynamic_metadata)
             }
             Some(Response::ImmediateResponse(immediate)) => {
                 return Answer::Refused {
@@ -219,21 +249,7 @@ impl Envoy {
             }
             other => panic!("expected the request headers answer, got {other:?}"),
         };
-        let mut echoed = Vec::new();
-        loop {
-            let Some(Response::RequestBody(body)) = self.next().await.response else {
-                panic!("expected request body answers");
-            };
-            let Some(Mutation::StreamedResponse(chunk)) =
-                body.response.unwrap().body_mutation.unwrap().mutation
-            else {
-                panic!("full-duplex body answers are streamed responses");
-            };
-            echoed.extend_from_slice(&chunk.body);
-            if chunk.end_of_stream {
-                break;
-            }
-        }
+        let echoed = self.echoed_body().await;
         assert_eq!(echoed, body, "the body goes upstream unchanged");
         Answer::Picked(picked)
     }
