@@ -344,6 +344,62 @@ mod tests {
             .collect()
     }
 
+    /// A booking (`roll` < 40), a free (< 60) or a prefill completion.
+    fn book_at_random(
+        rng: &mut rand::rngs::StdRng,
+        roll: u32,
+        step: usize,
+        workers: &Workers,
+        load: &mut LoadAccounting,
+        booked: &mut Vec<String>,
+    ) {
+        if roll < 40 {
+            let members = workers.members(&partition()).to_vec();
+            if let Some(&worker) = members.get(rng.gen_range(0..members.len().max(1))) {
+                let id = format!("r{step}");
+                load.reserve(&id, worker, rng.gen_range(0..500), rng.gen_range(1..9))
+                    .unwrap();
+                booked.push(id);
+            }
+        } else if !booked.is_empty() && roll < 60 {
+            let id = booked.swap_remove(rng.gen_range(0..booked.len()));
+            // Gone with its worker, if that left.
+            let _ = load.free(&id);
+        } else if !booked.is_empty() {
+            let id = &booked[rng.gen_range(0..booked.len())];
+            let _ = load.prefill_complete(id);
+        }
+    }
+
+    /// A health change (`roll` 70), a join (71) or a departure (72); the next new id.
+    fn change_fleet_at_random(
+        rng: &mut rand::rngs::StdRng,
+        roll: u32,
+        mut next_id: u64,
+        workers: &mut Workers,
+        load: &mut LoadAccounting,
+    ) -> u64 {
+        let id = WorkerId {
+            worker_id: rng.gen_range(0..next_id),
+            dp_rank: 0,
+        };
+        match roll {
+            70 => {
+                workers.set_healthy(id, rng.gen_bool(0.5));
+            }
+            71 => {
+                workers.add(spec(next_id)).unwrap();
+                next_id += 1;
+            }
+            _ => {
+                if workers.remove(id).is_ok() {
+                    load.remove_worker(id);
+                }
+            }
+        }
+        next_id
+    }
+
     /// Random bookings, frees, health changes, joins and departures, with selections
     /// holding lent columns across them: every lend equals a rebuild from scratch, and
     /// what a selection holds never changes under it.
@@ -366,43 +422,12 @@ mod tests {
         let mut most_held = 0;
         for step in 0..20_000 {
             match rng.gen_range(0..100) {
-                0..=39 => {
-                    let members = workers.members(&partition()).to_vec();
-                    if let Some(&worker) = members.get(rng.gen_range(0..members.len().max(1))) {
-                        let id = format!("r{step}");
-                        load.reserve(&id, worker, rng.gen_range(0..500), rng.gen_range(1..9))
-                            .unwrap();
-                        booked.push(id);
-                    }
+                roll @ 0..=69 => {
+                    book_at_random(&mut rng, roll, step, &workers, &mut load, &mut booked)
                 }
-                40..=59 if !booked.is_empty() => {
-                    let id = booked.swap_remove(rng.gen_range(0..booked.len()));
-                    // Gone with its worker, if that left.
-                    let _ = load.free(&id);
-                }
-                60..=69 if !booked.is_empty() => {
-                    let id = &booked[rng.gen_range(0..booked.len())];
-                    let _ = load.prefill_complete(id);
-                }
-                70 => {
-                    let id = WorkerId {
-                        worker_id: rng.gen_range(0..next_id),
-                        dp_rank: 0,
-                    };
-                    workers.set_healthy(id, rng.gen_bool(0.5));
-                }
-                71 => {
-                    workers.add(spec(next_id)).unwrap();
-                    next_id += 1;
-                }
-                72 => {
-                    let id = WorkerId {
-                        worker_id: rng.gen_range(0..next_id),
-                        dp_rank: 0,
-                    };
-                    if workers.remove(id).is_ok() {
-                        load.remove_worker(id);
-                    }
+                roll @ 70..=72 => {
+                    next_id =
+                        change_fleet_at_random(&mut rng, roll, next_id, &mut workers, &mut load);
                 }
                 73..=84 => {
                     let lent = fleet.lend(&partition(), &kv).unwrap();
