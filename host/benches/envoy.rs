@@ -68,6 +68,46 @@ fn round_robin_config(port: u16, engines: &[String]) -> String {
     )
 }
 
+/// One table row: round robin (`cells[0]`) against the picker (`cells[1]`).
+fn print_row(
+    stream: bool,
+    concurrency: usize,
+    cells: &mut [Cell; 2],
+    seconds: f64,
+    router_cpu: f64,
+) {
+    for cell in cells.iter_mut() {
+        cell.latencies_us.sort_unstable();
+    }
+    let rate = |c: &Cell| c.requests as f64 / (3.0 * seconds);
+    let (rr, picked) = (&cells[0], &cells[1]);
+    let (p50, p99) = (
+        (
+            quantile(&rr.latencies_us, 0.5),
+            quantile(&picked.latencies_us, 0.5),
+        ),
+        (
+            quantile(&rr.latencies_us, 0.99),
+            quantile(&picked.latencies_us, 0.99),
+        ),
+    );
+    println!(
+        "| {stream} | {concurrency} | {:.0} | {:.0} | {:.2} | {:.2} / {:.2} | {:+.2} | {:.2} / {:.2} | {:+.2} | {:.0} | {} / {} |",
+        rate(rr),
+        rate(picked),
+        rate(picked) / rate(rr),
+        p50.0,
+        p50.1,
+        p50.1 - p50.0,
+        p99.0,
+        p99.1,
+        p99.1 - p99.0,
+        router_cpu / picked.requests.max(1) as f64 * 1e6,
+        rr.failures,
+        picked.failures
+    );
+}
+
 fn main() {
     if std::env::args().any(|a| a == "--list") {
         println!("envoy: bench");
@@ -115,18 +155,7 @@ fn main() {
     println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for stream in [false, true] {
         for concurrency in [1usize, 8, 32] {
-            let mut cells = [
-                Cell {
-                    requests: 0,
-                    failures: 0,
-                    latencies_us: Vec::new(),
-                },
-                Cell {
-                    requests: 0,
-                    failures: 0,
-                    latencies_us: Vec::new(),
-                },
-            ];
+            let mut cells = [Cell::default(), Cell::default()];
             // The router's CPU during the picker's cells (it idles during round robin's).
             let mut router_cpu = 0.0;
             for _round in 0..3 {
@@ -144,36 +173,7 @@ fn main() {
                     cells[which].latencies_us.extend(cell.latencies_us);
                 }
             }
-            for cell in &mut cells {
-                cell.latencies_us.sort_unstable();
-            }
-            let rate = |c: &Cell| c.requests as f64 / (3.0 * seconds);
-            let (rr, picked) = (&cells[0], &cells[1]);
-            let (p50, p99) = (
-                (
-                    quantile(&rr.latencies_us, 0.5),
-                    quantile(&picked.latencies_us, 0.5),
-                ),
-                (
-                    quantile(&rr.latencies_us, 0.99),
-                    quantile(&picked.latencies_us, 0.99),
-                ),
-            );
-            println!(
-                "| {stream} | {concurrency} | {:.0} | {:.0} | {:.2} | {:.2} / {:.2} | {:+.2} | {:.2} / {:.2} | {:+.2} | {:.0} | {} / {} |",
-                rate(rr),
-                rate(picked),
-                rate(picked) / rate(rr),
-                p50.0,
-                p50.1,
-                p50.1 - p50.0,
-                p99.0,
-                p99.1,
-                p99.1 - p99.0,
-                router_cpu / picked.requests.max(1) as f64 * 1e6,
-                rr.failures,
-                picked.failures
-            );
+            print_row(stream, concurrency, &mut cells, seconds, router_cpu);
         }
     }
 }

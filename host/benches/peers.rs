@@ -47,6 +47,36 @@ fn peer(router: &str, policy: &str, engines: &[String]) -> Result<Path, String> 
     })
 }
 
+/// Direct to the engines, through switchyard, and through each peer that installed.
+fn paths(urls: &[String], router: Process, address: String) -> Vec<Path> {
+    let mut paths = vec![
+        Path {
+            name: "direct".into(),
+            bases: urls.to_vec(),
+            pid: None,
+            _process: None,
+        },
+        Path {
+            name: "switchyard default".into(),
+            bases: vec![address],
+            pid: Some(router.0.id().to_string()),
+            _process: Some(router),
+        },
+    ];
+    for (router, policy) in [
+        ("vllm-router", "cache_aware"),
+        ("vllm-router", "round_robin"),
+        ("sglang-router", "cache_aware"),
+        ("sglang-router", "round_robin"),
+    ] {
+        match peer(router, policy, urls) {
+            Ok(path) => paths.push(path),
+            Err(why) => println!("skipped {router} {policy}: {why}"),
+        }
+    }
+    paths
+}
+
 fn main() {
     if std::env::args().any(|a| a == "--list") {
         println!("peers: bench");
@@ -66,31 +96,7 @@ fn main() {
     let config = dir.path().join("switchyard.yaml");
     std::fs::write(&config, format!("workers:\n{workers}")).unwrap();
     let (router, address) = serve(&config, &[]);
-    let mut paths = vec![
-        Path {
-            name: "direct".into(),
-            bases: urls.clone(),
-            pid: None,
-            _process: None,
-        },
-        Path {
-            name: "switchyard default".into(),
-            bases: vec![address],
-            pid: Some(router.0.id().to_string()),
-            _process: Some(router),
-        },
-    ];
-    for (router, policy) in [
-        ("vllm-router", "cache_aware"),
-        ("vllm-router", "round_robin"),
-        ("sglang-router", "cache_aware"),
-        ("sglang-router", "round_robin"),
-    ] {
-        match peer(router, policy, &urls) {
-            Ok(path) => paths.push(path),
-            Err(why) => println!("skipped {router} {policy}: {why}"),
-        }
-    }
+    let paths = paths(&urls, router, address);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -109,19 +115,7 @@ fn main() {
     println!("|---|---:|---|---:|---:|---:|---:|---:|---:|");
     for stream in [false, true] {
         for &concurrency in &concurrencies {
-            let mut cells: Vec<(Cell, f64)> = paths
-                .iter()
-                .map(|_| {
-                    (
-                        Cell {
-                            requests: 0,
-                            failures: 0,
-                            latencies_us: Vec::new(),
-                        },
-                        0.0,
-                    )
-                })
-                .collect();
+            let mut cells: Vec<(Cell, f64)> = paths.iter().map(|_| Default::default()).collect();
             for _round in 0..3 {
                 for (path, (cell, cpu)) in paths.iter().zip(cells.iter_mut()) {
                     let before = path.pid.as_deref().map_or(0.0, cpu_seconds);

@@ -50,49 +50,7 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize].as_secs_f64() * 1e6
 }
 
-fn main() {
-    if std::env::args().any(|a| a == "--list") {
-        return;
-    }
-    let port = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        listener.local_addr().unwrap().port()
-    };
-    let binary = ["/usr/sbin/nats-server", "/usr/bin/nats-server"]
-        .into_iter()
-        .find(|p| std::path::Path::new(p).exists())
-        .expect("nats-server: run scripts/install-test-tools");
-    let _nats = Nats(
-        Command::new(binary)
-            .args(["-a", "127.0.0.1", "-p", &port.to_string()])
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    std::thread::sleep(Duration::from_millis(300));
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let (a, b) = (router(Some(port), "a"), router(Some(port), "b"));
-    runtime.block_on(async {
-        for (r, id) in [(&a, "a"), (&b, "b")] {
-            let settings = r
-                .generation()
-                .startup
-                .source
-                .config
-                .replicas
-                .clone()
-                .unwrap();
-            switchyard::fleet::replicas::start(r.clone(), settings, None)
-                .await
-                .unwrap();
-            let _ = id;
-        }
-    });
-
-    // Latency: one booking at a time, until the other replica counts it.
+fn latency(a: &Router, b: &Router) {
     let mut latencies = Vec::new();
     for i in 0..2_000 {
         let id = format!("lat-{i}");
@@ -113,8 +71,9 @@ fn main() {
         percentile(&latencies, 0.5),
         percentile(&latencies, 0.99)
     );
+}
 
-    // Throughput: 100,000 reserve + free pairs on A as fast as it books them.
+fn throughput(a: &Router, b: &Router) {
     let pairs = 100_000u64;
     let received = || {
         b.metrics
@@ -158,5 +117,53 @@ fn main() {
         delivered.as_secs_f64(),
         2.0 * pairs as f64 / delivered.as_secs_f64()
     );
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap().port()
+    };
+    let binary = ["/usr/sbin/nats-server", "/usr/bin/nats-server"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).exists())
+        .expect("nats-server: run scripts/install-test-tools");
+    let _nats = Nats(
+        Command::new(binary)
+            .args(["-a", "127.0.0.1", "-p", &port.to_string()])
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (a, b) = (router(Some(port), "a"), router(Some(port), "b"));
+    runtime.block_on(async {
+        for (r, id) in [(&a, "a"), (&b, "b")] {
+            let settings = r
+                .generation()
+                .startup
+                .source
+                .config
+                .replicas
+                .clone()
+                .unwrap();
+            switchyard::fleet::replicas::start(r.clone(), settings, None)
+                .await
+                .unwrap();
+            let _ = id;
+        }
+    });
+
+    // Latency: one booking at a time, until the other replica counts it.
+    latency(&a, &b);
+    // Throughput: 100,000 reserve + free pairs on A as fast as it books them.
+    throughput(&a, &b);
     drop(runtime);
 }

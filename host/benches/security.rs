@@ -84,12 +84,60 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize].as_secs_f64() * 1e3
 }
 
-fn main() {
-    if std::env::args().any(|a| a == "--list") {
-        return;
+/// One table: `path` through each router, 5 interleaved rounds per concurrency.
+async fn table(
+    client: &reqwest::Client,
+    path: &str,
+    body: &Arc<String>,
+    routers: &[(&str, &str, Option<&'static str>); 3],
+) {
+    for (_, base, key) in routers {
+        round(&client, &format!("{base}{path}"), *key, body, 4, 400).await; // warm the pools
     }
-    let dir = tempfile::tempdir().unwrap();
-    let d = dir.path();
+    println!("\n{path}: 5 interleaved rounds per router; ratios to the open router");
+    println!("| concurrency | open p50 / p99 | key p50 / p99 | key + TLS p50 / p99 | open req/s | key req/s (ratio) | key + TLS req/s (ratio) |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|");
+    for (concurrency, requests) in [(1, 500), (16, 4000)] {
+        let mut latencies = vec![Vec::new(); 3];
+        let mut rates = [0.0; 3];
+        for _ in 0..5 {
+            for (i, (_, base, key)) in routers.iter().enumerate() {
+                let (l, r) = round(
+                    &client,
+                    &format!("{base}{path}"),
+                    *key,
+                    body,
+                    concurrency,
+                    requests / 5,
+                )
+                .await;
+                latencies[i].extend(l);
+                rates[i] += r / 5.0;
+            }
+        }
+        let cells: Vec<String> = latencies
+            .iter_mut()
+            .map(|l| {
+                l.sort();
+                format!("{:.3} / {:.3} ms", percentile(l, 0.5), percentile(l, 0.99))
+            })
+            .collect();
+        println!(
+            "| {concurrency} | {} | {} | {} | {:.0} | {:.0} ({:.2}) | {:.0} ({:.2}) |",
+            cells[0],
+            cells[1],
+            cells[2],
+            rates[0],
+            rates[1],
+            rates[1] / rates[0],
+            rates[2],
+            rates[2] / rates[0]
+        );
+    }
+}
+
+/// A test CA and the router's certificate and key from it (in `d`); the CA's PEM.
+fn write_certificates(d: &std::path::Path) -> String {
     let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
     ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
     ca.distinguished_name.push(DnType::CommonName, "bench CA");
@@ -101,6 +149,16 @@ fn main() {
         .unwrap();
     std::fs::write(d.join("router.crt"), leaf.pem()).unwrap();
     std::fs::write(d.join("router.key"), leaf_key.serialize_pem()).unwrap();
+    ca.pem()
+}
+
+fn main() {
+    if std::env::args().any(|a| a == "--list") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ca_pem = write_certificates(d);
     std::fs::write(d.join("clients.keys"), format!("{KEY}\n")).unwrap();
 
     let (_engine, engine) = start(
@@ -149,41 +207,14 @@ fn main() {
         switchyard::serve::tls::install_default_provider();
         let client = reqwest::Client::builder()
             .tcp_nodelay(true)
-            .add_root_certificate(reqwest::Certificate::from_pem(ca.pem().as_bytes()).unwrap())
+            .add_root_certificate(reqwest::Certificate::from_pem(ca_pem.as_bytes()).unwrap())
             .build()
             .unwrap();
         let chat = Arc::new(r#"{"model":"bench","stream":true,"max_tokens":8,"messages":[{"role":"user","content":"Benchmark the guards with a short prompt."}]}"#.to_owned());
         let select = Arc::new(r#"{"model":"bench","block_hashes":[1,2,3,4]}"#.to_owned());
         let routers: [(&str, &str, Option<&'static str>); 3] = [("open", &open, None), ("key", &keyed, Some(KEY)), ("key + TLS", &tls, Some(KEY))];
         for (path, body) in [("/v1/select", &select), ("/v1/chat/completions", &chat)] {
-            for (_, base, key) in &routers {
-                round(&client, &format!("{base}{path}"), *key, body, 4, 400).await; // warm the pools
-            }
-            println!("\n{path}: 5 interleaved rounds per router; ratios to the open router");
-            println!("| concurrency | open p50 / p99 | key p50 / p99 | key + TLS p50 / p99 | open req/s | key req/s (ratio) | key + TLS req/s (ratio) |");
-            println!("|---:|---:|---:|---:|---:|---:|---:|");
-            for (concurrency, requests) in [(1, 500), (16, 4000)] {
-                let mut latencies = vec![Vec::new(); 3];
-                let mut rates = [0.0; 3];
-                for _ in 0..5 {
-                    for (i, (_, base, key)) in routers.iter().enumerate() {
-                        let (l, r) = round(&client, &format!("{base}{path}"), *key, body, concurrency, requests / 5).await;
-                        latencies[i].extend(l);
-                        rates[i] += r / 5.0;
-                    }
-                }
-                let cells: Vec<String> = latencies
-                    .iter_mut()
-                    .map(|l| {
-                        l.sort();
-                        format!("{:.3} / {:.3} ms", percentile(l, 0.5), percentile(l, 0.99))
-                    })
-                    .collect();
-                println!(
-                    "| {concurrency} | {} | {} | {} | {:.0} | {:.0} ({:.2}) | {:.0} ({:.2}) |",
-                    cells[0], cells[1], cells[2], rates[0], rates[1], rates[1] / rates[0], rates[2], rates[2] / rates[0]
-                );
-            }
+            table(&client, path, body, &routers).await;
         }
     });
 }

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
+#[derive(Default)]
 pub struct Cell {
     pub requests: u64,
     pub failures: u64,
