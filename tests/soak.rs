@@ -233,7 +233,7 @@ fn churn_until_stopped(
     while !stop.load(Ordering::Relaxed) {
         n += 1;
         if n.is_multiple_of(40) {
-            std::fs::write(&config, yaml(1 + (n / 40 % 3) as u32)).unwrap();
+            std::fs::write(config, yaml(1 + (n / 40 % 3) as u32)).unwrap();
             let (status, text) =
                 call(&agent, "POST", &format!("{base}/v1/admin/reload"), None).unwrap();
             assert_eq!(status, 200, "reload: {text}");

@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use process::start;
 
 /// One streamed request: time to the first body byte, and to the end.
 async fn request(client: &reqwest::Client, url: &str, body: &Arc<String>) -> (Duration, Duration) {
@@ -101,37 +100,9 @@ fn main() {
     if std::env::args().any(|a| a == "--list") {
         return;
     }
-    let (_engine, engine) = start(
-        &[
-            "engine-sim",
-            "--model",
-            "bench",
-            "--listen",
-            "127.0.0.1:0",
-            "--prefill-tps",
-            "10000000",
-            "--decode-tps",
-            "4000",
-        ],
-        "engine-sim listening on ",
-    );
+    let (_engine, engine) = process::bench_engine();
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("bench.yaml");
-    std::fs::write(
-        &config,
-        format!("models:\n  bench: {{kv_tracking: off}}\nworkers:\n  - {{model: bench, worker_id: 1, url: \"{engine}\"}}\n"),
-    )
-    .unwrap();
-    let (_router, router) = start(
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--config",
-            config.to_str().unwrap(),
-        ],
-        "switchyard listening on ",
-    );
+    let (_router, router) = process::serve_bench(dir.path(), "bench", &engine, "");
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -269,6 +269,45 @@ fn clear_table() {
     println!();
 }
 
+/// Every worker holds a different prefix of one 64-block chain (a popular prompt cached
+/// to different depths): 64 distinct holder sets along the request, the case the
+/// router's select-and-reserve benchmark builds.
+fn prefixes(group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>) {
+    for workers in [1_024u64, 10_000] {
+        let chain: Vec<u64> = (0..64).map(|i| 1_000 + i).collect();
+        let held = |w: u64| ((w * 7919) % 65) as usize;
+        let load = |index: &mut dyn FnMut(WorkerId, &KvEvent)| {
+            for w in 0..workers {
+                let event = KvEvent::Stored {
+                    tier: Tier::Device,
+                    parent_hash: None,
+                    block_hashes: chain[..held(w)].to_vec(),
+                };
+                index(worker(w), &event);
+            }
+        };
+        let mut new = KvIndex::default();
+        load(&mut |w, e| new.apply(w, e));
+        let mut old = bitset_baseline::KvIndex::default();
+        load(&mut |w, e| old.apply(w, e));
+        let mut scratch = Scratch::default();
+        let case = format!("{workers} prefixes");
+        group.bench_function(BenchmarkId::new("query64", &case), |b| {
+            b.iter(|| black_box(Index::query(&new, &chain, &mut scratch)))
+        });
+        group.bench_function(BenchmarkId::new("baseline query64", &case), |b| {
+            b.iter(|| black_box(Index::query(&old, &chain, &mut scratch)))
+        });
+        group.bench_function(BenchmarkId::new("query64+overlap-all", &case), |b| {
+            b.iter(|| black_box(new.query_all(&chain, workers, &mut scratch)))
+        });
+        group.bench_function(
+            BenchmarkId::new("baseline query64+overlap-all", &case),
+            |b| b.iter(|| black_box(old.query_all(&chain, workers, &mut scratch))),
+        );
+    }
+}
+
 fn bench(c: &mut Criterion) {
     if let Ok(spec) = std::env::var(CHILD) {
         child(&spec);
@@ -327,42 +366,7 @@ fn bench(c: &mut Criterion) {
             |b, h| b.iter(|| black_box(baseline.query_all(h, workers, &mut scratch))),
         );
     }
-    // Every worker holds a different prefix of one 64-block chain (a popular prompt cached
-    // to different depths): 64 distinct holder sets along the request, the case the
-    // router's select-and-reserve benchmark builds.
-    for workers in [1_024u64, 10_000] {
-        let chain: Vec<u64> = (0..64).map(|i| 1_000 + i).collect();
-        let held = |w: u64| ((w * 7919) % 65) as usize;
-        let load = |index: &mut dyn FnMut(WorkerId, &KvEvent)| {
-            for w in 0..workers {
-                let event = KvEvent::Stored {
-                    tier: Tier::Device,
-                    parent_hash: None,
-                    block_hashes: chain[..held(w)].to_vec(),
-                };
-                index(worker(w), &event);
-            }
-        };
-        let mut new = KvIndex::default();
-        load(&mut |w, e| new.apply(w, e));
-        let mut old = bitset_baseline::KvIndex::default();
-        load(&mut |w, e| old.apply(w, e));
-        let mut scratch = Scratch::default();
-        let case = format!("{workers} prefixes");
-        group.bench_function(BenchmarkId::new("query64", &case), |b| {
-            b.iter(|| black_box(Index::query(&new, &chain, &mut scratch)))
-        });
-        group.bench_function(BenchmarkId::new("baseline query64", &case), |b| {
-            b.iter(|| black_box(Index::query(&old, &chain, &mut scratch)))
-        });
-        group.bench_function(BenchmarkId::new("query64+overlap-all", &case), |b| {
-            b.iter(|| black_box(new.query_all(&chain, workers, &mut scratch)))
-        });
-        group.bench_function(
-            BenchmarkId::new("baseline query64+overlap-all", &case),
-            |b| b.iter(|| black_box(old.query_all(&chain, workers, &mut scratch))),
-        );
-    }
+    prefixes(&mut group);
     group.finish();
 }
 

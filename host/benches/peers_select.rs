@@ -397,6 +397,39 @@ async fn publishers(workers: usize) -> Vec<Publisher> {
     publishers
 }
 
+/// A row per server: its cells of the three rounds summed.
+fn print_rows(
+    workers: usize,
+    reserve: bool,
+    servers: &[Arc<Running>],
+    cells: &[Vec<Cell>],
+    seconds: f64,
+) {
+    let mut rates = Vec::new();
+    for (server, cells) in servers.iter().zip(cells) {
+        let decisions: u64 = cells.iter().map(|c| c.decisions).sum();
+        let cpu: f64 = cells.iter().map(|c| c.cpu_seconds).sum();
+        let mut latencies: Vec<u64> = cells
+            .iter()
+            .flat_map(|c| c.latencies_us.iter().copied())
+            .collect();
+        latencies.sort_unstable();
+        let rate = decisions as f64 / (3.0 * seconds);
+        rates.push(rate);
+        println!(
+            "| {workers} | {} | {} | {rate:.0} | {:.2} | {:.2} | {:.2} | {:.1} | {:.1} % | {} |",
+            if reserve { "reserve + free" } else { "select" },
+            server.server.name(),
+            rate / rates[0],
+            quantile_ms(&latencies, 0.5),
+            quantile_ms(&latencies, 0.99),
+            cpu / decisions.max(1) as f64 * 1e6,
+            100.0 * cells.iter().map(|c| c.to_holder).sum::<u64>() as f64 / decisions.max(1) as f64,
+            cells.iter().map(|c| c.failures).sum::<u64>(),
+        );
+    }
+}
+
 fn main() {
     if std::env::args().any(|a| a == "--list") {
         println!("peers_select: bench");
@@ -461,30 +494,7 @@ fn main() {
                     cells[s].push(got);
                 }
             }
-            let mut rates = Vec::new();
-            for (server, cells) in servers.iter().zip(&cells) {
-                let decisions: u64 = cells.iter().map(|c| c.decisions).sum();
-                let cpu: f64 = cells.iter().map(|c| c.cpu_seconds).sum();
-                let mut latencies: Vec<u64> = cells
-                    .iter()
-                    .flat_map(|c| c.latencies_us.iter().copied())
-                    .collect();
-                latencies.sort_unstable();
-                let rate = decisions as f64 / (3.0 * seconds);
-                rates.push(rate);
-                println!(
-                    "| {workers} | {} | {} | {rate:.0} | {:.2} | {:.2} | {:.2} | {:.1} | {:.1} % | {} |",
-                    if reserve { "reserve + free" } else { "select" },
-                    server.server.name(),
-                    rate / rates[0],
-                    quantile_ms(&latencies, 0.5),
-                    quantile_ms(&latencies, 0.99),
-                    cpu / decisions.max(1) as f64 * 1e6,
-                    100.0 * cells.iter().map(|c| c.to_holder).sum::<u64>() as f64
-                        / decisions.max(1) as f64,
-                    cells.iter().map(|c| c.failures).sum::<u64>(),
-                );
-            }
+            print_rows(workers, reserve, &servers, &cells, seconds);
         }
         // Servers stop before their publishers close.
         drop(servers);

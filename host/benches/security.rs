@@ -15,7 +15,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::StreamExt;
-use process::start;
 use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
 
 const KEY: &str = "bench-client-key-0123456789abcdef";
@@ -92,7 +91,7 @@ async fn table(
     routers: &[(&str, &str, Option<&'static str>); 3],
 ) {
     for (_, base, key) in routers {
-        round(&client, &format!("{base}{path}"), *key, body, 4, 400).await; // warm the pools
+        round(client, &format!("{base}{path}"), *key, body, 4, 400).await; // warm the pools
     }
     println!("\n{path}: 5 interleaved rounds per router; ratios to the open router");
     println!("| concurrency | open p50 / p99 | key p50 / p99 | key + TLS p50 / p99 | open req/s | key req/s (ratio) | key + TLS req/s (ratio) |");
@@ -103,7 +102,7 @@ async fn table(
         for _ in 0..5 {
             for (i, (_, base, key)) in routers.iter().enumerate() {
                 let (l, r) = round(
-                    &client,
+                    client,
                     &format!("{base}{path}"),
                     *key,
                     body,
@@ -161,35 +160,8 @@ fn main() {
     let ca_pem = write_certificates(d);
     std::fs::write(d.join("clients.keys"), format!("{KEY}\n")).unwrap();
 
-    let (_engine, engine) = start(
-        &[
-            "engine-sim",
-            "--model",
-            "bench",
-            "--listen",
-            "127.0.0.1:0",
-            "--prefill-tps",
-            "10000000",
-            "--decode-tps",
-            "4000",
-        ],
-        "engine-sim listening on ",
-    );
-    let workers = format!("models:\n  bench: {{kv_tracking: off}}\nworkers:\n  - {{model: bench, worker_id: 1, url: \"{engine}\"}}\n");
-    let router = |name: &str, extra: &str| {
-        let config = d.join(format!("{name}.yaml"));
-        std::fs::write(&config, format!("{workers}{extra}")).unwrap();
-        start(
-            &[
-                "serve",
-                "--listen",
-                "127.0.0.1:0",
-                "--config",
-                config.to_str().unwrap(),
-            ],
-            "switchyard listening on ",
-        )
-    };
+    let (_engine, engine) = process::bench_engine();
+    let router = |name: &str, extra: &str| process::serve_bench(d, name, &engine, extra);
     let keys = "auth:\n  clients: [{name: bench, key_file: clients.keys}]\n";
     let (_open, open) = router("open", "");
     let (_keyed, keyed) = router("keyed", keys);

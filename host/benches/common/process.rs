@@ -84,6 +84,42 @@ pub fn fast_engines(n: usize) -> Vec<(Process, String)> {
         .collect()
 }
 
+/// One engine-sim serving model `bench`: prefill all but free, 4,000 tokens/s decode;
+/// its address.
+pub fn bench_engine() -> (Process, String) {
+    start(
+        &[
+            "engine-sim",
+            "--model",
+            "bench",
+            "--listen",
+            "127.0.0.1:0",
+            "--prefill-tps",
+            "10000000",
+            "--decode-tps",
+            "4000",
+        ],
+        "engine-sim listening on ",
+    )
+}
+
+/// `switchyard serve` of a config with `bench_engine`'s worker (`url`) and `extra`
+/// sections, written as `dir/NAME.yaml`; its address.
+pub fn serve_bench(
+    dir: &std::path::Path,
+    name: &str,
+    engine: &str,
+    extra: &str,
+) -> (Process, String) {
+    let config = dir.join(format!("{name}.yaml"));
+    std::fs::write(
+        &config,
+        format!("models:\n  bench: {{kv_tracking: off}}\nworkers:\n  - {{model: bench, worker_id: 1, url: \"{engine}\"}}\n{extra}"),
+    )
+    .unwrap();
+    serve(&config, &[])
+}
+
 /// `switchyard serve` of `config` on a loopback port, with `extra` arguments; its
 /// address.
 pub fn serve(config: &std::path::Path, extra: &[&str]) -> (Process, String) {

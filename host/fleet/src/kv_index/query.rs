@@ -438,7 +438,7 @@ fn walk_rest(
     tier: &TierIndex,
     rest: &[Run],
     few: &mut Vec<u32>,
-    bits: &mut Vec<u64>,
+    bits: &mut [u64],
     mut wide: bool,
     mut depth: u32,
     out: &mut [u32],
