@@ -9,6 +9,7 @@ use std::process::Command;
 use support::*;
 use switchyard::plugin::{RequestContext, SessionInfo};
 use switchyard::policy::{BuildError, Refusal};
+use switchyard::policy::{CandidatesFrom, RowExtras};
 use switchyard::startup::StartupError;
 use switchyard_plugin_sdk::Status;
 
@@ -124,7 +125,13 @@ fn session_affinity_sticks_and_forgets() {
         r
     };
     let pick = |s: &mut switchyard::policy::Selector, r: &RequestContext, fleet: &[W]| {
-        s.select(r, rows(fleet)).unwrap().worker_id
+        s.select(
+            r,
+            CandidatesFrom::Rows(&rows(fleet), &RowExtras::default()),
+            None,
+        )
+        .unwrap()
+        .worker_id
     };
     // First turn: least busy (worker 2, 1 active).
     assert_eq!(pick(&mut sticky, &request("s1", false), &FLEET), 2);

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use support::*;
 
 use switchyard::plugin::RequestContext;
-use switchyard::policy::KeptColumns;
+use switchyard::policy::{CandidatesFrom, KeptColumns, RowExtras};
 
 struct Counting;
 
@@ -50,6 +50,20 @@ fn allocations_in(f: impl FnOnce()) -> usize {
     ALLOCATIONS.load(Ordering::Relaxed) - before
 }
 
+fn kept_columns(candidates: &[switchyard::policy::CandidateRow]) -> KeptColumns {
+    let mut kept = KeptColumns::default();
+    for row in candidates {
+        kept.worker_id.push(row.worker.worker_id);
+        kept.dp_rank.push(row.worker.dp_rank);
+        kept.active_prefill_tokens
+            .push(row.load.active_prefill_tokens);
+        kept.active_decode_blocks.push(0);
+        kept.active_requests.push(row.load.active_requests);
+        kept.preferred_taint_multiplier.push(f64::NAN);
+    }
+    kept
+}
+
 #[test]
 fn warm_selections_do_not_allocate() {
     let _one = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -74,28 +88,19 @@ fn warm_selections_do_not_allocate() {
         .collect();
     let candidates = rows(&fleet);
     // The same fleet as a partition's kept columns, as the router lends them.
-    let mut kept = KeptColumns::default();
-    for row in &candidates {
-        kept.worker_id.push(row.worker.worker_id);
-        kept.dp_rank.push(row.worker.dp_rank);
-        kept.active_prefill_tokens
-            .push(row.load.active_prefill_tokens);
-        kept.active_decode_blocks.push(0);
-        kept.active_requests.push(row.load.active_requests);
-        kept.preferred_taint_multiplier.push(f64::NAN);
-    }
-    let kept = Arc::new(kept);
+    let kept = Arc::new(kept_columns(&candidates));
     let request = RequestContext::new(16, 64);
     for instance in ["builtin", "rust", "c", "cpp", "default"] {
         let mut selector = selector(&startup, instance);
-        selector
-            .select(&request, candidates.iter().copied())
-            .unwrap(); // grows the buffers
+        let extras = RowExtras::default();
+        let mut from_rows = || {
+            let from = CandidatesFrom::Rows(&candidates, &extras);
+            selector.select(&request, from, None).unwrap()
+        };
+        from_rows(); // grows the buffers
         let allocations = allocations_in(|| {
             for _ in 0..100 {
-                selector
-                    .select(&request, candidates.iter().copied())
-                    .unwrap();
+                from_rows();
             }
         });
         assert_eq!(
@@ -104,14 +109,18 @@ fn warm_selections_do_not_allocate() {
         );
         let lent = |selector: &mut switchyard::policy::Selector| {
             selector
-                .select_lent(&request, &kept, |[device, host, disk]| {
-                    for (row, c) in candidates.iter().enumerate() {
-                        device[row] = c.cache.device_overlap_blocks;
-                        host[row] = c.cache.host_overlap_blocks;
-                        disk[row] = c.cache.disk_overlap_blocks;
-                    }
-                    64
-                })
+                .select(
+                    &request,
+                    CandidatesFrom::Lent(&kept, &mut |[device, host, disk]| {
+                        for (row, c) in candidates.iter().enumerate() {
+                            device[row] = c.cache.device_overlap_blocks;
+                            host[row] = c.cache.host_overlap_blocks;
+                            disk[row] = c.cache.disk_overlap_blocks;
+                        }
+                        64
+                    }),
+                    None,
+                )
                 .unwrap()
         };
         lent(&mut selector); // grows the request's buffers

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use switchyard::config::ConfigSource;
 use switchyard::plugin::{PartitionKey, RequestContext};
-use switchyard::policy::Selector;
+use switchyard::policy::{CandidatesFrom, Selector};
 use switchyard::startup::{start, Startup};
 use switchyard_plugin_sdk::WorkerType;
 
@@ -67,7 +67,11 @@ fn side_by_side(
             for _ in 0..per_round {
                 black_box(
                     selector
-                        .select_lent(&request, &kept, |out| overlaps.write(out))
+                        .select(
+                            &request,
+                            CandidatesFrom::Lent(&kept, &mut |out| overlaps.write(out)),
+                            None,
+                        )
                         .unwrap(),
                 );
             }

@@ -23,7 +23,7 @@ use switchyard::fleet::router::{RouteRequest, Router};
 use switchyard::fleet::workers::WorkerSpec;
 use switchyard::plugin::PartitionKey;
 use switchyard::plugin::RequestContext;
-use switchyard::policy::Selector;
+use switchyard::policy::{CandidatesFrom, RowExtras, Selector};
 use switchyard::startup::{start, Startup};
 use switchyard_plugin_sdk::{WorkerId, WorkerType};
 
@@ -92,7 +92,11 @@ fn bench_selection(c: &mut Criterion, startup: &Startup) {
                 b.iter(|| {
                     black_box(
                         selector
-                            .select_lent(&request, &kept, |out| overlaps.write(out))
+                            .select(
+                                &request,
+                                CandidatesFrom::Lent(&kept, &mut |out| overlaps.write(out)),
+                                None,
+                            )
                             .unwrap(),
                     )
                 })
@@ -182,11 +186,23 @@ fn side_by_side(startup: &Startup, size: usize) -> Vec<(&'static str, f64, f64)>
             let start = Instant::now();
             for _ in 0..per_round {
                 if i == from_rows {
-                    black_box(selector.select(&request, rows.iter().copied()).unwrap());
+                    black_box(
+                        selector
+                            .select(
+                                &request,
+                                CandidatesFrom::Rows(&rows, &RowExtras::default()),
+                                None,
+                            )
+                            .unwrap(),
+                    );
                 } else {
                     black_box(
                         selector
-                            .select_lent(&request, &kept, |out| overlaps.write(out))
+                            .select(
+                                &request,
+                                CandidatesFrom::Lent(&kept, &mut |out| overlaps.write(out)),
+                                None,
+                            )
                             .unwrap(),
                     );
                 }

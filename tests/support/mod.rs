@@ -14,7 +14,7 @@ use std::process::{Child, Command, Stdio};
 use switchyard::config::ConfigSource;
 use switchyard::plugin::PartitionKey;
 use switchyard::plugin::RequestContext;
-use switchyard::policy::{CandidateRow, SelectError, Selector};
+use switchyard::policy::{CandidateRow, CandidatesFrom, RowExtras, SelectError, Selector};
 use switchyard::startup::{start, Startup, StartupError};
 use switchyard_plugin_sdk::{Status, WorkerId, WorkerType};
 
@@ -263,7 +263,11 @@ pub fn select(
     workers: &[W],
 ) -> Result<u64, SelectError> {
     selector
-        .select(&RequestContext::new(16, request_blocks), rows(workers))
+        .select(
+            &RequestContext::new(16, request_blocks),
+            CandidatesFrom::Rows(&rows(workers), &RowExtras::default()),
+            None,
+        )
         .map(|w| w.worker_id)
 }
 

@@ -31,7 +31,7 @@ use switchyard_plugin_host::plugin::{
 use switchyard_policy::busy::{mark_not_busy, mark_prefill_room, BusyInputs};
 use switchyard_policy::histogram::Stopwatch;
 use switchyard_policy::startup::{Startup, BUILTIN_DEFAULT};
-use switchyard_policy::{Candidates, InstanceFactory, KeptColumns, SelectError};
+use switchyard_policy::{Candidates, CandidatesFrom, InstanceFactory, KeptColumns, SelectError};
 
 mod admission;
 mod health;
@@ -530,6 +530,17 @@ impl Router {
         Ok(slot)
     }
 
+    /// What a policy that asked for lifecycle notifications is told of its pick.
+    fn selected_outcome(&self, worker: WorkerId, query: &Query<'_>) -> Outcome {
+        Outcome {
+            request_id: self.lifecycles.next_id(),
+            worker,
+            to_prefill_complete: None,
+            to_finish: None,
+            paired: query.request.paired,
+        }
+    }
+
     /// Runs `instance` over the partition's members; if it fails (not merely finding no
     /// worker) and its config says `on_error: fallback`, runs the built-in policy instead.
     /// Returns the chosen worker, whether the fallback chose it, and, when `booking` and
@@ -549,25 +560,20 @@ impl Router {
                 let slot = self.gather(generation, name, query, scratch)?;
                 let stopwatch = Stopwatch::start();
                 let mut selector = slot.selector.lock();
-                let result = selector.select_filled(context, &mut scratch.candidates);
+                let result = selector.select(
+                    context,
+                    CandidatesFrom::Filled(&mut scratch.candidates),
+                    None,
+                );
                 let elapsed = stopwatch.elapsed();
                 if let (true, Ok(worker), true) = (booking, &result, selector.policy.notified()) {
                     // Before the lock is released: the instance hears of this pick before
                     // it makes its next one.
-                    let outcome = Outcome {
-                        request_id: self.lifecycles.next_id(),
-                        worker: *worker,
-                        to_prefill_complete: None,
-                        to_finish: None,
-                        paired: query.request.paired,
-                    };
+                    let outcome = self.selected_outcome(*worker, query);
                     // Failures are counted on the stage and logged; they change nothing.
                     let _ = selector.notify_selected(context, &outcome);
-                    notified = Some(Notified {
-                        slot: slot.clone(),
-                        outcome,
-                        at: Instant::now(),
-                    });
+                    let (slot, at) = (slot.clone(), Instant::now());
+                    notified = Some(Notified { slot, outcome, at });
                 }
                 drop(selector);
                 self.metrics.record_selection(name, elapsed);

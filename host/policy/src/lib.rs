@@ -23,6 +23,7 @@ pub use candidates::{CandidateRow, Candidates, KeptColumns};
 pub use error::{BuildError, Refusal};
 pub use instances::{CallBudget, ComponentUse, InstanceFactory, InstanceKind};
 pub use pipeline::{
-    Policy, RawOutput, RowExtras, SelectError, SelectTrace, Selector, Stage, StageImpl, StageStats,
+    CandidatesFrom, Policy, RawOutput, RowExtras, SelectError, SelectTrace, Selector, Stage,
+    StageImpl, StageStats,
 };
 pub use registry::{ComponentType, Origin, PolicyFactory, PolicyType, Registry};

@@ -703,6 +703,23 @@ impl RowExtras {
     }
 }
 
+/// Where a selection's candidates come from.
+pub enum CandidatesFrom<'a> {
+    /// Rows of plain values, with each row's labels and engine report (index-aligned;
+    /// read only if some component declared LABELS or ENGINE).
+    Rows(&'a [CandidateRow], &'a RowExtras),
+    /// A partition's kept columns, lent for the call (not copied), and the request's
+    /// cache overlaps written as `Candidates::fill_request` says: the router's
+    /// per-request path, for benchmarks and tests.
+    Lent(
+        &'a Arc<KeptColumns>,
+        &'a mut dyn FnMut([&mut [u32]; 3]) -> u32,
+    ),
+    /// Candidates the caller filled for this policy's inputs (compacted in place by
+    /// filters).
+    Filled(&'a mut Candidates),
+}
+
 pub struct Selector {
     pub policy: Policy,
     candidates: Candidates,
@@ -721,36 +738,36 @@ impl Selector {
         self.policy.inputs()
     }
 
-    /// Runs the pipeline over candidates the caller filled for this policy's inputs
-    /// (compacted in place by filters); returns the chosen worker.
-    pub fn select_filled(
+    /// Runs the pipeline over `from` for `request`; returns the chosen worker. With
+    /// `trace`, what each stage did is recorded there (`select --explain`).
+    pub fn select(
         &mut self,
         request: &RequestContext,
-        candidates: &mut Candidates,
+        from: CandidatesFrom<'_>,
+        trace: Option<&mut SelectTrace>,
     ) -> Result<WorkerId, SelectError> {
+        let inputs = self.policy.inputs();
+        let (candidates, lent) = match from {
+            CandidatesFrom::Rows(rows, extras) => {
+                self.candidates.fill(inputs, rows.iter().copied());
+                extras.fill(&mut self.candidates);
+                (&mut self.candidates, false)
+            }
+            CandidatesFrom::Lent(kept, overlaps) => {
+                self.candidates.lend(inputs, kept.clone());
+                self.candidates
+                    .fill_request(request.request_blocks, overlaps);
+                (&mut self.candidates, true)
+            }
+            CandidatesFrom::Filled(candidates) => (candidates, false),
+        };
         let policy = &mut self.policy;
-        request
-            .with_abi(|raw| policy.select(raw, candidates, None))
-            .map(|row| candidates.worker(row))
-    }
-
-    /// Runs the pipeline over `kept` (lent for this call, not copied) and the request's
-    /// cache overlaps, written by `overlaps` as `Candidates::fill_request` says: the
-    /// router's per-request path, for benchmarks and tests.
-    pub fn select_lent(
-        &mut self,
-        request: &RequestContext,
-        kept: &Arc<KeptColumns>,
-        overlaps: impl FnOnce([&mut [u32]; 3]) -> u32,
-    ) -> Result<WorkerId, SelectError> {
-        self.candidates.lend(self.policy.inputs(), kept.clone());
-        self.candidates
-            .fill_request(request.request_blocks, overlaps);
-        let (policy, candidates) = (&mut self.policy, &mut self.candidates);
         let result = request
-            .with_abi(|raw| policy.select(raw, candidates, None))
+            .with_abi(|raw| policy.select(raw, candidates, trace))
             .map(|row| candidates.worker(row));
-        self.candidates.release();
+        if lent {
+            self.candidates.release();
+        }
         result
     }
 
@@ -763,55 +780,5 @@ impl Selector {
     ) -> Vec<(Arc<str>, CallError)> {
         let policy = &mut self.policy;
         request.with_abi(|raw| policy.notify(Lifecycle::Selected, Some(raw), outcome))
-    }
-
-    /// Like `select_labeled`, recording what each stage did.
-    pub fn explain<I>(
-        &mut self,
-        request: &RequestContext,
-        rows: I,
-        extras: &RowExtras,
-    ) -> (Result<WorkerId, SelectError>, SelectTrace)
-    where
-        I: IntoIterator<Item = CandidateRow>,
-        I::IntoIter: ExactSizeIterator,
-    {
-        let mut trace = SelectTrace::default();
-        self.candidates.fill(self.policy.inputs(), rows);
-        extras.fill(&mut self.candidates);
-        let (policy, candidates) = (&mut self.policy, &mut self.candidates);
-        let result = request
-            .with_abi(|raw| policy.select(raw, candidates, Some(&mut trace)))
-            .map(|row| candidates.worker(row));
-        (result, trace)
-    }
-
-    /// Runs the pipeline over `rows` for `request`; returns the chosen worker.
-    pub fn select<I>(&mut self, request: &RequestContext, rows: I) -> Result<WorkerId, SelectError>
-    where
-        I: IntoIterator<Item = CandidateRow>,
-        I::IntoIter: ExactSizeIterator,
-    {
-        self.select_labeled(request, rows, &RowExtras::default())
-    }
-
-    /// `select` with each row's labels (index-aligned; read only if some component
-    /// declared LABELS).
-    pub fn select_labeled<I>(
-        &mut self,
-        request: &RequestContext,
-        rows: I,
-        extras: &RowExtras,
-    ) -> Result<WorkerId, SelectError>
-    where
-        I: IntoIterator<Item = CandidateRow>,
-        I::IntoIter: ExactSizeIterator,
-    {
-        self.candidates.fill(self.policy.inputs(), rows);
-        extras.fill(&mut self.candidates);
-        let (policy, candidates) = (&mut self.policy, &mut self.candidates);
-        request
-            .with_abi(|raw| policy.select(raw, candidates, None))
-            .map(|row| candidates.worker(row))
     }
 }

@@ -15,7 +15,7 @@ use crate::plugin::{
     RequestContext,
 };
 use crate::policy::busy::{mark_not_busy, mark_prefill_room, BusyInputs};
-use crate::policy::{Admitters, CandidateRow, RowExtras, SelectTrace, Selector};
+use crate::policy::{Admitters, CandidateRow, CandidatesFrom, RowExtras, SelectTrace, Selector};
 use crate::startup::Startup;
 
 /// What `select` takes.
@@ -289,7 +289,12 @@ fn pick(
     admission: String,
 ) -> Result<String, String> {
     let mut selector = Selector::new(policy);
-    let (result, trace) = selector.explain(request, rows.iter().copied(), extras);
+    let mut trace = SelectTrace::default();
+    let result = selector.select(
+        request,
+        CandidatesFrom::Rows(rows, extras),
+        Some(&mut trace),
+    );
     let decision = match &result {
         Ok(worker) => format!("worker {} dp_rank {}\n", worker.worker_id, worker.dp_rank),
         Err(e) => format!("no pick: instance `{name}`: {e}\n"),

@@ -12,7 +12,7 @@ use std::time::Duration;
 use switchyard_plugin_sdk::{WorkerId, WorkerType};
 
 use super::assemble;
-use crate::{CandidateRow, Registry, Selector};
+use crate::{CandidateRow, CandidatesFrom, Registry, RowExtras, Selector};
 use switchyard_config::{ConfigSource, IsolationSettings};
 use switchyard_plugin_host::plugin::{library, PartitionKey, PluginSpec, RequestContext};
 
@@ -121,7 +121,11 @@ fn probe_one(source: &ConfigSource, index: usize) -> Option<(String, String)> {
         for worker_type in WorkerType::ALL {
             if let Ok(policy) = instance.build(&PartitionKey::new("probe", worker_type)) {
                 let mut selector = Selector::new(policy);
-                let _ = selector.select(&RequestContext::new(16, 16), rows.iter().copied());
+                let _ = selector.select(
+                    &RequestContext::new(16, 16),
+                    CandidatesFrom::Rows(&rows, &RowExtras::default()),
+                    None,
+                );
             }
             if let Some(death) = process.death() {
                 return Some(death);

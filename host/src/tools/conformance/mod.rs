@@ -28,8 +28,8 @@ use crate::plugin::{
     OwnedParams, PartitionKey, PluginSpec, RequestAttributes, RequestContext, RevisionRule,
 };
 use crate::policy::{
-    CandidateRow, Candidates, Origin, Policy, PolicyFactory, RawOutput, Registry, RowExtras,
-    Selector, Stage,
+    CandidateRow, Candidates, CandidatesFrom, Origin, Policy, PolicyFactory, RawOutput, Registry,
+    RowExtras, Selector, Stage,
 };
 
 mod inputs;
@@ -641,8 +641,8 @@ fn test_policy(policy: Policy, allow_random: bool) {
                 labels: labels(count, &mut rng),
                 engine: engine_reports(count, &mut rng),
             };
-            let first = selector.select_labeled(&request, fleet.iter().copied(), &extras);
-            let second = selector.select_labeled(&request, fleet.iter().copied(), &extras);
+            let first = selector.select(&request, CandidatesFrom::Rows(&fleet, &extras), None);
+            let second = selector.select(&request, CandidatesFrom::Rows(&fleet, &extras), None);
             match (&first, &second) {
                 (Err(e), _) if !e.is_no_worker() => failure = failure.or(Some(("selections succeed", format!("{count} candidates ({variant}): {e}")))),
                 (Ok(a), Ok(b)) if a != b && !allow_random => failure = failure.or(Some(("same input, same output", format!("{count} candidates ({variant}): picked worker {} then {} (pass --allow-random if the type is random by design)", a.worker_id, b.worker_id)))),
@@ -670,7 +670,7 @@ fn test_policy(policy: Policy, allow_random: bool) {
     let calls = 200;
     let started = Instant::now();
     for _ in 0..calls {
-        let _ = selector.select_labeled(&request, fleet.iter().copied(), &extras);
+        let _ = selector.select(&request, CandidatesFrom::Rows(&fleet, &extras), None);
     }
     let per_call = started.elapsed().as_nanos() as f64 / f64::from(calls);
     emit(&Line::Timing {
