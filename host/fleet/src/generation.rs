@@ -41,6 +41,24 @@ pub struct Generation {
     stages: RwLock<Vec<StageMetrics>>,
 }
 
+/// A partition's policies or admitters that could not be built: plugin code refused.
+#[derive(Debug, thiserror::Error)]
+pub enum PartitionError {
+    #[error("instance `{instance}` cannot be built for partition {partition}: {error}")]
+    Instance {
+        instance: String,
+        partition: PartitionKey,
+        error: switchyard_policy::BuildError,
+    },
+    #[error(
+        "the admitters (admission.admitters) cannot be built for partition {partition}: {error}"
+    )]
+    Admitters {
+        partition: PartitionKey,
+        error: switchyard_policy::BuildError,
+    },
+}
+
 impl Generation {
     pub fn new(number: u64, startup: Startup) -> Self {
         Generation {
@@ -83,16 +101,17 @@ impl Generation {
 
     /// Builds one policy per instance for `partition` (plugin code runs: no lock is held)
     /// and adds them.
-    pub fn build_partition(&self, partition: &PartitionKey) -> Result<(), String> {
+    pub fn build_partition(&self, partition: &PartitionKey) -> Result<(), PartitionError> {
         let mut selectors = Selectors::new();
         let mut stages = Vec::new();
         for instance in &self.startup.instances {
-            let policy = instance.build(partition).map_err(|e| {
-                format!(
-                    "instance `{}` cannot be built for partition {partition}: {e}",
-                    instance.name
-                )
-            })?;
+            let policy = instance
+                .build(partition)
+                .map_err(|error| PartitionError::Instance {
+                    instance: instance.name.clone(),
+                    partition: partition.clone(),
+                    error,
+                })?;
             stages.extend(policy.stages().map(|stage| StageMetrics {
                 instance: instance.name.clone(),
                 partition: partition.clone(),
@@ -109,9 +128,13 @@ impl Generation {
             );
         }
         if !self.startup.admitters.is_empty() {
-            let admitters = Admitters::build(&self.startup.admitters, partition).map_err(|e| {
-                format!("the admitters (admission.admitters) cannot be built for partition {partition}: {e}")
-            })?;
+            let admitters =
+                Admitters::build(&self.startup.admitters, partition).map_err(|error| {
+                    PartitionError::Admitters {
+                        partition: partition.clone(),
+                        error,
+                    }
+                })?;
             stages.extend(admitters.stages().map(|stage| StageMetrics {
                 instance: ADMISSION.to_owned(),
                 partition: partition.clone(),

@@ -40,7 +40,7 @@ mod membership;
 mod reload;
 mod replicas;
 pub use admission::Refused;
-pub use reload::ReloadOutcome;
+pub use reload::{ReloadError, ReloadOutcome};
 
 mod request;
 use request::{prompt_blocks, request_context, validate};

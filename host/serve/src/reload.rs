@@ -10,8 +10,48 @@ use std::sync::Arc;
 
 use crate::tls::{server_config, ServerTls, GRPC_ALPN, HTTP_ALPN};
 use switchyard_config::ConfigSource;
-use switchyard_fleet::router::{ReloadOutcome, Router};
-use switchyard_policy::startup::Startup;
+use switchyard_fleet::router::{ReloadError, ReloadOutcome, Router};
+use switchyard_policy::startup::{Startup, StartupError};
+
+/// Why a reload was refused; the serving generation stays.
+#[derive(Debug)]
+pub enum ReloadFailure {
+    /// The config did not go through startup (read, probes, loading, checks).
+    Startup(Vec<StartupError>),
+    /// A listener's new certificate does not load.
+    Certificates(Vec<CertificateError>),
+    /// The router refused the new generation.
+    Swap(Vec<ReloadError>),
+    /// The reload's thread ended before it did.
+    Interrupted(String),
+}
+
+impl ReloadFailure {
+    /// Every error, one line each, as `check` prints them.
+    pub fn messages(&self) -> Vec<String> {
+        fn lines<E: std::fmt::Display>(errors: &[E]) -> Vec<String> {
+            errors.iter().map(ToString::to_string).collect()
+        }
+        match self {
+            ReloadFailure::Startup(errors) => lines(errors),
+            ReloadFailure::Certificates(errors) => lines(errors),
+            ReloadFailure::Swap(errors) => lines(errors),
+            ReloadFailure::Interrupted(why) => vec![format!("the reload did not finish: {why}")],
+        }
+    }
+}
+
+/// A TLS listener whose certificates a reload cannot serve.
+#[derive(Debug, thiserror::Error)]
+pub enum CertificateError {
+    #[error("{config}: {reason}")]
+    Unloadable { config: String, reason: String },
+    #[error("{config}: `{section}` was removed, but the listener serves TLS; restart to serve it without")]
+    Removed {
+        config: String,
+        section: &'static str,
+    },
+}
 
 /// The TLS configs of the listeners that serve TLS, replaced by a reload.
 #[derive(Clone, Default)]
@@ -23,7 +63,10 @@ pub struct ListenerTls {
 type Reloaded = Vec<(Arc<ServerTls>, Arc<rustls::ServerConfig>)>;
 
 /// The new certificates of every TLS listener, from `source`; Err names what does not load.
-fn new_certificates(tls: &ListenerTls, source: &ConfigSource) -> Result<Reloaded, Vec<String>> {
+fn new_certificates(
+    tls: &ListenerTls,
+    source: &ConfigSource,
+) -> Result<Reloaded, Vec<CertificateError>> {
     let config = &source.config;
     let ext_proc = config.ext_proc.as_ref().and_then(|e| e.tls.as_ref());
     let listeners = [
@@ -34,11 +77,18 @@ fn new_certificates(tls: &ListenerTls, source: &ConfigSource) -> Result<Reloaded
     let mut errors = Vec::new();
     for (section, serving, settings, alpn) in listeners {
         match (serving, settings) {
-            (Some(serving), Some(settings)) => match server_config(section, settings, source, alpn) {
+            (Some(serving), Some(settings)) => match server_config(section, settings, source, alpn)
+            {
                 Ok(config) => reloaded.push((serving.clone(), config)),
-                Err(e) => errors.push(format!("{}: {e}", source.name)),
+                Err(reason) => errors.push(CertificateError::Unloadable {
+                    config: source.name.clone(),
+                    reason,
+                }),
             },
-            (Some(_), None) => errors.push(format!("{}: `{section}` was removed, but the listener serves TLS; restart to serve it without", source.name)),
+            (Some(_), None) => errors.push(CertificateError::Removed {
+                config: source.name.clone(),
+                section,
+            }),
             (None, _) => {}
         }
     }
@@ -51,32 +101,37 @@ fn new_certificates(tls: &ListenerTls, source: &ConfigSource) -> Result<Reloaded
 
 /// Reloads the config `router` was started from; off the async executor (probes wait
 /// for child processes, and plugin code runs).
-pub async fn reload(router: Arc<Router>, tls: &ListenerTls) -> Result<ReloadOutcome, Vec<String>> {
+pub async fn reload(
+    router: Arc<Router>,
+    tls: &ListenerTls,
+) -> Result<ReloadOutcome, ReloadFailure> {
     let reloading = router.clone();
     let tls = tls.clone();
     let result = tokio::task::spawn_blocking(move || {
         let path = reloading.generation().startup.source.path.clone();
-        let loaded =
-            switchyard_policy::startup::load(path.as_deref(), true).and_then(|startup: Startup| {
-                let certificates = new_certificates(&tls, &startup.source)?;
+        let loaded = switchyard_policy::startup::load(path.as_deref(), true)
+            .map_err(ReloadFailure::Startup)
+            .and_then(|startup: Startup| {
+                let certificates =
+                    new_certificates(&tls, &startup.source).map_err(ReloadFailure::Certificates)?;
                 Ok((startup, certificates))
             });
         match loaded {
             Ok((startup, certificates)) => {
-                let outcome = reloading.reload(startup)?;
+                let outcome = reloading.reload(startup).map_err(ReloadFailure::Swap)?;
                 for (serving, config) in certificates {
                     serving.replace(config);
                 }
                 Ok(outcome)
             }
-            Err(errors) => {
+            Err(failure) => {
                 reloading.metrics.record_reload(false);
-                Err(errors)
+                Err(failure)
             }
         }
     })
     .await
-    .unwrap_or_else(|e| Err(vec![format!("the reload did not finish: {e}")]));
+    .unwrap_or_else(|e| Err(ReloadFailure::Interrupted(e.to_string())));
     match &result {
         Ok(outcome) => {
             tracing::info!(
@@ -90,8 +145,8 @@ pub async fn reload(router: Arc<Router>, tls: &ListenerTls) -> Result<ReloadOutc
                 tracing::warn!(sections = ?outcome.needs_restart, "these config sections changed but are read only at startup: restart to apply them");
             }
         }
-        Err(errors) => {
-            for error in errors {
+        Err(failure) => {
+            for error in failure.messages() {
                 tracing::error!(%error, "reload refused; the serving config stays");
             }
         }

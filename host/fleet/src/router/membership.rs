@@ -61,9 +61,7 @@ impl Router {
         if generation.has_partition(partition) {
             return Ok(());
         }
-        generation
-            .build_partition(partition)
-            .map_err(RouteError::BadRequest)
+        Ok(generation.build_partition(partition)?)
     }
 
     /// Every worker a gateway can send to (it has an `address`, or a `url` with an IP

@@ -15,6 +15,29 @@ pub struct ReloadOutcome {
     pub needs_restart: Vec<String>,
 }
 
+/// Why a reload was refused; the serving generation stays.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error("{config}: router.block_size changed from {from} to {to}; bookings and the KV index are counted in blocks of the running size, so it changes only with a restart")]
+    BlockSizeChanged { config: String, from: u32, to: u32 },
+    #[error("{config}: the new config would remove every worker ({removed} of {live}); nothing was changed. If that is what you want, set `router.reload_may_empty_fleet: true` in it")]
+    EmptiesFleet {
+        config: String,
+        removed: usize,
+        live: usize,
+    },
+    /// A new or changed worker's address is outside `router.worker_networks` or is the
+    /// router's own.
+    #[error("{config}: worker {worker_id}: {reason}")]
+    Destination {
+        config: String,
+        worker_id: u64,
+        reason: String,
+    },
+    #[error(transparent)]
+    Partition(#[from] crate::generation::PartitionError),
+}
+
 /// A value as JSON, to compare config sections.
 fn as_json<T: Serialize>(value: &T) -> serde_json::Value {
     serde_json::to_value(value).unwrap_or_default()
@@ -28,21 +51,22 @@ impl Router {
     /// Workers, bookings and the KV index carry over, except for workers the new config
     /// no longer lists (removed) or lists differently (updated in place, or moved when
     /// their model or type changed).
-    pub fn reload(self: &Arc<Self>, startup: Startup) -> Result<ReloadOutcome, Vec<String>> {
+    pub fn reload(self: &Arc<Self>, startup: Startup) -> Result<ReloadOutcome, Vec<ReloadError>> {
         let result = self.swap_in(startup);
         self.metrics.record_reload(result.is_ok());
         result
     }
 
-    fn swap_in(self: &Arc<Self>, startup: Startup) -> Result<ReloadOutcome, Vec<String>> {
+    fn swap_in(self: &Arc<Self>, startup: Startup) -> Result<ReloadOutcome, Vec<ReloadError>> {
         let _changing = self.changing.lock();
         let serving = self.generation();
         let (old, new) = (&serving.startup.source.config, &startup.source.config);
         if old.router.block_size != new.router.block_size {
-            return Err(vec![format!(
-                "{}: router.block_size changed from {} to {}; bookings and the KV index are counted in blocks of the running size, so it changes only with a restart",
-                startup.source.name, old.router.block_size, new.router.block_size
-            )]);
+            return Err(vec![ReloadError::BlockSizeChanged {
+                config: startup.source.name.clone(),
+                from: old.router.block_size,
+                to: new.router.block_size,
+            }]);
         }
         let needs_restart = needs_restart(old, new);
         let WorkerChanges {
@@ -57,21 +81,24 @@ impl Router {
             && removed.len() >= live
             && !new.router.reload_may_empty_fleet
         {
-            return Err(vec![format!(
-                "{}: the new config would remove every worker ({} of {live}); nothing was changed. If that is what you want, set `router.reload_may_empty_fleet: true` in it",
-                startup.source.name,
-                removed.len()
-            )]);
+            return Err(vec![ReloadError::EmptiesFleet {
+                config: startup.source.name.clone(),
+                removed: removed.len(),
+                live,
+            }]);
         }
         let networks = startup.source.worker_networks();
         let own = self.own_addresses.read().clone();
-        let refused: Vec<String> = added
+        let refused: Vec<ReloadError> = added
             .iter()
             .chain(&changed)
             .filter_map(|w| {
-                w.check_destinations(&networks, &own)
-                    .err()
-                    .map(|e| format!("{}: worker {}: {e}", startup.source.name, w.worker_id))
+                let reason = w.check_destinations(&networks, &own).err()?;
+                Some(ReloadError::Destination {
+                    config: startup.source.name.clone(),
+                    worker_id: w.worker_id,
+                    reason,
+                })
             })
             .collect();
         if !refused.is_empty() {
@@ -83,7 +110,8 @@ impl Router {
         partitions.sort();
         partitions.dedup();
         for partition in &partitions {
-            next.build_partition(partition).map_err(|e| vec![e])?;
+            next.build_partition(partition)
+                .map_err(|e| vec![ReloadError::from(e)])?;
         }
         let instances: Vec<String> = next
             .startup

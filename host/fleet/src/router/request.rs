@@ -114,6 +114,9 @@ pub enum RouteError {
     Accounting(#[from] AccountingError),
     #[error(transparent)]
     Worker(#[from] WorkerError),
+    /// The partition a new worker joins could not get its policies.
+    #[error(transparent)]
+    Partition(#[from] crate::generation::PartitionError),
 }
 
 /// Checks what serde cannot; returns the request id (required to reserve).

@@ -71,6 +71,9 @@ pub enum StartupError {
     /// An `admission.admitters` entry names no admitter, or its type refused it.
     #[error("{at}: admission.admitters: {message}")]
     Admitter { at: Location, message: String },
+    /// A plugin crashed, exited or hung in its probe process (`probe: true`).
+    #[error(transparent)]
+    Probe(#[from] probe::ProbeFailure),
     /// An instance validated but could not be built for a worker type.
     #[error("{at}: instance `{instance}` cannot be built for worker type {}: {error}{}", worker_type.as_str(), origin.as_ref().map(|o| format!(" (the type is from {o})")).unwrap_or_default())]
     Unbuildable {
@@ -135,19 +138,19 @@ impl Startup {
 /// The whole startup path from a config file (the embedded default when None): read,
 /// probe each plugin in a child process (`probe`), load, check, build. Every error, as the
 /// lines `check` prints.
-pub fn load(config: Option<&Path>, probe: bool) -> Result<Startup, Vec<String>> {
+pub fn load(config: Option<&Path>, probe: bool) -> Result<Startup, Vec<StartupError>> {
     let source = match config {
         Some(path) => ConfigSource::from_file(path),
         None => ConfigSource::embedded(),
     }
-    .map_err(|e| vec![e.to_string()])?;
+    .map_err(|e| vec![StartupError::Config(e)])?;
     if probe {
         let failures = probe::probe_all(&source);
         if !failures.is_empty() {
-            return Err(failures.iter().map(ToString::to_string).collect());
+            return Err(failures.into_iter().map(StartupError::Probe).collect());
         }
     }
-    start(source).map_err(|errors| errors.iter().map(ToString::to_string).collect())
+    start(source)
 }
 
 pub fn start(source: ConfigSource) -> Result<Startup, Vec<StartupError>> {

@@ -116,7 +116,9 @@ impl From<prompt::InvalidRequest> for OpenAiError {
 impl From<RouteError> for OpenAiError {
     fn from(error: RouteError) -> Self {
         let (status, kind, code) = match &error {
-            RouteError::BadRequest(_) => (StatusCode::BAD_REQUEST, "invalid_request_error", None),
+            RouteError::BadRequest(_) | RouteError::Partition(_) => {
+                (StatusCode::BAD_REQUEST, "invalid_request_error", None)
+            }
             RouteError::UnknownModel(_) => (
                 StatusCode::NOT_FOUND,
                 "invalid_request_error",

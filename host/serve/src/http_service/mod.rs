@@ -64,9 +64,9 @@ impl IntoResponse for ApiError {
 impl From<RouteError> for ApiError {
     fn from(error: RouteError) -> Self {
         let status = match &error {
-            RouteError::BadRequest(_) | RouteError::Worker(WorkerError::Invalid(_)) => {
-                StatusCode::BAD_REQUEST
-            }
+            RouteError::BadRequest(_)
+            | RouteError::Partition(_)
+            | RouteError::Worker(WorkerError::Invalid(_)) => StatusCode::BAD_REQUEST,
             RouteError::UnknownModel(_)
             | RouteError::UnknownInstance { .. }
             | RouteError::Worker(WorkerError::Unknown(_))
@@ -495,11 +495,11 @@ async fn reload(
             "changes": outcome,
         }))
         .into_response(),
-        Err(errors) => (
+        Err(failure) => (
             StatusCode::UNPROCESSABLE_ENTITY,
             Json(json!({
                 "reloaded": false,
-                "errors": errors,
+                "errors": failure.messages(),
                 "generation": generation_json(&router.generation()),
             })),
         )
