@@ -306,38 +306,37 @@ fn serve(
 
 /// `switchyard check`: loads everything `serve` would, starts nothing.
 fn check(config: Option<&PathBuf>) -> ExitCode {
-    match startup_probed(config, true) {
-        Some(startup) => match switchyard::serve::frontend::load_tokenizers(&startup.source)
-            .and_then(|tokenizers| {
-                let tls = switchyard::serve::tls::check_files(&startup.source);
-                if tls.is_empty() {
-                    Ok(tokenizers)
-                } else {
-                    Err(tls)
-                }
-            }) {
-            Ok(tokenizers) => {
-                print!("{}", summary::check_summary(&startup));
-                warn_hardening(&startup);
-                warn_unfed_inputs(&startup);
-                if !tokenizers.is_empty() {
-                    println!(
-                        "tokenizers: {} model(s) tokenize their prompts",
-                        tokenizers.len()
-                    );
-                }
-                ExitCode::SUCCESS
-            }
-            Err(errors) => {
-                for e in &errors {
-                    eprintln!("error: {e}");
-                }
-                eprintln!("{} error(s); nothing was started", errors.len());
-                ExitCode::FAILURE
-            }
-        },
-        None => ExitCode::FAILURE,
+    let Some(startup) = startup_probed(config, true) else {
+        return ExitCode::FAILURE;
+    };
+    // The lines printed, as `serve` would refuse to start.
+    let mut errors: Vec<String> = Vec::new();
+    let tokenizers =
+        switchyard::serve::frontend::load_tokenizers(&startup.source).unwrap_or_else(|refused| {
+            errors.extend(refused.iter().map(ToString::to_string));
+            Default::default()
+        });
+    if errors.is_empty() {
+        let tls = switchyard::serve::tls::check_files(&startup.source);
+        errors.extend(tls.iter().map(ToString::to_string));
     }
+    if !errors.is_empty() {
+        for e in &errors {
+            eprintln!("error: {e}");
+        }
+        eprintln!("{} error(s); nothing was started", errors.len());
+        return ExitCode::FAILURE;
+    }
+    print!("{}", summary::check_summary(&startup));
+    warn_hardening(&startup);
+    warn_unfed_inputs(&startup);
+    if !tokenizers.is_empty() {
+        println!(
+            "tokenizers: {} model(s) tokenize their prompts",
+            tokenizers.len()
+        );
+    }
+    ExitCode::SUCCESS
 }
 
 /// `switchyard plugin test`: the conformance suite's table (or JSON); exit 2 when it could not run.

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use crate::tls::{server_config, ServerTls, GRPC_ALPN, HTTP_ALPN};
+use crate::tls::{server_config, CertificateError, ListenerTls, ServerTls, GRPC_ALPN, HTTP_ALPN};
 use switchyard_config::ConfigSource;
 use switchyard_fleet::router::{ReloadError, ReloadOutcome, Router};
 use switchyard_policy::startup::{Startup, StartupError};
@@ -41,25 +41,6 @@ impl ReloadFailure {
     }
 }
 
-/// A TLS listener whose certificates a reload cannot serve.
-#[derive(Debug, thiserror::Error)]
-pub enum CertificateError {
-    #[error("{config}: {reason}")]
-    Unloadable { config: String, reason: String },
-    #[error("{config}: `{section}` was removed, but the listener serves TLS; restart to serve it without")]
-    Removed {
-        config: String,
-        section: &'static str,
-    },
-}
-
-/// The TLS configs of the listeners that serve TLS, replaced by a reload.
-#[derive(Clone, Default)]
-pub struct ListenerTls {
-    pub http: Option<Arc<ServerTls>>,
-    pub ext_proc: Option<Arc<ServerTls>>,
-}
-
 type Reloaded = Vec<(Arc<ServerTls>, Arc<rustls::ServerConfig>)>;
 
 /// The new certificates of every TLS listener, from `source`; Err names what does not load.
@@ -80,9 +61,9 @@ fn new_certificates(
             (Some(serving), Some(settings)) => match server_config(section, settings, source, alpn)
             {
                 Ok(config) => reloaded.push((serving.clone(), config)),
-                Err(reason) => errors.push(CertificateError::Unloadable {
+                Err(error) => errors.push(CertificateError::Unloadable {
                     config: source.name.clone(),
-                    reason,
+                    error,
                 }),
             },
             (Some(_), None) => errors.push(CertificateError::Removed {

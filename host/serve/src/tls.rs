@@ -15,6 +15,77 @@ pub const HTTP_ALPN: &[&[u8]] = &[b"h2", b"http/1.1"];
 /// What the gRPC listener offers: HTTP/2 only.
 pub const GRPC_ALPN: &[&[u8]] = &[b"h2"];
 
+/// A TLS file or setting that does not load; each names the setting and the file.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("{setting} {}: cannot read it: {error}", path.display())]
+    Unreadable {
+        setting: String,
+        path: std::path::PathBuf,
+        error: rustls::pki_types::pem::Error,
+    },
+    #[error("{setting} {}: not a PEM certificate file: {error}", path.display())]
+    NotPem {
+        setting: String,
+        path: std::path::PathBuf,
+        error: rustls::pki_types::pem::Error,
+    },
+    #[error("{setting} {}: no certificate in it (expected PEM blocks `-----BEGIN CERTIFICATE-----`)", path.display())]
+    NoCertificate {
+        setting: String,
+        path: std::path::PathBuf,
+    },
+    #[error("{setting} {}: not a usable CA certificate: {error}", path.display())]
+    NotCa {
+        setting: String,
+        path: std::path::PathBuf,
+        error: rustls::Error,
+    },
+    #[error("{section}.key {}: no private key read from it ({error}); expected a PEM `PRIVATE KEY` block", path.display())]
+    NoKey {
+        section: String,
+        path: std::path::PathBuf,
+        error: rustls::pki_types::pem::Error,
+    },
+    #[error("{section}: the key {} does not fit the certificate {}: {error}", key.display(), cert.display())]
+    KeyMismatch {
+        section: String,
+        key: std::path::PathBuf,
+        cert: std::path::PathBuf,
+        error: rustls::Error,
+    },
+    #[error("{setting}: {error}")]
+    ClientVerifier {
+        setting: String,
+        error: rustls::server::VerifierBuilderError,
+    },
+    #[error("{section}: {error}")]
+    Protocols {
+        section: String,
+        error: rustls::Error,
+    },
+}
+
+/// A TLS file of the config that does not load (`check`), or a listener whose
+/// certificates a reload cannot serve.
+#[derive(Debug, thiserror::Error)]
+pub enum CertificateError {
+    #[error("{config}: {error}")]
+    Unloadable { config: String, error: TlsError },
+    #[error("{config}: `{section}` was removed, but the listener serves TLS; restart to serve it without")]
+    Removed {
+        config: String,
+        section: &'static str,
+    },
+}
+
+/// The TLS configs of the listeners that serve TLS, replaced by a reload.
+#[derive(Clone, Default)]
+pub struct ListenerTls {
+    pub http: Option<Arc<ServerTls>>,
+    pub ext_proc: Option<Arc<ServerTls>>,
+}
+
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
@@ -25,28 +96,36 @@ pub fn install_default_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
-fn certificates(setting: &str, path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
-    let shown = path.display();
-    let certs = CertificateDer::pem_file_iter(path)
-        .map_err(|e| format!("{setting} {shown}: cannot read it: {e}"))?
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("{setting} {shown}: not a PEM certificate file: {e}"))?;
-    if certs.is_empty() {
-        return Err(format!(
-            "{setting} {shown}: no certificate in it (expected PEM blocks `-----BEGIN CERTIFICATE-----`)"
-        ));
+fn certificates(setting: &str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let (setting, path) = (setting.to_owned(), path.to_owned());
+    let certs = match CertificateDer::pem_file_iter(&path) {
+        Err(error) => {
+            return Err(TlsError::Unreadable {
+                setting,
+                path,
+                error,
+            })
+        }
+        Ok(certs) => certs.collect::<Result<Vec<_>, _>>(),
+    };
+    match certs {
+        Err(error) => Err(TlsError::NotPem {
+            setting,
+            path,
+            error,
+        }),
+        Ok(certs) if certs.is_empty() => Err(TlsError::NoCertificate { setting, path }),
+        Ok(certs) => Ok(certs),
     }
-    Ok(certs)
 }
 
-fn roots(setting: &str, path: &Path) -> Result<rustls::RootCertStore, String> {
+fn roots(setting: &str, path: &Path) -> Result<rustls::RootCertStore, TlsError> {
     let mut roots = rustls::RootCertStore::empty();
     for cert in certificates(setting, path)? {
-        roots.add(cert).map_err(|e| {
-            format!(
-                "{setting} {}: not a usable CA certificate: {e}",
-                path.display()
-            )
+        roots.add(cert).map_err(|error| TlsError::NotCa {
+            setting: setting.to_owned(),
+            path: path.to_owned(),
+            error,
         })?;
     }
     Ok(roots)
@@ -59,7 +138,7 @@ pub fn server_config(
     settings: &TlsSettings,
     source: &ConfigSource,
     alpn: &[&[u8]],
-) -> Result<Arc<rustls::ServerConfig>, String> {
+) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let client_ca = settings.client_ca.as_ref().map(|ca| source.resolve(ca));
     server_config_from_files(
         section,
@@ -77,17 +156,19 @@ pub fn server_config_from_files(
     key_path: &Path,
     client_ca: Option<&Path>,
     alpn: &[&[u8]],
-) -> Result<Arc<rustls::ServerConfig>, String> {
+) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let chain = certificates(&format!("{section}.cert"), cert_path)?;
-    let key = PrivateKeyDer::from_pem_file(key_path).map_err(|e| {
-        format!(
-            "{section}.key {}: no private key read from it ({e}); expected a PEM `PRIVATE KEY` block",
-            key_path.display()
-        )
+    let key = PrivateKeyDer::from_pem_file(key_path).map_err(|error| TlsError::NoKey {
+        section: section.to_owned(),
+        path: key_path.to_owned(),
+        error,
     })?;
     let builder = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
-        .map_err(|e| format!("{section}: {e}"))?;
+        .map_err(|error| TlsError::Protocols {
+            section: section.to_owned(),
+            error,
+        })?;
     let builder = match client_ca {
         None => builder.with_no_client_auth(),
         Some(ca) => {
@@ -98,17 +179,19 @@ pub fn server_config_from_files(
                 provider(),
             )
             .build()
-            .map_err(|e| format!("{setting}: {e}"))?;
+            .map_err(|error| TlsError::ClientVerifier { setting, error })?;
             builder.with_client_cert_verifier(verifier)
         }
     };
-    let mut config = builder.with_single_cert(chain, key).map_err(|e| {
-        format!(
-            "{section}: the key {} does not fit the certificate {}: {e}",
-            key_path.display(),
-            cert_path.display()
-        )
-    })?;
+    let mut config =
+        builder
+            .with_single_cert(chain, key)
+            .map_err(|error| TlsError::KeyMismatch {
+                section: section.to_owned(),
+                key: key_path.to_owned(),
+                cert: cert_path.to_owned(),
+                error,
+            })?;
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     Ok(Arc::new(config))
 }
@@ -137,7 +220,7 @@ impl ServerTls {
 
 /// The client config for `https://` engines: `frontend.engine_ca` when set, the system's
 /// roots otherwise.
-pub fn engine_client_config(source: &ConfigSource) -> Result<rustls::ClientConfig, String> {
+pub fn engine_client_config(source: &ConfigSource) -> Result<rustls::ClientConfig, TlsError> {
     let roots = match &source.config.frontend.engine_ca {
         Some(ca) => roots("frontend.engine_ca", &source.resolve(ca))?,
         None => {
@@ -154,7 +237,10 @@ pub fn engine_client_config(source: &ConfigSource) -> Result<rustls::ClientConfi
     };
     let mut config = rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
-        .map_err(|e| format!("frontend: {e}"))?
+        .map_err(|error| TlsError::Protocols {
+            section: "frontend".to_owned(),
+            error,
+        })?
         .with_root_certificates(roots)
         .with_no_client_auth();
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
@@ -163,14 +249,14 @@ pub fn engine_client_config(source: &ConfigSource) -> Result<rustls::ClientConfi
 
 /// Loads every TLS file the config names (both listeners' and `frontend.engine_ca`), as
 /// `serve` would; the errors, for `check`.
-pub fn check_files(source: &ConfigSource) -> Vec<String> {
+pub fn check_files(source: &ConfigSource) -> Vec<CertificateError> {
     let config = &source.config;
     let ext_proc = config.ext_proc.as_ref().and_then(|e| e.tls.as_ref());
     let listeners = [
         ("http.tls", config.http.tls.as_ref(), HTTP_ALPN),
         ("ext_proc.tls", ext_proc, GRPC_ALPN),
     ];
-    let mut errors: Vec<String> = listeners
+    let mut errors: Vec<TlsError> = listeners
         .into_iter()
         .filter_map(|(section, settings, alpn)| {
             server_config(section, settings?, source, alpn).err()
@@ -181,6 +267,9 @@ pub fn check_files(source: &ConfigSource) -> Vec<String> {
     }
     errors
         .into_iter()
-        .map(|e| format!("{}: {e}", source.name))
+        .map(|error| CertificateError::Unloadable {
+            config: source.name.clone(),
+            error,
+        })
         .collect()
 }

@@ -67,7 +67,7 @@ pub use openai_error::{forbidden, refusal_error, refusal_response, OpenAiError};
 /// and line, then the tokenizer file and what is wrong.
 pub fn load_tokenizers(
     source: &switchyard_config::ConfigSource,
-) -> Result<HashMap<String, ModelTokenizer>, Vec<String>> {
+) -> Result<HashMap<String, ModelTokenizer>, Vec<switchyard_config::ConfigError>> {
     let mut tokenizers = HashMap::new();
     let mut errors = Vec::new();
     for (model, settings) in &source.config.models {
@@ -81,7 +81,7 @@ pub fn load_tokenizers(
             Err(e) => {
                 let value = path.to_string_lossy();
                 let message = format!("model `{model}`: {e}");
-                errors.push(source.error_at("tokenizer", &value, 0, message).to_string());
+                errors.push(source.error_at("tokenizer", &value, 0, message));
             }
         }
     }
@@ -108,7 +108,9 @@ pub struct Frontend {
 
 /// The HTTP client that talks to engines: their CA, no redirects, the frontend's connect
 /// timeout.
-pub fn engine_client(source: &switchyard_config::ConfigSource) -> Result<reqwest::Client, String> {
+pub fn engine_client(
+    source: &switchyard_config::ConfigSource,
+) -> Result<reqwest::Client, FrontendError> {
     let tls = crate::tls::engine_client_config(source)?;
     reqwest::Client::builder()
         .connect_timeout(Duration::from_millis(
@@ -121,16 +123,28 @@ pub fn engine_client(source: &switchyard_config::ConfigSource) -> Result<reqwest
         .redirect(reqwest::redirect::Policy::none())
         .tls_backend_preconfigured(tls)
         .build()
-        .map_err(|e| format!("cannot set up the upstream client: {e}"))
+        .map_err(FrontendError::Client)
+}
+
+/// Why the frontend (or its engine client) cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum FrontendError {
+    #[error(transparent)]
+    Tls(#[from] crate::tls::TlsError),
+    #[error("cannot set up the upstream client: {0}")]
+    Client(reqwest::Error),
+    /// Every tokenizer of `models:` that does not load, one line each.
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
+    Tokenizers(Vec<switchyard_config::ConfigError>),
 }
 
 impl Frontend {
     /// The frontend over `router`; fails naming every tokenizer that does not load.
-    pub fn new(router: Arc<Router>) -> Result<Arc<Self>, String> {
+    pub fn new(router: Arc<Router>) -> Result<Arc<Self>, FrontendError> {
         let generation = router.generation();
         let source = &generation.startup.source;
         let settings = source.config.frontend.clone();
-        let tokenizers = load_tokenizers(source).map_err(|errors| errors.join("\n"))?;
+        let tokenizers = load_tokenizers(source).map_err(FrontendError::Tokenizers)?;
         let in_flight = usize::try_from(settings.max_in_flight)
             .unwrap_or(usize::MAX)
             .min(tokio::sync::Semaphore::MAX_PERMITS);
