@@ -114,7 +114,7 @@ proptest! {
     #[test]
     fn any_manifest_section_is_read_or_refused(text in "(switchyard-manifest 1|switchyard-type 1|abi|fingerprint|sdk|name|version|vendor|kind|inputs|scorer|policy|inputs::load|\\||1\\.0|[0-9]{1,22}| |\n|\u{0}|[a-z.]){0,120}") {
         if let Err(problem) = switchyard::plugin::manifest::parse(text.as_bytes()) {
-            prop_assert!(!problem.is_empty());
+            prop_assert!(!problem.to_string().is_empty());
         }
     }
 

@@ -21,37 +21,47 @@ pub fn inline_ok(router: &Router, input_bytes: usize) -> bool {
     input_bytes <= INLINE_INPUT_BYTES && router.generation().startup.registry.plugins().is_empty()
 }
 
+/// Work that did not finish: it panicked inline, or its blocking task did not end.
+#[derive(Debug, thiserror::Error)]
+pub enum Unfinished {
+    /// The panic's message.
+    #[error("{0}")]
+    Panicked(String),
+    #[error(transparent)]
+    Task(#[from] tokio::task::JoinError),
+}
+
 /// Runs `work` inline when `inline`, else on the blocking pool; a panic in it is an
 /// error (its message), not a crash, either way.
 pub async fn run<T: Send + 'static>(
     inline: bool,
     work: impl FnOnce() -> T + Send + 'static,
-) -> Result<T, String> {
+) -> Result<T, Unfinished> {
     if inline {
         return std::panic::catch_unwind(AssertUnwindSafe(work)).map_err(|panic| {
-            panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "it panicked".to_owned())
+            Unfinished::Panicked(
+                panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "it panicked".to_owned()),
+            )
         });
     }
-    tokio::task::spawn_blocking(work)
-        .await
-        .map_err(|e| e.to_string())
+    Ok(tokio::task::spawn_blocking(work).await?)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::run;
+    use super::{run, Unfinished};
 
     #[tokio::test]
     async fn both_ways_answer_and_a_panic_is_an_error() {
-        assert_eq!(run(true, || 7).await, Ok(7));
-        assert_eq!(run(false, || 7).await, Ok(7));
+        assert_eq!(run(true, || 7).await.unwrap(), 7);
+        assert_eq!(run(false, || 7).await.unwrap(), 7);
         let inline = run(true, || -> u32 { panic!("deliberate") }).await;
-        assert_eq!(inline, Err("deliberate".to_owned()));
+        assert!(matches!(inline, Err(Unfinished::Panicked(m)) if m == "deliberate"));
         let pooled = run(false, || -> u32 { panic!("deliberate") }).await;
-        assert!(pooled.is_err_and(|e| e.contains("panicked")));
+        assert!(pooled.is_err_and(|e| e.to_string().contains("panicked")));
     }
 }

@@ -15,9 +15,26 @@ pub const HTTP_ALPN: &[&[u8]] = &[b"h2", b"http/1.1"];
 /// What the gRPC listener offers: HTTP/2 only.
 pub const GRPC_ALPN: &[&[u8]] = &[b"h2"];
 
-/// A TLS file or setting that does not load; each names the setting and the file.
+/// A TLS file or setting that does not load (boxed: it is rare and carries paths).
 #[derive(Debug, thiserror::Error)]
-pub enum TlsError {
+#[error(transparent)]
+pub struct TlsError(Box<TlsProblem>);
+
+impl TlsError {
+    pub fn problem(&self) -> &TlsProblem {
+        &self.0
+    }
+}
+
+impl From<TlsProblem> for TlsError {
+    fn from(problem: TlsProblem) -> Self {
+        TlsError(Box::new(problem))
+    }
+}
+
+/// What does not load; each names the setting and the file.
+#[derive(Debug, thiserror::Error)]
+pub enum TlsProblem {
     #[error("{setting} {}: cannot read it: {error}", path.display())]
     Unreadable {
         setting: String,
@@ -100,21 +117,23 @@ fn certificates(setting: &str, path: &Path) -> Result<Vec<CertificateDer<'static
     let (setting, path) = (setting.to_owned(), path.to_owned());
     let certs = match CertificateDer::pem_file_iter(&path) {
         Err(error) => {
-            return Err(TlsError::Unreadable {
+            return Err(TlsProblem::Unreadable {
                 setting,
                 path,
                 error,
-            })
+            }
+            .into())
         }
         Ok(certs) => certs.collect::<Result<Vec<_>, _>>(),
     };
     match certs {
-        Err(error) => Err(TlsError::NotPem {
+        Err(error) => Err(TlsProblem::NotPem {
             setting,
             path,
             error,
-        }),
-        Ok(certs) if certs.is_empty() => Err(TlsError::NoCertificate { setting, path }),
+        }
+        .into()),
+        Ok(certs) if certs.is_empty() => Err(TlsProblem::NoCertificate { setting, path }.into()),
         Ok(certs) => Ok(certs),
     }
 }
@@ -122,7 +141,7 @@ fn certificates(setting: &str, path: &Path) -> Result<Vec<CertificateDer<'static
 fn roots(setting: &str, path: &Path) -> Result<rustls::RootCertStore, TlsError> {
     let mut roots = rustls::RootCertStore::empty();
     for cert in certificates(setting, path)? {
-        roots.add(cert).map_err(|error| TlsError::NotCa {
+        roots.add(cert).map_err(|error| TlsProblem::NotCa {
             setting: setting.to_owned(),
             path: path.to_owned(),
             error,
@@ -158,14 +177,14 @@ pub fn server_config_from_files(
     alpn: &[&[u8]],
 ) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let chain = certificates(&format!("{section}.cert"), cert_path)?;
-    let key = PrivateKeyDer::from_pem_file(key_path).map_err(|error| TlsError::NoKey {
+    let key = PrivateKeyDer::from_pem_file(key_path).map_err(|error| TlsProblem::NoKey {
         section: section.to_owned(),
         path: key_path.to_owned(),
         error,
     })?;
     let builder = rustls::ServerConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
-        .map_err(|error| TlsError::Protocols {
+        .map_err(|error| TlsProblem::Protocols {
             section: section.to_owned(),
             error,
         })?;
@@ -179,14 +198,14 @@ pub fn server_config_from_files(
                 provider(),
             )
             .build()
-            .map_err(|error| TlsError::ClientVerifier { setting, error })?;
+            .map_err(|error| TlsProblem::ClientVerifier { setting, error })?;
             builder.with_client_cert_verifier(verifier)
         }
     };
     let mut config =
         builder
             .with_single_cert(chain, key)
-            .map_err(|error| TlsError::KeyMismatch {
+            .map_err(|error| TlsProblem::KeyMismatch {
                 section: section.to_owned(),
                 key: key_path.to_owned(),
                 cert: cert_path.to_owned(),
@@ -237,7 +256,7 @@ pub fn engine_client_config(source: &ConfigSource) -> Result<rustls::ClientConfi
     };
     let mut config = rustls::ClientConfig::builder_with_provider(provider())
         .with_safe_default_protocol_versions()
-        .map_err(|error| TlsError::Protocols {
+        .map_err(|error| TlsProblem::Protocols {
             section: "frontend".to_owned(),
             error,
         })?

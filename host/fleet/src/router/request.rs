@@ -114,9 +114,16 @@ pub enum RouteError {
     Accounting(#[from] AccountingError),
     #[error(transparent)]
     Worker(#[from] WorkerError),
-    /// The partition a new worker joins could not get its policies.
+    /// The partition a new worker joins could not get its policies (boxed: rare, and
+    /// large).
     #[error(transparent)]
-    Partition(#[from] crate::generation::PartitionError),
+    Partition(Box<crate::generation::PartitionError>),
+}
+
+impl From<crate::generation::PartitionError> for RouteError {
+    fn from(error: crate::generation::PartitionError) -> Self {
+        RouteError::Partition(Box::new(error))
+    }
 }
 
 /// Checks what serde cannot; returns the request id (required to reserve).

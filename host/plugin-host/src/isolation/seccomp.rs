@@ -10,9 +10,19 @@ use seccompiler::{
     SeccompCondition, SeccompFilter, SeccompRule, TargetArch,
 };
 
+/// Why the filter could not be installed (seccompiler's own errors).
+#[derive(Debug, thiserror::Error)]
+pub enum SeccompError {
+    /// The filter cannot be built (or this architecture has none).
+    #[error(transparent)]
+    Build(#[from] seccompiler::BackendError),
+    #[error(transparent)]
+    Install(#[from] seccompiler::Error),
+}
+
 /// Installs the filter on every thread of this process.
-pub fn install() -> Result<(), String> {
-    let arch = TargetArch::try_from(std::env::consts::ARCH).map_err(|e| e.to_string())?;
+pub fn install() -> Result<(), SeccompError> {
+    let arch = TargetArch::try_from(std::env::consts::ARCH)?;
     let mut denied: BTreeMap<i64, Vec<SeccompRule>> = [
         libc::SYS_execve,
         libc::SYS_execveat,
@@ -33,16 +43,14 @@ pub fn install() -> Result<(), String> {
         SeccompCmpOp::MaskedEq(libc::CLONE_THREAD as u64),
         0,
     )
-    .and_then(|c| SeccompRule::new(vec![c]))
-    .map_err(|e| e.to_string())?;
+    .and_then(|c| SeccompRule::new(vec![c]))?;
     denied.insert(libc::SYS_clone, vec![new_process]);
     let kill = SeccompFilter::new(
         denied,
         SeccompAction::Allow,
         SeccompAction::KillProcess,
         arch,
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     // clone3 passes its flags in memory, where a filter cannot look: refuse it with ENOSYS,
     // and the C library falls back to `clone` (filtered above).
     let clone3 = SeccompFilter::new(
@@ -50,11 +58,10 @@ pub fn install() -> Result<(), String> {
         SeccompAction::Allow,
         SeccompAction::Errno(libc::ENOSYS as u32),
         arch,
-    )
-    .map_err(|e| e.to_string())?;
+    )?;
     for filter in [kill, clone3] {
-        let program = BpfProgram::try_from(filter).map_err(|e| e.to_string())?;
-        apply_filter_all_threads(&program).map_err(|e| e.to_string())?;
+        let program = BpfProgram::try_from(filter)?;
+        apply_filter_all_threads(&program)?;
     }
     Ok(())
 }

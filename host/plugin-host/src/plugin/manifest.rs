@@ -53,46 +53,67 @@ pub fn read(path: &Path, data: &[u8]) -> Result<Option<Manifest>, LoadError> {
     let bytes = section
         .data()
         .map_err(|e| invalid(format!("section {SECTION} is unreadable: {e}")))?;
-    parse(bytes).map(Some).map_err(invalid)
+    parse(bytes).map(Some).map_err(|e| invalid(e.to_string()))
+}
+
+/// What is malformed in a manifest section.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("a record is not UTF-8 text")]
+    NotUtf8,
+    #[error("the `{header}` record has no `{key}` line")]
+    MissingLine { header: String, key: String },
+    #[error("it has two `{MANIFEST_HEADER}` records: the export macro was used twice")]
+    TwoManifests,
+    #[error("`abi {0}` is not MAJOR.MINOR")]
+    Abi(String),
+    #[error("`fingerprint {0}` is not a number")]
+    Fingerprint(String),
+    #[error("type kind `{0}`: expected filter, scorer, picker, admitter or policy")]
+    Kind(String),
+    #[error("inputs `{text}`: `{token}` is not an input group")]
+    Inputs { text: String, token: String },
+    #[error("inputs `{0}` has bits no input group of this ABI defines")]
+    UnknownBits(String),
+    #[error("section {SECTION} has no `{MANIFEST_HEADER}` record")]
+    NoManifest,
 }
 
 /// Parses the section's bytes; the error says what is malformed.
-pub fn parse(bytes: &[u8]) -> Result<Manifest, String> {
+pub fn parse(bytes: &[u8]) -> Result<Manifest, ManifestError> {
     let mut manifest: Option<Manifest> = None;
     let mut types = Vec::new();
     // The linker may pad between records with NULs: empty records are skipped.
     for record in bytes.split(|&b| b == 0).filter(|r| !r.is_empty()) {
-        let text =
-            std::str::from_utf8(record).map_err(|_| "a record is not UTF-8 text".to_owned())?;
+        let text = std::str::from_utf8(record).map_err(|_| ManifestError::NotUtf8)?;
         let mut lines = text.lines();
         let header = lines.next().unwrap_or_default();
         let fields: Vec<(&str, &str)> = lines
             .map(|line| line.split_once(' ').unwrap_or((line, "")))
             .collect();
-        let field = |key: &str| -> Result<&str, String> {
+        let field = |key: &str| -> Result<&str, ManifestError> {
             fields
                 .iter()
                 .find(|(k, _)| *k == key)
                 .map(|(_, v)| *v)
-                .ok_or_else(|| format!("the `{header}` record has no `{key}` line"))
+                .ok_or_else(|| ManifestError::MissingLine {
+                    header: header.to_owned(),
+                    key: key.to_owned(),
+                })
         };
         if header == MANIFEST_HEADER {
             if manifest.is_some() {
-                return Err(format!(
-                    "it has two `{MANIFEST_HEADER}` records: the export macro was used twice"
-                ));
+                return Err(ManifestError::TwoManifests);
             }
             let (major, minor) = field("abi")?
                 .split_once('.')
                 .and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)))
-                .ok_or_else(|| {
-                    format!("`abi {}` is not MAJOR.MINOR", field("abi").unwrap_or(""))
-                })?;
+                .ok_or_else(|| ManifestError::Abi(field("abi").unwrap_or("").to_owned()))?;
             let fingerprint = field("fingerprint")?;
             let fingerprint: u64 = fingerprint
                 .trim_end_matches(['u', 'U', 'l', 'L'])
                 .parse()
-                .map_err(|_| format!("`fingerprint {fingerprint}` is not a number"))?;
+                .map_err(|_| ManifestError::Fingerprint(fingerprint.to_owned()))?;
             manifest = Some(Manifest {
                 abi_major: major,
                 abi_minor: minor,
@@ -106,9 +127,7 @@ pub fn parse(bytes: &[u8]) -> Result<Manifest, String> {
         } else if header == TYPE_HEADER {
             let kind = field("kind")?;
             if !matches!(kind, "filter" | "scorer" | "picker" | "admitter" | "policy") {
-                return Err(format!(
-                    "type kind `{kind}`: expected filter, scorer, picker, admitter or policy"
-                ));
+                return Err(ManifestError::Kind(kind.to_owned()));
             }
             let inputs = parse_inputs(field("inputs")?)?;
             types.push(DeclaredType {
@@ -119,42 +138,42 @@ pub fn parse(bytes: &[u8]) -> Result<Manifest, String> {
         }
         // Records of a later format are someone else's to read.
     }
-    let mut manifest =
-        manifest.ok_or_else(|| format!("section {SECTION} has no `{MANIFEST_HEADER}` record"))?;
+    let mut manifest = manifest.ok_or(ManifestError::NoManifest)?;
     manifest.types = types;
     Ok(manifest)
 }
 
 /// An input-group mask as the C preprocessor stringifies it: integers and group names
 /// (`SWITCHYARD_INPUT_LOAD` expands to `2`; C++ writes `inputs::load`) joined by `|`.
-fn parse_inputs(text: &str) -> Result<WorkerInputs, String> {
+fn parse_inputs(text: &str) -> Result<WorkerInputs, ManifestError> {
     let mut bits = 0u32;
     for token in text.split('|') {
         let token = token.trim().trim_matches(['(', ')', ' ']);
         let name = token.rsplit("::").next().unwrap_or(token);
-        let value = match name
-            .to_ascii_lowercase()
-            .trim_start_matches("switchyard_input_")
-        {
-            "none" => 0,
-            "cache" => WorkerInputs::CACHE.bits(),
-            "load" => WorkerInputs::LOAD.bits(),
-            "routing" => WorkerInputs::ROUTING.bits(),
-            "labels" => WorkerInputs::LABELS.bits(),
-            "attributes" => WorkerInputs::ATTRIBUTES.bits(),
-            "engine" => WorkerInputs::ENGINE.bits(),
-            other => other
-                .trim_end_matches(['u', 'l'])
-                .parse()
-                .map_err(|_| format!("inputs `{text}`: `{token}` is not an input group"))?,
-        };
+        let value =
+            match name
+                .to_ascii_lowercase()
+                .trim_start_matches("switchyard_input_")
+            {
+                "none" => 0,
+                "cache" => WorkerInputs::CACHE.bits(),
+                "load" => WorkerInputs::LOAD.bits(),
+                "routing" => WorkerInputs::ROUTING.bits(),
+                "labels" => WorkerInputs::LABELS.bits(),
+                "attributes" => WorkerInputs::ATTRIBUTES.bits(),
+                "engine" => WorkerInputs::ENGINE.bits(),
+                other => other.trim_end_matches(['u', 'l']).parse().map_err(|_| {
+                    ManifestError::Inputs {
+                        text: text.to_owned(),
+                        token: token.to_owned(),
+                    }
+                })?,
+            };
         bits |= value;
     }
     let inputs = WorkerInputs::from_bits(bits);
     if inputs.bits() != bits {
-        return Err(format!(
-            "inputs `{text}` has bits no input group of this ABI defines"
-        ));
+        return Err(ManifestError::UnknownBits(text.to_owned()));
     }
     Ok(inputs)
 }
@@ -276,17 +295,26 @@ mod tests {
             parse_inputs("inputs::attributes | SWITCHYARD_INPUT_ENGINE").unwrap(),
             WorkerInputs::ATTRIBUTES | WorkerInputs::ENGINE
         );
-        assert!(parse_inputs("64").unwrap_err().contains("no input group"));
-        assert!(parse_inputs("inputs::gpu")
-            .unwrap_err()
-            .contains("`inputs::gpu`"));
+        assert!(matches!(
+            parse_inputs("64"),
+            Err(ManifestError::UnknownBits(text)) if text == "64"
+        ));
+        assert!(matches!(
+            parse_inputs("inputs::gpu"),
+            Err(ManifestError::Inputs { token, .. }) if token == "inputs::gpu"
+        ));
     }
 
     #[test]
     fn refuses_records_without_the_library_record() {
         let err = parse(b"switchyard-type 1\nkind scorer\nname x\ninputs 0\n\0").unwrap_err();
-        assert!(err.contains("no `switchyard-manifest 1` record"), "{err}");
+        assert!(matches!(err, ManifestError::NoManifest), "{err}");
+        let text = err.to_string();
+        assert!(text.contains("no `switchyard-manifest 1` record"), "{text}");
         let err = parse(b"switchyard-type 1\nkind gadget\nname x\ninputs 0\n\0").unwrap_err();
-        assert!(err.contains("gadget"), "{err}");
+        assert!(
+            matches!(&err, ManifestError::Kind(kind) if kind == "gadget"),
+            "{err}"
+        );
     }
 }

@@ -95,7 +95,7 @@ pub async fn scrape_all(
     client: &reqwest::Client,
     engines: Vec<(WorkerId, String, Arc<EngineReport>)>,
     settings: &EngineMetricsSettings,
-) -> Vec<(WorkerId, Result<(), String>)> {
+) -> Vec<(WorkerId, Result<(), ScrapeError>)> {
     let mut by_url: std::collections::BTreeMap<String, Vec<(WorkerId, Arc<EngineReport>)>> =
         Default::default();
     for (worker, url, report) in engines {
@@ -110,7 +110,7 @@ pub async fn scrape_all(
                 .map(|(worker, report)| {
                     match &outcome {
                         Ok(sample) => report.record(sample.clone(), taken),
-                        Err(why) => report.mark_failed(why),
+                        Err(why) => report.mark_failed(&why.to_string()),
                     }
                     (worker, outcome.as_ref().map(drop).map_err(Clone::clone))
                 })
@@ -122,12 +122,35 @@ pub async fn scrape_all(
         .await
 }
 
+/// Why one engine's scrape failed; `target` is the URL scraped.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ScrapeError {
+    #[error("GET {target}: {reason}")]
+    Request { target: String, reason: String },
+    #[error("GET {target} answered {status}")]
+    Status {
+        target: String,
+        status: reqwest::StatusCode,
+    },
+    #[error("GET {target}: the body is over engine_metrics.max_bytes ({max_bytes})")]
+    TooLarge { target: String, max_bytes: usize },
+    #[error("GET {target} took longer than engine_metrics.timeout_ms ({timeout_ms} ms)")]
+    Timeout { target: String, timeout_ms: u64 },
+    #[error("GET {target}: the body is not UTF-8 text")]
+    NotText { target: String },
+    #[error("GET {target}: {error}")]
+    Unreadable {
+        target: String,
+        error: parse::MetricsError,
+    },
+}
+
 /// One engine's scrape, bounded in time and size.
 async fn scrape(
     client: &reqwest::Client,
     url: &str,
     settings: &EngineMetricsSettings,
-) -> Result<switchyard_plugin_host::plugin::EngineSample, String> {
+) -> Result<switchyard_plugin_host::plugin::EngineSample, ScrapeError> {
     let target = format!("{}/metrics", url.trim_end_matches('/'));
     let budget = Duration::from_millis(settings.timeout_ms);
     let fetch = async {
@@ -135,31 +158,41 @@ async fn scrape(
             .get(&target)
             .send()
             .await
-            .map_err(|e| format!("GET {target}: {}", crate::frontend::describe(&e)))?;
+            .map_err(|e| ScrapeError::Request {
+                target: target.clone(),
+                reason: crate::frontend::describe(&e),
+            })?;
         if !response.status().is_success() {
-            return Err(format!("GET {target} answered {}", response.status()));
+            return Err(ScrapeError::Status {
+                target: target.clone(),
+                status: response.status(),
+            });
         }
         let mut body = Vec::new();
         let mut stream = response.bytes_stream();
         while let Some(chunk) = stream.next().await {
-            let chunk = chunk.map_err(|e| format!("GET {target}: {e}"))?;
+            let chunk = chunk.map_err(|e| ScrapeError::Request {
+                target: target.clone(),
+                reason: e.to_string(),
+            })?;
             if body.len() + chunk.len() > settings.max_bytes {
-                return Err(format!(
-                    "GET {target}: the body is over engine_metrics.max_bytes ({})",
-                    settings.max_bytes
-                ));
+                return Err(ScrapeError::TooLarge {
+                    target: target.clone(),
+                    max_bytes: settings.max_bytes,
+                });
             }
             body.extend_from_slice(&chunk);
         }
         Ok(body)
     };
-    let body = tokio::time::timeout(budget, fetch).await.map_err(|_| {
-        format!(
-            "GET {target} took longer than engine_metrics.timeout_ms ({} ms)",
-            settings.timeout_ms
-        )
-    })??;
-    let text = std::str::from_utf8(&body)
-        .map_err(|_| format!("GET {target}: the body is not UTF-8 text"))?;
-    parse::parse(text).map_err(|e| format!("GET {target}: {e}"))
+    let body = tokio::time::timeout(budget, fetch)
+        .await
+        .map_err(|_| ScrapeError::Timeout {
+            target: target.clone(),
+            timeout_ms: settings.timeout_ms,
+        })??;
+    let Ok(text) = std::str::from_utf8(&body) else {
+        return Err(ScrapeError::NotText { target });
+    };
+    parse::parse(text).map_err(|error| ScrapeError::Unreadable { target, error })
 }

@@ -32,9 +32,22 @@ fn metric(name: &str) -> Option<Metric> {
     })
 }
 
+/// What makes a scrape unreadable.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum MetricsError {
+    #[error("`{0}`: its labels are not closed")]
+    OpenLabels(String),
+    #[error("`{0}`: no number after the name")]
+    NoValue(String),
+    #[error("the metrics text has no samples")]
+    NoSamples,
+    #[error("no vLLM (`vllm:num_requests_running`, `vllm:num_requests_waiting`) or SGLang (`sglang:num_running_reqs`, `sglang:num_queue_reqs`) request gauges; the first metric is `{0}`")]
+    NotAnEngine(String),
+}
+
 /// Parses a scrape. An error when the text has none of the request gauges (not an
 /// engine this router knows), naming what it found instead.
-pub fn parse(text: &str) -> Result<EngineSample, String> {
+pub fn parse(text: &str) -> Result<EngineSample, MetricsError> {
     let mut running = None::<f64>;
     let mut waiting = None::<f64>;
     let mut kv = None::<f64>;
@@ -54,7 +67,7 @@ pub fn parse(text: &str) -> Result<EngineSample, String> {
         let (labels, rest) = match line[name_end..].strip_prefix('{') {
             Some(after) => match label_block_end(after) {
                 Some(end) => (&after[..end], &after[end + 1..]),
-                None => return Err(format!("`{name}`: its labels are not closed")),
+                None => return Err(MetricsError::OpenLabels(name.to_owned())),
             },
             None => ("", &line[name_end..]),
         };
@@ -62,7 +75,7 @@ pub fn parse(text: &str) -> Result<EngineSample, String> {
             .split_ascii_whitespace()
             .next()
             .and_then(|v| v.parse::<f64>().ok())
-            .ok_or_else(|| format!("`{name}`: no number after the name"))?;
+            .ok_or_else(|| MetricsError::NoValue(name.to_owned()))?;
         if !value.is_finite() && which != Metric::KvUsage {
             continue;
         }
@@ -79,8 +92,8 @@ pub fn parse(text: &str) -> Result<EngineSample, String> {
     }
     let (Some(running), Some(waiting)) = (running, waiting) else {
         return Err(match first_metric {
-            None => "the metrics text has no samples".to_owned(),
-            Some(name) => format!("no vLLM (`vllm:num_requests_running`, `vllm:num_requests_waiting`) or SGLang (`sglang:num_running_reqs`, `sglang:num_queue_reqs`) request gauges; the first metric is `{name}`"),
+            None => MetricsError::NoSamples,
+            Some(name) => MetricsError::NotAnEngine(name.to_owned()),
         });
     };
     let (running_adapters, waiting_adapters) = match lora {
@@ -186,8 +199,15 @@ mod tests {
     #[test]
     fn refuses_what_is_no_engine_and_stays_linear() {
         let err = parse("# HELP x\nprocess_cpu_seconds_total 1\n").unwrap_err();
-        assert!(err.contains("process_cpu_seconds_total"), "{err}");
-        assert!(parse("").unwrap_err().contains("no samples"));
+        assert!(
+            matches!(&err, MetricsError::NotAnEngine(name) if name == "process_cpu_seconds_total"),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains("process_cpu_seconds_total"),
+            "{err}"
+        );
+        assert!(matches!(parse(""), Err(MetricsError::NoSamples)));
         assert!(parse("vllm:num_requests_running{a=\"}").is_err());
         // A huge label block is read once.
         let long = format!(

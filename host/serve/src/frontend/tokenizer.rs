@@ -120,11 +120,12 @@ impl ModelTokenizer {
 
     /// The token ids of a chat request's prompt: the template rendered with the
     /// generation prompt, encoded without adding special tokens (the template has them).
-    pub fn chat_tokens(&self, messages: &Value) -> Result<Vec<u32>, String> {
-        let chat = self.chat.as_ref().ok_or(
-            "the model's tokenizer_config.json has no chat_template; send completions, or add the template",
-        )?;
-        let template = chat.env.get_template("chat").map_err(|e| e.to_string())?;
+    pub fn chat_tokens(&self, messages: &Value) -> Result<Vec<u32>, TokenizeError> {
+        let chat = self.chat.as_ref().ok_or(TokenizeError::NoChatTemplate)?;
+        let template = chat
+            .env
+            .get_template("chat")
+            .map_err(TokenizeError::Template)?;
         let text = template
             .render(context! {
                 messages => minijinja::Value::from(minijinja::value::Serde(messages)),
@@ -132,19 +133,32 @@ impl ModelTokenizer {
                 bos_token => chat.bos_token.as_str(),
                 eos_token => chat.eos_token.as_str(),
             })
-            .map_err(|e| format!("the chat template failed: {e}"))?;
+            .map_err(TokenizeError::Render)?;
         self.encode(&text, false)
     }
 
     /// The token ids of a completion prompt, with the tokenizer's special tokens.
-    pub fn prompt_tokens(&self, text: &str) -> Result<Vec<u32>, String> {
+    pub fn prompt_tokens(&self, text: &str) -> Result<Vec<u32>, TokenizeError> {
         self.encode(text, true)
     }
 
-    fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, String> {
+    fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, TokenizeError> {
         self.tokenizer
             .encode_fast(text, add_special_tokens)
             .map(|encoding| encoding.get_ids().to_vec())
-            .map_err(|e| format!("tokenizing the prompt failed: {e}"))
+            .map_err(TokenizeError::Encode)
     }
+}
+
+/// Why a prompt could not be tokenized as the engine would.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizeError {
+    #[error("the model's tokenizer_config.json has no chat_template; send completions, or add the template")]
+    NoChatTemplate,
+    #[error("{0}")]
+    Template(minijinja::Error),
+    #[error("the chat template failed: {0}")]
+    Render(minijinja::Error),
+    #[error("tokenizing the prompt failed: {0}")]
+    Encode(tokenizers::Error),
 }
