@@ -31,7 +31,7 @@ pub use replicas::ReplicaSettings;
 pub use switchyard_plugin_host::isolation::IsolationSettings;
 use switchyard_plugin_host::plugin::{PartitionKey, RevisionRule};
 pub use worker_address::{EngineUrl, WorkerNetworks};
-pub use workers::{KvEventSource, WorkerRole, WorkerSpec};
+pub use workers::{KvEventSource, WorkerInvalid, WorkerRole, WorkerSpec};
 
 /// The config shipped inside the binary: the example plugins of all three languages,
 /// with paths relative to the folder of the `switchyard` executable.
@@ -737,7 +737,7 @@ impl ConfigSource {
     fn check_worker_destinations(&self) -> Vec<ConfigError> {
         let networks = match WorkerNetworks::parse(&self.config.router.worker_networks) {
             Ok(networks) => networks,
-            Err(message) => {
+            Err(error) => {
                 return vec![ConfigError {
                     file: self.name.clone(),
                     line: self
@@ -745,7 +745,7 @@ impl ConfigSource {
                         .lines()
                         .position(|l| l.contains("worker_networks"))
                         .map(|i| i + 1),
-                    message,
+                    message: error.to_string(),
                 }]
             }
         };

@@ -8,6 +8,37 @@ use std::net::{IpAddr, SocketAddr};
 
 use ipnet::IpNet;
 
+const EXPECTED_URL: &str = "expected http://HOST:PORT or https://HOST:PORT and nothing else";
+const EXPECTED_TCP: &str = "expected tcp://HOST:PORT (the engine's address, not the `*` it binds)";
+
+/// What is wrong with a worker's address: each names the text (except a URL with a
+/// credential, which is never repeated) and the form expected.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AddressError {
+    #[error("`{text}` is not a URL ({reason}); {EXPECTED_URL}")]
+    NotUrl { text: String, reason: String },
+    #[error("scheme `{scheme}` in `{text}`; {EXPECTED_URL}")]
+    Scheme { text: String, scheme: String },
+    #[error("the URL carries a user name or password; {EXPECTED_URL}. Credentials in URLs would be sent to the engine and shown by GET /v1/workers")]
+    Credentials,
+    #[error(
+        "`{text}` has a path (`{path}`); {EXPECTED_URL}: the router adds the OpenAI paths itself"
+    )]
+    Path { text: String, path: String },
+    #[error("`{0}` has a query or fragment; {EXPECTED_URL}")]
+    Query(String),
+    #[error("`{0}` has no host; {EXPECTED_URL}")]
+    NoHost(String),
+    #[error("`{0}` has no port; {EXPECTED_URL}")]
+    NoPort(String),
+    #[error("`{0}`: {EXPECTED_TCP}")]
+    NotTcp(String),
+    #[error("`{0}` has no port: {EXPECTED_TCP}")]
+    NoTcpPort(String),
+    #[error("`router.worker_networks` entry `{0}`: expected a network (10.0.0.0/8), an address, a host name or `*.domain`")]
+    NetworkEntry(String),
+}
+
 /// An engine's base URL, checked: scheme, host and port only.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EngineUrl {
@@ -18,37 +49,43 @@ pub struct EngineUrl {
 
 impl EngineUrl {
     /// Parses `http://host:port` or `https://host:port` (a trailing `/` is allowed).
-    pub fn parse(text: &str) -> Result<EngineUrl, String> {
-        let expected = "expected http://HOST:PORT or https://HOST:PORT and nothing else";
-        let url = url::Url::parse(text)
-            .map_err(|e| format!("`{text}` is not a URL ({e}); {expected}"))?;
+    pub fn parse(text: &str) -> Result<EngineUrl, AddressError> {
+        let url = url::Url::parse(text).map_err(|e| AddressError::NotUrl {
+            text: text.to_owned(),
+            reason: e.to_string(),
+        })?;
         let https = match url.scheme() {
             "http" => false,
             "https" => true,
-            other => return Err(format!("scheme `{other}` in `{text}`; {expected}")),
+            other => {
+                return Err(AddressError::Scheme {
+                    text: text.to_owned(),
+                    scheme: other.to_owned(),
+                })
+            }
         };
         if !url.username().is_empty() || url.password().is_some() {
             // The URL itself is not repeated: it holds a credential.
-            return Err(format!("the URL carries a user name or password; {expected}. Credentials in URLs would be sent to the engine and shown by GET /v1/workers"));
+            return Err(AddressError::Credentials);
         }
         if url.path() != "/" && !url.path().is_empty() {
-            return Err(format!(
-                "`{text}` has a path (`{}`); {expected}: the router adds the OpenAI paths itself",
-                url.path()
-            ));
+            return Err(AddressError::Path {
+                text: text.to_owned(),
+                path: url.path().to_owned(),
+            });
         }
         if url.query().is_some() || url.fragment().is_some() {
-            return Err(format!("`{text}` has a query or fragment; {expected}"));
+            return Err(AddressError::Query(text.to_owned()));
         }
         let host = match url.host() {
             Some(url::Host::Domain(d)) => d.to_owned(),
             Some(url::Host::Ipv4(ip)) => ip.to_string(),
             Some(url::Host::Ipv6(ip)) => ip.to_string(),
-            None => return Err(format!("`{text}` has no host; {expected}")),
+            None => return Err(AddressError::NoHost(text.to_owned())),
         };
         let port = url
             .port_or_known_default()
-            .ok_or_else(|| format!("`{text}` has no port; {expected}"))?;
+            .ok_or_else(|| AddressError::NoPort(text.to_owned()))?;
         Ok(EngineUrl { https, host, port })
     }
 
@@ -64,14 +101,13 @@ impl EngineUrl {
 }
 
 /// Splits `tcp://host:port` (ZeroMQ's form for a peer's address).
-pub fn parse_tcp_endpoint(text: &str) -> Result<(String, u16), String> {
-    let expected = "expected tcp://HOST:PORT (the engine's address, not the `*` it binds)";
+pub fn parse_tcp_endpoint(text: &str) -> Result<(String, u16), AddressError> {
     let rest = text
         .strip_prefix("tcp://")
-        .ok_or_else(|| format!("`{text}`: {expected}"))?;
+        .ok_or_else(|| AddressError::NotTcp(text.to_owned()))?;
     let (host, port) = rest
         .rsplit_once(':')
-        .ok_or_else(|| format!("`{text}` has no port: {expected}"))?;
+        .ok_or_else(|| AddressError::NoTcpPort(text.to_owned()))?;
     let host = host.trim_start_matches('[').trim_end_matches(']');
     let port = port.parse::<u16>().ok().filter(|p| *p > 0);
     let valid_host = !host.is_empty()
@@ -82,7 +118,7 @@ pub fn parse_tcp_endpoint(text: &str) -> Result<(String, u16), String> {
                 .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '.')));
     match port {
         Some(port) if valid_host => Ok((host.to_owned(), port)),
-        _ => Err(format!("`{text}`: {expected}")),
+        _ => Err(AddressError::NotTcp(text.to_owned())),
     }
 }
 
@@ -107,7 +143,7 @@ pub struct WorkerNetworks {
 impl WorkerNetworks {
     /// Parses the entries: networks (`10.0.0.0/8`), addresses (`10.0.0.5`), host names
     /// (`engine-1.internal`) and name suffixes (`*.engines.internal`).
-    pub fn parse(entries: &[String]) -> Result<WorkerNetworks, String> {
+    pub fn parse(entries: &[String]) -> Result<WorkerNetworks, AddressError> {
         let allowed = entries
             .iter()
             .map(|entry| {
@@ -125,7 +161,7 @@ impl WorkerNetworks {
                 {
                     Ok(Allowed::Name(entry.to_ascii_lowercase()))
                 } else {
-                    Err(format!("`router.worker_networks` entry `{entry}`: expected a network (10.0.0.0/8), an address, a host name or `*.domain`"))
+                    Err(AddressError::NetworkEntry(entry.to_owned()))
                 }
             })
             .collect::<Result<_, _>>()?;

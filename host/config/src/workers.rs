@@ -2,6 +2,7 @@
 //! source and capacity, and the checks on them.
 
 use super::*;
+use crate::worker_address::AddressError;
 
 /// What a worker does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
@@ -85,12 +86,41 @@ pub struct KvEventSource {
     pub topic: String,
 }
 
+/// What is wrong with a worker's entry (`workers:` or `POST /v1/workers`).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum WorkerInvalid {
+    #[error("`address` must be an IP address and port like 10.0.0.7:8000, got `{0}`")]
+    Address(String),
+    #[error("`model` must not be empty")]
+    EmptyModel,
+    #[error("`total_kv_blocks` must be at least 1")]
+    NoKvBlocks,
+    #[error("`url`: {0}")]
+    Url(AddressError),
+    #[error("kv_events.{field}: {error}")]
+    KvEvents {
+        field: &'static str,
+        error: AddressError,
+    },
+    #[error("`preferred_taint_multiplier` must be a finite number >= 0, got {0}")]
+    TaintMultiplier(f64),
+    /// A destination is the router's own listener.
+    #[error("`{field}` points at the router itself ({host}:{port}); a worker must be an engine")]
+    OwnAddress {
+        field: &'static str,
+        host: String,
+        port: u16,
+    },
+    #[error("`{field}` host `{host}` is not in `router.worker_networks`; add its network or name there if it is one of your engines")]
+    NotAllowed { field: &'static str, host: String },
+}
+
 impl KvEventSource {
     /// Checks the endpoints' form (`tcp://host:port`).
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), WorkerInvalid> {
         for (field, endpoint) in self.endpoints() {
             worker_address::parse_tcp_endpoint(endpoint)
-                .map_err(|e| format!("kv_events.{field}: {e}"))?;
+                .map_err(|error| WorkerInvalid::KvEvents { field, error })?;
         }
         Ok(())
     }
@@ -152,44 +182,40 @@ impl WorkerSpec {
         &self,
         networks: &WorkerNetworks,
         own: &[std::net::SocketAddr],
-    ) -> Result<(), String> {
+    ) -> Result<(), WorkerInvalid> {
         for (field, host, port) in self.destinations() {
             if worker_address::is_own_address(&host, port, own) {
-                return Err(format!("`{field}` points at the router itself ({host}:{port}); a worker must be an engine"));
+                return Err(WorkerInvalid::OwnAddress { field, host, port });
             }
             if !networks.permits(&host) {
-                return Err(format!("`{field}` host `{host}` is not in `router.worker_networks`; add its network or name there if it is one of your engines"));
+                return Err(WorkerInvalid::NotAllowed { field, host });
             }
         }
         Ok(())
     }
 
     /// Checks the values serde cannot.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), WorkerInvalid> {
         if let Some(address) = &self.address {
             if address.parse::<std::net::SocketAddr>().is_err() {
-                return Err(format!(
-                    "`address` must be an IP address and port like 10.0.0.7:8000, got `{address}`"
-                ));
+                return Err(WorkerInvalid::Address(address.clone()));
             }
         }
         if self.model.trim().is_empty() {
-            return Err("`model` must not be empty".into());
+            return Err(WorkerInvalid::EmptyModel);
         }
         if self.total_kv_blocks == 0 {
-            return Err("`total_kv_blocks` must be at least 1".into());
+            return Err(WorkerInvalid::NoKvBlocks);
         }
         if let Some(url) = &self.url {
-            EngineUrl::parse(url).map_err(|e| format!("`url`: {e}"))?;
+            EngineUrl::parse(url).map_err(WorkerInvalid::Url)?;
         }
         if let Some(source) = &self.kv_events {
             source.validate()?;
         }
         if let Some(m) = self.preferred_taint_multiplier {
             if !m.is_finite() || m < 0.0 {
-                return Err(format!(
-                    "`preferred_taint_multiplier` must be a finite number >= 0, got {m}"
-                ));
+                return Err(WorkerInvalid::TaintMultiplier(m));
             }
         }
         Ok(())

@@ -9,14 +9,21 @@ use switchyard_plugin_sdk::WorkerId;
 pub use switchyard_config::{WorkerRole, WorkerSpec};
 use switchyard_plugin_host::plugin::{EngineReport, Labels, PartitionKey};
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, thiserror::Error, PartialEq)]
 pub enum WorkerError {
     #[error("worker {} (dp_rank {}) is already registered for model `{}`; remove it first", .0.worker_id, .0.dp_rank, .1)]
     AlreadyRegistered(WorkerId, String),
     #[error("no worker {} (dp_rank {})", .0.worker_id, .0.dp_rank)]
     Unknown(WorkerId),
     #[error("invalid worker: {0}")]
-    Invalid(String),
+    Invalid(switchyard_config::WorkerInvalid),
+    /// Where the worker points is not allowed (outside `router.worker_networks`, or
+    /// the router itself).
+    #[error("invalid worker: worker {worker_id}: {error}")]
+    Destination {
+        worker_id: u64,
+        error: switchyard_config::WorkerInvalid,
+    },
 }
 
 #[derive(Default)]

@@ -42,11 +42,11 @@ impl Router {
     pub(super) fn check_destinations(&self, spec: &WorkerSpec) -> Result<(), RouteError> {
         let networks = self.generation().startup.source.worker_networks();
         spec.check_destinations(&networks, &self.own_addresses.read())
-            .map_err(|e| {
-                RouteError::Worker(WorkerError::Invalid(format!(
-                    "worker {}: {e}",
-                    spec.worker_id
-                )))
+            .map_err(|error| {
+                RouteError::Worker(WorkerError::Destination {
+                    worker_id: spec.worker_id,
+                    error,
+                })
             })
     }
 

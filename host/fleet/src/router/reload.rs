@@ -32,7 +32,7 @@ pub enum ReloadError {
     Destination {
         config: String,
         worker_id: u64,
-        reason: String,
+        reason: switchyard_config::WorkerInvalid,
     },
     #[error(transparent)]
     Partition(#[from] crate::generation::PartitionError),

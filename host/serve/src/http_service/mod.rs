@@ -66,7 +66,9 @@ impl From<RouteError> for ApiError {
         let status = match &error {
             RouteError::BadRequest(_)
             | RouteError::Partition(_)
-            | RouteError::Worker(WorkerError::Invalid(_)) => StatusCode::BAD_REQUEST,
+            | RouteError::Worker(WorkerError::Invalid(_) | WorkerError::Destination { .. }) => {
+                StatusCode::BAD_REQUEST
+            }
             RouteError::UnknownModel(_)
             | RouteError::UnknownInstance { .. }
             | RouteError::Worker(WorkerError::Unknown(_))
