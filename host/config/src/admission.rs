@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::SectionInvalid;
+
 /// The `admission:` section.
 #[derive(Clone, Debug, Default, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -58,7 +60,7 @@ impl AdmitterOnError {
 }
 
 /// Why `limit` is not a rate: every rate and burst given is a number above 0.
-pub fn check_rate(tenant: &str, limit: &RateLimit) -> Result<(), String> {
+pub fn check_rate(tenant: &str, limit: &RateLimit) -> Result<(), SectionInvalid> {
     let rates = [
         limit.requests_per_s,
         limit.request_burst,
@@ -66,9 +68,7 @@ pub fn check_rate(tenant: &str, limit: &RateLimit) -> Result<(), String> {
         limit.token_burst,
     ];
     if rates.iter().flatten().any(|r| !(r.is_finite() && *r > 0.0)) {
-        return Err(format!(
-            "`{tenant}`: every rate and burst is a number above 0"
-        ));
+        return Err(SectionInvalid::Rate(tenant.to_owned()));
     }
     Ok(())
 }
@@ -162,28 +162,26 @@ impl Default for QueueSettings {
 }
 
 impl AdmissionSettings {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), SectionInvalid> {
         let b = &self.busy;
         if b.max_engine_waiting
             .is_some_and(|w| !(w.is_finite() && w >= 0.0))
         {
-            return Err("`admission.busy.max_engine_waiting` must be a number >= 0".into());
+            return Err(SectionInvalid::MaxEngineWaiting);
         }
         if b.max_kv_cache_usage
             .is_some_and(|u| !(0.0..=1.0).contains(&u))
         {
-            return Err("`admission.busy.max_kv_cache_usage` is a fraction from 0 to 1".into());
+            return Err(SectionInvalid::MaxKvCacheUsage);
         }
         if self.queue.max_wait_ms == 0 {
-            return Err("`admission.queue.max_wait_ms` must be at least 1".into());
+            return Err(SectionInvalid::MaxWait);
         }
         for (tenant, limit) in &self.rate_limits {
-            check_rate(tenant, limit).map_err(|e| format!("`admission.rate_limits`: {e}"))?;
+            check_rate(tenant, limit).map_err(|e| SectionInvalid::RateLimits(Box::new(e)))?;
         }
         if let Some((tenant, _)) = self.queue.tenant_weights.iter().find(|(_, &w)| w == 0) {
-            return Err(format!(
-                "`admission.queue.tenant_weights`: `{tenant}` has weight 0; a weight is at least 1"
-            ));
+            return Err(SectionInvalid::ZeroWeight(tenant.clone()));
         }
         Ok(())
     }

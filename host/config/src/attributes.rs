@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::SectionInvalid;
+
 /// Most headers an operator may list: every request copies each one it carries.
 pub const MAX_LISTED_HEADERS: usize = 32;
 
@@ -82,12 +84,9 @@ impl RequestAttributeSettings {
     }
 
     /// Checks what serde cannot; the message names the setting.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), SectionInvalid> {
         if self.headers.len() > MAX_LISTED_HEADERS {
-            return Err(format!(
-                "`request_attributes.headers` lists {} headers; at most {MAX_LISTED_HEADERS}",
-                self.headers.len()
-            ));
+            return Err(SectionInvalid::TooManyHeaders(self.headers.len()));
         }
         let token = |h: &str| {
             !h.is_empty()
@@ -96,13 +95,11 @@ impl RequestAttributeSettings {
         };
         for header in self.headers.iter().chain(&self.priority_header) {
             if !token(header) {
-                return Err(format!(
-                    "`request_attributes`: `{header}` is not an HTTP header name"
-                ));
+                return Err(SectionInvalid::HeaderName(header.clone()));
             }
             if header.eq_ignore_ascii_case("authorization") || header.eq_ignore_ascii_case("cookie")
             {
-                return Err(format!("`request_attributes`: `{header}` carries credentials and is never handed to policies; name another header"));
+                return Err(SectionInvalid::CredentialHeader(header.clone()));
             }
         }
         for source in &self.tenant {
@@ -113,17 +110,18 @@ impl RequestAttributeSettings {
                     .is_some_and(|h| token(h.trim())),
             };
             if !ok {
-                return Err(format!(
-                    "`request_attributes.tenant`: `{source}` is not a tenant source; expected `key`, `user` or `header:NAME`"
-                ));
+                return Err(SectionInvalid::TenantSource(source.clone()));
             }
         }
         if self.max_value_bytes == 0 {
-            return Err("`request_attributes.max_value_bytes` must be at least 1".into());
+            return Err(SectionInvalid::MaxValueBytes);
         }
         for (adapter, base) in &self.lora_adapters {
             if adapter.is_empty() || base.is_empty() || adapter == base {
-                return Err(format!("`request_attributes.lora_adapters`: `{adapter}: {base}` must map an adapter name to another, base model"));
+                return Err(SectionInvalid::AdapterMapping {
+                    adapter: adapter.clone(),
+                    base: base.clone(),
+                });
             }
         }
         Ok(())
@@ -157,14 +155,11 @@ impl Default for EngineMetricsSettings {
 }
 
 impl EngineMetricsSettings {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), SectionInvalid> {
         if self.interval_ms > 0
             && (self.timeout_ms == 0 || self.max_bytes == 0 || self.concurrency == 0)
         {
-            return Err(
-                "`engine_metrics.timeout_ms`, `max_bytes` and `concurrency` must be at least 1"
-                    .into(),
-            );
+            return Err(SectionInvalid::EngineMetrics);
         }
         Ok(())
     }
@@ -185,7 +180,10 @@ mod tests {
         assert_eq!(s.validate(), Ok(()));
         assert!(s.lists_header("x-zone") && s.lists_header("X-ZONE") && !s.lists_header("x-zon"));
         s.headers.push("Authorization".into());
-        assert!(s.validate().unwrap_err().contains("credentials"));
+        assert_eq!(
+            s.validate(),
+            Err(SectionInvalid::CredentialHeader("Authorization".into()))
+        );
         s.headers.pop();
         s.tenant = vec!["header:X-Tenant".into(), "key".into()];
         assert_eq!(
@@ -193,6 +191,6 @@ mod tests {
             [TenantSource::Header("X-Tenant"), TenantSource::Key]
         );
         s.tenant = vec!["ip".into()];
-        assert!(s.validate().unwrap_err().contains("`ip`"));
+        assert_eq!(s.validate(), Err(SectionInvalid::TenantSource("ip".into())));
     }
 }

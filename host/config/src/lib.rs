@@ -16,6 +16,7 @@ pub mod hardening;
 mod limits;
 pub mod listener;
 pub mod replicas;
+mod section_invalid;
 pub mod worker_address;
 mod workers;
 
@@ -28,6 +29,7 @@ pub use auth::{AuthSettings, Keyring};
 pub use limits::{MAX_CONFIG_BYTES, MAX_FLOW_DEPTH};
 pub use listener::{HttpSettings, TlsSettings};
 pub use replicas::ReplicaSettings;
+pub use section_invalid::SectionInvalid;
 pub use switchyard_plugin_host::isolation::IsolationSettings;
 use switchyard_plugin_host::plugin::{PartitionKey, RevisionRule};
 pub use worker_address::{EngineUrl, WorkerNetworks};
@@ -669,14 +671,12 @@ impl ConfigSource {
     /// admission.
     fn check_sections(&self) -> Vec<ConfigError> {
         let mut errors = Vec::new();
-        if let Some(Err(message)) = self.config.replicas.as_ref().map(ReplicaSettings::validate) {
-            errors.push(ConfigError {
-                file: self.name.clone(),
-                line: self.line_starting("replicas:"),
-                message,
-            });
-        }
+        let replicas = self.config.replicas.as_ref();
         let sections = [
+            (
+                "replicas:",
+                replicas.map_or(Ok(()), ReplicaSettings::validate),
+            ),
             (
                 "request_attributes:",
                 self.config.request_attributes.validate(),
@@ -691,11 +691,11 @@ impl ConfigSource {
             ),
         ];
         for (section, result) in sections {
-            if let Err(message) = result {
+            if let Err(invalid) = result {
                 errors.push(ConfigError {
                     file: self.name.clone(),
                     line: self.line_starting(section),
-                    message,
+                    message: invalid.to_string(),
                 });
             }
         }

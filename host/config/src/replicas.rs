@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+use crate::SectionInvalid;
+
 /// The `replicas:` section; absent: this router works alone.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -47,35 +49,32 @@ fn default_snapshot_wait_ms() -> u64 {
 
 impl ReplicaSettings {
     /// Checks what serde cannot; the message names the setting.
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), SectionInvalid> {
         let rest = self
             .nats
             .strip_prefix("nats://")
-            .ok_or_else(|| format!("`replicas.nats` `{}`: expected nats://HOST:PORT", self.nats))?;
+            .ok_or_else(|| SectionInvalid::NatsUrl(self.nats.clone()))?;
         if rest.contains('@') {
-            return Err("`replicas.nats` carries credentials; put the token in a file named by `replicas.token_file`".into());
+            return Err(SectionInvalid::NatsCredentials);
         }
         if rest
             .rsplit_once(':')
             .is_none_or(|(h, p)| h.is_empty() || p.parse::<u16>().is_err())
         {
-            return Err(format!(
-                "`replicas.nats` `{}`: expected nats://HOST:PORT",
-                self.nats
-            ));
+            return Err(SectionInvalid::NatsUrl(self.nats.clone()));
         }
         if self.subject.is_empty()
             || self
                 .subject
                 .contains(|c: char| c.is_whitespace() || matches!(c, '*' | '>'))
         {
-            return Err(format!(
-                "`replicas.subject` `{}`: a NATS subject token without spaces, `*` or `>`",
-                self.subject
-            ));
+            return Err(SectionInvalid::Subject(self.subject.clone()));
         }
         if self.heartbeat_ms == 0 || self.peer_ttl_ms <= self.heartbeat_ms {
-            return Err(format!("`replicas.peer_ttl_ms` ({}) must be larger than `replicas.heartbeat_ms` ({}), and both at least 1", self.peer_ttl_ms, self.heartbeat_ms));
+            return Err(SectionInvalid::PeerTtl {
+                peer_ttl_ms: self.peer_ttl_ms,
+                heartbeat_ms: self.heartbeat_ms,
+            });
         }
         Ok(())
     }
