@@ -147,8 +147,8 @@ impl BuildUnit {
     }
 
     /// Builds the instances again in a new incarnation (same shape, or an error).
-    pub(super) fn rebuild(&self) -> Result<(), String> {
-        let (incarnation, parts) = self.run().map_err(|e| e.to_string())?;
+    pub(super) fn rebuild(&self) -> Result<(), CallError> {
+        let (incarnation, parts) = self.run()?;
         let ids: Vec<u32> = parts
             .iter()
             .filter_map(|p| match p {
@@ -163,7 +163,7 @@ impl BuildUnit {
                 self.slots.len()
             );
             self.process.tell(&Request::Destroy { ids });
-            return Err(message);
+            return Err(CallError::new(Status::Error, message));
         }
         for (slot, id) in self.slots.iter().zip(ids) {
             slot.set(incarnation, id);
@@ -742,7 +742,7 @@ impl super::supervisor::SupervisedChannel for Channel {
 }
 
 impl super::supervisor::RebuiltUnit for BuildUnit {
-    fn rebuild(&self) -> Result<(), String> {
+    fn rebuild(&self) -> Result<(), CallError> {
         BuildUnit::rebuild(self)
     }
 }

@@ -470,7 +470,7 @@ pub(super) trait SupervisedChannel: Send + Sync {
 
 /// An instance built in the process (`remote::BuildUnit`), built again after a restart.
 pub(super) trait RebuiltUnit: Send + Sync {
-    fn rebuild(&self) -> Result<(), String>;
+    fn rebuild(&self) -> Result<(), CallError>;
 }
 
 fn live<T: ?Sized>(list: &Mutex<Vec<Weak<T>>>) -> Vec<Arc<T>> {
