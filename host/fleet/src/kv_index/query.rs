@@ -389,7 +389,7 @@ impl KvIndex {
 
 /// Intersects the wide set `bits` with the next run's bitset `words`, calling `dropped`
 /// for each slot that leaves it. Whether any slot is left.
-#[inline]
+#[inline(always)]
 fn narrow_bits(bits: &mut [u64], words: &[u64], mut dropped: impl FnMut(u32)) -> bool {
     let mut any = false;
     for (w, active) in bits.iter_mut().enumerate() {
@@ -406,7 +406,7 @@ fn narrow_bits(bits: &mut [u64], words: &[u64], mut dropped: impl FnMut(u32)) ->
 }
 
 /// Moves the slots of the wide set `bits` for which `keep` holds into the list `few`.
-#[inline]
+#[inline(always)]
 fn bits_to_list(bits: &[u64], few: &mut Vec<u32>, mut keep: impl FnMut(u32) -> bool) {
     for (w, &active) in bits.iter().enumerate() {
         let mut each = active;
@@ -421,7 +421,7 @@ fn bits_to_list(bits: &[u64], few: &mut Vec<u32>, mut keep: impl FnMut(u32) -> b
 }
 
 /// The bitset of `run`'s holders, when they are one.
-#[inline]
+#[inline(always)]
 fn bitset_of<'t>(tier: &'t TierIndex, run: &Run) -> Option<&'t [u64]> {
     match is_set(run.holders).then(|| tier.sets.get(run.holders)) {
         Some(Members::Bits { words, .. }) => Some(&words[..]),
@@ -433,7 +433,7 @@ fn bitset_of<'t>(tier: &'t TierIndex, run: &Run) -> Option<&'t [u64]> {
 /// or `bits` while `wide`) narrowed run by run; each slot that drops out is recorded at
 /// `depth`, the end of the last run it held.
 #[allow(clippy::too_many_arguments)] // the walk's state, passed as `materialize` holds it
-#[inline]
+#[inline(always)]
 fn walk_rest(
     tier: &TierIndex,
     rest: &[Run],
