@@ -40,14 +40,7 @@ fn chat(content: &str, stream: bool, max_tokens: u64) -> Value {
 }
 
 async fn workers(client: &reqwest::Client, base: &str) -> Vec<Value> {
-    let value: Value = client
-        .get(format!("{base}/v1/workers"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let value = get_json(client, &format!("{base}/v1/workers")).await;
     value.as_array().unwrap().clone()
 }
 

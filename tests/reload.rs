@@ -154,14 +154,7 @@ async fn state_survived(client: &reqwest::Client, base: &str) {
         (&json!(2), &json!(4)),
         "{selected}"
     );
-    let workers: Value = client
-        .get(format!("{base}/v1/workers"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let workers: Value = get_json(client, &format!("{base}/v1/workers")).await;
     let busy: u64 = workers
         .as_array()
         .unwrap()
@@ -178,14 +171,7 @@ async fn state_survived(client: &reqwest::Client, base: &str) {
         freed.status().is_success(),
         "the booking made before the reloads is still known"
     );
-    let policies: Value = client
-        .get(format!("{base}/v1/policies"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let policies: Value = get_json(client, &format!("{base}/v1/policies")).await;
     assert_eq!(policies["generation"]["number"], 3);
     let metrics = client
         .get(format!("{base}/metrics"))

@@ -84,6 +84,12 @@ pub fn post_json(
     }
 }
 
+/// The JSON answer of `GET url` (panics on a transport or decoding failure).
+pub async fn get_json(client: &reqwest::Client, url: &str) -> serde_json::Value {
+    let response = client.get(url).send().await.unwrap();
+    response.json().await.unwrap()
+}
+
 /// `reqwest::get`, with the provider chosen (see `http_client`).
 pub async fn get(url: impl reqwest::IntoUrl) -> reqwest::Result<reqwest::Response> {
     http_client().get(url).send().await
