@@ -17,7 +17,7 @@
 //! stays booked: each booking is a `Lease`, freed when its answer ends or is dropped.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::http::{HeaderName, HeaderValue, StatusCode};
@@ -29,18 +29,12 @@ use switchyard_plugin_host::plugin::PartitionKey;
 use switchyard_plugin_sdk::WorkerId;
 use tokio::sync::OwnedSemaphorePermit;
 
-use super::prompt::{Endpoint, Prompt};
 use super::{describe, Frontend, Lease, OpenAiError};
-use crate::request_attributes::Described;
 
 /// One request to serve through a pair.
 pub(super) struct Pair {
-    pub endpoint: Endpoint,
-    pub prompt: Arc<Prompt>,
-    pub described: Arc<Described>,
-    pub instance: Option<String>,
-    pub body: Bytes,
-    pub arrived: Instant,
+    /// The request, as one worker would be sent it.
+    pub request: super::Upstream,
     /// The `x-request-id` both engines of the pair get, as vLLM's proxies and SGLang's
     /// router send one id to both sides (the KV connector may key the transfer by it).
     pub engine_request_id: String,
@@ -101,10 +95,10 @@ impl Frontend {
         paired: Option<WorkerId>,
     ) -> Result<Side, OpenAiError> {
         let first = self.try_side(pair, role, paired).await;
-        let partition = PartitionKey::new(pair.prompt.model.clone(), role.worker_type());
+        let partition = PartitionKey::new(pair.request.prompt.model.clone(), role.worker_type());
         let waited = crate::admission::queued(
             &self.router,
-            pair.described.place(partition),
+            pair.request.described.place(partition),
             first,
             |e: &SideError| matches!(e, SideError::Route(RouteError::Saturated(_))),
             || self.try_side(pair, role, paired),
@@ -130,9 +124,9 @@ impl Frontend {
     ) -> Result<Side, SideError> {
         let frontend = self.clone();
         let (prompt, described, instance) = (
-            pair.prompt.clone(),
-            pair.described.clone(),
-            pair.instance.clone(),
+            pair.request.prompt.clone(),
+            pair.request.described.clone(),
+            pair.request.instance.clone(),
         );
         tokio::task::spawn_blocking(move || {
             let id = frontend.next_request_id();
@@ -182,7 +176,7 @@ impl Frontend {
             .post(format!(
                 "{}{}",
                 side.url.trim_end_matches('/'),
-                pair.endpoint.path()
+                pair.request.endpoint.path()
             ))
             .header(reqwest::header::CONTENT_TYPE, "application/json")
             .header("x-request-id", &pair.engine_request_id)
@@ -278,7 +272,7 @@ impl Frontend {
         pair: &Pair,
         slot: OwnedSemaphorePermit,
     ) -> Result<Response, OpenAiError> {
-        let original = request_object(&pair.body)?;
+        let original = request_object(&pair.request.body)?;
         let (mut prefill, answer) = match self.prefill(pair, &vllm_prefill_body(&original)).await {
             Ok(done) => done,
             Err(failure) => return self.whole_on_decode(pair, None, failure, slot).await,
@@ -307,7 +301,7 @@ impl Frontend {
         pair: &Pair,
         slot: OwnedSemaphorePermit,
     ) -> Result<Response, OpenAiError> {
-        let original = request_object(&pair.body)?;
+        let original = request_object(&pair.request.body)?;
         let decode = self
             .select_side(pair, RequestWorkerType::Decode, None)
             .await?;
@@ -393,13 +387,13 @@ impl Frontend {
         let generation = self.router.generation();
         let models = &generation.startup.source.config.models;
         let fallback = models
-            .get(&pair.prompt.model)
+            .get(&pair.request.prompt.model)
             .is_some_and(|m| m.aggregated_fallback);
         drop(generation);
         if !fallback {
             return Err(failure);
         }
-        tracing::warn!(model = %pair.prompt.model, error = %failure.message, "the prefill side failed; a decode worker serves the request whole (aggregated_fallback)");
+        tracing::warn!(model = %pair.request.prompt.model, error = %failure.message, "the prefill side failed; a decode worker serves the request whole (aggregated_fallback)");
         let decode = match decode {
             Some(decode) => {
                 self.router.pair(decode.lease.request_id(), None);
@@ -410,7 +404,7 @@ impl Frontend {
                     .await?
             }
         };
-        let original = request_object(&pair.body)?;
+        let original = request_object(&pair.request.body)?;
         let upstream = self.post(&decode, pair, &original).send().await;
         let mut response = self.relay_decode(pair, decode, upstream, 0, slot).await?;
         response.headers_mut().insert(
@@ -475,7 +469,13 @@ impl Frontend {
         let mut lease = decode.lease;
         lease.hold(slot);
         let mut response = self
-            .respond(&pair.prompt, decode.decision, lease, upstream, pair.arrived)
+            .respond(
+                &pair.request.prompt,
+                decode.decision,
+                lease,
+                upstream,
+                pair.request.arrived,
+            )
             .await;
         response.headers_mut().insert(
             HeaderName::from_static("x-switchyard-prefill-worker"),

@@ -48,13 +48,13 @@ type Prepared = (
 );
 
 /// What the request sends upstream, once a worker is selected.
-struct Upstream {
-    endpoint: Endpoint,
-    prompt: Arc<Prompt>,
-    described: Arc<Described>,
-    instance: Option<String>,
-    body: Bytes,
-    arrived: std::time::Instant,
+pub(crate) struct Upstream {
+    pub endpoint: Endpoint,
+    pub prompt: Arc<Prompt>,
+    pub described: Arc<Described>,
+    pub instance: Option<String>,
+    pub body: Bytes,
+    pub arrived: std::time::Instant,
 }
 
 /// The request header that names the instance to route with.
@@ -225,27 +225,10 @@ impl Frontend {
             .prepare(endpoint, caller, &headers, body.clone(), instance.clone())
             .await;
         let (prompt, described, first) = match prepared {
-            Ok((prompt, described, Some(first))) => (prompt, described, first),
-            Ok((prompt, described, None)) => {
-                let mode = self.disaggregation(&described.partition_model);
-                let pair = disaggregation::Pair {
-                    endpoint,
-                    prompt,
-                    described,
-                    instance,
-                    body,
-                    arrived,
-                    engine_request_id: self.next_request_id(),
-                };
-                return self.serve_pair(mode, pair, slot).await;
-            }
+            Ok(prepared) => prepared,
             Err(error) => return error.into_response(),
         };
-        let selected = match self.wait_turn(&prompt, &described, &instance, first).await {
-            Ok(selected) => selected,
-            Err(response) => return response,
-        };
-        let upstream = Upstream {
+        let request = Upstream {
             endpoint,
             prompt,
             described,
@@ -253,7 +236,29 @@ impl Frontend {
             body,
             arrived,
         };
-        self.forward(upstream, selected, slot).await
+        let Some(first) = first else {
+            // A disaggregated model's pair is selected on its own path.
+            let mode = self.disaggregation(&request.described.partition_model);
+            let engine_request_id = self.next_request_id();
+            let pair = disaggregation::Pair {
+                request,
+                engine_request_id,
+            };
+            return self.serve_pair(mode, pair, slot).await;
+        };
+        let selected = match self
+            .wait_turn(
+                &request.prompt,
+                &request.described,
+                &request.instance,
+                first,
+            )
+            .await
+        {
+            Ok(selected) => selected,
+            Err(response) => return response,
+        };
+        self.forward(request, selected, slot).await
     }
 
     /// Parses the request and runs its first selection (unless its model is
