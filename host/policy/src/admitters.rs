@@ -21,9 +21,10 @@ use switchyard_plugin_sdk::{
 };
 
 use super::error::BuildError;
-use super::pipeline::{Stage, StageImpl};
+use super::pipeline::Stage;
 use super::rate_limits::RateLimiter;
 use super::registry::{ComponentType, Registry};
+use switchyard_plugin_host::component_call::Builtin;
 
 /// One entry of `admission.admitters`, resolved to its type.
 pub struct AdmitterUse {
@@ -176,7 +177,7 @@ pub fn register(registry: &mut Registry) {
         ComponentKind::Admitter,
         WorkerInputs::ATTRIBUTES,
         |p, _| {
-            Ok(StageImpl::Admitter(Box::new(TenantRateLimit::from_params(
+            Ok(Builtin::Admitter(Box::new(TenantRateLimit::from_params(
                 p,
             )?)))
         },
@@ -185,11 +186,7 @@ pub fn register(registry: &mut Registry) {
         "builtin.strict-priority",
         ComponentKind::Admitter,
         WorkerInputs::ATTRIBUTES,
-        |p, _| {
-            Ok(StageImpl::Admitter(Box::new(StrictPriority::from_params(
-                p,
-            )?)))
-        },
+        |p, _| Ok(Builtin::Admitter(Box::new(StrictPriority::from_params(p)?))),
     );
 }
 

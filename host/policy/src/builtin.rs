@@ -21,8 +21,8 @@ use switchyard_plugin_sdk::{
 };
 
 use super::param_checks::finite_non_negative;
-use super::pipeline::StageImpl;
 use super::registry::{BuildFn, Registry};
+use switchyard_plugin_host::component_call::Builtin;
 use switchyard_plugin_host::plugin::ComponentKind;
 
 impl Registry {
@@ -40,11 +40,7 @@ pub fn register(registry: &mut Registry) {
         "builtin.min-device-overlap",
         Filter,
         WorkerInputs::CACHE,
-        |p, _| {
-            Ok(StageImpl::Filter(Box::new(MinDeviceOverlap::from_params(
-                p,
-            )?)))
-        },
+        |p, _| Ok(Builtin::Filter(Box::new(MinDeviceOverlap::from_params(p)?))),
     );
     registry.add_builtin_component(
         "builtin.active-requests",
@@ -52,11 +48,11 @@ pub fn register(registry: &mut Registry) {
         WorkerInputs::LOAD,
         |p, _| {
             p.reject_unknown_keys(&[])?;
-            Ok(StageImpl::Scorer(Box::new(ActiveRequests)))
+            Ok(Builtin::Scorer(Box::new(ActiveRequests)))
         },
     );
     registry.add_builtin_component("builtin.kv-overlap", Scorer, WorkerInputs::CACHE, |p, _| {
-        Ok(StageImpl::Scorer(Box::new(KvOverlap {
+        Ok(Builtin::Scorer(Box::new(KvOverlap {
             weights: p.deserialize()?,
         })))
     });
@@ -64,13 +60,13 @@ pub fn register(registry: &mut Registry) {
         "builtin.default-cost",
         Scorer,
         WorkerInputs::CACHE | WorkerInputs::LOAD,
-        |p, _| Ok(StageImpl::Scorer(Box::new(DefaultCost::from_params(p)?))),
+        |p, _| Ok(Builtin::Scorer(Box::new(DefaultCost::from_params(p)?))),
     );
     registry.add_builtin_component("builtin.lowest-cost", Picker, WorkerInputs::NONE, |p, _| {
-        Ok(StageImpl::Picker(Box::new(LowestCost::from_params(p)?)))
+        Ok(Builtin::Picker(Box::new(LowestCost::from_params(p)?)))
     });
     registry.add_builtin_component("builtin.softmax", Picker, WorkerInputs::NONE, |p, _| {
-        Ok(StageImpl::Picker(Box::new(Softmax::from_params(p)?)))
+        Ok(Builtin::Picker(Box::new(Softmax::from_params(p)?)))
     });
     super::engine_signals::register(registry);
     super::admitters::register(registry);

@@ -21,8 +21,8 @@ use switchyard_plugin_sdk::{
 };
 
 use super::param_checks::finite_non_negative;
-use super::pipeline::StageImpl;
 use super::registry::Registry;
+use switchyard_plugin_host::component_call::Builtin;
 use switchyard_plugin_host::plugin::ComponentKind;
 
 pub fn register(registry: &mut Registry) {
@@ -31,16 +31,16 @@ pub fn register(registry: &mut Registry) {
         "builtin.engine-queue",
         Scorer,
         WorkerInputs::ENGINE | WorkerInputs::LOAD,
-        |p, _| Ok(StageImpl::Scorer(Box::new(EngineQueue::from_params(p)?))),
+        |p, _| Ok(Builtin::Scorer(Box::new(EngineQueue::from_params(p)?))),
     );
     registry.add_builtin_component("builtin.kv-usage", Filter, WorkerInputs::ENGINE, |p, _| {
-        Ok(StageImpl::Filter(Box::new(KvUsage::from_params(p)?)))
+        Ok(Builtin::Filter(Box::new(KvUsage::from_params(p)?)))
     });
     registry.add_builtin_component(
         "builtin.lora-affinity",
         Scorer,
         WorkerInputs::ENGINE | WorkerInputs::ATTRIBUTES,
-        |p, _| Ok(StageImpl::Scorer(Box::new(LoraAffinity::from_params(p)?))),
+        |p, _| Ok(Builtin::Scorer(Box::new(LoraAffinity::from_params(p)?))),
     );
 }
 

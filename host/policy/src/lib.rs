@@ -24,6 +24,6 @@ pub use error::{BuildError, Refusal};
 pub use instances::{CallBudget, ComponentUse, InstanceFactory, InstanceKind};
 pub use pipeline::{
     CandidatesFrom, Policy, RawOutput, RowExtras, SelectError, SelectTrace, Selector, Stage,
-    StageImpl, StageStats,
+    StageStats,
 };
 pub use registry::{ComponentType, Origin, PolicyFactory, PolicyType, Registry};

@@ -7,32 +7,17 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
-use switchyard_plugin_sdk::{
-    Admission, PolicyError, RequestAdmitter, Saturation, Status, WorkerFilter, WorkerId,
-    WorkerInputs, WorkerPicker, WorkerScorer,
-};
+use switchyard_plugin_sdk::{Admission, Saturation, Status, WorkerId, WorkerInputs};
 
 use super::candidates::{CandidateRow, Candidates, KeptColumns};
 use super::error::BuildError;
 use super::histogram::{LatencyHistogram, Stopwatch};
-use switchyard_plugin_host::isolation::{share_channels, RemoteInstance};
+use switchyard_plugin_host::component_call::Component;
+use switchyard_plugin_host::isolation::share_channels;
 use switchyard_plugin_host::plugin::{
-    builtin_admit, builtin_filter, builtin_pick, builtin_score, AbiRequest, CallError, Columns,
-    ComponentInstance, ComponentKind, EngineReport, ErrorBuffer, Labels, Lifecycle, Outcome,
+    AbiRequest, CallError, ComponentKind, EngineReport, ErrorBuffer, Labels, Lifecycle, Outcome,
     RequestContext,
 };
-
-/// How a stage runs: a built-in trait object, called directly, or a plugin instance,
-/// called through the C ABI.
-pub enum StageImpl {
-    Filter(Box<dyn WorkerFilter>),
-    Scorer(Box<dyn WorkerScorer>),
-    Picker(Box<dyn WorkerPicker>),
-    Admitter(Box<dyn RequestAdmitter>),
-    Plugin(ComponentInstance),
-    /// A plugin instance in an isolated process, called through shared memory.
-    Isolated(RemoteInstance),
-}
 
 /// Per-stage counters. Only the thread running the stage writes them (its selector's
 /// lock orders the writers), so plain loads and stores suffice, no atomic
@@ -72,82 +57,30 @@ impl StageStats {
     }
 }
 
-/// One component instance in a policy.
+/// One component instance in a policy: built in, a plugin in this process or an
+/// isolated plugin, called alike through [`Component`].
 pub struct Stage {
     pub name: Arc<str>,
+    /// The kind the stage was registered or built as (checked against the component's).
     pub kind: ComponentKind,
     pub inputs: WorkerInputs,
-    imp: StageImpl,
+    component: Box<dyn Component>,
     pub stats: Arc<StageStats>,
 }
 
 impl Stage {
-    pub fn new(name: Arc<str>, kind: ComponentKind, inputs: WorkerInputs, imp: StageImpl) -> Self {
+    pub fn new(
+        name: Arc<str>,
+        kind: ComponentKind,
+        inputs: WorkerInputs,
+        component: Box<dyn Component>,
+    ) -> Self {
         Stage {
             name,
             kind,
             inputs,
-            imp,
+            component,
             stats: Arc::default(),
-        }
-    }
-
-    fn filter(
-        &mut self,
-        request: &AbiRequest<'_>,
-        columns: &Columns<'_>,
-        keep: &mut [u8],
-        error: &mut ErrorBuffer,
-    ) -> Result<(), CallError> {
-        let inputs = self.inputs;
-        match &mut self.imp {
-            StageImpl::Filter(filter) => {
-                builtin_filter(filter.as_mut(), request, columns, inputs, keep)
-                    .map_err(builtin_failure)
-            }
-            StageImpl::Plugin(p) => p.filter(request, columns, keep, error),
-            StageImpl::Isolated(p) if p.kind() == ComponentKind::Filter => {
-                p.filter(request, columns, keep)
-            }
-            _ => Err(wrong_kind(ComponentKind::Filter)),
-        }
-    }
-
-    fn score(
-        &mut self,
-        request: &AbiRequest<'_>,
-        columns: &Columns<'_>,
-        costs: &mut [f64],
-        error: &mut ErrorBuffer,
-    ) -> Result<(), CallError> {
-        let inputs = self.inputs;
-        match &mut self.imp {
-            StageImpl::Scorer(scorer) => {
-                builtin_score(scorer.as_mut(), request, columns, inputs, costs)
-                    .map_err(builtin_failure)
-            }
-            StageImpl::Plugin(p) => p.score(request, columns, costs, error),
-            StageImpl::Isolated(p) if p.kind() == ComponentKind::Scorer => {
-                p.score(request, columns, costs)
-            }
-            _ => Err(wrong_kind(ComponentKind::Scorer)),
-        }
-    }
-
-    fn pick(
-        &mut self,
-        request: &AbiRequest<'_>,
-        columns: &Columns<'_>,
-        error: &mut ErrorBuffer,
-    ) -> Result<usize, CallError> {
-        let inputs = self.inputs;
-        match &mut self.imp {
-            StageImpl::Picker(picker) => {
-                builtin_pick(picker.as_mut(), request, columns, inputs).map_err(builtin_failure)
-            }
-            StageImpl::Plugin(p) => p.pick(request, columns, error),
-            StageImpl::Isolated(p) if p.kind() == ComponentKind::Picker => p.pick(request, columns),
-            _ => Err(wrong_kind(ComponentKind::Picker)),
         }
     }
 
@@ -159,30 +92,15 @@ impl Stage {
         saturation: &Saturation,
         error: &mut ErrorBuffer,
     ) -> Result<Admission, CallError> {
-        let inputs = self.inputs;
         let watch = Stopwatch::start();
-        let result = match &mut self.imp {
-            StageImpl::Admitter(admitter) => {
-                builtin_admit(admitter.as_mut(), request, saturation, inputs)
-                    .map_err(builtin_failure)
-            }
-            StageImpl::Plugin(p) => p.admit(request, saturation, error),
-            StageImpl::Isolated(p) if p.kind() == ComponentKind::Admitter => {
-                p.admit(request, saturation)
-            }
-            _ => Err(wrong_kind(ComponentKind::Admitter)),
-        };
+        let result = self.component.admit(request, saturation, error);
         self.stats.latency.record(watch.elapsed_nanos());
         result.inspect_err(|failure| self.stats.failed(failure))
     }
 
     /// Whether this stage wants lifecycle notifications (plugin components that set them).
     pub fn notified(&self) -> bool {
-        match &self.imp {
-            StageImpl::Plugin(instance) => instance.notified(),
-            StageImpl::Isolated(instance) => instance.notified(),
-            _ => false,
-        }
+        self.component.notified()
     }
 
     /// Delivers one lifecycle notification if the component asked for it; a failure is
@@ -197,35 +115,13 @@ impl Stage {
         if !self.notified() {
             return Ok(());
         }
-        let result = match &mut self.imp {
-            StageImpl::Plugin(instance) => instance.notify(event, request, outcome, error),
-            StageImpl::Isolated(instance) => instance.notify(event, request, outcome),
-            _ => Ok(()),
-        };
+        let result = self.component.notify(event, request, outcome, error);
         result.inspect_err(|failure| self.stats.failed(failure))
     }
 
     fn kind_matches(&self) -> bool {
-        match &self.imp {
-            StageImpl::Plugin(instance) => instance.kind() == self.kind,
-            StageImpl::Isolated(instance) => instance.kind() == self.kind,
-            _ => matches!(
-                (&self.imp, self.kind),
-                (StageImpl::Filter(_), ComponentKind::Filter)
-                    | (StageImpl::Scorer(_), ComponentKind::Scorer)
-                    | (StageImpl::Picker(_), ComponentKind::Picker)
-                    | (StageImpl::Admitter(_), ComponentKind::Admitter)
-            ),
-        }
+        self.component.kind() == self.kind
     }
-}
-
-fn builtin_failure(e: PolicyError) -> CallError {
-    CallError::new(Status::Error, e.to_string())
-}
-
-fn wrong_kind(called_as: ComponentKind) -> CallError {
-    called_as.wrongly_called("built-in component of another kind")
 }
 
 /// Each worker's cost from one scorer.
@@ -265,18 +161,22 @@ impl Stage {
             ComponentKind::Filter => {
                 let mut keep = vec![1u8; candidates.len()];
                 let columns = candidates.columns(None);
-                self.filter(raw, &columns, &mut keep, &mut error)
+                self.component
+                    .filter(raw, &columns, &mut keep, &mut error)
                     .map(|()| RawOutput::Keep(keep))
             }
             ComponentKind::Scorer => {
                 let mut out = vec![f64::NAN; candidates.len()];
                 let columns = candidates.columns(None);
-                self.score(raw, &columns, &mut out, &mut error)
+                self.component
+                    .score(raw, &columns, &mut out, &mut error)
                     .map(|()| RawOutput::Costs(out))
             }
             ComponentKind::Picker => {
                 let columns = candidates.columns(Some(costs));
-                self.pick(raw, &columns, &mut error).map(RawOutput::Row)
+                self.component
+                    .pick(raw, &columns, &mut error)
+                    .map(RawOutput::Row)
             }
             ComponentKind::Admitter => Err(CallError::new(
                 Status::InvalidArgument,
@@ -393,10 +293,7 @@ impl Policy {
                 .iter_mut()
                 .chain(scorers.iter_mut().map(|(s, _)| s))
                 .chain(std::iter::once(&mut picker))
-                .filter_map(|stage| match &mut stage.imp {
-                    StageImpl::Isolated(instance) => Some(instance),
-                    _ => None,
-                }),
+                .filter_map(|stage| stage.component.isolated()),
         );
         let inputs = filters
             .iter()
@@ -508,7 +405,7 @@ impl Policy {
         }
         let columns = candidates.columns(Some(&self.total));
         let row = timed(&mut self.picker, |stage| {
-            stage.pick(request, &columns, &mut self.error)
+            stage.component.pick(request, &columns, &mut self.error)
         })
         .map_err(|f| failed(&mut self.picker, f))?;
         if row >= count {
@@ -534,7 +431,9 @@ impl Policy {
             self.keep.resize(candidates.len(), 1);
             let columns = candidates.columns(None);
             timed(filter, |stage| {
-                stage.filter(request, &columns, &mut self.keep, &mut self.error)
+                stage
+                    .component
+                    .filter(request, &columns, &mut self.keep, &mut self.error)
             })
             .map_err(|f| failed(filter, f))?;
             if let Some(trace) = trace.as_deref_mut() {
@@ -587,7 +486,9 @@ impl Policy {
             costs.resize(count, f64::NAN);
             let columns = candidates.columns(None);
             timed(scorer, |stage| {
-                stage.score(request, &columns, costs, &mut self.error)
+                stage
+                    .component
+                    .score(request, &columns, costs, &mut self.error)
             })
             .map_err(|f| failed(scorer, f))?;
             if let Some(trace) = trace.as_deref_mut() {

@@ -9,8 +9,9 @@ use std::sync::{Arc, Mutex};
 use switchyard_plugin_sdk::{Params, Partition, PolicyError, PolicyParts, WorkerInputs};
 
 use super::error::{BuildError, Refusal};
-use super::pipeline::{Stage, StageImpl};
+use super::pipeline::Stage;
 use switchyard_config::IsolationSettings;
+use switchyard_plugin_host::component_call::{Builtin, Component};
 use switchyard_plugin_host::isolation::{self, BuiltPart, IsolatedProcess};
 use switchyard_plugin_host::plugin::{
     self, Built, CallError, ComponentDef, ComponentKind, LoadError, LoadedPlugin, OwnedParams,
@@ -56,7 +57,7 @@ impl fmt::Display for Origin {
 }
 
 /// Builds a built-in component from its parameters.
-pub type BuiltinComponentFn = fn(&Params<'_>, &Partition<'_>) -> Result<StageImpl, PolicyError>;
+pub type BuiltinComponentFn = fn(&Params<'_>, &Partition<'_>) -> Result<Builtin, PolicyError>;
 /// Builds a built-in policy's per-partition factory from its parameters.
 pub type BuiltinPolicyFn = fn(&Params<'_>) -> Result<Box<BuildFn>, PolicyError>;
 /// Builds the parts of one partition's policy.
@@ -88,15 +89,18 @@ impl ComponentType {
             component: self.name.clone(),
             refusal,
         };
-        let imp = match &self.source {
-            ComponentSource::Builtin(create) => params
-                .with_view(|p| create(p, &partition.view()))
-                .map_err(|e| refused(e.into()))?,
-            ComponentSource::Plugin(def) => StageImpl::Plugin(
+        let component: Box<dyn Component> = match &self.source {
+            ComponentSource::Builtin(create) => Box::new(
+                params
+                    .with_view(|p| create(p, &partition.view()))
+                    .map_err(|e| refused(e.into()))?
+                    .reading(self.inputs),
+            ),
+            ComponentSource::Plugin(def) => Box::new(
                 def.create(params, partition)
                     .map_err(|e| refused(e.into()))?,
             ),
-            ComponentSource::Isolated(process) => StageImpl::Isolated(
+            ComponentSource::Isolated(process) => Box::new(
                 isolation::create_component(
                     process,
                     &self.name,
@@ -112,7 +116,7 @@ impl ComponentType {
             Arc::from(self.name.as_str()),
             self.kind,
             self.inputs,
-            imp,
+            component,
         ))
     }
 }
@@ -226,7 +230,7 @@ fn isolated_stage(
                 Arc::from(instance.name()),
                 instance.kind(),
                 instance.inputs(),
-                StageImpl::Isolated(instance),
+                Box::new(instance),
             ),
             weight,
         )),
@@ -279,7 +283,7 @@ impl PolicyFactory {
                                 Arc::from(c.name),
                                 c.kind,
                                 c.inputs,
-                                StageImpl::Plugin(c.instance),
+                                Box::new(c.instance),
                             );
                             (stage, c.weight)
                         }
@@ -528,7 +532,7 @@ fn stages_of(policy: &str, parts: PolicyParts) -> Vec<(Stage, f64)> {
                 name(format!("filter.{i}")),
                 ComponentKind::Filter,
                 inputs,
-                StageImpl::Filter(filter),
+                Box::new(Builtin::Filter(filter).reading(inputs)),
             ),
             1.0,
         ));
@@ -540,7 +544,7 @@ fn stages_of(policy: &str, parts: PolicyParts) -> Vec<(Stage, f64)> {
                 name(format!("scorer.{i}")),
                 ComponentKind::Scorer,
                 inputs,
-                StageImpl::Scorer(scorer),
+                Box::new(Builtin::Scorer(scorer).reading(inputs)),
             ),
             weight,
         ));
@@ -551,7 +555,7 @@ fn stages_of(policy: &str, parts: PolicyParts) -> Vec<(Stage, f64)> {
             name("picker".into()),
             ComponentKind::Picker,
             inputs,
-            StageImpl::Picker(parts.picker),
+            Box::new(Builtin::Picker(parts.picker).reading(inputs)),
         ),
         1.0,
     ));

@@ -16,9 +16,11 @@ use switchyard_plugin_sdk::{Admission, Saturation, WorkerInputs};
 use super::control::{Part, Partition, Reply, Request};
 use super::region::{post, wait_for, Region};
 use super::supervisor::IsolatedProcess;
+use crate::component_call::Component;
 use crate::plugin::shared_call::{CallLayout, Extra, Op, SharedCall, BROKEN};
 use crate::plugin::{
-    AbiRequest, CallError, Columns, ComponentKind, Lifecycle, Outcome, PartitionKey, Status,
+    AbiRequest, CallError, Columns, ComponentKind, ErrorBuffer, Lifecycle, Outcome, PartitionKey,
+    Status,
 };
 
 /// Bytes of labels one call may carry.
@@ -340,20 +342,12 @@ enum Answer<'a> {
 }
 
 impl RemoteInstance {
-    pub fn kind(&self) -> ComponentKind {
-        self.kind
-    }
-
     pub fn name(&self) -> &str {
         &self.name
     }
 
     pub fn inputs(&self) -> WorkerInputs {
         self.inputs
-    }
-
-    pub fn notified(&self) -> bool {
-        self.notified
     }
 
     pub fn process(&self) -> &Arc<IsolatedProcess> {
@@ -384,12 +378,30 @@ impl RemoteInstance {
             .call(target, op, request, columns, extra, answer)
     }
 
-    pub fn filter(
+    /// A call of another kind is refused here, before it reaches the process: the
+    /// child would refuse it too, after a round trip.
+    fn called_as(&self, kind: ComponentKind) -> Result<(), CallError> {
+        if self.kind == kind {
+            Ok(())
+        } else {
+            Err(kind.wrongly_called(self.kind.as_str()))
+        }
+    }
+}
+
+impl Component for RemoteInstance {
+    fn kind(&self) -> ComponentKind {
+        self.kind
+    }
+
+    fn filter(
         &mut self,
         request: &AbiRequest<'_>,
         columns: &Columns<'_>,
         keep: &mut [u8],
+        _error: &mut ErrorBuffer,
     ) -> Result<(), CallError> {
+        self.called_as(ComponentKind::Filter)?;
         let answer = Answer::Keep(keep);
         self.call(
             Op::Filter,
@@ -400,21 +412,25 @@ impl RemoteInstance {
         )
     }
 
-    pub fn score(
+    fn score(
         &mut self,
         request: &AbiRequest<'_>,
         columns: &Columns<'_>,
         costs: &mut [f64],
+        _error: &mut ErrorBuffer,
     ) -> Result<(), CallError> {
+        self.called_as(ComponentKind::Scorer)?;
         let answer = Answer::Costs(costs);
         self.call(Op::Score, Some(request), Some(columns), Extra::None, answer)
     }
 
-    pub fn pick(
+    fn pick(
         &mut self,
         request: &AbiRequest<'_>,
         columns: &Columns<'_>,
+        _error: &mut ErrorBuffer,
     ) -> Result<usize, CallError> {
+        self.called_as(ComponentKind::Picker)?;
         let mut row = usize::MAX;
         let answer = Answer::Row(&mut row);
         self.call(Op::Pick, Some(request), Some(columns), Extra::None, answer)?;
@@ -427,11 +443,30 @@ impl RemoteInstance {
         Ok(row)
     }
 
-    pub fn notify(
+    fn admit(
+        &mut self,
+        request: &AbiRequest<'_>,
+        saturation: &Saturation,
+        _error: &mut ErrorBuffer,
+    ) -> Result<Admission, CallError> {
+        self.called_as(ComponentKind::Admitter)?;
+        let mut admission = None;
+        let answer = Answer::Admission(&mut admission);
+        let extra = Extra::Saturation(saturation);
+        self.call(Op::Admit, Some(request), None, extra, answer)?;
+        admission.ok_or_else(|| CallError::new(Status::Error, "the admitter gave no answer"))
+    }
+
+    fn notified(&self) -> bool {
+        self.notified
+    }
+
+    fn notify(
         &mut self,
         event: Lifecycle,
         request: Option<&AbiRequest<'_>>,
         outcome: &Outcome,
+        _error: &mut ErrorBuffer,
     ) -> Result<(), CallError> {
         if !self.notified {
             return Ok(());
@@ -440,16 +475,8 @@ impl RemoteInstance {
         self.call(Op::Notify, request, None, notification, Answer::Nothing)
     }
 
-    pub fn admit(
-        &mut self,
-        request: &AbiRequest<'_>,
-        saturation: &Saturation,
-    ) -> Result<Admission, CallError> {
-        let mut admission = None;
-        let answer = Answer::Admission(&mut admission);
-        let extra = Extra::Saturation(saturation);
-        self.call(Op::Admit, Some(request), None, extra, answer)?;
-        admission.ok_or_else(|| CallError::new(Status::Error, "the admitter gave no answer"))
+    fn isolated(&mut self) -> Option<&mut RemoteInstance> {
+        Some(self)
     }
 }
 

@@ -6,10 +6,7 @@ use std::ptr;
 use std::sync::Arc;
 
 use switchyard_plugin_sdk::abi::switchyard_candidates;
-use switchyard_plugin_sdk::{
-    Admission, PolicyError, RequestAdmitter, Saturation, WorkerCandidates, WorkerFilter,
-    WorkerInputs, WorkerPicker, WorkerScorer, WorkerSelectionContext,
-};
+use switchyard_plugin_sdk::{WorkerCandidates, WorkerInputs, WorkerSelectionContext};
 
 use super::engine::{self, EngineReport};
 use super::labels::{self, Labels};
@@ -176,7 +173,7 @@ impl Columns<'_> {
 
 /// Runs `f` with the SDK's views of `request` and `columns`, as a built-in component
 /// declaring `declared` sees them.
-fn with_views<R>(
+pub(crate) fn with_views<R>(
     request: &AbiRequest<'_>,
     columns: &Columns<'_>,
     declared: WorkerInputs,
@@ -195,59 +192,15 @@ fn with_views<R>(
     f(&context, &view)
 }
 
-/// Runs a built-in filter over `columns`; `keep` holds one byte per row (set to 1 here).
-pub fn builtin_filter(
-    filter: &mut dyn WorkerFilter,
+/// Runs `f` with the SDK's view of `request` alone (an admitter sees no candidates).
+pub(crate) fn with_context<R>(
     request: &AbiRequest<'_>,
-    columns: &Columns<'_>,
     declared: WorkerInputs,
-    keep: &mut [u8],
-) -> Result<(), PolicyError> {
-    // The ABI's promise, "all 1 on entry", is kept here, for built-ins and plugins alike.
-    keep.fill(1);
-    // SAFETY: every byte is 1 (just written), a valid `bool` of the same size and
-    // alignment; the reborrow ends with this call.
-    let keep = unsafe { &mut *(ptr::from_mut(keep) as *mut [bool]) };
-    with_views(request, columns, declared, |context, view| {
-        filter.keep_batch(context, view, keep)
-    })
-}
-
-/// Runs a built-in scorer over `columns`, writing one cost per row.
-pub fn builtin_score(
-    scorer: &mut dyn WorkerScorer,
-    request: &AbiRequest<'_>,
-    columns: &Columns<'_>,
-    declared: WorkerInputs,
-    costs: &mut [f64],
-) -> Result<(), PolicyError> {
-    with_views(request, columns, declared, |context, view| {
-        scorer.score_batch(context, view, costs)
-    })
-}
-
-/// Runs a built-in admitter (ABI 1.3's `on_admit`, without the C boundary).
-pub fn builtin_admit(
-    admitter: &mut dyn RequestAdmitter,
-    request: &AbiRequest<'_>,
-    saturation: &Saturation,
-    declared: WorkerInputs,
-) -> Result<Admission, PolicyError> {
+    f: impl FnOnce(&WorkerSelectionContext<'_>) -> R,
+) -> R {
     let raw = request.view(declared);
     // SAFETY: `raw` is the live request's ABI form (its session and attributes borrow
     // it), valid for this call.
     let context = unsafe { WorkerSelectionContext::from_abi(&raw) };
-    admitter.admit(&context, saturation)
-}
-
-/// Runs a built-in picker over `columns` (with `costs` set).
-pub fn builtin_pick(
-    picker: &mut dyn WorkerPicker,
-    request: &AbiRequest<'_>,
-    columns: &Columns<'_>,
-    declared: WorkerInputs,
-) -> Result<usize, PolicyError> {
-    with_views(request, columns, declared, |context, view| {
-        picker.pick(context, view)
-    })
+    f(&context)
 }

@@ -15,6 +15,7 @@ use super::load_error::LoadError;
 use super::params::OwnedParams;
 use super::partition::PartitionKey;
 use super::request::AbiRequest;
+use crate::component_call::Component;
 
 /// What a component does in the pipeline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -301,15 +302,15 @@ pub struct ComponentInstance {
 // lock, and every method takes `&mut self`), which is what the ABI promises plugins.
 unsafe impl Send for ComponentInstance {}
 
-impl ComponentInstance {
-    pub fn kind(&self) -> ComponentKind {
+impl Component for ComponentInstance {
+    fn kind(&self) -> ComponentKind {
         self.def.kind
     }
 
     /// The plugin's filter over `columns`; `keep` holds one byte per row (set to 1 here,
     /// as the ABI promises).
     #[inline]
-    pub fn filter(
+    fn filter(
         &mut self,
         request: &AbiRequest<'_>,
         columns: &Columns<'_>,
@@ -342,7 +343,7 @@ impl ComponentInstance {
 
     /// The plugin's scorer over `columns`; `costs` holds one NaN per row on entry.
     #[inline]
-    pub fn score(
+    fn score(
         &mut self,
         request: &AbiRequest<'_>,
         columns: &Columns<'_>,
@@ -371,7 +372,7 @@ impl ComponentInstance {
 
     /// The plugin's picker over `columns` (with costs); the row it chose, unchecked.
     #[inline]
-    pub fn pick(
+    fn pick(
         &mut self,
         request: &AbiRequest<'_>,
         columns: &Columns<'_>,
@@ -408,7 +409,7 @@ impl ComponentInstance {
     /// The plugin's admitter: its answer for `request` in a partition as `saturation`
     /// says, checked (a status out of 400-599, an unknown verdict or a tenant that is not
     /// UTF-8 is the plugin's error).
-    pub fn admit(
+    fn admit(
         &mut self,
         request: &AbiRequest<'_>,
         saturation: &Saturation,
@@ -462,14 +463,14 @@ impl ComponentInstance {
 
     /// Whether the plugin asked for any lifecycle notification (ABI 1.1). When none of a
     /// policy's components did, the router tracks nothing for it.
-    pub fn notified(&self) -> bool {
+    fn notified(&self) -> bool {
         let def = &self.def.def;
         def.on_selected.is_some() || def.on_prefill_complete.is_some() || def.on_finished.is_some()
     }
 
     /// Delivers one notification, if the plugin set its callback. `request` is given for
     /// `Selected` (the request just routed).
-    pub fn notify(
+    fn notify(
         &mut self,
         event: Lifecycle,
         request: Option<&AbiRequest<'_>>,
@@ -506,7 +507,9 @@ impl ComponentInstance {
         };
         error.check(code)
     }
+}
 
+impl ComponentInstance {
     /// A def's callback for another kind is never set (checked when it was read), so
     /// this is a host bug: a stage called as the wrong kind.
     #[cold]

@@ -40,7 +40,7 @@ pub mod request;
 pub mod shared_call;
 
 pub use abi_checks::{PluginInfo, RevisionRule, HOST_ABI_MINOR};
-pub use columns::{builtin_admit, builtin_filter, builtin_pick, builtin_score, Columns};
+pub use columns::Columns;
 pub use component::{
     AdmissionFields, ComponentDef, ComponentInstance, ComponentKind, Lifecycle, Outcome,
 };

@@ -1,0 +1,210 @@
+//! The one way a filter, scorer, picker or admitter instance is called, however it runs.
+//!
+//! [`Component`] has three implementations:
+//! - [`BuiltinInstance`] (here): an SDK trait object compiled into the router, called
+//!   directly, with the SDK's views made from the same ABI struct a plugin receives;
+//! - [`ComponentInstance`](crate::plugin::ComponentInstance): a plugin in this process,
+//!   called through the C ABI (`plugin/component.rs`);
+//! - [`RemoteInstance`]: a plugin in an isolated process, called through shared memory
+//!   (`isolation/remote.rs`).
+//!
+//! The pipeline holds a `Box<dyn Component>` per stage and knows nothing else.
+
+use std::ptr;
+
+use switchyard_plugin_sdk::{
+    Admission, PolicyError, RequestAdmitter, Saturation, Status, WorkerFilter, WorkerInputs,
+    WorkerPicker, WorkerScorer,
+};
+
+use crate::isolation::RemoteInstance;
+use crate::plugin::columns::{with_context, with_views};
+use crate::plugin::{
+    AbiRequest, CallError, Columns, ComponentKind, ErrorBuffer, Lifecycle, Outcome,
+};
+
+/// One component instance. Calls take `&mut self`: an instance is called by one thread at
+/// a time (its policy's lock), which is what the ABI promises plugins. `error` is the
+/// caller's reusable message buffer, for implementations that cross the C ABI here.
+///
+/// The calls of the other kinds refuse (a host bug: a stage called as the wrong kind);
+/// each implementation answers for its own kind.
+pub trait Component: Send {
+    /// What this instance is.
+    fn kind(&self) -> ComponentKind;
+
+    /// Filters `columns`: `keep` holds one byte per row, all 1 on entry.
+    fn filter(
+        &mut self,
+        _request: &AbiRequest<'_>,
+        _columns: &Columns<'_>,
+        _keep: &mut [u8],
+        _error: &mut ErrorBuffer,
+    ) -> Result<(), CallError> {
+        Err(ComponentKind::Filter.wrongly_called(self.kind().as_str()))
+    }
+
+    /// Scores `columns`: one cost per row into `costs`.
+    fn score(
+        &mut self,
+        _request: &AbiRequest<'_>,
+        _columns: &Columns<'_>,
+        _costs: &mut [f64],
+        _error: &mut ErrorBuffer,
+    ) -> Result<(), CallError> {
+        Err(ComponentKind::Scorer.wrongly_called(self.kind().as_str()))
+    }
+
+    /// Picks a row of `columns` (costs set); the row is checked by the caller.
+    fn pick(
+        &mut self,
+        _request: &AbiRequest<'_>,
+        _columns: &Columns<'_>,
+        _error: &mut ErrorBuffer,
+    ) -> Result<usize, CallError> {
+        Err(ComponentKind::Picker.wrongly_called(self.kind().as_str()))
+    }
+
+    /// Decides whether `request` is served, in a partition as `saturation` says.
+    fn admit(
+        &mut self,
+        _request: &AbiRequest<'_>,
+        _saturation: &Saturation,
+        _error: &mut ErrorBuffer,
+    ) -> Result<Admission, CallError> {
+        Err(ComponentKind::Admitter.wrongly_called(self.kind().as_str()))
+    }
+
+    /// Whether the instance wants lifecycle notifications (built-ins never do).
+    fn notified(&self) -> bool {
+        false
+    }
+
+    /// Delivers one lifecycle notification; `request` is given for `Selected`.
+    fn notify(
+        &mut self,
+        _event: Lifecycle,
+        _request: Option<&AbiRequest<'_>>,
+        _outcome: &Outcome,
+        _error: &mut ErrorBuffer,
+    ) -> Result<(), CallError> {
+        Ok(())
+    }
+
+    /// The isolated instance behind this component, if it runs in another process: a
+    /// policy's stages in one process share one channel (`isolation::share_channels`).
+    fn isolated(&mut self) -> Option<&mut RemoteInstance> {
+        None
+    }
+}
+
+/// A built-in component: an SDK trait object, as a Rust plugin would register it.
+pub enum Builtin {
+    Filter(Box<dyn WorkerFilter>),
+    Scorer(Box<dyn WorkerScorer>),
+    Picker(Box<dyn WorkerPicker>),
+    Admitter(Box<dyn RequestAdmitter>),
+}
+
+impl Builtin {
+    /// The instance that reads the groups `inputs` declares (what its type registered).
+    pub fn reading(self, inputs: WorkerInputs) -> BuiltinInstance {
+        BuiltinInstance {
+            builtin: self,
+            inputs,
+        }
+    }
+}
+
+/// A built-in component and the inputs its type declared.
+pub struct BuiltinInstance {
+    builtin: Builtin,
+    inputs: WorkerInputs,
+}
+
+impl Component for BuiltinInstance {
+    fn kind(&self) -> ComponentKind {
+        match self.builtin {
+            Builtin::Filter(_) => ComponentKind::Filter,
+            Builtin::Scorer(_) => ComponentKind::Scorer,
+            Builtin::Picker(_) => ComponentKind::Picker,
+            Builtin::Admitter(_) => ComponentKind::Admitter,
+        }
+    }
+
+    fn filter(
+        &mut self,
+        request: &AbiRequest<'_>,
+        columns: &Columns<'_>,
+        keep: &mut [u8],
+        _error: &mut ErrorBuffer,
+    ) -> Result<(), CallError> {
+        let Builtin::Filter(filter) = &mut self.builtin else {
+            return Err(wrong_kind(ComponentKind::Filter));
+        };
+        // The ABI's promise, "all 1 on entry", is kept for built-ins and plugins alike.
+        keep.fill(1);
+        // SAFETY: every byte is 1 (just written), a valid `bool` of the same size and
+        // alignment; the reborrow ends with this call.
+        let keep = unsafe { &mut *(ptr::from_mut(keep) as *mut [bool]) };
+        with_views(request, columns, self.inputs, |context, view| {
+            filter.keep_batch(context, view, keep)
+        })
+        .map_err(builtin_failure)
+    }
+
+    fn score(
+        &mut self,
+        request: &AbiRequest<'_>,
+        columns: &Columns<'_>,
+        costs: &mut [f64],
+        _error: &mut ErrorBuffer,
+    ) -> Result<(), CallError> {
+        let Builtin::Scorer(scorer) = &mut self.builtin else {
+            return Err(wrong_kind(ComponentKind::Scorer));
+        };
+        with_views(request, columns, self.inputs, |context, view| {
+            scorer.score_batch(context, view, costs)
+        })
+        .map_err(builtin_failure)
+    }
+
+    fn pick(
+        &mut self,
+        request: &AbiRequest<'_>,
+        columns: &Columns<'_>,
+        _error: &mut ErrorBuffer,
+    ) -> Result<usize, CallError> {
+        let Builtin::Picker(picker) = &mut self.builtin else {
+            return Err(wrong_kind(ComponentKind::Picker));
+        };
+        with_views(request, columns, self.inputs, |context, view| {
+            picker.pick(context, view)
+        })
+        .map_err(builtin_failure)
+    }
+
+    fn admit(
+        &mut self,
+        request: &AbiRequest<'_>,
+        saturation: &Saturation,
+        _error: &mut ErrorBuffer,
+    ) -> Result<Admission, CallError> {
+        let Builtin::Admitter(admitter) = &mut self.builtin else {
+            return Err(wrong_kind(ComponentKind::Admitter));
+        };
+        with_context(request, self.inputs, |context| {
+            admitter.admit(context, saturation)
+        })
+        .map_err(builtin_failure)
+    }
+}
+
+fn builtin_failure(e: PolicyError) -> CallError {
+    CallError::new(Status::Error, e.to_string())
+}
+
+#[cold]
+fn wrong_kind(called_as: ComponentKind) -> CallError {
+    called_as.wrongly_called("built-in component of another kind")
+}
