@@ -101,7 +101,7 @@ fn invalid_policy_parameters_carry_the_plugins_message() {
         "{error}"
     );
     assert!(
-        error.contains("min_device_overlap_blocks must be a finite non-negative number, got -1"),
+        error.contains("`min_device_overlap_blocks` must be a finite number >= 0, got -1"),
         "{error}"
     );
 }

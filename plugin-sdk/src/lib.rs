@@ -10,6 +10,8 @@
 //!   built-in ones and Rust plugins alike: [`keep_at_least`] (a count threshold, compared
 //!   in the column's own type) and [`WorkerCandidates::lowest_cost_row`] (the picker:
 //!   lowest cost, ties to the lowest worker id).
+//! - [`builtins`]: the router's own least-busy components (a device-overlap filter, an
+//!   active-requests scorer, a deterministic lowest-cost picker), for plugins to reuse.
 //!
 //! A Rust plugin goes through exactly the same C ABI as a C or C++ plugin.
 #![deny(unsafe_op_in_unsafe_fn)]
@@ -17,6 +19,7 @@
 
 pub mod abi;
 mod admission;
+pub mod builtins;
 mod component;
 pub mod export;
 #[cfg(feature = "layout")]

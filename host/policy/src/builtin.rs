@@ -15,12 +15,14 @@
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use serde::Deserialize;
+use switchyard_plugin_sdk::builtins::{
+    finite_non_negative, ActiveRequests, LowestCostByWorkerId, MinDeviceOverlap,
+};
 use switchyard_plugin_sdk::{
     CandidateCache, Params, Partition, PolicyError, PolicyParts, WorkerCandidate, WorkerCandidates,
-    WorkerFilter, WorkerInputs, WorkerPicker, WorkerScorer, WorkerSelectionContext,
+    WorkerInputs, WorkerPicker, WorkerScorer, WorkerSelectionContext,
 };
 
-use super::param_checks::finite_non_negative;
 use super::registry::{BuildFn, Registry};
 use switchyard_plugin_host::component_call::Builtin;
 use switchyard_plugin_host::plugin::ComponentKind;
@@ -76,89 +78,6 @@ pub fn register(registry: &mut Registry) {
 
 fn rng(seed: Option<u64>) -> SmallRng {
     seed.map_or_else(SmallRng::from_entropy, SmallRng::seed_from_u64)
-}
-
-/// Keeps workers with at least `min_blocks` device-resident overlap blocks.
-pub struct MinDeviceOverlap {
-    min_blocks: f64,
-}
-
-impl MinDeviceOverlap {
-    fn from_params(params: &Params<'_>) -> Result<Self, PolicyError> {
-        #[derive(Deserialize)]
-        #[serde(deny_unknown_fields)]
-        struct P {
-            #[serde(default)]
-            min_blocks: f64,
-        }
-        let p: P = params.deserialize()?;
-        Ok(MinDeviceOverlap {
-            min_blocks: finite_non_negative("min_blocks", p.min_blocks)?,
-        })
-    }
-}
-
-impl WorkerFilter for MinDeviceOverlap {
-    fn required_worker_inputs(&self) -> WorkerInputs {
-        WorkerInputs::CACHE
-    }
-    fn keep(
-        &mut self,
-        _: &WorkerSelectionContext<'_>,
-        c: &WorkerCandidate<'_>,
-    ) -> Result<bool, PolicyError> {
-        Ok(f64::from(
-            c.cache()
-                .ok_or("cache input unavailable")?
-                .device_overlap_blocks,
-        ) >= self.min_blocks)
-    }
-    fn keep_batch(
-        &mut self,
-        _: &WorkerSelectionContext<'_>,
-        candidates: &WorkerCandidates<'_>,
-        keep: &mut [bool],
-    ) -> Result<(), PolicyError> {
-        let device = candidates
-            .cache()
-            .ok_or("cache input unavailable")?
-            .device_overlap_blocks;
-        switchyard_plugin_sdk::keep_at_least(device, self.min_blocks, keep);
-        Ok(())
-    }
-}
-
-/// Cost = active requests on the worker.
-pub struct ActiveRequests;
-
-impl WorkerScorer for ActiveRequests {
-    fn required_worker_inputs(&self) -> WorkerInputs {
-        WorkerInputs::LOAD
-    }
-    fn score(
-        &mut self,
-        _: &WorkerSelectionContext<'_>,
-        c: &WorkerCandidate<'_>,
-    ) -> Result<f64, PolicyError> {
-        Ok(f64::from(
-            c.load().ok_or("load input unavailable")?.active_requests,
-        ))
-    }
-    fn score_batch(
-        &mut self,
-        _: &WorkerSelectionContext<'_>,
-        candidates: &WorkerCandidates<'_>,
-        costs: &mut [f64],
-    ) -> Result<(), PolicyError> {
-        let active = candidates
-            .load()
-            .ok_or("load input unavailable")?
-            .active_requests;
-        for (cost, &n) in costs.iter_mut().zip(active) {
-            *cost = f64::from(n);
-        }
-        Ok(())
-    }
 }
 
 /// Weights of the lower cache tiers in the overlap credit.
@@ -504,12 +423,9 @@ fn least_busy_policy(params: &Params<'_>) -> Result<Box<BuildFn>, PolicyError> {
     let min_blocks = finite_non_negative("min_device_overlap_blocks", p.min_device_overlap_blocks)?;
     Ok(Box::new(move |_: &Partition<'_>| {
         Ok(PolicyParts::new(
-            vec![Box::new(MinDeviceOverlap { min_blocks })],
+            vec![Box::new(MinDeviceOverlap::at_least(min_blocks))],
             vec![Box::new(ActiveRequests)],
-            Box::new(LowestCost {
-                by_worker_id: true,
-                rng: rng(Some(0)),
-            }),
+            Box::new(LowestCostByWorkerId),
         ))
     }))
 }

@@ -20,10 +20,10 @@ use switchyard_plugin_sdk::{
     WorkerScorer, WorkerSelectionContext,
 };
 
-use super::param_checks::finite_non_negative;
 use super::registry::Registry;
 use switchyard_plugin_host::component_call::Builtin;
 use switchyard_plugin_host::plugin::ComponentKind;
+use switchyard_plugin_sdk::builtins::finite_non_negative;
 
 pub fn register(registry: &mut Registry) {
     use ComponentKind::*;

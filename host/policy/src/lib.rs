@@ -11,7 +11,6 @@ pub mod engine_signals;
 pub mod error;
 pub mod histogram;
 pub mod instances;
-mod param_checks;
 pub mod pipeline;
 pub mod rate_limits;
 pub mod registry;
