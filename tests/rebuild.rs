@@ -57,18 +57,33 @@ fn rebuilding_the_plugin_alone_changes_the_decision_not_the_router() {
         "least busy: worker 4 has no active request"
     );
 
-    // The plugin author changes the scorer to prefer the busiest worker, and rebuilds
-    // the plugin alone.
-    let changed = source
-        .replace(
-            "Ok(f64::from(load.active_requests))",
-            "Ok(-f64::from(load.active_requests))",
-        )
-        .replace("*cost = f64::from(n);", "*cost = -f64::from(n);");
+    // The plugin author swaps the SDK's active-requests scorer for one of their own that
+    // prefers the busiest worker, and rebuilds the plugin alone.
+    let busiest = r#"
+struct Busiest;
+
+impl switchyard_plugin_sdk::WorkerScorer for Busiest {
+    fn required_worker_inputs(&self) -> WorkerInputs {
+        WorkerInputs::LOAD
+    }
+    fn score(
+        &mut self,
+        _: &WorkerSelectionContext<'_>,
+        candidate: &switchyard_plugin_sdk::WorkerCandidate<'_>,
+    ) -> Result<f64, PolicyError> {
+        let load = candidate.load().ok_or("load input unavailable")?;
+        Ok(-f64::from(load.active_requests))
+    }
+}
+"#;
+    let changed = source.replace(
+        "vec![Box::new(ActiveRequests)],",
+        "vec![Box::new(Busiest)],",
+    ) + busiest;
     assert_eq!(
-        changed.matches("-f64::from").count(),
-        2,
-        "the scorer lines to change were not found"
+        changed.matches("Box::new(Busiest)").count(),
+        1,
+        "the policy's scorer line to change was not found"
     );
     std::fs::write(krate.join("src/lib.rs"), changed).unwrap();
     std::fs::copy(

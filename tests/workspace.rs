@@ -1,6 +1,7 @@
 //! The repository's own rules, checked on its files where cargo cannot: every
 //! integration test file runs, the host's layer crates depend only downwards in the
-//! documented order, and only the plugin boundary implements `extern "C"` functions.
+//! documented order, only the plugin boundary implements `extern "C"` functions, and no source file is
+//! over 800 lines.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -259,5 +260,32 @@ fn no_module_imports_another_in_a_cycle() {
         cycles.is_empty(),
         "module import cycles:\n{}",
         cycles.join("\n")
+    );
+}
+
+/// Lines a source file may have (docs/ARCHITECTURE.md, "Function size"): past that, a
+/// file holds more than one concern, and gets split by them.
+const MAX_FILE_LINES: usize = 800;
+
+#[test]
+fn no_source_file_is_over_800_lines() {
+    let mut files = Vec::new();
+    for dir in ["host", "plugin-sdk", "plugins", "tests", "fuzz"] {
+        let dir = repo().join(dir);
+        if dir.is_dir() {
+            rust_files(&dir, &mut files);
+        }
+    }
+    let too_long: Vec<String> = files
+        .iter()
+        .filter(|path| !path.components().any(|c| c.as_os_str() == "target"))
+        .filter_map(|path| {
+            let lines = std::fs::read_to_string(path).ok()?.lines().count();
+            (lines > MAX_FILE_LINES).then(|| format!("{} ({lines} lines)", path.display()))
+        })
+        .collect();
+    assert!(
+        too_long.is_empty(),
+        "over {MAX_FILE_LINES} lines, split each by its concerns: {too_long:?}"
     );
 }

@@ -2,16 +2,14 @@
 //!
 //! - [`plugin`]: the plugin boundary. The only code that holds raw ABI values, calls
 //!   plugin code or implements `extern "C"` functions: the loader, the ABI checks, the
-//!   registrar, builder and params callbacks, component and policy handles, and the
-//!   layout of an isolated call in shared memory.
+//!   registrar, builder and params callbacks, component and policy handles, the one
+//!   call path of every component instance (`plugin::component_call`: built in, plugin in
+//!   this process, isolated plugin), and the layout of an isolated call in shared memory.
 //! - [`isolation`]: plugins run in supervised child processes (`isolation: process`).
-//! - [`component_call`]: the one call path of a component instance, built in, plugin in
-//!   this process or isolated plugin.
 //!
 //! Nothing here knows the config file, the fleet or the network: the layers above
 //! (`switchyard-config`, `switchyard-policy`, `switchyard-fleet`, `switchyard-serve`,
 //! the `switchyard` binary) depend on this crate, never the other way round.
 
-pub mod component_call;
 pub mod isolation;
 pub mod plugin;

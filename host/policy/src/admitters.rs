@@ -24,7 +24,7 @@ use super::error::BuildError;
 use super::pipeline::Stage;
 use super::rate_limits::RateLimiter;
 use super::registry::{ComponentType, Registry};
-use switchyard_plugin_host::component_call::Builtin;
+use switchyard_plugin_host::plugin::Builtin;
 
 /// One entry of `admission.admitters`, resolved to its type.
 pub struct AdmitterUse {

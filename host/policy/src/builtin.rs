@@ -24,7 +24,7 @@ use switchyard_plugin_sdk::{
 };
 
 use super::registry::{BuildFn, Registry};
-use switchyard_plugin_host::component_call::Builtin;
+use switchyard_plugin_host::plugin::Builtin;
 use switchyard_plugin_host::plugin::ComponentKind;
 
 impl Registry {

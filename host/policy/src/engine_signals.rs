@@ -21,7 +21,7 @@ use switchyard_plugin_sdk::{
 };
 
 use super::registry::Registry;
-use switchyard_plugin_host::component_call::Builtin;
+use switchyard_plugin_host::plugin::Builtin;
 use switchyard_plugin_host::plugin::ComponentKind;
 use switchyard_plugin_sdk::builtins::finite_non_negative;
 

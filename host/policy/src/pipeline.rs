@@ -12,8 +12,8 @@ use switchyard_plugin_sdk::{Admission, Saturation, Status, WorkerId, WorkerInput
 use super::candidates::{CandidateRow, Candidates, KeptColumns};
 use super::error::BuildError;
 use super::histogram::{LatencyHistogram, Stopwatch};
-use switchyard_plugin_host::component_call::Component;
 use switchyard_plugin_host::isolation::share_channels;
+use switchyard_plugin_host::plugin::Component;
 use switchyard_plugin_host::plugin::{
     AbiRequest, CallError, ComponentKind, EngineReport, ErrorBuffer, Labels, Lifecycle, Outcome,
     RequestContext,
@@ -293,7 +293,7 @@ impl Policy {
                 .iter_mut()
                 .chain(scorers.iter_mut().map(|(s, _)| s))
                 .chain(std::iter::once(&mut picker))
-                .filter_map(|stage| stage.component.isolated()),
+                .map(|stage| stage.component.as_mut()),
         );
         let inputs = filters
             .iter()

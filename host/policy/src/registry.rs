@@ -11,12 +11,12 @@ use switchyard_plugin_sdk::{Params, Partition, PolicyError, PolicyParts, WorkerI
 use super::error::{BuildError, Refusal};
 use super::pipeline::Stage;
 use switchyard_config::IsolationSettings;
-use switchyard_plugin_host::component_call::{Builtin, Component};
 use switchyard_plugin_host::isolation::{self, BuiltPart, IsolatedProcess};
 use switchyard_plugin_host::plugin::{
     self, Built, CallError, ComponentDef, ComponentKind, LoadError, LoadedPlugin, OwnedParams,
     PartitionKey, PluginSpec, PolicyDef, Status,
 };
+use switchyard_plugin_host::plugin::{Builtin, Component};
 
 /// Every registered component type by name; shared with the plugin policies that compose
 /// them (`callback_add_registered`).

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use super::control::{ComponentInfo, Connection, Part, Reply, Request};
 use super::region::{post, wait_for, Region};
-use crate::component_call::Component;
 use crate::plugin::shared_call::{CallLayout, Op, SharedCall};
+use crate::plugin::Component;
 use crate::plugin::{
     self, Built, CallError, ComponentDef, ComponentInstance, ErrorBuffer, OwnedParams, PluginSpec,
     PolicyDef, Status,

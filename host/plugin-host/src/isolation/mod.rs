@@ -13,6 +13,7 @@
 //!
 //! The call's layout in shared memory is the plugin boundary's (`plugin::shared_call`).
 
+pub mod channel;
 pub mod child;
 pub mod control;
 pub mod region;

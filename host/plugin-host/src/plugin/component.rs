@@ -15,7 +15,7 @@ use super::load_error::LoadError;
 use super::params::OwnedParams;
 use super::partition::PartitionKey;
 use super::request::AbiRequest;
-use crate::component_call::Component;
+use crate::plugin::Component;
 
 /// What a component does in the pipeline.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]

@@ -25,6 +25,7 @@ pub mod abi_checks;
 mod call_window;
 pub mod columns;
 pub mod component;
+pub mod component_call;
 pub mod elf_check;
 pub mod engine;
 pub mod error_buffer;
@@ -44,6 +45,7 @@ pub use columns::Columns;
 pub use component::{
     AdmissionFields, ComponentDef, ComponentInstance, ComponentKind, Lifecycle, Outcome,
 };
+pub use component_call::{Builtin, BuiltinInstance, Component};
 pub use engine::{EngineReading, EngineReport, EngineSample};
 pub use error_buffer::{CallError, ErrorBuffer};
 pub use labels::Labels;

@@ -2,7 +2,7 @@
 //! views into the region, and writing the answer in place.
 
 use super::*;
-use crate::component_call::Component;
+use crate::plugin::Component;
 
 impl SharedCall {
     /// The posted call's op (None: not one this build knows) and instance id.

@@ -3,13 +3,14 @@
 //! [`Component`] has three implementations:
 //! - [`BuiltinInstance`] (here): an SDK trait object compiled into the router, called
 //!   directly, with the SDK's views made from the same ABI struct a plugin receives;
-//! - [`ComponentInstance`](crate::plugin::ComponentInstance): a plugin in this process,
-//!   called through the C ABI (`plugin/component.rs`);
-//! - [`RemoteInstance`]: a plugin in an isolated process, called through shared memory
-//!   (`isolation/remote.rs`).
+//! - [`ComponentInstance`](super::ComponentInstance): a plugin in this process, called
+//!   through the C ABI (`plugin/component.rs`);
+//! - `isolation::RemoteInstance`: a plugin in an isolated process, called through shared
+//!   memory (`isolation/remote.rs`).
 //!
 //! The pipeline holds a `Box<dyn Component>` per stage and knows nothing else.
 
+use std::any::Any;
 use std::ptr;
 
 use switchyard_plugin_sdk::{
@@ -17,7 +18,6 @@ use switchyard_plugin_sdk::{
     WorkerPicker, WorkerScorer,
 };
 
-use crate::isolation::RemoteInstance;
 use crate::plugin::columns::{with_context, with_views};
 use crate::plugin::{
     AbiRequest, CallError, Columns, ComponentKind, ErrorBuffer, Lifecycle, Outcome,
@@ -29,7 +29,7 @@ use crate::plugin::{
 ///
 /// The calls of the other kinds refuse (a host bug: a stage called as the wrong kind);
 /// each implementation answers for its own kind.
-pub trait Component: Send {
+pub trait Component: Any + Send {
     /// What this instance is.
     fn kind(&self) -> ComponentKind;
 
@@ -89,12 +89,6 @@ pub trait Component: Send {
         _error: &mut ErrorBuffer,
     ) -> Result<(), CallError> {
         Ok(())
-    }
-
-    /// The isolated instance behind this component, if it runs in another process: a
-    /// policy's stages in one process share one channel (`isolation::share_channels`).
-    fn isolated(&mut self) -> Option<&mut RemoteInstance> {
-        None
     }
 }
 

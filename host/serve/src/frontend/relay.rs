@@ -1,0 +1,146 @@
+//! The answer's way back: a request's booking [`Lease`] and the relay that streams the
+//! engine's body to the client, completing prefill and freeing the booking as it goes.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::http::StatusCode;
+use futures_util::{Stream, StreamExt};
+use serde_json::json;
+use switchyard_fleet::router::Router;
+
+/// One request's booking: prefill complete once, freed exactly once (at the end of the
+/// answer, on error, or when dropped because the client went away).
+pub struct Lease {
+    router: Arc<Router>,
+    request_id: String,
+    prefilled: bool,
+    freed: bool,
+    /// The frontend's in-flight slot, given back with the lease.
+    slot: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl Lease {
+    pub fn new(router: Arc<Router>, request_id: String) -> Self {
+        Lease {
+            router,
+            request_id,
+            prefilled: false,
+            freed: false,
+            slot: None,
+        }
+    }
+
+    /// Keeps `slot` taken until the lease ends (the answer is relayed, or dropped).
+    pub fn hold(&mut self, slot: tokio::sync::OwnedSemaphorePermit) {
+        self.slot = Some(slot);
+    }
+
+    pub fn request_id(&self) -> &str {
+        &self.request_id
+    }
+
+    pub fn prefill_complete(&mut self) {
+        if !self.prefilled && !self.freed {
+            self.prefilled = true;
+            if let Err(error) = self.router.prefill_complete(&self.request_id) {
+                tracing::warn!(request = %self.request_id, %error, "prefill complete: booking already gone");
+            }
+        }
+    }
+
+    pub fn free(&mut self) {
+        if !self.freed {
+            self.freed = true;
+            if let Err(error) = self.router.free(&self.request_id) {
+                tracing::warn!(request = %self.request_id, %error, "free: booking already gone");
+            }
+        }
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.free();
+    }
+}
+
+/// An upstream error with its causes (reqwest's own message names only the URL), and
+/// what to do about an engine certificate the router does not trust.
+pub fn describe(error: &reqwest::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    if text.contains("invalid peer certificate") {
+        text.push_str(" (the engine's certificate is not trusted: set frontend.engine_ca to the CA that signed it)");
+    }
+    text
+}
+
+/// What to tell a client of an engine that failed mid-answer: a timeout says so, with the
+/// limit, rather than the HTTP client's "error decoding response body".
+pub(super) fn upstream_failure(error: &reqwest::Error, timeout_secs: u64) -> (StatusCode, String) {
+    if error.is_timeout() {
+        (
+            StatusCode::GATEWAY_TIMEOUT,
+            format!("the engine's answer timed out after {timeout_secs} s (frontend.request_timeout_secs)"),
+        )
+    } else {
+        (
+            StatusCode::BAD_GATEWAY,
+            format!("the engine failed mid-answer: {error}"),
+        )
+    }
+}
+
+/// The upstream body, relayed chunk by chunk as it arrives. The first chunk completes
+/// prefill; the end frees; an upstream error frees and, for an event stream, ends it with
+/// an SSE error event (the client has the status line already, so no other signal is
+/// left). Dropping the stream (client gone) drops the lease and the upstream request.
+pub(super) fn relay(
+    upstream: impl Stream<Item = reqwest::Result<Bytes>> + Send + 'static,
+    lease: Lease,
+    sse: bool,
+    router: &Arc<Router>,
+    arrived: std::time::Instant,
+    timeout_secs: u64,
+) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
+    let router = router.clone();
+    let upstream = Box::pin(upstream);
+    // The state: the upstream body, the lease, and whether a byte was relayed yet.
+    futures_util::stream::unfold(Some((upstream, lease, false)), move |state| {
+        let router = router.clone();
+        async move {
+            let (mut upstream, mut lease, relayed) = state?;
+            match upstream.next().await {
+                Some(Ok(chunk)) => {
+                    if !relayed {
+                        router.metrics.record_ttfb(arrived.elapsed());
+                    }
+                    lease.prefill_complete();
+                    Some((Ok(chunk), Some((upstream, lease, true))))
+                }
+                None => {
+                    lease.free();
+                    None
+                }
+                Some(Err(error)) => {
+                    lease.free();
+                    router.metrics.record_upstream_error();
+                    tracing::warn!(request = %lease.request_id, %error, "engine failed mid-answer");
+                    let (_, message) = upstream_failure(&error, timeout_secs);
+                    if sse {
+                        let event = json!({"error": {"message": message, "type": "server_error", "param": null, "code": "upstream_error"}});
+                        Some((Ok(Bytes::from(format!("data: {event}\n\n"))), None))
+                    } else {
+                        Some((Err(std::io::Error::other(message)), None))
+                    }
+                }
+            }
+        }
+    })
+}
