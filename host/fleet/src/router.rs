@@ -40,6 +40,7 @@ mod membership;
 mod reload;
 mod replicas;
 pub use admission::Refused;
+pub use health::HealthFailure;
 pub use reload::{ReloadError, ReloadOutcome};
 
 mod request;

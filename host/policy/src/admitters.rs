@@ -144,25 +144,47 @@ impl Admitters {
     }
 }
 
+/// Why an `admission.admitters` entry cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum AdmitterInvalid {
+    #[error("unknown admitter type `{type_name}`. Registered admitters: {}. Load the plugin that provides it under `plugins:`", registered.join(", "))]
+    UnknownType {
+        type_name: String,
+        registered: Vec<String>,
+    },
+    #[error("`{type_name}` is {}, not an admitter; list it in {}", kind.with_article(), kind.config_place())]
+    NotAnAdmitter {
+        type_name: String,
+        kind: ComponentKind,
+    },
+    #[error("admitter `{type_name}` (from {origin}) refused its parameters {params}: {error}")]
+    Parameters {
+        type_name: String,
+        origin: String,
+        params: String,
+        error: BuildError,
+    },
+}
+
 /// Resolves one `admission.admitters` entry: the type must be a registered admitter.
 pub fn resolve(
     registry: &Registry,
     type_name: &str,
     params: OwnedParams,
     on_error: AdmitterOnError,
-) -> Result<AdmitterUse, String> {
+) -> Result<AdmitterUse, AdmitterInvalid> {
     let Some(component) = registry.component(type_name) else {
-        return Err(format!(
-            "unknown admitter type `{type_name}`. Registered admitters: {}. Load the plugin that provides it under `plugins:`",
-            registry.names_of(Some(ComponentKind::Admitter)).join(", ")
-        ));
+        let registered = registry.names_of(Some(ComponentKind::Admitter));
+        return Err(AdmitterInvalid::UnknownType {
+            type_name: type_name.to_owned(),
+            registered: registered.into_iter().map(str::to_owned).collect(),
+        });
     };
     if component.kind != ComponentKind::Admitter {
-        return Err(format!(
-            "`{type_name}` is {}, not an admitter; list it in {}",
-            component.kind.with_article(),
-            component.kind.config_place()
-        ));
+        return Err(AdmitterInvalid::NotAnAdmitter {
+            type_name: type_name.to_owned(),
+            kind: component.kind,
+        });
     }
     Ok(AdmitterUse {
         component: component.clone(),

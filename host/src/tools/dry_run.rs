@@ -55,23 +55,79 @@ pub struct SelectArgs {
     pub request_id: String,
 }
 
-fn parse_header(text: &str) -> Result<(String, String), String> {
+/// Why `switchyard select` gave no decision. Each names what was given and what to do.
+#[derive(Debug, thiserror::Error)]
+pub enum DryRunError {
+    #[error("expected NAME=VALUE, found `{0}`")]
+    Header(String),
+    #[error("expected ID:DEVICE_OVERLAP_BLOCKS:ACTIVE_REQUESTS, found `{0}`")]
+    WorkerShape(String),
+    #[error("{field} must be a whole number, found `{found}` in `{worker}`")]
+    WorkerNumber {
+        field: &'static str,
+        found: String,
+        worker: String,
+    },
+    #[error("{}: cannot read the fleet: {source}", path.display())]
+    FleetUnreadable {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}{}: not a fleet: {problem}. A fleet is a YAML list of workers, e.g. `- {{worker_id: 1, device_overlap_blocks: 4, active_requests: 2}}`", path.display(), line.map_or(String::new(), |l| format!(":{l}")))]
+    NotAFleet {
+        path: PathBuf,
+        line: Option<usize>,
+        problem: String,
+    },
+    #[error("{}: the fleet has no workers", .0.display())]
+    EmptyFleet(PathBuf),
+    #[error("give the candidates with --worker ID:OVERLAP:ACTIVE (repeat) or --fleet FLEET.yaml")]
+    NoCandidates,
+    #[error("no instance `{name}`; the config has: {}", known.join(", "))]
+    NoInstance { name: String, known: Vec<String> },
+    #[error("instance `{name}` cannot be built: {source}")]
+    Build {
+        name: String,
+        source: crate::policy::BuildError,
+    },
+    #[error("the admitters cannot be built: {0}")]
+    Admitters(crate::policy::BuildError),
+    #[error("no pick: every worker is busy (admission.busy); the request would wait in the admission queue")]
+    AllBusy,
+    #[error("refused by admitter `{}`: {} {}{}", .0.admitter, .0.status, .0.message, retry_after(.0.retry_after_seconds))]
+    Refused(crate::policy::Rejection),
+    #[error("instance `{name}`: {source}")]
+    NoPick {
+        name: String,
+        source: crate::policy::SelectError,
+    },
+}
+
+fn retry_after(seconds: u32) -> String {
+    match seconds {
+        0 => String::new(),
+        s => format!(" (Retry-After: {s})"),
+    }
+}
+
+fn parse_header(text: &str) -> Result<(String, String), DryRunError> {
     let (name, value) = text
         .split_once('=')
-        .ok_or_else(|| format!("expected NAME=VALUE, found `{text}`"))?;
+        .ok_or_else(|| DryRunError::Header(text.to_owned()))?;
     Ok((name.trim().to_ascii_lowercase(), value.to_owned()))
 }
 
-fn parse_worker(text: &str) -> Result<CandidateRow, String> {
+fn parse_worker(text: &str) -> Result<CandidateRow, DryRunError> {
     let fields: Vec<&str> = text.split(':').collect();
     let [id, device, active] = fields[..] else {
-        return Err(format!(
-            "expected ID:DEVICE_OVERLAP_BLOCKS:ACTIVE_REQUESTS, found `{text}`"
-        ));
+        return Err(DryRunError::WorkerShape(text.to_owned()));
     };
-    let number = |what: &str, s: &str| {
-        s.parse::<u64>()
-            .map_err(|_| format!("{what} must be a whole number, found `{s}` in `{text}`"))
+    let number = |field: &'static str, s: &str| {
+        s.parse::<u64>().map_err(|_| DryRunError::WorkerNumber {
+            field,
+            found: s.to_owned(),
+            worker: text.to_owned(),
+        })
     };
     let mut row = CandidateRow::new(WorkerId {
         worker_id: number("ID", id)?,
@@ -158,19 +214,24 @@ impl FleetEngine {
 }
 
 /// The fleet's rows, and each row's labels and engine report.
-fn read_fleet(path: &Path) -> Result<(Vec<CandidateRow>, RowExtras), String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("{}: cannot read the fleet: {e}", path.display()))?;
-    let workers: Vec<FleetWorker> = serde_yaml::from_str(&text).map_err(|e| {
-        let line = e.location().map_or(String::new(), |l| format!(":{}", l.line()));
-        format!(
-            "{}{line}: not a fleet: {}. A fleet is a YAML list of workers, e.g. `- {{worker_id: 1, device_overlap_blocks: 4, active_requests: 2}}`",
-            path.display(),
-            e.to_string().split(" at line ").next().unwrap_or_default()
-        )
+fn read_fleet(path: &Path) -> Result<(Vec<CandidateRow>, RowExtras), DryRunError> {
+    let text = std::fs::read_to_string(path).map_err(|source| DryRunError::FleetUnreadable {
+        path: path.to_owned(),
+        source,
     })?;
+    let workers: Vec<FleetWorker> =
+        serde_yaml::from_str(&text).map_err(|e| DryRunError::NotAFleet {
+            path: path.to_owned(),
+            line: e.location().map(|l| l.line()),
+            problem: e
+                .to_string()
+                .split(" at line ")
+                .next()
+                .unwrap_or_default()
+                .to_owned(),
+        })?;
     if workers.is_empty() {
-        return Err(format!("{}: the fleet has no workers", path.display()));
+        return Err(DryRunError::EmptyFleet(path.to_owned()));
     }
     let mut rows = Vec::with_capacity(workers.len());
     let mut extras = RowExtras::default();
@@ -200,7 +261,7 @@ fn read_fleet(path: &Path) -> Result<(Vec<CandidateRow>, RowExtras), String> {
 }
 
 /// The decision (and with `--explain`, its table), or what went wrong.
-pub fn run(args: &SelectArgs, startup: &Startup) -> Result<String, String> {
+pub fn run(args: &SelectArgs, startup: &Startup) -> Result<String, DryRunError> {
     let mut rows = args.workers.clone();
     let mut extras = RowExtras {
         labels: vec![Labels::none(); rows.len()],
@@ -213,25 +274,22 @@ pub fn run(args: &SelectArgs, startup: &Startup) -> Result<String, String> {
         extras.engine.extend(fleet_extras.engine);
     }
     if rows.is_empty() {
-        return Err(
-            "give the candidates with --worker ID:OVERLAP:ACTIVE (repeat) or --fleet FLEET.yaml"
-                .into(),
-        );
+        return Err(DryRunError::NoCandidates);
     }
     let name = args
         .instance
         .clone()
         .unwrap_or_else(|| startup.default_instance.clone());
     let Some(factory) = startup.instance(&name) else {
-        let names: Vec<_> = startup.instances.iter().map(|i| i.name.as_str()).collect();
-        return Err(format!(
-            "no instance `{name}`; the config has: {}",
-            names.join(", ")
-        ));
+        let known = startup.instances.iter().map(|i| i.name.clone()).collect();
+        return Err(DryRunError::NoInstance { name, known });
     };
     let policy = factory
         .build(&PartitionKey::new("dry-run", WorkerType::Select))
-        .map_err(|e| format!("instance `{name}` cannot be built: {e}"))?;
+        .map_err(|source| DryRunError::Build {
+            name: name.clone(),
+            source,
+        })?;
     let mut request = RequestContext::new(startup.source.config.router.block_size, args.blocks);
     request.attributes = Some(Arc::new(RequestAttributes {
         request_id: args.request_id.clone(),
@@ -252,11 +310,10 @@ pub fn run(args: &SelectArgs, startup: &Startup) -> Result<String, String> {
             ids.join(", ")
         );
         if busy.len() == rows.len() {
-            let why = "no pick: every worker is busy (admission.busy); the request would wait in the admission queue";
             return if args.explain {
-                Ok(admission + why + "\n")
+                Ok(format!("{admission}{}\n", DryRunError::AllBusy))
             } else {
-                Err(why.into())
+                Err(DryRunError::AllBusy)
             };
         }
         let mut is_busy = vec![false; rows.len()];
@@ -287,7 +344,7 @@ fn pick(
     rows: &[CandidateRow],
     extras: &RowExtras,
     admission: String,
-) -> Result<String, String> {
+) -> Result<String, DryRunError> {
     let mut selector = Selector::new(policy);
     let mut trace = SelectTrace::default();
     let result = selector.select(
@@ -302,7 +359,10 @@ fn pick(
     match (args.explain, result) {
         (true, result) => Ok(admission + &explain(rows, &trace, result.as_ref().ok()) + &decision),
         (false, Ok(_)) => Ok(decision),
-        (false, Err(e)) => Err(format!("instance `{name}`: {e}")),
+        (false, Err(source)) => Err(DryRunError::NoPick {
+            name: name.to_owned(),
+            source,
+        }),
     }
 }
 
@@ -355,13 +415,13 @@ fn admit(
     rows: &[CandidateRow],
     request: &mut RequestContext,
     busy: usize,
-) -> Result<String, String> {
+) -> Result<String, DryRunError> {
     if startup.admitters.is_empty() {
         return Ok(String::new());
     }
     let partition = PartitionKey::new("dry-run", WorkerType::Select);
-    let mut admitters = Admitters::build(&startup.admitters, &partition)
-        .map_err(|e| format!("the admitters cannot be built: {e}"))?;
+    let mut admitters =
+        Admitters::build(&startup.admitters, &partition).map_err(DryRunError::Admitters)?;
     let admission = startup.source.config.admission.as_ref();
     let saturation = Saturation {
         workers: rows.len() as u64,
@@ -384,16 +444,7 @@ fn admit(
                 .max_wait_ms
                 .map_or(String::new(), |ms| format!(", waiting at most {ms} ms")),
         )),
-        Err(rejection) => Err(format!(
-            "refused by admitter `{}`: {} {}{}",
-            rejection.admitter,
-            rejection.status,
-            rejection.message,
-            match rejection.retry_after_seconds {
-                0 => String::new(),
-                s => format!(" (Retry-After: {s})"),
-            }
-        )),
+        Err(rejection) => Err(DryRunError::Refused(rejection)),
     }
 }
 

@@ -184,33 +184,46 @@ fn sdk_major_minor() -> String {
     version.splitn(3, '.').take(2).collect::<Vec<_>>().join(".")
 }
 
+/// Why `switchyard plugin new` wrote nothing (or stopped writing).
+#[derive(Debug, thiserror::Error)]
+pub enum ScaffoldError {
+    #[error("`{0}` is not a plugin name: use lowercase letters, digits and `-`, starting with a letter (e.g. acme-scorer)")]
+    Name(String),
+    #[error("{} exists and is not empty; choose another --dir", .0.display())]
+    NotEmpty(PathBuf),
+    #[error("the Rust plugin SDK is not at {} (this switchyard was built elsewhere): pass --sdk PATH to the plugin-sdk folder of a switchyard checkout", .0.display())]
+    NoSdk(PathBuf),
+    #[error("{}: cannot create it: {source}", path.display())]
+    Create {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{}: cannot write it: {source}", path.display())]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
 /// Writes the scaffold; returns its folder.
-pub fn new_plugin(args: &NewArgs) -> Result<PathBuf, String> {
+pub fn new_plugin(args: &NewArgs) -> Result<PathBuf, ScaffoldError> {
     if !valid_name(&args.name) {
-        return Err(format!(
-            "`{}` is not a plugin name: use lowercase letters, digits and `-`, starting with a letter (e.g. acme-scorer)",
-            args.name
-        ));
+        return Err(ScaffoldError::Name(args.name.clone()));
     }
     let dir = args
         .dir
         .clone()
         .unwrap_or_else(|| PathBuf::from(&args.name));
     if std::fs::read_dir(&dir).is_ok_and(|mut entries| entries.next().is_some()) {
-        return Err(format!(
-            "{} exists and is not empty; choose another --dir",
-            dir.display()
-        ));
+        return Err(ScaffoldError::NotEmpty(dir));
     }
     let sdk = match args.lang {
         Lang::Rust => {
             let sdk = args.sdk.clone().unwrap_or_else(|| PathBuf::from(BUILT_SDK));
-            let sdk = std::fs::canonicalize(&sdk).ok().filter(|s| s.join("Cargo.toml").exists()).ok_or_else(|| {
-                format!(
-                    "the Rust plugin SDK is not at {} (this switchyard was built elsewhere): pass --sdk PATH to the plugin-sdk folder of a switchyard checkout",
-                    sdk.display()
-                )
-            })?;
+            let found = std::fs::canonicalize(&sdk)
+                .ok()
+                .filter(|s| s.join("Cargo.toml").exists());
+            let sdk = found.ok_or(ScaffoldError::NoSdk(sdk))?;
             Some(sdk)
         }
         Lang::C | Lang::Cpp => None,
@@ -218,11 +231,15 @@ pub fn new_plugin(args: &NewArgs) -> Result<PathBuf, String> {
     for (path, contents) in files(args, sdk.as_deref()) {
         let path = dir.join(path);
         if let Some(parent) = path.parent() {
-            std::fs::create_dir_all(parent)
-                .map_err(|e| format!("{}: cannot create it: {e}", parent.display()))?;
+            std::fs::create_dir_all(parent).map_err(|source| ScaffoldError::Create {
+                path: parent.to_owned(),
+                source,
+            })?;
         }
-        std::fs::write(&path, contents)
-            .map_err(|e| format!("{}: cannot write it: {e}", path.display()))?;
+        std::fs::write(&path, contents).map_err(|source| ScaffoldError::Write {
+            path: path.clone(),
+            source,
+        })?;
         #[cfg(unix)]
         if path.extension().is_some_and(|e| e == "sh") {
             use std::os::unix::fs::PermissionsExt;

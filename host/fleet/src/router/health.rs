@@ -3,6 +3,22 @@
 
 use super::*;
 
+/// Why a worker failed its health probe.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum HealthFailure {
+    /// The engine's `GET /health` answered a status that is not success.
+    #[error("GET /health answered {0}")]
+    Status(String),
+    /// The engine's `GET /health` got no answer (the HTTP client's account of why).
+    #[error("{0}")]
+    NoAnswer(String),
+    /// A TCP connect to an address-only worker failed.
+    #[error("cannot connect to {address}: {error}")]
+    Connect { address: String, error: String },
+    #[error("connecting to {0} timed out")]
+    ConnectTimedOut(String),
+}
+
 impl Router {
     /// The engine address of a worker, if it has one.
     pub fn worker_url(&self, id: WorkerId) -> Option<String> {
@@ -82,14 +98,15 @@ impl Router {
 
     /// A health probe's result: a failed probe (and why) takes the worker out; a good one
     /// brings it back once its cool-down is over.
-    pub fn record_probe(&self, id: WorkerId, outcome: Result<(), String>) {
+    pub fn record_probe(&self, id: WorkerId, outcome: Result<(), HealthFailure>) {
         let healthy = outcome.is_ok();
         let reason = match outcome {
             Ok(()) => {
                 self.health_errors.lock().remove(&id);
                 None
             }
-            Err(reason) => {
+            Err(failure) => {
+                let reason = failure.to_string();
                 self.health_errors.lock().insert(id, reason.clone());
                 Some(reason)
             }

@@ -70,7 +70,10 @@ pub enum StartupError {
     },
     /// An `admission.admitters` entry names no admitter, or its type refused it.
     #[error("{at}: admission.admitters: {message}")]
-    Admitter { at: Location, message: String },
+    Admitter {
+        at: Location,
+        message: crate::admitters::AdmitterInvalid,
+    },
     /// A plugin crashed, exited or hung in its probe process (`probe: true`).
     #[error(transparent)]
     Probe(#[from] probe::ProbeFailure),
@@ -339,11 +342,12 @@ fn configured_admitters(
                     if let Err(error) =
                         Admitters::build(std::slice::from_ref(&admitter), &partition)
                     {
-                        return Err(format!(
-                            "admitter `{type_name}` (from {}) refused its parameters {}: {error}",
-                            admitter.component.origin,
-                            admitter.params.json()
-                        ));
+                        return Err(crate::admitters::AdmitterInvalid::Parameters {
+                            type_name: type_name.clone(),
+                            origin: admitter.component.origin.to_string(),
+                            params: admitter.params.json().to_owned(),
+                            error,
+                        });
                     }
                 }
                 Ok(admitter)

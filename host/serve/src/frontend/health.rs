@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::Frontend;
+use switchyard_fleet::router::HealthFailure;
 
 /// Probes every worker with a `url` forever (until the runtime shuts down).
 pub async fn probe_forever(frontend: Arc<Frontend>) {
@@ -28,8 +29,8 @@ pub async fn probe_forever(frontend: Arc<Frontend>) {
                     .await
                 {
                     Ok(r) if r.status().is_success() => Ok(()),
-                    Ok(r) => Err(format!("GET /health answered {}", r.status())),
-                    Err(e) => Err(super::describe(&e)),
+                    Ok(r) => Err(HealthFailure::Status(r.status().to_string())),
+                    Err(e) => Err(HealthFailure::NoAnswer(super::describe(&e))),
                 };
                 frontend.router().record_probe(worker, outcome);
             }
@@ -47,8 +48,11 @@ pub async fn probe_forever(frontend: Arc<Frontend>) {
                             .await;
                     let outcome = match connected {
                         Ok(Ok(_)) => Ok(()),
-                        Ok(Err(e)) => Err(format!("cannot connect to {address}: {e}")),
-                        Err(_) => Err(format!("connecting to {address} timed out")),
+                        Ok(Err(e)) => Err(HealthFailure::Connect {
+                            address: address.to_string(),
+                            error: e.to_string(),
+                        }),
+                        Err(_) => Err(HealthFailure::ConnectTimedOut(address.to_string())),
                     };
                     frontend.router().record_probe(worker, outcome);
                 }

@@ -184,7 +184,7 @@ pub(super) struct GivenParams {
 }
 
 impl GivenParams {
-    pub(super) fn parse(given: &[String]) -> Result<GivenParams, String> {
+    pub(super) fn parse(given: &[String]) -> Result<GivenParams, ConformanceError> {
         let object = |text: &str| {
             serde_json::from_str::<serde_json::Value>(text).is_ok_and(|v| v.is_object())
         };
@@ -197,18 +197,15 @@ impl GivenParams {
             match one.split_once('=') {
                 Some((name, json)) if !one.starts_with('{') => {
                     if !object(json) {
-                        return Err(format!(
-                            "--params {name}=...: expected a JSON object, got `{json}`"
-                        ));
+                        return Err(ConformanceError::TypeParams {
+                            name: name.to_owned(),
+                            found: json.to_owned(),
+                        });
                     }
                     out.per_type.push((name.trim().to_owned(), json.to_owned()));
                 }
                 _ if object(one) => out.every = one.to_owned(),
-                _ => {
-                    return Err(format!(
-                        "--params: expected a JSON object or TYPE={{...}}, got `{one}`"
-                    ))
-                }
+                _ => return Err(ConformanceError::Params(one.to_owned())),
             }
         }
         Ok(out)

@@ -13,6 +13,7 @@
 //! - policy types: built for prefill, decode and select, each selection in range;
 //! - time per call and per candidate at 1,024 candidates.
 
+pub use error::ConformanceError;
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -32,6 +33,7 @@ use crate::policy::{
     RowExtras, Selector, Stage,
 };
 
+mod error;
 mod inputs;
 use inputs::{
     conformance_request, engine_reports, labels, lifecycle_script, owned, params_hint,
@@ -124,8 +126,8 @@ fn emit(line: &Line) {
 const CHILD_MEMORY_LIMIT_MB: u64 = 4096;
 
 /// Runs the child for `input`; its lines, and how it ended if it did not finish.
-fn child(input: &ChildInput) -> Result<(Vec<Line>, Option<String>), String> {
-    let exe = std::env::current_exe().map_err(|e| format!("cannot find this executable: {e}"))?;
+fn child(input: &ChildInput) -> Result<(Vec<Line>, Option<String>), ConformanceError> {
+    let exe = std::env::current_exe().map_err(ConformanceError::NoExecutable)?;
     let mut command = Command::new(exe);
     crate::isolation::child::name_parent(&mut command);
     crate::isolation::child::limit_memory(&mut command, CHILD_MEMORY_LIMIT_MB << 20);
@@ -135,7 +137,7 @@ fn child(input: &ChildInput) -> Result<(Vec<Line>, Option<String>), String> {
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
-        .map_err(|e| format!("cannot start the test process: {e}"))?;
+        .map_err(ConformanceError::Spawn)?;
     if let Some(mut stdin) = child.stdin.take() {
         let _ = stdin.write_all(serde_json::to_string(input).unwrap_or_default().as_bytes());
     }
@@ -173,7 +175,7 @@ fn child(input: &ChildInput) -> Result<(Vec<Line>, Option<String>), String> {
 }
 
 /// The conformance run: a report per type, or why it could not run.
-pub fn run(args: &TestArgs) -> Result<Vec<TypeReport>, String> {
+pub fn run(args: &TestArgs) -> Result<Vec<TypeReport>, ConformanceError> {
     let given = GivenParams::parse(&args.params)?;
     let params = given.every.clone();
     let (lines, ended) = child(&ChildInput {
@@ -186,7 +188,7 @@ pub fn run(args: &TestArgs) -> Result<Vec<TypeReport>, String> {
         Line::Refused(reason) => Some(reason.clone()),
         _ => None,
     }) {
-        return Err(format!("the library could not be loaded: {reason}"));
+        return Err(ConformanceError::Refused(reason));
     }
     let mut types = lines
         .into_iter()
@@ -195,22 +197,23 @@ pub fn run(args: &TestArgs) -> Result<Vec<TypeReport>, String> {
             _ => None,
         })
         .ok_or_else(|| match ended {
-            Some(how) => format!(
-                "{}: the test process {how} while loading and registering the library",
-                args.file.display()
-            ),
-            None => format!("{}: the library could not be loaded", args.file.display()),
+            Some(how) => ConformanceError::Crashed {
+                file: args.file.clone(),
+                how,
+            },
+            None => ConformanceError::NotLoaded(args.file.clone()),
         })?;
+    let no_such_type = |flag, name: &str| ConformanceError::NoSuchType {
+        flag,
+        name: name.to_owned(),
+        registered: types.iter().map(|(n, _)| n.clone()).collect(),
+    };
     if let Some((missing, _)) = given
         .per_type
         .iter()
         .find(|(t, _)| !types.iter().any(|(n, _)| n == t))
     {
-        let names: Vec<&str> = types.iter().map(|(n, _)| n.as_str()).collect();
-        return Err(format!(
-            "--params {missing}=...: the library registers no such type; it registers {}",
-            names.join(", ")
-        ));
+        return Err(no_such_type("--params", missing));
     }
     if !args.types.is_empty() {
         if let Some(missing) = args
@@ -218,11 +221,7 @@ pub fn run(args: &TestArgs) -> Result<Vec<TypeReport>, String> {
             .iter()
             .find(|t| !types.iter().any(|(n, _)| n == *t))
         {
-            let names: Vec<&str> = types.iter().map(|(n, _)| n.as_str()).collect();
-            return Err(format!(
-                "--type {missing}: the library registers no such type; it registers {}",
-                names.join(", ")
-            ));
+            return Err(no_such_type("--type", missing));
         }
         types.retain(|(n, _)| args.types.contains(n));
     }
@@ -238,7 +237,7 @@ fn test_type(
     given: &GivenParams,
     type_name: String,
     kind: String,
-) -> Result<TypeReport, String> {
+) -> Result<TypeReport, ConformanceError> {
     let (lines, ended) = child(&ChildInput {
         file: args.file.clone(),
         type_name: Some(type_name.clone()),

@@ -53,9 +53,35 @@ pub enum Handoff {
     SglangDecode { from: String, room: u64 },
 }
 
+/// Why a disaggregated request cannot be served here: a body asking for a part this
+/// engine's role does not play, or a transfer the prefill engine could not hand over.
+#[derive(Debug, thiserror::Error)]
+pub enum HandoffError {
+    #[error("this engine decodes: `do_remote_decode` asks a prefill engine")]
+    NotPrefill,
+    #[error("this engine prefills: `do_remote_prefill` asks a decode engine")]
+    NotDecode,
+    #[error("`kv_transfer_params` with `do_remote_prefill` needs `remote_host`, `remote_port` and `remote_request_id`")]
+    VllmPeerMissing,
+    #[error("`bootstrap_room` needs `bootstrap_host` and `bootstrap_port`")]
+    SglangPeerMissing,
+    #[error("cannot reach the prefill engine at {from}: {source}")]
+    Unreachable {
+        from: String,
+        source: reqwest::Error,
+    },
+    #[error("the prefill engine at {from} answered no transfer: {source}")]
+    BadAnswer {
+        from: String,
+        source: reqwest::Error,
+    },
+    #[error("the prefill engine at {from} has no KV transfer `{id}` (unknown, or already taken)")]
+    NoTransfer { from: String, id: String },
+}
+
 /// The request body's own fields saying which part this is; an error for a body that
 /// asks for a part this engine's role does not play.
-pub fn handoff(role: Role, body: &[u8], headers: &HeaderMap) -> Result<Handoff, String> {
+pub fn handoff(role: Role, body: &[u8], headers: &HeaderMap) -> Result<Handoff, HandoffError> {
     if role == Role::Aggregated {
         return Ok(Handoff::None);
     }
@@ -66,7 +92,7 @@ pub fn handoff(role: Role, body: &[u8], headers: &HeaderMap) -> Result<Handoff, 
         let flag = |name: &str| params.get(name).and_then(Value::as_bool) == Some(true);
         if flag("do_remote_decode") {
             if role != Role::Prefill {
-                return Err("this engine decodes: `do_remote_decode` asks a prefill engine".into());
+                return Err(HandoffError::NotPrefill);
             }
             let id = headers
                 .get("x-request-id")
@@ -76,9 +102,7 @@ pub fn handoff(role: Role, body: &[u8], headers: &HeaderMap) -> Result<Handoff, 
         }
         if flag("do_remote_prefill") {
             if role != Role::Decode {
-                return Err(
-                    "this engine prefills: `do_remote_prefill` asks a decode engine".into(),
-                );
+                return Err(HandoffError::NotDecode);
             }
             let text = |name: &str| params.get(name).and_then(Value::as_str);
             let (Some(host), Some(port), Some(id)) = (
@@ -86,7 +110,7 @@ pub fn handoff(role: Role, body: &[u8], headers: &HeaderMap) -> Result<Handoff, 
                 params.get("remote_port").and_then(Value::as_u64),
                 text("remote_request_id"),
             ) else {
-                return Err("`kv_transfer_params` with `do_remote_prefill` needs `remote_host`, `remote_port` and `remote_request_id`".into());
+                return Err(HandoffError::VllmPeerMissing);
             };
             return Ok(Handoff::VllmDecode {
                 from: format!("{host}:{port}"),
@@ -104,7 +128,7 @@ pub fn handoff(role: Role, body: &[u8], headers: &HeaderMap) -> Result<Handoff, 
             let host = body.get("bootstrap_host").and_then(Value::as_str);
             let port = body.get("bootstrap_port").and_then(Value::as_u64);
             let (Some(host), Some(port)) = (host, port) else {
-                return Err("`bootstrap_room` needs `bootstrap_host` and `bootstrap_port`".into());
+                return Err(HandoffError::SglangPeerMissing);
             };
             Ok(Handoff::SglangDecode {
                 from: format!("{host}:{port}"),
@@ -202,7 +226,7 @@ pub async fn pull(
     from: &str,
     id: &str,
     wait: Duration,
-) -> Result<(u64, String), String> {
+) -> Result<(u64, String), HandoffError> {
     let url = format!("http://{from}/switchyard-sim/kv/{id}/pull");
     let deadline = Instant::now() + wait;
     loop {
@@ -211,17 +235,27 @@ pub async fn pull(
             .timeout(Duration::from_secs(5))
             .send()
             .await
-            .map_err(|e| format!("cannot reach the prefill engine at {from}: {e}"))?;
+            .map_err(|source| HandoffError::Unreachable {
+                from: from.to_owned(),
+                source,
+            })?;
         if answer.status().is_success() {
-            let body: Value = answer.json().await.map_err(|e| e.to_string())?;
+            let body: Value = answer
+                .json()
+                .await
+                .map_err(|source| HandoffError::BadAnswer {
+                    from: from.to_owned(),
+                    source,
+                })?;
             let blocks = body["blocks"].as_u64().unwrap_or(0);
             let engine = body["engine"].as_str().unwrap_or("").to_owned();
             return Ok((blocks, engine));
         }
         if Instant::now() >= deadline {
-            return Err(format!(
-                "the prefill engine at {from} has no KV transfer `{id}` (unknown, or already taken)"
-            ));
+            return Err(HandoffError::NoTransfer {
+                from: from.to_owned(),
+                id: id.to_owned(),
+            });
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }

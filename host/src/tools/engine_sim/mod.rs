@@ -444,7 +444,7 @@ fn accept(
         Err(e) => {
             return Err(Box::new(openai_error(
                 StatusCode::BAD_REQUEST,
-                &e,
+                &e.to_string(),
                 "invalid_request_error",
             )))
         }
@@ -522,7 +522,7 @@ async fn kv_ready_in(
             Err(e) => {
                 return Err(openai_error(
                     StatusCode::BAD_REQUEST,
-                    &e,
+                    &e.to_string(),
                     "invalid_request_error",
                 ))
             }
@@ -537,7 +537,7 @@ async fn kv_ready_in(
                 Err(e) => {
                     return Err(openai_error(
                         StatusCode::INTERNAL_SERVER_ERROR,
-                        &e,
+                        &e.to_string(),
                         "server_error",
                     ))
                 }

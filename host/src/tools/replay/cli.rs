@@ -106,13 +106,15 @@ const REPLAY_BUILTIN_CONFIG: &str = "worker_selection:
 
 /// `switchyard replay`: every policy over the trace on a fresh router, a table on stdout,
 /// a CSV and an SVG chart.
-pub fn run(args: &ReplayArgs) -> Result<(), String> {
+pub fn run(args: &ReplayArgs) -> Result<(), ReplayError> {
     check_args(args)?;
-    let trace = read_trace(&args.trace).map_err(|e| e.to_string())?;
+    let trace = read_trace(&args.trace)?;
     fresh_router(args)?;
     if let (Some(p), Some(d)) = (args.prefill_workers, args.decode_workers) {
         if p == 0 || d == 0 {
-            return Err("--prefill-workers and --decode-workers must be at least 1".into());
+            return Err(ReplayError::Arguments(
+                "--prefill-workers and --decode-workers must be at least 1",
+            ));
         }
         return run_disaggregated(args, &trace, p, d);
     }
@@ -121,7 +123,8 @@ pub fn run(args: &ReplayArgs) -> Result<(), String> {
 }
 
 /// The numbers the arguments must satisfy, checked before any work.
-fn check_args(args: &ReplayArgs) -> Result<(), String> {
+fn check_args(args: &ReplayArgs) -> Result<(), ReplayError> {
+    use ReplayError::Arguments;
     let ReplayArgs {
         workers,
         cache_blocks,
@@ -139,30 +142,36 @@ fn check_args(args: &ReplayArgs) -> Result<(), String> {
     if time_scales.iter().any(|&t| !(t.is_finite() && t > 0.0))
         || !(0.0..=1.0).contains(&batch_share)
     {
-        return Err("--time-scale must be a positive number and --batch-share from 0 to 1".into());
+        return Err(Arguments(
+            "--time-scale must be a positive number and --batch-share from 0 to 1",
+        ));
     }
     if !(adapter_load_ms.is_finite() && adapter_load_ms >= 0.0) || max_loras == 0 {
-        return Err("--adapter-load-ms must be a number >= 0 and --max-loras at least 1".into());
+        return Err(Arguments(
+            "--adapter-load-ms must be a number >= 0 and --max-loras at least 1",
+        ));
     }
     if replicas.contains(&0) {
-        return Err("--replicas must be at least 1".into());
+        return Err(Arguments("--replicas must be at least 1"));
     }
     if kv_events == KvTransport::Zmq && replicas.iter().any(|&n| n > 1) {
-        return Err("--replicas above 1 needs --kv-events in-process (each replica would need its own subscriptions to the simulated engines)".into());
+        return Err(Arguments("--replicas above 1 needs --kv-events in-process (each replica would need its own subscriptions to the simulated engines)"));
     }
-    for (name, value) in [("--prefill-tps", prefill_tps), ("--decode-tps", decode_tps)] {
+    for (flag, value) in [("--prefill-tps", prefill_tps), ("--decode-tps", decode_tps)] {
         if !(value.is_finite() && value > 0.0) {
-            return Err(format!("{name} must be a positive number, got {value}"));
+            return Err(ReplayError::NotPositive { flag, value });
         }
     }
     if workers == 0 || block_size == 0 || cache_blocks == 0 {
-        return Err("--workers, --block-size and --cache-blocks must be at least 1".into());
+        return Err(Arguments(
+            "--workers, --block-size and --cache-blocks must be at least 1",
+        ));
     }
     Ok(())
 }
 
 /// A router on the config (or the built-in policies), without workers: the replay adds its own.
-fn fresh_router(args: &ReplayArgs) -> Result<Arc<Router>, String> {
+fn fresh_router(args: &ReplayArgs) -> Result<Arc<Router>, ReplayError> {
     let (config, policies, block_size) = (&args.config, &args.policies, args.block_size);
     let source = match config {
         Some(path) => ConfigSource::from_file(path),
@@ -171,27 +180,19 @@ fn fresh_router(args: &ReplayArgs) -> Result<Arc<Router>, String> {
             "<replay built-in config>".into(),
             PathBuf::new(),
         ),
-    }
-    .map_err(|e| e.to_string())?;
-    let mut startup = start(source).map_err(|errors| {
-        errors
-            .iter()
-            .map(ToString::to_string)
-            .collect::<Vec<_>>()
-            .join("\n")
-    })?;
+    }?;
+    let mut startup = start(source).map_err(ReplayError::Startup)?;
     startup.source.config.workers.clear();
     startup.source.config.router.block_size = block_size;
     if let Some(unknown) = policies.iter().find(|p| startup.instance(p).is_none()) {
-        let names: Vec<_> = startup.instances.iter().map(|i| i.name.as_str()).collect();
-        return Err(format!(
-            "--policy {unknown}: no such instance; available: {}",
-            names.join(", ")
-        ));
+        return Err(ReplayError::UnknownPolicy {
+            name: unknown.clone(),
+            available: startup.instances.iter().map(|i| i.name.clone()).collect(),
+        });
     }
     Router::new(startup)
         .map(Arc::new)
-        .map_err(|e| e.to_string())
+        .map_err(ReplayError::Router)
 }
 
 /// `--prefill-workers` and `--decode-workers`: each policy on pairs and on the same
@@ -201,7 +202,7 @@ fn run_disaggregated(
     trace: &[TraceRequest],
     p: usize,
     d: usize,
-) -> Result<(), String> {
+) -> Result<(), ReplayError> {
     let ReplayArgs {
         cache_blocks,
         prefill_tps,
@@ -218,10 +219,9 @@ fn run_disaggregated(
         && transfer_ms_per_block.is_finite()
         && transfer_ms_per_block.is_sign_positive();
     if !valid {
-        return Err(
-            "--prefill-interference is from 0 to below 1, --transfer-ms-per-block at least 0"
-                .into(),
-        );
+        return Err(ReplayError::Arguments(
+            "--prefill-interference is from 0 to below 1, --transfer-ms-per-block at least 0",
+        ));
     }
     let mut reports = Vec::new();
     for policy in policies {
@@ -251,10 +251,9 @@ fn run_disaggregated(
                     time_scale,
                 };
                 let router = fresh_router(args)?;
-                reports.push(
-                    disaggregated::replay_pairs(&router, trace, params, policy, fleet)
-                        .map_err(|e| e.to_string())?,
-                );
+                reports.push(disaggregated::replay_pairs(
+                    &router, trace, params, policy, fleet,
+                )?);
             }
         }
     }
@@ -263,7 +262,10 @@ fn run_disaggregated(
 }
 
 /// Each policy at each replica count; with several replicas, each sync mode.
-fn run_aggregated(args: &ReplayArgs, trace: &[TraceRequest]) -> Result<Vec<PolicyReport>, String> {
+fn run_aggregated(
+    args: &ReplayArgs,
+    trace: &[TraceRequest],
+) -> Result<Vec<PolicyReport>, ReplayError> {
     let params = SimParams {
         workers: args.workers,
         cache_blocks: args.cache_blocks,
@@ -322,8 +324,7 @@ fn run_aggregated(args: &ReplayArgs, trace: &[TraceRequest]) -> Result<Vec<Polic
         );
         let report = replay(&routers, trace, params, policy, |n| {
             bar.set_position(n as u64)
-        })
-        .map_err(|e| e.to_string())?;
+        })?;
         bar.finish_and_clear();
         reports.push(report);
     }
@@ -335,7 +336,7 @@ fn write_reports(
     args: &ReplayArgs,
     trace: &[TraceRequest],
     reports: &[PolicyReport],
-) -> Result<(), String> {
+) -> Result<(), ReplayError> {
     let (csv_path, svg_path) = (&args.csv, &args.svg);
     let (workers, cache_blocks, prefill_tps, decode_tps) = (
         args.workers,
@@ -344,14 +345,20 @@ fn write_reports(
         args.decode_tps,
     );
     print!("{}", table(reports));
-    std::fs::write(csv_path, csv(reports))
-        .map_err(|e| format!("{}: cannot write the CSV: {e}", csv_path.display()))?;
+    std::fs::write(csv_path, csv(reports)).map_err(|source| ReplayError::Write {
+        what: "CSV",
+        path: csv_path.clone(),
+        source,
+    })?;
     let title = format!(
         "{} requests, {workers} workers, {cache_blocks}-block LRU caches, prefill {prefill_tps} tok/s, decode {decode_tps} tok/s",
         trace.len()
     );
-    std::fs::write(svg_path, svg(reports, &title))
-        .map_err(|e| format!("{}: cannot write the SVG: {e}", svg_path.display()))?;
+    std::fs::write(svg_path, svg(reports, &title)).map_err(|source| ReplayError::Write {
+        what: "SVG",
+        path: svg_path.clone(),
+        source,
+    })?;
     println!("wrote {} and {}", csv_path.display(), svg_path.display());
     Ok(())
 }

@@ -336,7 +336,7 @@ pub fn replay_pairs(
             "model": super::MODEL, "worker_id": id, "worker_type": role,
             "total_kv_blocks": params.cache_blocks,
         }))
-        .map_err(|e| ReplayError::Setup(e.to_string()))?;
+        .map_err(ReplayError::WorkerSpec)?;
         router
             .add_worker(spec)
             .map_err(|error| ReplayError::Route {

@@ -257,8 +257,7 @@ impl<'a> Simulation<'a> {
         let (zmq, sources) = match params.kv_events {
             KvTransport::InProcess => (None, vec![None; params.workers]),
             KvTransport::Zmq => {
-                let (fleet, sources) = ZmqFleet::bind(params.workers, params.block_size)
-                    .map_err(ReplayError::Setup)?;
+                let (fleet, sources) = ZmqFleet::bind(params.workers, params.block_size)?;
                 (Some(fleet), sources.into_iter().map(Some).collect())
             }
         };
@@ -305,8 +304,8 @@ impl<'a> Simulation<'a> {
         if let Some(fleet) = &mut simulation.zmq {
             router
                 .subscribe_kv_events(&specs)
-                .map_err(|e| ReplayError::Setup(format!("cannot subscribe to KV events: {e}")))?;
-            fleet.connect(router).map_err(ReplayError::Setup)?;
+                .map_err(ReplayError::Subscribe)?;
+            fleet.connect(router)?;
         }
         Ok(simulation)
     }
@@ -397,9 +396,7 @@ impl<'a> Simulation<'a> {
                 Phase::PrefillDone => {
                     let (evicted, stored) = self.store(w, &request.hash_ids);
                     match &mut self.zmq {
-                        Some(fleet) => fleet
-                            .step(w, &request.hash_ids, &evicted, &stored)
-                            .map_err(ReplayError::Setup)?,
+                        Some(fleet) => fleet.step(w, &request.hash_ids, &evicted, &stored)?,
                         None => {
                             let stored = stored.iter().map(|&i| request.hash_ids[i]).collect();
                             let worker = WorkerId {

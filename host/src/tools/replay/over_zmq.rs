@@ -11,6 +11,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::trace::ReplayError;
 use crate::fleet::kv_events::publisher::{self, Publisher, PublisherSettings};
 use crate::fleet::kv_events::wire::{
     EngineEvent, EventForm, HashForm, RemovedBlocks, StoredBlocks,
@@ -39,13 +40,16 @@ pub struct ZmqFleet {
 impl ZmqFleet {
     /// Binds a publisher per worker on loopback (ports chosen by the system); the
     /// sources to give the router's workers.
-    pub fn bind(workers: usize, block_size: u32) -> Result<(Self, Vec<KvEventSource>), String> {
+    pub fn bind(
+        workers: usize,
+        block_size: u32,
+    ) -> Result<(Self, Vec<KvEventSource>), ReplayError> {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name("replay-publishers")
             .enable_all()
             .build()
-            .map_err(|e| format!("cannot start the publishers' runtime: {e}"))?;
+            .map_err(ReplayError::Runtime)?;
         let mut publishers = Vec::with_capacity(workers);
         for _ in 0..workers {
             let publisher = runtime
@@ -59,7 +63,7 @@ impl ZmqFleet {
                     buffer_steps: 10_000,
                     drop_sequences: Vec::new(),
                 }))
-                .map_err(|e| format!("cannot start a simulated worker's publisher: {e}"))?;
+                .map_err(ReplayError::Publisher)?;
             publishers.push(publisher);
         }
         let sources = publishers
@@ -83,7 +87,7 @@ impl ZmqFleet {
     /// Once the router subscribed: waits until every worker's stream reaches the index,
     /// sending a harmless first batch (`AllBlocksCleared` of an empty cache) again until
     /// one arrives.
-    pub fn connect(&mut self, router: &Router) -> Result<(), String> {
+    pub fn connect(&mut self, router: &Router) -> Result<(), ReplayError> {
         self.counters = self
             .publishers
             .iter()
@@ -118,14 +122,14 @@ impl ZmqFleet {
         self.published[w] += 1;
     }
 
-    fn not_delivered(&self, w: usize) -> String {
-        format!(
-            "simulated worker {w}: the router applied {} of {} KV event batches published on {} within {} s",
-            self.applied(w),
-            self.published[w],
-            self.publishers[w].endpoint,
-            DELIVERY_TIMEOUT.as_secs()
-        )
+    fn not_delivered(&self, w: usize) -> ReplayError {
+        ReplayError::NotDelivered {
+            worker: w,
+            applied: self.applied(w),
+            published: self.published[w],
+            endpoint: self.publishers[w].endpoint.clone(),
+            timeout_secs: DELIVERY_TIMEOUT.as_secs(),
+        }
     }
 
     /// Publishes what worker `w` evicted and stored (positions into `prompt`, in prefix
@@ -136,7 +140,7 @@ impl ZmqFleet {
         prompt: &[u64],
         evicted: &[u64],
         stored: &[usize],
-    ) -> Result<(), String> {
+    ) -> Result<(), ReplayError> {
         let mut events: Vec<EngineEvent> = evicted
             .iter()
             .map(|&hash| {

@@ -38,7 +38,42 @@ pub enum ReplayError {
     #[error("policy `{policy}`: {error}")]
     Route { policy: String, error: RouteError },
     #[error("{0}")]
-    Setup(String),
+    Arguments(&'static str),
+    #[error("{flag} must be a positive number, got {value}")]
+    NotPositive { flag: &'static str, value: f64 },
+    #[error("{0}")]
+    Config(#[from] switchyard_config::ConfigError),
+    #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
+    Startup(Vec<crate::policy::startup::StartupError>),
+    #[error("--policy {name}: no such instance; available: {}", available.join(", "))]
+    UnknownPolicy {
+        name: String,
+        available: Vec<String>,
+    },
+    #[error("{0}")]
+    Router(RouteError),
+    #[error("a simulated worker's spec is invalid: {0}")]
+    WorkerSpec(serde_json::Error),
+    #[error("cannot start the publishers' runtime: {0}")]
+    Runtime(std::io::Error),
+    #[error("cannot start a simulated worker's publisher: {0}")]
+    Publisher(std::io::Error),
+    #[error("cannot subscribe to KV events: {0}")]
+    Subscribe(std::io::Error),
+    #[error("simulated worker {worker}: the router applied {applied} of {published} KV event batches published on {endpoint} within {timeout_secs} s")]
+    NotDelivered {
+        worker: usize,
+        applied: u64,
+        published: u64,
+        endpoint: String,
+        timeout_secs: u64,
+    },
+    #[error("{}: cannot write the {what}: {source}", path.display())]
+    Write {
+        what: &'static str,
+        path: PathBuf,
+        source: std::io::Error,
+    },
 }
 
 /// Reads a JSON-lines trace; blank lines are skipped.
