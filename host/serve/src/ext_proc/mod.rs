@@ -30,8 +30,9 @@ mod messages;
 
 use decide::{decide, eligible, no_endpoint, Attempt, Wanted};
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
+use std::pin::Pin;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Instant;
@@ -43,9 +44,10 @@ use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
 use envoy_types::pb::envoy::service::ext_proc::v3::{
     processing_request::Request, HttpBody, HttpHeaders, ProcessingRequest, ProcessingResponse,
 };
+use futures_util::Stream;
 use switchyard_plugin_sdk::WorkerId;
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::{ReceiverStream, UnboundedReceiverStream};
+use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::{Status, Streaming};
 
 use super::frontend::prompt::Endpoint;
@@ -59,9 +61,6 @@ use switchyard_config::ExtProcSettings;
 
 /// The gRPC service name Envoy calls (and the health service reports).
 pub const SERVICE_NAME: &str = "envoy.service.ext_proc.v3.ExternalProcessor";
-
-/// Responses queued per stream before the picker waits for Envoy to read.
-const QUEUE: usize = 16;
 
 /// The endpoint picker over the frontend's router and tokenizers.
 pub struct EndpointPicker {
@@ -133,7 +132,7 @@ struct Service(Arc<EndpointPicker>);
 
 #[tonic::async_trait]
 impl ExternalProcessor for Service {
-    type ProcessStream = ReceiverStream<Result<ProcessingResponse, Status>>;
+    type ProcessStream = Responses;
 
     async fn process(
         &self,
@@ -163,11 +162,10 @@ impl ExternalProcessor for Service {
                 _ => Status::unauthenticated(message),
             }
         })?;
-        let (out, responses) = mpsc::channel(QUEUE);
         let exchange = Exchange {
             caller: Caller::behind_gateway(grant, keyring.choose_instance),
             picker: self.0.clone(),
-            out,
+            outbox: VecDeque::new(),
             endpoint: Endpoint::ChatCompletions,
             instance: None,
             kept_headers: Vec::new(),
@@ -176,8 +174,9 @@ impl ExternalProcessor for Service {
             booked: None,
             response_status: None,
         };
-        tokio::spawn(exchange.run(request.into_inner()));
-        Ok(tonic::Response::new(ReceiverStream::new(responses)))
+        Ok(tonic::Response::new(
+            exchange.responses(request.into_inner()),
+        ))
     }
 }
 
@@ -201,7 +200,8 @@ struct Exchange {
     /// Who the gateway's key says sent the stream (its clients are never loopback).
     caller: Caller,
     picker: Arc<EndpointPicker>,
-    out: mpsc::Sender<Result<ProcessingResponse, Status>>,
+    /// Answers not yet handed to the gateway, in order.
+    outbox: VecDeque<Result<ProcessingResponse, Status>>,
     endpoint: Endpoint,
     instance: Option<String>,
     /// The request headers routing keeps (`request_attributes`), read with the headers.
@@ -224,84 +224,97 @@ enum Next {
     Done,
 }
 
+/// The answers of one stream, as the gateway reads them.
+type Responses = Pin<Box<dyn Stream<Item = Result<ProcessingResponse, Status>> + Send>>;
+
 impl Exchange {
-    async fn run(mut self, mut inbound: Streaming<ProcessingRequest>) {
-        loop {
-            let message = match inbound.message().await {
-                Ok(Some(message)) => message,
-                // Envoy half-closed, or reset the stream: whatever was booked is freed
-                // when `self` drops.
-                Ok(None) => return,
-                Err(status) => {
-                    tracing::debug!(%status, "ext_proc: stream ended");
-                    return;
+    /// The answers to `inbound`, worked out as the gRPC stream polls for them: no task
+    /// and no channel between the stream and the exchange, so a message costs no extra
+    /// hand-off between threads. Whatever was booked is freed when the stream ends or
+    /// Envoy resets it (dropping the exchange drops its lease).
+    fn responses(self, inbound: Streaming<ProcessingRequest>) -> Responses {
+        let state = (self, inbound, false);
+        Box::pin(futures_util::stream::unfold(
+            state,
+            |(mut exchange, mut inbound, mut over)| async move {
+                loop {
+                    if let Some(response) = exchange.outbox.pop_front() {
+                        return Some((response, (exchange, inbound, over)));
+                    }
+                    if over {
+                        return None;
+                    }
+                    over = matches!(exchange.next_message(&mut inbound).await, Next::Done);
                 }
-            };
-            if let Some(config) = &message.protocol_config {
-                if config.request_body_mode != BodySendMode::FullDuplexStreamed as i32 {
-                    let _ = self.out.send(Err(Status::failed_precondition(format!(
-                        "switchyard's endpoint picker needs the request body before it answers the request headers: set the ext_proc filter's processing_mode.request_body_mode to FULL_DUPLEX_STREAMED (got {})",
-                        BodySendMode::try_from(config.request_body_mode).map_or("an unknown mode".to_owned(), |m| m.as_str_name().to_owned())
-                    )))).await;
-                    return;
-                }
+            },
+        ))
+    }
+
+    /// Reads and handles the stream's next message; `Done` when the stream is over.
+    async fn next_message(&mut self, inbound: &mut Streaming<ProcessingRequest>) -> Next {
+        let message = match inbound.message().await {
+            Ok(Some(message)) => message,
+            // Envoy half-closed, or reset the stream: whatever was booked is freed
+            // when the exchange drops.
+            Ok(None) => return Next::Done,
+            Err(status) => {
+                tracing::debug!(%status, "ext_proc: stream ended");
+                return Next::Done;
             }
-            if let Some(subset) = messages::subset(message.metadata_context.as_ref()) {
-                self.subset = Some(subset);
+        };
+        if let Some(config) = &message.protocol_config {
+            if config.request_body_mode != BodySendMode::FullDuplexStreamed as i32 {
+                self.outbox.push_back(Err(Status::failed_precondition(format!(
+                    "switchyard's endpoint picker needs the request body before it answers the request headers: set the ext_proc filter's processing_mode.request_body_mode to FULL_DUPLEX_STREAMED (got {})",
+                    BodySendMode::try_from(config.request_body_mode).map_or("an unknown mode".to_owned(), |m| m.as_str_name().to_owned())
+                ))));
+                return Next::Done;
             }
-            let next = match message.request {
-                Some(Request::RequestHeaders(headers)) => self.request_headers(&headers).await,
-                Some(Request::RequestBody(body)) => self.request_body(body).await,
-                Some(Request::RequestTrailers(_)) => {
-                    self.send(vec![messages::trailers(true)]).await
-                }
-                Some(Request::ResponseHeaders(headers)) => {
-                    self.response_status = messages::header(&headers, ":status")
-                        .and_then(|s| std::str::from_utf8(s).ok()?.parse().ok());
-                    let served =
-                        messages::served(message.metadata_context.as_ref()).or_else(|| {
-                            let header = messages::header(&headers, messages::SERVED_KEY)?;
-                            Some(String::from_utf8_lossy(header).into_owned())
-                        });
-                    self.rebook_if_served_elsewhere(served);
-                    self.send(vec![messages::response_headers()]).await
-                }
-                Some(Request::ResponseBody(body)) => self.response_body(body).await,
-                Some(Request::ResponseTrailers(_)) => {
-                    self.booked = None;
-                    self.send(vec![messages::trailers(false)]).await
-                }
-                None => Next::Continue,
-            };
-            if let Next::Done = next {
-                return;
+        }
+        if let Some(subset) = messages::subset(message.metadata_context.as_ref()) {
+            self.subset = Some(subset);
+        }
+        match message.request {
+            Some(Request::RequestHeaders(headers)) => self.request_headers(&headers).await,
+            Some(Request::RequestBody(body)) => self.request_body(body).await,
+            Some(Request::RequestTrailers(_)) => self.send(vec![messages::trailers(true)]),
+            Some(Request::ResponseHeaders(headers)) => {
+                self.response_status = messages::header(&headers, ":status")
+                    .and_then(|s| std::str::from_utf8(s).ok()?.parse().ok());
+                let served = messages::served(message.metadata_context.as_ref()).or_else(|| {
+                    let header = messages::header(&headers, messages::SERVED_KEY)?;
+                    Some(String::from_utf8_lossy(header).into_owned())
+                });
+                self.rebook_if_served_elsewhere(served);
+                self.send(vec![messages::response_headers()])
             }
+            Some(Request::ResponseBody(body)) => self.response_body(body).await,
+            Some(Request::ResponseTrailers(_)) => {
+                self.booked = None;
+                self.send(vec![messages::trailers(false)])
+            }
+            None => Next::Continue,
         }
     }
 
-    async fn send(&self, responses: Vec<ProcessingResponse>) -> Next {
-        for response in responses {
-            if self.out.send(Ok(response)).await.is_err() {
-                return Next::Done; // Envoy went away
-            }
-        }
+    /// Queues `responses` for the gateway.
+    fn send(&mut self, responses: Vec<ProcessingResponse>) -> Next {
+        self.outbox.extend(responses.into_iter().map(Ok));
         Next::Continue
     }
 
-    async fn refuse(&self, error: OpenAiError) -> Next {
+    /// Answers the request itself (Envoy sends it to the client); the stream is over.
+    fn refuse(&mut self, error: OpenAiError) -> Next {
         self.picker
             .frontend
             .router()
             .metrics
             .record_ext_proc_refusal();
-        let _ = self
-            .out
-            .send(Ok(messages::immediate(
-                error.status().as_u16(),
-                &error.body(),
-                error.retry_after(),
-            )))
-            .await;
+        self.outbox.push_back(Ok(messages::immediate(
+            error.status().as_u16(),
+            &error.body(),
+            error.retry_after(),
+        )));
         Next::Done
     }
 
@@ -322,7 +335,7 @@ impl Exchange {
         drop(generation);
         self.kept_headers = match kept {
             Ok(kept) => kept,
-            Err(error) => return self.refuse(error.into()).await,
+            Err(error) => return self.refuse(error.into()),
         };
         if !headers.end_of_stream {
             return Next::Continue; // the answer waits for the body
@@ -330,15 +343,12 @@ impl Exchange {
         // No body (GET /v1/models and the like): any eligible endpoint, nothing booked.
         let eligible = self.eligible();
         if eligible.is_empty() {
-            return self
-                .refuse(no_endpoint(
-                    "the gateway's subset names no endpoint switchyard knows",
-                ))
-                .await;
+            return self.refuse(no_endpoint(
+                "the gateway's subset names no endpoint switchyard knows",
+            ));
         }
         let endpoint = eligible[rand::random::<u32>() as usize % eligible.len()].1;
         self.send(vec![messages::pick(&endpoint.to_string(), None)])
-            .await
     }
 
     /// Endpoints that may take a request: every worker's, within the subset hint when
@@ -357,8 +367,7 @@ impl Exchange {
                         "the request body is over the endpoint picker's limit of {} bytes (ext_proc.max_body_bytes)",
                         self.picker.max_body_bytes
                     ),
-                ))
-                .await;
+                ));
         }
         self.body.extend_from_slice(&body.body);
         if !body.end_of_stream {
@@ -395,9 +404,9 @@ impl Exchange {
                     .router()
                     .metrics
                     .record_ext_proc_pick(started.elapsed());
-                self.send(responses).await
+                self.send(responses)
             }
-            Err(error) => self.refuse(error).await,
+            Err(error) => self.refuse(error),
         }
     }
 
@@ -462,7 +471,6 @@ impl Exchange {
             }
         }
         self.send(messages::body(&body.body, body.end_of_stream, false))
-            .await
     }
 }
 
