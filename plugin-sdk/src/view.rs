@@ -29,12 +29,28 @@ pub fn str_to_abi(s: &str) -> switchyard_str {
     }
 }
 
-/// The worker type of a partition.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+/// The worker type of a partition, of a worker and of what a request asks for. In JSON
+/// `prefill`, `decode` or `select` (the default); a config's worker `role` spells
+/// `Select` as `aggregated`.
+#[derive(
+    Clone,
+    Copy,
+    Debug,
+    Default,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    serde::Serialize,
+    serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum WorkerType {
     Prefill,
     Decode,
     /// One pool of aggregated workers.
+    #[default]
     Select,
 }
 

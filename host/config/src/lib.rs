@@ -34,7 +34,7 @@ pub use source::{ConfigError, ConfigSource};
 pub use switchyard_plugin_host::isolation::IsolationSettings;
 use switchyard_plugin_host::plugin::{PartitionKey, RevisionRule};
 pub use worker_address::{EngineUrl, WorkerNetworks};
-pub use workers::{KvEventSource, WorkerInvalid, WorkerRole, WorkerSpec};
+pub use workers::{KvEventSource, WorkerInvalid, WorkerSpec};
 
 /// The config shipped inside the binary: the example plugins of all three languages,
 /// with paths relative to the folder of the `switchyard` executable.

@@ -4,27 +4,36 @@
 use super::*;
 use crate::worker_address::AddressError;
 
-/// What a worker does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum WorkerRole {
-    Prefill,
-    Decode,
-    Aggregated,
-}
+/// A worker's `worker_type` as the config spells it: `prefill`, `decode` or `aggregated`
+/// (the SDK's `WorkerType::Select`, the one worker-type enum).
+mod role {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use switchyard_plugin_sdk::WorkerType;
 
-impl WorkerRole {
-    pub fn worker_type(self) -> WorkerType {
-        match self {
-            WorkerRole::Prefill => WorkerType::Prefill,
-            WorkerRole::Decode => WorkerType::Decode,
-            WorkerRole::Aggregated => WorkerType::Select,
-        }
+    #[derive(Deserialize, Serialize)]
+    #[serde(rename_all = "lowercase")]
+    enum Spelled {
+        Prefill,
+        Decode,
+        Aggregated,
     }
-}
 
-fn aggregated() -> WorkerRole {
-    WorkerRole::Aggregated
+    pub fn serialize<S: Serializer>(role: &WorkerType, to: S) -> Result<S::Ok, S::Error> {
+        match role {
+            WorkerType::Prefill => Spelled::Prefill,
+            WorkerType::Decode => Spelled::Decode,
+            WorkerType::Select => Spelled::Aggregated,
+        }
+        .serialize(to)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(from: D) -> Result<WorkerType, D::Error> {
+        Ok(match Spelled::deserialize(from)? {
+            Spelled::Prefill => WorkerType::Prefill,
+            Spelled::Decode => WorkerType::Decode,
+            Spelled::Aggregated => WorkerType::Select,
+        })
+    }
 }
 fn default_kv_blocks() -> u64 {
     16_384
@@ -41,8 +50,8 @@ pub struct WorkerSpec {
     pub worker_id: u64,
     #[serde(default)]
     pub dp_rank: u32,
-    #[serde(default = "aggregated")]
-    pub worker_type: WorkerRole,
+    #[serde(default, with = "role")]
+    pub worker_type: WorkerType,
     /// KV capacity in blocks.
     #[serde(default = "default_kv_blocks")]
     pub total_kv_blocks: u64,
@@ -140,7 +149,7 @@ impl WorkerSpec {
         }
     }
     pub fn partition(&self) -> PartitionKey {
-        PartitionKey::new(self.model.clone(), self.worker_type.worker_type())
+        PartitionKey::new(self.model.clone(), self.worker_type)
     }
     /// The `ip:port` a gateway sends this worker's requests to, if it has one.
     pub fn endpoint(&self) -> Option<std::net::SocketAddr> {

@@ -45,7 +45,7 @@ pub use reload::{ReloadError, ReloadOutcome};
 
 mod request;
 use request::{prompt_blocks, request_context, validate};
-pub use request::{RequestWorkerType, RouteDecision, RouteError, RouteRequest};
+pub use request::{RouteDecision, RouteError, RouteRequest};
 
 struct State {
     workers: Workers,
@@ -363,7 +363,7 @@ impl Router {
                     name: instance_name.to_owned(),
                     known: generation.instance_names(),
                 })?;
-        let partition = PartitionKey::new(request.model.clone(), request.worker_type.worker_type());
+        let partition = PartitionKey::new(request.model.clone(), request.worker_type);
         let block_size = generation.startup.source.config.router.block_size;
         // Strict priority: no request books while one of a higher priority waits (it
         // queues behind them; one of its own priority it may overtake while capacity
@@ -714,13 +714,13 @@ fn members_of<'s>(
         _ if state.workers.unhealthy_in(partition) > 0 => Err(RouteError::NoWorker(format!(
             "model `{}`: every {} worker is unhealthy ({} out of the candidates)",
             request.model,
-            request.worker_type.worker_type().as_str(),
+            request.worker_type.as_str(),
             state.workers.unhealthy_in(partition)
         ))),
         _ if state.workers.has_model(&request.model) => Err(RouteError::NoWorker(format!(
             "model `{}` has no {} workers",
             request.model,
-            request.worker_type.worker_type().as_str()
+            request.worker_type.as_str()
         ))),
         _ => Err(RouteError::UnknownModel(request.model.clone())),
     }

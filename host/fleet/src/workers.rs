@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use switchyard_plugin_sdk::WorkerId;
 
-pub use switchyard_config::{WorkerRole, WorkerSpec};
+pub use switchyard_config::WorkerSpec;
 use switchyard_plugin_host::plugin::{EngineReport, Labels, PartitionKey};
 
 #[derive(Debug, thiserror::Error, PartialEq)]

@@ -36,7 +36,7 @@ impl Router {
         if generation.startup.admitters.is_empty() {
             return Ok(Placement::default());
         }
-        let partition = PartitionKey::new(request.model.clone(), request.worker_type.worker_type());
+        let partition = PartitionKey::new(request.model.clone(), request.worker_type);
         let Some(admitters) = generation.admitters(&partition) else {
             return Ok(Placement::default());
         };

@@ -3,26 +3,6 @@
 
 use super::*;
 
-/// The worker type a request asks for.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RequestWorkerType {
-    Prefill,
-    Decode,
-    #[default]
-    Select,
-}
-
-impl RequestWorkerType {
-    pub fn worker_type(self) -> WorkerType {
-        match self {
-            Self::Prefill => WorkerType::Prefill,
-            Self::Decode => WorkerType::Decode,
-            Self::Select => WorkerType::Select,
-        }
-    }
-}
-
 fn yes() -> bool {
     true
 }
@@ -33,7 +13,7 @@ fn yes() -> bool {
 pub struct RouteRequest {
     pub model: String,
     #[serde(default)]
-    pub worker_type: RequestWorkerType,
+    pub worker_type: WorkerType,
     /// Instance to use instead of the default.
     #[serde(default)]
     pub instance: Option<String>,

@@ -9,9 +9,10 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashSet;
 use switchyard_config::Disaggregation;
-use switchyard_fleet::router::{RequestWorkerType, RouteError, Router};
+use switchyard_fleet::router::{RouteError, Router};
 use switchyard_plugin_host::plugin::PartitionKey;
 use switchyard_plugin_sdk::WorkerId;
+use switchyard_plugin_sdk::WorkerType;
 
 use super::{Booked, EndpointPicker};
 use crate::caller::Caller;
@@ -72,8 +73,7 @@ fn booked_or_busy(
 ) -> Result<switchyard_fleet::router::RouteDecision, OpenAiError> {
     match router.select_and_reserve(request) {
         Err(RouteError::Saturated(why)) => {
-            let partition =
-                PartitionKey::new(request.model.clone(), request.worker_type.worker_type());
+            let partition = PartitionKey::new(request.model.clone(), request.worker_type);
             let place = described.place(partition.clone());
             *busy = Some(BusyPlace {
                 partition,
@@ -187,7 +187,7 @@ fn book_prefill(
     let id = format!("{request_id}-prefill");
     let mut prefill = request.clone();
     prefill.request_id = Some(id.clone());
-    prefill.worker_type = RequestWorkerType::Prefill;
+    prefill.worker_type = WorkerType::Prefill;
     let chosen = booked_or_busy(router, &prefill, described, busy)?;
     let lease = Lease::new(router.clone(), id);
     let worker = WorkerId {
@@ -195,7 +195,7 @@ fn book_prefill(
         dp_rank: chosen.dp_rank,
     };
     let at = endpoint_of(eligible, worker)?;
-    request.worker_type = RequestWorkerType::Decode;
+    request.worker_type = WorkerType::Decode;
     request.paired = Some(worker);
     Ok((lease, at, worker))
 }

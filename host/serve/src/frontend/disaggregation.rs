@@ -24,9 +24,10 @@ use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Map, Value};
 use switchyard_config::Disaggregation;
-use switchyard_fleet::router::{RequestWorkerType, RouteDecision, RouteError};
+use switchyard_fleet::router::{RouteDecision, RouteError};
 use switchyard_plugin_host::plugin::PartitionKey;
 use switchyard_plugin_sdk::WorkerId;
+use switchyard_plugin_sdk::WorkerType;
 use tokio::sync::OwnedSemaphorePermit;
 
 use super::{describe, Frontend, Lease, OpenAiError};
@@ -91,11 +92,11 @@ impl Frontend {
     async fn select_side(
         self: &Arc<Self>,
         pair: &Pair,
-        role: RequestWorkerType,
+        role: WorkerType,
         paired: Option<WorkerId>,
     ) -> Result<Side, OpenAiError> {
         let first = self.try_side(pair, role, paired).await;
-        let partition = PartitionKey::new(pair.request.prompt.model.clone(), role.worker_type());
+        let partition = PartitionKey::new(pair.request.prompt.model.clone(), role);
         let waited = crate::admission::queued(
             &self.router,
             pair.request.described.place(partition),
@@ -119,7 +120,7 @@ impl Frontend {
     async fn try_side(
         self: &Arc<Self>,
         pair: &Pair,
-        role: RequestWorkerType,
+        role: WorkerType,
         paired: Option<WorkerId>,
     ) -> Result<Side, SideError> {
         let frontend = self.clone();
@@ -149,7 +150,7 @@ impl Frontend {
                     "server_error",
                     format!(
                         "{} worker {} of model `{}` has no `url`: give every worker of a disaggregated model the address of its engine",
-                        role.worker_type().as_str(),
+                        role.as_str(),
                         worker.worker_id,
                         prompt.model
                     ),
@@ -193,9 +194,7 @@ impl Frontend {
     ) -> Result<(Side, Value), OpenAiError> {
         let mut refused = 0;
         loop {
-            let side = self
-                .select_side(pair, RequestWorkerType::Prefill, None)
-                .await?;
+            let side = self.select_side(pair, WorkerType::Prefill, None).await?;
             let worker = side.worker();
             let sent = self.post(&side, pair, body).send().await;
             let answer = match sent {
@@ -286,7 +285,7 @@ impl Frontend {
             decode_body.insert("kv_transfer_params".into(), params.clone());
         }
         let decode = self
-            .select_side(pair, RequestWorkerType::Decode, Some(prefill.worker()))
+            .select_side(pair, WorkerType::Decode, Some(prefill.worker()))
             .await?;
         self.router
             .pair(prefill.lease.request_id(), Some(decode.worker()));
@@ -302,13 +301,11 @@ impl Frontend {
         slot: OwnedSemaphorePermit,
     ) -> Result<Response, OpenAiError> {
         let original = request_object(&pair.request.body)?;
-        let decode = self
-            .select_side(pair, RequestWorkerType::Decode, None)
-            .await?;
+        let decode = self.select_side(pair, WorkerType::Decode, None).await?;
         let mut refused = 0;
         loop {
             let chosen = self
-                .select_side(pair, RequestWorkerType::Prefill, Some(decode.worker()))
+                .select_side(pair, WorkerType::Prefill, Some(decode.worker()))
                 .await;
             let prefill = match chosen {
                 Ok(prefill) => prefill,
@@ -399,10 +396,7 @@ impl Frontend {
                 self.router.pair(decode.lease.request_id(), None);
                 decode
             }
-            None => {
-                self.select_side(pair, RequestWorkerType::Decode, None)
-                    .await?
-            }
+            None => self.select_side(pair, WorkerType::Decode, None).await?,
         };
         let original = request_object(&pair.request.body)?;
         let upstream = self.post(&decode, pair, &original).send().await;

@@ -173,7 +173,7 @@ async fn decide_waiting(
         return Ok(Json(first?).into_response());
     }
     let place = crate::admission::Place {
-        partition: PartitionKey::new(request.model.clone(), request.worker_type.worker_type()),
+        partition: PartitionKey::new(request.model.clone(), request.worker_type),
         priority: request.strict_priority,
         tenant: placement.tenant.as_deref().or(request
             .attributes

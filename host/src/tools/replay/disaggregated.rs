@@ -20,11 +20,11 @@ use std::sync::Arc;
 use lru::LruCache;
 
 use super::{cached_prefix, micros, store_blocks, ReplayError, TraceRequest};
-use crate::config::WorkerRole;
 use crate::fleet::kv_index::KvEvent;
-use crate::fleet::router::{RequestWorkerType, RouteError, RouteRequest, Router};
+use crate::fleet::router::{RouteError, RouteRequest, Router};
 use crate::fleet::workers::WorkerSpec;
 use switchyard_plugin_sdk::WorkerId;
+use switchyard_plugin_sdk::WorkerType;
 
 /// The fleet: its size, the engines' speeds, and the interference between a worker's
 /// prefill and its decodes.
@@ -121,7 +121,7 @@ impl Pairs<'_> {
         self.params.decode_workers > 0
     }
 
-    fn request(&self, index: usize, role: RequestWorkerType, id: String) -> RouteRequest {
+    fn request(&self, index: usize, role: WorkerType, id: String) -> RouteRequest {
         let request = &self.trace[index];
         RouteRequest {
             model: super::MODEL.into(),
@@ -150,9 +150,9 @@ impl Pairs<'_> {
         let arrival = self.arrival(index);
         self.advance(micros(arrival))?;
         let role = if self.disaggregated() {
-            RequestWorkerType::Prefill
+            WorkerType::Prefill
         } else {
-            RequestWorkerType::Select
+            WorkerType::Select
         };
         let request = self.request(index, role, format!("{index}-p"));
         let decision = self
@@ -297,7 +297,7 @@ impl Pairs<'_> {
             return Ok(());
         }
         self.router.free(&prefill_id).map_err(|e| self.failed(e))?;
-        let request = self.request(index, RequestWorkerType::Decode, format!("{index}-d"));
+        let request = self.request(index, WorkerType::Decode, format!("{index}-d"));
         let decode = self
             .router
             .select_and_reserve(&request)
@@ -328,15 +328,16 @@ pub fn replay_pairs(
     let total = params.prefill_workers + params.decode_workers;
     for id in 0..total {
         let role = match (params.decode_workers, id < params.prefill_workers) {
-            (0, _) => WorkerRole::Aggregated,
-            (_, true) => WorkerRole::Prefill,
-            (_, false) => WorkerRole::Decode,
+            (0, _) => WorkerType::Select,
+            (_, true) => WorkerType::Prefill,
+            (_, false) => WorkerType::Decode,
         };
-        let spec: WorkerSpec = serde_json::from_value(serde_json::json!({
-            "model": super::MODEL, "worker_id": id, "worker_type": role,
+        let mut spec: WorkerSpec = serde_json::from_value(serde_json::json!({
+            "model": super::MODEL, "worker_id": id,
             "total_kv_blocks": params.cache_blocks,
         }))
         .map_err(ReplayError::WorkerSpec)?;
+        spec.worker_type = role;
         router
             .add_worker(spec)
             .map_err(|error| ReplayError::Route {

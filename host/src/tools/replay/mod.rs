@@ -50,7 +50,7 @@ use crate::config::ConfigSource;
 use crate::fleet::admission::{Ticket, Turn};
 use crate::fleet::kv_index::KvEvent;
 use crate::fleet::router::{RouteError, RouteRequest, Router};
-use crate::fleet::workers::{WorkerRole, WorkerSpec};
+use crate::fleet::workers::WorkerSpec;
 use crate::plugin::{EngineReport, EngineSample, PartitionKey, RequestAttributes};
 use crate::startup::start;
 use over_zmq::{block_tokens, ZmqFleet};
@@ -322,7 +322,7 @@ impl<'a> Simulation<'a> {
                 model: MODEL.into(),
                 worker_id: id,
                 dp_rank: 0,
-                worker_type: WorkerRole::Aggregated,
+                worker_type: WorkerType::Select,
                 total_kv_blocks: self.params.cache_blocks as u64,
                 max_batched_tokens: 8192,
                 labels: Default::default(),
