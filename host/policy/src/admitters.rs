@@ -162,7 +162,7 @@ pub enum AdmitterInvalid {
         type_name: String,
         origin: String,
         params: String,
-        error: BuildError,
+        error: Box<BuildError>,
     },
 }
 

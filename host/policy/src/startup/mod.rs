@@ -346,7 +346,7 @@ fn configured_admitters(
                             type_name: type_name.clone(),
                             origin: admitter.component.origin.to_string(),
                             params: admitter.params.json().to_owned(),
-                            error,
+                            error: Box::new(error),
                         });
                     }
                 }
