@@ -2,7 +2,7 @@
 //! posting one call at a time into its region and waiting for the answer, with the
 //! deadlines and the supervisor's view of a call in flight.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -11,10 +11,34 @@ use switchyard_plugin_sdk::{Admission, WorkerInputs};
 
 use super::control::{Reply, Request};
 use super::region::{post, wait_for, Region};
-use super::remote::{refused, InstanceSlot};
 use super::supervisor::IsolatedProcess;
 use crate::plugin::shared_call::{CallLayout, Extra, Op, SharedCall, BROKEN};
 use crate::plugin::{AbiRequest, CallError, Columns, Status};
+
+/// An instance id in one incarnation: `incarnation << 32 | id`, 0 when not built there.
+#[derive(Default)]
+pub struct InstanceSlot(AtomicU64);
+
+impl InstanceSlot {
+    pub(super) fn set(&self, incarnation: u32, id: u32) {
+        self.0.store(
+            u64::from(incarnation) << 32 | u64::from(id),
+            Ordering::SeqCst,
+        );
+    }
+
+    pub(super) fn id_in(&self, incarnation: u32) -> Option<u32> {
+        let v = self.0.load(Ordering::SeqCst);
+        ((v >> 32) as u32 == incarnation && v != 0).then_some(v as u32)
+    }
+}
+
+pub(super) fn refused(reply: Reply) -> CallError {
+    match reply {
+        Reply::Failed { status, message } => CallError::new(Status::from_code(status), message),
+        other => CallError::new(Status::Error, format!("unexpected answer {other:?}")),
+    }
+}
 
 /// Bytes of labels one call may carry.
 const LABEL_BYTES: usize = 4 << 20;

@@ -7,12 +7,11 @@
 //! [`BuildUnit`]'s recipe (a component type, or a policy type for a partition).
 
 use std::any::Any;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use switchyard_plugin_sdk::{Admission, Saturation, WorkerInputs};
 
-use super::channel::{Answer, Channel, Target};
+use super::channel::{refused, Answer, Channel, InstanceSlot, Target};
 use super::control::{Part, Partition, Reply, Request};
 use super::supervisor::IsolatedProcess;
 use crate::plugin::shared_call::{Extra, Op};
@@ -20,24 +19,6 @@ use crate::plugin::{
     AbiRequest, CallError, Columns, Component, ComponentKind, ErrorBuffer, Lifecycle, Outcome,
     PartitionKey, Status,
 };
-
-/// An instance id in one incarnation: `incarnation << 32 | id`, 0 when not built there.
-#[derive(Default)]
-pub struct InstanceSlot(AtomicU64);
-
-impl InstanceSlot {
-    fn set(&self, incarnation: u32, id: u32) {
-        self.0.store(
-            u64::from(incarnation) << 32 | u64::from(id),
-            Ordering::SeqCst,
-        );
-    }
-
-    pub(super) fn id_in(&self, incarnation: u32) -> Option<u32> {
-        let v = self.0.load(Ordering::SeqCst);
-        ((v >> 32) as u32 == incarnation && v != 0).then_some(v as u32)
-    }
-}
 
 /// How a set of instances is made, so that a new incarnation can make them again.
 pub enum Recipe {
@@ -72,13 +53,6 @@ pub enum BuiltPart {
         params: String,
         weight: f64,
     },
-}
-
-pub(super) fn refused(reply: Reply) -> CallError {
-    match reply {
-        Reply::Failed { status, message } => CallError::new(Status::from_code(status), message),
-        other => CallError::new(Status::Error, format!("unexpected answer {other:?}")),
-    }
 }
 
 impl BuildUnit {
