@@ -202,3 +202,134 @@ fn builtin_failure(e: PolicyError) -> CallError {
 fn wrong_kind(called_as: ComponentKind) -> CallError {
     called_as.wrongly_called("built-in component of another kind")
 }
+
+#[cfg(test)]
+mod tests {
+    use switchyard_plugin_sdk::builtins::{ActiveRequests, LowestCostByWorkerId, MinDeviceOverlap};
+
+    use super::*;
+    use crate::plugin::RequestContext;
+
+    /// Three workers: device overlaps 0, 4, 8 blocks; active requests 2, 0, 1.
+    struct Fleet {
+        worker_id: Vec<u64>,
+        dp_rank: Vec<u32>,
+        device: Vec<u32>,
+        zeros: Vec<u32>,
+        zeros64: Vec<u64>,
+        active: Vec<u32>,
+        taint: Vec<f64>,
+    }
+
+    impl Fleet {
+        fn new() -> Self {
+            Fleet {
+                worker_id: vec![10, 11, 12],
+                dp_rank: vec![0; 3],
+                device: vec![0, 4, 8],
+                zeros: vec![0; 3],
+                zeros64: vec![0; 3],
+                active: vec![2, 0, 1],
+                taint: vec![f64::NAN; 3],
+            }
+        }
+        fn columns<'a>(&'a self, costs: Option<&'a [f64]>) -> Columns<'a> {
+            Columns {
+                inputs: WorkerInputs::CACHE | WorkerInputs::LOAD,
+                worker_id: &self.worker_id,
+                dp_rank: &self.dp_rank,
+                device_overlap_blocks: &self.device,
+                host_overlap_blocks: &self.zeros,
+                disk_overlap_blocks: &self.zeros,
+                shared_beyond_device_blocks: &self.zeros,
+                active_prefill_tokens: &self.zeros64,
+                decode_cost_blocks: &self.zeros64,
+                active_requests: &self.active,
+                preferred_taint_multiplier: &self.taint,
+                costs,
+                ..Columns::default()
+            }
+        }
+    }
+
+    #[test]
+    fn a_builtin_runs_its_own_kind_with_the_views_its_inputs_declare() {
+        let fleet = Fleet::new();
+        let request = RequestContext::new(16, 8);
+        let mut error = ErrorBuffer::new();
+        let mut filter =
+            Builtin::Filter(Box::new(MinDeviceOverlap::at_least(4.0))).reading(WorkerInputs::CACHE);
+        let mut scorer = Builtin::Scorer(Box::new(ActiveRequests)).reading(WorkerInputs::LOAD);
+        let mut picker =
+            Builtin::Picker(Box::new(LowestCostByWorkerId)).reading(WorkerInputs::NONE);
+        assert_eq!(filter.kind(), ComponentKind::Filter);
+        request.with_abi(|raw| {
+            // Garbage on entry: the call keeps the ABI's promise of all 1 first.
+            let mut keep = vec![7u8; 3];
+            filter
+                .filter(raw, &fleet.columns(None), &mut keep, &mut error)
+                .unwrap();
+            assert_eq!(keep, [0, 1, 1]);
+            let mut costs = vec![f64::NAN; 3];
+            scorer
+                .score(raw, &fleet.columns(None), &mut costs, &mut error)
+                .unwrap();
+            assert_eq!(costs, [2.0, 0.0, 1.0]);
+            let row = picker
+                .pick(raw, &fleet.columns(Some(&costs)), &mut error)
+                .unwrap();
+            assert_eq!(row, 1, "the lowest cost");
+        });
+    }
+
+    #[test]
+    fn a_builtin_that_did_not_declare_a_group_does_not_see_it() {
+        let fleet = Fleet::new();
+        let request = RequestContext::new(16, 8);
+        // The scorer reads LOAD but its type declared nothing: the SDK's view has no
+        // load column, and the scorer's own error comes back as the call's.
+        let mut scorer = Builtin::Scorer(Box::new(ActiveRequests)).reading(WorkerInputs::NONE);
+        let mut costs = vec![f64::NAN; 3];
+        let failure = request
+            .with_abi(|raw| {
+                scorer.score(
+                    raw,
+                    &fleet.columns(None),
+                    &mut costs,
+                    &mut ErrorBuffer::new(),
+                )
+            })
+            .unwrap_err();
+        assert_eq!(failure.status, Status::Error);
+        assert!(
+            failure.message.contains("load input unavailable"),
+            "{}",
+            failure.message
+        );
+    }
+
+    #[test]
+    fn a_component_called_as_another_kind_is_refused_not_run() {
+        let fleet = Fleet::new();
+        let request = RequestContext::new(16, 8);
+        let mut scorer = Builtin::Scorer(Box::new(ActiveRequests)).reading(WorkerInputs::LOAD);
+        let mut keep = vec![1u8; 3];
+        let failure = request
+            .with_abi(|raw| {
+                scorer.filter(
+                    raw,
+                    &fleet.columns(None),
+                    &mut keep,
+                    &mut ErrorBuffer::new(),
+                )
+            })
+            .unwrap_err();
+        assert_eq!(failure.status, Status::InvalidArgument);
+        assert!(
+            failure.message.contains("called as a filter"),
+            "{}",
+            failure.message
+        );
+        assert!(!scorer.notified(), "built-ins ask for no notifications");
+    }
+}
