@@ -5,6 +5,7 @@
 //!   registrar, builder and params callbacks, component and policy handles, the one
 //!   call path of every component instance (`plugin::component_call`: built in, plugin in
 //!   this process, isolated plugin), and the layout of an isolated call in shared memory.
+//! - [`stage_component`]: a pipeline stage's component, any of the three, held by value.
 //! - [`isolation`]: plugins run in supervised child processes (`isolation: process`).
 //!
 //! Nothing here knows the config file, the fleet or the network: the layers above
@@ -13,3 +14,4 @@
 
 pub mod isolation;
 pub mod plugin;
+pub mod stage_component;

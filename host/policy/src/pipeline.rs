@@ -18,6 +18,7 @@ use switchyard_plugin_host::plugin::{
     AbiRequest, CallError, ComponentKind, EngineReport, ErrorBuffer, Labels, Lifecycle, Outcome,
     RequestContext,
 };
+use switchyard_plugin_host::stage_component::StageComponent;
 
 /// Per-stage counters. Only the thread running the stage writes them (its selector's
 /// lock orders the writers), so plain loads and stores suffice, no atomic
@@ -64,7 +65,7 @@ pub struct Stage {
     /// The kind the stage was registered or built as (checked against the component's).
     pub kind: ComponentKind,
     pub inputs: WorkerInputs,
-    component: Box<dyn Component>,
+    component: StageComponent,
     pub stats: Arc<StageStats>,
 }
 
@@ -73,13 +74,13 @@ impl Stage {
         name: Arc<str>,
         kind: ComponentKind,
         inputs: WorkerInputs,
-        component: Box<dyn Component>,
+        component: impl Into<StageComponent>,
     ) -> Self {
         Stage {
             name,
             kind,
             inputs,
-            component,
+            component: component.into(),
             stats: Arc::default(),
         }
     }
@@ -293,7 +294,7 @@ impl Policy {
                 .iter_mut()
                 .chain(scorers.iter_mut().map(|(s, _)| s))
                 .chain(std::iter::once(&mut picker))
-                .map(|stage| stage.component.as_mut()),
+                .filter_map(|stage| stage.component.isolated()),
         );
         let inputs = filters
             .iter()

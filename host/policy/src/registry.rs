@@ -17,6 +17,7 @@ use switchyard_plugin_host::plugin::{
     PartitionKey, PluginSpec, PolicyDef, Status,
 };
 use switchyard_plugin_host::plugin::{Builtin, Component};
+use switchyard_plugin_host::stage_component::StageComponent;
 
 /// Every registered component type by name; shared with the plugin policies that compose
 /// them (`callback_add_registered`).
@@ -89,18 +90,18 @@ impl ComponentType {
             component: self.name.clone(),
             refusal,
         };
-        let component: Box<dyn Component> = match &self.source {
-            ComponentSource::Builtin(create) => Box::new(
+        let component: StageComponent = match &self.source {
+            ComponentSource::Builtin(create) => StageComponent::Builtin(
                 params
                     .with_view(|p| create(p, &partition.view()))
                     .map_err(|e| refused(e.into()))?
                     .reading(self.inputs),
             ),
-            ComponentSource::Plugin(def) => Box::new(
+            ComponentSource::Plugin(def) => StageComponent::Plugin(
                 def.create(params, partition)
                     .map_err(|e| refused(e.into()))?,
             ),
-            ComponentSource::Isolated(process) => Box::new(
+            ComponentSource::Isolated(process) => StageComponent::Isolated(
                 isolation::create_component(
                     process,
                     &self.name,
@@ -230,7 +231,7 @@ fn isolated_stage(
                 Arc::from(instance.name()),
                 instance.kind(),
                 instance.inputs(),
-                Box::new(instance),
+                instance,
             ),
             weight,
         )),
@@ -279,12 +280,7 @@ impl PolicyFactory {
                     .into_iter()
                     .map(|built| match built {
                         Built::Plugin(c) => {
-                            let stage = Stage::new(
-                                Arc::from(c.name),
-                                c.kind,
-                                c.inputs,
-                                Box::new(c.instance),
-                            );
+                            let stage = Stage::new(Arc::from(c.name), c.kind, c.inputs, c.instance);
                             (stage, c.weight)
                         }
                         Built::Registered { component, weight } => (component, weight),
@@ -532,7 +528,7 @@ fn stages_of(policy: &str, parts: PolicyParts) -> Vec<(Stage, f64)> {
                 name(format!("filter.{i}")),
                 ComponentKind::Filter,
                 inputs,
-                Box::new(Builtin::Filter(filter).reading(inputs)),
+                Builtin::Filter(filter).reading(inputs),
             ),
             1.0,
         ));
@@ -544,7 +540,7 @@ fn stages_of(policy: &str, parts: PolicyParts) -> Vec<(Stage, f64)> {
                 name(format!("scorer.{i}")),
                 ComponentKind::Scorer,
                 inputs,
-                Box::new(Builtin::Scorer(scorer).reading(inputs)),
+                Builtin::Scorer(scorer).reading(inputs),
             ),
             weight,
         ));
@@ -555,7 +551,7 @@ fn stages_of(policy: &str, parts: PolicyParts) -> Vec<(Stage, f64)> {
             name("picker".into()),
             ComponentKind::Picker,
             inputs,
-            Box::new(Builtin::Picker(parts.picker).reading(inputs)),
+            Builtin::Picker(parts.picker).reading(inputs),
         ),
         1.0,
     ));

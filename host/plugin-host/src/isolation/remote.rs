@@ -6,7 +6,6 @@
 //! Instances are rebuilt in every new incarnation of their process from their
 //! [`BuildUnit`]'s recipe (a component type, or a policy type for a partition).
 
-use std::any::Any;
 use std::sync::Arc;
 
 use switchyard_plugin_sdk::{Admission, Saturation, WorkerInputs};
@@ -438,10 +437,8 @@ impl Component for RemoteInstance {
 
 /// Gives the isolated stages of one policy one channel per process (the others, built
 /// in or in this process, have none to share).
-pub fn share_channels<'a>(components: impl Iterator<Item = &'a mut dyn Component>) {
+pub fn share_channels<'a>(isolated: impl Iterator<Item = &'a mut RemoteInstance>) {
     let mut channels: Vec<Arc<Channel>> = Vec::new();
-    let isolated = components
-        .filter_map(|component| (component as &mut dyn Any).downcast_mut::<RemoteInstance>());
     for instance in isolated {
         let process = instance.unit.process.clone();
         let channel = match channels.iter().find(|c| Arc::ptr_eq(&c.process, &process)) {

@@ -8,9 +8,10 @@
 //! - `isolation::RemoteInstance`: a plugin in an isolated process, called through shared
 //!   memory (`isolation/remote.rs`).
 //!
-//! The pipeline holds a `Box<dyn Component>` per stage and knows nothing else.
+//! The pipeline calls a stage only through this trait; it holds each stage's component
+//! as a `stage_component::StageComponent`, the three by value, so the calls dispatch
+//! statically.
 
-use std::any::Any;
 use std::ptr;
 
 use switchyard_plugin_sdk::{
@@ -29,7 +30,7 @@ use crate::plugin::{
 ///
 /// The calls of the other kinds refuse (a host bug: a stage called as the wrong kind);
 /// each implementation answers for its own kind.
-pub trait Component: Any + Send {
+pub trait Component: Send {
     /// What this instance is.
     fn kind(&self) -> ComponentKind;
 
