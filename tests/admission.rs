@@ -137,19 +137,28 @@ fn three_times_capacity_every_request_answered_nothing_left_behind() {
     assert_eq!(metric(&base, "switchyard_admission_waiting"), 0.0);
 
     // A queued client that hangs up leaves the queue at once.
-    let busy: Vec<_> = (0..4)
+    // One at a time, each booked before the next is sent: sent together, two could be
+    // placed on the same worker (both seeing it not yet busy), leaving the other worker
+    // free for the request that must queue.
+    let busy: Vec<_> = (0..4u64)
         .map(|i| {
-            let base = base.clone();
-            std::thread::spawn(move || {
+            let base_of_thread = base.clone();
+            let long = std::thread::spawn(move || {
                 let _ = new_agent()
-                    .post(&format!("{base}/v1/chat/completions"))
+                    .post(&format!("{base_of_thread}/v1/chat/completions"))
                     .send_json(chat(&format!("long {i}"), 300));
-            })
+            });
+            wait_for("the long request booked", || {
+                active_requests(&base).iter().sum::<u64>() > i
+            });
+            long
         })
         .collect();
-    wait_for("the four long requests booked", || {
-        active_requests(&base).iter().sum::<u64>() >= 4
-    });
+    assert!(
+        active_requests(&base).iter().all(|&n| n >= 2),
+        "every worker busy: {:?}",
+        active_requests(&base)
+    );
     a_queued_client_that_hangs_up_leaves(&agent, &base);
     for b in busy {
         b.join().unwrap();
