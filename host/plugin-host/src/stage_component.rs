@@ -43,15 +43,6 @@ impl StageComponent {
             _ => None,
         }
     }
-
-    #[inline]
-    fn inner(&mut self) -> &mut dyn Component {
-        match self {
-            Self::Builtin(c) => c,
-            Self::Plugin(c) => c,
-            Self::Isolated(c) => c,
-        }
-    }
 }
 
 macro_rules! each {
@@ -103,7 +94,7 @@ impl Component for StageComponent {
         saturation: &Saturation,
         error: &mut ErrorBuffer,
     ) -> Result<Admission, CallError> {
-        self.inner().admit(request, saturation, error)
+        each!(self, c => c.admit(request, saturation, error))
     }
     fn notified(&self) -> bool {
         each!(self, c => c.notified())
@@ -115,6 +106,6 @@ impl Component for StageComponent {
         outcome: &Outcome,
         error: &mut ErrorBuffer,
     ) -> Result<(), CallError> {
-        self.inner().notify(event, request, outcome, error)
+        each!(self, c => c.notify(event, request, outcome, error))
     }
 }
