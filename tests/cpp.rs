@@ -7,7 +7,7 @@ mod support;
 use std::process::Command;
 
 use support::*;
-use switchyard::plugin::{RequestContext, SessionInfo};
+use switchyard::plugin::{PromptBlocks, RouteRequest, SessionInfo};
 use switchyard::policy::{BuildError, Refusal};
 use switchyard::policy::{CandidatesFrom, RowExtras};
 use switchyard::startup::StartupError;
@@ -116,7 +116,7 @@ fn session_affinity_sticks_and_forgets() {
     let startup = start_yaml(dir.path(), &cpp_config("    - name: sticky\n      type: cpp.session-affinity\n      parameters: {affinity_weight: 3}\n")).unwrap();
     let mut sticky = selector(&startup, "sticky");
     let request = |id: &str, last: bool| {
-        let mut r = RequestContext::new(16, 4);
+        let mut r = RouteRequest::default();
         r.session = Some(SessionInfo {
             session_id: id.into(),
             session_final: last.then_some(true),
@@ -124,9 +124,10 @@ fn session_affinity_sticks_and_forgets() {
         });
         r
     };
-    let pick = |s: &mut switchyard::policy::Selector, r: &RequestContext, fleet: &[W]| {
+    let pick = |s: &mut switchyard::policy::Selector, r: &RouteRequest, fleet: &[W]| {
         s.select(
             r,
+            PromptBlocks::new(16, 4),
             CandidatesFrom::Rows(&rows(fleet), &RowExtras::default()),
             None,
         )

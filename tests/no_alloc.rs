@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use support::*;
 
-use switchyard::plugin::RequestContext;
+use switchyard::plugin::{PromptBlocks, RouteRequest};
 use switchyard::policy::{CandidatesFrom, KeptColumns, RowExtras};
 
 struct Counting;
@@ -89,13 +89,13 @@ fn warm_selections_do_not_allocate() {
     let candidates = rows(&fleet);
     // The same fleet as a partition's kept columns, as the router lends them.
     let kept = Arc::new(kept_columns(&candidates));
-    let request = RequestContext::new(16, 64);
+    let (request, prompt) = (RouteRequest::default(), PromptBlocks::new(16, 64));
     for instance in ["builtin", "rust", "c", "cpp", "default"] {
         let mut selector = selector(&startup, instance);
         let extras = RowExtras::default();
         let mut from_rows = || {
             let from = CandidatesFrom::Rows(&candidates, &extras);
-            selector.select(&request, from, None).unwrap()
+            selector.select(&request, prompt, from, None).unwrap()
         };
         from_rows(); // grows the buffers
         let allocations = allocations_in(|| {
@@ -111,6 +111,7 @@ fn warm_selections_do_not_allocate() {
             selector
                 .select(
                     &request,
+                    prompt,
                     CandidatesFrom::Lent(&kept, &mut |[device, host, disk]| {
                         for (row, c) in candidates.iter().enumerate() {
                             device[row] = c.cache.device_overlap_blocks;

@@ -12,7 +12,7 @@ use std::hint::black_box;
 use std::time::Instant;
 
 use switchyard::config::ConfigSource;
-use switchyard::plugin::{PartitionKey, RequestContext};
+use switchyard::plugin::{PartitionKey, PromptBlocks, RouteRequest};
 use switchyard::policy::{CandidatesFrom, Selector};
 use switchyard::startup::{start, Startup};
 use switchyard_plugin_sdk::WorkerType;
@@ -56,7 +56,10 @@ fn side_by_side(
     isolated: &mut Selector,
     size: usize,
 ) -> [(f64, f64); 2] {
-    let request = RequestContext::new(16, REQUEST_BLOCKS);
+    let (request, prompt) = (
+        RouteRequest::default(),
+        PromptBlocks::new(16, REQUEST_BLOCKS),
+    );
     let rows = fleet(size);
     let (kept, overlaps) = (kept(&rows), overlaps(&rows));
     let per_round = (100_000 / size).clamp(5, 2_000);
@@ -69,6 +72,7 @@ fn side_by_side(
                     selector
                         .select(
                             &request,
+                            prompt,
                             CandidatesFrom::Lent(&kept, &mut |out| overlaps.write(out)),
                             None,
                         )

@@ -22,7 +22,7 @@ use switchyard::config::ConfigSource;
 use switchyard::fleet::router::{RouteRequest, Router};
 use switchyard::fleet::workers::WorkerSpec;
 use switchyard::plugin::PartitionKey;
-use switchyard::plugin::RequestContext;
+use switchyard::plugin::PromptBlocks;
 use switchyard::policy::{CandidatesFrom, RowExtras, Selector};
 use switchyard::startup::{start, Startup};
 use switchyard_plugin_sdk::{WorkerId, WorkerType};
@@ -77,7 +77,10 @@ fn selectors_of(
 }
 
 fn bench_selection(c: &mut Criterion, startup: &Startup) {
-    let request = RequestContext::new(16, REQUEST_BLOCKS);
+    let (request, prompt) = (
+        RouteRequest::default(),
+        PromptBlocks::new(16, REQUEST_BLOCKS),
+    );
     let mut group = c.benchmark_group("selection");
     group
         .sample_size(30)
@@ -94,6 +97,7 @@ fn bench_selection(c: &mut Criterion, startup: &Startup) {
                         selector
                             .select(
                                 &request,
+                                prompt,
                                 CandidatesFrom::Lent(&kept, &mut |out| overlaps.write(out)),
                                 None,
                             )
@@ -171,7 +175,10 @@ fn bench_router(c: &mut Criterion) {
 /// on a shared machine only ever adds time, so the fastest round is the steadier
 /// estimate of the cost itself; the median says what a typical round saw.
 fn side_by_side(startup: &Startup, size: usize) -> Vec<(&'static str, f64, f64)> {
-    let request = RequestContext::new(16, REQUEST_BLOCKS);
+    let (request, prompt) = (
+        RouteRequest::default(),
+        PromptBlocks::new(16, REQUEST_BLOCKS),
+    );
     let rows = fleet(size);
     let (kept, overlaps) = (kept(&rows), overlaps(&rows));
     let mut selectors = selectors(startup);
@@ -190,6 +197,7 @@ fn side_by_side(startup: &Startup, size: usize) -> Vec<(&'static str, f64, f64)>
                         selector
                             .select(
                                 &request,
+                                prompt,
                                 CandidatesFrom::Rows(&rows, &RowExtras::default()),
                                 None,
                             )
@@ -200,6 +208,7 @@ fn side_by_side(startup: &Startup, size: usize) -> Vec<(&'static str, f64, f64)>
                         selector
                             .select(
                                 &request,
+                                prompt,
                                 CandidatesFrom::Lent(&kept, &mut |out| overlaps.write(out)),
                                 None,
                             )

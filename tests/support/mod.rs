@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 
 use switchyard::config::ConfigSource;
 use switchyard::plugin::PartitionKey;
-use switchyard::plugin::RequestContext;
+use switchyard::plugin::{PromptBlocks, RouteRequest};
 use switchyard::policy::{CandidateRow, CandidatesFrom, RowExtras, SelectError, Selector};
 use switchyard::startup::{start, Startup, StartupError};
 use switchyard_plugin_sdk::{Status, WorkerId, WorkerType};
@@ -270,7 +270,8 @@ pub fn select(
 ) -> Result<u64, SelectError> {
     selector
         .select(
-            &RequestContext::new(16, request_blocks),
+            &RouteRequest::default(),
+            PromptBlocks::new(16, request_blocks),
             CandidatesFrom::Rows(&rows(workers), &RowExtras::default()),
             None,
         )

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use parking_lot::{Mutex, RwLock};
 use rustc_hash::FxHashSet;
 use serde::{Deserialize, Serialize};
-use switchyard_plugin_sdk::{WorkerId, WorkerType};
+use switchyard_plugin_sdk::WorkerId;
 
 use super::generation::{Generation, SelectorSlot};
 use super::kept_columns::FleetColumns;
@@ -25,9 +25,7 @@ use super::workers::{WorkerError, WorkerSpec, Workers};
 use crate::admission::AdmissionQueue;
 use crate::rate_limits::{OverRate, RateLimiter};
 use switchyard_config::{KvTracking, OnError};
-use switchyard_plugin_host::plugin::{
-    Outcome, PartitionKey, RequestAttributes, RequestContext, SessionInfo,
-};
+use switchyard_plugin_host::plugin::{Outcome, PartitionKey, PromptBlocks};
 use switchyard_policy::busy::{mark_not_busy, mark_prefill_room, BusyInputs};
 use switchyard_policy::histogram::Stopwatch;
 use switchyard_policy::startup::{Startup, BUILTIN_DEFAULT};
@@ -44,7 +42,7 @@ pub use health::HealthFailure;
 pub use reload::{ReloadError, ReloadOutcome};
 
 mod request;
-use request::{prompt_blocks, request_context, validate};
+use request::{prompt_blocks, validate};
 pub use request::{RouteDecision, RouteError, RouteRequest};
 
 struct State {
@@ -384,7 +382,7 @@ impl Router {
         SCRATCH.with(|scratch| {
             let scratch = &mut *scratch.borrow_mut();
             let (request_blocks, hashes) = prompt_blocks(request, block_size, &mut scratch.hashed)?;
-            let context = request_context(request, block_size, request_blocks);
+            let prompt = PromptBlocks::new(block_size, request_blocks);
             let query = Query {
                 request,
                 partition: &partition,
@@ -395,7 +393,7 @@ impl Router {
                 &generation,
                 instance,
                 &query,
-                &context,
+                prompt,
                 reserve,
                 &mut scratch.selection,
             );
@@ -551,7 +549,7 @@ impl Router {
         generation: &Generation,
         instance: &InstanceFactory,
         query: &Query<'_>,
-        context: &RequestContext,
+        prompt: PromptBlocks,
         booking: bool,
         scratch: &mut SelectionScratch,
     ) -> Result<(WorkerId, bool, Option<Notified>), RouteError> {
@@ -562,7 +560,8 @@ impl Router {
                 let stopwatch = Stopwatch::start();
                 let mut selector = slot.selector.lock();
                 let result = selector.select(
-                    context,
+                    query.request,
+                    prompt,
                     CandidatesFrom::Filled(&mut scratch.candidates),
                     None,
                 );
@@ -572,7 +571,7 @@ impl Router {
                     // it makes its next one.
                     let outcome = self.selected_outcome(*worker, query);
                     // Failures are counted on the stage and logged; they change nothing.
-                    let _ = selector.notify_selected(context, &outcome);
+                    let _ = selector.notify_selected(query.request, prompt, &outcome);
                     let (slot, at) = (slot.clone(), Instant::now());
                     notified = Some(Notified { slot, outcome, at });
                 }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use serde::Deserialize;
 use switchyard_config::{AdmitterOnError, RateLimit};
 use switchyard_plugin_host::plugin::{
-    ComponentKind, ErrorBuffer, OwnedParams, PartitionKey, RequestContext,
+    AbiRequest, ComponentKind, ErrorBuffer, OwnedParams, PartitionKey, PromptBlocks, RouteRequest,
 };
 use switchyard_plugin_sdk::{
     Admission, Params, Placement, PolicyError, RequestAdmitter, Saturation, WorkerInputs,
@@ -82,17 +82,25 @@ impl Admitters {
     /// (`on_error: admit`); either way it is counted on its stage and logged.
     pub fn admit(
         &mut self,
-        request: &mut RequestContext,
+        request: &RouteRequest,
+        prompt: PromptBlocks,
+        saturation: &Saturation,
+    ) -> Result<Placement, Rejection> {
+        request.with_abi(prompt, |raw| self.admit_abi(raw, saturation))
+    }
+
+    fn admit_abi(
+        &mut self,
+        request: &mut AbiRequest<'_>,
         saturation: &Saturation,
     ) -> Result<Placement, Rejection> {
         let mut placement = Placement::default();
         for (stage, on_error) in &mut self.stages {
-            let answer = request.with_abi(|raw| stage.admit(raw, saturation, &mut self.error));
-            match answer {
+            match stage.admit(request, saturation, &mut self.error) {
                 Ok(Admission::Admit(p)) => {
                     if let Some(priority) = p.priority {
                         placement.priority = Some(priority);
-                        request.strict_priority = priority;
+                        request.set_strict_priority(priority);
                     }
                     if p.tenant.is_some() {
                         placement.tenant = p.tenant;

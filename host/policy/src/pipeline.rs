@@ -16,7 +16,7 @@ use switchyard_plugin_host::isolation::share_channels;
 use switchyard_plugin_host::plugin::Component;
 use switchyard_plugin_host::plugin::{
     AbiRequest, CallError, ComponentKind, EngineReport, ErrorBuffer, Labels, Lifecycle, Outcome,
-    RequestContext,
+    PromptBlocks, RouteRequest,
 };
 use switchyard_plugin_host::stage_component::StageComponent;
 
@@ -153,12 +153,13 @@ impl Stage {
     /// component wrote.
     pub fn call_once(
         &mut self,
-        request: &RequestContext,
+        request: &RouteRequest,
+        prompt: PromptBlocks,
         candidates: &Candidates,
         costs: &[f64],
     ) -> Result<RawOutput, CallError> {
         let mut error = ErrorBuffer::new();
-        request.with_abi(|raw| match self.kind {
+        request.with_abi(prompt, |raw| match self.kind {
             ComponentKind::Filter => {
                 let mut keep = vec![1u8; candidates.len()];
                 let columns = candidates.columns(None);
@@ -640,11 +641,13 @@ impl Selector {
         self.policy.inputs()
     }
 
-    /// Runs the pipeline over `from` for `request`; returns the chosen worker. With
-    /// `trace`, what each stage did is recorded there (`select --explain`).
+    /// Runs the pipeline over `from` for `request`, its prompt measured as `prompt`;
+    /// returns the chosen worker. With `trace`, what each stage did is recorded there
+    /// (`select --explain`).
     pub fn select(
         &mut self,
-        request: &RequestContext,
+        request: &RouteRequest,
+        prompt: PromptBlocks,
         from: CandidatesFrom<'_>,
         trace: Option<&mut SelectTrace>,
     ) -> Result<WorkerId, SelectError> {
@@ -658,14 +661,14 @@ impl Selector {
             CandidatesFrom::Lent(kept, overlaps) => {
                 self.candidates.lend(inputs, kept.clone());
                 self.candidates
-                    .fill_request(request.request_blocks, overlaps);
+                    .fill_request(prompt.request_blocks, overlaps);
                 (&mut self.candidates, true)
             }
             CandidatesFrom::Filled(candidates) => (candidates, false),
         };
         let policy = &mut self.policy;
         let result = request
-            .with_abi(|raw| policy.select(raw, candidates, trace))
+            .with_abi(prompt, |raw| policy.select(raw, candidates, trace))
             .map(|row| candidates.worker(row));
         if lent {
             self.candidates.release();
@@ -677,10 +680,13 @@ impl Selector {
     /// helped route went to `outcome.worker`.
     pub fn notify_selected(
         &mut self,
-        request: &RequestContext,
+        request: &RouteRequest,
+        prompt: PromptBlocks,
         outcome: &Outcome,
     ) -> Vec<(Arc<str>, CallError)> {
         let policy = &mut self.policy;
-        request.with_abi(|raw| policy.notify(Lifecycle::Selected, Some(raw), outcome))
+        request.with_abi(prompt, |raw| {
+            policy.notify(Lifecycle::Selected, Some(raw), outcome)
+        })
     }
 }

@@ -11,8 +11,8 @@ use serde::Deserialize;
 use switchyard_plugin_sdk::{Saturation, WorkerId, WorkerType};
 
 use crate::plugin::{
-    EngineReading, EngineReport, EngineSample, Labels, PartitionKey, RequestAttributes,
-    RequestContext,
+    EngineReading, EngineReport, EngineSample, Labels, PartitionKey, PromptBlocks,
+    RequestAttributes, RouteRequest,
 };
 use crate::policy::busy::{mark_not_busy, mark_prefill_room, BusyInputs};
 use crate::policy::{Admitters, CandidateRow, CandidatesFrom, RowExtras, SelectTrace, Selector};
@@ -290,7 +290,8 @@ pub fn run(args: &SelectArgs, startup: &Startup) -> Result<String, DryRunError> 
             name: name.clone(),
             source,
         })?;
-    let mut request = RequestContext::new(startup.source.config.router.block_size, args.blocks);
+    let prompt = PromptBlocks::new(startup.source.config.router.block_size, args.blocks);
+    let mut request = RouteRequest::default();
     request.attributes = Some(Arc::new(RequestAttributes {
         request_id: args.request_id.clone(),
         model: "dry-run".into(),
@@ -299,7 +300,7 @@ pub fn run(args: &SelectArgs, startup: &Startup) -> Result<String, DryRunError> 
         headers: args.headers.clone(),
     }));
     let busy = busy_workers(startup, &rows, &extras, args.blocks);
-    let mut admission = admit(startup, &rows, &mut request, busy.len())?;
+    let mut admission = admit(startup, &rows, &mut request, prompt, busy.len())?;
     if !busy.is_empty() {
         let ids: Vec<String> = busy
             .iter()
@@ -326,7 +327,15 @@ pub fn run(args: &SelectArgs, startup: &Startup) -> Result<String, DryRunError> 
             engine: without(&extras.engine, &is_busy),
         };
     }
-    pick(args, &name, policy, &request, &rows, &extras, admission)
+    pick(
+        args,
+        &name,
+        policy,
+        (&request, prompt),
+        &rows,
+        &extras,
+        admission,
+    )
 }
 
 /// `items` but the rows `is_busy` marks.
@@ -340,7 +349,7 @@ fn pick(
     args: &SelectArgs,
     name: &str,
     policy: crate::policy::Policy,
-    request: &RequestContext,
+    (request, prompt): (&RouteRequest, PromptBlocks),
     rows: &[CandidateRow],
     extras: &RowExtras,
     admission: String,
@@ -349,6 +358,7 @@ fn pick(
     let mut trace = SelectTrace::default();
     let result = selector.select(
         request,
+        prompt,
         CandidatesFrom::Rows(rows, extras),
         Some(&mut trace),
     );
@@ -409,11 +419,13 @@ fn busy_workers(
 }
 
 /// The config's admitters on this request (`admission.admitters`): a line saying what they
-/// decided, or the refusal. The partition is the given fleet; nothing waits.
+/// decided, or the refusal (a priority they set becomes the request's). The partition is
+/// the given fleet; nothing waits.
 fn admit(
     startup: &Startup,
     rows: &[CandidateRow],
-    request: &mut RequestContext,
+    request: &mut RouteRequest,
+    prompt: PromptBlocks,
     busy: usize,
 ) -> Result<String, DryRunError> {
     if startup.admitters.is_empty() {
@@ -433,7 +445,11 @@ fn admit(
     };
     let names: Vec<&str> = admitters.stages().map(|s| &*s.name).collect();
     let names = names.join(" -> ");
-    match admitters.admit(request, &saturation) {
+    let admitted = admitters.admit(request, prompt, &saturation);
+    if let Some(priority) = admitted.as_ref().ok().and_then(|p| p.priority) {
+        request.strict_priority = priority;
+    }
+    match admitted {
         Ok(placement) => Ok(format!(
             "admission: admitted by {names} (priority {}{}{})\n",
             request.strict_priority,

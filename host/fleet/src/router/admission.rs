@@ -41,9 +41,9 @@ impl Router {
             return Ok(Placement::default());
         };
         let block_size = generation.startup.source.config.router.block_size;
-        let mut context = request_context(request, block_size, request_blocks);
+        let prompt = PromptBlocks::new(block_size, request_blocks);
         let saturation = self.saturation(&generation, &partition, tenant.unwrap_or(""));
-        let admitted = admitters.lock().admit(&mut context, &saturation);
+        let admitted = admitters.lock().admit(request, prompt, &saturation);
         admitted.map_err(|rejection| {
             self.metrics
                 .admission

@@ -1,61 +1,10 @@
-//! What a selection is asked (`RouteRequest`), what it answers (`RouteDecision`,
-//! `RouteError`), and the checks and forms the request takes on its way to the policy.
+//! What a selection is asked (`RouteRequest`, the plugin host's: the one form a request
+//! takes from the services to the boundary), what it answers (`RouteDecision`,
+//! `RouteError`), and the checks the router makes of a request before the policy.
 
 use super::*;
 
-fn yes() -> bool {
-    true
-}
-
-/// A routing request.
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct RouteRequest {
-    pub model: String,
-    #[serde(default)]
-    pub worker_type: WorkerType,
-    /// Instance to use instead of the default.
-    #[serde(default)]
-    pub instance: Option<String>,
-    #[serde(default)]
-    pub router_temperature: Option<f64>,
-    /// The prompt as token ids (hashed into blocks by the router) ...
-    #[serde(default)]
-    pub token_ids: Option<Vec<u32>>,
-    /// ... or as chained block hashes.
-    #[serde(default)]
-    pub block_hashes: Option<Vec<u64>>,
-    /// Required for select-and-reserve: the id later passed to prefill-complete and free.
-    #[serde(default)]
-    pub request_id: Option<String>,
-    #[serde(default)]
-    pub expected_output_tokens: Option<u64>,
-    #[serde(default)]
-    pub priority_jump: f64,
-    #[serde(default)]
-    pub strict_priority: i32,
-    #[serde(default = "yes")]
-    pub tracks_prefill_tokens: bool,
-    #[serde(default)]
-    pub session: Option<SessionInfo>,
-    /// `/v1/reserve` and `/v1/select` with `admission:`: whether a request finding every
-    /// worker busy waits its turn (`/v1/reserve`'s default) or is answered 503 at once
-    /// (`/v1/select`'s).
-    #[serde(default)]
-    pub wait: Option<bool>,
-    /// What the request says about itself (ATTRIBUTES): tenant, LoRA adapter, headers.
-    /// Its `model` and `request_id` default to the request's.
-    #[serde(default)]
-    pub attributes: Option<Arc<RequestAttributes>>,
-    /// Only these workers are candidates (a gateway's subset hint, or the workers it can
-    /// reach); an empty set leaves none.
-    #[serde(skip)]
-    pub only: Option<Arc<FxHashSet<WorkerId>>>,
-    /// The other side of a disaggregated pair when it was chosen first: the lifecycle
-    /// notifications name it (`switchyard_outcome.paired_worker_id`).
-    #[serde(skip)]
-    pub paired: Option<WorkerId>,
-}
+pub use switchyard_plugin_host::plugin::RouteRequest;
 
 /// Where a request goes.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
@@ -155,37 +104,4 @@ pub(super) fn prompt_blocks<'a>(
         }
         (None, Some(given)) => Ok((given.len() as u64, given)),
     }
-}
-
-/// The request context components see.
-pub(super) fn request_context(
-    request: &RouteRequest,
-    block_size: u32,
-    request_blocks: u64,
-) -> RequestContext {
-    let mut context = RequestContext::new(block_size, request_blocks);
-    context.tracks_prefill_tokens = request.tracks_prefill_tokens;
-    context.expected_output_tokens = request.expected_output_tokens;
-    context.priority_jump = request.priority_jump;
-    context.strict_priority = request.strict_priority;
-    context.router_temperature_override = request.router_temperature;
-    context.session = request.session.clone();
-    // Every serving path gives attributes (a reference count here); a direct caller of
-    // the router that gives none gets none, and pays nothing.
-    context.attributes = request.attributes.as_ref().map(|given| {
-        let complete = !given.model.is_empty()
-            && (!given.request_id.is_empty() || request.request_id.is_none());
-        if complete {
-            return given.clone();
-        }
-        let mut attributes = RequestAttributes::clone(given);
-        if attributes.model.is_empty() {
-            attributes.model.clone_from(&request.model);
-        }
-        if attributes.request_id.is_empty() {
-            attributes.request_id = request.request_id.clone().unwrap_or_default();
-        }
-        Arc::new(attributes)
-    });
-    context
 }

@@ -181,7 +181,7 @@ pub(crate) fn with_views<R>(
 ) -> R {
     let raw = columns.abi_view(declared);
     let request = request.view(declared);
-    // SAFETY: `request` borrows a live `RequestContext` (see `AbiRequest`), and every
+    // SAFETY: `request` borrows a live `RouteRequest` (see `AbiRequest`), and every
     // non-NULL array of `raw` holds `count` elements borrowed from `columns` for this call.
     let (context, view) = unsafe {
         (

@@ -209,7 +209,7 @@ mod tests {
     use switchyard_plugin_sdk::builtins::{ActiveRequests, LowestCostByWorkerId, MinDeviceOverlap};
 
     use super::*;
-    use crate::plugin::RequestContext;
+    use crate::plugin::{PromptBlocks, RouteRequest};
 
     /// Three workers: device overlaps 0, 4, 8 blocks; active requests 2, 0, 1.
     struct Fleet {
@@ -256,7 +256,7 @@ mod tests {
     #[test]
     fn a_builtin_runs_its_own_kind_with_the_views_its_inputs_declare() {
         let fleet = Fleet::new();
-        let request = RequestContext::new(16, 8);
+        let (request, prompt) = (RouteRequest::default(), PromptBlocks::new(16, 8));
         let mut error = ErrorBuffer::new();
         let mut filter =
             Builtin::Filter(Box::new(MinDeviceOverlap::at_least(4.0))).reading(WorkerInputs::CACHE);
@@ -264,7 +264,7 @@ mod tests {
         let mut picker =
             Builtin::Picker(Box::new(LowestCostByWorkerId)).reading(WorkerInputs::NONE);
         assert_eq!(filter.kind(), ComponentKind::Filter);
-        request.with_abi(|raw| {
+        request.with_abi(prompt, |raw| {
             // Garbage on entry: the call keeps the ABI's promise of all 1 first.
             let mut keep = vec![7u8; 3];
             filter
@@ -286,13 +286,13 @@ mod tests {
     #[test]
     fn a_builtin_that_did_not_declare_a_group_does_not_see_it() {
         let fleet = Fleet::new();
-        let request = RequestContext::new(16, 8);
+        let (request, prompt) = (RouteRequest::default(), PromptBlocks::new(16, 8));
         // The scorer reads LOAD but its type declared nothing: the SDK's view has no
         // load column, and the scorer's own error comes back as the call's.
         let mut scorer = Builtin::Scorer(Box::new(ActiveRequests)).reading(WorkerInputs::NONE);
         let mut costs = vec![f64::NAN; 3];
         let failure = request
-            .with_abi(|raw| {
+            .with_abi(prompt, |raw| {
                 scorer.score(
                     raw,
                     &fleet.columns(None),
@@ -312,11 +312,11 @@ mod tests {
     #[test]
     fn a_component_called_as_another_kind_is_refused_not_run() {
         let fleet = Fleet::new();
-        let request = RequestContext::new(16, 8);
+        let (request, prompt) = (RouteRequest::default(), PromptBlocks::new(16, 8));
         let mut scorer = Builtin::Scorer(Box::new(ActiveRequests)).reading(WorkerInputs::LOAD);
         let mut keep = vec![1u8; 3];
         let failure = request
-            .with_abi(|raw| {
+            .with_abi(prompt, |raw| {
                 scorer.filter(
                     raw,
                     &fleet.columns(None),

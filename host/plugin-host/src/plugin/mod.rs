@@ -56,5 +56,7 @@ pub use params::OwnedParams;
 pub use partition::PartitionKey;
 pub use policy_def::{Built, BuiltComponent, PluginPolicyFactory, PolicyDef};
 pub use registrar::Registered;
-pub use request::{AbiRequest, InputTriggerName, RequestAttributes, RequestContext, SessionInfo};
+pub use request::{
+    AbiRequest, InputTriggerName, PromptBlocks, RequestAttributes, RouteRequest, SessionInfo,
+};
 pub use switchyard_plugin_sdk::Status;

@@ -1,11 +1,15 @@
-//! A request as the router holds it, and its ABI view for one selection.
+//! A request as the router holds it (`RouteRequest`, the one form from the services to
+//! the boundary), and its ABI view for one selection.
 
+use std::borrow::Cow;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
+use rustc_hash::FxHashSet;
+
 use serde::{Deserialize, Serialize};
 use switchyard_plugin_sdk::abi::*;
-use switchyard_plugin_sdk::{str_from_abi, str_to_abi, Status, WorkerInputs};
+use switchyard_plugin_sdk::{str_from_abi, str_to_abi, Status, WorkerId, WorkerInputs, WorkerType};
 
 use super::error_buffer::host_guard;
 
@@ -82,13 +86,18 @@ impl RequestAttributes {
             .map(|(_, value)| value.as_str())
     }
 
-    /// The ABI form, borrowing these attributes.
-    pub(super) fn abi(&self) -> switchyard_request_attributes {
+    /// The ABI form, borrowing these attributes; an empty model or request id reads as
+    /// the request's own, `model` and `request_id` (a direct caller of the router may
+    /// give attributes without them; every serving path completes them).
+    pub(super) fn abi(&self, model: &str, request_id: &str) -> switchyard_request_attributes {
+        let or = |own: &str, request: &str| -> switchyard_str {
+            str_to_abi(if own.is_empty() { request } else { own })
+        };
         switchyard_request_attributes {
             struct_size: std::mem::size_of::<switchyard_request_attributes>() as u32,
             reserved0: 0,
-            request_id: str_to_abi(&self.request_id),
-            model: str_to_abi(&self.model),
+            request_id: or(&self.request_id, request_id),
+            model: or(&self.model, model),
             lora_adapter: optional(self.lora_adapter.as_deref()),
             tenant: optional(self.tenant.as_deref()),
             host_data: std::ptr::from_ref(self).cast(),
@@ -144,38 +153,106 @@ unsafe extern "C" fn get_header(
     })
 }
 
-/// The request context every component sees.
-#[derive(Clone, Debug)]
-pub struct RequestContext {
-    pub block_size: u32,
-    pub request_blocks: u64,
-    pub tracks_prefill_tokens: bool,
+/// A request to route: the one form a request takes from the services (the HTTP API's
+/// body, the OpenAI frontend, the endpoint picker) to the plugin boundary, which alone
+/// makes its ABI struct ([`RouteRequest::with_abi`]).
+#[derive(Clone, Debug, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteRequest {
+    pub model: String,
+    #[serde(default)]
+    pub worker_type: WorkerType,
+    /// Instance to use instead of the default.
+    #[serde(default)]
+    pub instance: Option<String>,
+    #[serde(default)]
+    pub router_temperature: Option<f64>,
+    /// The prompt as token ids (hashed into blocks by the router) ...
+    #[serde(default)]
+    pub token_ids: Option<Vec<u32>>,
+    /// ... or as chained block hashes.
+    #[serde(default)]
+    pub block_hashes: Option<Vec<u64>>,
+    /// Required for select-and-reserve: the id later passed to prefill-complete and free.
+    #[serde(default)]
+    pub request_id: Option<String>,
+    #[serde(default)]
     pub expected_output_tokens: Option<u64>,
+    #[serde(default)]
     pub priority_jump: f64,
+    #[serde(default)]
     pub strict_priority: i32,
-    pub router_temperature_override: Option<f64>,
+    #[serde(default = "yes")]
+    pub tracks_prefill_tokens: bool,
+    #[serde(default)]
     pub session: Option<SessionInfo>,
-    /// ATTRIBUTES: what the request says about itself, when the policy declared the group.
+    /// `/v1/reserve` and `/v1/select` with `admission:`: whether a request finding every
+    /// worker busy waits its turn (`/v1/reserve`'s default) or is answered 503 at once
+    /// (`/v1/select`'s).
+    #[serde(default)]
+    pub wait: Option<bool>,
+    /// What the request says about itself (ATTRIBUTES): tenant, LoRA adapter, headers.
+    /// An empty `model` or `request_id` in them reads as the request's own.
+    #[serde(default)]
     pub attributes: Option<Arc<RequestAttributes>>,
+    /// Only these workers are candidates (a gateway's subset hint, or the workers it can
+    /// reach); an empty set leaves none.
+    #[serde(skip)]
+    pub only: Option<Arc<FxHashSet<WorkerId>>>,
+    /// The other side of a disaggregated pair when it was chosen first: the lifecycle
+    /// notifications name it (`switchyard_outcome.paired_worker_id`).
+    #[serde(skip)]
+    pub paired: Option<WorkerId>,
 }
 
-impl RequestContext {
-    pub fn new(block_size: u32, request_blocks: u64) -> Self {
-        RequestContext {
-            block_size,
-            request_blocks,
-            tracks_prefill_tokens: true,
+fn yes() -> bool {
+    true
+}
+
+/// As serde makes it from `{"model": ""}`: prefill tokens tracked, as engines do.
+impl Default for RouteRequest {
+    fn default() -> Self {
+        RouteRequest {
+            model: String::new(),
+            worker_type: WorkerType::default(),
+            instance: None,
+            router_temperature: None,
+            token_ids: None,
+            block_hashes: None,
+            request_id: None,
             expected_output_tokens: None,
             priority_jump: 0.0,
             strict_priority: 0,
-            router_temperature_override: None,
+            tracks_prefill_tokens: true,
             session: None,
+            wait: None,
             attributes: None,
+            only: None,
+            paired: None,
         }
     }
+}
 
-    /// Runs `f` with the ABI view (borrowing this request; no allocation).
-    pub fn with_abi<R>(&self, f: impl FnOnce(&AbiRequest<'_>) -> R) -> R {
+/// The prompt's size as the router measured it: its block size and length in blocks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PromptBlocks {
+    pub block_size: u32,
+    pub request_blocks: u64,
+}
+
+impl PromptBlocks {
+    pub const fn new(block_size: u32, request_blocks: u64) -> Self {
+        PromptBlocks {
+            block_size,
+            request_blocks,
+        }
+    }
+}
+
+impl RouteRequest {
+    /// Runs `f` with the ABI view of this request measured as `prompt` (borrowing the
+    /// request; no allocation).
+    pub fn with_abi<R>(&self, prompt: PromptBlocks, f: impl FnOnce(&mut AbiRequest<'_>) -> R) -> R {
         let session = self.session.as_ref().map(|s| switchyard_session {
             session_id: str_to_abi(&s.session_id),
             parent_session_id: s.parent_session_id.as_deref().map_or(
@@ -196,18 +273,21 @@ impl RequestContext {
             has_kv_hints: u8::from(s.evict_session.is_some()),
             evict_session: u8::from(s.evict_session == Some(true)),
         });
-        let attributes = self.attributes.as_deref().map(RequestAttributes::abi);
+        let attributes = self
+            .attributes
+            .as_deref()
+            .map(|given| given.abi(&self.model, self.request_id.as_deref().unwrap_or_default()));
         let raw = switchyard_request {
             struct_size: std::mem::size_of::<switchyard_request>() as u32,
-            block_size: self.block_size,
-            request_blocks: self.request_blocks,
+            block_size: prompt.block_size,
+            request_blocks: prompt.request_blocks,
             expected_output_tokens: self.expected_output_tokens.unwrap_or(0),
             priority_jump: self.priority_jump,
-            router_temperature_override: self.router_temperature_override.unwrap_or(0.0),
+            router_temperature_override: self.router_temperature.unwrap_or(0.0),
             strict_priority: self.strict_priority,
             tracks_prefill_tokens: u8::from(self.tracks_prefill_tokens),
             has_expected_output_tokens: u8::from(self.expected_output_tokens.is_some()),
-            has_router_temperature_override: u8::from(self.router_temperature_override.is_some()),
+            has_router_temperature_override: u8::from(self.router_temperature.is_some()),
             reserved0: 0,
             session: session
                 .as_ref()
@@ -216,18 +296,18 @@ impl RequestContext {
                 .as_ref()
                 .map_or(std::ptr::null(), std::ptr::from_ref),
         };
-        f(&AbiRequest {
+        f(&mut AbiRequest {
             raw,
             borrows: PhantomData,
         })
     }
 }
 
-/// The ABI form of a request, valid while the `RequestContext` it borrows is. Opaque
+/// The ABI form of a request, valid while the `RouteRequest` it borrows is. Opaque
 /// outside the boundary: the pipeline passes it from stage to stage.
 pub struct AbiRequest<'a> {
     pub(super) raw: switchyard_request,
-    borrows: PhantomData<&'a RequestContext>,
+    borrows: PhantomData<&'a RouteRequest>,
 }
 
 impl AbiRequest<'_> {
@@ -242,11 +322,30 @@ impl AbiRequest<'_> {
         raw
     }
 
-    /// The attributes this request carries (for the isolation channel).
-    pub(super) fn attributes(&self) -> Option<&RequestAttributes> {
+    /// The attributes this request carries as a plugin reads them (for the isolation
+    /// channel): copied only when the request's model or id filled an empty one.
+    pub(super) fn attributes(&self) -> Option<Cow<'_, RequestAttributes>> {
         // SAFETY: a non-NULL pointer borrows the live request's attributes (`with_abi`).
-        unsafe { self.raw.attributes.as_ref() }
-            .map(|raw| unsafe { RequestAttributes::from_abi(raw) })
+        let raw = unsafe { self.raw.attributes.as_ref() }?;
+        // SAFETY: as above; the view was made from these attributes.
+        let given = unsafe { RequestAttributes::from_abi(raw) };
+        // SAFETY: the view's strings borrow the live request or its attributes.
+        let (model, request_id) =
+            unsafe { (str_from_abi(raw.model), str_from_abi(raw.request_id)) };
+        let (model, request_id) = (model.unwrap_or_default(), request_id.unwrap_or_default());
+        if given.model == model && given.request_id == request_id {
+            return Some(Cow::Borrowed(given));
+        }
+        let mut filled = given.clone();
+        filled.model = model.to_owned();
+        filled.request_id = request_id.to_owned();
+        Some(Cow::Owned(filled))
+    }
+
+    /// Sets the priority later stages read (an admitter's placement, for the admitters
+    /// after it).
+    pub fn set_strict_priority(&mut self, priority: i32) {
+        self.raw.strict_priority = priority;
     }
 
     /// A request whose pointers (the session) the caller keeps valid while it is used.

@@ -14,7 +14,9 @@ use switchyard_plugin_sdk::{WorkerId, WorkerType};
 use super::assemble;
 use crate::{CandidateRow, CandidatesFrom, Registry, RowExtras, Selector};
 use switchyard_config::{ConfigSource, IsolationSettings};
-use switchyard_plugin_host::plugin::{library, PartitionKey, PluginSpec, RequestContext};
+use switchyard_plugin_host::plugin::{
+    library, PartitionKey, PluginSpec, PromptBlocks, RouteRequest,
+};
 
 /// How long a probe step may take before it counts as hung.
 pub const PROBE_TIME_LIMIT: Duration = Duration::from_secs(20);
@@ -122,7 +124,8 @@ fn probe_one(source: &ConfigSource, index: usize) -> Option<(String, String)> {
             if let Ok(policy) = instance.build(&PartitionKey::new("probe", worker_type)) {
                 let mut selector = Selector::new(policy);
                 let _ = selector.select(
-                    &RequestContext::new(16, 16),
+                    &RouteRequest::default(),
+                    PromptBlocks::new(16, 16),
                     CandidatesFrom::Rows(&rows, &RowExtras::default()),
                     None,
                 );

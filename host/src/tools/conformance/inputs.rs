@@ -54,10 +54,13 @@ pub(super) fn engine_reports(count: usize, rng: &mut rand::rngs::StdRng) -> Vec<
         .collect()
 }
 
+/// The prompt's size in the request components are called with.
+pub(super) const CONFORMANCE_PROMPT: PromptBlocks = PromptBlocks::new(16, 64);
+
 /// The request components are called with: every attribute set, the `x-zone` and
 /// `x-tenant` headers among them (what `request_attributes.headers` might list).
-pub(super) fn conformance_request() -> RequestContext {
-    let mut request = RequestContext::new(16, 64);
+pub(super) fn conformance_request() -> RouteRequest {
+    let mut request = RouteRequest::default();
     request.attributes = Some(Arc::new(RequestAttributes {
         request_id: "conformance-1".into(),
         model: "conformance".into(),

@@ -26,7 +26,8 @@ use switchyard_plugin_sdk::{Saturation, WorkerId, WorkerType};
 
 use crate::plugin::{
     ComponentKind, EngineReport, EngineSample, ErrorBuffer, Labels, Lifecycle, Outcome,
-    OwnedParams, PartitionKey, PluginSpec, RequestAttributes, RequestContext, RevisionRule,
+    OwnedParams, PartitionKey, PluginSpec, PromptBlocks, RequestAttributes, RevisionRule,
+    RouteRequest,
 };
 use crate::policy::{
     CandidateRow, Candidates, CandidatesFrom, Origin, Policy, PolicyFactory, RawOutput, Registry,
@@ -37,7 +38,7 @@ mod error;
 mod inputs;
 use inputs::{
     conformance_request, engine_reports, labels, lifecycle_script, owned, params_hint,
-    params_with_unknown, rows, saturations, GivenParams,
+    params_with_unknown, rows, saturations, GivenParams, CONFORMANCE_PROMPT,
 };
 
 /// The hidden subcommand a type is tested in.
@@ -383,8 +384,10 @@ fn test_admitter(stage: &mut Stage, allow_random: bool) {
     }
     let mut failures: Vec<(&str, String)> = Vec::new();
     let mut error = ErrorBuffer::new();
-    let mut ask = |stage: &mut Stage, request: &RequestContext, saturation: &Saturation| {
-        request.with_abi(|raw| stage.admit(raw, saturation, &mut error))
+    let mut ask = |stage: &mut Stage, request: &RouteRequest, saturation: &Saturation| {
+        request.with_abi(CONFORMANCE_PROMPT, |raw| {
+            stage.admit(raw, saturation, &mut error)
+        })
     };
     for (request, who) in [(&mut with_tenant, "tenant-a"), (&mut without, "no tenant")] {
         for (name, saturation) in saturations() {
@@ -415,7 +418,9 @@ fn test_admitter(stage: &mut Stage, allow_random: bool) {
             .spawn(|| {
                 let mut error = ErrorBuffer::new();
                 with_tenant
-                    .with_abi(|raw| stage.admit(raw, &saturation, &mut error))
+                    .with_abi(CONFORMANCE_PROMPT, |raw| {
+                        stage.admit(raw, &saturation, &mut error)
+                    })
                     .ok()
             })
             .join()
@@ -466,7 +471,7 @@ fn test_component(stage: &mut Stage, allow_random: bool) {
             candidates.fill_labels(labels(count, &mut rng));
             candidates.fill_engine(engine_reports(count, &mut rng));
             let costs: Vec<f64> = (0..count).map(|i| (i % 7) as f64).collect();
-            let first = match stage.call_once(&request, &candidates, &costs) {
+            let first = match stage.call_once(&request, CONFORMANCE_PROMPT, &candidates, &costs) {
                 Ok(output) => output,
                 Err(e) => {
                     failures.push((
@@ -489,7 +494,7 @@ fn test_component(stage: &mut Stage, allow_random: bool) {
             emit(&Line::Phase(format!(
                 "calling it again on the same {count} candidates ({variant})"
             )));
-            if let Ok(second) = stage.call_once(&request, &candidates, &costs) {
+            if let Ok(second) = stage.call_once(&request, CONFORMANCE_PROMPT, &candidates, &costs) {
                 if !same(&second, &first) && !allow_random {
                     failures.push(("same input, same output", format!("{count} candidates ({variant}): two calls answered differently (pass --allow-random if the type is random by design)")));
                 }
@@ -513,7 +518,7 @@ fn test_component(stage: &mut Stage, allow_random: bool) {
     let calls = 200;
     let started = Instant::now();
     for _ in 0..calls {
-        let _ = stage.call_once(&request, &candidates, &costs);
+        let _ = stage.call_once(&request, CONFORMANCE_PROMPT, &candidates, &costs);
     }
     let per_call = started.elapsed().as_nanos() as f64 / f64::from(calls);
     emit(&Line::Timing {
@@ -526,7 +531,7 @@ fn test_component(stage: &mut Stage, allow_random: bool) {
 /// notifications (if the component takes them) succeed.
 fn other_thread_and_notifications(
     stage: &mut Stage,
-    request: &RequestContext,
+    request: &RouteRequest,
     candidates: &mut Candidates,
     rng: &mut rand::rngs::StdRng,
     allow_random: bool,
@@ -537,10 +542,16 @@ fn other_thread_and_notifications(
     candidates.fill_labels(labels(64, rng));
     candidates.fill_engine(engine_reports(64, rng));
     let costs = vec![1.0; 64];
-    let here = stage.call_once(request, &*candidates, &costs).ok();
+    let here = stage
+        .call_once(request, CONFORMANCE_PROMPT, &*candidates, &costs)
+        .ok();
     let there = std::thread::scope(|scope| {
         scope
-            .spawn(|| stage.call_once(request, &*candidates, &costs).ok())
+            .spawn(|| {
+                stage
+                    .call_once(request, CONFORMANCE_PROMPT, &*candidates, &costs)
+                    .ok()
+            })
             .join()
             .ok()
             .flatten()
@@ -561,8 +572,8 @@ fn other_thread_and_notifications(
         ));
         let mut error = ErrorBuffer::new();
         for (event, outcome) in lifecycle_script() {
-            let result = request.with_abi(|raw| {
-                let selected = (event == Lifecycle::Selected).then_some(raw);
+            let result = request.with_abi(CONFORMANCE_PROMPT, |raw| {
+                let selected = (event == Lifecycle::Selected).then_some(&*raw);
                 stage.notify(event, selected, &outcome, &mut error)
             });
             if let Err(e) = result {
@@ -605,11 +616,11 @@ fn report_failures(stage: &Stage, failures: &[(&str, String)]) {
 }
 
 /// What the policy's lifecycle notifications failed with, the first failure.
-fn policy_notifications(selector: &mut Selector, request: &RequestContext) -> Option<String> {
+fn policy_notifications(selector: &mut Selector, request: &RouteRequest) -> Option<String> {
     let mut failed = None;
     for (event, outcome) in lifecycle_script() {
         let failures = if event == Lifecycle::Selected {
-            selector.notify_selected(request, &outcome)
+            selector.notify_selected(request, CONFORMANCE_PROMPT, &outcome)
         } else {
             selector.policy.notify(event, None, &outcome)
         };
@@ -640,8 +651,18 @@ fn test_policy(policy: Policy, allow_random: bool) {
                 labels: labels(count, &mut rng),
                 engine: engine_reports(count, &mut rng),
             };
-            let first = selector.select(&request, CandidatesFrom::Rows(&fleet, &extras), None);
-            let second = selector.select(&request, CandidatesFrom::Rows(&fleet, &extras), None);
+            let first = selector.select(
+                &request,
+                CONFORMANCE_PROMPT,
+                CandidatesFrom::Rows(&fleet, &extras),
+                None,
+            );
+            let second = selector.select(
+                &request,
+                CONFORMANCE_PROMPT,
+                CandidatesFrom::Rows(&fleet, &extras),
+                None,
+            );
             match (&first, &second) {
                 (Err(e), _) if !e.is_no_worker() => failure = failure.or(Some(("selections succeed", format!("{count} candidates ({variant}): {e}")))),
                 (Ok(a), Ok(b)) if a != b && !allow_random => failure = failure.or(Some(("same input, same output", format!("{count} candidates ({variant}): picked worker {} then {} (pass --allow-random if the type is random by design)", a.worker_id, b.worker_id)))),
@@ -669,7 +690,12 @@ fn test_policy(policy: Policy, allow_random: bool) {
     let calls = 200;
     let started = Instant::now();
     for _ in 0..calls {
-        let _ = selector.select(&request, CandidatesFrom::Rows(&fleet, &extras), None);
+        let _ = selector.select(
+            &request,
+            CONFORMANCE_PROMPT,
+            CandidatesFrom::Rows(&fleet, &extras),
+            None,
+        );
     }
     let per_call = started.elapsed().as_nanos() as f64 / f64::from(calls);
     emit(&Line::Timing {

@@ -278,7 +278,7 @@ impl SharedCall {
                 decode_attributes(&fields.strings[at..end])
             })
             .flatten();
-        let attributes_abi = attributes.as_ref().map(RequestAttributes::abi);
+        let attributes_abi = attributes.as_ref().map(|a| a.abi(&a.model, &a.request_id));
         let raw = switchyard_request {
             struct_size: std::mem::size_of::<switchyard_request>() as u32,
             block_size: fields.block_size,

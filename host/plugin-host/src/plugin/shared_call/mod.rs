@@ -538,7 +538,7 @@ impl SharedCall {
             let parent = if strings.1 == u32::MAX { 0 } else { strings.1 };
             let at = (strings.0 + parent) as usize;
             let fields = self.fields();
-            let len = encode_attributes(attributes, &mut fields.strings[at..]).ok_or_else(|| {
+            let len = encode_attributes(&attributes, &mut fields.strings[at..]).ok_or_else(|| {
                 CallError::new(
                     Status::InvalidArgument,
                     format!("the request's attributes and session ids take more than {STRING_BYTES} bytes together and cannot cross to an isolated plugin"),
