@@ -448,3 +448,69 @@ fn fallback_endpoints_carry_a_request_past_a_refusing_engine() {
     drop(spare);
     wait_for_no_bookings(&router.address, Duration::from_secs(10));
 }
+
+/// docs/envoy.md's lean response path (no response body or trailers sent to the picker):
+/// requests route, streamed and not; prefill counts as complete at the response headers
+/// (a long answer in flight books no prefill tokens); a finished or abandoned request
+/// leaves no booking (Envoy closes the stream when the HTTP stream ends).
+#[test]
+fn the_lean_response_path_routes_and_frees_bookings_when_envoy_closes_the_stream() {
+    let dir = tempfile::tempdir().unwrap();
+    let engines: Vec<Process> = (0..2)
+        .map(|i| engine_sim(&format!("e{i}"), "127.0.0.1:0", &[]))
+        .collect();
+    let port = free_port();
+    let router = picker(dir.path(), port, &engines.iter().collect::<Vec<_>>(), "");
+    let listen = free_port();
+    let config = support::real_envoy::lean_envoy_config(listen, port);
+    assert!(config.contains("response_body_mode: NONE"), "{config}");
+    let envoy = Envoy::start_with(dir.path(), listen, &config);
+    let agent = agent();
+    wait_until_routing(&agent, &envoy);
+    let url = format!("{}/v1/chat/completions", envoy.base);
+    for stream in [false, true] {
+        let (status, engine, body) = post(&agent, &url, &chat("lean", stream));
+        assert_eq!(status, 200, "{body}");
+        assert!(
+            engine.starts_with('e'),
+            "answered by an engine-sim: {engine}"
+        );
+    }
+    wait_for_no_bookings(&router.address, Duration::from_secs(10));
+
+    // 2,000 tokens at engine-sim's 500 a second: in flight for seconds.
+    let response = agent
+        .post(&url)
+        .send_json(json!({"model": "demo", "stream": true, "max_tokens": 2000,
+                          "messages": [{"role": "user", "content": "a long answer"}]}))
+        .unwrap();
+    let mut reader = response.into_reader();
+    let mut first = [0u8; 64];
+    assert!(reader.read(&mut first).unwrap() > 0);
+    let workers: Value = ureq::get(&format!("{}/v1/workers", router.address))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    let loads: Vec<&Value> = workers
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| &w["load"])
+        .collect();
+    let active: u64 = loads
+        .iter()
+        .map(|l| l["active_requests"].as_u64().unwrap())
+        .sum();
+    let prefill: u64 = loads
+        .iter()
+        .map(|l| l["active_prefill_tokens"].as_u64().unwrap())
+        .sum();
+    assert_eq!(active, 1, "the answer in flight is booked: {workers}");
+    assert_eq!(
+        prefill, 0,
+        "prefill completed at the response headers: {workers}"
+    );
+    drop(reader);
+    wait_for_no_bookings(&router.address, Duration::from_secs(10));
+}

@@ -20,7 +20,7 @@ use std::time::Duration;
 
 use load::{load, quantile, warm_up, Cell};
 use process::{cell_seconds, cpu_seconds, fast_engines, serve, worker_lines};
-use real_envoy::{free_port, Envoy};
+use real_envoy::{envoy_config, free_port, lean_envoy_config, Envoy};
 
 /// Envoy with a static round-robin cluster of `engines` and nothing else.
 fn round_robin_config(port: u16, engines: &[String]) -> String {
@@ -68,19 +68,20 @@ fn round_robin_config(port: u16, engines: &[String]) -> String {
     )
 }
 
-/// One table row: round robin (`cells[0]`) against the picker (`cells[1]`).
+/// One table row: round robin (`cells[0]`) against one way through the picker (`cells[1]`).
 fn print_row(
+    path: &str,
     stream: bool,
     concurrency: usize,
-    cells: &mut [Cell; 2],
+    cells: &mut [&mut Cell; 2],
     seconds: f64,
     router_cpu: f64,
 ) {
     for cell in cells.iter_mut() {
         cell.latencies_us.sort_unstable();
     }
-    let rate = |c: &Cell| c.requests as f64 / (3.0 * seconds);
-    let (rr, picked) = (&cells[0], &cells[1]);
+    let rate = |c: &Cell| c.requests as f64 / (ROUNDS as f64 * seconds);
+    let (rr, picked) = (&*cells[0], &*cells[1]);
     let (p50, p99) = (
         (
             quantile(&rr.latencies_us, 0.5),
@@ -92,7 +93,7 @@ fn print_row(
         ),
     );
     println!(
-        "| {stream} | {concurrency} | {:.0} | {:.0} | {:.2} | {:.2} / {:.2} | {:+.2} | {:.2} / {:.2} | {:+.2} | {:.0} | {} / {} |",
+        "| {path} | {stream} | {concurrency} | {:.0} | {:.0} | {:.2} | {:.2} / {:.2} | {:+.2} | {:.2} / {:.2} | {:+.2} | {:.0} | {} / {} |",
         rate(rr),
         rate(picked),
         rate(picked) / rate(rr),
@@ -108,13 +109,83 @@ fn print_row(
     );
 }
 
+/// Interleaved rounds per cell.
+const ROUNDS: usize = 3;
+
+/// The ways a request can go: Envoy's round robin, then each picker (its name, its
+/// Envoy, its router's PID).
+struct Paths {
+    round_robin: Envoy,
+    pickers: Vec<(&'static str, Envoy, String)>,
+}
+
+/// A router serving the endpoint picker over `config`, and an Envoy running `envoy`'s
+/// config through it.
+fn picker(
+    dir: &std::path::Path,
+    config: &std::path::Path,
+    envoy: fn(u16, u16) -> String,
+) -> (process::Process, Envoy, String) {
+    let picker_port = free_port();
+    let picker = format!("127.0.0.1:{picker_port}");
+    let (router, _) = serve(config, &["--ext-proc", &picker]);
+    let port = free_port();
+    let through = Envoy::start_with(dir, port, &envoy(port, picker_port));
+    let pid = router.0.id().to_string();
+    (router, through, pid)
+}
+
+/// One row per picker for `stream` at `concurrency`: the same number of interleaved
+/// rounds of every path.
+fn run_cells(
+    runtime: &tokio::runtime::Runtime,
+    paths: &Paths,
+    stream: bool,
+    concurrency: usize,
+    seconds: f64,
+) {
+    let duration = Duration::from_secs_f64(seconds);
+    let mut round_robin = Cell::default();
+    let mut picked: Vec<(Cell, f64)> = paths.pickers.iter().map(|_| Default::default()).collect();
+    let mut add = |into: &mut Cell, cell: Cell| {
+        into.requests += cell.requests;
+        into.failures += cell.failures;
+        into.latencies_us.extend(cell.latencies_us);
+    };
+    for _round in 0..ROUNDS {
+        let cell = runtime.block_on(load(&paths.round_robin.base, stream, concurrency, duration));
+        add(&mut round_robin, cell);
+        for ((_, envoy, pid), (into, cpu)) in paths.pickers.iter().zip(&mut picked) {
+            // The router's CPU during its own cells (it idles during the others').
+            let before = cpu_seconds(pid);
+            let cell = runtime.block_on(load(&envoy.base, stream, concurrency, duration));
+            *cpu += cpu_seconds(pid) - before;
+            add(into, cell);
+        }
+    }
+    for ((name, ..), (cell, cpu)) in paths.pickers.iter().zip(&mut picked) {
+        let mut rr = Cell {
+            requests: round_robin.requests,
+            failures: round_robin.failures,
+            latencies_us: round_robin.latencies_us.clone(),
+        };
+        print_row(
+            name,
+            stream,
+            concurrency,
+            &mut [&mut rr, cell],
+            seconds,
+            *cpu,
+        );
+    }
+}
+
 fn main() {
     if std::env::args().any(|a| a == "--list") {
         println!("envoy: bench");
         return;
     }
     let seconds = cell_seconds();
-    let duration = Duration::from_secs_f64(seconds);
     let dir = tempfile::tempdir().unwrap();
     let engines = fast_engines(4);
     let addresses: Vec<String> = engines
@@ -128,52 +199,36 @@ fn main() {
         format!("models:\n  demo: {{kv_tracking: predicted}}\nworkers:\n{workers}"),
     )
     .unwrap();
-    let picker_port = free_port();
-    let picker = format!("127.0.0.1:{picker_port}");
-    let (router, _) = serve(&config, &["--ext-proc", &picker]);
-    let through_picker = Envoy::start(dir.path(), picker_port);
+    let (_full_router, full, full_pid) = picker(dir.path(), &config, envoy_config);
+    let (_lean_router, lean, lean_pid) = picker(dir.path(), &config, lean_envoy_config);
     let rr_port = free_port();
-    let round_robin = Envoy::start_with(
-        dir.path(),
-        rr_port,
-        &round_robin_config(rr_port, &addresses),
-    );
+    let paths = Paths {
+        round_robin: Envoy::start_with(
+            dir.path(),
+            rr_port,
+            &round_robin_config(rr_port, &addresses),
+        ),
+        pickers: vec![("picker", full, full_pid), ("picker, lean", lean, lean_pid)],
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
-    // Warm up both paths (connections, the picker's health check).
+    // Warm up every path (connections, the pickers' health checks).
     runtime.block_on(async {
-        for base in [&round_robin.base, &through_picker.base] {
+        let bases = std::iter::once(&paths.round_robin.base)
+            .chain(paths.pickers.iter().map(|(_, envoy, _)| &envoy.base));
+        for base in bases {
             warm_up(std::slice::from_ref(base), base, Duration::from_secs(20)).await;
         }
     });
-    println!("\nReal Envoy 1.40: round robin vs. switchyard's endpoint picker (ext_proc), 4 engine-sim engines, 2-token chat completions, {seconds} s per cell, 3 interleaved rounds");
-    let router_pid = router.0.id().to_string();
-    println!("| streamed | concurrency | round robin req/s | picker req/s | ratio | p50 rr / picker (ms) | added p50 (ms) | p99 rr / picker (ms) | added p99 (ms) | router CPU per request (us) | failures |");
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("\nReal Envoy 1.40: round robin vs. switchyard's endpoint picker (ext_proc; `lean`: the response path's body and trailers not sent, docs/envoy.md), 4 engine-sim engines, 2-token chat completions, {seconds} s per cell, {ROUNDS} interleaved rounds");
+    println!("| path | streamed | concurrency | round robin req/s | picker req/s | ratio | p50 rr / picker (ms) | added p50 (ms) | p99 rr / picker (ms) | added p99 (ms) | router CPU per request (us) | failures |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for stream in [false, true] {
         for concurrency in [1usize, 8, 32] {
-            let mut cells = [Cell::default(), Cell::default()];
-            // The router's CPU during the picker's cells (it idles during round robin's).
-            let mut router_cpu = 0.0;
-            for _round in 0..3 {
-                for (which, base) in [&round_robin.base, &through_picker.base]
-                    .into_iter()
-                    .enumerate()
-                {
-                    let before = cpu_seconds(&router_pid);
-                    let cell = runtime.block_on(load(base, stream, concurrency, duration));
-                    if which == 1 {
-                        router_cpu += cpu_seconds(&router_pid) - before;
-                    }
-                    cells[which].requests += cell.requests;
-                    cells[which].failures += cell.failures;
-                    cells[which].latencies_us.extend(cell.latencies_us);
-                }
-            }
-            print_row(stream, concurrency, &mut cells, seconds, router_cpu);
+            run_cells(&runtime, &paths, stream, concurrency, seconds);
         }
     }
 }

@@ -96,6 +96,30 @@ pub fn envoy_config(listen: u16, picker: u16) -> String {
     config
 }
 
+/// docs/envoy.md's config with the processing mode of its "lean response path" section
+/// (each `key: value` line of that block replaces the config's line of the same key).
+pub fn lean_envoy_config(listen: u16, picker: u16) -> String {
+    let doc = std::fs::read_to_string(repo().join("docs/envoy.md")).unwrap();
+    let lean = blocks(&doc, "yaml")
+        .into_iter()
+        .find(|b| b.contains("response_body_mode: NONE") && !b.contains("static_resources"))
+        .expect("docs/envoy.md has the lean response path's processing mode");
+    let mut config = envoy_config(listen, picker);
+    for line in lean
+        .lines()
+        .map(str::trim)
+        .filter(|l| l.contains("_mode: "))
+    {
+        let key = line.split(':').next().unwrap();
+        let Some(at) = config.find(&format!("{key}:")) else {
+            panic!("docs/envoy.md's config has no `{key}` for the lean mode to replace");
+        };
+        let end = at + config[at..].find('\n').unwrap();
+        config.replace_range(at..end, line);
+    }
+    config
+}
+
 /// A real Envoy, stopped by its PID when dropped.
 pub struct Envoy {
     child: Child,

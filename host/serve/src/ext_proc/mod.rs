@@ -173,6 +173,7 @@ impl ExternalProcessor for Service {
             body: Vec::new(),
             booked: None,
             response_status: None,
+            response_body: true,
         };
         Ok(tonic::Response::new(
             exchange.responses(request.into_inner()),
@@ -212,6 +213,10 @@ struct Exchange {
     booked: Option<Booked>,
     /// The response's `:status`, once its headers passed.
     response_status: Option<u16>,
+    /// Whether Envoy sends the response body (`response_body_mode` is not `NONE`, the
+    /// lean response path of docs/envoy.md): if not, the response headers are all the
+    /// picker sees of the answer.
+    response_body: bool,
 }
 
 /// The start of the body of the 503 Envoy's router answers itself when the upstream
@@ -270,6 +275,7 @@ impl Exchange {
                 ))));
                 return Next::Done;
             }
+            self.response_body = config.response_body_mode != BodySendMode::None as i32;
         }
         if let Some(subset) = messages::subset(message.metadata_context.as_ref()) {
             self.subset = Some(subset);
@@ -286,6 +292,9 @@ impl Exchange {
                     Some(String::from_utf8_lossy(header).into_owned())
                 });
                 self.rebook_if_served_elsewhere(served);
+                if !self.response_body {
+                    self.answering();
+                }
                 self.send(vec![messages::response_headers()])
             }
             Some(Request::ResponseBody(body)) => self.response_body(body).await,
@@ -454,17 +463,7 @@ impl Exchange {
         if self.response_status == Some(503) && body.body.starts_with(ENVOY_UPSTREAM_FAILURE) {
             self.engine_failed();
         }
-        if let Some(booked) = self.booked.as_mut() {
-            if !booked.prefilled {
-                booked.prefilled = true;
-                booked.lease.prefill_complete();
-            }
-            // The decode answers: the sidecar's prefill is over.
-            if let Some((mut lease, _)) = booked.prefill.take() {
-                lease.prefill_complete();
-                lease.free();
-            }
-        }
+        self.answering();
         if body.end_of_stream {
             if let Some(mut booked) = self.booked.take() {
                 booked.lease.free();
@@ -475,6 +474,24 @@ impl Exchange {
 }
 
 impl Exchange {
+    /// The engine answers (the first response body chunk, or the response headers when
+    /// no body is sent): prefill is complete, and a disaggregated pair's prefill worker
+    /// is done.
+    fn answering(&mut self) {
+        let Some(booked) = self.booked.as_mut() else {
+            return;
+        };
+        if !booked.prefilled {
+            booked.prefilled = true;
+            booked.lease.prefill_complete();
+        }
+        // The decode answers: the sidecar's prefill is over.
+        if let Some((mut lease, _)) = booked.prefill.take() {
+            lease.prefill_complete();
+            lease.free();
+        }
+    }
+
     /// Envoy could not reach the picked engine: out of the candidates for a cool-down,
     /// as the frontend does on a refused connection (health probes bring it back).
     fn engine_failed(&mut self) {
