@@ -147,7 +147,7 @@ fn run_cells(
     let duration = Duration::from_secs_f64(seconds);
     let mut round_robin = Cell::default();
     let mut picked: Vec<(Cell, f64)> = paths.pickers.iter().map(|_| Default::default()).collect();
-    let mut add = |into: &mut Cell, cell: Cell| {
+    let add = |into: &mut Cell, cell: Cell| {
         into.requests += cell.requests;
         into.failures += cell.failures;
         into.latencies_us.extend(cell.latencies_us);
