@@ -115,14 +115,13 @@ fn session_affinity_sticks_and_forgets() {
     let dir = tempfile::tempdir().unwrap();
     let startup = start_yaml(dir.path(), &cpp_config("    - name: sticky\n      type: cpp.session-affinity\n      parameters: {affinity_weight: 3}\n")).unwrap();
     let mut sticky = selector(&startup, "sticky");
-    let request = |id: &str, last: bool| {
-        let mut r = RouteRequest::default();
-        r.session = Some(SessionInfo {
+    let request = |id: &str, last: bool| RouteRequest {
+        session: Some(SessionInfo {
             session_id: id.into(),
             session_final: last.then_some(true),
             ..Default::default()
-        });
-        r
+        }),
+        ..RouteRequest::default()
     };
     let pick = |s: &mut switchyard::policy::Selector, r: &RouteRequest, fleet: &[W]| {
         s.select(

@@ -291,14 +291,16 @@ pub fn run(args: &SelectArgs, startup: &Startup) -> Result<String, DryRunError> 
             source,
         })?;
     let prompt = PromptBlocks::new(startup.source.config.router.block_size, args.blocks);
-    let mut request = RouteRequest::default();
-    request.attributes = Some(Arc::new(RequestAttributes {
-        request_id: args.request_id.clone(),
-        model: "dry-run".into(),
-        lora_adapter: args.lora_adapter.clone(),
-        tenant: args.tenant.clone(),
-        headers: args.headers.clone(),
-    }));
+    let mut request = RouteRequest {
+        attributes: Some(Arc::new(RequestAttributes {
+            request_id: args.request_id.clone(),
+            model: "dry-run".into(),
+            lora_adapter: args.lora_adapter.clone(),
+            tenant: args.tenant.clone(),
+            headers: args.headers.clone(),
+        })),
+        ..RouteRequest::default()
+    };
     let busy = busy_workers(startup, &rows, &extras, args.blocks);
     let mut admission = admit(startup, &rows, &mut request, prompt, busy.len())?;
     if !busy.is_empty() {

@@ -60,18 +60,19 @@ pub(super) const CONFORMANCE_PROMPT: PromptBlocks = PromptBlocks::new(16, 64);
 /// The request components are called with: every attribute set, the `x-zone` and
 /// `x-tenant` headers among them (what `request_attributes.headers` might list).
 pub(super) fn conformance_request() -> RouteRequest {
-    let mut request = RouteRequest::default();
-    request.attributes = Some(Arc::new(RequestAttributes {
-        request_id: "conformance-1".into(),
-        model: "conformance".into(),
-        lora_adapter: Some("sql-lora".into()),
-        tenant: Some("tenant-a".into()),
-        headers: vec![
-            ("x-tenant".into(), "tenant-a".into()),
-            ("x-zone".into(), "a".into()),
-        ],
-    }));
-    request
+    RouteRequest {
+        attributes: Some(Arc::new(RequestAttributes {
+            request_id: "conformance-1".into(),
+            model: "conformance".into(),
+            lora_adapter: Some("sql-lora".into()),
+            tenant: Some("tenant-a".into()),
+            headers: vec![
+                ("x-tenant".into(), "tenant-a".into()),
+                ("x-zone".into(), "a".into()),
+            ],
+        })),
+        ..RouteRequest::default()
+    }
 }
 
 /// Candidate rows: zeros, maxima, or random values (seeded), every group set.
