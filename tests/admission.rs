@@ -448,3 +448,62 @@ fn the_decode_threshold_takes_a_full_worker_out() {
         "{only_full:?}"
     );
 }
+
+/// `admission.busy` is a hard cap under concurrency: many threads select-and-reserve at
+/// once on 2 workers of at most 2 requests each; each round books exactly 4 and refuses
+/// the rest (a pick another thread filled between its selection and its booking is made
+/// again, or refused), and no worker ever holds more than 2.
+#[test]
+fn concurrent_selections_never_book_a_worker_past_its_busy_threshold() {
+    use std::sync::Barrier;
+    use switchyard::fleet::router::{RouteError, RouteRequest, Router};
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = "models:\n  m: {kv_tracking: predicted}\nadmission:\n  busy: {max_active_requests: 2}\nworkers:\n  - {model: m, worker_id: 1}\n  - {model: m, worker_id: 2}\n";
+    let router = Arc::new(Router::new(start_yaml(dir.path(), yaml).unwrap()).unwrap());
+    const THREADS: usize = 8;
+    for round in 0..25 {
+        let barrier = Arc::new(Barrier::new(THREADS));
+        let threads: Vec<_> = (0..THREADS)
+            .map(|t| {
+                let (router, barrier) = (router.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    let request = RouteRequest {
+                        model: "m".into(),
+                        block_hashes: Some(vec![round * 100 + t as u64]),
+                        request_id: Some(format!("r{round}-{t}")),
+                        ..Default::default()
+                    };
+                    barrier.wait();
+                    router.select_and_reserve(&request)
+                })
+            })
+            .collect();
+        let results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        let booked: Vec<&str> = results
+            .iter()
+            .filter_map(|r| r.as_ref().ok())
+            .filter_map(|d| d.request_id.as_deref())
+            .collect();
+        for refused in results.iter().filter_map(|r| r.as_ref().err()) {
+            assert!(matches!(refused, RouteError::Saturated(_)), "{refused}");
+        }
+        let active = active_requests_of(&router);
+        assert!(
+            active.iter().all(|&a| a <= 2),
+            "round {round}: a worker past its cap: {active:?}"
+        );
+        assert_eq!(booked.len(), 4, "round {round}: {active:?}");
+        for id in booked {
+            router.free(id).unwrap();
+        }
+    }
+}
+
+/// Active requests per worker, as the router's load accounting holds them.
+fn active_requests_of(router: &switchyard::fleet::router::Router) -> Vec<u32> {
+    router
+        .loads()
+        .iter()
+        .map(|(_, load)| load.active_requests)
+        .collect()
+}

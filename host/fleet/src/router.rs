@@ -26,7 +26,7 @@ use crate::admission::AdmissionQueue;
 use crate::rate_limits::{OverRate, RateLimiter};
 use switchyard_config::{KvTracking, OnError};
 use switchyard_plugin_host::plugin::{Outcome, PartitionKey, PromptBlocks};
-use switchyard_policy::busy::{mark_not_busy, mark_prefill_room, BusyInputs};
+use switchyard_policy::busy::{mark_not_busy, mark_prefill_room, takes_booking, BusyInputs};
 use switchyard_policy::histogram::Stopwatch;
 use switchyard_policy::startup::{Startup, BUILTIN_DEFAULT};
 use switchyard_policy::{Candidates, CandidatesFrom, InstanceFactory, KeptColumns, SelectError};
@@ -44,6 +44,10 @@ pub use reload::{ReloadError, ReloadOutcome};
 mod request;
 use request::{prompt_blocks, validate};
 pub use request::{RouteDecision, RouteError, RouteRequest};
+
+/// Selections a request makes at most when its picks keep filling up before they are
+/// booked (each later one sees the bookings that filled the earlier picks).
+const BOOKING_TRIES: usize = 4;
 
 struct State {
     workers: Workers,
@@ -347,7 +351,27 @@ impl Router {
         self.load.read().active_bookings()
     }
 
+    /// Selects (and with `reserve` books) a worker for `request`. A pick that another
+    /// selection filled past a busy threshold before this one could book it is made
+    /// again, over the columns that now show that booking, at most `BOOKING_TRIES` times.
     fn route(&self, request: &RouteRequest, reserve: bool) -> Result<RouteDecision, RouteError> {
+        for _ in 0..BOOKING_TRIES {
+            if let Some(decision) = self.route_once(request, reserve)? {
+                return Ok(decision);
+            }
+        }
+        Err(RouteError::Saturated(format!(
+            "model `{}`: each of {BOOKING_TRIES} picks was filled to an admission.busy threshold by other requests before it could be booked",
+            request.model
+        )))
+    }
+
+    /// One selection (and booking); `None` when the pick filled up meanwhile.
+    fn route_once(
+        &self,
+        request: &RouteRequest,
+        reserve: bool,
+    ) -> Result<Option<RouteDecision>, RouteError> {
         let request_id = validate(request, reserve)?;
         let generation = self.generation();
         let instance_name = request
@@ -410,13 +434,15 @@ impl Router {
                     // Told `on_selected`: exactly one `on_finished` follows, now if the
                     // booking failed.
                     self.lifecycles.track(id, n.slot, n.outcome, n.at);
-                    if booked.is_err() {
+                    if !matches!(booked, Ok(true)) {
                         self.lifecycles.finished(id);
                     }
                 }
-                booked?;
+                if !booked? {
+                    return Ok(None);
+                }
             }
-            Ok(RouteDecision {
+            Ok(Some(RouteDecision {
                 worker_id: chosen.worker_id,
                 dp_rank: chosen.dp_rank,
                 instance: instance.name.clone(),
@@ -424,7 +450,7 @@ impl Router {
                 request_blocks,
                 device_overlap_blocks: device_overlap,
                 request_id,
-            })
+            }))
         })
     }
 
@@ -634,7 +660,8 @@ impl Router {
         Ok((picked.0, picked.1, notified))
     }
 
-    /// Books the request's uncached prefill tokens and its decode blocks on `chosen`.
+    /// Books the request's uncached prefill tokens and its decode blocks on `chosen`;
+    /// `false` (nothing booked) when `chosen` is at an `admission.busy` threshold now.
     fn reserve(
         &self,
         request: &RouteRequest,
@@ -642,7 +669,7 @@ impl Router {
         chosen: WorkerId,
         request_blocks: u64,
         device_overlap: u32,
-    ) -> Result<(), RouteError> {
+    ) -> Result<bool, RouteError> {
         let block_size = u64::from(self.block_size());
         let new_blocks = request_blocks.saturating_sub(u64::from(device_overlap));
         let prefill_tokens = if request.tracks_prefill_tokens {
@@ -655,7 +682,27 @@ impl Router {
             .unwrap_or(0)
             .div_ceil(block_size);
         let decode_blocks = new_blocks + output_blocks;
-        self.book(|load| load.reserve(id, chosen, prefill_tokens, decode_blocks))?;
+        let generation = self.generation();
+        let busy = generation.startup.source.config.admission.as_ref();
+        let busy = busy.map(|a| &a.busy).filter(|b| b.any());
+        let uncached_tokens = new_blocks * block_size;
+        let booked = self.book(|load| {
+            let now = load.load(chosen);
+            let room = busy.is_none_or(|busy| {
+                takes_booking(
+                    busy,
+                    now.active_requests,
+                    now.active_prefill_tokens,
+                    now.active_decode_blocks,
+                    uncached_tokens,
+                )
+            });
+            room.then(|| load.reserve(id, chosen, prefill_tokens, decode_blocks))
+                .transpose()
+        })?;
+        if booked.is_none() {
+            return Ok(false);
+        }
         self.announce(|| BookingChange::Reserve {
             id: id.to_owned(),
             worker_id: chosen.worker_id,
@@ -664,7 +711,7 @@ impl Router {
             decode_blocks,
             prefill_done: false,
         });
-        Ok(())
+        Ok(true)
     }
 
     /// Renders Prometheus metrics.

@@ -55,6 +55,30 @@ pub fn mark_not_busy(
     }
 }
 
+/// Whether one worker, its bookings now `active_requests`, `active_prefill_tokens` and
+/// `active_decode_blocks`, still takes a request of `uncached_tokens` prompt tokens not in
+/// its cache: the booking thresholds of [`mark_not_busy`] and [`mark_prefill_room`],
+/// asked again when the request is booked (under the load lock), since another selection
+/// may have booked the worker after this one read its columns. The engine's own
+/// thresholds are not bookings, so they are not asked again.
+pub fn takes_booking(
+    busy: &BusyThresholds,
+    active_requests: u32,
+    active_prefill_tokens: u64,
+    active_decode_blocks: u64,
+    uncached_tokens: u64,
+) -> bool {
+    busy.max_active_requests
+        .is_none_or(|max| active_requests < max)
+        && busy
+            .max_active_decode_blocks
+            .is_none_or(|max| active_decode_blocks < max)
+        && busy.max_active_prefill_tokens.is_none_or(|max| {
+            active_prefill_tokens == 0
+                || active_prefill_tokens.saturating_add(uncached_tokens) <= max
+        })
+}
+
 /// Clears `allowed` for the workers without room for a request of `request_blocks`
 /// blocks under `max` prefill tokens: a worker has room while what it has booked plus the
 /// request's tokens not in its device cache (`overlaps`) stay within `max`, and an idle
