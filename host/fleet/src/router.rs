@@ -24,7 +24,7 @@ use super::predicted_kv::PredictedKv;
 use super::workers::{WorkerError, WorkerSpec, Workers};
 use crate::admission::AdmissionQueue;
 use crate::rate_limits::{OverRate, RateLimiter};
-use switchyard_config::{KvTracking, OnError};
+use switchyard_config::{BusyThresholds, KvTracking, OnError};
 use switchyard_plugin_host::plugin::{Outcome, PartitionKey, PromptBlocks};
 use switchyard_policy::busy::{mark_not_busy, mark_prefill_room, takes_booking, BusyInputs};
 use switchyard_policy::histogram::Stopwatch;
@@ -429,7 +429,10 @@ impl Router {
             candidates.release();
             let (chosen, fallback, notified) = selected?;
             if let (true, Some(id)) = (reserve, &request_id) {
-                let booked = self.reserve(request, id, chosen, request_blocks, device_overlap);
+                let busy = generation.startup.source.config.admission.as_ref();
+                let busy = busy.map(|a| &a.busy).filter(|b| b.any());
+                let booked =
+                    self.reserve(request, id, chosen, (request_blocks, device_overlap), busy);
                 if let Some(n) = notified {
                     // Told `on_selected`: exactly one `on_finished` follows, now if the
                     // booking failed.
@@ -667,8 +670,8 @@ impl Router {
         request: &RouteRequest,
         id: &str,
         chosen: WorkerId,
-        request_blocks: u64,
-        device_overlap: u32,
+        (request_blocks, device_overlap): (u64, u32),
+        busy: Option<&BusyThresholds>,
     ) -> Result<bool, RouteError> {
         let block_size = u64::from(self.block_size());
         let new_blocks = request_blocks.saturating_sub(u64::from(device_overlap));
@@ -682,9 +685,6 @@ impl Router {
             .unwrap_or(0)
             .div_ceil(block_size);
         let decode_blocks = new_blocks + output_blocks;
-        let generation = self.generation();
-        let busy = generation.startup.source.config.admission.as_ref();
-        let busy = busy.map(|a| &a.busy).filter(|b| b.any());
         let uncached_tokens = new_blocks * block_size;
         let booked = self.book(|load| {
             let now = load.load(chosen);
