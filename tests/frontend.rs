@@ -356,12 +356,14 @@ enum Outcome {
     Unclear(String),
 }
 
+/// How a streamed request ended, and the worker that answered it (its
+/// `x-switchyard-worker` header) when one did.
 async fn streamed_request(
     client: reqwest::Client,
     url: String,
     i: usize,
     started: Arc<AtomicUsize>,
-) -> Outcome {
+) -> (Outcome, Option<String>) {
     let disconnect = i.is_multiple_of(10);
     let prompt = format!("{} request {i}", "shared context ".repeat(i % 5 * 20));
     let response = match client
@@ -371,8 +373,22 @@ async fn streamed_request(
         .await
     {
         Ok(response) => response,
-        Err(e) => return Outcome::Unclear(format!("request failed: {e}")),
+        Err(e) => return (Outcome::Unclear(format!("request failed: {e}")), None),
     };
+    let worker = response
+        .headers()
+        .get("x-switchyard-worker")
+        .and_then(|w| w.to_str().ok())
+        .map(str::to_owned);
+    (stream_outcome(response, disconnect, &started).await, worker)
+}
+
+/// How the stream of `response` ended (hanging up after the first event if `disconnect`).
+async fn stream_outcome(
+    response: reqwest::Response,
+    disconnect: bool,
+    started: &AtomicUsize,
+) -> Outcome {
     if !response.status().is_success() {
         return match response.json::<Value>().await {
             Ok(error) if error["error"]["message"].is_string() => Outcome::ClearError,
@@ -473,10 +489,10 @@ fn a_thousand_streams_with_hangups_and_a_killed_engine_leave_no_booking() {
         outcomes
     });
     engines[2].kill();
-    let count = |f: fn(&Outcome) -> bool| outcomes.iter().filter(|o| f(o)).count();
+    let count = |f: fn(&Outcome) -> bool| outcomes.iter().filter(|(o, _)| f(o)).count();
     let unclear: Vec<&str> = outcomes
         .iter()
-        .filter_map(|o| match o {
+        .filter_map(|(o, _)| match o {
             Outcome::Unclear(reason) => Some(reason.as_str()),
             _ => None,
         })
@@ -493,10 +509,22 @@ fn a_thousand_streams_with_hangups_and_a_killed_engine_leave_no_booking() {
     // A request meant to hang up after its first token may have failed before it.
     assert!((50..=100).contains(&hung_up), "{hung_up} hung up");
     assert_eq!(completed + errors + hung_up, 1000);
-    // The streams on the killed engine fail; the other two engines' complete. A burst of
-    // a thousand selections at once is not spread evenly (selections running together
-    // read the same bookings), so the killed engine can hold up to about half of them:
-    // 465 to 765 completed in this session's runs.
+    // Only the killed engine's (worker 3's) streams fail: every stream a surviving engine
+    // answered completes, or hangs up as planned.
+    let failed_on_survivors: Vec<&Option<String>> = outcomes
+        .iter()
+        .filter(|(o, worker)| {
+            matches!(o, Outcome::ClearError) && worker.as_deref().is_some_and(|w| w != "3")
+        })
+        .map(|(_, worker)| worker)
+        .collect();
+    assert!(
+        failed_on_survivors.is_empty(),
+        "streams of surviving engines failed: {failed_on_survivors:?}"
+    );
+    // A burst of a thousand selections at once is not spread evenly (selections running
+    // together read the same bookings), so the killed engine can hold up to about half
+    // of the streams: 465 to 765 completed in this session's runs.
     assert!(
         completed >= 400,
         "the surviving engines' requests complete: {completed} completed, {errors} clear errors"
