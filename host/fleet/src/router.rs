@@ -687,8 +687,8 @@ impl Router {
         let decode_blocks = new_blocks + output_blocks;
         let uncached_tokens = new_blocks * block_size;
         let booked = self.book(|load| {
-            let now = load.load(chosen);
             let room = busy.is_none_or(|busy| {
+                let now = load.load(chosen);
                 takes_booking(
                     busy,
                     now.active_requests,
