@@ -115,6 +115,11 @@ struct Open {
 /// admission stays constant however many connections are open and busy.
 const EVICTION_SCAN: usize = 64;
 
+/// Connections told to close for newer ones keep their socket until their task runs; at
+/// most this many beyond the limit, so that when closes lag behind a flood the open
+/// descriptors stay bounded (new connections are refused until the old ones are gone).
+const CLOSING_AT_ONCE: usize = 64;
+
 /// Every connection a listener holds open.
 pub struct ConnectionTable {
     open: Mutex<Open>,
@@ -192,6 +197,10 @@ impl ConnectionTable {
         let mut open = self.open.lock();
         if open.per_peer.get(&peer).copied().unwrap_or(0) >= self.limits.max_connections_per_peer {
             return Err(Refused::PeerFull);
+        }
+        if open.connections.len() >= self.limits.max_connections + CLOSING_AT_ONCE {
+            // Those told to close have not yet: their sockets are still open.
+            return Err(Refused::Full);
         }
         if open.connections.len() >= self.limits.max_connections {
             let victim = Self::evictable(&mut open).ok_or(Refused::Full)?;
