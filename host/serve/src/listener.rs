@@ -117,8 +117,12 @@ const EVICTION_SCAN: usize = 64;
 
 /// Connections told to close for newer ones keep their socket until their task runs; at
 /// most this many beyond the limit, so that when closes lag behind a flood the open
-/// descriptors stay bounded (new connections are refused until the old ones are gone).
+/// descriptors stay bounded. Past it the accept loop waits for the old ones to go (new
+/// connections queue in the kernel's backlog meanwhile), up to `CLOSES_AWAITED`.
 const CLOSING_AT_ONCE: usize = 64;
+
+/// How long the accept loop waits for connections told to close before refusing.
+const CLOSES_AWAITED: Duration = Duration::from_secs(1);
 
 /// Every connection a listener holds open.
 pub struct ConnectionTable {
@@ -129,6 +133,8 @@ pub struct ConnectionTable {
     name: &'static str,
     last_warning_ms: AtomicU64,
     refused: AtomicU64,
+    /// Signalled when a connection closes while the table is past its limit.
+    freed: Notify,
 }
 
 /// Why a connection was not admitted.
@@ -136,6 +142,8 @@ pub struct ConnectionTable {
 enum Refused {
     PeerFull,
     Full,
+    /// `CLOSING_AT_ONCE` connections told to close are still open: wait for them.
+    ClosesPending,
 }
 
 /// A connection's place in the table, given back when it drops.
@@ -155,6 +163,9 @@ impl Drop for Slot {
                 open.per_peer.remove(&self.state.peer);
             }
         }
+        if open.connections.len() >= self.table.limits.max_connections {
+            self.table.freed.notify_one();
+        }
     }
 }
 
@@ -168,6 +179,7 @@ impl ConnectionTable {
             name,
             last_warning_ms: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            freed: Notify::new(),
         })
     }
 
@@ -200,7 +212,7 @@ impl ConnectionTable {
         }
         if open.connections.len() >= self.limits.max_connections + CLOSING_AT_ONCE {
             // Those told to close have not yet: their sockets are still open.
-            return Err(Refused::Full);
+            return Err(Refused::ClosesPending);
         }
         if open.connections.len() >= self.limits.max_connections {
             let victim = Self::evictable(&mut open).ok_or(Refused::Full)?;
@@ -235,6 +247,27 @@ impl ConnectionTable {
         })
     }
 
+    /// Admits as `admit` does, but while connections told to close are still open past
+    /// `CLOSING_AT_ONCE`, waits (up to `CLOSES_AWAITED`) for them to go rather than
+    /// refusing: a client arriving during a flood gets its turn once closes catch up.
+    async fn admit_when_closed(self: &Arc<Self>, peer: IpAddr) -> Result<Slot, Refused> {
+        let give_up = tokio::time::Instant::now() + CLOSES_AWAITED;
+        loop {
+            let freed = self.freed.notified();
+            tokio::pin!(freed);
+            freed.as_mut().enable();
+            match self.admit(peer) {
+                Err(Refused::ClosesPending) if tokio::time::Instant::now() < give_up => {
+                    tokio::select! {
+                        () = freed => {}
+                        () = tokio::time::sleep_until(give_up) => {}
+                    }
+                }
+                admitted => return admitted,
+            }
+        }
+    }
+
     /// The oldest open connection without a request in flight, among the next few.
     fn evictable(open: &mut Open) -> Option<Arc<ConnectionState>> {
         for _ in 0..EVICTION_SCAN {
@@ -262,7 +295,7 @@ impl ConnectionTable {
             Refused::PeerFull => {
                 tracing::warn!(listener = self.name, peer = %peer.ip(), limit = self.limits.max_connections_per_peer, refused_so_far = total, "refusing connections: this address holds its limit (http.max_connections_per_peer)")
             }
-            Refused::Full => tracing::warn!(
+            Refused::Full | Refused::ClosesPending => tracing::warn!(
                 listener = self.name,
                 limit = self.limits.max_connections,
                 refused_so_far = total,
@@ -394,7 +427,11 @@ impl Listener {
                     continue;
                 }
             };
-            let slot = match self.table.admit(peer.ip()) {
+            let admitted = tokio::select! {
+                admitted = self.table.admit_when_closed(peer.ip()) => admitted,
+                _ = drain.wait_for(|d| *d) => return,
+            };
+            let slot = match admitted {
                 Ok(slot) => slot,
                 Err(why) => {
                     self.table.warn_refused(peer, &why);
