@@ -267,3 +267,19 @@ fn deep_nesting_and_empty_files_are_refused_before_parsing() {
     let error = start_error(dir.path(), "plugins: []\n---\nplugins: []\n");
     assert!(error.contains("more than one document"), "{error}");
 }
+
+#[test]
+fn the_pickers_threads_are_bounded_and_named_at_their_line() {
+    let dir = tempfile::tempdir().unwrap();
+    for threads in ["0", "257"] {
+        let error = start_error(
+            dir.path(),
+            &format!("ext_proc:\n  listen: 127.0.0.1:0\n  threads: {threads}\n"),
+        );
+        assert!(error.contains("config.yaml:3"), "{error}");
+        assert!(
+            error.contains(&format!("threads is from 1 to 256 (got {threads})")),
+            "{error}"
+        );
+    }
+}

@@ -199,8 +199,17 @@ fn main() {
         format!("models:\n  demo: {{kv_tracking: predicted}}\nworkers:\n{workers}"),
     )
     .unwrap();
+    // The same router with its picker on two threads (`ext_proc.threads`; the listen
+    // address is `--ext-proc`'s).
+    let two_threads = dir.path().join("switchyard-2.yaml");
+    std::fs::write(
+        &two_threads,
+        format!("models:\n  demo: {{kv_tracking: predicted}}\next_proc: {{listen: \"127.0.0.1:0\", threads: 2}}\nworkers:\n{workers}"),
+    )
+    .unwrap();
     let (_full_router, full, full_pid) = picker(dir.path(), &config, envoy_config);
     let (_lean_router, lean, lean_pid) = picker(dir.path(), &config, lean_envoy_config);
+    let (_lean2_router, lean2, lean2_pid) = picker(dir.path(), &two_threads, lean_envoy_config);
     let rr_port = free_port();
     let paths = Paths {
         round_robin: Envoy::start_with(
@@ -208,7 +217,11 @@ fn main() {
             rr_port,
             &round_robin_config(rr_port, &addresses),
         ),
-        pickers: vec![("picker", full, full_pid), ("picker, lean", lean, lean_pid)],
+        pickers: vec![
+            ("picker", full, full_pid),
+            ("picker, lean", lean, lean_pid),
+            ("picker, lean, 2 threads", lean2, lean2_pid),
+        ],
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -223,7 +236,7 @@ fn main() {
             warm_up(std::slice::from_ref(base), base, Duration::from_secs(20)).await;
         }
     });
-    println!("\nReal Envoy 1.40: round robin vs. switchyard's endpoint picker (ext_proc; `lean`: the response path's body and trailers not sent, docs/envoy.md), 4 engine-sim engines, 2-token chat completions, {seconds} s per cell, {ROUNDS} interleaved rounds");
+    println!("\nReal Envoy 1.40: round robin vs. switchyard's endpoint picker (ext_proc; `lean`: the response path's body and trailers not sent, docs/envoy.md; the picker on 1 thread unless said), 4 engine-sim engines, 2-token chat completions, {seconds} s per cell, {ROUNDS} interleaved rounds");
     println!("| path | streamed | concurrency | round robin req/s | picker req/s | ratio | p50 rr / picker (ms) | added p50 (ms) | p99 rr / picker (ms) | added p99 (ms) | router CPU per request (us) | failures |");
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for stream in [false, true] {

@@ -182,22 +182,68 @@ pub struct ExtProcSettings {
     /// `MAX_FALLBACK_ENDPOINTS`.
     #[serde(default, deserialize_with = "fallback_count")]
     pub fallback_endpoints: u8,
+    /// Threads of the picker's own runtime, apart from the HTTP service's. One by default:
+    /// a stream's connection and its handler then share a thread, and no message costs a
+    /// wake-up of another; more serve more streams at once on a larger machine.
+    #[serde(
+        default = "default_picker_threads",
+        deserialize_with = "picker_threads"
+    )]
+    pub threads: u16,
 }
 
 fn fallback_count<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u8, D::Error> {
-    let count = u64::deserialize(deserializer)?;
-    if count > u64::from(ExtProcSettings::MAX_FALLBACK_ENDPOINTS) {
-        return Err(serde::de::Error::custom(format!(
-            "fallback_endpoints is at most {} (got {count}): each one is another selection per request",
-            ExtProcSettings::MAX_FALLBACK_ENDPOINTS
-        )));
+    let most = u64::from(ExtProcSettings::MAX_FALLBACK_ENDPOINTS);
+    deserializer
+        .deserialize_u64(Bounded(0, most, "fallback_endpoints is at most {max} (got {got}): each one is another selection per request"))
+        .map(|count| count as u8)
+}
+
+fn default_picker_threads() -> u16 {
+    1
+}
+
+fn picker_threads<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u16, D::Error> {
+    let most = u64::from(ExtProcSettings::MAX_THREADS);
+    deserializer
+        .deserialize_u64(Bounded(1, most, "threads is from 1 to {max} (got {got}): the picker's runtime needs a thread, and more than {max} is a mistake"))
+        .map(|threads| threads as u16)
+}
+
+/// A whole number from `.0` to `.1`; out of range, the message `.2` with `{max}` and
+/// `{got}` filled in. Refused inside the visitor, so the error carries the value's line.
+struct Bounded(u64, u64, &'static str);
+
+impl serde::de::Visitor<'_> for Bounded {
+    type Value = u64;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "a whole number from {} to {}", self.0, self.1)
     }
-    Ok(count as u8)
+
+    fn visit_u64<E: serde::de::Error>(self, got: u64) -> Result<u64, E> {
+        if (self.0..=self.1).contains(&got) {
+            return Ok(got);
+        }
+        Err(E::custom(
+            self.2
+                .replace("{max}", &self.1.to_string())
+                .replace("{got}", &got.to_string()),
+        ))
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, got: i64) -> Result<u64, E> {
+        match u64::try_from(got) {
+            Ok(got) => self.visit_u64(got),
+            Err(_) => Err(E::invalid_value(serde::de::Unexpected::Signed(got), &self)),
+        }
+    }
 }
 
 impl ExtProcSettings {
     pub const DEFAULT_MAX_BODY_BYTES: usize = 16 << 20;
     pub const MAX_FALLBACK_ENDPOINTS: u8 = 8;
+    pub const MAX_THREADS: u16 = 256;
 
     /// Listening on `listen`, every other setting at its default.
     pub fn listening(listen: std::net::SocketAddr) -> Self {
@@ -207,6 +253,7 @@ impl ExtProcSettings {
             max_requests_per_worker: None,
             tls: None,
             fallback_endpoints: 0,
+            threads: default_picker_threads(),
         }
     }
 }

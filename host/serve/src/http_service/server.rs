@@ -200,20 +200,50 @@ fn drain_on_signal() -> std::io::Result<tokio::sync::watch::Receiver<bool>> {
 
 /// The Envoy endpoint picker on its own listener. Its errors end the whole process: an
 /// operator who asked for the picker must not get a router without it.
+/// Starts the endpoint picker on a runtime of its own (`ext_proc.threads`), so that a
+/// stream's messages are not handed between the HTTP service's threads: with one thread,
+/// a stream's connection and its handler share it and no message wakes another thread
+/// (docs/BENCHMARKS.md, the picker's system calls). Resolves when the picker has drained.
 fn start_picker(
     frontend: &Arc<Frontend>,
     settings: &switchyard_config::ExtProcSettings,
-    listener: Listener,
+    tcp: tokio::net::TcpListener,
+    tls: Option<Arc<crate::tls::ServerTls>>,
+    table: Arc<ConnectionTable>,
     draining: tokio::sync::watch::Receiver<bool>,
-) -> tokio::task::JoinHandle<()> {
+) -> std::io::Result<tokio::task::JoinHandle<()>> {
     let picker = EndpointPicker::new(frontend.clone(), settings);
-    let listening = ext_proc::serve(picker, listener, draining);
-    tokio::spawn(async move {
-        if let Err(e) = listening.await {
-            eprintln!("error: {e}");
-            std::process::exit(1);
-        }
-    })
+    // The socket moves to the picker's runtime: it is registered with that one's reactor.
+    let tcp = tcp.into_std()?;
+    let mut runtime = if settings.threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut builder = tokio::runtime::Builder::new_multi_thread();
+        builder.worker_threads(usize::from(settings.threads));
+        builder
+    };
+    let runtime = runtime
+        .enable_all()
+        .thread_name("ext-proc")
+        .build()
+        .map_err(|e| std::io::Error::other(format!("cannot start the picker's runtime: {e}")))?;
+    let (done, drained) = tokio::sync::oneshot::channel::<()>();
+    std::thread::Builder::new()
+        .name("ext-proc".into())
+        .spawn(move || {
+            let served = runtime.block_on(async move {
+                let listener = Listener::new(tokio::net::TcpListener::from_std(tcp)?, tls, table);
+                ext_proc::serve(picker, listener, draining).await
+            });
+            if let Err(e) = served {
+                eprintln!("error: {e}");
+                std::process::exit(1);
+            }
+            let _ = done.send(());
+        })?;
+    Ok(tokio::spawn(async move {
+        let _ = drained.await;
+    }))
 }
 
 /// Accepts HTTP connections until the drain starts, then waits for what is in flight
@@ -308,13 +338,14 @@ pub async fn serve(router: Arc<Router>, options: ServeOptions) -> std::io::Resul
     let picker = match (options.ext_proc, ext_proc_tcp) {
         (Some(settings), Some(tcp)) => {
             let table = ConnectionTable::new("ext_proc", limits.clone());
-            let listener = Listener::new(tcp, listener_tls.ext_proc.clone(), table);
             Some(start_picker(
                 &frontend,
                 &settings,
-                listener,
+                tcp,
+                listener_tls.ext_proc.clone(),
+                table,
                 draining.clone(),
-            ))
+            )?)
         }
         _ => None,
     };
