@@ -1,7 +1,9 @@
 //! What the frontend adds: client -> engine-sim directly vs client -> switchyard ->
 //! engine-sim, side by side in one run (rounds interleaved, so machine noise hits both
 //! alike). Per concurrency: time to first byte (p50, p99) of streamed chat completions,
-//! the difference, and the throughput ratio.
+//! the difference, the throughput ratio, and the router's CPU per request (its user +
+//! system time from /proc over its own rounds, so the figure does not depend on what the
+//! client costs on the same cores).
 //!
 //! `make bench-frontend` (or `cargo bench -p switchyard --bench frontend`). Loopback only;
 //! every process it starts is killed when it ends.
@@ -102,7 +104,8 @@ fn main() {
     }
     let (_engine, engine) = process::bench_engine();
     let dir = tempfile::tempdir().unwrap();
-    let (_router, router) = process::serve_bench(dir.path(), "bench", &engine, "");
+    let (router_process, router) = process::serve_bench(dir.path(), "bench", &engine, "");
+    let pid = router_process.0.id().to_string();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -115,24 +118,27 @@ fn main() {
         round(&client, &direct, 4, 200).await; // warm both paths' connection pools
         round(&client, &routed, 4, 200).await;
         println!("streamed chat completions, 8 tokens each; 5 interleaved rounds per path");
-        println!("| concurrency | direct TTFB p50 / p99 | via switchyard p50 / p99 | added p50 / p99 | direct req/s | via req/s | throughput ratio |");
-        println!("|---:|---:|---:|---:|---:|---:|---:|");
-        for (concurrency, requests) in [(1, 200), (16, 1600), (64, 3200)] {
+        println!("| concurrency | direct TTFB p50 / p99 | via switchyard p50 / p99 | added p50 / p99 | direct req/s | via req/s | throughput ratio | router CPU per request |");
+        println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
+        for (concurrency, requests) in [(1, 1000), (16, 3200), (64, 6400)] {
             let (mut d, mut v) = (Vec::new(), Vec::new());
-            let (mut d_rate, mut v_rate) = (0.0, 0.0);
+            let (mut d_rate, mut v_rate, mut cpu) = (0.0, 0.0, 0.0);
             for _ in 0..5 {
                 let (t, r) = round(&client, &direct, concurrency, requests / 5).await;
                 d.extend(t);
                 d_rate += r / 5.0;
+                let before = process::cpu_seconds(&pid);
                 let (t, r) = round(&client, &routed, concurrency, requests / 5).await;
+                cpu += process::cpu_seconds(&pid) - before;
                 v.extend(t);
                 v_rate += r / 5.0;
             }
+            let cpu_us = cpu / v.len() as f64 * 1e6;
             d.sort();
             v.sort();
             let (d50, d99, v50, v99) = (percentile(&d, 0.5), percentile(&d, 0.99), percentile(&v, 0.5), percentile(&v, 0.99));
             println!(
-                "| {concurrency} | {d50:.2} / {d99:.2} ms | {v50:.2} / {v99:.2} ms | {:.2} / {:.2} ms | {d_rate:.0} | {v_rate:.0} | {:.2} |",
+                "| {concurrency} | {d50:.2} / {d99:.2} ms | {v50:.2} / {v99:.2} ms | {:.2} / {:.2} ms | {d_rate:.0} | {v_rate:.0} | {:.2} | {cpu_us:.0} us |",
                 v50 - d50,
                 v99 - d99,
                 v_rate / d_rate
