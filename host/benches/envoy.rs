@@ -19,7 +19,7 @@ mod real_envoy;
 use std::time::Duration;
 
 use load::{load, quantile, warm_up, Cell};
-use process::{cell_seconds, cpu_seconds, fast_engines, serve, worker_lines};
+use process::{cell_seconds, cpu_seconds, fast_engines, machine_cpu_seconds, serve, worker_lines};
 use real_envoy::{envoy_config, free_port, lean_envoy_config, Envoy};
 
 /// Envoy with a static round-robin cluster of `engines` and nothing else.
@@ -75,7 +75,7 @@ fn print_row(
     concurrency: usize,
     cells: &mut [&mut Cell; 2],
     seconds: f64,
-    router_cpu: f64,
+    cpu: Cpu,
 ) {
     for cell in cells.iter_mut() {
         cell.latencies_us.sort_unstable();
@@ -93,7 +93,7 @@ fn print_row(
         ),
     );
     println!(
-        "| {path} | {stream} | {concurrency} | {:.0} | {:.0} | {:.2} | {:.2} / {:.2} | {:+.2} | {:.2} / {:.2} | {:+.2} | {:.0} | {} / {} |",
+        "| {path} | {stream} | {concurrency} | {:.0} | {:.0} | {:.2} | {:.2} / {:.2} | {:+.2} | {:.2} / {:.2} | {:+.2} | {:.0} | {:.0} / {:.0} | {:.0} / {:.0} | {} / {} |",
         rate(rr),
         rate(picked),
         rate(picked) / rate(rr),
@@ -103,10 +103,25 @@ fn print_row(
         p99.0,
         p99.1,
         p99.1 - p99.0,
-        router_cpu / picked.requests.max(1) as f64 * 1e6,
+        cpu.router / picked.requests.max(1) as f64 * 1e6,
+        cpu.envoy_round_robin / rr.requests.max(1) as f64 * 1e6,
+        cpu.envoy_picked / picked.requests.max(1) as f64 * 1e6,
+        cpu.machine_round_robin / rr.requests.max(1) as f64 * 1e6,
+        cpu.machine_picked / picked.requests.max(1) as f64 * 1e6,
         rr.failures,
         picked.failures
     );
+}
+
+/// CPU seconds over a path's cells: the router's, and each Envoy's (round robin's, the
+/// picker's), so that what the picker costs Envoy is seen beside what it costs the router.
+#[derive(Clone, Copy, Default)]
+struct Cpu {
+    router: f64,
+    envoy_round_robin: f64,
+    envoy_picked: f64,
+    machine_round_robin: f64,
+    machine_picked: f64,
 }
 
 /// Interleaved rounds per cell.
@@ -146,20 +161,32 @@ fn run_cells(
 ) {
     let duration = Duration::from_secs_f64(seconds);
     let mut round_robin = Cell::default();
-    let mut picked: Vec<(Cell, f64)> = paths.pickers.iter().map(|_| Default::default()).collect();
+    let (mut round_robin_cpu, mut round_robin_machine) = (0.0, 0.0);
+    let mut picked: Vec<(Cell, Cpu)> = paths.pickers.iter().map(|_| Default::default()).collect();
+    let rr_pid = paths.round_robin.pid();
     let add = |into: &mut Cell, cell: Cell| {
         into.requests += cell.requests;
         into.failures += cell.failures;
         into.latencies_us.extend(cell.latencies_us);
     };
     for _round in 0..ROUNDS {
+        let before = (cpu_seconds(&rr_pid), machine_cpu_seconds());
         let cell = runtime.block_on(load(&paths.round_robin.base, stream, concurrency, duration));
+        round_robin_cpu += cpu_seconds(&rr_pid) - before.0;
+        round_robin_machine += machine_cpu_seconds() - before.1;
         add(&mut round_robin, cell);
         for ((_, envoy, pid), (into, cpu)) in paths.pickers.iter().zip(&mut picked) {
-            // The router's CPU during its own cells (it idles during the others').
-            let before = cpu_seconds(pid);
+            // Each process's CPU during its own cells (it idles during the others').
+            let envoy_pid = envoy.pid();
+            let before = (
+                cpu_seconds(pid),
+                cpu_seconds(&envoy_pid),
+                machine_cpu_seconds(),
+            );
             let cell = runtime.block_on(load(&envoy.base, stream, concurrency, duration));
-            *cpu += cpu_seconds(pid) - before;
+            cpu.router += cpu_seconds(pid) - before.0;
+            cpu.envoy_picked += cpu_seconds(&envoy_pid) - before.1;
+            cpu.machine_picked += machine_cpu_seconds() - before.2;
             add(into, cell);
         }
     }
@@ -175,7 +202,11 @@ fn run_cells(
             concurrency,
             &mut [&mut rr, cell],
             seconds,
-            *cpu,
+            Cpu {
+                envoy_round_robin: round_robin_cpu,
+                machine_round_robin: round_robin_machine,
+                ..*cpu
+            },
         );
     }
 }
@@ -237,8 +268,8 @@ fn main() {
         }
     });
     println!("\nReal Envoy 1.40: round robin vs. switchyard's endpoint picker (ext_proc; `lean`: the response path's body and trailers not sent, docs/envoy.md; the picker on 1 thread unless said), 4 engine-sim engines, 2-token chat completions, {seconds} s per cell, {ROUNDS} interleaved rounds");
-    println!("| path | streamed | concurrency | round robin req/s | picker req/s | ratio | p50 rr / picker (ms) | added p50 (ms) | p99 rr / picker (ms) | added p99 (ms) | router CPU per request (us) | failures |");
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("| path | streamed | concurrency | round robin req/s | picker req/s | ratio | p50 rr / picker (ms) | added p50 (ms) | p99 rr / picker (ms) | added p99 (ms) | router CPU per request (us) | Envoy CPU per request rr / picker (us) | machine CPU per request rr / picker (us) | failures |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for stream in [false, true] {
         for concurrency in [1usize, 8, 32] {
             run_cells(&runtime, &paths, stream, concurrency, seconds);

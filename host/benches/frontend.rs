@@ -106,13 +106,15 @@ fn main() {
     let dir = tempfile::tempdir().unwrap();
     let (router_process, router) = process::serve_bench(dir.path(), "bench", &engine, "");
     let pid = router_process.0.id().to_string();
+    // Two threads whatever TOKIO_WORKER_THREADS says (it may be set for the router).
     let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
         .enable_all()
         .build()
         .unwrap();
     runtime.block_on(async {
         switchyard::serve::tls::install_default_provider();
-    let client = reqwest::Client::builder().tcp_nodelay(true).build().unwrap();
+        let client = reqwest::Client::builder().tcp_nodelay(true).build().unwrap();
         let direct = format!("{engine}/v1/chat/completions");
         let routed = format!("{router}/v1/chat/completions");
         round(&client, &direct, 4, 200).await; // warm both paths' connection pools

@@ -127,6 +127,11 @@ pub struct Envoy {
 }
 
 impl Envoy {
+    /// The Envoy process's id (benchmarks read its CPU time from /proc).
+    pub fn pid(&self) -> String {
+        self.child.id().to_string()
+    }
+
     /// An Envoy with docs/envoy.md's config, picking through `picker`.
     pub fn start(dir: &Path, picker: u16) -> Envoy {
         let port = free_port();

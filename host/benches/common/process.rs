@@ -54,6 +54,23 @@ pub fn cpu_seconds(pid: &str) -> f64 {
     ticks / 100.0 // USER_HZ is 100 on Linux
 }
 
+/// CPU time (every process's, user + system + interrupts + steal) the whole machine has
+/// used, in seconds, from /proc/stat: what a path costs in all, client and engines too.
+pub fn machine_cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let first = stat.lines().next().unwrap_or_default();
+    // cpu user nice system idle iowait irq softirq steal ...: all but idle and iowait.
+    let ticks: f64 = first
+        .split_whitespace()
+        .skip(1)
+        .take(8)
+        .enumerate()
+        .filter(|(i, _)| *i != 3 && *i != 4)
+        .filter_map(|(_, v)| v.parse::<f64>().ok())
+        .sum();
+    ticks / 100.0
+}
+
 /// Each cell's duration: `SWITCHYARD_BENCH_SECS`, else 2 s.
 pub fn cell_seconds() -> f64 {
     std::env::var("SWITCHYARD_BENCH_SECS")
