@@ -8,6 +8,8 @@
 //!
 //! `make bench-envoy` (Envoy from `scripts/install-test-tools`). Loopback only; every process
 //! it starts is killed when it ends. SWITCHYARD_BENCH_SECS sets each cell's duration (2).
+//! With `SWITCHYARD_PROFILE_SECS=N` it prints the lean picker's router PID and holds 8
+//! clients through it for N seconds instead, for `scripts/flamegraph`.
 
 #[path = "common/load.rs"]
 mod load;
@@ -21,6 +23,12 @@ use std::time::Duration;
 use load::{load, quantile, warm_up, Cell};
 use process::{cell_seconds, cpu_seconds, fast_engines, machine_cpu_seconds, serve, worker_lines};
 use real_envoy::{envoy_config, free_port, lean_envoy_config, Envoy};
+
+/// `SWITCHYARD_PROFILE_SECS`: instead of the table, hold 8 clients through the lean
+/// picker this long, for a profiler.
+fn profile_seconds() -> Option<u64> {
+    std::env::var("SWITCHYARD_PROFILE_SECS").ok()?.parse().ok()
+}
 
 /// Envoy with a static round-robin cluster of `engines` and nothing else.
 fn round_robin_config(port: u16, engines: &[String]) -> String {
@@ -267,6 +275,14 @@ fn main() {
             warm_up(std::slice::from_ref(base), base, Duration::from_secs(20)).await;
         }
     });
+    if let Some(seconds) = profile_seconds() {
+        // A steady load for a profiler (scripts/flamegraph) to sample: nothing else.
+        let (_, envoy, pid) = &paths.pickers[1];
+        println!("router pid {pid}: lean picker, 8 non-streamed clients for {seconds} s");
+        let duration = Duration::from_secs(seconds);
+        runtime.block_on(load(&envoy.base, false, 8, duration));
+        return;
+    }
     println!("\nReal Envoy 1.40: round robin vs. switchyard's endpoint picker (ext_proc; `lean`: the response path's body and trailers not sent, docs/envoy.md; the picker on 1 thread unless said), 4 engine-sim engines, 2-token chat completions, {seconds} s per cell, {ROUNDS} interleaved rounds");
     println!("| path | streamed | concurrency | round robin req/s | picker req/s | ratio | p50 rr / picker (ms) | added p50 (ms) | p99 rr / picker (ms) | added p99 (ms) | router CPU per request (us) | Envoy CPU per request rr / picker (us) | machine CPU per request rr / picker (us) | failures |");
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");

@@ -6,7 +6,9 @@
 //! client costs on the same cores).
 //!
 //! `make bench-frontend` (or `cargo bench -p switchyard --bench frontend`). Loopback only;
-//! every process it starts is killed when it ends.
+//! every process it starts is killed when it ends. With `SWITCHYARD_PROFILE_SECS=N` it
+//! prints the router's PID and holds 16 streams through it for N seconds instead, for
+//! `scripts/flamegraph`.
 
 #[path = "common/process.rs"]
 mod process;
@@ -93,6 +95,12 @@ async fn paced(client: &reqwest::Client, url: &str, rate: f64, requests: usize) 
     ttfbs
 }
 
+/// `SWITCHYARD_PROFILE_SECS`: instead of the table, hold 16 streams through the router
+/// this long, for a profiler.
+fn profile_seconds() -> Option<u64> {
+    std::env::var("SWITCHYARD_PROFILE_SECS").ok()?.parse().ok()
+}
+
 fn percentile(sorted: &[Duration], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize].as_secs_f64() * 1e3
 }
@@ -119,6 +127,15 @@ fn main() {
         let routed = format!("{router}/v1/chat/completions");
         round(&client, &direct, 4, 200).await; // warm both paths' connection pools
         round(&client, &routed, 4, 200).await;
+        if let Some(seconds) = profile_seconds() {
+            // A steady load for a profiler (scripts/flamegraph) to sample: nothing else.
+            println!("router pid {pid}: 16 streams for {seconds} s");
+            let until = Instant::now() + Duration::from_secs(seconds);
+            while Instant::now() < until {
+                round(&client, &routed, 16, 1600).await;
+            }
+            return;
+        }
         println!("streamed chat completions, 8 tokens each; 5 interleaved rounds per path");
         println!("| concurrency | direct TTFB p50 / p99 | via switchyard p50 / p99 | added p50 / p99 | direct req/s | via req/s | throughput ratio | router CPU per request |");
         println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
