@@ -430,6 +430,12 @@ fn print_rows(
     }
 }
 
+/// `SWITCHYARD_PROFILE_SECS`: instead of the table, send `/v1/select` to switchyard alone
+/// this long (the first fleet of `SWITCHYARD_BENCH_WORKERS`), for a profiler.
+fn profile_seconds() -> Option<u64> {
+    std::env::var("SWITCHYARD_PROFILE_SECS").ok()?.parse().ok()
+}
+
 fn main() {
     if std::env::args().any(|a| a == "--list") {
         println!("peers_select: bench");
@@ -480,6 +486,22 @@ fn main() {
             .iter()
             .map(|s| Arc::new((0..workers).map(|p| s.server.query(p)).collect()))
             .collect();
+        if let Some(seconds) = profile_seconds() {
+            // A steady load for a profiler (scripts/flamegraph) to sample: nothing else.
+            println!(
+                "switchyard pid {}: /v1/select at {workers} workers for {seconds} s",
+                servers[0].pid
+            );
+            let load = cell(
+                &client,
+                servers[0].clone(),
+                bodies[0].clone(),
+                false,
+                Duration::from_secs(seconds),
+            );
+            runtime.block_on(load);
+            return;
+        }
         for reserve in [false, true] {
             let mut cells: Vec<Vec<Cell>> = servers.iter().map(|_| Vec::new()).collect();
             for _round in 0..3 {

@@ -232,26 +232,52 @@ impl LowestCost {
     }
 }
 
-/// The lowest-cost row, ties at random with one pass and no allocation (reservoir of one).
+/// The lowest-cost row, ties at random, without allocating.
 fn lowest_random(costs: &[f64], rng: &mut SmallRng) -> Option<usize> {
-    let mut best: Option<usize> = None;
-    let mut ties = 0u32;
-    for (row, &cost) in costs.iter().enumerate() {
-        match best {
-            Some(b) if cost > costs[b] => {}
-            Some(b) if cost == costs[b] => {
-                ties += 1;
-                if rng.gen_range(0..ties) == 0 {
-                    best = Some(row);
-                }
-            }
-            _ => {
-                best = Some(row);
-                ties = 1;
-            }
+    lowest_random_of(costs, cost_range(costs).0, rng)
+}
+
+/// The smallest and largest cost (NaNs ignored), kept in four lanes so that each compare
+/// does not wait on the one before (one chain is about four cycles a row; this one
+/// vectorizes). `(inf, -inf)` when there is none.
+fn cost_range(costs: &[f64]) -> (f64, f64) {
+    let mut lo = [f64::INFINITY; 4];
+    let mut hi = [f64::NEG_INFINITY; 4];
+    let fours = costs.chunks_exact(4);
+    let rest = fours.remainder();
+    for four in fours {
+        for lane in 0..4 {
+            lo[lane] = lo[lane].min(four[lane]);
+            hi[lane] = hi[lane].max(four[lane]);
         }
     }
-    best
+    for (lane, &cost) in rest.iter().enumerate() {
+        lo[lane] = lo[lane].min(cost);
+        hi[lane] = hi[lane].max(cost);
+    }
+    (
+        lo[0].min(lo[1]).min(lo[2].min(lo[3])),
+        hi[0].max(hi[1]).max(hi[2].max(hi[3])),
+    )
+}
+
+/// A row whose cost is `min`, uniformly at random among those that tie: counted in one
+/// pass, found in a second, with one draw only when several tie (a draw per tied row, as
+/// a reservoir makes, was most of a 1,000-worker pick). With no such row (every cost
+/// NaN), the last row, as before.
+fn lowest_random_of(costs: &[f64], min: f64, rng: &mut SmallRng) -> Option<usize> {
+    let ties = costs.iter().filter(|&&cost| cost == min).count();
+    let nth = match ties {
+        0 => return costs.len().checked_sub(1),
+        1 => 0,
+        _ => rng.gen_range(0..ties),
+    };
+    costs
+        .iter()
+        .enumerate()
+        .filter(|(_, &cost)| cost == min)
+        .nth(nth)
+        .map(|(row, _)| row)
 }
 
 impl WorkerPicker for LowestCost {
@@ -275,6 +301,8 @@ impl WorkerPicker for LowestCost {
 pub struct Softmax {
     temperature: f64,
     rng: SmallRng,
+    /// Each row's weight, reused from pick to pick.
+    weights: Vec<f64>,
 }
 
 impl Softmax {
@@ -290,6 +318,7 @@ impl Softmax {
         Ok(Softmax {
             temperature: finite_non_negative("temperature", p.temperature)?,
             rng: rng(p.seed),
+            weights: Vec::new(),
         })
     }
 }
@@ -304,21 +333,20 @@ impl WorkerPicker for Softmax {
         let temperature = ctx
             .router_temperature_override()
             .unwrap_or(self.temperature);
-        let (min, max) = costs
-            .iter()
-            .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| {
-                (lo.min(x), hi.max(x))
-            });
+        let (min, max) = cost_range(costs);
         if temperature <= 0.0 || max <= min {
-            return lowest_random(costs, &mut self.rng)
+            return lowest_random_of(costs, min, &mut self.rng)
                 .ok_or_else(|| PolicyError::failed("no candidates"));
         }
         let scale = (max - min) * temperature;
-        let weight = |cost: f64| (-(cost - min) / scale).exp();
-        let sum: f64 = costs.iter().map(|&x| weight(x)).sum();
+        // Each weight once (an exp a row), then the draw walks them.
+        self.weights.clear();
+        self.weights
+            .extend(costs.iter().map(|&cost| (-(cost - min) / scale).exp()));
+        let sum: f64 = self.weights.iter().sum();
         let mut draw = self.rng.gen::<f64>() * sum;
-        for (row, &cost) in costs.iter().enumerate() {
-            draw -= weight(cost);
+        for (row, &weight) in self.weights.iter().enumerate() {
+            draw -= weight;
             if draw <= 0.0 {
                 return Ok(row);
             }
@@ -396,6 +424,7 @@ fn default_policy(params: &Params<'_>) -> Result<Box<BuildFn>, PolicyError> {
             Box::new(Softmax {
                 temperature: p.temperature,
                 rng: rng(p.seed),
+                weights: Vec::new(),
             }),
         );
         if p.engine_load_weight > 0.0 {
@@ -428,4 +457,45 @@ fn least_busy_policy(params: &Params<'_>) -> Result<Box<BuildFn>, PolicyError> {
             Box::new(LowestCostByWorkerId),
         ))
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cost_range_is_the_plain_fold_at_every_length_and_with_nans() {
+        let mut rng = SmallRng::seed_from_u64(7);
+        for n in 0..40 {
+            let costs: Vec<f64> = (0..n)
+                .map(|_| match rng.gen_range(0..5) {
+                    0 => f64::NAN,
+                    _ => rng.gen_range(-5.0..5.0),
+                })
+                .collect();
+            let fold = costs
+                .iter()
+                .fold((f64::INFINITY, f64::NEG_INFINITY), |(lo, hi), &x| {
+                    (lo.min(x), hi.max(x))
+                });
+            assert_eq!(cost_range(&costs), fold, "{costs:?}");
+        }
+    }
+
+    #[test]
+    fn ties_are_drawn_uniformly_and_the_minimum_always_wins() {
+        let mut rng = SmallRng::seed_from_u64(11);
+        let costs = [3.0, 1.0, 2.0, 1.0, f64::NAN, 1.0, 4.0];
+        let mut seen = [0u32; 7];
+        for _ in 0..3_000 {
+            seen[lowest_random(&costs, &mut rng).unwrap()] += 1;
+        }
+        for row in [1, 3, 5] {
+            assert!((800..1_200).contains(&seen[row]), "row {row}: {seen:?}");
+        }
+        assert_eq!(seen[1] + seen[3] + seen[5], 3_000, "{seen:?}");
+        assert_eq!(lowest_random(&[], &mut rng), None);
+        assert_eq!(lowest_random(&[f64::NAN, f64::NAN], &mut rng), Some(1));
+        assert_eq!(lowest_random(&[5.0, 0.5, 9.0], &mut rng), Some(1));
+    }
 }
