@@ -45,6 +45,13 @@ const MALFORMED: &[(&str, &str, Option<&str>, u16, &str)] = &[
     (
         "POST",
         "/v1/select",
+        Some("{\"model\": \"m\", \"token_ids\": [5, 6, -7]}"),
+        400,
+        "token_ids[2]: expected a token id (a whole number from 0 to 4294967295), found `-7`",
+    ),
+    (
+        "POST",
+        "/v1/select",
         Some("{\"model\": \"m\"}"),
         400,
         "give the prompt as `token_ids` or `block_hashes`",

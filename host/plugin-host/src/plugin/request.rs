@@ -168,7 +168,7 @@ pub struct RouteRequest {
     #[serde(default)]
     pub router_temperature: Option<f64>,
     /// The prompt as token ids (hashed into blocks by the router) ...
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::token_ids::deserialize")]
     pub token_ids: Option<Vec<u32>>,
     /// ... or as chained block hashes.
     #[serde(default)]
