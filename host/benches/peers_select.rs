@@ -436,6 +436,30 @@ fn profile_seconds() -> Option<u64> {
     std::env::var("SWITCHYARD_PROFILE_SECS").ok()?.parse().ok()
 }
 
+/// Sends `/v1/select` to `server` for `seconds`, for a profiler (scripts/flamegraph) to
+/// sample: nothing else.
+fn hold_for_profiler(
+    runtime: &tokio::runtime::Runtime,
+    client: &reqwest::Client,
+    server: &Arc<Running>,
+    bodies: &Arc<Vec<Bytes>>,
+    seconds: u64,
+) {
+    println!(
+        "switchyard pid {}: /v1/select at {} workers for {seconds} s",
+        server.pid,
+        bodies.len()
+    );
+    let duration = Duration::from_secs(seconds);
+    runtime.block_on(cell(
+        client,
+        server.clone(),
+        bodies.clone(),
+        false,
+        duration,
+    ));
+}
+
 fn main() {
     if std::env::args().any(|a| a == "--list") {
         println!("peers_select: bench");
@@ -487,20 +511,7 @@ fn main() {
             .map(|s| Arc::new((0..workers).map(|p| s.server.query(p)).collect()))
             .collect();
         if let Some(seconds) = profile_seconds() {
-            // A steady load for a profiler (scripts/flamegraph) to sample: nothing else.
-            println!(
-                "switchyard pid {}: /v1/select at {workers} workers for {seconds} s",
-                servers[0].pid
-            );
-            let load = cell(
-                &client,
-                servers[0].clone(),
-                bodies[0].clone(),
-                false,
-                Duration::from_secs(seconds),
-            );
-            runtime.block_on(load);
-            return;
+            return hold_for_profiler(&runtime, &client, &servers[0], &bodies[0], seconds);
         }
         for reserve in [false, true] {
             let mut cells: Vec<Vec<Cell>> = servers.iter().map(|_| Vec::new()).collect();
