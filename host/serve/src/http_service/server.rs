@@ -198,12 +198,12 @@ fn drain_on_signal() -> std::io::Result<tokio::sync::watch::Receiver<bool>> {
     Ok(draining)
 }
 
-/// The Envoy endpoint picker on its own listener. Its errors end the whole process: an
+/// Starts the endpoint picker on its own listener and a runtime of its own
+/// (`ext_proc.threads`), so that a stream's messages are not handed between the HTTP
+/// service's threads: with one thread, a stream's connection and its handler share it
+/// and no message wakes another (docs/BENCHMARKS.md, the picker's system calls). The
+/// receiver resolves when the picker has drained. Its errors end the whole process: an
 /// operator who asked for the picker must not get a router without it.
-/// Starts the endpoint picker on a runtime of its own (`ext_proc.threads`), so that a
-/// stream's messages are not handed between the HTTP service's threads: with one thread,
-/// a stream's connection and its handler share it and no message wakes another thread
-/// (docs/BENCHMARKS.md, the picker's system calls). Resolves when the picker has drained.
 fn start_picker(
     frontend: &Arc<Frontend>,
     settings: &switchyard_config::ExtProcSettings,
@@ -211,7 +211,7 @@ fn start_picker(
     tls: Option<Arc<crate::tls::ServerTls>>,
     table: Arc<ConnectionTable>,
     draining: tokio::sync::watch::Receiver<bool>,
-) -> std::io::Result<tokio::task::JoinHandle<()>> {
+) -> std::io::Result<tokio::sync::oneshot::Receiver<()>> {
     let picker = EndpointPicker::new(frontend.clone(), settings);
     // The socket moves to the picker's runtime: it is registered with that one's reactor.
     let tcp = tcp.into_std()?;
@@ -241,9 +241,7 @@ fn start_picker(
             }
             let _ = done.send(());
         })?;
-    Ok(tokio::spawn(async move {
-        let _ = drained.await;
-    }))
+    Ok(drained)
 }
 
 /// Accepts HTTP connections until the drain starts, then waits for what is in flight
@@ -253,7 +251,7 @@ async fn serve_until_drained(
     app: axum::Router,
     limits: Limits,
     table: Arc<ConnectionTable>,
-    picker: Option<tokio::task::JoinHandle<()>>,
+    picker: Option<tokio::sync::oneshot::Receiver<()>>,
     draining: tokio::sync::watch::Receiver<bool>,
     drain_timeout: Duration,
 ) -> std::io::Result<()> {
