@@ -6,11 +6,17 @@
 //! as Envoy completes it (response headers, last body chunk, half-close), so bookings are
 //! freed and the fleet's load stays flat.
 //!
+//! Beside them, the floor: a tonic ext_proc server that gives the same answers and decides
+//! nothing (`common/ext_proc_floor.rs`), so the router's CPU per stream can be read
+//! against what tonic, h2 and the kernel cost for the same exchange.
+//!
 //! `make bench-ext-proc` (or `make build && cargo bench -p switchyard --bench ext_proc`).
 //! Loopback only; the router it starts is killed when it ends.
 
 #[path = "../../tests/support/envoy.rs"]
 mod envoy;
+#[path = "common/ext_proc_floor.rs"]
+mod floor;
 #[path = "common/process.rs"]
 mod process;
 
@@ -141,7 +147,56 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize].as_secs_f64() * 1e3
 }
 
+/// The servers measured side by side: the router's two policies, then the floor.
+const TARGETS: [&str; 3] = ["default", "least-busy", "floor"];
+
+/// One cell: `requests` streams per target at `concurrency`, in 3 interleaved rounds;
+/// prints each target's rate and latency, and CPU per stream of the router and the floor.
+async fn cell(
+    servers: &[(&[Client], &str); 3],
+    pids: [&str; 2],
+    concurrency: usize,
+    requests: usize,
+) {
+    let mut results: Vec<(Vec<Duration>, f64)> = vec![(Vec::new(), 0.0); 3];
+    let cpu = |pid: &str| cpu_seconds(pid);
+    let before = [cpu(pids[0]), cpu(pids[1]), cpu("self")];
+    for _ in 0..3 {
+        for (i, (clients, instance)) in servers.iter().enumerate() {
+            let (times, rate) = round(clients, instance, concurrency, requests / 3).await;
+            results[i].0.extend(times);
+            results[i].1 += rate / 3.0;
+        }
+    }
+    let streams = (requests / 3 * 3) as f64;
+    let after = [cpu(pids[0]), cpu(pids[1]), cpu("self")];
+    for (target, (times, rate)) in TARGETS.iter().zip(&mut results) {
+        times.sort();
+        println!(
+            "{concurrency:>11}  {target:<10} {rate:>12.0} {:>10.3} {:>10.3}",
+            percentile(times, 0.50),
+            percentile(times, 0.99)
+        );
+    }
+    println!(
+        "{:>11}  plugin / built-in decisions per second: {:.2}",
+        "",
+        results[1].1 / results[0].1
+    );
+    let per_stream = |i: usize, streams: f64| (after[i] - before[i]) / streams * 1e6;
+    println!(
+        "{:>11}  CPU per stream: router {:.0} us, floor {:.0} us, Envoy stand-in {:.0} us",
+        "",
+        per_stream(0, 2.0 * streams),
+        per_stream(1, streams),
+        per_stream(2, 3.0 * streams)
+    );
+}
+
 fn main() {
+    if std::env::args().any(|a| a == floor::FLAG) {
+        return floor::serve();
+    }
     // `cargo bench` passes --bench; a filter or --list from the test harness is ignored.
     if std::env::args().any(|a| a == "--list") {
         return;
@@ -153,16 +208,26 @@ fn main() {
         .unwrap()
         .port();
     let (router, base) = start_router(dir.path(), port);
-    let router_pid = router.0.id().to_string();
+    let mut floor_command = std::process::Command::new(std::env::current_exe().unwrap());
+    floor_command.arg(floor::FLAG);
+    let (floor_server, floor_port) = process::start_command(floor_command, floor::ANNOUNCE);
+    let pids = [router.0.id().to_string(), floor_server.0.id().to_string()];
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .unwrap();
     runtime.block_on(async {
-        let clients: Vec<Client> = futures_util::future::join_all((0..8).map(|_| client(port))).await;
-        // Warm up both paths (connections, the blocking pool, the plugin's instance).
-        for instance in ["default", "least-busy"] {
-            round(&clients, instance, 8, 400).await;
+        let connect = |port: u16| futures_util::future::join_all((0..8).map(move |_| client(port)));
+        let clients: Vec<Client> = connect(port).await;
+        let floor_clients: Vec<Client> = connect(floor_port.parse().unwrap()).await;
+        let servers = [
+            (&clients[..], TARGETS[0]),
+            (&clients[..], TARGETS[1]),
+            (&floor_clients[..], TARGETS[2]),
+        ];
+        // Warm up every path (connections, the blocking pool, the plugin's instance).
+        for (clients, instance) in servers {
+            round(clients, instance, 8, 400).await;
         }
         println!(
             "ext_proc decisions, {WORKERS} workers, 3 interleaved rounds per cell; latency = request headers sent -> pick received\n"
@@ -172,34 +237,7 @@ fn main() {
             "concurrency", "policy", "decisions/s", "p50 ms", "p99 ms"
         );
         for (concurrency, requests) in [(1usize, 600usize), (64, 3072), (512, 6144)] {
-            let mut results: Vec<(Vec<Duration>, f64)> = vec![(Vec::new(), 0.0), (Vec::new(), 0.0)];
-            let (router_cpu, own_cpu) = (cpu_seconds(&router_pid), cpu_seconds("self"));
-            for _ in 0..3 {
-                for (i, instance) in ["default", "least-busy"].iter().enumerate() {
-                    let (times, rate) = round(&clients, instance, concurrency, requests / 3).await;
-                    results[i].0.extend(times);
-                    results[i].1 += rate / 3.0;
-                }
-            }
-            let mut rates = Vec::new();
-            for (i, instance) in ["default", "least-busy"].iter().enumerate() {
-                let (times, rate) = &mut results[i];
-                times.sort();
-                println!(
-                    "{concurrency:>11}  {instance:<10} {rate:>12.0} {:>10.3} {:>10.3}",
-                    percentile(times, 0.50),
-                    percentile(times, 0.99)
-                );
-                rates.push(*rate);
-            }
-            println!("{:>11}  plugin / built-in decisions per second: {:.2}", "", rates[1] / rates[0]);
-            let decisions = 2.0 * (requests / 3 * 3) as f64;
-            println!(
-                "{:>11}  CPU per decision: router {:.0} us, Envoy stand-in {:.0} us",
-                "",
-                (cpu_seconds(&router_pid) - router_cpu) / decisions * 1e6,
-                (cpu_seconds("self") - own_cpu) / decisions * 1e6
-            );
+            cell(&servers, [&pids[0], &pids[1]], concurrency, requests).await;
         }
         println!(
             "\nthe router's own time per decision (end of body -> pick sent), mean over the run: {:.3} ms",

@@ -21,6 +21,8 @@
 //! so. Loopback only; the servers are killed when it ends. SWITCHYARD_BENCH_SECS sets a
 //! cell's duration (2), SWITCHYARD_BENCH_WORKERS the fleet sizes (`64,1000`).
 
+#[path = "common/http_floor.rs"]
+mod floor;
 #[path = "common/peer_routers.rs"]
 mod peer_routers;
 #[path = "common/process.rs"]
@@ -77,6 +79,8 @@ fn stored(p: usize) -> EngineEvent {
 enum Server {
     Switchyard,
     Dynamo,
+    /// The HTTP stack alone (`common/http_floor.rs`): select rows only.
+    Floor,
 }
 
 impl Server {
@@ -84,6 +88,7 @@ impl Server {
         match self {
             Server::Switchyard => "switchyard",
             Server::Dynamo => "Dynamo select_service",
+            Server::Floor => "floor: axum, no decision",
         }
     }
 
@@ -91,7 +96,7 @@ impl Server {
     fn query(self, p: usize) -> Bytes {
         let tokens = prompt(p);
         let body = match self {
-            Server::Switchyard => json!({"model": "demo", "token_ids": tokens}),
+            Server::Switchyard | Server::Floor => json!({"model": "demo", "token_ids": tokens}),
             Server::Dynamo => json!({"model_name": "demo", "token_ids": tokens}),
         };
         Bytes::from(serde_json::to_vec(&body).unwrap())
@@ -233,7 +238,7 @@ async fn converge(client: &reqwest::Client, servers: &[&Running], publishers: &[
         for &w in &pending {
             for server in servers {
                 let path = match server.server {
-                    Server::Switchyard => "/v1/select",
+                    Server::Switchyard | Server::Floor => "/v1/select",
                     Server::Dynamo => "/select",
                 };
                 let answer: Option<Value> = async {
@@ -289,9 +294,11 @@ async fn decide(
 ) -> Option<bool> {
     // Both book under a caller-chosen id, spliced in front of the prepared body.
     let (path, body) = match (server.server, reserve) {
-        (Server::Switchyard, false) => ("/v1/select", body.clone()),
+        (Server::Switchyard | Server::Floor, false) => ("/v1/select", body.clone()),
         (Server::Dynamo, false) => ("/select", body.clone()),
-        (Server::Switchyard, true) => ("/v1/reserve", with_id(body, "request_id", id)),
+        (Server::Switchyard | Server::Floor, true) => {
+            ("/v1/reserve", with_id(body, "request_id", id))
+        }
         (Server::Dynamo, true) => ("/select_and_reserve", with_id(body, "selection_id", id)),
     };
     let answer = client
@@ -307,7 +314,7 @@ async fn decide(
     let answer: Value = answer.json().await.ok()?;
     if reserve {
         let free = match server.server {
-            Server::Switchyard => format!("{}/v1/requests/b{id}", server.base),
+            Server::Switchyard | Server::Floor => format!("{}/v1/requests/b{id}", server.base),
             Server::Dynamo => format!("{}/reservations/b{id}", server.base),
         };
         if !client.delete(free).send().await.ok()?.status().is_success() {
@@ -460,7 +467,23 @@ fn hold_for_profiler(
     ));
 }
 
+/// The HTTP floor, pinned as the servers are.
+fn start_floor() -> Running {
+    let mut command = pinned(&std::env::current_exe().unwrap());
+    command.arg(floor::FLAG);
+    let (process, address) = start_command(command, floor::ANNOUNCE);
+    Running {
+        server: Server::Floor,
+        base: address,
+        pid: process.0.id().to_string(),
+        _process: process,
+    }
+}
+
 fn main() {
+    if std::env::args().any(|a| a == floor::FLAG) {
+        return floor::serve();
+    }
     if std::env::args().any(|a| a == "--list") {
         println!("peers_select: bench");
         return;
@@ -506,6 +529,7 @@ fn main() {
             let all: Vec<&Running> = servers.iter().map(|s| s.as_ref()).collect();
             runtime.block_on(converge(&client, &all, &publishers));
         }
+        servers.push(Arc::new(start_floor()));
         let bodies: Vec<Arc<Vec<Bytes>>> = servers
             .iter()
             .map(|s| Arc::new((0..workers).map(|p| s.server.query(p)).collect()))
@@ -514,6 +538,12 @@ fn main() {
             return hold_for_profiler(&runtime, &client, &servers[0], &bodies[0], seconds);
         }
         for reserve in [false, true] {
+            // The floor books nothing: select rows only.
+            let servers: Vec<Arc<Running>> = servers
+                .iter()
+                .filter(|s| !(reserve && s.server == Server::Floor))
+                .cloned()
+                .collect();
             let mut cells: Vec<Vec<Cell>> = servers.iter().map(|_| Vec::new()).collect();
             for _round in 0..3 {
                 for (s, server) in servers.iter().enumerate() {

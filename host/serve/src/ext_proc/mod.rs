@@ -26,7 +26,7 @@
 //! says so.
 
 mod decide;
-mod messages;
+pub mod messages;
 
 use decide::{decide, eligible, no_endpoint, Attempt, Wanted};
 
