@@ -5,6 +5,9 @@
 //! system time from /proc over its own rounds, so the figure does not depend on what the
 //! client costs on the same cores).
 //!
+//! Beside the router, the floor: a proxy on the same HTTP stack that relays the stream and
+//! does nothing else (`common/relay_floor.rs`), and its CPU per request.
+//!
 //! `make bench-frontend` (or `cargo bench -p switchyard --bench frontend`). Loopback only;
 //! every process it starts is killed when it ends. With `SWITCHYARD_PROFILE_SECS=N` it
 //! prints the router's PID and holds 16 streams through it for N seconds instead, for
@@ -12,6 +15,8 @@
 
 #[path = "common/process.rs"]
 mod process;
+#[path = "common/relay_floor.rs"]
+mod relay_floor;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -105,7 +110,59 @@ fn percentile(sorted: &[Duration], p: f64) -> f64 {
     sorted[((sorted.len() - 1) as f64 * p).round() as usize].as_secs_f64() * 1e3
 }
 
+/// The closed-loop table: per concurrency, direct / via the router / via the floor in
+/// interleaved rounds; `pids` are the router's and the floor's.
+async fn closed_loop(
+    client: &reqwest::Client,
+    direct: &str,
+    routed: &str,
+    (floor, pids): (&str, &[String; 2]),
+) {
+    println!("streamed chat completions, 8 tokens each; 5 interleaved rounds per path");
+    println!("| concurrency | direct TTFB p50 / p99 | via switchyard p50 / p99 | added p50 / p99 | direct req/s | via req/s | throughput ratio | router CPU per request | floor CPU per request |");
+    println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    for (concurrency, requests) in [(1, 1000), (16, 3200), (64, 6400)] {
+        let (mut d, mut v) = (Vec::new(), Vec::new());
+        let (mut d_rate, mut v_rate, mut cpu) = (0.0, 0.0, [0.0; 2]);
+        for _ in 0..5 {
+            let (t, r) = round(client, direct, concurrency, requests / 5).await;
+            d.extend(t);
+            d_rate += r / 5.0;
+            for (i, url) in [routed, floor].into_iter().enumerate() {
+                let before = process::cpu_seconds(&pids[i]);
+                let (t, r) = round(client, url, concurrency, requests / 5).await;
+                cpu[i] += process::cpu_seconds(&pids[i]) - before;
+                if i == 0 {
+                    v.extend(t);
+                    v_rate += r / 5.0;
+                }
+            }
+        }
+        let cpu_us = cpu.map(|seconds| seconds / v.len() as f64 * 1e6);
+        d.sort();
+        v.sort();
+        let (d50, d99, v50, v99) = (
+            percentile(&d, 0.5),
+            percentile(&d, 0.99),
+            percentile(&v, 0.5),
+            percentile(&v, 0.99),
+        );
+        println!(
+            "| {concurrency} | {d50:.2} / {d99:.2} ms | {v50:.2} / {v99:.2} ms | {:.2} / {:.2} ms | {d_rate:.0} | {v_rate:.0} | {:.2} | {:.0} us | {:.0} us |",
+            v50 - d50,
+            v99 - d99,
+            v_rate / d_rate,
+            cpu_us[0],
+            cpu_us[1]
+        );
+    }
+}
+
 fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(at) = args.iter().position(|a| a == relay_floor::FLAG) {
+        return relay_floor::serve(args[at + 1].clone());
+    }
     // `cargo bench` passes --bench; a filter or --list from the test harness is ignored.
     if std::env::args().any(|a| a == "--list") {
         return;
@@ -113,7 +170,11 @@ fn main() {
     let (_engine, engine) = process::bench_engine();
     let dir = tempfile::tempdir().unwrap();
     let (router_process, router) = process::serve_bench(dir.path(), "bench", &engine, "");
-    let pid = router_process.0.id().to_string();
+    let mut floor_command = std::process::Command::new(std::env::current_exe().unwrap());
+    floor_command.args([relay_floor::FLAG, &engine]);
+    let (floor_process, floor) = process::start_command(floor_command, relay_floor::ANNOUNCE);
+    let pids = [router_process.0.id(), floor_process.0.id()].map(|pid| pid.to_string());
+    let pid = &pids[0];
     // Two threads whatever TOKIO_WORKER_THREADS says (it may be set for the router).
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -127,6 +188,8 @@ fn main() {
         let routed = format!("{router}/v1/chat/completions");
         round(&client, &direct, 4, 200).await; // warm both paths' connection pools
         round(&client, &routed, 4, 200).await;
+        let floor = format!("{floor}/v1/chat/completions");
+        round(&client, &floor, 4, 200).await;
         if let Some(seconds) = profile_seconds() {
             // A steady load for a profiler (scripts/flamegraph) to sample: nothing else.
             println!("router pid {pid}: 16 streams for {seconds} s");
@@ -136,33 +199,7 @@ fn main() {
             }
             return;
         }
-        println!("streamed chat completions, 8 tokens each; 5 interleaved rounds per path");
-        println!("| concurrency | direct TTFB p50 / p99 | via switchyard p50 / p99 | added p50 / p99 | direct req/s | via req/s | throughput ratio | router CPU per request |");
-        println!("|---:|---:|---:|---:|---:|---:|---:|---:|");
-        for (concurrency, requests) in [(1, 1000), (16, 3200), (64, 6400)] {
-            let (mut d, mut v) = (Vec::new(), Vec::new());
-            let (mut d_rate, mut v_rate, mut cpu) = (0.0, 0.0, 0.0);
-            for _ in 0..5 {
-                let (t, r) = round(&client, &direct, concurrency, requests / 5).await;
-                d.extend(t);
-                d_rate += r / 5.0;
-                let before = process::cpu_seconds(&pid);
-                let (t, r) = round(&client, &routed, concurrency, requests / 5).await;
-                cpu += process::cpu_seconds(&pid) - before;
-                v.extend(t);
-                v_rate += r / 5.0;
-            }
-            let cpu_us = cpu / v.len() as f64 * 1e6;
-            d.sort();
-            v.sort();
-            let (d50, d99, v50, v99) = (percentile(&d, 0.5), percentile(&d, 0.99), percentile(&v, 0.5), percentile(&v, 0.99));
-            println!(
-                "| {concurrency} | {d50:.2} / {d99:.2} ms | {v50:.2} / {v99:.2} ms | {:.2} / {:.2} ms | {d_rate:.0} | {v_rate:.0} | {:.2} | {cpu_us:.0} us |",
-                v50 - d50,
-                v99 - d99,
-                v_rate / d_rate
-            );
-        }
+        closed_loop(&client, &direct, &routed, (&floor, &pids)).await;
         let (mut d, mut v) = (Vec::new(), Vec::new());
         for _ in 0..3 {
             d.extend(paced(&client, &direct, 1000.0, 1000).await);
