@@ -1,5 +1,7 @@
 //! Pipeline failures: every worker filtered, a NaN cost, an out-of-range row, a panicking
-//! Rust plugin (error status, instance poisoned, router still answering).
+//! Rust plugin (error status, instance poisoned, router still answering). And where a
+//! request's pipeline runs: on the executor's thread only when all of it is the router's
+//! own code.
 
 mod support;
 
@@ -183,5 +185,49 @@ fn input_group_bits_the_abi_does_not_define_are_refused() {
     assert!(
         error.contains("declares input groups 0x20 that ABI 1.1 does not define (known: 0xf)"),
         "{error}"
+    );
+}
+
+/// With a plugin library loaded, a request whose instance and admitters are all built in
+/// runs inline; one that meets the plugin's policy type, one of its components, or its
+/// admitter goes to the blocking pool, as does an unknown instance or a large input.
+#[test]
+fn only_the_routers_own_code_runs_on_the_executors_threads() {
+    use switchyard::fleet::router::Router;
+    use switchyard::serve::off_executor::{inline_ok, INLINE_INPUT_BYTES};
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = rust_plugin("least_busy");
+    let instances = "worker_selection:\n  instances:\n\
+        \x20   - {name: plugin-type, type: least-busy}\n\
+        \x20   - {name: built-ins, scorers: [{type: builtin.active-requests}], picker: {type: builtin.lowest-cost}}\n\
+        \x20   - {name: mixed, scorers: [{type: acme.active-requests}], picker: {type: builtin.lowest-cost}}\n";
+    let router = |admitters: &str| {
+        let yaml = format!(
+            "plugins:\n  - path: {}\n{instances}{admitters}",
+            plugin.display()
+        );
+        Router::new(start_yaml(dir.path(), &yaml).expect("starts")).unwrap()
+    };
+    let plain = router("");
+    for (instance, inline) in [
+        (None, true),
+        (Some("default"), true),
+        (Some("built-ins"), true),
+        (Some("plugin-type"), false),
+        (Some("mixed"), false),
+        (Some("no-such-instance"), false),
+    ] {
+        assert_eq!(inline_ok(&plain, 512, instance), inline, "{instance:?}");
+    }
+    assert!(
+        !inline_ok(&plain, INLINE_INPUT_BYTES + 1, None),
+        "a large input"
+    );
+    let admitting = router(
+        "admission:\n  admitters:\n    - {type: acme.shed-when-saturated, parameters: {keep_priority: 5}}\n",
+    );
+    assert!(
+        !inline_ok(&admitting, 512, Some("built-ins")),
+        "the plugin's admitter is in every request's path"
     );
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::error::BuildError;
 use super::pipeline::Policy;
-use super::registry::{ComponentType, PolicyFactory};
+use super::registry::{ComponentType, Origin, PolicyFactory};
 use switchyard_config::OnError;
 use switchyard_plugin_host::plugin::{OwnedParams, PartitionKey};
 
@@ -74,6 +74,20 @@ impl InstanceFactory {
                 .collect::<Result<_, _>>()?,
         };
         Policy::new(stages)
+    }
+
+    /// Whether every component this instance builds is the router's own: a built-in
+    /// policy type, or a composition of built-in components (no plugin library's code,
+    /// in process or isolated).
+    pub fn runs_only_router_code(&self) -> bool {
+        match &self.kind {
+            InstanceKind::Policy { factory, .. } => {
+                matches!(factory, PolicyFactory::Builtin { .. })
+            }
+            InstanceKind::Composition { components } => components
+                .iter()
+                .all(|c| matches!(c.component.origin, Origin::Builtin)),
+        }
     }
 
     /// A one-line description for summaries.

@@ -1,24 +1,44 @@
 //! Where a request's parsing and selection run. Plugin code never runs on the async
-//! executor's threads: whenever a plugin library is loaded (its filters, scorers,
-//! pickers, admitters or policy types may be in the request's path, or an isolated
-//! call may wait on another process), or a tokenizer runs, or the input is large, the
-//! work goes to the blocking pool. Otherwise only the router's own code runs, bounded by
-//! `INLINE_INPUT_BYTES` of input, and it runs inline: the two thread hand-offs the pool
-//! costs (a futex wake each way) are most of a small request's CPU
-//! (docs/BENCHMARKS.md, the Envoy endpoint picker).
+//! executor's threads: when the request's policy instance or an admitter is a plugin
+//! library's (its filters, scorers, pickers, admitters or policy type are in the
+//! request's path, or an isolated call may wait on another process), or a tokenizer
+//! runs, or the input is large, the work goes to the blocking pool. Otherwise only the
+//! router's own code runs, bounded by `INLINE_INPUT_BYTES` of input, and it runs inline:
+//! the two thread hand-offs the pool costs (a futex wake each way) are most of a small
+//! request's CPU (docs/BENCHMARKS.md, the Envoy endpoint picker). A router that loads a
+//! plugin for one instance still serves its built-in instances inline.
 
 use std::panic::AssertUnwindSafe;
 
 use switchyard_fleet::router::Router;
+use switchyard_policy::registry::Origin;
 
 /// The most input (a request body) parsed and selected on the executor's thread: a
 /// JSON parse and a block hash of this much take tens of microseconds.
 pub const INLINE_INPUT_BYTES: usize = 64 << 10;
 
-/// Whether work over `input_bytes` of input may run inline: no plugin library is loaded
-/// in the router's current generation, and the input is small.
-pub fn inline_ok(router: &Router, input_bytes: usize) -> bool {
-    input_bytes <= INLINE_INPUT_BYTES && router.generation().startup.registry.plugins().is_empty()
+/// Whether work over `input_bytes` of input for policy `instance` (the default instance
+/// when `None`) may run inline: the input is small, and no plugin library is loaded in
+/// the router's current generation, or that instance and every admitter are the
+/// router's own. An unknown instance is not: its error comes from the blocking pool.
+pub fn inline_ok(router: &Router, input_bytes: usize, instance: Option<&str>) -> bool {
+    if input_bytes > INLINE_INPUT_BYTES {
+        return false;
+    }
+    let generation = router.generation();
+    let startup = &generation.startup;
+    if startup.registry.plugins().is_empty() {
+        return true;
+    }
+    let name = instance.unwrap_or(&startup.default_instance);
+    let admitters_ours = startup
+        .admitters
+        .iter()
+        .all(|a| matches!(a.component.origin, Origin::Builtin));
+    admitters_ours
+        && startup
+            .instance(name)
+            .is_some_and(|i| i.runs_only_router_code())
 }
 
 /// Work that did not finish: it panicked inline, or its blocking task did not end.

@@ -526,7 +526,9 @@ async fn pick(
             request_body.clone(),
         );
         async move {
-            let inline = picker.frontend.inline_ok(body.len());
+            let inline = picker
+                .frontend
+                .inline_ok(body.len(), wanted.instance.as_deref());
             crate::off_executor::run(inline, move || {
                 let mut busy = None;
                 match decide(&picker, &caller, wanted, &body, &mut busy) {

@@ -129,7 +129,8 @@ impl Frontend {
             pair.request.described.clone(),
             pair.request.instance.clone(),
         );
-        tokio::task::spawn_blocking(move || {
+        let inline = self.inline_ok(pair.request.body.len(), instance.as_deref());
+        crate::off_executor::run(inline, move || {
             let id = frontend.next_request_id();
             let mut request = frontend.route_request(&prompt, &described, id.clone(), instance);
             request.block_hashes = Some(prompt.block_hashes.clone());

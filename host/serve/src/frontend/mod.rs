@@ -253,7 +253,7 @@ impl Frontend {
             .wait_turn(
                 &request.prompt,
                 &request.described,
-                &request.instance,
+                (&request.instance, request.body.len()),
                 first,
             )
             .await
@@ -275,7 +275,7 @@ impl Frontend {
         first: Option<String>,
     ) -> Result<Prepared, OpenAiError> {
         // Parsing (tokenizing a long prompt is CPU work) and the first selection (plugin
-        // code) run in one trip to the blocking pool.
+        // code) run in one trip to the blocking pool, or inline (`off_executor`).
         let frontend = self.clone();
         let generation = self.router.generation();
         let settings = &generation.startup.source.config.request_attributes;
@@ -286,7 +286,8 @@ impl Frontend {
             Err(error) => return Err(OpenAiError::from(error)),
         };
         drop(generation);
-        self.off_executor(move || {
+        let (input_bytes, inline_for) = (parsing.len(), first.clone());
+        self.off_executor((input_bytes, inline_for.as_deref()), move || {
             let prompt = prompt::parse(endpoint, &parsing, frontend.router.block_size(), |model| {
                 frontend.tokenizers.get(model)
             })
@@ -332,12 +333,13 @@ impl Frontend {
         .await
     }
 
-    /// Waits in the admission queue while every worker is busy (`admission:`).
+    /// Waits in the admission queue while every worker is busy (`admission:`); each retry
+    /// selects where `off_executor` says for the request's `input_bytes`.
     async fn wait_turn(
         self: &Arc<Self>,
         prompt: &Arc<Prompt>,
         described: &Arc<Described>,
-        instance: &Option<String>,
+        (instance, input_bytes): (&Option<String>, usize),
         first: Result<Selected, RouteError>,
     ) -> Result<Selected, Response> {
         let place = described.place(switchyard_plugin_host::plugin::PartitionKey::new(
@@ -348,7 +350,8 @@ impl Frontend {
             let (frontend, prompt, described) = (self.clone(), prompt.clone(), described.clone());
             let instance = instance.clone();
             async move {
-                let selected = tokio::task::spawn_blocking(move || {
+                let inline = frontend.inline_ok(input_bytes, instance.as_deref());
+                let selected = crate::off_executor::run(inline, move || {
                     let request_id = frontend.next_request_id();
                     frontend.select_now(&prompt, &described, request_id, instance)
                 })
@@ -427,13 +430,13 @@ impl Frontend {
                     self.router.metrics.record_upstream_retry();
                     excluded_attempts += 1;
                     let frontend = self.clone();
-                    let (prompt, described, instance) =
+                    let (prompt, described, asked) =
                         (prompt.clone(), described.clone(), instance.clone());
                     selected = match self
-                        .off_executor(move || {
+                        .off_executor((body.len(), instance.as_deref()), move || {
                             let request_id = frontend.next_request_id();
                             frontend
-                                .select_now(&prompt, &described, request_id, instance)
+                                .select_now(&prompt, &described, request_id, asked)
                                 .map_err(OpenAiError::from)
                         })
                         .await
@@ -483,26 +486,34 @@ impl Frontend {
         .into_response()
     }
 
-    /// Whether work over `input_bytes` of a request may run on the executor's thread
-    /// (`off_executor::run`): only the router's own code, no tokenizer, a small input.
-    pub fn inline_ok(&self, input_bytes: usize) -> bool {
-        self.tokenizers.is_empty() && crate::off_executor::inline_ok(&self.router, input_bytes)
+    /// Whether work over `input_bytes` of a request for policy `instance` may run on the
+    /// executor's thread (`off_executor::run`): only the router's own code, no
+    /// tokenizer, a small input.
+    pub fn inline_ok(&self, input_bytes: usize, instance: Option<&str>) -> bool {
+        self.tokenizers.is_empty()
+            && crate::off_executor::inline_ok(&self.router, input_bytes, instance)
     }
 
-    /// Runs `work` on the blocking pool: plugin code never runs on the async executor's
-    /// threads. If the client goes away meanwhile, what `work` returns is dropped when it
-    /// finishes, so a lease it made frees its booking.
+    /// Runs `work` over `input_bytes` of a request for policy `instance` where
+    /// `off_executor::inline_ok` says: inline
+    /// when only the router's own code runs over a small input, else on the blocking pool
+    /// (plugin code never runs on the async executor's threads). If the client goes away
+    /// while it runs on the pool, what `work` returns is dropped when it finishes, so a
+    /// lease it made frees its booking.
     async fn off_executor<T: Send + 'static>(
         &self,
+        (input_bytes, instance): (usize, Option<&str>),
         work: impl FnOnce() -> Result<T, OpenAiError> + Send + 'static,
     ) -> Result<T, OpenAiError> {
-        tokio::task::spawn_blocking(work).await.unwrap_or_else(|e| {
-            Err(OpenAiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "server_error",
-                format!("the request's preparation did not finish: {e}"),
-            ))
-        })
+        crate::off_executor::run(self.inline_ok(input_bytes, instance), work)
+            .await
+            .unwrap_or_else(|e| {
+                Err(OpenAiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "server_error",
+                    format!("the request's preparation did not finish: {e}"),
+                ))
+            })
     }
 
     /// Selects and reserves a worker for `prompt` (blocking: plugin code runs here). The

@@ -158,7 +158,11 @@ async fn decide_waiting(
     let attempt = || {
         let (router, request) = (router.clone(), request.clone());
         async move {
-            let inline = off_executor::inline_ok(&router, input_bytes(&request));
+            let inline = off_executor::inline_ok(
+                &router,
+                input_bytes(&request),
+                request.instance.as_deref(),
+            );
             off_executor::run(inline, move || decide(&router, &request))
                 .await
                 .unwrap_or_else(|e| {
@@ -232,7 +236,8 @@ async fn reserve(
         (None, None) => 0,
     };
     // Admitters may be plugin code: off the executor.
-    let inline = off_executor::inline_ok(&router, input_bytes(&request));
+    let inline =
+        off_executor::inline_ok(&router, input_bytes(&request), request.instance.as_deref());
     let (admitting, request) = (router.clone(), Arc::new(request));
     let asked = request.clone();
     let admitted = off_executor::run(inline, move || admitting.admit(&asked, blocks, tokens)).await;
