@@ -286,8 +286,8 @@ impl Frontend {
             Err(error) => return Err(OpenAiError::from(error)),
         };
         drop(generation);
-        let (input_bytes, inline_for) = (parsing.len(), first.clone());
-        self.off_executor((input_bytes, inline_for.as_deref()), move || {
+        let inline = self.inline_ok(parsing.len(), first.as_deref());
+        self.off_executor(inline, move || {
             let prompt = prompt::parse(endpoint, &parsing, frontend.router.block_size(), |model| {
                 frontend.tokenizers.get(model)
             })
@@ -433,7 +433,7 @@ impl Frontend {
                     let (prompt, described, asked) =
                         (prompt.clone(), described.clone(), instance.clone());
                     selected = match self
-                        .off_executor((body.len(), instance.as_deref()), move || {
+                        .off_executor(self.inline_ok(body.len(), instance.as_deref()), move || {
                             let request_id = frontend.next_request_id();
                             frontend
                                 .select_now(&prompt, &described, request_id, asked)
@@ -494,18 +494,16 @@ impl Frontend {
             && crate::off_executor::inline_ok(&self.router, input_bytes, instance)
     }
 
-    /// Runs `work` over `input_bytes` of a request for policy `instance` where
-    /// `off_executor::inline_ok` says: inline
-    /// when only the router's own code runs over a small input, else on the blocking pool
-    /// (plugin code never runs on the async executor's threads). If the client goes away
-    /// while it runs on the pool, what `work` returns is dropped when it finishes, so a
-    /// lease it made frees its booking.
+    /// Runs `work` inline when `inline` (`inline_ok`: only the router's own code over a
+    /// small input), else on the blocking pool (plugin code never runs on the async
+    /// executor's threads). If the client goes away while it runs on the pool, what
+    /// `work` returns is dropped when it finishes, so a lease it made frees its booking.
     async fn off_executor<T: Send + 'static>(
         &self,
-        (input_bytes, instance): (usize, Option<&str>),
+        inline: bool,
         work: impl FnOnce() -> Result<T, OpenAiError> + Send + 'static,
     ) -> Result<T, OpenAiError> {
-        crate::off_executor::run(self.inline_ok(input_bytes, instance), work)
+        crate::off_executor::run(inline, work)
             .await
             .unwrap_or_else(|e| {
                 Err(OpenAiError::new(
