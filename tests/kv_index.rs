@@ -5,7 +5,9 @@ use std::collections::{HashMap, HashSet};
 
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
-use switchyard::fleet::kv_index::{IndexShape, KvEvent, KvIndex, QueryScratch, SlotRows, Tier};
+use switchyard::fleet::kv_index::{
+    BoundPassed, IndexShape, KvEvent, KvIndex, QueryScratch, SlotRows, Tier,
+};
 use switchyard_plugin_sdk::WorkerId;
 
 /// The obvious model: per worker and tier, the set of hashes held.
@@ -291,13 +293,14 @@ fn nothing_unstored(
     }
 }
 
-/// Workers whose events store far more than their budget (what they declared they can
-/// hold): after every event each holds no more than its budget per tier, the index holds
-/// nothing the reference (unbounded) model does not, the blocks of the latest store are
-/// all held (the oldest go first), and every pair the index dropped is counted as
-/// evicted. Budgets are set before a worker's first event and lowered mid-run.
+/// Workers whose events store far more than their budget (lost removals, a lying
+/// engine): after every event each holds no more than its budget per tier, the index
+/// holds nothing the reference (unbounded) model does not, the blocks of the latest store
+/// are held (up to the budget: a worker past it is forgotten in that tier and keeps that
+/// store's prefix), and every pair the index dropped is counted and reported. Budgets are
+/// set before a worker's first event and lowered mid-run.
 #[test]
-fn budgets_bound_what_each_worker_holds_evicting_its_oldest_blocks() {
+fn budgets_bound_what_each_worker_holds_keeping_its_latest_store() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(28);
     let workers: Vec<WorkerId> = (0..4)
         .map(|i| WorkerId {
@@ -311,12 +314,12 @@ fn budgets_bound_what_each_worker_holds_evicting_its_oldest_blocks() {
     let mut index = KvIndex::with_sweep_floor(64);
     let mut reference = Reference::default();
     let mut budgets: HashMap<WorkerId, [u64; 3]> = HashMap::new();
-    let mut ever: HashMap<(WorkerId, Tier), HashSet<u64>> = HashMap::new();
     for &w in &workers {
         let budget = [30 + w.worker_id * 10, 25, u64::MAX];
         index.set_budget(w, budget);
         budgets.insert(w, budget);
     }
+    let mut reported = 0;
     for step in 0..20_000 {
         let worker = workers[rng.gen_range(0..workers.len())];
         let tier = Tier::ALL[rng.gen_range(0..2)];
@@ -325,47 +328,32 @@ fn budgets_bound_what_each_worker_holds_evicting_its_oldest_blocks() {
             let budget = [12, 12, u64::MAX];
             index.set_budget(worker, budget);
             budgets.insert(worker, budget);
+            reported += forgotten_pairs(&mut index, worker, BoundPassed::Worker);
         }
         let event = store_mostly(&mut rng, tier, chain);
         let evicted_before = index.evicted();
-        let holds = |index: &KvIndex, hash: u64| holds(index, worker, tier, hash);
-        // Blocks this worker never stored before (since its last clear of the tier) are
-        // its newest: their own store never evicts them. (A block removed and stored
-        // again keeps its first place in the order: eviction runs only for a worker past
-        // its declared capacity, where the order is a best effort.)
-        let stored_before = ever.entry((worker, tier)).or_default();
-        let new_blocks: Vec<u64> = match &event {
-            KvEvent::Stored { block_hashes, .. } => block_hashes
-                .iter()
-                .copied()
-                .filter(|&h| !holds(&index, h) && !stored_before.contains(&h))
-                .collect(),
-            KvEvent::Cleared { .. } => {
-                stored_before.clear();
-                Vec::new()
-            }
-            _ => Vec::new(),
-        };
-        if let KvEvent::Stored { block_hashes, .. } = &event {
-            stored_before.extend(block_hashes);
-        }
         index.apply(worker, &event);
         reference.apply(worker, &event);
         assert!(
             index.evicted() == evicted_before || matches!(event, KvEvent::Stored { .. }),
             "step {step}: only stores evict"
         );
+        reported += forgotten_pairs(&mut index, worker, BoundPassed::Worker);
         within_budgets(&index, &workers, &budgets, step);
-        for &hash in &new_blocks {
-            assert!(
-                holds(&index, hash),
-                "step {step}: block {hash:x}, just stored, was evicted"
-            );
+        if let KvEvent::Stored { block_hashes, .. } = &event {
+            let kept = block_hashes.len().min(budgets[&worker][tier as usize] as usize);
+            for &hash in &block_hashes[..kept] {
+                assert!(
+                    holds(&index, worker, tier, hash),
+                    "step {step}: block {hash:x}, just stored, was dropped"
+                );
+            }
         }
         let query = &chains[rng.gen_range(0..chains.len())];
         nothing_unstored(&index, &reference, &workers, query, step);
     }
     assert!(index.evicted() > 1_000, "evicted only {}", index.evicted());
+    assert_eq!(reported, index.evicted(), "every forgotten pair is reported");
     // Every pair stored and never removed by an event is either held or counted evicted.
     let held: u64 = index.blocks().iter().map(|&b| b as u64).sum();
     let reference_pairs: u64 = reference.held.values().map(|s| s.len() as u64).sum();
@@ -375,4 +363,57 @@ fn budgets_bound_what_each_worker_holds_evicting_its_oldest_blocks() {
         "{held} held + {} evicted < {reference_pairs}",
         index.evicted()
     );
+}
+
+/// The pairs reported forgotten since the last call; each report names `worker` (the
+/// only one whose event ran) and `bound`.
+fn forgotten_pairs(index: &mut KvIndex, worker: WorkerId, bound: BoundPassed) -> u64 {
+    let mut pairs = 0;
+    for gone in index.take_forgotten() {
+        assert_eq!((gone.worker, gone.bound), (worker, bound), "{gone:?}");
+        pairs += gone.pairs;
+    }
+    pairs
+}
+
+/// The fleet's bound: no tier ever holds more pairs than `max_pairs`, the worker
+/// forgotten is the one holding the most, and what any worker holds is still true.
+#[test]
+fn the_fleets_bound_caps_every_tier_forgetting_the_largest_holder() {
+    let mut rng = rand::rngs::StdRng::seed_from_u64(46);
+    let workers: Vec<WorkerId> = (0..6)
+        .map(|i| WorkerId {
+            worker_id: i,
+            dp_rank: 0,
+        })
+        .collect();
+    let chains: Vec<Vec<u64>> = (0..40)
+        .map(|c| (0..20).map(|i| (c as u64 + 1) << 32 | i).collect())
+        .collect();
+    let mut index = KvIndex::with_sweep_floor(64);
+    index.set_max_pairs(150);
+    let mut reference = Reference::default();
+    let mut forgotten = 0;
+    for step in 0..5_000 {
+        // Worker 0 stores most: it is the largest holder when the cap is reached.
+        let worker = workers[if rng.gen_bool(0.5) { 0 } else { rng.gen_range(1..6) }];
+        let tier = Tier::ALL[rng.gen_range(0..2)];
+        let chain = &chains[rng.gen_range(0..chains.len())];
+        let event = store_mostly(&mut rng, tier, chain);
+        let largest = workers.iter().map(|&w| index.held(w, tier)).max();
+        index.apply(worker, &event);
+        reference.apply(worker, &event);
+        for gone in index.take_forgotten() {
+            assert_eq!(gone.bound, BoundPassed::Fleet);
+            assert!(Some(gone.pairs) >= largest, "step {step}: {gone:?} was not the largest");
+            forgotten += 1;
+        }
+        for t in Tier::ALL {
+            let held: u64 = workers.iter().map(|&w| index.held(w, t)).sum();
+            assert!(held <= 150, "step {step}: {t:?} holds {held} pairs");
+        }
+        let query = &chains[rng.gen_range(0..chains.len())];
+        nothing_unstored(&index, &reference, &workers, query, step);
+    }
+    assert!(forgotten > 10, "the cap was reached only {forgotten} times");
 }

@@ -38,6 +38,18 @@ def vllm() -> bytes:
         waiting.labels("meta-llama/Llama-3.1-8B", engine).set(w)
         kv.labels("meta-llama/Llama-3.1-8B", engine).set(k)
         prompt.labels("meta-llama/Llama-3.1-8B", engine).inc(1000)
+    # CacheConfig.metrics_info(): every field as a label, its value as str(); the gauge
+    # set to 1 per engine core (log_metrics_info("cache_config", ...)). A subset of the
+    # fields, in CacheConfig's order.
+    cache = {"block_size": "16", "gpu_memory_utilization": "0.9", "swap_space": "4",
+             "cache_dtype": "auto", "is_attention_free": "False",
+             "num_gpu_blocks_override": "None", "sliding_window": "None",
+             "enable_prefix_caching": "True", "prefix_caching_hash_algo": "sha256",
+             "cpu_offload_gb": "0", "num_gpu_blocks": "27648", "num_cpu_blocks": "0"}
+    info = Gauge("vllm:cache_config_info", "Information of the LLMEngine CacheConfig",
+                 [*cache, "engine"], registry=registry)
+    for engine in ["0", "1"]:
+        info.labels(**cache, engine=engine).set(1)
     # vLLM sets the series of the current adapter sets to the time of the update
     # (set_to_current_time); an older label set stays exported with an older time.
     lora.labels("4", "", "sql-lora").set(1764590000.0)

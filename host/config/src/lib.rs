@@ -495,10 +495,18 @@ pub struct RouterSettings {
     /// Whether a reload may remove every worker (a config emptied by mistake otherwise
     /// leaves the router answering 404 to everything: such a reload is refused).
     pub reload_may_empty_fleet: bool,
-    /// The most blocks the KV index keeps per worker in each offload tier (host, disk);
-    /// the device tier keeps at most the worker's `total_kv_blocks`. Past it, the
-    /// worker's oldest blocks are evicted (counted in `/metrics`).
+    /// The most blocks the KV index keeps per worker in each offload tier (host, disk).
+    /// Past it, the worker's blocks in that tier are forgotten (counted in `/metrics`)
+    /// and its events rebuild them.
     pub max_offloaded_blocks_per_worker: u64,
+    /// The least the KV index's device-tier bound of a worker is: a safety net against
+    /// lost removals, not a cache size. A worker whose `total_kv_blocks` or engine-reported
+    /// capacity is known gets twice that when it is larger.
+    pub kv_bound_blocks_per_worker: u64,
+    /// The most (block, worker) pairs the KV index holds across the fleet, per tier: it
+    /// bounds the index's memory (about 14-28 bytes a pair). Past it, the worker holding
+    /// the most blocks in that tier is forgotten there, counted and logged once.
+    pub max_kv_index_pairs: u64,
     /// After SIGTERM, how long requests and ext_proc streams in flight may take to
     /// finish before the process ends anyway.
     pub drain_timeout_secs: u64,
@@ -515,6 +523,8 @@ impl Default for RouterSettings {
             remote_admin: false,
             reload_may_empty_fleet: false,
             max_offloaded_blocks_per_worker: 1 << 22,
+            kv_bound_blocks_per_worker: 1 << 22,
+            max_kv_index_pairs: 1 << 25,
             drain_timeout_secs: 30,
             worker_networks: Vec::new(),
         }

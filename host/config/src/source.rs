@@ -166,6 +166,17 @@ impl ConfigSource {
             ("router", "block_size", u64::from(router.block_size)),
             ("router", "request_expiry_secs", router.request_expiry_secs),
             (
+                "router",
+                "kv_bound_blocks_per_worker",
+                router.kv_bound_blocks_per_worker,
+            ),
+            ("router", "max_kv_index_pairs", router.max_kv_index_pairs),
+            (
+                "router",
+                "max_offloaded_blocks_per_worker",
+                router.max_offloaded_blocks_per_worker,
+            ),
+            (
                 "frontend",
                 "connect_timeout_ms",
                 frontend.connect_timeout_ms,

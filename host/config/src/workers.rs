@@ -35,9 +35,9 @@ mod role {
         })
     }
 }
-fn default_kv_blocks() -> u64 {
-    16_384
-}
+/// The largest `total_kv_blocks` taken: 2^32 blocks is more KV cache than any engine
+/// has; a larger number is a typo (or `u64::MAX`) that would lift the index's bound.
+pub const MAX_TOTAL_KV_BLOCKS: u64 = 1 << 32;
 fn default_batched_tokens() -> u64 {
     8_192
 }
@@ -52,9 +52,12 @@ pub struct WorkerSpec {
     pub dp_rank: u32,
     #[serde(default, with = "role")]
     pub worker_type: WorkerType,
-    /// KV capacity in blocks.
-    #[serde(default = "default_kv_blocks")]
-    pub total_kv_blocks: u64,
+    /// The engine's KV cache in blocks, when the operator knows it better than the
+    /// engine reports it. Optional: the KV index's bound for the worker is a safety net
+    /// sized from this, the engine's reported capacity or `router.kv_bound_blocks_per_worker`,
+    /// whichever is largest (docs/kv-events.md), never a limit on what the engine holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub total_kv_blocks: Option<u64>,
     #[serde(default = "default_batched_tokens")]
     pub max_batched_tokens: u64,
     #[serde(default)]
@@ -102,8 +105,8 @@ pub enum WorkerInvalid {
     Address(String),
     #[error("`model` must not be empty")]
     EmptyModel,
-    #[error("`total_kv_blocks` must be at least 1")]
-    NoKvBlocks,
+    #[error("`total_kv_blocks` must be between 1 and {max} (2^32), got {0}; leave it out to size the worker's KV index from its engine", max = MAX_TOTAL_KV_BLOCKS)]
+    KvBlocks(u64),
     #[error("`url`: {0}")]
     Url(AddressError),
     #[error("kv_events.{field}: {error}")]
@@ -213,8 +216,10 @@ impl WorkerSpec {
         if self.model.trim().is_empty() {
             return Err(WorkerInvalid::EmptyModel);
         }
-        if self.total_kv_blocks == 0 {
-            return Err(WorkerInvalid::NoKvBlocks);
+        if let Some(blocks) = self.total_kv_blocks {
+            if blocks == 0 || blocks > MAX_TOTAL_KV_BLOCKS {
+                return Err(WorkerInvalid::KvBlocks(blocks));
+            }
         }
         if let Some(url) = &self.url {
             EngineUrl::parse(url).map_err(WorkerInvalid::Url)?;

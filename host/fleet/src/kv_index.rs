@@ -17,8 +17,6 @@
 //! runs are walked once for every slot (`held_runs`). The router asks for every
 //! candidate at once, in its partition's row order (`query_rows`).
 
-use std::collections::VecDeque;
-
 use rustc_hash::FxHashMap;
 
 mod held_runs;
@@ -167,11 +165,9 @@ struct Slots {
     live_bits: Vec<u64>,
     /// Per slot, the pairs it holds in each tier.
     pairs: Vec<[u64; 3]>,
-    /// Per slot and tier, the blocks in the order they were stored (removed ones are
-    /// skipped when reached, and dropped when they outnumber the held ones): the
-    /// worker's oldest blocks, evicted first past its budget.
-    order: Vec<[VecDeque<u64>; 3]>,
-    /// Per slot and tier, the most pairs it may hold (`u64::MAX`: no bound).
+    /// Per slot and tier, the most pairs it may hold (`u64::MAX`: no bound). A bound is a
+    /// safety net, not a cache size: a worker past it is forgotten in that tier (see
+    /// `KvIndex::forget_tier`), so the index keeps no eviction order (no bytes per pair).
     budget: Vec<[u64; 3]>,
     /// Changes whenever a worker gains or loses a slot.
     epoch: u64,
@@ -186,13 +182,11 @@ impl Slots {
             self.count += 1;
             self.dead.push(false);
             self.pairs.push([0; 3]);
-            self.order.push(Default::default());
             self.budget.push([u64::MAX; 3]);
             self.count - 1
         });
         self.dead[slot as usize] = false;
         self.pairs[slot as usize] = [0; 3];
-        self.order[slot as usize] = Default::default();
         self.budget[slot as usize] = [u64::MAX; 3];
         set_bit(&mut self.live_bits, slot);
         self.by_worker.insert(worker, slot);
@@ -248,7 +242,32 @@ pub struct KvIndex {
     lazy_runs: usize,
     /// Budgets set for workers that hold no slot yet.
     pending_budgets: FxHashMap<WorkerId, [u64; 3]>,
+    /// The most pairs per tier across every worker (`u64::MAX`: no bound).
+    max_pairs: u64,
+    /// Pairs dropped because a bound was passed, and each time it happened (drained by
+    /// the router, which logs and counts them).
     evicted: u64,
+    forgotten: Vec<Forgotten>,
+}
+
+/// Which bound a worker passed when the index forgot its blocks in one tier.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BoundPassed {
+    /// Its own budget (what it may hold in the tier).
+    Worker,
+    /// The fleet's: the index held more pairs in the tier than `max_pairs`, and this
+    /// worker held the most.
+    Fleet,
+}
+
+/// A worker's blocks in one tier, forgotten because a bound was passed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Forgotten {
+    pub worker: WorkerId,
+    pub tier: Tier,
+    /// The pairs it held there.
+    pub pairs: u64,
+    pub bound: BoundPassed,
 }
 
 /// Up to this many runs, a worker's overlap is read by testing its membership run by run;
@@ -286,12 +305,7 @@ impl KvIndex {
                         self.slots.budget[slot as usize] = budget;
                     }
                 }
-                let t = tier.index();
-                let order = &mut self.slots.order[slot as usize][t];
-                let added = self.tiers[t].store(slot, block_hashes, self.slots.count, order);
-                self.live[t] += added;
-                self.slots.pairs[slot as usize][t] += added;
-                self.evict_past_budget(slot, t);
+                self.store(slot, tier.index(), block_hashes);
             }
             KvEvent::Removed { tier, block_hashes } => {
                 if let Some(&slot) = self.slots.by_worker.get(&worker) {
@@ -299,7 +313,6 @@ impl KvIndex {
                     let removed = self.tiers[t].remove(slot, block_hashes.iter().copied());
                     self.live[t] -= removed;
                     self.slots.pairs[slot as usize][t] -= removed;
-                    self.trim_order(slot, t);
                 }
             }
             KvEvent::Cleared { tier: Some(tier) } => {
@@ -307,7 +320,6 @@ impl KvIndex {
                     let t = tier.index();
                     self.tiers[t].sweep(|s| s == slot);
                     self.live[t] -= std::mem::take(&mut self.slots.pairs[slot as usize][t]);
-                    self.slots.order[slot as usize][t] = VecDeque::new();
                 }
             }
             KvEvent::Cleared { tier: None } => self.remove_worker(worker),
@@ -326,7 +338,9 @@ impl KvIndex {
             sweeps: 0,
             lazy_runs: LAZY_RUNS,
             pending_budgets: FxHashMap::default(),
+            max_pairs: u64::MAX,
             evicted: 0,
+            forgotten: Vec::new(),
         }
     }
 
@@ -348,7 +362,6 @@ impl KvIndex {
         self.slots.dead[slot as usize] = true;
         clear_bit(&mut self.slots.live_bits, slot);
         let pairs = std::mem::take(&mut self.slots.pairs[slot as usize]);
-        self.slots.order[slot as usize] = Default::default();
         for (live, held) in self.live.iter_mut().zip(pairs) {
             *live -= held;
         }
@@ -360,9 +373,8 @@ impl KvIndex {
         }
     }
 
-    /// Bounds what `worker` may hold per tier (device, host, disk): its declared
-    /// capacity, so no stream of events (lost removals, a lying engine) grows the index
-    /// past what the fleet declared. Blocks already past a lowered budget are evicted.
+    /// Bounds what `worker` may hold per tier (device, host, disk). A worker already
+    /// past a lowered budget is forgotten in that tier.
     pub fn set_budget(&mut self, worker: WorkerId, budget: [u64; 3]) {
         let Some(&slot) = self.slots.by_worker.get(&worker) else {
             self.pending_budgets.insert(worker, budget);
@@ -371,48 +383,88 @@ impl KvIndex {
         if self.slots.budget[slot as usize] != budget {
             self.slots.budget[slot as usize] = budget;
             for t in 0..3 {
-                self.evict_past_budget(slot, t);
+                if self.slots.pairs[slot as usize][t] > budget[t] {
+                    self.forget_tier(slot, t, BoundPassed::Worker);
+                }
             }
         }
     }
 
-    /// Blocks evicted so far because a worker went past its budget.
+    /// Bounds the pairs each tier holds across the fleet (the index's memory).
+    pub fn set_max_pairs(&mut self, max_pairs: u64) {
+        self.max_pairs = max_pairs;
+        for t in 0..3 {
+            self.within_max_pairs(t);
+        }
+    }
+
+    /// Pairs dropped so far because a bound was passed.
     pub fn evicted(&self) -> u64 {
         self.evicted
     }
 
-    /// Evicts `slot`'s oldest blocks in tier `t` until it holds no more than its budget.
-    fn evict_past_budget(&mut self, slot: u32, t: usize) {
+    /// The workers forgotten in a tier since the last call.
+    pub fn take_forgotten(&mut self) -> Vec<Forgotten> {
+        std::mem::take(&mut self.forgotten)
+    }
+
+    /// Stores `hashes` for `slot` in tier `t`, within its budget and the fleet's.
+    ///
+    /// A worker whose events store more than its budget has lost removals (or its engine
+    /// lies): what the index holds of it is wrong somewhere, and without a per-pair store
+    /// order there is no "oldest" to drop. It is forgotten in the tier, as after a gap in
+    /// its events, and keeps the blocks this store names (a prefix, up to its budget), so
+    /// its newest prefix still routes. Forgetting sweeps the tier's table, which happens
+    /// at most once per budget's worth of its stores.
+    fn store(&mut self, slot: u32, t: usize, hashes: &[u64]) {
         let s = slot as usize;
-        while self.slots.pairs[s][t] > self.slots.budget[s][t] {
-            let Some(oldest) = self.slots.order[s][t].pop_front() else {
-                break;
-            };
-            let removed = self.tiers[t].remove(slot, [oldest]);
-            self.live[t] -= removed;
-            self.slots.pairs[s][t] -= removed;
-            self.evicted += removed;
+        let added = self.tiers[t].store(slot, hashes, self.slots.count);
+        self.live[t] += added;
+        self.slots.pairs[s][t] += added;
+        let budget = self.slots.budget[s][t];
+        if self.slots.pairs[s][t] > budget {
+            self.forget_tier(slot, t, BoundPassed::Worker);
+            let kept = &hashes[..hashes.len().min(budget as usize)];
+            let added = self.tiers[t].store(slot, kept, self.slots.count);
+            self.live[t] += added;
+            self.slots.pairs[s][t] += added;
+        }
+        self.within_max_pairs(t);
+    }
+
+    /// While tier `t` holds more pairs than the fleet's bound, forgets the worker holding
+    /// the most there (at least the average: each sweep frees a fair share).
+    fn within_max_pairs(&mut self, t: usize) {
+        while self.live[t] > self.max_pairs {
+            let largest = (0..self.slots.count)
+                .filter(|&slot| self.slots.is_live(slot))
+                .max_by_key(|&slot| self.slots.pairs[slot as usize][t]);
+            match largest {
+                Some(slot) if self.slots.pairs[slot as usize][t] > 0 => {
+                    self.forget_tier(slot, t, BoundPassed::Fleet)
+                }
+                _ => break,
+            }
         }
     }
 
-    /// Drops from `slot`'s store order (tier `t`) the blocks it no longer holds, and all
-    /// but the latest listing of each, once they outnumber the held ones: the order stays
-    /// within twice the pairs held, and each trim pays for the removals before it.
-    fn trim_order(&mut self, slot: u32, t: usize) {
-        let s = slot as usize;
-        if (self.slots.order[s][t].len() as u64) <= 2 * self.slots.pairs[s][t] + 1024 {
+    /// Forgets what `slot` holds in tier `t`, counting the pairs as evicted.
+    fn forget_tier(&mut self, slot: u32, t: usize, bound: BoundPassed) {
+        let pairs = std::mem::take(&mut self.slots.pairs[slot as usize][t]);
+        if pairs == 0 {
             return;
         }
-        let tier = &self.tiers[t];
-        let mut seen = rustc_hash::FxHashSet::default();
-        let mut kept: Vec<u64> = self.slots.order[s][t]
-            .iter()
-            .rev()
-            .copied()
-            .filter(|&hash| tier.holds(slot, hash) && seen.insert(hash))
-            .collect();
-        kept.reverse();
-        self.slots.order[s][t] = kept.into();
+        self.tiers[t].sweep(|s| s == slot);
+        self.live[t] -= pairs;
+        self.evicted += pairs;
+        if let Some((&worker, _)) = self.slots.by_worker.iter().find(|(_, &s)| s == slot) {
+            self.forgotten.push(Forgotten {
+                worker,
+                tier: Tier::ALL[t],
+                pairs,
+                bound,
+            });
+        }
     }
 
     /// Removes dead slots' pairs from every tier and frees the slots for reuse.

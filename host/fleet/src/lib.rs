@@ -4,6 +4,7 @@
 pub mod admission;
 pub mod generation;
 pub mod kept_columns;
+pub mod kv_bound;
 pub mod kv_events;
 pub mod kv_index;
 pub mod lifecycle;

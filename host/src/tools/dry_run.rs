@@ -206,6 +206,7 @@ impl FleetEngine {
                 kv_cache_usage: self.kv_cache_usage,
                 running_adapters: names(self.running_adapters),
                 waiting_adapters: names(self.waiting_adapters),
+                kv_capacity_tokens: None,
             }),
             age: std::time::Duration::from_millis(self.age_ms),
             fresh: !self.stale,

@@ -153,6 +153,7 @@ pub fn check_summary(startup: &Startup) -> String {
             }
         }
     }
+    write_kv_bounds(&mut out, startup);
     let types: usize = registry.plugins().iter().map(|p| p.types.len()).sum();
     let _ = writeln!(
         out,
@@ -161,6 +162,34 @@ pub fn check_summary(startup: &Startup) -> String {
         startup.instances.len()
     );
     out
+}
+
+/// Each configured worker's KV index bound and where it came from. At run time an
+/// engine that reports a larger cache (vLLM's `cache_config_info`) raises it;
+/// `GET /v1/workers` shows the bound in force.
+fn write_kv_bounds(out: &mut String, startup: &Startup) {
+    let config = &startup.source.config;
+    if config.workers.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "KV index bound per worker (blocks; a safety net, raised at run time by a larger engine-reported cache):"
+    );
+    for spec in &config.workers {
+        let bound = crate::fleet::kv_bound::kv_bound(config, spec, None);
+        let source = serde_json::to_value(bound.source).unwrap_or_default();
+        let _ = writeln!(
+            out,
+            "  {} worker {} rank {}: device {} ({}), host and disk {} each",
+            spec.model,
+            spec.worker_id,
+            spec.dp_rank,
+            bound.device_blocks,
+            source.as_str().unwrap_or("?"),
+            bound.offloaded_blocks
+        );
+    }
 }
 
 /// `plugin inspect --load` output for one library.

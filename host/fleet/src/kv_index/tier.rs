@@ -1,7 +1,5 @@
 //! One tier's index: the block table and the holder sets it points into.
 
-use std::collections::VecDeque;
-
 use super::block_table::{is_set, BlockTable, Holders};
 use super::held_runs::RunHolders;
 use super::holder_sets::{HolderSets, Members};
@@ -31,7 +29,6 @@ impl TierIndex {
         slot: u32,
         hashes: &[u64],
         slots: u32,
-        order: &mut VecDeque<u64>,
     ) -> u64 {
         let mut added = 0;
         // The previous block's holders before and after, and whether `slot` was new there.
@@ -53,18 +50,9 @@ impl TierIndex {
                 self.table.set(hash, new);
             }
             last = old.map(|old| (old, new, was_added));
-            if was_added {
-                order.push_back(hash);
-            }
             added += u64::from(was_added);
         }
         added
-    }
-
-    pub(super) fn holds(&self, slot: u32, hash: u64) -> bool {
-        self.table
-            .get(hash)
-            .is_some_and(|holders| self.sets.contains(holders, slot))
     }
 
     /// Removes `slot` from each block's holders; returns how many pairs it held.

@@ -125,7 +125,7 @@ impl Metrics {
         let no_labels = |value: Value| vec![(Vec::new(), value)];
         for (name, help, counter_value) in [
             ("switchyard_reservations_expired", "Reservations released by expiry because nothing freed them (the last safety net).", &self.expired),
-            ("switchyard_kv_blocks_evicted", "Blocks the KV index evicted (a worker's oldest) because the worker's events stored more than its budget (`total_kv_blocks`, or `router.max_offloaded_blocks_per_worker` for offload tiers).", &self.kv_evicted),
+            ("switchyard_kv_blocks_evicted", "Blocks the KV index forgot because a worker's events stored more than its bound (see GET /v1/workers `kv_index`), or the index passed `router.max_kv_index_pairs`.", &self.kv_evicted),
             ("switchyard_upstream_retries", "Frontend selections repeated after an engine refused the connection.", &self.upstream_retries),
             ("switchyard_engine_scrapes", "Scrapes of engines' own metrics (engine_metrics:), each engine once per interval.", &self.engine_scrapes),
             ("switchyard_engine_scrape_failures", "Engine scrapes that failed (GET /v1/workers shows each worker's engine_error); policies see the last sample as stale.", &self.engine_scrape_failures),

@@ -1,8 +1,10 @@
 //! KV state reaching the index: events over HTTP, from engines' ZeroMQ streams (through
 //! the subscriber, which owns its connections), and predicted from routing; each worker
-//! within its budget.
+//! within its bound (`kv_bound.rs`), the fleet within `router.max_kv_index_pairs`.
 
 use super::*;
+use crate::kv_bound::{kv_bound, KvBound};
+use crate::kv_index::{BoundPassed, Forgotten};
 
 impl Router {
     /// For models with `kv_tracking: predicted`: the prompt's blocks are now assumed
@@ -25,45 +27,72 @@ impl Router {
         self.apply_kv(worker, &events);
     }
 
-    /// Applies `worker`'s KV events within its budget (what it declared it can hold),
-    /// counting and logging (once per worker) the blocks evicted past it.
-    fn apply_kv(&self, worker: WorkerId, events: &[KvEvent]) {
-        let Some(device) = self
-            .state
+    /// The KV index's bound for `worker` and where it came from (`None`: no such
+    /// worker). Shown by `GET /v1/workers`.
+    pub fn kv_bound(&self, worker: WorkerId) -> Option<KvBound> {
+        let engine = self
+            .engine_report(worker)
             .read()
-            .workers
-            .get(worker)
-            .map(|spec| spec.total_kv_blocks)
-        else {
+            .and_then(|reading| reading.sample.kv_capacity_tokens);
+        let generation = self.generation();
+        let state = self.state.read();
+        let spec = state.workers.get(worker)?;
+        Some(kv_bound(&generation.startup.source.config, spec, engine))
+    }
+
+    /// Applies `worker`'s KV events within its bound, counting and logging (once per
+    /// worker, once for the fleet's bound) what the index had to forget.
+    fn apply_kv(&self, worker: WorkerId, events: &[KvEvent]) {
+        let Some(bound) = self.kv_bound(worker) else {
             return;
         };
-        let offload = self
-            .generation()
-            .startup
-            .source
-            .config
-            .router
-            .max_offloaded_blocks_per_worker;
+        let max_pairs = self.generation().startup.source.config.router.max_kv_index_pairs;
         let mut kv = self.kv.write();
-        kv.set_budget(worker, [device, offload, offload]);
-        let before = kv.evicted();
+        kv.set_max_pairs(max_pairs);
+        kv.set_budget(worker, bound.per_tier());
         for event in events {
             kv.apply(worker, event);
         }
-        let evicted = kv.evicted() - before;
+        let forgotten = kv.take_forgotten();
         drop(kv);
-        if evicted > 0 {
-            self.metrics.record_kv_evicted(evicted);
-            if self.kv_overruns.lock().insert(worker) {
-                tracing::warn!(
-                    worker_id = worker.worker_id,
-                    dp_rank = worker.dp_rank,
-                    evicted,
-                    total_kv_blocks = device,
-                    max_offloaded_blocks_per_worker = offload,
-                    "a worker's KV events store more blocks than it declared it can hold (lost removals, or a wrong total_kv_blocks); its oldest blocks are evicted from the index. Logged once per worker; switchyard_kv_blocks_evicted_total counts them"
-                );
-            }
+        for gone in forgotten {
+            self.metrics.record_kv_evicted(gone.pairs);
+            self.log_forgotten(gone, bound, max_pairs);
+        }
+    }
+
+    /// Logs the first time each worker passes its own bound, and the first time the fleet
+    /// passes `max_kv_index_pairs`: with the numbers, and what to do.
+    fn log_forgotten(&self, gone: Forgotten, bound: KvBound, max_pairs: u64) {
+        let key = match gone.bound {
+            BoundPassed::Worker => gone.worker,
+            // One entry stands for the fleet's bound.
+            BoundPassed::Fleet => WorkerId {
+                worker_id: u64::MAX,
+                dp_rank: u32::MAX,
+            },
+        };
+        if !self.kv_overruns.lock().insert(key) {
+            return;
+        }
+        match gone.bound {
+            BoundPassed::Worker => tracing::warn!(
+                worker_id = gone.worker.worker_id,
+                dp_rank = gone.worker.dp_rank,
+                tier = gone.tier.as_str(),
+                forgotten_blocks = gone.pairs,
+                bound_blocks = bound.per_tier()[gone.tier as usize],
+                bound_source = ?bound.source,
+                "a worker's KV events stored more blocks than its KV index bound, far above what its engine can hold (removals lost, or a wrong total_kv_blocks): the router forgot its blocks in that tier and rebuilds them from its next events. Raise total_kv_blocks or router.kv_bound_blocks_per_worker if the engine really holds more. Logged once per worker; switchyard_kv_blocks_evicted_total counts the blocks"
+            ),
+            BoundPassed::Fleet => tracing::warn!(
+                worker_id = gone.worker.worker_id,
+                dp_rank = gone.worker.dp_rank,
+                tier = gone.tier.as_str(),
+                forgotten_blocks = gone.pairs,
+                max_kv_index_pairs = max_pairs,
+                "the KV index reached router.max_kv_index_pairs (its memory bound) in one tier: the router forgot the blocks of the worker holding the most there. Raise max_kv_index_pairs (about 14-28 bytes a pair) if the fleet's caches are this large. Logged once; switchyard_kv_blocks_evicted_total counts the blocks"
+            ),
         }
     }
 
@@ -142,6 +171,12 @@ impl Router {
         self.kv
             .write()
             .apply(worker, &KvEvent::Cleared { tier: None });
+    }
+
+    /// The blocks the index holds of `worker`, per tier (device, host, disk).
+    pub fn kv_held(&self, worker: WorkerId) -> [u64; 3] {
+        let kv = self.kv.read();
+        crate::kv_index::Tier::ALL.map(|tier| kv.held(worker, tier))
     }
 
     pub fn kv_blocks(&self) -> [usize; 3] {

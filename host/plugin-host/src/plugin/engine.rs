@@ -26,6 +26,10 @@ pub struct EngineSample {
     pub running_adapters: Option<Box<[Box<str>]>>,
     /// Adapters with waiting requests only.
     pub waiting_adapters: Option<Box<[Box<str>]>>,
+    /// The engine's whole KV cache in tokens (vLLM's `vllm:cache_config_info`
+    /// `num_gpu_blocks` x `block_size`), when it says: what sizes the worker's KV index
+    /// bound. For the router, not handed to policies.
+    pub kv_capacity_tokens: Option<u64>,
 }
 
 impl EngineSample {
@@ -287,6 +291,7 @@ mod tests {
             kv_cache_usage: 0.5,
             running_adapters: Some(vec!["sql".into()].into()),
             waiting_adapters: Some(vec!["chat".into()].into()),
+            kv_capacity_tokens: None,
         };
         report.record(sample.clone(), Instant::now());
         assert!(report.read().unwrap().fresh);

@@ -8,6 +8,7 @@
 //! | running requests | `vllm:num_requests_running` | `sglang:num_running_reqs` | sum |
 //! | waiting requests | `vllm:num_requests_waiting` | `sglang:num_queue_reqs` | sum |
 //! | KV-cache usage (0-1) | `vllm:kv_cache_usage_perc` (V1), `vllm:gpu_cache_usage_perc` (V0) | `sglang:token_usage` | max |
+//! | KV cache capacity (tokens) | `vllm:cache_config_info{num_gpu_blocks, block_size}` | - | the last |
 //! | LoRA adapters | `vllm:lora_requests_info{running_lora_adapters, waiting_lora_adapters}` | - | the series with the largest value (vLLM sets it to the time of the update; older label sets stay exported) |
 
 use switchyard_plugin_host::plugin::EngineSample;
@@ -18,6 +19,7 @@ enum Metric {
     Waiting,
     KvUsage,
     Lora,
+    CacheConfig,
 }
 
 fn metric(name: &str) -> Option<Metric> {
@@ -28,6 +30,7 @@ fn metric(name: &str) -> Option<Metric> {
             Metric::KvUsage
         }
         "vllm:lora_requests_info" => Metric::Lora,
+        "vllm:cache_config_info" => Metric::CacheConfig,
         _ => return None,
     })
 }
@@ -52,6 +55,7 @@ pub fn parse(text: &str) -> Result<EngineSample, MetricsError> {
     let mut waiting = None::<f64>;
     let mut kv = None::<f64>;
     let mut lora: Option<(f64, &str)> = None;
+    let mut capacity = None::<u64>;
     let mut first_metric = None;
     for line in text.lines() {
         let line = line.trim_start();
@@ -83,6 +87,7 @@ pub fn parse(text: &str) -> Result<EngineSample, MetricsError> {
             Metric::Running => *running.get_or_insert(0.0) += value,
             Metric::Waiting => *waiting.get_or_insert(0.0) += value,
             Metric::KvUsage => kv = Some(kv.map_or(value, |k: f64| k.max(value))),
+            Metric::CacheConfig => capacity = kv_capacity_tokens(labels).or(capacity),
             Metric::Lora => {
                 if lora.is_none_or(|(best, _)| value > best) {
                     lora = Some((value, labels));
@@ -109,7 +114,17 @@ pub fn parse(text: &str) -> Result<EngineSample, MetricsError> {
         kv_cache_usage: kv.filter(|k| k.is_finite()).unwrap_or(f64::NAN),
         running_adapters,
         waiting_adapters,
+        kv_capacity_tokens: capacity,
     })
+}
+
+/// vLLM's cache config (an info metric: the values are labels): its GPU blocks times
+/// their size in tokens. `None` when either is missing, zero or not a number (vLLM
+/// writes `None` before the cache is sized).
+fn kv_capacity_tokens(labels: &str) -> Option<u64> {
+    let blocks: u64 = label(labels, "num_gpu_blocks").parse().ok()?;
+    let block_size: u64 = label(labels, "block_size").parse().ok()?;
+    blocks.checked_mul(block_size).filter(|&t| t > 0)
 }
 
 /// Where the label block `a="x",b="y"}` ends (the `}` outside quotes).
@@ -176,6 +191,7 @@ mod tests {
         let s = parse(VLLM).unwrap();
         assert_eq!((s.running_requests, s.waiting_requests), (3.0, 5.0));
         assert_eq!(s.kv_cache_usage, 0.25);
+        assert_eq!(s.kv_capacity_tokens, Some(27648 * 16));
         let names = |l: &Option<Box<[Box<str>]>>| -> Vec<String> {
             l.as_deref()
                 .unwrap()
@@ -194,6 +210,25 @@ mod tests {
         assert_eq!((s.running_requests, s.waiting_requests), (2.0, 7.0));
         assert_eq!(s.kv_cache_usage, 0.5);
         assert_eq!(s.running_adapters, None);
+        assert_eq!(s.kv_capacity_tokens, None);
+    }
+
+    /// vLLM's `cache_config_info` as its own logger writes it (every cache config field
+    /// a label, values as Python's `str()`; `num_gpu_blocks` is `None` until sized).
+    #[test]
+    fn reads_the_kv_capacity_from_vllms_cache_config() {
+        let gauges = "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n";
+        let info = |blocks: &str| {
+            format!(
+                "{gauges}vllm:cache_config_info{{block_size=\"16\",cache_dtype=\"auto\",enable_prefix_caching=\"True\",gpu_memory_utilization=\"0.9\",num_cpu_blocks=\"None\",num_gpu_blocks=\"{blocks}\",swap_space=\"4\"}} 1.0\n"
+            )
+        };
+        assert_eq!(
+            parse(&info("131072")).unwrap().kv_capacity_tokens,
+            Some(131072 * 16)
+        );
+        assert_eq!(parse(&info("None")).unwrap().kv_capacity_tokens, None);
+        assert_eq!(parse(gauges).unwrap().kv_capacity_tokens, None);
     }
 
     #[test]

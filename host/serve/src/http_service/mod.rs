@@ -345,6 +345,12 @@ async fn list_workers(State(router): Shared) -> Json<Vec<serde_json::Value>> {
                 if let Some(why) = report.failure() {
                     value["engine_error"] = json!(why);
                 }
+                if let Some(bound) = router.kv_bound(w.id()) {
+                    value["kv_index"] = json!({
+                        "held_blocks": router.kv_held(w.id()),
+                        "bound": bound,
+                    });
+                }
                 value
             })
             .collect(),

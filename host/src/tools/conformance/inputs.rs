@@ -44,6 +44,7 @@ pub(super) fn engine_reports(count: usize, rng: &mut rand::rngs::StdRng) -> Vec<
                 kv_cache_usage: rng.gen_range(0.0..=1.0),
                 running_adapters: Some(adapters(rng)),
                 waiting_adapters: Some(adapters(rng)),
+                kv_capacity_tokens: None,
             };
             report.record(sample, std::time::Instant::now());
             if rng.gen_bool(0.125) {

@@ -25,11 +25,16 @@ pub(super) fn metrics_text(engine: &Engine) -> String {
          vllm:prefix_cache_queries_total{{engine=\"0\",model_name=\"{model}\"}} {}\n\
          # HELP vllm:prefix_cache_hits Prefix cache hits, in terms of number of cached tokens.\n\
          # TYPE vllm:prefix_cache_hits counter\n\
-         vllm:prefix_cache_hits_total{{engine=\"0\",model_name=\"{model}\"}} {}\n",
+         vllm:prefix_cache_hits_total{{engine=\"0\",model_name=\"{model}\"}} {}\n\
+         # HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\
+         # TYPE vllm:cache_config_info gauge\n\
+         vllm:cache_config_info{{block_size=\"{}\",enable_prefix_caching=\"True\",engine=\"0\",num_gpu_blocks=\"{}\"}} 1.0\n",
         load.running,
         load.waiting,
         engine.prefix_queries.load(Ordering::Relaxed),
         engine.prefix_hits.load(Ordering::Relaxed),
+        engine.args.block_size,
+        engine.args.cache_blocks,
     );
     if !engine.args.lora_adapters.is_empty() {
         let list = |phase: fn(&(u64, u64)) -> bool| {

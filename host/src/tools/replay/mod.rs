@@ -323,7 +323,7 @@ impl<'a> Simulation<'a> {
                 worker_id: id,
                 dp_rank: 0,
                 worker_type: WorkerType::Select,
-                total_kv_blocks: self.params.cache_blocks as u64,
+                total_kv_blocks: Some(self.params.cache_blocks as u64),
                 max_batched_tokens: 8192,
                 labels: Default::default(),
                 preferred_taint_multiplier: None,

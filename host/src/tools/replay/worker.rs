@@ -32,6 +32,7 @@ impl SimWorker {
             kv_cache_usage: (self.active_tokens as f64 / kv_capacity_tokens).min(1.0),
             running_adapters: Some(names(true)),
             waiting_adapters: Some(names(false)),
+            kv_capacity_tokens: None,
         }
     }
 

@@ -230,6 +230,7 @@ impl SharedCall {
                         kv_cache_usage: record[4],
                         running_adapters,
                         waiting_adapters,
+                        kv_capacity_tokens: None,
                     }),
                     age: std::time::Duration::try_from_secs_f64(record[1]).unwrap_or_default(),
                     fresh: record[0] == 1.0,
