@@ -115,7 +115,7 @@ fn router(name: &str, fleet: &Fleet, dir: &Path) -> Result<(Process, String), St
             .enumerate()
             .map(|(i, (url, (publish, replay)))| {
                 format!(
-                    "  - {{model: demo, worker_id: {}, url: \"{url}\", total_kv_blocks: {CACHE_BLOCKS}, kv_events: {{endpoint: \"{publish}\", replay_endpoint: \"{replay}\"}}}}\n",
+                    "  - {{model: demo, worker_id: {}, url: \"{url}\", kv_events: {{endpoint: \"{publish}\", replay_endpoint: \"{replay}\"}}}}\n",
                     i + 1
                 )
             })
