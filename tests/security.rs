@@ -437,6 +437,75 @@ fn worker_urls_that_would_exfiltrate_or_forge_requests_are_refused() {
     configured_worker_outside_the_allow_list_fails(dir.path());
 }
 
+/// Names in /etc/hosts (other than `localhost`) for a loopback address: each one is the
+/// router's machine as much as `localhost` is (at most three, as written there).
+fn loopback_names_in_hosts_file() -> Vec<String> {
+    let hosts = std::fs::read_to_string("/etc/hosts").unwrap_or_default();
+    let mut names: Vec<String> = hosts
+        .lines()
+        .map(|line| line.split('#').next().unwrap_or(""))
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let ip: std::net::IpAddr = fields.next()?.parse().ok()?;
+            ip.is_loopback()
+                .then(|| fields.map(str::to_owned).collect::<Vec<_>>())
+        })
+        .flatten()
+        .filter(|name| !name.eq_ignore_ascii_case("localhost"))
+        .collect();
+    names.dedup();
+    names.truncate(3);
+    names
+}
+
+/// The router's own port, however spelled: a trailing dot, IPv6 loopback, another
+/// loopback address, a name that resolves to loopback; and an engine URL must name a
+/// port other than 0 (`http://host` is not `http://host:80`). Nothing else is listed in
+/// `router.worker_networks`, so only these checks stand in the way.
+#[test]
+fn a_worker_resolving_to_the_router_or_without_a_port_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(&write_config(dir.path(), "workers: []\n"));
+    let base = &server.address;
+    let port = base.rsplit(':').next().unwrap();
+    let add = |spec: Value| call(base, "POST", "/v1/workers", None, Some(&spec));
+    let mut own: Vec<String> = ["localhost.", "LocalHost", "[::1]", "127.0.0.2", "0.0.0.0"]
+        .iter()
+        .map(|host| format!("http://{host}:{port}"))
+        .collect();
+    own.extend(
+        loopback_names_in_hosts_file()
+            .iter()
+            .map(|name| format!("http://{name}:{port}")),
+    );
+    let mut refusals: Vec<(String, &str)> = own
+        .into_iter()
+        .map(|url| (url, "points at the router itself"))
+        .collect();
+    refusals.push(("http://127.0.0.1".into(), "has no port"));
+    refusals.push(("https://engine.invalid/".into(), "has no port"));
+    refusals.push(("http://127.0.0.1:0".into(), "port 0"));
+    for (url, expected) in &refusals {
+        let (status, error) = add(json!({"model": "demo", "worker_id": 5, "url": url}));
+        assert_eq!(status, 400, "{url}: {error}");
+        let message = error["error"].as_str().unwrap_or_default();
+        assert!(message.contains(expected), "{url}: {message}");
+        assert!(message.contains("`url`"), "names the field: {message}");
+    }
+    let (status, error) = add(json!({"model": "demo", "worker_id": 5, "address": "127.0.0.1:0"}));
+    assert_eq!(status, 400, "{error}");
+    assert!(
+        error["error"].as_str().unwrap().contains("port 0"),
+        "{error}"
+    );
+    // An explicit default port is a port; another port on loopback is not the router.
+    for url in ["http://127.0.0.1:80", "http://[::1]:9"] {
+        let (status, added) = add(json!({"model": "demo", "worker_id": 8, "url": url}));
+        assert_eq!(status, 201, "{url}: {added}");
+        assert_eq!(call(base, "DELETE", "/v1/workers/8", None, None).0, 200);
+    }
+}
+
 #[test]
 fn a_non_loopback_address_without_keys_refuses_to_start_unless_told_insecure() {
     let dir = tempfile::tempdir().unwrap();

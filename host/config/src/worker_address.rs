@@ -4,7 +4,9 @@
 //! somewhere; these checks are what keeps it from naming an attacker's host, the
 //! router's own admin routes, or a URL carrying credentials.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::{IpAddr, SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use ipnet::IpNet;
 
@@ -29,8 +31,10 @@ pub enum AddressError {
     Query(String),
     #[error("`{0}` has no host; {EXPECTED_URL}")]
     NoHost(String),
-    #[error("`{0}` has no port; {EXPECTED_URL}")]
+    #[error("`{0}` has no port; {EXPECTED_URL} (the port is required, even 80 or 443)")]
     NoPort(String),
+    #[error("`{0}` has port 0, which no engine listens on; {EXPECTED_URL} with the engine's port")]
+    PortZero(String),
     #[error("`{0}`: {EXPECTED_TCP}")]
     NotTcp(String),
     #[error("`{0}` has no port: {EXPECTED_TCP}")]
@@ -83,9 +87,13 @@ impl EngineUrl {
             Some(url::Host::Ipv6(ip)) => ip.to_string(),
             None => return Err(AddressError::NoHost(text.to_owned())),
         };
-        let port = url
-            .port_or_known_default()
-            .ok_or_else(|| AddressError::NoPort(text.to_owned()))?;
+        // The url crate drops a port equal to the scheme's default: read the text.
+        let port = match url.port() {
+            Some(0) => return Err(AddressError::PortZero(text.to_owned())),
+            Some(port) => port,
+            None if has_port(text) => url.port_or_known_default().unwrap_or(0),
+            None => return Err(AddressError::NoPort(text.to_owned())),
+        };
         Ok(EngineUrl { https, host, port })
     }
 
@@ -98,6 +106,16 @@ impl EngineUrl {
     pub fn socket_addr(&self) -> Option<SocketAddr> {
         Some(SocketAddr::new(self.ip()?, self.port))
     }
+}
+
+/// Whether a URL's authority names a port (`host:port`, `[v6]:port`), read from its text.
+fn has_port(text: &str) -> bool {
+    let rest = text.split_once("://").map_or(text, |(_, rest)| rest);
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host_end = authority.rfind(']').map_or(0, |i| i + 1);
+    authority[host_end..]
+        .rsplit_once(':')
+        .is_some_and(|(_, port)| !port.is_empty())
 }
 
 /// Splits `tcp://host:port` (ZeroMQ's form for a peer's address).
@@ -209,16 +227,99 @@ impl WorkerNetworks {
     }
 }
 
-/// Whether `host:port` is one of the router's own listeners (`own`: every address they
-/// answer on, wildcard binds expanded to the machine's addresses).
-pub fn is_own_address(host: &str, port: u16, own: &[SocketAddr]) -> bool {
-    let ip = match host.parse::<IpAddr>() {
-        Ok(ip) => ip.to_canonical(),
-        Err(_) if host.eq_ignore_ascii_case("localhost") => {
-            return own.iter().any(|a| a.port() == port && a.ip().is_loopback())
-        }
-        Err(_) => return false,
-    };
-    own.iter()
-        .any(|a| a.port() == port && (a.ip().to_canonical() == ip || ip.is_unspecified()))
+/// How long a worker's host name may take to resolve when it is checked against the
+/// router's own addresses.
+pub const RESOLVE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Host-name lookups under way at once (each on a thread of its own, which outlives a
+/// lookup that timed out); past this, a check is refused rather than another started.
+const MAX_LOOKUPS: usize = 16;
+
+static LOOKUPS: AtomicUsize = AtomicUsize::new(0);
+
+/// Whether a destination is the router itself.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SelfCheck {
+    /// Not one of the router's addresses (or the name does not resolve: then nothing
+    /// answers there now).
+    Elsewhere,
+    /// `host:port` is the router's, as written (an address, or `localhost`).
+    Own,
+    /// The host name resolves to this address of the router's.
+    ResolvesToOwn(IpAddr),
+    /// The name could not be resolved in time (or too many lookups are under way): the
+    /// check cannot say, so the destination is refused.
+    Unresolved,
+}
+
+/// Whether `host:port` reaches one of the router's own listeners (`own`: every address
+/// they answer on, wildcard binds expanded to the machine's interface addresses). A host
+/// name is resolved (within `timeout`) and every address it resolves to compared;
+/// without `own`, nothing is looked up.
+pub fn check_own_address(
+    host: &str,
+    port: u16,
+    own: &[SocketAddr],
+    timeout: Duration,
+) -> SelfCheck {
+    if !own.iter().any(|a| a.port() == port) {
+        return SelfCheck::Elsewhere;
+    }
+    let name = host.trim_end_matches('.').to_ascii_lowercase();
+    if let Ok(ip) = name.parse::<IpAddr>() {
+        return if is_own_ip(ip, port, own) {
+            SelfCheck::Own
+        } else {
+            SelfCheck::Elsewhere
+        };
+    }
+    if name == "localhost" || name.ends_with(".localhost") {
+        return SelfCheck::Own;
+    }
+    match resolve(host, port, timeout) {
+        Some(addresses) => addresses
+            .into_iter()
+            .find(|ip| is_own_ip(*ip, port, own))
+            .map_or(SelfCheck::Elsewhere, SelfCheck::ResolvesToOwn),
+        None => SelfCheck::Unresolved,
+    }
+}
+
+/// Whether `ip:port` reaches a listener in `own`. Loopback addresses are one: a worker
+/// at `[::1]` or `127.0.0.2` on a loopback listener's port is the router's machine, and
+/// `0.0.0.0` / `::` as a destination is this machine.
+fn is_own_ip(ip: IpAddr, port: u16, own: &[SocketAddr]) -> bool {
+    let ip = ip.to_canonical();
+    own.iter().any(|a| {
+        let mine = a.ip().to_canonical();
+        a.port() == port
+            && (mine == ip || ip.is_unspecified() || (ip.is_loopback() && mine.is_loopback()))
+    })
+}
+
+/// The addresses `host` resolves to; empty when it does not resolve, `None` when the
+/// lookup took longer than `timeout` or too many are under way. The lookup runs on a
+/// thread of its own, so the caller waits at most `timeout`.
+fn resolve(host: &str, port: u16, timeout: Duration) -> Option<Vec<IpAddr>> {
+    if LOOKUPS.fetch_add(1, Ordering::AcqRel) >= MAX_LOOKUPS {
+        LOOKUPS.fetch_sub(1, Ordering::AcqRel);
+        return None;
+    }
+    let (send, receive) = std::sync::mpsc::channel();
+    let target = (host.to_owned(), port);
+    let spawned = std::thread::Builder::new()
+        .name("resolve-worker".into())
+        .spawn(move || {
+            let addresses: Vec<IpAddr> = target
+                .to_socket_addrs()
+                .map(|found| found.map(|a| a.ip()).collect())
+                .unwrap_or_default();
+            LOOKUPS.fetch_sub(1, Ordering::AcqRel);
+            let _ = send.send(addresses);
+        });
+    if spawned.is_err() {
+        LOOKUPS.fetch_sub(1, Ordering::AcqRel);
+        return None;
+    }
+    receive.recv_timeout(timeout).ok()
 }

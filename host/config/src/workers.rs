@@ -123,6 +123,23 @@ pub enum WorkerInvalid {
         host: String,
         port: u16,
     },
+    /// A destination's host name resolves to one of the router's own addresses.
+    #[error("`{field}` points at the router itself: `{host}` resolves to {address}, and the router listens there on port {port}; a worker must be an engine: give the engine's own host and port")]
+    ResolvesToOwn {
+        field: &'static str,
+        host: String,
+        port: u16,
+        address: std::net::IpAddr,
+    },
+    /// A destination's host name could not be checked against the router's addresses.
+    #[error("`{field}` host `{host}` did not resolve within {seconds} s, so it cannot be checked that it is not the router itself; retry when the name resolves, or give the engine's IP address")]
+    Unresolved {
+        field: &'static str,
+        host: String,
+        seconds: u64,
+    },
+    #[error("`address` `{0}` has port 0, which no engine listens on; give the engine's port, like 10.0.0.7:8000")]
+    AddressPortZero(String),
     #[error("`{field}` host `{host}` is not in `router.worker_networks`; add its network or name there if it is one of your engines")]
     NotAllowed { field: &'static str, host: String },
 }
@@ -195,9 +212,27 @@ impl WorkerSpec {
         networks: &WorkerNetworks,
         own: &[std::net::SocketAddr],
     ) -> Result<(), WorkerInvalid> {
+        use worker_address::SelfCheck;
         for (field, host, port) in self.destinations() {
-            if worker_address::is_own_address(&host, port, own) {
-                return Err(WorkerInvalid::OwnAddress { field, host, port });
+            let timeout = worker_address::RESOLVE_TIMEOUT;
+            match worker_address::check_own_address(&host, port, own, timeout) {
+                SelfCheck::Elsewhere => {}
+                SelfCheck::Own => return Err(WorkerInvalid::OwnAddress { field, host, port }),
+                SelfCheck::ResolvesToOwn(address) => {
+                    return Err(WorkerInvalid::ResolvesToOwn {
+                        field,
+                        host,
+                        port,
+                        address,
+                    })
+                }
+                SelfCheck::Unresolved => {
+                    return Err(WorkerInvalid::Unresolved {
+                        field,
+                        host,
+                        seconds: timeout.as_secs(),
+                    })
+                }
             }
             if !networks.permits(&host) {
                 return Err(WorkerInvalid::NotAllowed { field, host });
@@ -209,8 +244,12 @@ impl WorkerSpec {
     /// Checks the values serde cannot.
     pub fn validate(&self) -> Result<(), WorkerInvalid> {
         if let Some(address) = &self.address {
-            if address.parse::<std::net::SocketAddr>().is_err() {
-                return Err(WorkerInvalid::Address(address.clone()));
+            match address.parse::<std::net::SocketAddr>() {
+                Err(_) => return Err(WorkerInvalid::Address(address.clone())),
+                Ok(a) if a.port() == 0 => {
+                    return Err(WorkerInvalid::AddressPortZero(address.clone()))
+                }
+                Ok(_) => {}
             }
         }
         if self.model.trim().is_empty() {

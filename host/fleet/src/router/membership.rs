@@ -30,7 +30,7 @@ impl Router {
     }
 
     /// Records the addresses the router's listeners answer on, and checks the workers
-    /// registered so far against them.
+    /// registered so far against them (resolving host names: call it off the executor).
     pub fn set_own_addresses(&self, own: Vec<std::net::SocketAddr>) -> Result<(), RouteError> {
         *self.own_addresses.write() = own;
         self.workers()
@@ -38,10 +38,12 @@ impl Router {
             .try_for_each(|spec| self.check_destinations(spec))
     }
 
-    /// `spec` points inside `router.worker_networks` and not at the router itself.
+    /// `spec` points inside `router.worker_networks` and not at the router itself. A host
+    /// name is resolved to tell (up to `RESOLVE_TIMEOUT`): call it off the executor.
     pub(super) fn check_destinations(&self, spec: &WorkerSpec) -> Result<(), RouteError> {
         let networks = self.generation().startup.source.worker_networks();
-        spec.check_destinations(&networks, &self.own_addresses.read())
+        let own = self.own_addresses.read().clone();
+        spec.check_destinations(&networks, &own)
             .map_err(|error| {
                 RouteError::Worker(WorkerError::Destination {
                     worker_id: spec.worker_id,

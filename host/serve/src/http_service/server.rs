@@ -318,8 +318,11 @@ pub async fn serve(router: Arc<Router>, options: ServeOptions) -> std::io::Resul
         own.extend(answering_addresses(tcp.local_addr()?));
     }
     drop(generation);
-    router
-        .set_own_addresses(own)
+    // Host names are resolved to be compared: on the blocking pool, not the executor.
+    let checking = router.clone();
+    tokio::task::spawn_blocking(move || checking.set_own_addresses(own))
+        .await
+        .map_err(std::io::Error::other)?
         .map_err(|e| std::io::Error::other(format!("in `workers:` of the config: {e}")))?;
     // SIGTERM or SIGINT starts the drain: every listener stops accepting, what is in
     // flight finishes (up to `router.drain_timeout_secs`), then the process ends.
