@@ -29,6 +29,13 @@ function(switchyard_add_plugin name)
     # optimized build inlines them, a Debug build does not).
     target_link_libraries(${name} PRIVATE m)
   endif()
+  if(SWITCHYARD_SANITIZE)
+    # Every report ends the process (abort_on_error in the runtime's options), so a test
+    # sees a sanitizer finding as a death by signal, not a line in a log.
+    set(_sanitize -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer -g)
+    target_compile_options(${name} PRIVATE ${_sanitize})
+    target_link_options(${name} PRIVATE ${_sanitize})
+  endif()
   if(SWITCHYARD_PLUGIN_OUTPUT_DIR)
     set_target_properties(${name} PROPERTIES LIBRARY_OUTPUT_DIRECTORY "${SWITCHYARD_PLUGIN_OUTPUT_DIR}")
   endif()

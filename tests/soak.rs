@@ -13,82 +13,13 @@
 
 mod support;
 
-use std::io::Read;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use serde_json::{json, Value};
+use serde_json::json;
+use support::load::*;
 use support::*;
-
-fn resident_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.split_whitespace().next()?.parse().ok())
-        .unwrap()
-}
-
-fn agent() -> ureq::Agent {
-    ureq::AgentBuilder::new()
-        .timeout(Duration::from_secs(20))
-        .build()
-}
-
-/// Status and body of a request; `Err` when no answer came at all.
-fn call(
-    agent: &ureq::Agent,
-    method: &str,
-    url: &str,
-    body: Option<&Value>,
-) -> Result<(u16, String), String> {
-    let request = agent.request(method, url);
-    let response = match body {
-        Some(body) => request.send_json(body.clone()),
-        None => request.call(),
-    };
-    match response {
-        Ok(r) => Ok((r.status(), r.into_string().unwrap_or_default())),
-        Err(ureq::Error::Status(status, r)) => Ok((status, r.into_string().unwrap_or_default())),
-        Err(e) => Err(e.to_string()),
-    }
-}
-
-/// Latencies in microseconds: p50, p99, max.
-fn summary(mut micros: Vec<u64>) -> String {
-    micros.sort_unstable();
-    let at = |q: f64| micros[((micros.len() as f64 - 1.0) * q) as usize] as f64 / 1000.0;
-    format!(
-        "{} samples, p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
-        micros.len(),
-        at(0.5),
-        at(0.99),
-        at(1.0)
-    )
-}
-
-/// Samples `url` every 10 ms until `stop`; the latencies, and how many were not 200.
-fn probe(
-    url: String,
-    body: Option<Value>,
-    stop: Arc<AtomicBool>,
-) -> std::thread::JoinHandle<(Vec<u64>, u64)> {
-    std::thread::spawn(move || {
-        let agent = agent();
-        let (mut latencies, mut failed) = (Vec::new(), 0);
-        while !stop.load(Ordering::Relaxed) {
-            let started = Instant::now();
-            let method = if body.is_some() { "POST" } else { "GET" };
-            match call(&agent, method, &url, body.as_ref()) {
-                Ok((200, _)) => latencies.push(started.elapsed().as_micros() as u64),
-                _ => failed += 1,
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        (latencies, failed)
-    })
-}
 
 #[test]
 fn clearing_and_removing_workers_of_400k_blocks_keeps_serving() {
@@ -171,55 +102,6 @@ fn clearing_and_removing_workers_of_400k_blocks_keeps_serving() {
     );
 }
 
-#[derive(Default)]
-struct Counts {
-    answered: AtomicU64,
-    errors: AtomicU64,
-    unanswered: AtomicU64,
-    hung_up: AtomicU64,
-}
-
-/// A client until `stop`: streamed and not; one request in four hangs up after its
-/// first bytes. Every answer is counted by its kind.
-fn chat_until_stopped(base: &str, client: u64, stop: &AtomicBool, counts: &Counts) {
-    let agent = agent();
-    let mut n = 0u64;
-    while !stop.load(Ordering::Relaxed) {
-        n += 1;
-        let stream = n.is_multiple_of(2);
-        let body = json!({"model": "demo", "stream": stream, "max_tokens": 8,
-            "messages": [{"role": "user", "content": format!("conversation {} turn {}", client * 7 + n % 5, n % 3)}]});
-        let sent = agent
-            .post(&format!("{base}/v1/chat/completions"))
-            .send_json(body);
-        match sent {
-            Ok(response) if n % 4 == 1 => {
-                let mut first = [0u8; 16];
-                let _ = response.into_reader().read(&mut first);
-                counts.hung_up.fetch_add(1, Ordering::Relaxed);
-            }
-            Ok(response) => {
-                // A stream cut by a dying engine ends with an error event: answered.
-                let _ = response.into_string();
-                counts.answered.fetch_add(1, Ordering::Relaxed);
-            }
-            Err(ureq::Error::Status(status, response)) => {
-                let text = response.into_string().unwrap_or_default();
-                let error: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
-                assert!(
-                    error["error"]["message"].is_string(),
-                    "{status}: not an OpenAI error: {text}"
-                );
-                counts.errors.fetch_add(1, Ordering::Relaxed);
-            }
-            Err(e) => {
-                eprintln!("unanswered: {e}");
-                counts.unanswered.fetch_add(1, Ordering::Relaxed);
-            }
-        }
-    }
-}
-
 /// Reloads (the config written with another weight), duplicate registrations and a
 /// KV-event flood with clears, until `stop`.
 fn churn_until_stopped(
@@ -259,22 +141,6 @@ fn churn_until_stopped(
             200
         );
         std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn restart_engines_until_stopped(
-    engines: &Mutex<Vec<Process>>,
-    start_engine: impl Fn(usize) -> Process,
-    stop: &AtomicBool,
-) {
-    for victim in (0..3).cycle() {
-        std::thread::sleep(Duration::from_secs(3));
-        if stop.load(Ordering::Relaxed) {
-            break;
-        }
-        engines.lock().unwrap()[victim].kill();
-        std::thread::sleep(Duration::from_millis(700));
-        engines.lock().unwrap()[victim] = start_engine(victim);
     }
 }
 
@@ -335,14 +201,7 @@ fn soak_with_faults_answers_everything_and_stays_flat() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(60);
     let dir = tempfile::tempdir().unwrap();
-    let ports: [u16; 3] = [free_port(), free_port(), free_port()];
-    let start_engine = move |i: usize| {
-        engine_sim(
-            &format!("e{i}"),
-            &format!("127.0.0.1:{}", ports[i]),
-            &["--decode-tps", "2000", "--default-max-tokens", "8"],
-        )
-    };
+    let (ports, start_engine) = restartable_engines();
     let engines: Arc<Mutex<Vec<Process>>> =
         Arc::new(Mutex::new((0..3).map(&start_engine).collect()));
     let yaml = move |weight: u32| soak_config(&ports, weight);
@@ -374,11 +233,7 @@ fn soak_with_faults_answers_everything_and_stays_flat() {
         }));
     }
     let healthz = probe(format!("{base}/healthz"), None, stop.clone());
-    let agent = agent();
-    let size = || {
-        let (_, text) = call(&agent, "GET", &format!("{base}/metrics"), None).unwrap();
-        text.lines().filter(|l| !l.starts_with('#')).count()
-    };
+    let size = || series(&base);
     let warm_up = Duration::from_secs((seconds / 4).max(5));
     std::thread::sleep(warm_up);
     let (series_warm, rss_warm) = (size(), resident_kib(router.pid()));

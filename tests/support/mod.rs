@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod envoy;
+pub mod load;
 pub mod nats;
 pub mod real_envoy;
 pub mod server;
