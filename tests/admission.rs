@@ -507,3 +507,69 @@ fn active_requests_of(router: &switchyard::fleet::router::Router) -> Vec<u32> {
         .map(|(_, load)| load.active_requests)
         .collect()
 }
+
+/// One chat request as `tenant`: its status and body (status 0: no answer).
+fn as_tenant(base: &str, tenant: &str, content: &str, max_tokens: u32) -> (u16, String) {
+    match new_agent()
+        .post(&format!("{base}/v1/chat/completions"))
+        .set("x-tenant", tenant)
+        .send_json(chat(content, max_tokens))
+    {
+        Ok(r) => (r.status(), String::new()),
+        Err(ureq::Error::Status(code, r)) => (code, r.into_string().unwrap_or_default()),
+        Err(e) => (0, e.to_string()),
+    }
+}
+
+/// Fair shares (the default): a tenant that filled the queue cannot keep another out. The
+/// quiet tenant's request takes the flood's latest place (that one is answered 429, saying
+/// why), waits its turn, and is served.
+#[test]
+fn a_flooding_tenant_cannot_keep_a_quiet_one_out_of_the_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = engine_sim("e0", "127.0.0.1:0", &["--decode-tps", "100"]);
+    let yaml = format!(
+        "request_attributes: {{tenant: ['header:x-tenant']}}\nadmission:\n  busy: {{max_active_requests: 1}}\n  queue: {{max_queued: 4, max_wait_ms: 60000}}\nworkers:\n{}",
+        demo_workers([&engine], false)
+    );
+    let router = serve(&write_config(dir.path(), &yaml));
+    let base = router.address.clone();
+    let send = |tenant: &'static str, tokens: u32| {
+        let base = base.clone();
+        std::thread::spawn(move || as_tenant(&base, tenant, tenant, tokens))
+    };
+    // The worker is held (500 tokens at 100/s) while the flood fills the queue.
+    let mut flood = vec![send("flood", 500)];
+    wait_for("the first request booked", || active_requests(&base) == [1]);
+    for i in 1..=4 {
+        flood.push(send("flood", 10));
+        wait_for("the flood queued", || {
+            metric(&base, "switchyard_admission_waiting") == f64::from(i)
+        });
+    }
+    let (status, body) = as_tenant(&base, "flood", "one more", 10);
+    assert_eq!(status, 429, "the flood holds every place: {body}");
+    assert!(body.contains("4 of them this tenant's"), "{body}");
+    let quiet = send("quiet", 10);
+    wait_for("the quiet request placed or refused", || {
+        metric(&base, "switchyard_admission_evicted_total")
+            + metric(&base, "switchyard_admission_refused_full_total")
+            >= 2.0
+    });
+    assert_eq!(
+        metric(&base, "switchyard_admission_evicted_total"),
+        1.0,
+        "the quiet tenant took a place of the flood's"
+    );
+    assert_eq!(metric(&base, "switchyard_admission_waiting"), 4.0);
+    let (status, body) = quiet.join().unwrap();
+    assert_eq!(status, 200, "the quiet tenant is served: {body}");
+    let answers: Vec<(u16, String)> = flood.into_iter().map(|t| t.join().unwrap()).collect();
+    let displaced: Vec<&(u16, String)> = answers.iter().filter(|(s, _)| *s != 200).collect();
+    assert_eq!(displaced.len(), 1, "{answers:?}");
+    assert_eq!(displaced[0].0, 429, "{answers:?}");
+    assert!(
+        displaced[0].1.contains("fair_share"),
+        "says why: {answers:?}"
+    );
+}

@@ -139,6 +139,11 @@ pub struct QueueSettings {
     /// (`deadline`: a request's deadline is its arrival plus the longest it may wait,
     /// `max_wait_ms` or an admitter's shorter one).
     pub order: QueueOrder,
+    /// When the queue is full, a request of a tenant holding at least two places fewer
+    /// than the tenant holding the most (in its priority) takes that tenant's last place,
+    /// which is answered 429: no tenant crowds the others out. `false`: first come, first
+    /// placed (a flooding tenant can fill the queue).
+    pub fair_share: bool,
 }
 
 /// The order within a tenant's waiting requests.
@@ -157,6 +162,7 @@ impl Default for QueueSettings {
             max_wait_ms: 30_000,
             tenant_weights: BTreeMap::new(),
             order: QueueOrder::default(),
+            fair_share: true,
         }
     }
 }

@@ -9,7 +9,17 @@
 //! so requests book in the queue's order; one that books hands the next a try at once, and
 //! a waiter's timer tick starts one when capacity freed without a booking freeing. A
 //! dropped ticket (a client that hung up)
-//! leaves the queue at once. Every operation is O(log n) in the waiters of a partition.
+//! leaves the queue at once.
+//!
+//! Who gets in: a full partition queue refuses a new request, unless it makes room by
+//! priority (it outranks the lowest band waiting: that band's latest arrival leaves) or,
+//! with `fair_share` (the default), by share: within its own band, the tenant holding the
+//! most places holds at least two more than the new request's tenant, so that tenant's
+//! last place goes to the new request. A quiet tenant therefore always gets a place while
+//! another tenant holds two or more, and a flooding tenant keeps at most one place more than
+//! any other tenant of its band that asks for one. Every operation is O(log n) in the
+//! waiters of a partition, except a full queue's share check: O(tenants waiting in the
+//! band).
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -23,14 +33,14 @@ use tokio::sync::oneshot;
 /// Why a request could not wait.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum QueueRefusal {
-    #[error("{queued} requests already wait for a worker of this model (admission.queue.max_queued); retry later")]
-    Full { queued: usize },
+    #[error("{queued} requests already wait for a worker of this model (admission.queue.max_queued), {of_tenant} of them this tenant's, and none of a lower priority or of a tenant holding two places more than this one (admission.queue.fair_share) could give up its place; retry later")]
+    Full { queued: usize, of_tenant: usize },
     #[error(
         "every worker stayed busy for {waited_ms} ms (admission.queue.max_wait_ms); retry later"
     )]
     TimedOut { waited_ms: u64 },
     #[error(
-        "a request of higher priority took this request's place in the full queue; retry later"
+        "another request took this request's place in the full queue: one of higher priority, or of a tenant holding fewer places than this request's (admission.queue.fair_share); retry later"
     )]
     Evicted,
 }
@@ -43,6 +53,26 @@ pub enum Turn {
     TimedOut,
     /// A higher-priority request took its place.
     Evicted,
+}
+
+/// How many may wait in a partition, and whether tenants share the places fairly.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capacity {
+    /// Requests waiting at once in the partition (`admission.queue.max_queued`).
+    pub max_queued: usize,
+    /// A full queue makes room for a tenant holding fewer places than another of the
+    /// same priority (`admission.queue.fair_share`).
+    pub fair_share: bool,
+}
+
+impl From<usize> for Capacity {
+    /// `max_queued` places, shared fairly (the default).
+    fn from(max_queued: usize) -> Self {
+        Capacity {
+            max_queued,
+            fair_share: true,
+        }
+    }
 }
 
 /// A waiter's place within its tenant: its deadline in microseconds of the queue's clock
@@ -217,7 +247,8 @@ impl AdmissionQueue {
         (queue.len, of_tenant)
     }
 
-    /// Queues a request for `partition`; refused when `max_queued` wait there already.
+    /// Queues a request for `partition`; refused when `capacity` wait there already and
+    /// no waiter gives up its place to it (the module's comment says who does).
     /// With a `deadline` (how long it may wait: `admission.queue.order: deadline`) it
     /// goes ahead of its tenant's requests due later; without, behind every earlier one.
     pub fn enqueue(
@@ -226,21 +257,30 @@ impl AdmissionQueue {
         priority: i32,
         tenant: &str,
         weight: u32,
-        max_queued: usize,
+        capacity: impl Into<Capacity>,
         deadline: Option<Duration>,
     ) -> Result<Ticket, QueueRefusal> {
+        let capacity = capacity.into();
         let mut state = self.state.lock();
         let queued = state.partitions.get(partition).map_or(0, |p| p.len);
-        if queued >= max_queued {
+        if queued >= capacity.max_queued {
             // Full: a request of higher priority than the lowest waiting one takes the
-            // place of that band's latest arrival; any other is refused.
-            let evicted = state
-                .partitions
-                .get_mut(partition)
-                .is_some_and(|queue| queue.evict_below(priority, &self.counters));
-            if !evicted {
+            // place of that band's latest arrival; with fair shares, one of a tenant
+            // holding two fewer places than the band's largest holder takes that holder's
+            // last place; any other is refused.
+            let queue = state.partitions.get_mut(partition);
+            let made_room = queue.is_some_and(|queue| {
+                queue.evict_below(priority, &self.counters)
+                    || (capacity.fair_share
+                        && queue.evict_for_share(priority, tenant, &self.counters))
+            });
+            if !made_room {
                 self.counters.refused_full.fetch_add(1, Relaxed);
-                return Err(QueueRefusal::Full { queued });
+                let of_tenant = state
+                    .partitions
+                    .get(partition)
+                    .map_or(0, |queue| queue.held_by(tenant));
+                return Err(QueueRefusal::Full { queued, of_tenant });
             }
         }
         let arrival = state.next_arrival;
@@ -315,6 +355,44 @@ impl PartitionQueue {
         if band.ring.is_empty() {
             entry.remove();
         }
+        self.len -= 1;
+        counters.waiting.fetch_sub(1, Relaxed);
+        counters.evicted.fetch_add(1, Relaxed);
+        true
+    }
+
+    /// Places held by `tenant`, over every band.
+    fn held_by(&self, tenant: &str) -> usize {
+        self.bands
+            .values()
+            .filter_map(|band| band.tenants.get(tenant))
+            .map(|t| t.waiters.len())
+            .sum()
+    }
+
+    /// Fair share in `priority`'s band: when the tenant holding the most places there
+    /// holds at least two more than `tenant`, its last place (in its order) is dropped and
+    /// its waiter sees `Turn::Evicted`. True when one was dropped.
+    fn evict_for_share(&mut self, priority: i32, tenant: &str, counters: &QueueCounters) -> bool {
+        let Some(band) = self.bands.get_mut(&Reverse(priority)) else {
+            return false;
+        };
+        let held = band.tenants.get(tenant).map_or(0, |t| t.waiters.len());
+        let largest = band
+            .tenants
+            .iter()
+            .map(|(name, queue)| (queue.waiters.len(), name))
+            .max();
+        let Some((most, holder)) = largest.filter(|(most, _)| *most >= held + 2) else {
+            return false;
+        };
+        debug_assert!(most >= 2, "the holder keeps a place");
+        let holder = holder.clone();
+        let Some(queue) = band.tenants.get_mut(&holder) else {
+            return false;
+        };
+        // It held two or more: it keeps at least one, and its place in the ring.
+        queue.waiters.pop_last();
         self.len -= 1;
         counters.waiting.fetch_sub(1, Relaxed);
         counters.evicted.fetch_add(1, Relaxed);
@@ -596,7 +674,10 @@ mod tests {
         let _second = queue.enqueue(&partition(), 0, "t", 1, 2, None).unwrap();
         assert_eq!(
             queue.enqueue(&partition(), 0, "t", 1, 2, None).err(),
-            Some(QueueRefusal::Full { queued: 2 })
+            Some(QueueRefusal::Full {
+                queued: 2,
+                of_tenant: 2
+            })
         );
         drop(first);
         assert_eq!(queue.len(), 1, "the hung-up request left");
@@ -621,12 +702,56 @@ mod tests {
         let _high = queue.enqueue(&partition(), 5, "a", 1, 2, None).unwrap();
         assert_eq!(
             queue.enqueue(&partition(), 0, "batch", 1, 2, None).err(),
-            Some(QueueRefusal::Full { queued: 2 }),
+            Some(QueueRefusal::Full {
+                queued: 2,
+                of_tenant: 1
+            }),
             "the same priority waits no place"
         );
         let _higher = queue.enqueue(&partition(), 9, "a", 1, 2, None).unwrap();
         assert_eq!(low.try_granted(), Some(Turn::Evicted));
         assert_eq!(queue.len(), 2);
+    }
+
+    #[test]
+    fn a_quiet_tenant_takes_a_place_from_the_tenant_holding_the_most() {
+        let queue = AdmissionQueue::default();
+        let mut flood: Vec<Ticket> = (0..4)
+            .map(|_| queue.enqueue(&partition(), 0, "flood", 1, 4, None).unwrap())
+            .collect();
+        let _quiet = queue.enqueue(&partition(), 0, "quiet", 1, 4, None).unwrap();
+        assert_eq!(
+            flood[3].try_granted(),
+            Some(Turn::Evicted),
+            "the flood's latest gave up its place"
+        );
+        assert_eq!(flood[0].try_granted(), None, "its earlier ones wait on");
+        let _second = queue.enqueue(&partition(), 0, "quiet", 1, 4, None).unwrap();
+        assert_eq!(flood[2].try_granted(), Some(Turn::Evicted));
+        assert_eq!(
+            queue.enqueue(&partition(), 0, "quiet", 1, 4, None).err(),
+            Some(QueueRefusal::Full {
+                queued: 4,
+                of_tenant: 2
+            }),
+            "two places each: an even share"
+        );
+        assert_eq!(queue.len(), 4);
+        let unfair = Capacity {
+            max_queued: 4,
+            fair_share: false,
+        };
+        assert!(
+            queue
+                .enqueue(&partition(), 0, "third", 1, unfair, None)
+                .is_err(),
+            "without fair shares a full queue is full"
+        );
+        let _third = queue.enqueue(&partition(), 0, "third", 1, 4, None).unwrap();
+        assert_eq!(queue.len(), 4, "a new tenant took a place of a tenant holding two");
+        flood.clear();
+        // Of the two tenants holding two, one gave a place (ties go by name: quiet).
+        assert_eq!(queue.len(), 2, "the flood's two tickets left");
     }
 
     #[test]

@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use switchyard_config::QueueOrder;
-use switchyard_fleet::admission::{QueueRefusal, Turn};
+use switchyard_fleet::admission::{Capacity, QueueRefusal, Turn};
 use switchyard_fleet::router::{RouteError, Router};
 use switchyard_plugin_host::plugin::PartitionKey;
 
@@ -63,7 +63,10 @@ where
             place.priority,
             tenant,
             weight,
-            queue.max_queued,
+            Capacity {
+                max_queued: queue.max_queued,
+                fair_share: queue.fair_share,
+            },
             (queue.order == QueueOrder::Deadline).then_some(max_wait),
         )
         .map_err(Waited::Refused)?;

@@ -487,7 +487,10 @@ impl<'a> Simulation<'a> {
                 priority,
                 tenant,
                 weight,
-                queue.max_queued,
+                crate::fleet::admission::Capacity {
+                    max_queued: queue.max_queued,
+                    fair_share: queue.fair_share,
+                },
                 (queue.order == switchyard_config::QueueOrder::Deadline)
                     .then(|| Duration::from_millis(queue.max_wait_ms)),
             ) {
