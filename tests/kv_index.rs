@@ -341,7 +341,9 @@ fn budgets_bound_what_each_worker_holds_keeping_its_latest_store() {
         reported += forgotten_pairs(&mut index, worker, BoundPassed::Worker);
         within_budgets(&index, &workers, &budgets, step);
         if let KvEvent::Stored { block_hashes, .. } = &event {
-            let kept = block_hashes.len().min(budgets[&worker][tier as usize] as usize);
+            let kept = block_hashes
+                .len()
+                .min(budgets[&worker][tier as usize] as usize);
             for &hash in &block_hashes[..kept] {
                 assert!(
                     holds(&index, worker, tier, hash),
@@ -353,7 +355,11 @@ fn budgets_bound_what_each_worker_holds_keeping_its_latest_store() {
         nothing_unstored(&index, &reference, &workers, query, step);
     }
     assert!(index.evicted() > 1_000, "evicted only {}", index.evicted());
-    assert_eq!(reported, index.evicted(), "every forgotten pair is reported");
+    assert_eq!(
+        reported,
+        index.evicted(),
+        "every forgotten pair is reported"
+    );
     // Every pair stored and never removed by an event is either held or counted evicted.
     let held: u64 = index.blocks().iter().map(|&b| b as u64).sum();
     let reference_pairs: u64 = reference.held.values().map(|s| s.len() as u64).sum();
@@ -396,7 +402,11 @@ fn the_fleets_bound_caps_every_tier_forgetting_the_largest_holder() {
     let mut forgotten = 0;
     for step in 0..5_000 {
         // Worker 0 stores most: it is the largest holder when the cap is reached.
-        let worker = workers[if rng.gen_bool(0.5) { 0 } else { rng.gen_range(1..6) }];
+        let worker = workers[if rng.gen_bool(0.5) {
+            0
+        } else {
+            rng.gen_range(1..6)
+        }];
         let tier = Tier::ALL[rng.gen_range(0..2)];
         let chain = &chains[rng.gen_range(0..chains.len())];
         let event = store_mostly(&mut rng, tier, chain);
@@ -405,7 +415,10 @@ fn the_fleets_bound_caps_every_tier_forgetting_the_largest_holder() {
         reference.apply(worker, &event);
         for gone in index.take_forgotten() {
             assert_eq!(gone.bound, BoundPassed::Fleet);
-            assert!(Some(gone.pairs) >= largest, "step {step}: {gone:?} was not the largest");
+            assert!(
+                Some(gone.pairs) >= largest,
+                "step {step}: {gone:?} was not the largest"
+            );
             forgotten += 1;
         }
         for t in Tier::ALL {

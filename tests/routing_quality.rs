@@ -36,7 +36,8 @@ const BLOCK_TOKENS: usize = 64;
 const MIN_FRACTION: f64 = 0.85;
 
 fn trace() -> Vec<TraceRequest> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/mooncake/first-2000.jsonl");
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/mooncake/first-2000.jsonl");
     read_trace(&path).unwrap()
 }
 
@@ -68,8 +69,12 @@ fn send_all(base: &str, trace: &[TraceRequest]) {
         .timeout(std::time::Duration::from_secs(30))
         .build();
     for (i, request) in trace.iter().enumerate() {
-        let body = json!({"model": "demo", "prompt": prompt_text(request, BLOCK_TOKENS), "max_tokens": 1});
-        if let Err(e) = agent.post(&format!("{base}/v1/completions")).send_json(body) {
+        let body =
+            json!({"model": "demo", "prompt": prompt_text(request, BLOCK_TOKENS), "max_tokens": 1});
+        if let Err(e) = agent
+            .post(&format!("{base}/v1/completions"))
+            .send_json(body)
+        {
             panic!("request {i} of the trace through {base}: {e}");
         }
     }
@@ -159,7 +164,10 @@ fn the_router_keeps_what_engines_cache_with_events_and_predicted() {
         100.0 * predicted,
         predicted / best
     );
-    assert!(best > 0.2, "the slice itself should repeat prefixes: {best}");
+    assert!(
+        best > 0.2,
+        "the slice itself should repeat prefixes: {best}"
+    );
     for (mode, rate) in [("KV events", events), ("predicted", predicted)] {
         assert!(
             rate >= MIN_FRACTION * best,
@@ -168,4 +176,62 @@ fn the_router_keeps_what_engines_cache_with_events_and_predicted() {
             100.0 * best
         );
     }
+}
+
+/// Each worker's KV index bound and where it came from, as `check` and
+/// `GET /v1/workers` show them: the default, twice `total_kv_blocks`, twice the cache its
+/// engine reports (vLLM's `cache_config_info`, scraped), whichever is largest.
+#[test]
+fn each_workers_bound_is_shown_with_its_source() {
+    let dir = tempfile::tempdir().unwrap();
+    let scraped = engine_sim("scraped", "127.0.0.1:0", &["--cache-blocks", "20000"]);
+    let idle = listening_address();
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "router: {{kv_bound_blocks_per_worker: 1000}}\n\
+             engine_metrics: {{interval_ms: 100}}\n\
+             workers:\n\
+             \x20 - {{model: demo, worker_id: 1, url: \"{}\"}}\n\
+             \x20 - {{model: demo, worker_id: 2, total_kv_blocks: 10000, address: \"{idle}\"}}\n\
+             \x20 - {{model: demo, worker_id: 3, address: \"{idle}\"}}\n",
+            scraped.address
+        ),
+    );
+    let printed = run(std::process::Command::new(switchyard_bin())
+        .args(["check", "--config"])
+        .arg(&config));
+    for line in [
+        "demo worker 1 rank 0: device 1000 (default)",
+        "demo worker 2 rank 0: device 20000 (total_kv_blocks)",
+        "demo worker 3 rank 0: device 1000 (default)",
+    ] {
+        assert!(printed.contains(line), "`{line}` not in:\n{printed}");
+    }
+    let router = serve(&config);
+    let bound = |id: u64| {
+        let workers: serde_json::Value = ureq::get(&format!("{}/v1/workers", router.address))
+            .call()
+            .unwrap()
+            .into_json()
+            .unwrap();
+        let worker = workers
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|w| w["worker_id"] == id)
+            .unwrap()
+            .clone();
+        worker["kv_index"]["bound"].clone()
+    };
+    // Once scraped, the engine's 20,000 blocks of 16 tokens make the bound 40,000.
+    wait_for("the engine's capacity to be scraped", || {
+        bound(1)["source"] == "engine"
+    });
+    assert_eq!(bound(1)["device_blocks"], 40_000);
+    assert_eq!(
+        bound(2),
+        json!({"device_blocks": 20000, "source": "total_kv_blocks", "offloaded_blocks": 4194304})
+    );
+    assert_eq!(bound(3)["source"], "default");
 }

@@ -56,7 +56,11 @@ impl KvBound {
 
 /// The bound of `spec` under `config`, given the KV cache its engine reports in tokens
 /// (`None`: not scraped, or it does not say).
-pub fn kv_bound(config: &Config, spec: &WorkerSpec, engine_capacity_tokens: Option<u64>) -> KvBound {
+pub fn kv_bound(
+    config: &Config,
+    spec: &WorkerSpec,
+    engine_capacity_tokens: Option<u64>,
+) -> KvBound {
     let router = &config.router;
     let offloaded_blocks = router.max_offloaded_blocks_per_worker;
     if let Some(model) = config.models.get(&spec.model) {
@@ -80,7 +84,10 @@ pub fn kv_bound(config: &Config, spec: &WorkerSpec, engine_capacity_tokens: Opti
     let (device_blocks, source) = known
         .into_iter()
         .filter_map(|(blocks, source)| Some((blocks?.saturating_mul(HEADROOM), source)))
-        .fold(floor, |best, next| if next.0 > best.0 { next } else { best });
+        .fold(
+            floor,
+            |best, next| if next.0 > best.0 { next } else { best },
+        );
     KvBound {
         device_blocks,
         source,
@@ -106,7 +113,8 @@ mod tests {
     /// capacity below the default never lowers the bound under it.
     #[test]
     fn the_bound_is_the_largest_known_capacity_and_never_below_the_default() {
-        let config = config(json!({"router": {"kv_bound_blocks_per_worker": 100000, "block_size": 16}}));
+        let config =
+            config(json!({"router": {"kv_bound_blocks_per_worker": 100000, "block_size": 16}}));
         let bare = spec(json!({"model": "m", "worker_id": 1}));
         let declared = spec(json!({"model": "m", "worker_id": 1, "total_kv_blocks": 131072}));
         let small = spec(json!({"model": "m", "worker_id": 1, "total_kv_blocks": 16384}));
@@ -139,7 +147,11 @@ mod tests {
             "router": {"kv_bound_blocks_per_worker": 100000},
             "models": {"m": {"kv_tracking": "predicted", "predicted_blocks_per_worker": 5000}},
         }));
-        let bound = kv_bound(&config, &spec(json!({"model": "m", "worker_id": 1})), Some(1 << 30));
+        let bound = kv_bound(
+            &config,
+            &spec(json!({"model": "m", "worker_id": 1})),
+            Some(1 << 30),
+        );
         assert_eq!(
             (bound.device_blocks, bound.source),
             (5000, BoundSource::Predicted)

@@ -46,7 +46,13 @@ impl Router {
         let Some(bound) = self.kv_bound(worker) else {
             return;
         };
-        let max_pairs = self.generation().startup.source.config.router.max_kv_index_pairs;
+        let max_pairs = self
+            .generation()
+            .startup
+            .source
+            .config
+            .router
+            .max_kv_index_pairs;
         let mut kv = self.kv.write();
         kv.set_max_pairs(max_pairs);
         kv.set_budget(worker, bound.per_tier());
