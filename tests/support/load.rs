@@ -181,6 +181,18 @@ pub fn restartable_engines() -> ([u16; 3], impl Fn(usize) -> Process + Clone + S
 
 /// The `/metrics` series (lines that are not comments) of the router at `base`.
 pub fn series(base: &str) -> usize {
+    series_names(base).len()
+}
+
+/// The `/metrics` series of the router at `base`, by name and labels (without values).
+pub fn series_names(base: &str) -> std::collections::BTreeSet<String> {
     let (_, text) = call(&agent(), "GET", &format!("{base}/metrics"), None).unwrap();
-    text.lines().filter(|l| !l.starts_with('#')).count()
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            l.rsplit_once(' ')
+                .map_or(l, |(series, _)| series)
+                .to_owned()
+        })
+        .collect()
 }

@@ -12,6 +12,7 @@ use parking_lot::{Mutex, RwLock};
 use switchyard_plugin_sdk::WorkerInputs;
 
 use super::metrics::StageMetrics;
+use super::retire::Retiring;
 use switchyard_plugin_host::plugin::PartitionKey;
 use switchyard_policy::startup::Startup;
 use switchyard_policy::{Admitters, InstanceFactory, Selector};
@@ -151,14 +152,27 @@ impl Generation {
         Ok(())
     }
 
-    /// Drops `partition`'s policies and their metric series (its last worker left, or
-    /// the worker it was built for was refused).
-    pub fn drop_partition(&self, partition: &PartitionKey) {
-        self.partitions.write().remove(partition);
-        self.admitters.write().remove(partition);
+    /// Removes `partition`'s policies and their metric series (its last worker left, or
+    /// the worker it was built for was refused). The policies and admitters are returned,
+    /// not dropped: dropping them runs plugin code (`on_destroy`), which the caller hands
+    /// to the retirement thread.
+    #[must_use = "retire the partition's policies (Retirement::retire); never drop them here"]
+    pub fn drop_partition(&self, partition: &PartitionKey) -> Vec<Box<dyn Retiring>> {
+        let mut retired: Vec<Box<dyn Retiring>> = Vec::new();
+        if let Some(selectors) = self.partitions.write().remove(partition) {
+            retired.extend(
+                selectors
+                    .into_values()
+                    .map(|slot| Box::new(slot) as Box<dyn Retiring>),
+            );
+        }
+        if let Some(admitters) = self.admitters.write().remove(partition) {
+            retired.push(Box::new(admitters));
+        }
         self.stages
             .write()
             .retain(|stage| &stage.partition != partition);
+        retired
     }
 
     pub fn partitions(&self) -> Vec<PartitionKey> {

@@ -12,6 +12,7 @@ pub mod load_accounting;
 pub mod metrics;
 pub mod predicted_kv;
 pub mod replicas;
+pub mod retire;
 pub use switchyard_policy::rate_limits;
 pub mod router;
 pub mod workers;

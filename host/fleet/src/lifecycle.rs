@@ -6,6 +6,10 @@
 //! delivered by the selection itself (under the instance's lock, before its next
 //! selection); `on_prefill_complete` and `on_finished` are queued to one thread of their
 //! own, so neither the async executor nor the caller of `/v1/free` ever runs plugin code.
+//! A followed request keeps its policy alive (its slot); a slot this module lets go of
+//! goes to the retirement thread (`retire.rs`), never dropped on the caller's thread.
+//! At shutdown [`Lifecycles::finish`] delivers what is queued and joins the thread, so no
+//! notification runs while the process exits.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -17,6 +21,7 @@ use parking_lot::Mutex;
 use switchyard_plugin_sdk::WorkerId;
 
 use super::generation::SelectorSlot;
+use super::retire::Retirement;
 use switchyard_plugin_host::plugin::{Lifecycle, Outcome};
 
 /// A routed request whose policy wants its notifications.
@@ -39,19 +44,19 @@ pub struct Lifecycles {
     /// `tracked.len()`, read without the lock: with no policy asking for notifications,
     /// prefill-complete and free pay one atomic load here and nothing else.
     count: AtomicUsize,
-    jobs: Mutex<mpsc::Sender<Job>>,
-}
-
-impl Default for Lifecycles {
-    fn default() -> Self {
-        Self::new()
-    }
+    /// `None` once finished (or when the thread could not start).
+    jobs: Mutex<Option<mpsc::Sender<Job>>>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Where the slots of jobs that cannot be delivered go.
+    retirement: Arc<Retirement>,
 }
 
 impl Lifecycles {
-    /// Starts the notification thread; it ends when this is dropped.
-    pub fn new() -> Self {
+    /// Starts the notification thread; it ends with [`Lifecycles::finish`] or when this
+    /// is dropped. Each job's slot is dropped on that thread, or handed to `retirement`.
+    pub fn new(retirement: Arc<Retirement>) -> Self {
         let (jobs, queue) = mpsc::channel::<Job>();
+        let to_retire = retirement.clone();
         let spawned = std::thread::Builder::new()
             .name("switchyard-lifecycle".into())
             .spawn(move || {
@@ -63,16 +68,28 @@ impl Lifecycles {
                         .lock()
                         .policy
                         .notify(job.event, None, &job.outcome);
+                    to_retire.retire(Box::new(job.slot));
                 }
             });
-        if let Err(e) = spawned {
-            tracing::error!(error = %e, "cannot start the lifecycle-notification thread; on_prefill_complete and on_finished will not be delivered");
-        }
+        let thread = spawned
+            .map_err(|e| tracing::error!(error = %e, "cannot start the lifecycle-notification thread; on_prefill_complete and on_finished will not be delivered"))
+            .ok();
         Lifecycles {
             next_id: AtomicU64::new(1),
             tracked: Mutex::new(HashMap::new()),
             count: AtomicUsize::new(0),
-            jobs: Mutex::new(jobs),
+            jobs: Mutex::new(thread.as_ref().map(|_| jobs)),
+            thread: Mutex::new(thread),
+            retirement,
+        }
+    }
+
+    /// Delivers the notifications already queued and stops the thread (shutdown): no
+    /// plugin code runs here afterwards; later events are not delivered.
+    pub fn finish(&self) {
+        drop(self.jobs.lock().take());
+        if let Some(thread) = self.thread.lock().take() {
+            let _ = thread.join();
         }
     }
 
@@ -91,7 +108,7 @@ impl Lifecycles {
         selected_at: Instant,
     ) {
         let mut tracked = self.tracked.lock();
-        tracked.insert(
+        let replaced = tracked.insert(
             request_id.to_owned(),
             Tracked {
                 slot,
@@ -100,14 +117,25 @@ impl Lifecycles {
             },
         );
         self.count.store(tracked.len(), Ordering::Relaxed);
+        drop(tracked);
+        if let Some(replaced) = replaced {
+            self.retirement.retire(Box::new(replaced.slot));
+        }
     }
 
     fn send(&self, slot: Arc<SelectorSlot>, event: Lifecycle, outcome: Outcome) {
-        let _ = self.jobs.lock().send(Job {
+        let job = Job {
             slot,
             event,
             outcome,
-        });
+        };
+        let undelivered = match &*self.jobs.lock() {
+            Some(jobs) => jobs.send(job).err().map(|e| e.0),
+            None => Some(job),
+        };
+        if let Some(job) = undelivered {
+            self.retirement.retire(Box::new(job.slot));
+        }
     }
 
     /// The request's prefill completed (its first token).

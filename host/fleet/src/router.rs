@@ -21,6 +21,7 @@ use super::lifecycle::Lifecycles;
 use super::load_accounting::{AccountingError, BookingChange, LoadAccounting};
 use super::metrics::Metrics;
 use super::predicted_kv::PredictedKv;
+use super::retire::Retirement;
 use super::workers::{WorkerError, WorkerSpec, Workers};
 use crate::admission::AdmissionQueue;
 use crate::rate_limits::{OverRate, RateLimiter};
@@ -84,6 +85,8 @@ pub struct Router {
     health_errors: Mutex<HashMap<WorkerId, String>>,
     /// Requests whose policy asked for lifecycle notifications, and their delivery.
     lifecycles: Lifecycles,
+    /// Where retired generations and partitions are dropped: never on a caller's thread.
+    retirement: Arc<Retirement>,
     /// Requests waiting while every candidate of their partition is busy (`admission:`).
     pub admission: AdmissionQueue,
     /// Per-tenant token buckets (`admission.rate_limits`).
@@ -157,6 +160,7 @@ impl Router {
         let expiry = Duration::from_secs(startup.source.config.router.request_expiry_secs);
         let workers = startup.source.config.workers.clone();
         let metrics = Metrics::new(startup.instances.iter().map(|i| i.name.as_str()));
+        let retirement = Arc::new(Retirement::new());
         let router = Router {
             generation: RwLock::new(Arc::new(Generation::new(1, startup))),
             changing: Mutex::new(()),
@@ -172,7 +176,8 @@ impl Router {
             kv_overruns: Mutex::new(std::collections::HashSet::new()),
             cooldown_until: Mutex::new(HashMap::new()),
             health_errors: Mutex::new(HashMap::new()),
-            lifecycles: Lifecycles::new(),
+            lifecycles: Lifecycles::new(retirement.clone()),
+            retirement,
             admission: AdmissionQueue::new(metrics.admission.clone()),
             rate_limits: RateLimiter::default(),
             own_addresses: RwLock::new(Vec::new()),
@@ -308,6 +313,15 @@ impl Router {
         self.lifecycles.finished(request_id);
         self.capacity_freed();
         Ok(())
+    }
+
+    /// Shutdown: delivers the queued lifecycle notifications, drops the retired plugin
+    /// state nothing holds any more (waiting up to `limit`), and stops both threads, so
+    /// that no plugin code runs while the process exits. Call it off the executor, once
+    /// the listeners have drained.
+    pub fn finish_plugin_threads(&self, limit: Duration) {
+        self.lifecycles.finish();
+        self.retirement.finish(limit);
     }
 
     /// Releases reservations older than the configured expiry (the last safety net;

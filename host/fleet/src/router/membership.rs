@@ -22,7 +22,9 @@ impl Router {
         self.ensure_partition(&generation, &partition)?;
         if let Err(e) = self.change_workers(|workers| workers.add(spec)) {
             if built {
-                generation.drop_partition(&partition);
+                for retired in generation.drop_partition(&partition) {
+                    self.retirement.retire(retired);
+                }
             }
             return Err(e.into());
         }
@@ -43,13 +45,12 @@ impl Router {
     pub(super) fn check_destinations(&self, spec: &WorkerSpec) -> Result<(), RouteError> {
         let networks = self.generation().startup.source.worker_networks();
         let own = self.own_addresses.read().clone();
-        spec.check_destinations(&networks, &own)
-            .map_err(|error| {
-                RouteError::Worker(WorkerError::Destination {
-                    worker_id: spec.worker_id,
-                    error,
-                })
+        spec.check_destinations(&networks, &own).map_err(|error| {
+            RouteError::Worker(WorkerError::Destination {
+                worker_id: spec.worker_id,
+                error,
             })
+        })
     }
 
     /// Builds `partition`'s policies into `generation` if it has none yet: before the
@@ -90,7 +91,9 @@ impl Router {
         let spec = self.change_workers(|workers| workers.remove(id))?;
         let partition = spec.partition();
         if !self.state.read().workers.uses_partition(&partition) {
-            self.generation().drop_partition(&partition);
+            for retired in self.generation().drop_partition(&partition) {
+                self.retirement.retire(retired);
+            }
         }
         self.kv.write().remove_worker(id);
         self.book(|load| load.remove_worker(id));

@@ -120,7 +120,10 @@ impl Router {
             .map(|i| i.name.clone())
             .collect();
         let (number, loaded_at) = (next.number, next.loaded_at);
-        *self.generation.write() = Arc::new(next);
+        // The old generation's plugin state is dropped on the retirement thread once the
+        // selections still running on it end, not by whichever of them ends last.
+        let retired = std::mem::replace(&mut *self.generation.write(), Arc::new(next));
+        self.retirement.retire(Box::new(retired));
         self.metrics
             .add_instances(instances.iter().map(String::as_str));
         self.metrics.record_generation(number, loaded_at);

@@ -376,10 +376,13 @@ async fn remove_worker(
     rank: Result<Query<DpRank>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(rank) = rank.map_err(|e| ApiError::bad_request(format!("invalid query: {e}")))?;
-    let spec = router.remove_worker(WorkerId {
+    let id = WorkerId {
         worker_id: worker_id(&id)?,
         dp_rank: rank.dp_rank,
-    })?;
+    };
+    // It may wait for a reload (the membership lock) and retire a partition's policies:
+    // off the executor, as adding one is.
+    let spec = off_executor(router, move |r| r.remove_worker(id)).await?;
     Ok(Json(spec).into_response())
 }
 
@@ -569,6 +572,8 @@ async fn method_not_allowed(uri: Uri) -> Response {
 pub fn app(router: Arc<Router>, frontend: Arc<Frontend>, body: BodyLimits) -> HttpRouter {
     routes(router.clone(), frontend)
         .method_not_allowed_fallback(method_not_allowed)
+        // axum's own rejections (text) answered again as JSON.
+        .layer(axum::middleware::from_fn(crate::errors::json_error_bodies))
         .layer(axum::middleware::from_fn_with_state(
             body,
             crate::request_body::buffered,

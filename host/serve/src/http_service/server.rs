@@ -235,6 +235,9 @@ fn start_picker(
                 let listener = Listener::new(tokio::net::TcpListener::from_std(tcp)?, tls, table);
                 ext_proc::serve(picker, listener, draining).await
             });
+            // Waits for the picker's blocking threads: the drain is over only when no
+            // selection of it still runs plugin code (the process exits next).
+            drop(runtime);
             if let Err(e) = served {
                 eprintln!("error: {e}");
                 std::process::exit(1);
@@ -353,8 +356,9 @@ pub async fn serve(router: Arc<Router>, options: ServeOptions) -> std::io::Resul
     tokio::spawn(expire_forever(router.clone()));
     let table = ConnectionTable::new("http", limits.clone());
     let listener = Listener::new(tcp, listener_tls.http.clone(), table.clone());
+    let finishing = router.clone();
     let app = app(router, frontend, body_limits).layer(Extension(listener_tls));
-    serve_until_drained(
+    let served = serve_until_drained(
         listener,
         app,
         limits,
@@ -363,5 +367,15 @@ pub async fn serve(router: Arc<Router>, options: ServeOptions) -> std::io::Resul
         draining,
         drain_timeout,
     )
-    .await
+    .await;
+    // The process exits next, running its libraries' destructors (a C++ plugin's static
+    // objects among them): first the notifications still queued are delivered and the
+    // retired plugin state dropped, and the threads that run them stop.
+    let _ =
+        tokio::task::spawn_blocking(move || finishing.finish_plugin_threads(PLUGIN_THREADS_FINISH))
+            .await;
+    served
 }
+
+/// How long shutdown waits for retired plugin state that selections still hold.
+const PLUGIN_THREADS_FINISH: Duration = Duration::from_secs(5);
