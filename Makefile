@@ -6,7 +6,7 @@ CMAKE_BUILD := target/cmake
 BENCHES := $(patsubst host/benches/%.rs,%,$(wildcard host/benches/*.rs))
 BENCH_TARGETS := $(addprefix bench-,$(subst _,-,$(BENCHES)))
 
-.PHONY: run demo demo-pd test lint fuzz soak envoy peers build plugins check-tools bench $(BENCH_TARGETS) clean
+.PHONY: run demo demo-pd test lint fuzz soak chaos-sanitized envoy peers build plugins check-tools bench $(BENCH_TARGETS) clean
 
 check-tools:
 	@./scripts/check-tools
@@ -46,9 +46,21 @@ lint: check-tools
 	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --no-deps --workspace --features switchyard-plugin-sdk/layout
 	./scripts/check-msrv $(MSRV_FLAGS)
 
-# The soak with faults for 10 minutes (make test runs it for one).
+# The soak with faults and the chaos soak with every example plugin (tests/chaos.rs), 10
+# minutes each (make test runs each for one).
 soak: plugins
 	SWITCHYARD_SOAK_SECS=600 $(CARGO) test --release -p switchyard --test soak -- --nocapture
+	$(CARGO) build --release -p least-busy
+	SWITCHYARD_CHAOS_SECS=600 $(CARGO) test --release -p switchyard --test chaos -- --nocapture
+
+# The chaos soak (one minute) with the C and C++ example plugins built with AddressSanitizer
+# and UBSan: any report aborts the router, which the test sees as a death by signal (CI).
+chaos-sanitized: check-tools
+	cmake -S . -B target/cmake-sanitize -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	  -DSWITCHYARD_SANITIZE=ON -DSWITCHYARD_PLUGIN_OUTPUT_DIR=$(CURDIR)/target/plugins-sanitize >/dev/null
+	cmake --build target/cmake-sanitize
+	$(CARGO) build -p least-busy
+	SWITCHYARD_CHAOS_PLUGIN_DIR=target/plugins-sanitize $(CARGO) test -p switchyard --test chaos -- --nocapture
 
 # Property-based fuzzing of every input parser, 100,000 cases per target (make test runs 256).
 fuzz: plugins
