@@ -12,6 +12,7 @@ pub mod admission;
 pub mod attributes;
 pub mod auth;
 pub mod hardening;
+mod kv_event_limits;
 mod limits;
 pub mod listener;
 pub mod replicas;
@@ -26,6 +27,7 @@ pub use admission::{
 };
 pub use attributes::{EngineMetricsSettings, RequestAttributeSettings, TenantSource};
 pub use auth::{AuthSettings, Keyring};
+pub use kv_event_limits::KvEventLimits;
 pub use limits::{MAX_CONFIG_BYTES, MAX_FLOW_DEPTH};
 pub use listener::{HttpSettings, TlsSettings};
 pub use replicas::ReplicaSettings;
@@ -190,6 +192,71 @@ pub struct ExtProcSettings {
         deserialize_with = "picker_threads"
     )]
     pub threads: u16,
+    /// Streams one connection may have open at once (HTTP/2 `SETTINGS_MAX_CONCURRENT_STREAMS`):
+    /// each costs memory while it lasts. Envoy opens another connection when a connection
+    /// is full, so the bound never refuses a gateway's request.
+    #[serde(
+        default = "default_streams_per_connection",
+        deserialize_with = "streams_per_connection"
+    )]
+    pub max_streams_per_connection: u32,
+    /// A stream whose request headers message has not arrived this long after it opened
+    /// is ended with `DEADLINE_EXCEEDED` (Envoy sends them at once).
+    #[serde(
+        default = "default_request_headers_timeout",
+        deserialize_with = "request_headers_timeout"
+    )]
+    pub request_headers_timeout_ms: u64,
+    /// The largest gRPC message taken (a body chunk, a headers message); a larger one
+    /// ends its stream with `RESOURCE_EXHAUSTED` before it is read.
+    #[serde(default = "default_max_message_bytes", deserialize_with = "message_bytes")]
+    pub max_message_bytes: usize,
+    /// Request headers whose names and values together are larger than this are answered
+    /// with 431 at once (Envoy's own default limit is 60 KiB).
+    #[serde(default = "default_max_header_bytes", deserialize_with = "header_bytes")]
+    pub max_header_bytes: usize,
+}
+
+fn default_streams_per_connection() -> u32 {
+    ExtProcSettings::DEFAULT_STREAMS_PER_CONNECTION
+}
+
+fn streams_per_connection<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<u32, D::Error> {
+    deserializer
+        .deserialize_u64(Bounded(1, 65_536, "max_streams_per_connection is from 1 to {max} (got {got})"))
+        .map(|streams| streams as u32)
+}
+
+fn default_request_headers_timeout() -> u64 {
+    ExtProcSettings::DEFAULT_REQUEST_HEADERS_TIMEOUT_MS
+}
+
+fn request_headers_timeout<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<u64, D::Error> {
+    deserializer.deserialize_u64(Bounded(1, 600_000, "request_headers_timeout_ms is from 1 to {max} (got {got}): a stream that has not sent its request headers by then is not a gateway's"))
+}
+
+fn default_max_message_bytes() -> usize {
+    ExtProcSettings::DEFAULT_MAX_MESSAGE_BYTES
+}
+
+fn message_bytes<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<usize, D::Error> {
+    deserializer
+        .deserialize_u64(Bounded(4096, 64 << 20, "max_message_bytes is from {min} to {max} (got {got}): one message is held whole while it is read"))
+        .map(|bytes| bytes as usize)
+}
+
+fn default_max_header_bytes() -> usize {
+    ExtProcSettings::DEFAULT_MAX_HEADER_BYTES
+}
+
+fn header_bytes<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<usize, D::Error> {
+    deserializer
+        .deserialize_u64(Bounded(1024, 8 << 20, "max_header_bytes is from {min} to {max} (got {got}), Envoy's own range"))
+        .map(|bytes| bytes as usize)
 }
 
 fn fallback_count<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<u8, D::Error> {
@@ -227,6 +294,7 @@ impl serde::de::Visitor<'_> for Bounded {
         }
         Err(E::custom(
             self.2
+                .replace("{min}", &self.0.to_string())
                 .replace("{max}", &self.1.to_string())
                 .replace("{got}", &got.to_string()),
         ))
@@ -244,6 +312,11 @@ impl ExtProcSettings {
     pub const DEFAULT_MAX_BODY_BYTES: usize = 16 << 20;
     pub const MAX_FALLBACK_ENDPOINTS: u8 = 8;
     pub const MAX_THREADS: u16 = 256;
+    pub const DEFAULT_STREAMS_PER_CONNECTION: u32 = 512;
+    pub const DEFAULT_REQUEST_HEADERS_TIMEOUT_MS: u64 = 10_000;
+    /// tonic's own default, made explicit.
+    pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 << 20;
+    pub const DEFAULT_MAX_HEADER_BYTES: usize = 96 << 10;
 
     /// Listening on `listen`, every other setting at its default.
     pub fn listening(listen: std::net::SocketAddr) -> Self {
@@ -254,6 +327,10 @@ impl ExtProcSettings {
             tls: None,
             fallback_endpoints: 0,
             threads: default_picker_threads(),
+            max_streams_per_connection: Self::DEFAULT_STREAMS_PER_CONNECTION,
+            request_headers_timeout_ms: Self::DEFAULT_REQUEST_HEADERS_TIMEOUT_MS,
+            max_message_bytes: Self::DEFAULT_MAX_MESSAGE_BYTES,
+            max_header_bytes: Self::DEFAULT_MAX_HEADER_BYTES,
         }
     }
 }
@@ -513,6 +590,8 @@ pub struct RouterSettings {
     /// The hosts workers may point at (engine URLs, addresses, KV-event endpoints):
     /// networks, addresses, host names, `*.domain`. Any host when empty.
     pub worker_networks: Vec<String>,
+    /// Bounds on engines' KV-event messages and replays.
+    pub kv_events: KvEventLimits,
 }
 
 impl Default for RouterSettings {
@@ -527,6 +606,7 @@ impl Default for RouterSettings {
             max_kv_index_pairs: 1 << 25,
             drain_timeout_secs: 30,
             worker_networks: Vec::new(),
+            kv_events: KvEventLimits::default(),
         }
     }
 }

@@ -21,6 +21,10 @@ pub struct KvSourceCounters {
     pub duplicates: AtomicU64,
     pub reconnects: AtomicU64,
     pub unknown_worker: AtomicU64,
+    /// Messages over `router.kv_events.max_frame_bytes`, read past and dropped.
+    pub oversized: AtomicU64,
+    /// Replays given up at `router.kv_events.max_replay_bytes`.
+    pub replays_oversized: AtomicU64,
     /// By reason: restart, gap, engine (`AllBlocksCleared`).
     pub(crate) clears: [AtomicU64; 3],
     /// By `Ignored` reason, in its declaration order.
@@ -28,6 +32,8 @@ pub struct KvSourceCounters {
     /// Of the last batch that carried a timestamp, in nanoseconds.
     pub(crate) last_lag_nanos: AtomicU64,
     pub(crate) block_size_error_logged: AtomicBool,
+    pub(crate) oversized_logged: AtomicBool,
+    pub(crate) replay_oversized_logged: AtomicBool,
 }
 
 pub(crate) const CLEAR_REASONS: [&str; 3] = ["restart", "gap", "engine"];
@@ -56,5 +62,15 @@ impl KvSourceCounters {
     /// True the first time only: a misconfiguration is logged once, counted always.
     pub fn first_block_size_error(&self) -> bool {
         !self.block_size_error_logged.swap(true, Ordering::Relaxed)
+    }
+    /// Counts a message dropped for its size; true the first time (to log it once).
+    pub fn record_oversized(&self) -> bool {
+        self.oversized.fetch_add(1, Ordering::Relaxed);
+        !self.oversized_logged.swap(true, Ordering::Relaxed)
+    }
+    /// Counts a replay given up for its size; true the first time (to log it once).
+    pub fn record_replay_oversized(&self) -> bool {
+        self.replays_oversized.fetch_add(1, Ordering::Relaxed);
+        !self.replay_oversized_logged.swap(true, Ordering::Relaxed)
     }
 }

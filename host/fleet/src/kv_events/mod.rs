@@ -5,12 +5,14 @@
 //! - [`subscriber`]: one SUB socket per publisher, sequence tracking, gap replay over
 //!   the publisher's ROUTER socket, restarts; runs on its own thread.
 //! - [`publisher`]: the engine side (PUB + replay ROUTER), for `engine-sim` and tests.
+//! - `zmtp`: the subscriber's sockets, ZeroMQ's wire protocol read with size limits.
 
 mod counters;
 pub mod hash_agreement;
 pub mod publisher;
 pub mod subscriber;
 pub mod wire;
+mod zmtp;
 
 pub use counters::KvSourceCounters;
 pub(crate) use counters::CLEAR_REASONS;

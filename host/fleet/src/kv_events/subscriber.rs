@@ -17,6 +17,10 @@
 //!   were lost to the slow joiner, and taking it as the start would lose them for good.
 //! - The SUB socket reconnects (with backoff) when the publisher goes away, and after 3 s
 //!   of silence, since a restarted publisher is not always noticed by the socket.
+//! - Both sockets are read with limits (`router.kv_events`, [`super::zmtp`]): a message
+//!   over `max_frame_bytes` is read past unkept, a replay over `max_replay_bytes` given
+//!   up; each counted and logged once per publisher. A batch is decoded a chunk of
+//!   events at a time ([`wire::decode_events`]), so it costs its bytes and one chunk.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -24,9 +28,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use zeromq::{Socket, SocketRecv, SocketSend, ZmqMessage};
+use switchyard_config::KvEventLimits;
 
-use super::wire::{decode, split_frames, EngineEvent, END_SEQUENCE};
+use super::wire::{self, split_frames, EngineEvent, END_SEQUENCE};
+use super::zmtp::{Peer, Received};
 use super::ApplyOutcome;
 use super::KvEventSource;
 use super::KvSourceCounters;
@@ -92,6 +97,9 @@ pub trait EventSink: Send + Sync + 'static {
     fn kv_source(&self, endpoint: &str, worker_id: u64) -> Arc<KvSourceCounters>;
     /// How old a batch was when it arrived.
     fn record_kv_event_lag(&self, lag: Duration);
+    /// The bounds on messages and replays (`router.kv_events`), read per message so a
+    /// reload applies them.
+    fn kv_event_limits(&self) -> KvEventLimits;
 }
 
 /// Starts a subscription to `source` for worker `worker_id` (`dp_rank` unless a batch
@@ -131,25 +139,6 @@ pub fn subscribe(
     Ok(Subscription { stop })
 }
 
-/// What a waiting subscriber heard first.
-enum Heard {
-    /// The socket's monitor: an event, or None once it closed.
-    Monitor(Option<zeromq::SocketEvent>),
-    /// The socket: a message, a receive error, or the silence ran out.
-    Socket(Result<zeromq::ZmqResult<ZmqMessage>, tokio::time::error::Elapsed>),
-}
-
-/// The monitor's next event; never resolves once the monitor is gone.
-async fn next_event<S>(monitor: &mut Option<S>) -> Option<zeromq::SocketEvent>
-where
-    S: futures_util::Stream<Item = zeromq::SocketEvent> + Unpin,
-{
-    match monitor {
-        Some(events) => futures_util::StreamExt::next(events).await,
-        None => std::future::pending().await,
-    }
-}
-
 struct Subscriber {
     router: Arc<dyn EventSink>,
     worker_id: u64,
@@ -162,10 +151,10 @@ struct Subscriber {
     expected: Option<u64>,
     /// The timestamp of the last batch applied.
     last_ts: Option<f64>,
-    /// Batches applied from the last replay, until the live stream passes them: their
-    /// live copies may still be on the way.
-    replayed: Vec<(u64, Bytes)>,
-    dealer: Option<zeromq::DealerSocket>,
+    /// Batches applied from the last replay (sequence, digest of the payload), until the
+    /// live stream passes them: their live copies may still be on the way.
+    replayed: Vec<(u64, u64)>,
+    dealer: Option<Peer>,
     counters: Arc<KvSourceCounters>,
 }
 
@@ -178,38 +167,27 @@ impl Subscriber {
         let mut first = true;
         let mut silence = RECONNECT_AFTER_SILENCE;
         while !self.stopped() {
-            let Some(mut socket) = self.connect().await else {
+            let Some(mut socket) = self.connect(first).await else {
                 return;
             };
             if first && self.source.replay_endpoint.is_some() {
                 // What was published before this subscriber joined.
                 self.replay_from(0).await;
             } else if !first {
+                // Connected afresh: the engine may have restarted meanwhile.
                 self.check_continuity().await;
             }
             first = false;
-            // The socket reconnects by itself when the engine goes away and comes back
-            // (a restart): each time, check what the publisher has (the monitor tells).
-            let mut monitor = Some(socket.monitor());
             while !self.stopped() {
-                let heard = tokio::select! {
+                let limit = self.router.kv_event_limits().max_frame_bytes;
+                // A receive dropped half-way leaves the connection mid-frame: every way
+                // out of this select but a message leaves the connection.
+                let received = tokio::select! {
                     () = self.stop.asked() => return,
-                    event = next_event(&mut monitor) => Heard::Monitor(event),
-                    received = tokio::time::timeout(silence, socket.recv()) => Heard::Socket(received),
+                    received = tokio::time::timeout(silence, socket.recv(limit)) => received,
                 };
-                let message = match heard {
-                    Heard::Monitor(Some(zeromq::SocketEvent::Connected(..))) => {
-                        tracing::debug!(endpoint = %self.source.endpoint, worker_id = self.worker_id, "kv events: reconnected");
-                        self.counters.reconnects.fetch_add(1, Ordering::Relaxed);
-                        self.check_continuity().await;
-                        continue;
-                    }
-                    Heard::Monitor(Some(_)) => continue,
-                    Heard::Monitor(None) => {
-                        monitor = None;
-                        continue;
-                    }
-                    Heard::Socket(Err(_)) => {
+                let frames = match received {
+                    Err(_) => {
                         // An engine that went away and came back is not always noticed
                         // by the socket: after a while of silence, connect afresh (what
                         // was missed meanwhile shows as a gap and is replayed), and
@@ -217,14 +195,17 @@ impl Subscriber {
                         silence = (silence * 2).min(MAX_SILENCE);
                         break;
                     }
-                    Heard::Socket(Ok(Ok(message))) => message,
-                    Heard::Socket(Ok(Err(e))) => {
-                        tracing::warn!(endpoint = %self.source.endpoint, error = %e, "kv events: receive failed; reconnecting");
+                    Ok(Err(e)) => {
+                        tracing::debug!(endpoint = %self.source.endpoint, error = %e, "kv events: the publisher's connection ended; reconnecting");
                         break;
                     }
+                    Ok(Ok(Received::Oversized { bytes })) => {
+                        self.oversized(bytes, limit, "live");
+                        continue;
+                    }
+                    Ok(Ok(Received::Message(frames))) => frames,
                 };
                 silence = RECONNECT_AFTER_SILENCE;
-                let frames = message.into_vec();
                 let Some((sequence, payload)) = split_frames(&frames) else {
                     self.counters.decode_errors.fetch_add(1, Ordering::Relaxed);
                     continue;
@@ -234,21 +215,34 @@ impl Subscriber {
         }
     }
 
+    /// A message over `max_frame_bytes` was read past: counted, logged once.
+    fn oversized(&self, bytes: u64, limit: usize, socket: &str) {
+        if self.counters.record_oversized() {
+            tracing::warn!(
+                endpoint = %self.source.endpoint, worker_id = self.worker_id, bytes, limit, socket,
+                "kv events: a message over router.kv_events.max_frame_bytes was dropped unread (logged once per publisher; counted in switchyard_kv_event_oversized_total)"
+            );
+        }
+    }
+
     /// Connects and subscribes, retrying with backoff; None once stopped.
-    async fn connect(&mut self) -> Option<zeromq::SubSocket> {
+    async fn connect(&mut self, first: bool) -> Option<Peer> {
         let mut backoff = Duration::from_millis(100);
+        if !first {
+            self.counters.reconnects.fetch_add(1, Ordering::Relaxed);
+        }
         loop {
             if self.stopped() {
                 return None;
             }
-            let mut socket = zeromq::SubSocket::new();
             let connected = tokio::time::timeout(Duration::from_secs(2), async {
-                socket.connect(&self.source.endpoint).await?;
-                socket.subscribe(&self.source.topic).await
+                let mut socket = Peer::connect(&self.source.endpoint, "SUB").await?;
+                socket.subscribe(self.source.topic.as_bytes()).await?;
+                Ok::<_, std::io::Error>(socket)
             })
             .await;
             match connected {
-                Ok(Ok(())) => {
+                Ok(Ok(socket)) => {
                     tracing::debug!(endpoint = %self.source.endpoint, worker_id = self.worker_id, "kv events: subscribed");
                     return Some(socket);
                 }
@@ -278,10 +272,11 @@ impl Subscriber {
             tracing::debug!(endpoint = %self.source.endpoint, worker_id = self.worker_id, sequence, "kv events: the first live batch is not the engine's first; replaying from 0");
             self.replay_from(0).await;
         }
+        let digest = wire::digest(payload);
         if self
             .replayed
             .iter()
-            .any(|(s, p)| *s == sequence && p.as_ref() == payload)
+            .any(|&(s, d)| s == sequence && d == digest)
         {
             self.counters.duplicates.fetch_add(1, Ordering::Relaxed);
             return;
@@ -322,51 +317,73 @@ impl Subscriber {
     }
 
     /// Every batch the replay socket still buffers from `start` on; None if it could
-    /// not be asked.
+    /// not be asked, or its answer was over `max_replay_bytes`.
     async fn fetch_replay(&mut self, start: u64) -> Option<Vec<(u64, Bytes)>> {
         let endpoint = self.source.replay_endpoint.clone()?;
-        let outcome = tokio::time::timeout(REPLAY_TIMEOUT, async {
-            if self.dealer.is_none() {
-                let mut dealer = zeromq::DealerSocket::new();
-                dealer.connect(&endpoint).await.map_err(|e| e.to_string())?;
-                self.dealer = Some(dealer);
-            }
-            let dealer = self.dealer.as_mut().expect("just set");
-            let request = vec![Bytes::new(), Bytes::copy_from_slice(&start.to_be_bytes())];
-            dealer
-                .send(ZmqMessage::try_from(request).expect("two frames"))
-                .await
-                .map_err(|e| e.to_string())?;
-            let mut replies = Vec::new();
-            loop {
-                let mut frames = dealer.recv().await.map_err(|e| e.to_string())?.into_vec();
-                if frames.first().is_some_and(|f| f.is_empty()) {
-                    frames.remove(0); // the REQ-style delimiter
-                }
-                match split_frames(&frames) {
-                    Some((END_SEQUENCE, _)) => return Ok::<_, String>(replies),
-                    Some((sequence, payload)) => {
-                        replies.push((sequence, Bytes::copy_from_slice(payload)))
-                    }
-                    None => return Err("a malformed replay reply".to_owned()),
-                }
-            }
-        })
-        .await;
-        match outcome {
+        let limits = self.router.kv_event_limits();
+        let outcome =
+            tokio::time::timeout(REPLAY_TIMEOUT, self.ask_replay(&endpoint, start, limits)).await;
+        let problem = match outcome {
             Ok(Ok(replies)) => {
                 self.counters.replays.fetch_add(1, Ordering::Relaxed);
-                Some(replies)
+                return Some(replies);
             }
-            Ok(Err(problem)) => {
-                tracing::warn!(%endpoint, %problem, "kv events: replay failed");
-                self.dealer = None;
-                None
+            Ok(Err(ReplayFailed::Oversized(bytes))) => {
+                if self.counters.record_replay_oversized() {
+                    tracing::warn!(
+                        %endpoint, worker_id = self.worker_id, bytes, limit = limits.max_replay_bytes,
+                        "kv events: a replay brought more than router.kv_events.max_replay_bytes; given up (logged once per publisher; counted in switchyard_kv_event_replays_oversized_total)"
+                    );
+                }
+                "over max_replay_bytes".to_owned()
             }
-            Err(_) => {
-                tracing::warn!(%endpoint, "kv events: replay timed out");
-                self.dealer = None;
-                None
+            Ok(Err(ReplayFailed::Io(e))) => e.to_string(),
+            Err(_) => "timed out".to_owned(),
+        };
+        tracing::warn!(%endpoint, %problem, "kv events: replay failed");
+        // A connection left mid-answer cannot be read on: connect afresh next time.
+        self.dealer = None;
+        None
+    }
+
+    /// Sends the replay request and gathers the answer, at most `max_replay_bytes` of it.
+    async fn ask_replay(
+        &mut self,
+        endpoint: &str,
+        start: u64,
+        limits: KvEventLimits,
+    ) -> Result<Vec<(u64, Bytes)>, ReplayFailed> {
+        if self.dealer.is_none() {
+            self.dealer = Some(Peer::connect(endpoint, "DEALER").await?);
+        }
+        let dealer = self.dealer.as_mut().expect("just set");
+        dealer.send(&[b"", &start.to_be_bytes()]).await?;
+        let (mut replies, mut bytes) = (Vec::new(), 0usize);
+        loop {
+            let mut frames = match dealer.recv(limits.max_frame_bytes).await? {
+                Received::Message(frames) => frames,
+                Received::Oversized { bytes } => {
+                    self.oversized(bytes, limits.max_frame_bytes, "replay");
+                    return Err(ReplayFailed::Oversized(bytes));
+                }
+            };
+            if frames.first().is_some_and(|f| f.is_empty()) {
+                frames.remove(0); // the REQ-style delimiter
+            }
+            match split_frames(&frames) {
+                Some((END_SEQUENCE, _)) => return Ok(replies),
+                Some((sequence, payload)) => {
+                    bytes += payload.len();
+                    if bytes > limits.max_replay_bytes {
+                        return Err(ReplayFailed::Oversized(bytes as u64));
+                    }
+                    replies.push((sequence, Bytes::copy_from_slice(payload)));
+                }
+                None => {
+                    return Err(ReplayFailed::Io(std::io::Error::other(
+                        "a malformed replay reply",
+                    )))
+                }
             }
         }
     }
@@ -388,7 +405,7 @@ impl Subscriber {
                 }
                 Some(_) => break, // the buffer does not reach back far enough
             }
-            self.replayed.push((sequence, payload));
+            self.replayed.push((sequence, wire::digest(&payload)));
         }
     }
 
@@ -406,13 +423,13 @@ impl Subscriber {
             return;
         };
         let same = replies.first().is_some_and(|(sequence, payload)| {
-            *sequence == expected - 1 && decode(payload).is_ok_and(|b| b.ts == last_ts)
+            *sequence == expected - 1 && wire::head(payload).is_ok_and(|b| b.ts == last_ts)
         });
         if same {
             for (sequence, payload) in replies.into_iter().skip(1) {
                 if self.expected == Some(sequence) {
                     self.apply(sequence, &payload);
-                    self.replayed.push((sequence, payload));
+                    self.replayed.push((sequence, wire::digest(&payload)));
                 }
             }
         } else {
@@ -432,37 +449,45 @@ impl Subscriber {
     }
 
     fn apply_payload(&mut self, sequence: u64, payload: &[u8]) {
-        let batch = match decode(payload) {
-            Ok(batch) => batch,
+        let head = match wire::head(payload) {
+            Ok(head) => head,
             Err(e) => {
                 self.counters.decode_errors.fetch_add(1, Ordering::Relaxed);
                 tracing::warn!(endpoint = %self.source.endpoint, sequence, error = %e, "kv events: undecodable batch");
                 return;
             }
         };
-        self.last_ts = Some(batch.ts);
-        if !batch.malformed.is_empty() {
-            self.counters
-                .malformed_events
-                .fetch_add(batch.malformed.len() as u64, Ordering::Relaxed);
-            tracing::warn!(endpoint = %self.source.endpoint, sequence, problems = ?batch.malformed, "kv events: malformed events skipped");
-        }
+        self.last_ts = Some(head.ts);
         let now = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or_default()
             .as_secs_f64();
-        if batch.ts > 0.0 && now >= batch.ts {
-            let lag = Duration::from_secs_f64(now - batch.ts);
+        if head.ts > 0.0 && now >= head.ts {
+            let lag = Duration::from_secs_f64(now - head.ts);
             self.router.record_kv_event_lag(lag);
             self.counters.record_lag(lag);
         }
-        let rank = batch.data_parallel_rank.unwrap_or(self.default_rank);
+        let rank = head.data_parallel_rank.unwrap_or(self.default_rank);
         self.ranks.insert(rank);
-        let outcome = self
-            .router
-            .apply_engine_events(self.worker_id, rank, &batch.events);
-        self.counters.record(&outcome);
-        if let Some(size) = outcome.block_size_refused {
+        let (router, counters) = (&self.router, &self.counters);
+        let (mut block_size_refused, mut unknown_worker) = (None, false);
+        let skipped = wire::decode_events(payload, 4, |events| {
+            let mut outcome = router.apply_engine_events(self.worker_id, rank, events);
+            block_size_refused = block_size_refused.or(outcome.block_size_refused);
+            // A batch for an unknown worker is counted once, whatever its chunks.
+            if unknown_worker {
+                outcome.unknown_worker = false;
+            }
+            unknown_worker |= outcome.unknown_worker;
+            counters.record(&outcome);
+        });
+        if let Some(skipped) = skipped.ok().filter(|s| s.count > 0) {
+            self.counters
+                .malformed_events
+                .fetch_add(skipped.count, Ordering::Relaxed);
+            tracing::warn!(endpoint = %self.source.endpoint, sequence, skipped = skipped.count, first_problems = ?skipped.problems, "kv events: malformed events skipped");
+        }
+        if let Some(size) = block_size_refused {
             if self.counters.first_block_size_error() {
                 tracing::error!(
                     endpoint = %self.source.endpoint, worker_id = self.worker_id, engine_block_size = size,
@@ -483,5 +508,18 @@ impl Subscriber {
             self.router.clear_engine(self.worker_id, rank);
         }
         self.counters.record_clear(reason);
+    }
+}
+
+/// Why a replay was not taken.
+enum ReplayFailed {
+    /// Its answer (or one message of it) was over the limits, with the bytes seen.
+    Oversized(u64),
+    Io(std::io::Error),
+}
+
+impl From<std::io::Error> for ReplayFailed {
+    fn from(e: std::io::Error) -> Self {
+        ReplayFailed::Io(e)
     }
 }

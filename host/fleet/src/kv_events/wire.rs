@@ -91,17 +91,37 @@ pub enum EngineEvent {
 #[error("{0}")]
 pub struct DecodeError(String);
 
-/// Decodes one batch payload, streaming: values are read in place as they come (no value
-/// tree is built), so a batch costs about one pass over its bytes. An event that does
-/// not make sense is skipped whole and reported in `malformed`; the rest of the batch
-/// still applies.
+/// Decodes one batch payload whole (events and problems all kept): for tools and tests.
+/// The subscriber uses [`head`] and [`decode_events`], which keep one chunk at a time.
 pub fn decode(payload: &[u8]) -> Result<Batch, DecodeError> {
-    let mut r = Reader(payload);
-    let not_a_batch = |problem: String| {
-        DecodeError(format!(
-            "not a batch [ts, events, data_parallel_rank]: {problem}"
-        ))
-    };
+    let head = head(payload)?;
+    let mut events = Vec::new();
+    let skipped = decode_events(payload, usize::MAX, |chunk| events.extend_from_slice(chunk))?;
+    Ok(Batch {
+        ts: head.ts,
+        events,
+        data_parallel_rank: head.data_parallel_rank,
+        malformed: skipped.problems,
+    })
+}
+
+/// A batch's fields around its events.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct BatchHead {
+    /// The publisher's clock, seconds since the Unix epoch.
+    pub ts: f64,
+    pub data_parallel_rank: Option<u32>,
+    pub events: u32,
+}
+
+fn not_a_batch(problem: String) -> DecodeError {
+    DecodeError(format!(
+        "not a batch [ts, events, data_parallel_rank]: {problem}"
+    ))
+}
+
+/// Reads `[ts, events` and returns the count of events.
+fn open_batch(r: &mut Reader<'_>) -> Result<(f64, u32), DecodeError> {
     let fields = r.array_len().map_err(not_a_batch)?;
     if fields < 2 {
         return Err(not_a_batch(format!("an array of {fields} fields")));
@@ -110,31 +130,100 @@ pub fn decode(payload: &[u8]) -> Result<Batch, DecodeError> {
     let events = r
         .array_len()
         .map_err(|e| not_a_batch(format!("events: {e}")))?;
-    let mut batch = Batch {
-        ts,
-        events: Vec::with_capacity(events.min(4096) as usize),
-        data_parallel_rank: None,
-        malformed: Vec::new(),
-    };
+    Ok((ts, events))
+}
+
+/// Reads a batch's head in one pass that decodes no event but checks each is a whole
+/// msgpack value: a batch is refused whole (nothing of it applied) or decodes to the end.
+/// Allocates nothing.
+pub fn head(payload: &[u8]) -> Result<BatchHead, DecodeError> {
+    let mut r = Reader(payload);
+    let fields = r.array_len().map_err(not_a_batch)?;
+    r.0 = payload;
+    let (ts, events) = open_batch(&mut r)?;
     for _ in 0..events {
-        let start = r.0;
-        match event(&mut r) {
-            Ok(Some(event)) => batch.events.push(event),
-            Ok(None) => {} // a class this router does not know: newer vLLM
-            Err(problem) => {
-                batch.malformed.push(problem);
-                r.0 = start;
-                r.skip(0).map_err(|e| not_a_batch(format!("events: {e}")))?;
-            }
-        }
+        r.skip(0).map_err(|e| not_a_batch(format!("events: {e}")))?;
     }
+    let mut data_parallel_rank = None;
     if fields >= 3 && !r.nil() {
         let rank = r
             .u32()
             .map_err(|e| not_a_batch(format!("data_parallel_rank: {e}")))?;
-        batch.data_parallel_rank = Some(rank);
+        data_parallel_rank = Some(rank);
     }
-    Ok(batch)
+    Ok(BatchHead {
+        ts,
+        data_parallel_rank,
+        events,
+    })
+}
+
+/// Events decoded before they are handed on: what a batch costs beyond its own bytes is
+/// at most this many decoded events (or [`CHUNK_BYTES`] of their vectors), whatever its
+/// size. A million `AllBlocksCleared` otherwise decode to ~200 MB from 18 MB of payload.
+pub const CHUNK_EVENTS: usize = 1024;
+/// The decoded vectors (hashes, token ids) of one chunk, at most about this many bytes
+/// beyond its last event.
+pub const CHUNK_BYTES: usize = 1 << 20;
+
+/// The events of a batch that were skipped, and why (the first few reasons kept).
+#[derive(Debug, Default)]
+pub struct Skipped {
+    pub count: u64,
+    pub problems: Vec<String>,
+}
+
+/// Decodes the events of `payload` (a batch [`head`] accepted) in order, in chunks
+/// handed to `apply`, reading values in place (no value tree). An event that does not
+/// make sense is skipped whole and counted, `keep_problems` of the reasons kept.
+pub fn decode_events(
+    payload: &[u8],
+    keep_problems: usize,
+    mut apply: impl FnMut(&[EngineEvent]),
+) -> Result<Skipped, DecodeError> {
+    let mut r = Reader(payload);
+    let (_, events) = open_batch(&mut r)?;
+    let mut skipped = Skipped::default();
+    let mut chunk = Vec::with_capacity((events as usize).min(CHUNK_EVENTS));
+    let mut chunk_bytes = 0usize;
+    for _ in 0..events {
+        let start = r.0;
+        match event(&mut r) {
+            Ok(Some(event)) => {
+                chunk_bytes += decoded_bytes(&event);
+                chunk.push(event);
+            }
+            Ok(None) => {} // a class this router does not know: newer vLLM
+            Err(problem) => {
+                skipped.count += 1;
+                if skipped.problems.len() < keep_problems {
+                    skipped.problems.push(problem);
+                }
+                r.0 = start;
+                r.skip(0).map_err(|e| not_a_batch(format!("events: {e}")))?;
+            }
+        }
+        if chunk.len() >= CHUNK_EVENTS || chunk_bytes >= CHUNK_BYTES {
+            apply(&chunk);
+            chunk.clear();
+            chunk_bytes = 0;
+        }
+    }
+    if !chunk.is_empty() {
+        apply(&chunk);
+    }
+    Ok(skipped)
+}
+
+/// The bytes of an event's decoded vectors.
+fn decoded_bytes(event: &EngineEvent) -> usize {
+    match event {
+        EngineEvent::Stored(s) => {
+            8 * (s.block_hashes.len() + s.extra_keys.len()) + 4 * s.token_ids.len()
+        }
+        EngineEvent::Removed(r) => 8 * r.block_hashes.len(),
+        EngineEvent::AllCleared => 0,
+    }
 }
 
 /// The fields of an event of either form, by name, before its tag decides what it is.
@@ -165,7 +254,9 @@ impl<'a> RawEvent<'a> {
             "parent_block_hash" => self.parent_block_hash = Some(r.hash().map_err(with_name)?),
             "token_ids" => {
                 let n = r.array_len().map_err(with_name)?;
-                let mut ids = Vec::with_capacity(n as usize);
+                // Each id takes at least a byte: the declared count cannot reserve more
+                // than the payload holds.
+                let mut ids = Vec::with_capacity((n as usize).min(r.0.len()));
                 for _ in 0..n {
                     ids.push(r.u32().map_err(|e| {
                         with_name(format!("token ids must be integers < 2^32 ({e})"))
@@ -425,7 +516,7 @@ impl<'a> Reader<'a> {
 }
 
 /// A stable digest of an encoded value (FNV-1a over its bytes), never 0.
-fn digest(bytes: &[u8]) -> u64 {
+pub(crate) fn digest(bytes: &[u8]) -> u64 {
     let mut hash = 0xcbf2_9ce4_8422_2325u64;
     for &byte in bytes {
         hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);

@@ -481,7 +481,7 @@ impl Metrics {
                 .collect()
         };
         let load = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        let families: [(&str, &str, Vec<Row>); 9] = [
+        let families: [(&str, &str, Vec<Row>); 11] = [
             (
                 "switchyard_kv_event_batches",
                 "KV event batches received from engines (live and replayed), per publisher.",
@@ -526,6 +526,16 @@ impl Metrics {
                 "switchyard_kv_event_unknown_worker",
                 "Batches naming a worker (id, dp_rank) the router does not know.",
                 count(&|c| load(&c.unknown_worker)),
+            ),
+            (
+                "switchyard_kv_event_oversized",
+                "Messages over router.kv_events.max_frame_bytes, dropped unread, per publisher.",
+                count(&|c| load(&c.oversized)),
+            ),
+            (
+                "switchyard_kv_event_replays_oversized",
+                "Replays given up at router.kv_events.max_replay_bytes (the worker's blocks were cleared).",
+                count(&|c| load(&c.replays_oversized)),
             ),
         ];
         for (name, help, rows) in families {

@@ -215,4 +215,13 @@ impl subscriber::EventSink for Router {
     fn record_kv_event_lag(&self, lag: Duration) {
         self.metrics.record_kv_event_lag(lag)
     }
+    fn kv_event_limits(&self) -> switchyard_config::KvEventLimits {
+        self.generation
+            .read()
+            .startup
+            .source
+            .config
+            .router
+            .kv_events
+    }
 }

@@ -50,6 +50,16 @@ pub fn header<'a>(headers: &'a HttpHeaders, name: &str) -> Option<&'a [u8]> {
         })
 }
 
+/// The bytes of every header's name and value together (`value` and `raw_value` both).
+pub fn headers_size(headers: &HttpHeaders) -> usize {
+    headers.headers.as_ref().map_or(0, |map| {
+        map.headers
+            .iter()
+            .map(|h| h.key.len() + h.value.len() + h.raw_value.len())
+            .sum()
+    })
+}
+
 fn metadata_value<'a>(
     metadata: Option<&'a Metadata>,
     namespace: &str,

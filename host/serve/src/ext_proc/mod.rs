@@ -35,7 +35,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use envoy_types::pb::envoy::extensions::filters::http::ext_proc::v3::processing_mode::BodySendMode;
 use envoy_types::pb::envoy::service::ext_proc::v3::external_processor_server::{
@@ -70,6 +70,16 @@ pub struct EndpointPicker {
     fallback_endpoints: u8,
     next_request: AtomicU64,
     id_prefix: String,
+    limits: StreamLimits,
+}
+
+/// What one connection and one stream may hold (`ext_proc:` settings).
+#[derive(Clone, Copy)]
+struct StreamLimits {
+    streams_per_connection: u32,
+    request_headers_timeout: Duration,
+    max_message_bytes: usize,
+    max_header_bytes: usize,
 }
 
 impl EndpointPicker {
@@ -81,6 +91,12 @@ impl EndpointPicker {
             fallback_endpoints: settings.fallback_endpoints,
             next_request: AtomicU64::new(0),
             id_prefix: format!("epp-{:08x}", rand::random::<u32>()),
+            limits: StreamLimits {
+                streams_per_connection: settings.max_streams_per_connection,
+                request_headers_timeout: Duration::from_millis(settings.request_headers_timeout_ms),
+                max_message_bytes: settings.max_message_bytes,
+                max_header_bytes: settings.max_header_bytes,
+            },
         }
     }
 }
@@ -119,9 +135,14 @@ pub async fn serve(
     tokio::spawn(listener.run(drain, move |connection| {
         let _ = connections.send(Ok::<_, std::io::Error>(connection));
     }));
+    let limits = picker.limits;
+    // A message's length prefix is checked against the limit before its bytes are read.
+    let service = ExternalProcessorServer::new(Service(Arc::new(picker)))
+        .max_decoding_message_size(limits.max_message_bytes);
     tonic::transport::Server::builder()
+        .max_concurrent_streams(limits.streams_per_connection)
         .add_service(health_service)
-        .add_service(ExternalProcessorServer::new(Service(Arc::new(picker))))
+        .add_service(service)
         .serve_with_incoming_shutdown(UnboundedReceiverStream::new(incoming), draining)
         .await
         .map_err(std::io::Error::other)
@@ -163,6 +184,7 @@ impl ExternalProcessor for Service {
             }
         })?;
         let exchange = Exchange {
+            headers_due: Some(Instant::now() + self.0.limits.request_headers_timeout),
             caller: Caller::behind_gateway(grant, keyring.choose_instance),
             picker: self.0.clone(),
             outbox: VecDeque::new(),
@@ -198,6 +220,8 @@ struct Booked {
 
 /// One HTTP request's stream.
 struct Exchange {
+    /// Until the request headers arrive: when the stream is given up on without them.
+    headers_due: Option<Instant>,
     /// Who the gateway's key says sent the stream (its clients are never loopback).
     caller: Caller,
     picker: Arc<EndpointPicker>,
@@ -257,13 +281,21 @@ impl Exchange {
 
     /// Reads and handles the stream's next message; `Done` when the stream is over.
     async fn next_message(&mut self, inbound: &mut Streaming<ProcessingRequest>) -> Next {
-        let message = match inbound.message().await {
-            Ok(Some(message)) => message,
+        let received = match self.headers_due {
+            Some(due) => tokio::time::timeout_at(due.into(), inbound.message()).await,
+            None => Ok(inbound.message().await),
+        };
+        let message = match received {
+            Ok(Ok(Some(message))) => message,
             // Envoy half-closed, or reset the stream: whatever was booked is freed
             // when the exchange drops.
-            Ok(None) => return Next::Done,
-            Err(status) => {
-                tracing::debug!(%status, "ext_proc: stream ended");
+            Ok(Ok(None)) => return Next::Done,
+            Ok(Err(status)) => return self.unreadable(status),
+            Err(_) => {
+                self.outbox.push_back(Err(Status::deadline_exceeded(format!(
+                    "no request headers within {} ms of the stream's start (ext_proc.request_headers_timeout_ms)",
+                    self.picker.limits.request_headers_timeout.as_millis()
+                ))));
                 return Next::Done;
             }
         };
@@ -281,7 +313,10 @@ impl Exchange {
             self.subset = Some(subset);
         }
         match message.request {
-            Some(Request::RequestHeaders(headers)) => self.request_headers(&headers).await,
+            Some(Request::RequestHeaders(headers)) => {
+                self.headers_due = None;
+                self.request_headers(&headers).await
+            }
             Some(Request::RequestBody(body)) => self.request_body(body).await,
             Some(Request::RequestTrailers(_)) => self.send(vec![messages::trailers(true)]),
             Some(Request::ResponseHeaders(headers)) => {
@@ -306,6 +341,28 @@ impl Exchange {
         }
     }
 
+    /// A message that could not be read ends the stream with a status saying why (never
+    /// `OK`): too large, or not a `ProcessingRequest`. A stream the gateway reset or
+    /// cancelled just ends.
+    fn unreadable(&mut self, status: Status) -> Next {
+        use tonic::Code;
+        tracing::debug!(%status, "ext_proc: a message could not be read; the stream ends");
+        let answer = match status.code() {
+            Code::Cancelled => return Next::Done,
+            Code::OutOfRange | Code::ResourceExhausted => Status::resource_exhausted(format!(
+                "{}; the endpoint picker takes messages of at most {} bytes (ext_proc.max_message_bytes)",
+                status.message(),
+                self.picker.limits.max_message_bytes
+            )),
+            _ => Status::invalid_argument(format!(
+                "not a ProcessingRequest stream: {}",
+                status.message()
+            )),
+        };
+        self.outbox.push_back(Err(answer));
+        Next::Done
+    }
+
     /// Queues `responses` for the gateway.
     fn send(&mut self, responses: Vec<ProcessingResponse>) -> Next {
         self.outbox.extend(responses.into_iter().map(Ok));
@@ -328,6 +385,17 @@ impl Exchange {
     }
 
     async fn request_headers(&mut self, headers: &HttpHeaders) -> Next {
+        let size = messages::headers_size(headers);
+        if size > self.picker.limits.max_header_bytes {
+            return self.refuse(OpenAiError::new(
+                axum::http::StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "invalid_request_error",
+                format!(
+                    "the request headers have {size} bytes, over the endpoint picker's limit of {} (ext_proc.max_header_bytes)",
+                    self.picker.limits.max_header_bytes
+                ),
+            ));
+        }
         if let Some(path) = messages::header(headers, ":path") {
             let path = String::from_utf8_lossy(path);
             if path.split('?').next() == Some(Endpoint::Completions.path()) {
