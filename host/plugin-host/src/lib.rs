@@ -7,11 +7,14 @@
 //!   this process, isolated plugin), and the layout of an isolated call in shared memory.
 //! - [`stage_component`]: a pipeline stage's component, any of the three, held by value.
 //! - [`isolation`]: plugins run in supervised child processes (`isolation: process`).
+//! - [`file_gate`]: the one way any file the config names is opened and read (regular,
+//!   bounded in size, read in bounded steps); the lowest crate, so every layer reaches it.
 //!
 //! Nothing here knows the config file, the fleet or the network: the layers above
 //! (`switchyard-config`, `switchyard-policy`, `switchyard-fleet`, `switchyard-serve`,
 //! the `switchyard` binary) depend on this crate, never the other way round.
 
+pub mod file_gate;
 pub mod isolation;
 pub mod plugin;
 pub mod stage_component;

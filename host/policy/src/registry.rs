@@ -14,7 +14,7 @@ use switchyard_config::IsolationSettings;
 use switchyard_plugin_host::isolation::{self, BuiltPart, IsolatedProcess};
 use switchyard_plugin_host::plugin::{
     self, Built, CallError, ComponentDef, ComponentKind, LoadError, LoadedPlugin, OwnedParams,
-    PartitionKey, PluginSpec, PolicyDef, Status,
+    PartitionKey, PluginImage, PluginSpec, PolicyDef, Status,
 };
 use switchyard_plugin_host::plugin::{Builtin, Component};
 use switchyard_plugin_host::stage_component::StageComponent;
@@ -358,20 +358,29 @@ impl Registry {
     }
 
     /// Loads one plugin library and adds its types. A file already loaded into this
-    /// registry is skipped (its checksum is still verified).
+    /// registry is skipped (its pin is still checked, against the bytes loaded).
     pub fn load_plugin(&mut self, spec: &PluginSpec) -> Result<(), LoadError> {
+        self.load_plugin_from(spec, None)
+    }
+
+    /// `load_plugin`, from `image` when given (the file's bytes, read once before).
+    pub fn load_plugin_from(
+        &mut self,
+        spec: &PluginSpec,
+        image: Option<&Arc<PluginImage>>,
+    ) -> Result<(), LoadError> {
         let canonical = plugin::library::canonical(&spec.path)?;
         let already = self
             .plugins
             .iter()
-            .any(|p| std::fs::canonicalize(&p.path).ok().as_ref() == Some(&canonical));
-        if already {
-            plugin::library::verify_pin(spec)?;
+            .find(|p| std::fs::canonicalize(&p.path).ok().as_ref() == Some(&canonical));
+        if let Some(loaded) = already {
+            plugin::library::verify_pin(spec, &loaded.sha256)?;
             tracing::info!(path = %spec.path.display(), "plugin listed more than once; loaded once");
             return Ok(());
         }
         let taken_by = |name: &str| self.origin_of(name).map(ToString::to_string);
-        let loaded = plugin::load(spec, &taken_by)?;
+        let loaded = plugin::library::load_from(spec, image, &taken_by)?;
         let origin = Origin::Plugin {
             path: loaded.plugin.path.clone(),
             plugin: loaded.plugin.info.name.clone(),
@@ -407,13 +416,19 @@ impl Registry {
     }
 
     /// Loads one plugin library into the isolated process `process` (started on first
-    /// use) and adds its types; their instances live and run in that process.
+    /// use) and adds its types; their instances live and run in that process. The child
+    /// loads `image` (the file read here when None): the bytes the router checked.
     pub fn load_plugin_isolated(
         &mut self,
         spec: &PluginSpec,
+        image: Option<&Arc<PluginImage>>,
         process: &str,
         settings: &IsolationSettings,
     ) -> Result<(), LoadError> {
+        let image = match image {
+            Some(image) => image.clone(),
+            None => PluginImage::read(&spec.path)?,
+        };
         let child = match self.processes.get(process) {
             Some(child) => child.clone(),
             None => {
@@ -439,7 +454,7 @@ impl Registry {
                     .map(|(name, p)| (name.clone(), p.origin.to_string())),
             )
             .collect();
-        let library = child.load(spec, taken)?;
+        let library = child.load(spec, Some(image), taken)?;
         let origin = Origin::Plugin {
             path: library.plugin.path.clone(),
             plugin: library.plugin.info.name.clone(),

@@ -13,8 +13,8 @@ use super::region::{post, wait_for, Region};
 use crate::plugin::shared_call::{CallLayout, Op, SharedCall};
 use crate::plugin::Component;
 use crate::plugin::{
-    self, Built, CallError, ComponentDef, ComponentInstance, ErrorBuffer, OwnedParams, PluginSpec,
-    PolicyDef, Status,
+    self, Built, CallError, ComponentDef, ComponentInstance, ErrorBuffer, OwnedParams, PluginImage,
+    PluginSpec, PolicyDef, Status,
 };
 
 /// The hidden subcommand's name.
@@ -165,14 +165,24 @@ impl Child {
                 sha256,
                 revision,
                 taken,
-            } => self.load(
-                PluginSpec {
+            } => {
+                // The router's sealed copy of the bytes it checked, never the file as it
+                // is now (it may have been overwritten since).
+                let image = match fd.map(|fd| PluginImage::received(&path, fd)).transpose() {
+                    Ok(image) => image,
+                    Err(e) => {
+                        return Some(Reply::Refused {
+                            message: e.to_string(),
+                        })
+                    }
+                };
+                let spec = PluginSpec {
                     path,
                     sha256,
                     revision,
-                },
-                taken,
-            ),
+                };
+                self.load(&spec, image.as_ref(), taken)
+            }
             Request::Create {
                 type_name,
                 params,
@@ -247,11 +257,16 @@ impl Child {
         }
     }
 
-    fn load(&mut self, spec: PluginSpec, taken: Vec<(String, String)>) -> Reply {
+    fn load(
+        &mut self,
+        spec: &PluginSpec,
+        image: Option<&Arc<PluginImage>>,
+        taken: Vec<(String, String)>,
+    ) -> Reply {
         self.taken.extend(taken);
         let taken = self.taken.clone();
         let taken_by = |name: &str| taken.get(name).cloned();
-        let loaded = match plugin::load(&spec, &taken_by) {
+        let loaded = match plugin::library::load_from(spec, image, &taken_by) {
             Ok(loaded) => loaded,
             Err(e) => {
                 return Reply::Refused {

@@ -16,7 +16,7 @@ use parking_lot::Mutex;
 use super::child::{CONTROL_FD, SECCOMP_ENV, SPIN_ENV, SUBCOMMAND};
 use super::control::{ComponentInfo, Connection, Reply, Request};
 use super::settings::IsolationSettings;
-use crate::plugin::{CallError, LoadError, LoadedPlugin, PluginSpec, Status};
+use crate::plugin::{CallError, LoadError, LoadedPlugin, PluginImage, PluginSpec, Status};
 
 /// The `switchyard` executable to start isolated processes from, when the router runs
 /// inside another program (tests, benchmarks); by default the running executable.
@@ -29,8 +29,9 @@ pub struct IsolatedLibrary {
     pub policies: Vec<String>,
 }
 
-/// A library an isolated process loads, and the names the router had taken before it.
-type Library = (PluginSpec, Vec<(String, String)>);
+/// A library an isolated process loads: what to load, the sealed bytes to load it from
+/// (the same in every incarnation), and the names the router had taken before it.
+type Library = (PluginSpec, Option<Arc<PluginImage>>, Vec<(String, String)>);
 
 /// Counters of one isolated process, for `/metrics`.
 #[derive(Debug, Clone)]
@@ -279,6 +280,7 @@ impl IsolatedProcess {
     pub fn load(
         &self,
         spec: &PluginSpec,
+        image: Option<Arc<PluginImage>>,
         taken: Vec<(String, String)>,
     ) -> Result<IsolatedLibrary, LoadError> {
         let request = load_request(spec, taken.clone());
@@ -287,8 +289,10 @@ impl IsolatedProcess {
             message,
         };
         // Listed before it loads, so that a death while loading names it.
-        self.libraries.lock().push((spec.clone(), taken));
-        let answer = self.request(&request, None);
+        self.libraries
+            .lock()
+            .push((spec.clone(), image.clone(), taken));
+        let answer = self.request(&request, image.as_ref().map(|i| i.memfd()));
         if !matches!(answer, Ok(Reply::Loaded { .. })) {
             self.libraries.lock().pop();
         }
@@ -351,7 +355,7 @@ impl IsolatedProcess {
         self.libraries
             .lock()
             .iter()
-            .map(|(spec, _)| spec.path.display().to_string())
+            .map(|(spec, ..)| spec.path.display().to_string())
             .collect::<Vec<_>>()
             .join(", ")
     }
@@ -377,8 +381,10 @@ impl IsolatedProcess {
     fn restart(&self) -> Result<(), String> {
         self.spawn().map_err(|e| format!("cannot start: {e}"))?;
         let libraries = self.libraries.lock().clone();
-        for (spec, taken) in libraries {
-            match self.request(&load_request(&spec, taken), None) {
+        for (spec, image, taken) in libraries {
+            // The image the library was first loaded from: the same checked bytes.
+            let memfd = image.as_ref().map(|i| i.memfd());
+            match self.request(&load_request(&spec, taken), memfd) {
                 Ok(Reply::Loaded { .. }) => {}
                 Ok(Reply::Refused { message }) => return Err(message),
                 Ok(other) => {

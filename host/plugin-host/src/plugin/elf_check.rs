@@ -40,20 +40,20 @@ fn is_elf64(data: &[u8]) -> Result<(), String> {
     Ok(())
 }
 
-/// Checks the bytes of the plugin file at `path` (what is about to be loaded).
-pub fn check(path: &Path, data: &[u8]) -> Result<(), LoadError> {
+/// The bytes of an ELF header: what `check_header` needs of a file, read before the rest.
+pub const HEADER_BYTES: usize = size_of::<elf::FileHeader64<Endianness>>();
+
+/// Checks the ELF header at the start of the plugin file at `path` (at least its first
+/// `HEADER_BYTES`, or the whole file if shorter): 64-bit ELF, a shared object, for this
+/// machine. A file that is none of these is refused before the rest of it is read.
+pub fn check_header(path: &Path, data: &[u8]) -> Result<(), LoadError> {
     let bad = |reason: String| LoadError::NotLoadable {
         path: path.to_owned(),
         reason,
     };
     is_elf64(data).map_err(bad)?;
-    let unreadable = |e: object::read::Error| {
-        bad(format!(
-            "its ELF header is unreadable ({e}): the file was cut short or corrupted"
-        ))
-    };
-    let header = elf::FileHeader64::<Endianness>::parse(data).map_err(unreadable)?;
-    let endian = header.endian().map_err(unreadable)?;
+    let header = elf::FileHeader64::<Endianness>::parse(data).map_err(|e| unreadable(path, e))?;
+    let endian = header.endian().map_err(|e| unreadable(path, e))?;
     let kind = header.e_type(endian);
     if kind != elf::ET_DYN {
         return Err(bad(format!(
@@ -69,6 +69,25 @@ pub fn check(path: &Path, data: &[u8]) -> Result<(), LoadError> {
             )));
         }
     }
+    Ok(())
+}
+
+fn unreadable(path: &Path, e: object::read::Error) -> LoadError {
+    LoadError::NotLoadable {
+        path: path.to_owned(),
+        reason: format!("its ELF header is unreadable ({e}): the file was cut short or corrupted"),
+    }
+}
+
+/// Checks the bytes of the plugin file at `path` (what is about to be loaded).
+pub fn check(path: &Path, data: &[u8]) -> Result<(), LoadError> {
+    let bad = |reason: String| LoadError::NotLoadable {
+        path: path.to_owned(),
+        reason,
+    };
+    check_header(path, data)?;
+    let header = elf::FileHeader64::<Endianness>::parse(data).map_err(|e| unreadable(path, e))?;
+    let endian = header.endian().map_err(|e| unreadable(path, e))?;
     let len = data.len() as u64;
     let segments = header.program_headers(endian, data).map_err(|_| {
         bad(format!(

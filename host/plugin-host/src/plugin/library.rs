@@ -1,18 +1,19 @@
-//! The loader: checksum, ELF check and manifest on the file's bytes, dlopen (RTLD_NOW |
-//! RTLD_LOCAL) of that same open file, entry symbol, ABI checks, registration, and the
-//! manifest compared with what registration did. Libraries stay loaded for the life of
-//! the process.
+//! The loader: the file read once through the file gate, checksum, ELF check and manifest
+//! on those bytes, dlopen (RTLD_NOW | RTLD_LOCAL) of a sealed private copy of the same
+//! bytes (`image.rs`), entry symbol, ABI checks, registration, and the manifest compared
+//! with what registration did. Libraries stay loaded for the life of the process.
 
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use sha2::{Digest, Sha256};
 use switchyard_plugin_sdk::abi::*;
 
 use super::abi_checks::{check_descriptor, PluginInfo, RevisionRule};
 use super::elf_check;
+use super::image::{read_plugin_file, PluginImage};
 use super::load_error::LoadError;
 use super::manifest::{self, Manifest};
 use super::registrar::{register, Registered, TakenBy};
@@ -61,16 +62,20 @@ pub struct LoadedLibrary {
     pub registered: Registered,
 }
 
-/// A library file: its canonical path and its identity on disk (device, inode). A new
-/// version renamed over the old one has the same path and another inode.
-type FileKey = (PathBuf, u64, u64);
+/// A library: its file's canonical path and the sha256 of the bytes mapped. The same
+/// bytes loaded again from the same file (a reload of an unchanged file) are the same
+/// library; a new version, renamed over or written in place, is another.
+type LibraryKey = (PathBuf, String);
 
-/// Every library opened by this process, by file. Never unloaded: instances, defs and
-/// strings of a plugin may live until exit (and a reload's old generation may still be
-/// finishing requests).
-fn libraries() -> &'static Mutex<HashMap<FileKey, &'static libloading::Library>> {
-    static LIBRARIES: OnceLock<Mutex<HashMap<FileKey, &'static libloading::Library>>> =
-        OnceLock::new();
+/// Every library opened by this process, with the sealed image it was mapped from. Never
+/// unloaded: instances, defs and strings of a plugin may live until exit (and a reload's
+/// old generation may still be finishing requests). The image's memfd stays open as long:
+/// the dynamic loader knows the library by its `/proc/self/fd/N` name, and a reused
+/// number would name another library.
+type Libraries = HashMap<LibraryKey, (&'static libloading::Library, Arc<PluginImage>)>;
+
+fn libraries() -> &'static Mutex<Libraries> {
+    static LIBRARIES: OnceLock<Mutex<Libraries>> = OnceLock::new();
     LIBRARIES.get_or_init(Default::default)
 }
 
@@ -93,66 +98,56 @@ pub fn canonical(path: &Path) -> Result<PathBuf, LoadError> {
     std::fs::canonicalize(path).map_err(not_found(path))
 }
 
-/// Opens the library. A pinned library is opened through `file`, the open descriptor
-/// whose bytes were hashed and checked, so a file replaced in between cannot slip past the
-/// pin; the descriptor then stays open for the life of the process, because the dynamic
-/// loader knows the library by that `/proc/self/fd/N` name and a reused number would name
-/// another library. So is a new version of a library already loaded from the same path (a
-/// reload after the file was renamed over): the dynamic loader would hand back the old one
-/// for the old name. Otherwise the library is opened by its path, so that debuggers, which
-/// find libraries by that name, see the real file.
+/// The dynamic loader's refusal of the library at `path`, which it was asked to open as
+/// `opened`: the message names `path`, never the memfd's name.
+fn refusal(path: &Path, opened: &Path, error: &libloading::Error) -> LoadError {
+    let reason = error
+        .to_string()
+        .replace(&*opened.to_string_lossy(), &path.to_string_lossy());
+    match reason.split("undefined symbol: ").nth(1) {
+        Some(rest) => LoadError::UnresolvedSymbol {
+            path: path.to_owned(),
+            symbol: rest
+                .split([' ', ',', ')'])
+                .next()
+                .unwrap_or(rest)
+                .to_owned(),
+            reason,
+        },
+        None => LoadError::NotLoadable {
+            path: path.to_owned(),
+            reason,
+        },
+    }
+}
+
+/// Opens the library from its sealed image (`sha256`: of the image's bytes), or hands
+/// back the one already loaded from the same bytes of the same file. What is mapped is
+/// the copy that was checked: the file itself may be overwritten in place meanwhile, and
+/// nothing the router runs changes until a reload reads it again. (Debuggers and
+/// profilers see the library as `/memfd:switchyard-plugin`; `plugin inspect` and the
+/// logs name the file.)
 fn open(
     path: &Path,
-    file: std::fs::File,
-    pinned: bool,
+    image: &Arc<PluginImage>,
+    sha256: &str,
 ) -> Result<&'static libloading::Library, LoadError> {
-    use std::os::fd::AsRawFd;
-    use std::os::unix::fs::MetadataExt;
-    let canonical = canonical(path)?;
-    let identity = file.metadata().map_err(not_found(path))?;
-    let key = (canonical.clone(), identity.dev(), identity.ino());
+    // A child restarted after the file was removed still loads the image it was passed.
+    let canonical = canonical(path).unwrap_or_else(|_| path.to_owned());
+    let key = (canonical, sha256.to_owned());
     let mut libraries = libraries().lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(library) = libraries.get(&key) {
+    if let Some((library, _)) = libraries.get(&key) {
         return Ok(library);
     }
-    let replaced = libraries.keys().any(|(loaded, ..)| *loaded == canonical);
-    let by_descriptor = PathBuf::from(format!("/proc/self/fd/{}", file.as_raw_fd()));
-    // Without /proc (unusual on Linux), the path: the checks then cover the file as it
-    // was a moment ago.
-    let target = if (pinned || replaced) && by_descriptor.exists() {
-        std::mem::forget(file);
-        by_descriptor.clone()
-    } else {
-        canonical.clone()
-    };
+    let target = image.proc_path();
     // Eager binding makes an unresolved symbol fail here, by name, not at first call;
     // local symbols keep two plugins' internals apart.
     let flags = libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_LOCAL;
     // SAFETY: running the library's initializers is what loading a plugin means.
-    let library =
-        unsafe { libloading::os::unix::Library::open(Some(&target), flags) }.map_err(|e| {
-            let reason = e.to_string().replace(
-                &*by_descriptor.to_string_lossy(),
-                &canonical.to_string_lossy(),
-            );
-            match reason.split("undefined symbol: ").nth(1) {
-                Some(rest) => LoadError::UnresolvedSymbol {
-                    path: path.to_owned(),
-                    symbol: rest
-                        .split([' ', ',', ')'])
-                        .next()
-                        .unwrap_or(rest)
-                        .to_owned(),
-                    reason,
-                },
-                None => LoadError::NotLoadable {
-                    path: path.to_owned(),
-                    reason,
-                },
-            }
-        })?;
+    let library = unsafe { libloading::os::unix::Library::open(Some(&target), flags) }
+        .map_err(|e| refusal(path, &target, &e))?;
     let library: &'static libloading::Library = Box::leak(Box::new(library.into()));
-    libraries.insert(key, library);
+    libraries.insert(key, (library, image.clone()));
     Ok(library)
 }
 
@@ -178,96 +173,58 @@ fn entry(path: &Path, library: &libloading::Library) -> Result<switchyard_entry_
 /// Checks `bytes` (the plugin file at `spec.path`) against its `sha256:` pin, if it has
 /// one; returns their sha256.
 fn check_pin(spec: &PluginSpec, bytes: &[u8]) -> Result<String, LoadError> {
-    let path = spec.path.as_path();
-    if let Some(value) = &spec.sha256 {
-        let value = value.trim();
-        if value.len() != 64 || !value.chars().all(|c| c.is_ascii_hexdigit()) {
-            return Err(LoadError::InvalidPin {
-                path: path.to_owned(),
-                value: value.to_owned(),
-            });
-        }
-    }
     let found = sha256_hex(bytes);
-    if let Some(expected) = &spec.sha256 {
-        if !found.eq_ignore_ascii_case(expected.trim()) {
-            return Err(LoadError::ChecksumMismatch {
-                path: path.to_owned(),
-                expected: expected.clone(),
-                found,
-            });
-        }
-    }
+    check_pin_of(spec, &found)?;
     Ok(found)
 }
 
-/// Checks the plugin file against its `sha256:` pin, if it has one.
-pub fn verify_pin(spec: &PluginSpec) -> Result<String, LoadError> {
-    let (_, bytes) = read_file(&spec.path)?;
-    check_pin(spec, &bytes)
-}
-
-/// The largest plugin file read (the biggest shared libraries shipped, with debug
-/// info, are a few hundred MB).
-pub const MAX_PLUGIN_FILE_BYTES: u64 = 1 << 30;
-
-/// Opens the plugin file and checks, before reading a byte, that it is a regular file of
-/// a size a library can have: a character device (`/dev/zero`) or a `/proc` file would
-/// be read without end, and opening a FIFO would wait for a writer (it is opened
-/// non-blocking). Returns the open file and its size.
-pub fn open_file(path: &Path) -> Result<(std::fs::File, u64), LoadError> {
-    use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(not_found(path))?;
-    let meta = file.metadata().map_err(not_found(path))?;
-    let kind = meta.file_type();
-    let found = if kind.is_char_device() {
-        "a character device"
-    } else if kind.is_block_device() {
-        "a block device"
-    } else if kind.is_fifo() {
-        "a FIFO (named pipe)"
-    } else if kind.is_socket() {
-        "a socket"
-    } else if kind.is_dir() {
-        "a directory"
-    } else if meta.len() == 0 {
-        "an empty file (or one that reports no size, as /proc files do)"
-    } else if meta.len() > MAX_PLUGIN_FILE_BYTES {
-        return Err(LoadError::FileTooLarge {
-            path: path.to_owned(),
-            bytes: meta.len(),
-            limit: MAX_PLUGIN_FILE_BYTES,
-        });
-    } else {
-        return Ok((file, meta.len()));
+/// Checks the sha256 `found` of the plugin's bytes against its `sha256:` pin, if any.
+fn check_pin_of(spec: &PluginSpec, found: &str) -> Result<(), LoadError> {
+    let path = spec.path.as_path();
+    let Some(expected) = &spec.sha256 else {
+        return Ok(());
     };
-    Err(LoadError::NotARegularFile {
-        path: path.to_owned(),
-        found,
-    })
+    let value = expected.trim();
+    if value.len() != 64 || !value.chars().all(|c| c.is_ascii_hexdigit()) {
+        return Err(LoadError::InvalidPin {
+            path: path.to_owned(),
+            value: value.to_owned(),
+        });
+    }
+    if !found.eq_ignore_ascii_case(value) {
+        return Err(LoadError::ChecksumMismatch {
+            path: path.to_owned(),
+            expected: expected.clone(),
+            found: found.to_owned(),
+        });
+    }
+    Ok(())
 }
 
-/// Opens the plugin file and reads it whole, no more than the size it had when opened:
-/// what the checks see and what is loaded are the same open file.
-fn read_file(path: &Path) -> Result<(std::fs::File, Vec<u8>), LoadError> {
-    use std::io::Read;
-    let (file, size) = open_file(path)?;
-    let mut bytes = Vec::with_capacity(size as usize);
-    (&file)
-        .take(size)
-        .read_to_end(&mut bytes)
-        .map_err(not_found(path))?;
-    Ok((file, bytes))
+/// Checks `bytes` against the pin of `spec`, if it has one: for a plugin listed twice,
+/// whose bytes were loaded for its first entry.
+pub fn verify_pin(spec: &PluginSpec, bytes_sha256: &str) -> Result<(), LoadError> {
+    check_pin_of(spec, bytes_sha256).map(drop)
+}
+
+/// The image to load for `spec` and its bytes: `image`, or the file read now.
+fn image_and_bytes(
+    spec: &PluginSpec,
+    image: Option<&Arc<PluginImage>>,
+) -> Result<(Arc<PluginImage>, Vec<u8>), LoadError> {
+    match image {
+        Some(image) => Ok((image.clone(), image.bytes()?)),
+        None => {
+            let bytes = read_plugin_file(&spec.path)?;
+            Ok((PluginImage::seal(&spec.path, &bytes)?, bytes))
+        }
+    }
 }
 
 /// What can be learned of a plugin file without loading it or running any of its code:
 /// its ELF structure is checked, its sha256 computed and its manifest read.
 pub fn examine(path: &Path) -> Result<PluginFile, LoadError> {
-    let (_, bytes) = read_file(path)?;
+    let bytes = read_plugin_file(path)?;
     elf_check::check(path, &bytes)?;
     let manifest = manifest::read(path, &bytes)?;
     let refused = manifest.as_ref().and_then(|m| {
@@ -285,13 +242,24 @@ pub fn examine(path: &Path) -> Result<PluginFile, LoadError> {
 /// library, runs every check and its registration, and compares registration with the
 /// manifest. `taken_by` says which already-registered type a name belongs to, if any.
 pub fn load(spec: &PluginSpec, taken_by: TakenBy<'_>) -> Result<LoadedLibrary, LoadError> {
+    load_from(spec, None, taken_by)
+}
+
+/// `load`, from `image` when given: the bytes of `spec.path` read once before (a
+/// startup reads each file once, so that its probe, its isolated children and its
+/// in-process load all check and map the same bytes).
+pub fn load_from(
+    spec: &PluginSpec,
+    image: Option<&Arc<PluginImage>>,
+    taken_by: TakenBy<'_>,
+) -> Result<LoadedLibrary, LoadError> {
     let path = spec.path.as_path();
-    let (file, bytes) = read_file(path)?;
+    let (image, bytes) = image_and_bytes(spec, image)?;
     let sha256 = check_pin(spec, &bytes)?;
     elf_check::check(path, &bytes)?;
     let manifest = manifest::read(path, &bytes)?;
     drop(bytes);
-    let library = open(path, file, spec.sha256.is_some())?;
+    let library = open(path, &image, &sha256)?;
     let entry = entry(path, library)?;
     // SAFETY: the entry symbol takes nothing and returns a pointer the checks validate.
     let info = unsafe { check_descriptor(path, entry(), spec.revision)? };

@@ -29,6 +29,18 @@ pub enum LoadError {
         bytes: u64,
         limit: u64,
     },
+    #[error("{}: the plugin file {error}. Point `path:` at the built library", path.display())]
+    Unreadable {
+        path: PathBuf,
+        error: crate::file_gate::FileRefused,
+    },
+    /// The private, sealed copy the library is loaded from could not be made or read.
+    #[error("{}: cannot {what} ({error}); the router loads a plugin from a sealed private copy of the bytes it checked (memfd_create, Linux 3.17 or later, with /proc mounted)", path.display())]
+    Unsealable {
+        path: PathBuf,
+        what: String,
+        error: std::io::Error,
+    },
     #[error("{}: sha256 mismatch: the config expects {expected}, the file has {found}. The file changed since it was pinned: verify where it came from, then update `sha256:` in the config", path.display())]
     ChecksumMismatch {
         path: PathBuf,

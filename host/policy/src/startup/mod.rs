@@ -4,8 +4,9 @@
 
 pub mod probe;
 
+use std::collections::HashMap;
 use std::fmt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,7 +21,7 @@ use switchyard_config::{
     ComponentEntry, ConfigError, ConfigSource, InstanceEntry, Keyring, OnError,
 };
 use switchyard_plugin_host::plugin::{
-    ComponentKind, LoadError, OwnedParams, PartitionKey, PluginSpec,
+    ComponentKind, LoadError, OwnedParams, PartitionKey, PluginImage, PluginSpec,
 };
 
 /// Environment variable that overrides `worker_selection.default` by instance name.
@@ -147,19 +148,47 @@ pub fn load(config: Option<&Path>, probe: bool) -> Result<Startup, Vec<StartupEr
         None => ConfigSource::embedded(),
     }
     .map_err(|e| vec![StartupError::Config(e)])?;
+    let images = read_images(&source);
     if probe {
-        let failures = probe::probe_all(&source);
+        let failures = probe::probe_all(&source, &images);
         if !failures.is_empty() {
             return Err(failures.into_iter().map(StartupError::Probe).collect());
         }
     }
-    start(source)
+    start_from(source, &images)
 }
 
 pub fn start(source: ConfigSource) -> Result<Startup, Vec<StartupError>> {
+    let images = read_images(&source);
+    start_from(source, &images)
+}
+
+fn start_from(source: ConfigSource, images: &Images) -> Result<Startup, Vec<StartupError>> {
     let mut errors: Vec<StartupError> = Vec::new();
-    let registry = load_plugins(&source, &mut errors);
+    let registry = load_plugins(&source, images, &mut errors);
     assemble(source, registry, errors)
+}
+
+/// The bytes of each plugin file of a config, by entry, read once: the probe, the
+/// isolated children and the in-process load all check and map these, whatever happens
+/// to the files meanwhile. None: a file that cannot be read as a library (loading it
+/// reports why).
+pub type Images = Vec<Option<Arc<PluginImage>>>;
+
+/// Reads each plugin file of `source` once; entries that name the same file share it.
+pub fn read_images(source: &ConfigSource) -> Images {
+    let mut by_file: HashMap<PathBuf, Arc<PluginImage>> = HashMap::new();
+    let mut read = |entry: &switchyard_config::PluginEntry| {
+        let path = source.resolve(&entry.path);
+        let canonical = std::fs::canonicalize(&path).ok()?;
+        if let Some(image) = by_file.get(&canonical) {
+            return Some(image.clone());
+        }
+        let image = PluginImage::read(&path).ok()?;
+        by_file.insert(canonical, image.clone());
+        Some(image)
+    };
+    source.config.plugins.iter().map(&mut read).collect()
 }
 
 /// The rest of startup, over a registry with the config's plugins loaded (and the errors
@@ -223,19 +252,24 @@ fn assemble(
 }
 
 /// A registry with the built-ins and every plugin the config lists that loads.
-fn load_plugins(source: &ConfigSource, errors: &mut Vec<StartupError>) -> Registry {
+fn load_plugins(
+    source: &ConfigSource,
+    images: &Images,
+    errors: &mut Vec<StartupError>,
+) -> Registry {
     let mut registry = Registry::with_builtins();
-    for entry in &source.config.plugins {
+    for (entry, image) in source.config.plugins.iter().zip(images) {
         let spec = PluginSpec {
             path: source.resolve(&entry.path),
             sha256: entry.sha256.clone(),
             revision: entry.revision,
         };
+        let image = image.as_ref();
         let loaded = match entry.isolation.process_group(&spec.path) {
             Some(process) => {
-                registry.load_plugin_isolated(&spec, &process, &source.config.isolation)
+                registry.load_plugin_isolated(&spec, image, &process, &source.config.isolation)
             }
-            None => registry.load_plugin(&spec),
+            None => registry.load_plugin_from(&spec, image),
         };
         if let Err(error) = loaded {
             let path_line = source.line_of("path", &entry.path.to_string_lossy(), 0);

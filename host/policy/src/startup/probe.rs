@@ -7,15 +7,16 @@
 //! router down.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
 
 use switchyard_plugin_sdk::{WorkerId, WorkerType};
 
-use super::assemble;
+use super::{assemble, Images};
 use crate::{CandidateRow, CandidatesFrom, Registry, RowExtras, Selector};
 use switchyard_config::{ConfigSource, IsolationSettings};
 use switchyard_plugin_host::plugin::{
-    library, PartitionKey, PluginSpec, PromptBlocks, RouteRequest,
+    PartitionKey, PluginImage, PluginSpec, PromptBlocks, RouteRequest,
 };
 
 /// How long a probe step may take before it counts as hung.
@@ -37,14 +38,21 @@ pub struct ProbeFailure {
 
 /// Probes every in-process plugin of `source` that does not say `probe: false`; returns
 /// one failure per plugin that crashed, exited or hung in its probe.
-pub fn probe_all(source: &ConfigSource) -> Vec<ProbeFailure> {
+/// Each plugin is probed from its image in `images` (by entry), the bytes the router
+/// then loads.
+pub fn probe_all(source: &ConfigSource, images: &Images) -> Vec<ProbeFailure> {
     let mut failures = Vec::new();
     for (index, entry) in source.config.plugins.iter().enumerate() {
         // An isolated plugin needs no probe: it is loaded in its own process anyway.
         if !entry.probe || entry.isolation.process_group(&entry.path).is_some() {
             continue;
         }
-        if let Some((cause, phase)) = probe_one(source, index) {
+        // A file that is no library (a device, a FIFO, a /proc file) has no image: the
+        // in-process startup refuses it with the reason; no child needed.
+        let Some(image) = images.get(index).and_then(Option::as_ref) else {
+            continue;
+        };
+        if let Some((cause, phase)) = probe_one(source, index, image) {
             let line = source.line_of("path", &entry.path.to_string_lossy(), 0);
             failures.push(ProbeFailure {
                 config: match line {
@@ -67,7 +75,11 @@ pub fn probe_all(source: &ConfigSource) -> Vec<ProbeFailure> {
 /// Loads plugin `index` alone in a probe process and exercises it; `Some((cause, phase))`
 /// when the process died or hung. A library the loader refuses, or instances that need
 /// other plugins' types, are not the probe's to report: the in-process startup does.
-fn probe_one(source: &ConfigSource, index: usize) -> Option<(String, String)> {
+fn probe_one(
+    source: &ConfigSource,
+    index: usize,
+    image: &Arc<PluginImage>,
+) -> Option<(String, String)> {
     let mut probe = ConfigSource::parse(
         source.text.clone(),
         source.name.clone(),
@@ -80,9 +92,6 @@ fn probe_one(source: &ConfigSource, index: usize) -> Option<(String, String)> {
         sha256: entry.sha256.clone(),
         revision: entry.revision,
     };
-    // A file that is no library (a device, a FIFO, a /proc file) is refused by the
-    // in-process startup with the reason, before anything reads it; no child needed.
-    library::open_file(&spec.path).ok()?;
     probe.config.plugins.clear();
     probe.config.workers.clear();
     let limit = PROBE_TIME_LIMIT.as_millis() as u64;
@@ -98,7 +107,7 @@ fn probe_one(source: &ConfigSource, index: usize) -> Option<(String, String)> {
         ..IsolationSettings::default()
     };
     let mut registry = Registry::with_builtins();
-    let loaded = registry.load_plugin_isolated(&spec, "probe", &settings);
+    let loaded = registry.load_plugin_isolated(&spec, Some(image), "probe", &settings);
     // A probe process that cannot even start says nothing about the plugin.
     let process = registry.processes().next().cloned()?;
     if loaded.is_err() {
