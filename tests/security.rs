@@ -569,6 +569,96 @@ fn every_error_is_json_405_and_413_included() {
     assert!(error["error"].is_string(), "{error}");
 }
 
+/// Sends `request` on a connection of its own and reads the answer to its end: the status,
+/// the head and the body.
+fn raw_answer(address: &str, request: &[u8]) -> (u16, String, String) {
+    use std::io::{Read, Write};
+    let mut tcp = std::net::TcpStream::connect(address).unwrap();
+    tcp.set_read_timeout(Some(std::time::Duration::from_secs(30)))
+        .unwrap();
+    // hyper may answer and close before it read everything: the answer is still there.
+    let _ = tcp.write_all(request);
+    let mut answer = Vec::new();
+    let _ = tcp.read_to_end(&mut answer);
+    let answer = String::from_utf8_lossy(&answer).into_owned();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    (status, head.to_owned(), body.to_owned())
+}
+
+/// Every malformed request kind, from the request line to the body, is answered with a
+/// JSON error naming what is wrong, those hyper answers itself (400, 414, 431) included.
+#[test]
+fn every_malformed_request_kind_gets_a_json_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = serve(&write_config(dir.path(), "workers: []\n"));
+    let address = server.address.trim_start_matches("http://").to_owned();
+    let get = |extra: &str| {
+        format!("GET /v1/workers HTTP/1.1\r\nhost: x\r\nconnection: close\r\n{extra}\r\n")
+    };
+    let post = |headers: &str, body: &str| {
+        format!("POST /v1/select HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-type: application/json\r\n{headers}\r\n{body}")
+    };
+    let many: String = (0..500).map(|i| format!("x-h{i}: 1\r\n")).collect();
+    let cases: Vec<(&str, u16, String)> = vec![
+        ("no HTTP at all", 400, "BLAH\r\n\r\n".into()),
+        (
+            "TLS bytes on the plain port",
+            400,
+            "\u{16}\u{3}\u{1}\0\u{10}hello\r\n\r\n".into(),
+        ),
+        ("a header line without a colon", 400, get("bad header\r\n")),
+        (
+            "HTTP/2.0 in an HTTP/1 request line",
+            400,
+            "GET / HTTP/2.0\r\nhost: x\r\n\r\n".into(),
+        ),
+        (
+            "a Content-Length that is not a number",
+            400,
+            post("content-length: abc\r\n", ""),
+        ),
+        ("500 headers", 431, get(&many)),
+        (
+            "a 600 KB header",
+            431,
+            get(&format!("x-big: {}\r\n", "a".repeat(600_000))),
+        ),
+        (
+            "a 70 KB URI",
+            414,
+            format!("GET /{} HTTP/1.1\r\nhost: x\r\n\r\n", "a".repeat(70_000)),
+        ),
+        (
+            "a path segment that is not UTF-8",
+            400,
+            "DELETE /v1/requests/%ff HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n".into(),
+        ),
+        (
+            "a body that is not JSON",
+            400,
+            post("content-length: 5\r\n", "{bad}"),
+        ),
+    ];
+    for (kind, expected, request) in &cases {
+        let (status, head, body) = raw_answer(&address, request.as_bytes());
+        assert_eq!(status, *expected, "{kind}: {head}");
+        assert!(
+            head.to_ascii_lowercase()
+                .contains("content-type: application/json"),
+            "{kind}: {head}"
+        );
+        let error: Value =
+            serde_json::from_str(&body).unwrap_or_else(|e| panic!("{kind}: {e}: {body:?}"));
+        let message = error["error"].as_str().unwrap_or_default();
+        assert!(message.len() > 10, "{kind}: an error message: {body}");
+    }
+}
+
 #[test]
 fn a_body_trickled_past_the_timeout_gets_408_and_frees_the_connection() {
     use std::io::{Read, Write};

@@ -11,6 +11,7 @@ pub mod frontend;
 pub mod http_service;
 pub mod listener;
 pub mod off_executor;
+pub mod parse_errors;
 pub mod reload;
 pub mod request_attributes;
 pub mod request_body;

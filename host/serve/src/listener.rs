@@ -512,7 +512,9 @@ pub async fn serve_http(
         .http2()
         .timer(TokioTimer::new())
         .keep_alive_interval(Some(Duration::from_secs(20)));
-    let serving = builder.serve_connection_with_upgrades(TokioIo::new(connection), service);
+    // hyper's own answers to requests it cannot parse get JSON bodies (parse_errors.rs).
+    let io = TokioIo::new(crate::parse_errors::JsonParseErrors::new(connection));
+    let serving = builder.serve_connection_with_upgrades(io, service);
     tokio::pin!(serving);
     let check = (limits.idle_timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(5));
     let mut closing = false;
