@@ -153,7 +153,7 @@ impl Metrics {
             ("switchyard_admission_admitted", "Queued requests that got a worker.", &queue.admitted),
             ("switchyard_admission_refused_full", "Requests answered 429 because admission.queue.max_queued wait already.", &queue.refused_full),
             ("switchyard_admission_timed_out", "Queued requests answered 503 after admission.queue.max_wait_ms.", &queue.timed_out),
-            ("switchyard_admission_evicted", "Queued requests answered 429 because a request of higher priority took their place in the full queue.", &queue.evicted),
+            ("switchyard_admission_evicted", "Queued requests answered 429 because a request of higher priority, or of a tenant holding fewer places (admission.queue.fair_share), took their place in the full queue.", &queue.evicted),
             ("switchyard_admission_rate_limited", "Requests answered 429 because their tenant was over its admission.rate_limits.", &queue.rate_limited),
             ("switchyard_admission_rejected", "Requests an admitter (admission.admitters) rejected; switchyard_component_errors counts those that failed.", &queue.rejected),
             ("switchyard_admission_left", "Queued requests whose client went away (or that failed otherwise) before a worker freed.", &queue.left),
