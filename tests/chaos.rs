@@ -498,3 +498,57 @@ fn chaos_with_every_example_plugin_never_kills_the_router() {
         "the router's exit after SIGTERM: {status}"
     );
 }
+
+/// The lines `destroyed THREAD` of the lifecycle fixture's log at `log`.
+fn destroyed_on(log: &Path) -> Vec<String> {
+    std::fs::read_to_string(log)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.strip_prefix("destroyed "))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// A partition dropped by `DELETE /v1/workers` and a generation retired by a reload
+/// destroy their plugin instances on the retirement thread, not on the thread that let
+/// go last (an executor thread, or the reload's).
+#[test]
+fn plugin_instances_are_destroyed_on_the_retirement_thread() {
+    let dir = tempfile::tempdir().unwrap();
+    let plugin = compile_c(
+        dir.path(),
+        "lifecycle",
+        &repo().join("tests/fixtures/lifecycle_plugin.c"),
+        &repo().join("include"),
+        &["LOG_DESTROY"],
+    );
+    let log = dir.path().join("lifecycle.log");
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "plugins:\n  - path: {}\nworker_selection:\n  default: logged\n  instances:\n    - name: logged\n      scorers: [{{type: fixture.lifecycle-log, parameters: {{log: {}}}}}]\n      picker: {{type: builtin.lowest-cost}}\nworkers:\n  - {{model: m, worker_id: 1}}\n",
+            plugin.display(),
+            log.display()
+        ),
+    );
+    let server = Server::start(&config);
+    // Startup and reload validate each instance by building and dropping it (on their
+    // own threads); the retirement thread's name, as the kernel keeps it (15 bytes):
+    let retired = || {
+        destroyed_on(&log)
+            .iter()
+            .filter(|thread| *thread == "switchyard-reti")
+            .count()
+    };
+    server.ok("/v1/workers", json!({"model": "other", "worker_id": 2}));
+    server.delete("/v1/workers/2");
+    wait_for(
+        "the dropped partition's instance is destroyed on the retirement thread",
+        || retired() == 1,
+    );
+    server.ok("/v1/admin/reload", json!({}));
+    wait_for(
+        "the retired generation's instance is destroyed on the retirement thread",
+        || retired() == 2,
+    );
+}
