@@ -1,15 +1,16 @@
 //! Reads an engine's load out of its Prometheus text exposition (`GET /metrics`), for
-//! vLLM and SGLang by their own metric names (vLLM: `vllm/v1/metrics/loggers.py`;
-//! SGLang: `python/sglang/srt/metrics/collector.py`). One pass over the text, linear in
-//! its size, no allocation per line but for the LoRA adapter lists.
+//! vLLM, SGLang and llama.cpp by their own metric names (vLLM:
+//! `vllm/v1/metrics/loggers.py`; SGLang: `python/sglang/srt/metrics/collector.py`;
+//! llama.cpp: `tools/server/server-context.cpp`, `--metrics`). One pass over the text,
+//! linear in its size, no allocation per line but for the LoRA adapter lists.
 //!
-//! | what | vLLM | SGLang | over several series |
-//! |---|---|---|---|
-//! | running requests | `vllm:num_requests_running` | `sglang:num_running_reqs` | sum |
-//! | waiting requests | `vllm:num_requests_waiting` | `sglang:num_queue_reqs` | sum |
-//! | KV-cache usage (0-1) | `vllm:kv_cache_usage_perc` (V1), `vllm:gpu_cache_usage_perc` (V0) | `sglang:token_usage` | max |
-//! | KV cache capacity (tokens) | `vllm:cache_config_info{num_gpu_blocks, block_size}` | - | the last |
-//! | LoRA adapters | `vllm:lora_requests_info{running_lora_adapters, waiting_lora_adapters}` | - | the series with the largest value (vLLM sets it to the time of the update; older label sets stay exported) |
+//! | what | vLLM | SGLang | llama.cpp | over several series |
+//! |---|---|---|---|---|
+//! | running requests | `vllm:num_requests_running` | `sglang:num_running_reqs` | `llamacpp:requests_processing` | sum |
+//! | waiting requests | `vllm:num_requests_waiting` | `sglang:num_queue_reqs` | `llamacpp:requests_deferred` | sum |
+//! | KV-cache usage (0-1) | `vllm:kv_cache_usage_perc` (V1), `vllm:gpu_cache_usage_perc` (V0) | `sglang:token_usage` | - (none exported: NaN) | max |
+//! | KV cache capacity (tokens) | `vllm:cache_config_info{num_gpu_blocks, block_size}` | - | - | the last |
+//! | LoRA adapters | `vllm:lora_requests_info{running_lora_adapters, waiting_lora_adapters}` | - | - | the series with the largest value (vLLM sets it to the time of the update; older label sets stay exported) |
 
 use switchyard_plugin_host::plugin::EngineSample;
 
@@ -24,8 +25,12 @@ enum Metric {
 
 fn metric(name: &str) -> Option<Metric> {
     Some(match name {
-        "vllm:num_requests_running" | "sglang:num_running_reqs" => Metric::Running,
-        "vllm:num_requests_waiting" | "sglang:num_queue_reqs" => Metric::Waiting,
+        "vllm:num_requests_running"
+        | "sglang:num_running_reqs"
+        | "llamacpp:requests_processing" => Metric::Running,
+        "vllm:num_requests_waiting" | "sglang:num_queue_reqs" | "llamacpp:requests_deferred" => {
+            Metric::Waiting
+        }
         "vllm:kv_cache_usage_perc" | "vllm:gpu_cache_usage_perc" | "sglang:token_usage" => {
             Metric::KvUsage
         }
@@ -44,7 +49,7 @@ pub enum MetricsError {
     NoValue(String),
     #[error("the metrics text has no samples")]
     NoSamples,
-    #[error("no vLLM (`vllm:num_requests_running`, `vllm:num_requests_waiting`) or SGLang (`sglang:num_running_reqs`, `sglang:num_queue_reqs`) request gauges; the first metric is `{0}`")]
+    #[error("no vLLM (`vllm:num_requests_running`, `vllm:num_requests_waiting`), SGLang (`sglang:num_running_reqs`, `sglang:num_queue_reqs`) or llama.cpp (`llamacpp:requests_processing`, `llamacpp:requests_deferred`; start it with `--metrics`) request gauges; the first metric is `{0}`")]
     NotAnEngine(String),
 }
 
@@ -185,6 +190,9 @@ mod tests {
     /// (`scripts/golden/engine-metrics.py`).
     const VLLM: &str = include_str!("../../../../tests/fixtures/engine_metrics/vllm.txt");
     const SGLANG: &str = include_str!("../../../../tests/fixtures/engine_metrics/sglang.txt");
+    /// A real llama.cpp server's scrape, one request processing and two deferred
+    /// (`scripts/golden/llamacpp-metrics.py`).
+    const LLAMACPP: &str = include_str!("../../../../tests/fixtures/engine_metrics/llamacpp.txt");
 
     #[test]
     fn reads_the_golden_vllm_scrape() {
@@ -211,6 +219,16 @@ mod tests {
         assert_eq!(s.kv_cache_usage, 0.5);
         assert_eq!(s.running_adapters, None);
         assert_eq!(s.kv_capacity_tokens, None);
+    }
+
+    /// llama.cpp exports no KV-cache usage, capacity or adapters: they stay unknown.
+    #[test]
+    fn reads_the_golden_llamacpp_scrape() {
+        let s = parse(LLAMACPP).unwrap();
+        assert_eq!((s.running_requests, s.waiting_requests), (1.0, 2.0));
+        assert!(s.kv_cache_usage.is_nan(), "{}", s.kv_cache_usage);
+        assert_eq!(s.kv_capacity_tokens, None);
+        assert_eq!((s.running_adapters, s.waiting_adapters), (None, None));
     }
 
     /// vLLM's `cache_config_info` as its own logger writes it (every cache config field
