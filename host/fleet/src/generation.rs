@@ -30,16 +30,19 @@ pub struct SelectorSlot {
 /// Per-partition policies: one selector per instance.
 type Selectors = HashMap<String, Arc<SelectorSlot>>;
 
+/// Fields drop in declaration order: a partition's policies and admitters (`on_destroy`)
+/// before the instance factories of `startup` that built them (`on_destroy_factory`), and
+/// before the isolated processes they call.
 pub struct Generation {
     /// 1 at startup, then one more per successful reload.
     pub number: u64,
     pub loaded_at: SystemTime,
-    pub startup: Startup,
     partitions: RwLock<HashMap<PartitionKey, Selectors>>,
     /// Per partition, its `admission.admitters` (absent when the config lists none).
     admitters: RwLock<HashMap<PartitionKey, Arc<Mutex<Admitters>>>>,
     /// Every stage of every selector, for metrics to read without their locks.
     stages: RwLock<Vec<StageMetrics>>,
+    pub startup: Startup,
 }
 
 /// A partition's policies or admitters that could not be built: plugin code refused.

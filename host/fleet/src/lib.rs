@@ -2,6 +2,7 @@
 //! read), metrics, and the router that ties them to the configured policy instances.
 
 pub mod admission;
+pub mod executor;
 pub mod generation;
 pub mod kept_columns;
 pub mod kv_bound;

@@ -399,6 +399,11 @@ impl Router {
                     name: instance_name.to_owned(),
                     known: generation.instance_names(),
                 })?;
+        // Decided inline for another generation (a reload came in between), and this
+        // one's instance is a plugin's: not on the executor's thread.
+        if crate::executor::is_inline() && !instance.runs_only_router_code() {
+            return crate::executor::plugin_code(|| self.route_once(request, reserve));
+        }
         let partition = PartitionKey::new(request.model.clone(), request.worker_type);
         let block_size = generation.startup.source.config.router.block_size;
         // Strict priority: no request books while one of a higher priority waits (it

@@ -58,6 +58,9 @@ pub async fn run<T: Send + 'static>(
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, Unfinished> {
     if inline {
+        // Marked inline: should a reload have made the request's instance a plugin's
+        // since the decision, the router moves that plugin code off this thread.
+        let work = || switchyard_fleet::executor::inline(work);
         return std::panic::catch_unwind(AssertUnwindSafe(work)).map_err(|panic| {
             Unfinished::Panicked(
                 panic

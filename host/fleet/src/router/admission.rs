@@ -43,7 +43,20 @@ impl Router {
         let block_size = generation.startup.source.config.router.block_size;
         let prompt = PromptBlocks::new(block_size, request_blocks);
         let saturation = self.saturation(&generation, &partition, tenant.unwrap_or(""));
-        let admitted = admitters.lock().admit(request, prompt, &saturation);
+        let plugins = generation.startup.admitters.iter().any(|a| {
+            !matches!(
+                a.component.origin,
+                switchyard_policy::registry::Origin::Builtin
+            )
+        });
+        let admit = || admitters.lock().admit(request, prompt, &saturation);
+        // Decided inline for another generation (a reload came in between): a plugin's
+        // admitter runs off the executor's thread.
+        let admitted = if plugins {
+            crate::executor::plugin_code(admit)
+        } else {
+            admit()
+        };
         admitted.map_err(|rejection| {
             self.metrics
                 .admission
