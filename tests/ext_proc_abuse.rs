@@ -60,10 +60,16 @@ fn process_call(port: u16) -> axum::http::Request<()> {
 
 /// Sends `data` on a fresh `Process` stream (then ends it) and returns the call's
 /// `grpc-status`, from a trailers-only answer or the trailers; fails after 30 s.
-async fn grpc_status_of(client: &mut h2::client::SendRequest<Bytes>, port: u16, data: &[u8]) -> u32 {
+async fn grpc_status_of(
+    client: &mut h2::client::SendRequest<Bytes>,
+    port: u16,
+    data: &[u8],
+) -> u32 {
     let mut ready = client.clone().ready().await.unwrap();
     let (response, mut stream) = ready.send_request(process_call(port), false).unwrap();
-    stream.send_data(Bytes::copy_from_slice(data), true).unwrap();
+    stream
+        .send_data(Bytes::copy_from_slice(data), true)
+        .unwrap();
     tokio::time::timeout(Duration::from_secs(30), status_of(response))
         .await
         .expect("the picker answers a malformed stream within 30 s")
