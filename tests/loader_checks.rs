@@ -378,7 +378,7 @@ fn a_library_cut_short_or_corrupted_is_refused_before_dlopen_maps_it() {
     // of the file (SIGBUS in this test process) if it got that far.
     let empty = write_library(dir.path(), "cut0.so", &[]);
     let error = load_error(dir.path(), &empty, "");
-    assert!(error.contains("found an empty file"), "0 bytes: {error}");
+    assert!(error.contains("it is an empty file"), "0 bytes: {error}");
     for len in [40, 100, 1_500, valid.len() / 2, valid.len() - 1] {
         let lib = write_library(dir.path(), &format!("cut{len}.so"), &valid[..len]);
         let error = load_error(dir.path(), &lib, "");
@@ -501,10 +501,10 @@ fn a_path_to_a_device_fifo_or_proc_file_is_refused_before_it_is_read() {
         .unwrap();
     assert!(made.success(), "mkfifo failed");
     for (path, found) in [
-        (PathBuf::from("/dev/zero"), "found a character device"),
-        (fifo.clone(), "found a FIFO (named pipe)"),
-        (PathBuf::from("/proc/self/mem"), "found an empty file"),
-        (dir.path().to_owned(), "found a directory"),
+        (PathBuf::from("/dev/zero"), "it is a character device"),
+        (fifo.clone(), "it is a FIFO (named pipe)"),
+        (PathBuf::from("/proc/self/mem"), "it is an empty file"),
+        (dir.path().to_owned(), "it is a directory"),
     ] {
         let config = write_config(
             dir.path(),

@@ -10,9 +10,10 @@ use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
 use crate::{ConfigError, ConfigSource};
+use switchyard_plugin_host::file_gate::{self, FileKind};
 
 /// A key file larger than this is refused (it holds a few keys, one per line).
-pub const MAX_KEY_FILE_BYTES: u64 = 64 << 10;
+pub const MAX_KEY_FILE_BYTES: u64 = FileKind::ApiKeys.limit();
 /// Shorter keys are refused: a guessable key is no credential.
 pub const MIN_KEY_CHARS: usize = 16;
 
@@ -244,17 +245,7 @@ fn keys_of(source: &ConfigSource, grant: &KeyGrant) -> Result<Vec<[u8; 32]>, Str
 }
 
 fn read_key_file(path: &std::path::Path) -> Result<String, String> {
-    let meta = std::fs::metadata(path).map_err(|e| format!("cannot read it: {e}"))?;
-    if !meta.is_file() {
-        return Err("not a regular file".into());
-    }
-    if meta.len() > MAX_KEY_FILE_BYTES {
-        return Err(format!(
-            "{} bytes, more than the {MAX_KEY_FILE_BYTES} a key file may hold",
-            meta.len()
-        ));
-    }
-    std::fs::read_to_string(path).map_err(|e| format!("cannot read it as UTF-8 text: {e}"))
+    file_gate::read_text(path, FileKind::ApiKeys).map_err(|e| e.to_string())
 }
 
 /// Whether a key file can be read by users other than its owner (`check` warns).

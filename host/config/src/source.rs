@@ -4,6 +4,8 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use switchyard_plugin_host::file_gate::{self, FileKind};
+
 use crate::{
     limits, AdmissionSettings, Config, InstanceEntry, ReplicaSettings, WorkerNetworks,
     BUILTIN_DEFAULT, EMBEDDED_DEFAULT, EMBEDDED_NAME,
@@ -43,7 +45,7 @@ pub struct ConfigSource {
 impl ConfigSource {
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
         let name = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|e| ConfigError {
+        let text = file_gate::read_text(path, FileKind::Config).map_err(|e| ConfigError {
             file: name.clone(),
             line: None,
             message: format!("cannot read the config: {e}. Check the --config path"),

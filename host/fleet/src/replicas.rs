@@ -92,7 +92,10 @@ fn snapshot_parts(replica: &str, bookings: &[BookingChange]) -> Vec<Bytes> {
 #[derive(Debug, thiserror::Error)]
 pub enum ReplicaError {
     #[error("replicas.token_file {path}: {error}")]
-    Token { path: String, error: std::io::Error },
+    Token {
+        path: String,
+        error: switchyard_plugin_host::file_gate::FileRefused,
+    },
     #[error("replicas.nats {url}: {error}")]
     Connect { url: String, error: String },
 }
@@ -206,7 +209,8 @@ fn connect_options(
         .connection_timeout(Duration::from_secs(2))
         .max_reconnects(None);
     if let Some(path) = token_path {
-        let token = std::fs::read_to_string(path).map_err(|error| ReplicaError::Token {
+        use switchyard_plugin_host::file_gate::{read_text, FileKind};
+        let token = read_text(path, FileKind::Token).map_err(|error| ReplicaError::Token {
             path: path.display().to_string(),
             error,
         })?;

@@ -68,7 +68,7 @@ impl FileKind {
 /// Why a file was not read. The path and the setting are the caller's to name.
 #[derive(Debug, thiserror::Error)]
 pub enum FileRefused {
-    #[error("cannot open it ({0})")]
+    #[error("cannot read it ({0})")]
     Unopenable(#[source] std::io::Error),
     #[error("it is {found}, not a regular file: point it at {}", kind.noun())]
     NotRegular { found: &'static str, kind: FileKind },
@@ -134,6 +134,13 @@ pub fn open(path: &Path, kind: FileKind) -> Result<GatedFile, FileRefused> {
         return Err(FileRefused::NotRegular { found, kind });
     }
     match meta.len() {
+        // An empty config is its parser's to explain; nothing is read of it (a /proc file
+        // reports no size either, and reads as empty here).
+        0 if kind == FileKind::Config => Ok(GatedFile {
+            file,
+            size: 0,
+            read: 0,
+        }),
         0 => Err(FileRefused::Empty { kind }),
         bytes if bytes > kind.limit() => Err(FileRefused::TooLarge { bytes, kind }),
         size => Ok(GatedFile {

@@ -61,10 +61,7 @@ fn new_certificates(
             (Some(serving), Some(settings)) => match server_config(section, settings, source, alpn)
             {
                 Ok(config) => reloaded.push((serving.clone(), config)),
-                Err(error) => errors.push(CertificateError::Unloadable {
-                    config: source.name.clone(),
-                    error,
-                }),
+                Err(error) => errors.push(CertificateError::unloadable(source, error)),
             },
             (Some(_), None) => errors.push(CertificateError::Removed {
                 config: source.name.clone(),

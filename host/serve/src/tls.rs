@@ -9,6 +9,7 @@ use parking_lot::RwLock;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use switchyard_config::{ConfigSource, TlsSettings};
+use switchyard_plugin_host::file_gate::{self, FileKind, FileRefused};
 
 /// What the HTTP listener offers over TLS: HTTP/2, then HTTP/1.1.
 pub const HTTP_ALPN: &[&[u8]] = &[b"h2", b"http/1.1"];
@@ -35,11 +36,12 @@ impl From<TlsProblem> for TlsError {
 /// What does not load; each names the setting and the file.
 #[derive(Debug, thiserror::Error)]
 pub enum TlsProblem {
-    #[error("{setting} {}: cannot read it: {error}", path.display())]
+    /// The file gate refused the file (not a regular file, too large, unreadable).
+    #[error("{setting} {}: {error}", path.display())]
     Unreadable {
         setting: String,
         path: std::path::PathBuf,
-        error: rustls::pki_types::pem::Error,
+        error: FileRefused,
     },
     #[error("{setting} {}: not a PEM certificate file: {error}", path.display())]
     NotPem {
@@ -87,8 +89,9 @@ pub enum TlsProblem {
 /// certificates a reload cannot serve.
 #[derive(Debug, thiserror::Error)]
 pub enum CertificateError {
-    #[error("{config}: {error}")]
-    Unloadable { config: String, error: TlsError },
+    /// `at`: the config file, and the line of the setting at fault when one is.
+    #[error("{at}: {error}")]
+    Unloadable { at: String, error: TlsError },
     #[error("{config}: `{section}` was removed, but the listener serves TLS; restart to serve it without")]
     Removed {
         config: String,
@@ -113,20 +116,22 @@ pub fn install_default_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
-fn certificates(setting: &str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let (setting, path) = (setting.to_owned(), path.to_owned());
-    let certs = match CertificateDer::pem_file_iter(&path) {
-        Err(error) => {
-            return Err(TlsProblem::Unreadable {
-                setting,
-                path,
-                error,
-            }
-            .into())
+/// The bytes of a TLS file, through the file gate.
+fn read(setting: &str, path: &Path, kind: FileKind) -> Result<Vec<u8>, TlsError> {
+    file_gate::read(path, kind).map_err(|error| {
+        TlsProblem::Unreadable {
+            setting: setting.to_owned(),
+            path: path.to_owned(),
+            error,
         }
-        Ok(certs) => certs.collect::<Result<Vec<_>, _>>(),
-    };
-    match certs {
+        .into()
+    })
+}
+
+fn certificates(setting: &str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let bytes = read(setting, path, FileKind::Certificate)?;
+    let (setting, path) = (setting.to_owned(), path.to_owned());
+    match CertificateDer::pem_slice_iter(&bytes).collect::<Result<Vec<_>, _>>() {
         Err(error) => Err(TlsProblem::NotPem {
             setting,
             path,
@@ -177,7 +182,8 @@ pub fn server_config_from_files(
     alpn: &[&[u8]],
 ) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let chain = certificates(&format!("{section}.cert"), cert_path)?;
-    let key = PrivateKeyDer::from_pem_file(key_path).map_err(|error| TlsProblem::NoKey {
+    let key = read(&format!("{section}.key"), key_path, FileKind::PrivateKey)?;
+    let key = PrivateKeyDer::from_pem_slice(&key).map_err(|error| TlsProblem::NoKey {
         section: section.to_owned(),
         path: key_path.to_owned(),
         error,
@@ -286,9 +292,57 @@ pub fn check_files(source: &ConfigSource) -> Vec<CertificateError> {
     }
     errors
         .into_iter()
-        .map(|error| CertificateError::Unloadable {
-            config: source.name.clone(),
-            error,
-        })
+        .map(|error| CertificateError::unloadable(source, error))
         .collect()
+}
+
+impl CertificateError {
+    /// A TLS file of `source` that does not load, at the line of its setting.
+    pub fn unloadable(source: &ConfigSource, error: TlsError) -> CertificateError {
+        let line = error.problem().setting().and_then(|s| line_of(source, &s));
+        CertificateError::Unloadable {
+            at: match line {
+                Some(line) => format!("{}:{line}", source.name),
+                None => source.name.clone(),
+            },
+            error,
+        }
+    }
+}
+
+impl TlsProblem {
+    /// The setting at fault (`http.tls.cert`, ...), when one file is.
+    pub fn setting(&self) -> Option<String> {
+        match self {
+            TlsProblem::Unreadable { setting, .. }
+            | TlsProblem::NotPem { setting, .. }
+            | TlsProblem::NoCertificate { setting, .. }
+            | TlsProblem::NotCa { setting, .. } => Some(setting.clone()),
+            TlsProblem::NoKey { section, .. } => Some(format!("{section}.key")),
+            _ => None,
+        }
+    }
+}
+
+/// The config line of a TLS file's `setting` (`http.tls.cert`): its `key: value` under
+/// its top-level section.
+fn line_of(source: &ConfigSource, setting: &str) -> Option<usize> {
+    let config = &source.config;
+    let ext_proc = config.ext_proc.as_ref().and_then(|e| e.tls.as_ref());
+    let (section, tls) = match setting.split('.').next()? {
+        "http" => ("http", config.http.tls.as_ref()),
+        "ext_proc" => ("ext_proc", ext_proc),
+        _ => ("frontend", None),
+    };
+    let key = setting.rsplit('.').next()?;
+    let value = match (key, tls) {
+        ("cert", Some(tls)) => &tls.cert,
+        ("key", Some(tls)) => &tls.key,
+        ("client_ca", Some(tls)) => tls.client_ca.as_ref()?,
+        ("engine_ca", _) => config.frontend.engine_ca.as_ref()?,
+        _ => return None,
+    };
+    let heading = format!("{section}:");
+    let from = source.text.lines().position(|l| l.starts_with(&heading))? + 1;
+    source.line_from(key, &value.to_string_lossy(), from)
 }

@@ -21,7 +21,7 @@ pub enum LoadError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("{}: not a plugin library: expected a regular file (a .so), found {found}. Point `path:` at the built library", path.display())]
+    #[error("{}: not a plugin library: it is {found}; expected a regular file (a .so). Point `path:` at the built library", path.display())]
     NotARegularFile { path: PathBuf, found: &'static str },
     #[error("{}: the file has {bytes} bytes, more than the {limit} a plugin library may have. Point `path:` at the built library (strip its debug info if it really is one)", path.display())]
     FileTooLarge {

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use minijinja::{context, Environment, Error as TemplateError, ErrorKind};
 use serde_json::Value;
+use switchyard_plugin_host::file_gate::{self, FileKind};
 
 /// Why a tokenizer could not be loaded: the file and what is wrong.
 #[derive(Debug, thiserror::Error)]
@@ -50,16 +51,19 @@ impl ModelTokenizer {
             path: path.to_owned(),
             problem,
         };
-        let tokenizer = tokenizers::Tokenizer::from_file(path).map_err(|e| {
+        let bytes =
+            file_gate::read(path, FileKind::Tokenizer).map_err(|e| error(path, e.to_string()))?;
+        let tokenizer = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| {
             error(
                 path,
                 format!("not a loadable Hugging Face tokenizer.json ({e}); point `tokenizer:` at the model's tokenizer.json"),
             )
         })?;
+        drop(bytes);
         let config_path = path.with_file_name("tokenizer_config.json");
-        let chat = match std::fs::read_to_string(&config_path) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => return Err(error(&config_path, format!("cannot be read: {e}"))),
+        let chat = match file_gate::read_text(&config_path, FileKind::TokenizerConfig) {
+            Err(e) if e.is_not_found() => None,
+            Err(e) => return Err(error(&config_path, e.to_string())),
             Ok(text) => {
                 let config: Value = serde_json::from_str(&text)
                     .map_err(|e| error(&config_path, format!("is not valid JSON: {e}")))?;
