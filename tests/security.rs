@@ -657,6 +657,13 @@ fn every_malformed_request_kind_gets_a_json_error() {
         let message = error["error"].as_str().unwrap_or_default();
         assert!(message.len() > 10, "{kind}: an error message: {body}");
     }
+    // After a good request on the same connection too (the second answer is the last).
+    let (status, _, both) = raw_answer(
+        &address,
+        b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\nBLAH\r\n\r\n",
+    );
+    assert_eq!(status, 200, "{both}");
+    assert!(both.ends_with(r#""code":"malformed_request"}"#), "{both}");
 }
 
 #[test]

@@ -60,11 +60,22 @@ const BUSY: u64 = u64::MAX;
 pub struct ConnectionState {
     peer: IpAddr,
     in_flight: AtomicUsize,
+    /// Requests the service took on this connection, ever.
+    taken: AtomicU64,
     /// Milliseconds since the table's epoch when the last request ended; `BUSY` while one
     /// is in flight.
     idle_since_ms: AtomicU64,
     /// Told to close (evicted for a new connection).
     close: Notify,
+}
+
+impl crate::parse_errors::ServiceProgress for Arc<ConnectionState> {
+    fn requests_taken(&self) -> u64 {
+        self.taken.load(Ordering::Relaxed)
+    }
+    fn responding(&self) -> bool {
+        self.in_flight.load(Ordering::Relaxed) > 0
+    }
 }
 
 impl ConnectionState {
@@ -84,6 +95,7 @@ struct InFlight {
 impl InFlight {
     fn begin(state: &Arc<ConnectionState>, table: &Arc<ConnectionTable>) -> Self {
         state.in_flight.fetch_add(1, Ordering::Relaxed);
+        state.taken.fetch_add(1, Ordering::Relaxed);
         state.idle_since_ms.store(BUSY, Ordering::Relaxed);
         InFlight {
             state: state.clone(),
@@ -234,6 +246,7 @@ impl ConnectionTable {
         let state = Arc::new(ConnectionState {
             peer,
             in_flight: AtomicUsize::new(0),
+            taken: AtomicU64::new(0),
             idle_since_ms: AtomicU64::new(self.now_ms()),
             close: Notify::new(),
         });
@@ -513,7 +526,10 @@ pub async fn serve_http(
         .timer(TokioTimer::new())
         .keep_alive_interval(Some(Duration::from_secs(20)));
     // hyper's own answers to requests it cannot parse get JSON bodies (parse_errors.rs).
-    let io = TokioIo::new(crate::parse_errors::JsonParseErrors::new(connection));
+    let io = TokioIo::new(crate::parse_errors::JsonParseErrors::new(
+        connection,
+        state.clone(),
+    ));
     let serving = builder.serve_connection_with_upgrades(io, service);
     tokio::pin!(serving);
     let check = (limits.idle_timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(5));

@@ -7,6 +7,14 @@
 //! them (status line, `content-length: 0`, no `content-type`, the whole head in one write)
 //! and sends them with a JSON body in the HTTP API's shape instead. Everything else
 //! passes through untouched.
+//!
+//! A response body could hold those same bytes (an engine's answer echoing a prompt), and
+//! rewriting it would add bytes its `content-length` does not cover: a proxy that shares
+//! the connection between clients would read them as the next response. So a head is
+//! only rewritten while the service has nothing under way: no request taken since the
+//! last flush that found no response in progress (every byte of the responses before it
+//! had been handed to the socket by then). hyper answers a parse error only in that
+//! state, so its answers are always rewritten and a body never is.
 
 use std::io::IoSlice;
 use std::pin::Pin;
@@ -35,19 +43,38 @@ const AUTOMATIC: [(&[u8], &str, &str); 3] = [
 
 const EMPTY_LENGTH: &[u8] = b"\r\ncontent-length: 0\r\n";
 
+/// What the connection's service has under way (read on the connection's own task).
+pub trait ServiceProgress {
+    /// Requests the service took on this connection, ever.
+    fn requests_taken(&self) -> u64;
+    /// Whether a response, its body included, is still being produced.
+    fn responding(&self) -> bool;
+}
+
 /// A connection whose automatic error answers get JSON bodies.
-pub struct JsonParseErrors<T> {
+pub struct JsonParseErrors<T, P> {
     inner: T,
+    progress: P,
+    /// `requests_taken` at the last flush that found no response in progress: every
+    /// byte of those requests' responses was written before it.
+    settled: u64,
     /// A rewritten answer not yet written whole, and how much of it was.
     pending: Option<(Vec<u8>, usize)>,
 }
 
-impl<T> JsonParseErrors<T> {
-    pub fn new(inner: T) -> Self {
+impl<T, P: ServiceProgress> JsonParseErrors<T, P> {
+    pub fn new(inner: T, progress: P) -> Self {
         JsonParseErrors {
             inner,
+            progress,
+            settled: 0,
             pending: None,
         }
+    }
+
+    /// Whether what is written now can only be hyper's own (no response under way).
+    fn quiet(&self) -> bool {
+        !self.progress.responding() && self.progress.requests_taken() == self.settled
     }
 }
 
@@ -79,7 +106,7 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     find(haystack, needle).is_some()
 }
 
-impl<T: AsyncWrite + Unpin> JsonParseErrors<T> {
+impl<T: AsyncWrite + Unpin, P: ServiceProgress> JsonParseErrors<T, P> {
     /// Writes what is pending of a rewritten answer; ready when nothing is.
     fn drain(&mut self, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         while let Some((answer, written)) = self.pending.as_mut() {
@@ -102,6 +129,9 @@ impl<T: AsyncWrite + Unpin> JsonParseErrors<T> {
     /// Takes `head` as written when it is an automatic answer (its JSON form is sent by
     /// the next flush or write).
     fn intercept(&mut self, head: &[u8]) -> bool {
+        if !self.quiet() {
+            return false;
+        }
         match rewrite(head) {
             Some(answer) => {
                 self.pending = Some((answer, 0));
@@ -112,7 +142,7 @@ impl<T: AsyncWrite + Unpin> JsonParseErrors<T> {
     }
 }
 
-impl<T: AsyncRead + Unpin> AsyncRead for JsonParseErrors<T> {
+impl<T: AsyncRead + Unpin, P: Unpin> AsyncRead for JsonParseErrors<T, P> {
     fn poll_read(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -122,7 +152,7 @@ impl<T: AsyncRead + Unpin> AsyncRead for JsonParseErrors<T> {
     }
 }
 
-impl<T: AsyncWrite + Unpin> AsyncWrite for JsonParseErrors<T> {
+impl<T: AsyncWrite + Unpin, P: ServiceProgress + Unpin> AsyncWrite for JsonParseErrors<T, P> {
     fn poll_write(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -160,7 +190,13 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for JsonParseErrors<T> {
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         let this = self.get_mut();
         std::task::ready!(this.drain(cx))?;
-        Pin::new(&mut this.inner).poll_flush(cx)
+        std::task::ready!(Pin::new(&mut this.inner).poll_flush(cx))?;
+        // hyper flushes the socket only once its buffer is empty: with no response under
+        // way, every byte of the responses so far has been written.
+        if !this.progress.responding() {
+            this.settled = this.progress.requests_taken();
+        }
+        Poll::Ready(Ok(()))
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
@@ -172,7 +208,53 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for JsonParseErrors<T> {
 
 #[cfg(test)]
 mod tests {
-    use super::rewrite;
+    use super::*;
+    use std::cell::Cell;
+    use std::rc::Rc;
+    use tokio::io::AsyncWriteExt;
+
+    #[derive(Clone, Default)]
+    struct Progress {
+        taken: Rc<Cell<u64>>,
+        responding: Rc<Cell<bool>>,
+    }
+
+    impl ServiceProgress for Progress {
+        fn requests_taken(&self) -> u64 {
+            self.taken.get()
+        }
+        fn responding(&self) -> bool {
+            self.responding.get()
+        }
+    }
+
+    const HEAD: &[u8] = b"HTTP/1.1 400 Bad Request\r\nconnection: close\r\ncontent-length: 0\r\ndate: Thu, 03 Dec 2026 05:58:54 GMT\r\n\r\n";
+
+    /// The same bytes as a response's body pass untouched, until the responses before
+    /// are flushed with none under way.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_body_holding_the_same_bytes_is_never_rewritten() {
+        let progress = Progress::default();
+        let mut io = JsonParseErrors::new(Vec::new(), progress.clone());
+        progress.taken.set(1);
+        progress.responding.set(true);
+        io.write_all(HEAD).await.unwrap();
+        progress.responding.set(false);
+        io.write_all(HEAD).await.unwrap();
+        io.flush().await.unwrap();
+        assert_eq!(
+            io.inner,
+            [HEAD, HEAD].concat(),
+            "a response's bytes, as they came"
+        );
+        io.write_all(HEAD).await.unwrap();
+        io.flush().await.unwrap();
+        let answer = String::from_utf8_lossy(&io.inner[2 * HEAD.len()..]).into_owned();
+        assert!(
+            answer.ends_with("\"code\":\"malformed_request\"}"),
+            "{answer}"
+        );
+    }
 
     #[test]
     fn only_hyper_automatic_heads_are_rewritten() {
