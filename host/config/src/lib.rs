@@ -414,6 +414,10 @@ pub struct FrontendSettings {
     pub connect_timeout_ms: u64,
     /// A whole upstream answer gives up after this long.
     pub request_timeout_secs: u64,
+    /// A kept-alive connection to an engine idle this long is closed, not reused. Below
+    /// what engines keep (llama.cpp, and vLLM's and SGLang's uvicorn: 5 s), so the router
+    /// does not send on a connection the engine is closing. 0: no connection is reused.
+    pub pool_idle_timeout_ms: u64,
     /// Selections retried after an engine refused the connection, per request.
     pub connect_retries: u32,
     /// A worker whose engine refused a connection stays out of the candidates this long.
@@ -436,6 +440,7 @@ impl Default for FrontendSettings {
         FrontendSettings {
             connect_timeout_ms: 1_000,
             request_timeout_secs: 600,
+            pool_idle_timeout_ms: 3_000,
             connect_retries: 2,
             unhealthy_cooldown_ms: 5_000,
             health_interval_ms: 2_000,

@@ -30,6 +30,47 @@ mod render;
 mod snapshot;
 use snapshot::{Row, Snapshot, Value};
 
+/// What went wrong talking to an engine: the `kind` label of
+/// `switchyard_upstream_failures_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamFailure {
+    /// The connection was refused (or failed otherwise) before anything was sent.
+    Refused,
+    /// Connecting took longer than `frontend.connect_timeout_ms`.
+    ConnectTimeout,
+    /// The connection closed before the answer's head: a kept-alive connection the
+    /// engine had just closed as idle, or an engine that went away.
+    Closed,
+    /// No answer within `frontend.request_timeout_secs`.
+    Timeout,
+    /// The answer broke off after its head (the engine died or reset mid-answer).
+    MidAnswer,
+    /// Anything else the HTTP client reports (TLS, a malformed answer).
+    Other,
+}
+
+impl UpstreamFailure {
+    pub const ALL: [UpstreamFailure; 6] = [
+        UpstreamFailure::Refused,
+        UpstreamFailure::ConnectTimeout,
+        UpstreamFailure::Closed,
+        UpstreamFailure::Timeout,
+        UpstreamFailure::MidAnswer,
+        UpstreamFailure::Other,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            UpstreamFailure::Refused => "refused",
+            UpstreamFailure::ConnectTimeout => "connect_timeout",
+            UpstreamFailure::Closed => "closed",
+            UpstreamFailure::Timeout => "timeout",
+            UpstreamFailure::MidAnswer => "mid_answer",
+            UpstreamFailure::Other => "other",
+        }
+    }
+}
+
 /// One stage of one instance in one partition, with its counters.
 pub struct StageMetrics {
     pub instance: String,
@@ -71,6 +112,9 @@ pub struct Metrics {
     engine_scrape_failures: AtomicU64,
     /// Frontend: engine failures answered to clients (connect, timeout, mid-answer).
     upstream_errors: AtomicU64,
+    /// Frontend: every failure talking to an engine, retried or not, by
+    /// [`UpstreamFailure`].
+    upstream_failures: [AtomicU64; UpstreamFailure::ALL.len()],
     /// Frontend: requests answered 429 because `max_in_flight` were being proxied.
     shed: AtomicU64,
     /// Frontend: from a request's arrival to the first byte of its answer.
@@ -135,6 +179,7 @@ impl Metrics {
             engine_scrapes: AtomicU64::new(0),
             engine_scrape_failures: AtomicU64::new(0),
             upstream_errors: AtomicU64::new(0),
+            upstream_failures: Default::default(),
             shed: AtomicU64::new(0),
             ttfb: LatencyHistogram::default(),
             generation: AtomicU64::new(0),
@@ -229,6 +274,12 @@ impl Metrics {
 
     pub fn record_upstream_error(&self) {
         self.upstream_errors.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// One failure talking to an engine (`switchyard_upstream_failures_total{kind}`),
+    /// whether the request was then retried or answered with an error.
+    pub fn record_upstream_failure(&self, kind: UpstreamFailure) {
+        self.upstream_failures[kind as usize].fetch_add(1, Ordering::Relaxed);
     }
 
     /// Adds counters for instances not seen before (a reload's new instances).

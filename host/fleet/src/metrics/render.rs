@@ -119,14 +119,15 @@ impl Metrics {
         );
     }
 
-    /// Counters without labels: expiry, eviction, the frontend's and the picker's.
+    /// Counters: expiry, eviction, the frontend's (upstream failures by kind) and the
+    /// picker's.
     fn render_counters(&self, snapshot: &mut Snapshot) {
         let counter = MetricType::Counter;
         let no_labels = |value: Value| vec![(Vec::new(), value)];
         for (name, help, counter_value) in [
             ("switchyard_reservations_expired", "Reservations released by expiry because nothing freed them (the last safety net).", &self.expired),
             ("switchyard_kv_blocks_evicted", "Blocks the KV index forgot because a worker's events stored more than its bound (see GET /v1/workers `kv_index`), or the index passed `router.max_kv_index_pairs`.", &self.kv_evicted),
-            ("switchyard_upstream_retries", "Frontend selections repeated after an engine refused the connection.", &self.upstream_retries),
+            ("switchyard_upstream_retries", "Frontend requests sent again: selected again after an engine refused the connection, or sent on a fresh connection after one closed before the answer's head.", &self.upstream_retries),
             ("switchyard_engine_scrapes", "Scrapes of engines' own metrics (engine_metrics:), each engine once per interval.", &self.engine_scrapes),
             ("switchyard_engine_scrape_failures", "Engine scrapes that failed (GET /v1/workers shows each worker's engine_error); policies see the last sample as stale.", &self.engine_scrape_failures),
             ("switchyard_upstream_errors", "Frontend requests that ended with an engine failure (connect, timeout, mid-answer).", &self.upstream_errors),
@@ -137,6 +138,22 @@ impl Metrics {
         ] {
             snapshot.family(name, help, counter, no_labels(Value::Count(counter_value.load(Ordering::Relaxed))));
         }
+        let failures = UpstreamFailure::ALL
+            .iter()
+            .map(|&kind| {
+                let count = self.upstream_failures[kind as usize].load(Ordering::Relaxed);
+                (
+                    vec![("kind".to_owned(), kind.as_str().to_owned())],
+                    Value::Count(count),
+                )
+            })
+            .collect();
+        snapshot.family(
+            "switchyard_upstream_failures",
+            "Failures talking to an engine, retried or not, by kind: refused, connect_timeout, closed (the connection closed before the answer's head: an idle kept-alive connection the engine closed, or an engine gone), timeout, mid_answer, other. Each is also logged once, with the worker and the phase.",
+            counter,
+            failures,
+        );
     }
 
     /// The admission queue (`admission:`).

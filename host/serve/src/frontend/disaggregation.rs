@@ -30,6 +30,7 @@ use switchyard_plugin_sdk::WorkerId;
 use switchyard_plugin_sdk::WorkerType;
 use tokio::sync::OwnedSemaphorePermit;
 
+use super::upstream::{Engine, Failure, Phase};
 use super::{describe, Frontend, Lease, OpenAiError};
 
 /// One request to serve through a pair.
@@ -446,7 +447,17 @@ impl Frontend {
         slot: OwnedSemaphorePermit,
     ) -> Result<Response, OpenAiError> {
         let worker = decode.worker();
+        let engine = Engine {
+            worker,
+            url: decode.url.clone(),
+        };
         let upstream = upstream.map_err(|error| {
+            let failure = Failure {
+                engine: &engine,
+                phase: Phase::Send,
+                error: &error,
+            };
+            failure.record(&self.router, decode.lease.request_id(), "answered 502");
             if error.is_connect() {
                 self.router.mark_unhealthy(
                     worker,
@@ -469,7 +480,7 @@ impl Frontend {
                 decode.decision,
                 lease,
                 upstream,
-                pair.request.arrived,
+                (pair.request.arrived, engine),
             )
             .await;
         response.headers_mut().insert(

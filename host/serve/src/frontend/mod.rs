@@ -16,6 +16,7 @@ pub mod health;
 pub mod prompt;
 mod relay;
 pub mod tokenizer;
+mod upstream;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -38,8 +39,10 @@ use prompt::{Endpoint, Prompt};
 pub use relay::{describe, Lease};
 use relay::{relay, upstream_failure};
 use switchyard_config::{Disaggregation, FrontendSettings};
+use switchyard_fleet::metrics::UpstreamFailure;
 use switchyard_fleet::router::{Refused, RouteDecision, RouteError, RouteRequest, Router};
 use tokenizer::ModelTokenizer;
+use upstream::{Engine, Failure, Phase};
 
 /// A selection and the booking it holds until the answer ends.
 type Selected = (RouteDecision, Lease);
@@ -99,6 +102,9 @@ pub fn load_tokenizers(
 pub struct Frontend {
     router: Arc<Router>,
     client: reqwest::Client,
+    /// Never reuses a connection: a request whose kept-alive connection closed before
+    /// the answer is sent again with it.
+    fresh_client: reqwest::Client,
     settings: FrontendSettings,
     /// Per model with a `tokenizer:`.
     tokenizers: HashMap<String, ModelTokenizer>,
@@ -110,16 +116,29 @@ pub struct Frontend {
 }
 
 /// The HTTP client that talks to engines: their CA, no redirects, the frontend's connect
-/// timeout.
+/// timeout, idle connections kept `frontend.pool_idle_timeout_ms` (0: none kept).
 pub fn engine_client(
     source: &switchyard_config::ConfigSource,
 ) -> Result<reqwest::Client, FrontendError> {
+    engine_client_keeping(source, source.config.frontend.pool_idle_timeout_ms)
+}
+
+/// `engine_client`, keeping idle connections `idle_ms` (0: none).
+fn engine_client_keeping(
+    source: &switchyard_config::ConfigSource,
+    idle_ms: u64,
+) -> Result<reqwest::Client, FrontendError> {
     let tls = crate::tls::engine_client_config(source)?;
-    reqwest::Client::builder()
+    let builder = reqwest::Client::builder();
+    let builder = if idle_ms == 0 {
+        builder.pool_max_idle_per_host(0)
+    } else {
+        builder.pool_idle_timeout(Duration::from_millis(idle_ms))
+    };
+    builder
         .connect_timeout(Duration::from_millis(
             source.config.frontend.connect_timeout_ms,
         ))
-        .pool_idle_timeout(Duration::from_secs(30))
         .tcp_nodelay(true)
         // Engine URLs never carry credentials, and a redirect would take a prompt
         // to a host no one checked against `router.worker_networks`.
@@ -152,9 +171,11 @@ impl Frontend {
             .unwrap_or(usize::MAX)
             .min(tokio::sync::Semaphore::MAX_PERMITS);
         let client = engine_client(source)?;
+        let fresh_client = engine_client_keeping(source, 0)?;
         Ok(Arc::new(Frontend {
             router,
             client,
+            fresh_client,
             settings,
             tokenizers,
             next_request: AtomicU64::new(0),
@@ -383,8 +404,11 @@ impl Frontend {
         }
     }
 
-    /// Sends the request to the selected worker; an engine that refuses the
-    /// connection is marked unhealthy and another is selected (`connect_retries`).
+    /// Sends the request to the selected worker. A connection that closed before the
+    /// answer's head (a kept-alive one the engine closed as idle) sends it again on a
+    /// fresh connection; an engine that refuses the connection, or closes a fresh one, is
+    /// marked unhealthy and another is selected (`connect_retries`). Each failure is
+    /// logged once and counted by kind.
     async fn forward(
         self: &Arc<Self>,
         request: Upstream,
@@ -400,8 +424,9 @@ impl Frontend {
             arrived,
         } = request;
         let mut excluded_attempts = 0;
+        let mut fresh = false;
         loop {
-            let (decision, lease) = selected;
+            let (decision, mut lease) = selected;
             let worker = WorkerId {
                 worker_id: decision.worker_id,
                 dp_rank: decision.dp_rank,
@@ -409,78 +434,128 @@ impl Frontend {
             let Some(url) = self.router.worker_url(worker) else {
                 return OpenAiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", format!("worker {} (dp_rank {}) has no `url`: give every worker of model `{}` the address of its engine", worker.worker_id, worker.dp_rank, prompt.model)).into_response();
             };
-            let upstream = self
-                .client
+            let client = if fresh {
+                &self.fresh_client
+            } else {
+                &self.client
+            };
+            let upstream = client
                 .post(format!("{}{}", url.trim_end_matches('/'), endpoint.path()))
                 .header(reqwest::header::CONTENT_TYPE, "application/json")
                 .timeout(Duration::from_secs(self.settings.request_timeout_secs))
                 .body(body.clone())
                 .send()
                 .await;
-            match upstream {
-                Err(error)
-                    if error.is_connect() && excluded_attempts < self.settings.connect_retries =>
-                {
-                    drop(lease);
-                    tracing::warn!(worker = worker.worker_id, %url, error = describe(&error), "engine refused the connection; marked unhealthy, selecting again");
-                    self.router.mark_unhealthy(
-                        worker,
-                        Duration::from_millis(self.settings.unhealthy_cooldown_ms),
-                    );
-                    self.router.metrics.record_upstream_retry();
-                    excluded_attempts += 1;
-                    let frontend = self.clone();
-                    let (prompt, described, asked) =
-                        (prompt.clone(), described.clone(), instance.clone());
-                    selected = match self
-                        .off_executor(self.inline_ok(body.len(), instance.as_deref()), move || {
-                            let request_id = frontend.next_request_id();
-                            frontend
-                                .select_now(&prompt, &described, request_id, asked)
-                                .map_err(OpenAiError::from)
-                        })
-                        .await
-                    {
-                        Ok(selected) => selected,
-                        Err(error) => return error.into_response(),
-                    };
-                }
-                Err(error) => {
-                    drop(lease);
-                    return self.upstream_failed(worker, &url, &error);
-                }
+            let engine = Engine { worker, url };
+            let error = match upstream {
                 Ok(response) => {
-                    let mut lease = lease;
                     lease.hold(slot);
                     return self
-                        .respond(&prompt, decision, lease, response, arrived)
+                        .respond(&prompt, decision, lease, response, (arrived, engine))
                         .await;
                 }
+                Err(error) => error,
+            };
+            let failure = Failure {
+                engine: &engine,
+                phase: Phase::Send,
+                error: &error,
+            };
+            if !fresh && failure.kind() == UpstreamFailure::Closed {
+                failure.record(
+                    &self.router,
+                    lease.request_id(),
+                    "the engine never answered: sending the request again on a fresh connection",
+                );
+                self.router.metrics.record_upstream_retry();
+                fresh = true;
+                selected = (decision, lease);
+                continue;
             }
-        }
-    }
-
-    /// The answer when the engine could not be reached or failed mid-request.
-    fn upstream_failed(&self, worker: WorkerId, url: &str, error: &reqwest::Error) -> Response {
-        let (status, what) = if error.is_connect() {
+            let request_id = lease.request_id().to_owned();
+            drop(lease);
+            let unreachable = matches!(
+                failure.kind(),
+                UpstreamFailure::Refused
+                    | UpstreamFailure::ConnectTimeout
+                    | UpstreamFailure::Closed
+            );
+            if !unreachable || excluded_attempts >= self.settings.connect_retries {
+                return self.upstream_failed(&failure, &request_id);
+            }
+            failure.record(
+                &self.router,
+                &request_id,
+                "marked unhealthy, selecting again",
+            );
             self.router.mark_unhealthy(
                 worker,
                 Duration::from_millis(self.settings.unhealthy_cooldown_ms),
             );
-            (StatusCode::BAD_GATEWAY, "could not connect to")
-        } else if error.is_timeout() {
-            (StatusCode::GATEWAY_TIMEOUT, "timed out waiting for")
-        } else {
-            (StatusCode::BAD_GATEWAY, "failed talking to")
+            self.router.metrics.record_upstream_retry();
+            excluded_attempts += 1;
+            fresh = false;
+            selected = match self
+                .select_again(&prompt, &described, &instance, body.len())
+                .await
+            {
+                Ok(selected) => selected,
+                Err(error) => return error.into_response(),
+            };
+        }
+    }
+
+    /// A new selection for a request whose worker failed (it is out of the candidates
+    /// now, marked unhealthy).
+    async fn select_again(
+        self: &Arc<Self>,
+        prompt: &Arc<Prompt>,
+        described: &Arc<Described>,
+        instance: &Option<String>,
+        input_bytes: usize,
+    ) -> Result<Selected, OpenAiError> {
+        let frontend = self.clone();
+        let (prompt, described, asked) = (prompt.clone(), described.clone(), instance.clone());
+        self.off_executor(
+            self.inline_ok(input_bytes, instance.as_deref()),
+            move || {
+                let request_id = frontend.next_request_id();
+                frontend
+                    .select_now(&prompt, &described, request_id, asked)
+                    .map_err(OpenAiError::from)
+            },
+        )
+        .await
+    }
+
+    /// The answer when the engine could not be reached or failed before its answer's
+    /// head, retries spent (logged and counted here).
+    fn upstream_failed(&self, failure: &Failure<'_>, request_id: &str) -> Response {
+        let (status, what) = match failure.kind() {
+            UpstreamFailure::Refused | UpstreamFailure::ConnectTimeout => {
+                self.router.mark_unhealthy(
+                    failure.engine.worker,
+                    Duration::from_millis(self.settings.unhealthy_cooldown_ms),
+                );
+                (StatusCode::BAD_GATEWAY, "could not connect to")
+            }
+            UpstreamFailure::Timeout => (StatusCode::GATEWAY_TIMEOUT, "timed out waiting for"),
+            _ => (StatusCode::BAD_GATEWAY, "failed talking to"),
         };
+        failure.record(
+            &self.router,
+            request_id,
+            &format!("answered {}", status.as_u16()),
+        );
         self.router.metrics.record_upstream_error();
         OpenAiError::new(
             status,
             "server_error",
             format!(
-                "switchyard {what} worker {} ({url}): {}",
-                worker.worker_id,
-                describe(error)
+                "switchyard {what} worker {} ({}): {}",
+                failure.engine.worker.worker_id,
+                failure.engine.url,
+                describe(failure.error)
             ),
         )
         .into_response()
@@ -572,13 +647,10 @@ impl Frontend {
         decision: RouteDecision,
         mut lease: Lease,
         upstream: reqwest::Response,
-        arrived: std::time::Instant,
+        (arrived, engine): (std::time::Instant, Engine),
     ) -> Response {
         let status = upstream.status();
-        let worker = WorkerId {
-            worker_id: decision.worker_id,
-            dp_rank: decision.dp_rank,
-        };
+        let worker = engine.worker;
         if status.is_success() {
             self.router
                 .predict_cached(&prompt.model, worker, &prompt.block_hashes);
@@ -619,7 +691,19 @@ impl Frontend {
                 self.router.metrics.record_upstream_error();
                 let (status, message) =
                     upstream_failure(&error, self.settings.request_timeout_secs);
-                tracing::warn!(request = %lease.request_id(), %error, "engine failed before its answer's first byte");
+                let failure = Failure {
+                    engine: &engine,
+                    phase: Phase::Answer,
+                    error: &error,
+                };
+                failure.record(
+                    &self.router,
+                    lease.request_id(),
+                    &format!(
+                        "failed before the answer's first byte; answered {}",
+                        status.as_u16()
+                    ),
+                );
                 return OpenAiError::new(
                     status,
                     "server_error",
@@ -634,7 +718,7 @@ impl Frontend {
             lease,
             sse,
             &self.router,
-            arrived,
+            (arrived, engine),
             self.settings.request_timeout_secs,
         ));
         let status = StatusCode::from_u16(status.as_u16()).unwrap_or(StatusCode::BAD_GATEWAY);

@@ -9,6 +9,8 @@ use futures_util::{Stream, StreamExt};
 use serde_json::json;
 use switchyard_fleet::router::Router;
 
+use super::upstream::{Engine, Failure, Phase};
+
 /// One request's booking: prefill complete once, freed exactly once (at the end of the
 /// answer, on error, or when dropped because the client went away).
 pub struct Lease {
@@ -106,14 +108,15 @@ pub(super) fn relay(
     lease: Lease,
     sse: bool,
     router: &Arc<Router>,
-    arrived: std::time::Instant,
+    (arrived, engine): (std::time::Instant, Engine),
     timeout_secs: u64,
 ) -> impl Stream<Item = Result<Bytes, std::io::Error>> + Send + 'static {
     let router = router.clone();
     let upstream = Box::pin(upstream);
     // The state: the upstream body, the lease, and whether a byte was relayed yet.
+    let engine = Arc::new(engine);
     futures_util::stream::unfold(Some((upstream, lease, false)), move |state| {
-        let router = router.clone();
+        let (router, engine) = (router.clone(), engine.clone());
         async move {
             let (mut upstream, mut lease, relayed) = state?;
             match upstream.next().await {
@@ -131,7 +134,16 @@ pub(super) fn relay(
                 Some(Err(error)) => {
                     lease.free();
                     router.metrics.record_upstream_error();
-                    tracing::warn!(request = %lease.request_id, %error, "engine failed mid-answer");
+                    let failure = Failure {
+                        engine: &engine,
+                        phase: Phase::Answer,
+                        error: &error,
+                    };
+                    failure.record(
+                        &router,
+                        &lease.request_id,
+                        "the answer is cut short (a stream ends with an error event)",
+                    );
                     let (_, message) = upstream_failure(&error, timeout_secs);
                     if sse {
                         let event = json!({"error": {"message": message, "type": "server_error", "param": null, "code": "upstream_error"}});
