@@ -323,3 +323,85 @@ fn resolve(host: &str, port: u16, timeout: Duration) -> Option<Vec<IpAddr>> {
     }
     receive.recv_timeout(timeout).ok()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const WAIT: Duration = Duration::from_secs(2);
+
+    #[test]
+    fn the_router_is_found_however_its_address_is_spelled() {
+        let loopback: Vec<SocketAddr> = vec!["127.0.0.1:8080".parse().unwrap()];
+        for host in [
+            "127.0.0.1",
+            "127.0.0.2",
+            "::1",
+            "::ffff:127.0.0.1",
+            "0.0.0.0",
+            "::",
+        ] {
+            assert_eq!(
+                check_own_address(host, 8080, &loopback, WAIT),
+                SelfCheck::Own,
+                "{host}"
+            );
+        }
+        for host in ["localhost", "LOCALHOST.", "engine.localhost"] {
+            assert_eq!(
+                check_own_address(host, 8080, &loopback, WAIT),
+                SelfCheck::Own,
+                "{host}"
+            );
+        }
+        assert_eq!(
+            check_own_address("127.0.0.1", 8081, &loopback, WAIT),
+            SelfCheck::Elsewhere,
+            "another port"
+        );
+        let lan: Vec<SocketAddr> = vec!["10.1.2.3:8080".parse().unwrap()];
+        assert_eq!(
+            check_own_address("10.1.2.4", 8080, &lan, WAIT),
+            SelfCheck::Elsewhere
+        );
+        assert_eq!(
+            check_own_address("10.1.2.3", 8080, &lan, WAIT),
+            SelfCheck::Own
+        );
+        assert_eq!(
+            check_own_address("127.0.0.1", 8080, &lan, WAIT),
+            SelfCheck::Elsewhere,
+            "a listener on one address only is not on loopback"
+        );
+    }
+
+    #[test]
+    fn only_a_name_on_a_router_port_is_looked_up() {
+        // Nothing listens on port 9 of the router: no lookup is made (none leaves the host).
+        let own: Vec<SocketAddr> = vec!["127.0.0.1:8080".parse().unwrap()];
+        for own in [&own[..], &[]] {
+            assert_eq!(
+                check_own_address("no-such-host.invalid", 9, own, WAIT),
+                SelfCheck::Elsewhere
+            );
+        }
+    }
+
+    #[test]
+    fn an_engine_url_names_a_port_other_than_zero() {
+        assert_eq!(EngineUrl::parse("http://10.0.0.1:80").unwrap().port, 80);
+        assert_eq!(EngineUrl::parse("https://[::1]:443/").unwrap().port, 443);
+        assert!(matches!(
+            EngineUrl::parse("http://10.0.0.1"),
+            Err(AddressError::NoPort(_))
+        ));
+        assert!(matches!(
+            EngineUrl::parse("https://[::1]/"),
+            Err(AddressError::NoPort(_))
+        ));
+        assert!(matches!(
+            EngineUrl::parse("http://h:0"),
+            Err(AddressError::PortZero(_))
+        ));
+    }
+}
