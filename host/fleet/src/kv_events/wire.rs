@@ -13,8 +13,12 @@
 //!
 //! The encoder writes the same format, for `engine-sim` and the tests.
 
+mod event;
+
 use rmp::Marker;
 use rmpv::{Integer, Value};
+
+pub use event::{MAX_PART_BLOCKS, MAX_PART_TOKENS};
 
 /// Field order of the positional (array) form, after the tag.
 const STORED_FIELDS: [&str; 15] = [
@@ -188,11 +192,16 @@ pub fn decode_events(
     let mut chunk_bytes = 0usize;
     for _ in 0..events {
         let start = r.0;
-        match event(&mut r) {
-            Ok(Some(event)) => {
+        match event::read(&mut r) {
+            Ok(Some(parsed)) => event::emit(parsed, &mut |event| {
                 chunk_bytes += decoded_bytes(&event);
                 chunk.push(event);
-            }
+                if chunk.len() >= CHUNK_EVENTS || chunk_bytes >= CHUNK_BYTES {
+                    apply(&chunk);
+                    chunk.clear();
+                    chunk_bytes = 0;
+                }
+            }),
             Ok(None) => {} // a class this router does not know: newer vLLM
             Err(problem) => {
                 skipped.count += 1;
@@ -202,11 +211,6 @@ pub fn decode_events(
                 r.0 = start;
                 r.skip(0).map_err(|e| not_a_batch(format!("events: {e}")))?;
             }
-        }
-        if chunk.len() >= CHUNK_EVENTS || chunk_bytes >= CHUNK_BYTES {
-            apply(&chunk);
-            chunk.clear();
-            chunk_bytes = 0;
         }
     }
     if !chunk.is_empty() {
@@ -226,148 +230,11 @@ fn decoded_bytes(event: &EngineEvent) -> usize {
     }
 }
 
-/// The fields of an event of either form, by name, before its tag decides what it is.
-#[derive(Default)]
-struct RawEvent<'a> {
-    tag: Option<&'a str>,
-    block_hashes: Option<Vec<u64>>,
-    parent_block_hash: Option<u64>,
-    token_ids: Option<Vec<u32>>,
-    block_size: Option<u32>,
-    lora_id: Option<i64>,
-    lora_name: Option<String>,
-    medium: Option<String>,
-    extra_keys: Vec<u64>,
-    group_idx: Option<i64>,
-    kv_cache_spec_kind: Option<String>,
-}
-
-impl<'a> RawEvent<'a> {
-    /// Reads the value of field `name` (unknown fields are skipped).
-    fn field(&mut self, name: &str, r: &mut Reader<'a>) -> Result<(), String> {
-        let with_name = |problem: String| format!("{name}: {problem}");
-        if r.nil() {
-            return Ok(()); // None: the field's default
-        }
-        match name {
-            "block_hashes" => self.block_hashes = Some(r.hashes().map_err(with_name)?),
-            "parent_block_hash" => self.parent_block_hash = Some(r.hash().map_err(with_name)?),
-            "token_ids" => {
-                let n = r.array_len().map_err(with_name)?;
-                // Each id takes at least a byte: the declared count cannot reserve more
-                // than the payload holds.
-                let mut ids = Vec::with_capacity((n as usize).min(r.0.len()));
-                for _ in 0..n {
-                    ids.push(r.u32().map_err(|e| {
-                        with_name(format!("token ids must be integers < 2^32 ({e})"))
-                    })?);
-                }
-                self.token_ids = Some(ids);
-            }
-            "block_size" => {
-                self.block_size = Some(
-                    r.u32()
-                        .ok()
-                        .filter(|&n| n > 0)
-                        .ok_or_else(|| with_name("must be an integer from 1 to 2^32-1".into()))?,
-                )
-            }
-            "lora_id" => self.lora_id = Some(r.i64().map_err(with_name)?),
-            "group_idx" => self.group_idx = Some(r.i64().map_err(with_name)?),
-            "lora_name" => self.lora_name = Some(r.string().map_err(with_name)?),
-            "medium" => self.medium = Some(r.string().map_err(with_name)?),
-            "kv_cache_spec_kind" => self.kv_cache_spec_kind = Some(r.string().map_err(with_name)?),
-            "extra_keys" => {
-                let n = r.array_len().map_err(with_name)?;
-                for _ in 0..n {
-                    let start = r.0;
-                    let key = if r.nil() {
-                        0
-                    } else {
-                        digest(r.raw(start).map_err(with_name)?)
-                    };
-                    self.extra_keys.push(key);
-                }
-            }
-            _ => r.skip(0).map_err(with_name)?,
-        }
-        Ok(())
-    }
-}
-
-/// Reads one event, either form.
-fn event(r: &mut Reader<'_>) -> Result<Option<EngineEvent>, String> {
-    let mut raw = RawEvent::default();
-    match r.peek() {
-        Some(Marker::FixArray(_) | Marker::Array16 | Marker::Array32) => {
-            let n = r.array_len()?;
-            if n == 0 {
-                return Err("an empty positional event".into());
-            }
-            let tag = r
-                .str()
-                .map_err(|_| "a positional event must start with its class name".to_owned())?;
-            raw.tag = Some(tag);
-            let names: &[&str] = match tag {
-                "BlockStored" => &STORED_FIELDS,
-                "BlockRemoved" => &REMOVED_FIELDS,
-                _ => &[],
-            };
-            for i in 0..(n - 1) as usize {
-                match names.get(i) {
-                    Some(name) => raw.field(name, r).map_err(|e| format!("{tag}: {e}"))?,
-                    None => r.skip(0)?,
-                }
-            }
-        }
-        Some(Marker::FixMap(_) | Marker::Map16 | Marker::Map32) => {
-            let n = r.map_len()?;
-            for _ in 0..n {
-                let key = r
-                    .str()
-                    .map_err(|_| "an event map key is not a string".to_owned())?;
-                if key == "type" {
-                    raw.tag = Some(
-                        r.str()
-                            .map_err(|_| "an event map whose `type` is not a string".to_owned())?,
-                    );
-                } else {
-                    raw.field(key, r)
-                        .map_err(|e| format!("{}: {e}", raw.tag.unwrap_or("event")))?;
-                }
-            }
-        }
-        _ => return Err("an event must be an array or a map".into()),
-    }
-    let tag = raw.tag.ok_or("an event map without a `type`")?;
-    let missing = |field: &str| format!("{tag}: {field} is missing");
-    match tag {
-        "BlockStored" => Ok(Some(EngineEvent::Stored(StoredBlocks {
-            block_hashes: raw.block_hashes.ok_or_else(|| missing("block_hashes"))?,
-            parent_block_hash: raw.parent_block_hash,
-            token_ids: raw.token_ids.ok_or_else(|| missing("token_ids"))?,
-            block_size: raw.block_size.ok_or_else(|| missing("block_size"))?,
-            lora_id: raw.lora_id,
-            lora_name: raw.lora_name,
-            medium: raw.medium,
-            extra_keys: raw.extra_keys,
-            group_idx: raw.group_idx,
-            kv_cache_spec_kind: raw.kv_cache_spec_kind,
-        }))),
-        "BlockRemoved" => Ok(Some(EngineEvent::Removed(RemovedBlocks {
-            block_hashes: raw.block_hashes.ok_or_else(|| missing("block_hashes"))?,
-            medium: raw.medium,
-            group_idx: raw.group_idx,
-        }))),
-        "AllBlocksCleared" => Ok(Some(EngineEvent::AllCleared)),
-        _ => Ok(None),
-    }
-}
-
 /// Values deeper than this are refused (a hostile payload cannot exhaust the stack).
 const MAX_DEPTH: usize = 16;
 
 /// A msgpack cursor over one payload.
+#[derive(Clone, Copy)]
 struct Reader<'a>(&'a [u8]);
 
 impl<'a> Reader<'a> {
@@ -446,11 +313,6 @@ impl<'a> Reader<'a> {
                 .u64()
                 .map_err(|_| "a block hash must be an unsigned 64-bit integer or a digest of at least 8 bytes".into()),
         }
-    }
-
-    fn hashes(&mut self) -> Result<Vec<u64>, String> {
-        let n = self.array_len()?;
-        (0..n).map(|_| self.hash()).collect()
     }
 
     fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
