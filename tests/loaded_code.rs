@@ -97,6 +97,16 @@ fn overwritten_in_place_keeps_serving(plugin_settings: &str, isolated: bool) {
     let newer = std::fs::read(version(dir.path(), -1)).unwrap();
     let server = Server::start(&write_config(dir.path(), &config(&plugin, plugin_settings)));
     assert_eq!(chosen(&server), 1, "version 1 prefers worker 1");
+    if !isolated {
+        // The code mapped is the sealed copy, never the file.
+        let maps = std::fs::read_to_string(format!("/proc/{}/maps", server.process.pid()));
+        let maps = maps.unwrap();
+        assert!(
+            maps.contains("/memfd:switchyard-plugin:plugin.so"),
+            "{maps}"
+        );
+        assert!(!maps.contains(&plugin.display().to_string()), "{maps}");
+    }
 
     overwrite_in_place(&plugin, &newer);
     for _ in 0..20 {

@@ -78,10 +78,23 @@ fn io_error(path: &Path, what: &str) -> LoadError {
     }
 }
 
+/// The memfd's name, which `/proc/PID/maps` shows (`/memfd:switchyard-plugin:NAME`):
+/// the file's name, so an operator or a profiler can tell the libraries apart.
+fn memfd_name(path: &Path) -> std::ffi::CString {
+    let file = path.file_name().unwrap_or_default().to_string_lossy();
+    let mut name: String = format!("switchyard-plugin:{file}");
+    // The kernel takes at most 249 bytes; a NUL inside would end the name early.
+    name.retain(|c| c != '\0');
+    while name.len() > 240 {
+        name.pop();
+    }
+    std::ffi::CString::new(name).unwrap_or_default()
+}
+
 /// A new memfd that may hold code: `MFD_EXEC` where the kernel knows it (Linux 6.3+,
 /// whose `vm.memfd_noexec` may otherwise make memfds non-executable), plain before.
 fn new_memfd(path: &Path) -> Result<OwnedFd, LoadError> {
-    let name = c"switchyard-plugin";
+    let name = memfd_name(path);
     let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
     // SAFETY: `name` is a NUL-terminated string; the flags are memfd_create's.
     let mut fd = unsafe { libc::memfd_create(name.as_ptr(), flags | libc::MFD_EXEC) };

@@ -125,8 +125,8 @@ fn refusal(path: &Path, opened: &Path, error: &libloading::Error) -> LoadError {
 /// back the one already loaded from the same bytes of the same file. What is mapped is
 /// the copy that was checked: the file itself may be overwritten in place meanwhile, and
 /// nothing the router runs changes until a reload reads it again. (Debuggers and
-/// profilers see the library as `/memfd:switchyard-plugin`; `plugin inspect` and the
-/// logs name the file.)
+/// profilers see the library as `/memfd:switchyard-plugin:FILE`; `plugin inspect` and
+/// the logs name the file.)
 fn open(
     path: &Path,
     image: &Arc<PluginImage>,
@@ -140,6 +140,13 @@ fn open(
         return Ok(library);
     }
     let target = image.proc_path();
+    if !target.exists() {
+        return Err(LoadError::Unsealable {
+            path: path.to_owned(),
+            what: format!("open its sealed copy as {}", target.display()),
+            error: std::io::Error::from(std::io::ErrorKind::NotFound),
+        });
+    }
     // Eager binding makes an unresolved symbol fail here, by name, not at first call;
     // local symbols keep two plugins' internals apart.
     let flags = libloading::os::unix::RTLD_NOW | libloading::os::unix::RTLD_LOCAL;
