@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod envoy;
+pub mod llama;
 pub mod load;
 pub mod nats;
 pub mod real_envoy;
@@ -365,16 +366,22 @@ pub struct Process {
 impl Process {
     /// Starts `command` with stdout piped and waits for its `{announce}ADDRESS` line.
     pub fn start(command: &mut Command, announce: &str) -> Process {
-        let mut child = command
+        let child = command
             .stdout(Stdio::piped())
             .spawn()
             .unwrap_or_else(|e| panic!("{command:?}: {e}"));
+        Process::announced(child, announce, &format!("{command:?}"))
+    }
+
+    /// Waits for the `{announce}ADDRESS` line of `child` (started with stdout piped; `what`
+    /// names it in a failure). Several started at once can be awaited in parallel.
+    pub fn announced(mut child: Child, announce: &str, what: &str) -> Process {
         let stdout = child.stdout.take().unwrap();
         let mut lines = BufReader::new(stdout).lines();
         let address = loop {
             let Some(line) = lines.next() else {
                 let status = child.wait().unwrap();
-                panic!("{command:?} exited ({status}) before announcing `{announce}`");
+                panic!("{what} exited ({status}) before announcing `{announce}`");
             };
             if let Some(address) = line.unwrap().strip_prefix(announce) {
                 break address.to_owned();

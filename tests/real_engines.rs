@@ -1,0 +1,258 @@
+//! Real engines behind `switchyard serve` (issue 50): llama.cpp servers (PyPI xllamacpp,
+//! SmolLM2-135M, one thread each; `tests/support/llama.rs`), the built-in `default` policy
+//! with `kv_tracking: predicted`. Each test skips, saying why, when
+//! `scripts/install-test-tools` could not install llama.cpp or the model (CI requires
+//! them: `SWITCHYARD_REAL_ENGINES=required`). Answers are kept short (a few tokens).
+
+mod support;
+
+use std::io::{BufRead, BufReader};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::llama::{self, MODEL};
+use support::{metric, post_json, wait_for, write_config, Process};
+
+/// `count` llama.cpp servers (2 slots each) behind a router; `None` (skipped) when
+/// llama.cpp is not installed.
+fn fleet(dir: &std::path::Path, count: usize) -> Option<(Vec<Process>, Process)> {
+    if !llama::available() {
+        return None;
+    }
+    let engines = llama::servers(count, 2);
+    let yaml = format!(
+        "models:\n  {MODEL}: {{kv_tracking: predicted}}\n\
+         engine_metrics: {{interval_ms: 200}}\n\
+         frontend: {{health_interval_ms: 500, unhealthy_cooldown_ms: 60000}}\n\
+         workers:\n{}",
+        llama::workers(&engines)
+    );
+    let router = support::serve(&write_config(dir, &yaml));
+    Some((engines, router))
+}
+
+fn agent() -> ureq::Agent {
+    ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(120))
+        .build()
+}
+
+/// A streamed answer as the client read it.
+#[derive(Debug, Default)]
+struct Streamed {
+    worker: u64,
+    content: String,
+    /// From sending the request to the first content.
+    ttft: Duration,
+    /// llama.cpp's `timings` (its last chunk): `prompt_n`, `cache_n`, ...
+    timings: Option<Value>,
+    done: bool,
+    error: Option<Value>,
+}
+
+/// Streams `body` (made `stream: true`) to the router's chat completions;
+/// `at_first_content` runs once, when the first content arrives.
+fn stream(base: &str, mut body: Value, at_first_content: impl FnOnce()) -> Streamed {
+    body["stream"] = json!(true);
+    let sent = Instant::now();
+    let url = format!("{base}/v1/chat/completions");
+    let response = match agent().post(&url).send_json(body) {
+        Ok(response) => response,
+        Err(ureq::Error::Status(status, r)) => {
+            panic!("{status}: {}", r.into_string().unwrap_or_default())
+        }
+        Err(e) => panic!("{url}: {e}"),
+    };
+    let mut read = Streamed {
+        worker: response
+            .header("x-switchyard-worker")
+            .unwrap()
+            .parse()
+            .unwrap(),
+        ..Streamed::default()
+    };
+    let mut at_first_content = Some(at_first_content);
+    // A cut connection ends the reading as the end of the body does.
+    for line in BufReader::new(response.into_reader())
+        .lines()
+        .map_while(Result::ok)
+    {
+        let Some(data) = line.strip_prefix("data: ") else {
+            continue;
+        };
+        if data == "[DONE]" {
+            read.done = true;
+            continue;
+        }
+        let chunk: Value = serde_json::from_str(data).unwrap();
+        if chunk.get("error").is_some() {
+            read.error = Some(chunk);
+            continue;
+        }
+        if let Some(text) = chunk["choices"][0]["delta"]["content"].as_str() {
+            if let Some(first) = at_first_content.take() {
+                read.ttft = sent.elapsed();
+                first();
+            }
+            read.content.push_str(text);
+        }
+        if chunk.get("timings").is_some() {
+            read.timings = Some(chunk["timings"].clone());
+        }
+    }
+    read
+}
+
+fn chat(messages: &[Value], max_tokens: u64) -> Value {
+    json!({"model": MODEL, "max_tokens": max_tokens, "temperature": 0, "messages": messages})
+}
+
+fn workers(base: &str) -> Vec<Value> {
+    let value: Value = ureq::get(&format!("{base}/v1/workers"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    value.as_array().unwrap().clone()
+}
+
+/// Chat completions through the frontend, not streamed and streamed, answered by
+/// llama.cpp; its load read from its own `/metrics` (`llamacpp:requests_processing`)
+/// into `GET /v1/workers`, KV usage unknown (llama.cpp exports none).
+#[test]
+fn chat_through_the_frontend_and_the_engines_own_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((_engines, router)) = fleet(dir.path(), 2) else {
+        return;
+    };
+    let hello = [json!({"role": "user", "content": "Say hello."})];
+    let url = format!("{}/v1/chat/completions", router.address);
+    let (status, _, body) = post_json(&agent(), &url, &chat(&hello, 4));
+    assert_eq!(status, 200, "{body}");
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    assert!(
+        answer["choices"][0]["message"]["content"].is_string(),
+        "{answer}"
+    );
+    assert!(
+        answer["usage"]["completion_tokens"].as_u64().unwrap() <= 4,
+        "{answer}"
+    );
+    assert!(
+        answer["timings"]["prompt_n"].is_u64(),
+        "llama.cpp's own timings: {answer}"
+    );
+    let streamed = stream(&router.address, chat(&hello, 4), || {});
+    assert!(streamed.done && streamed.error.is_none(), "{streamed:?}");
+    assert!(!streamed.content.is_empty(), "{streamed:?}");
+
+    // A long answer (llama.cpp's `ignore_eos`) holds a slot while the scrapes run.
+    let mut long = chat(&hello, 300);
+    long["ignore_eos"] = json!(true);
+    let base = router.address.clone();
+    let streamed = stream(&router.address, long, || {
+        wait_for(
+            "the engine's own running request in GET /v1/workers",
+            || {
+                workers(&base).iter().any(|w| {
+                    w["engine"]["state"] == "fresh" && w["engine"]["running_requests"] == 1.0
+                })
+            },
+        );
+    });
+    assert!(streamed.done, "{streamed:?}");
+    for worker in workers(&router.address) {
+        let engine = &worker["engine"];
+        assert_eq!(engine["state"], "fresh", "{worker}");
+        assert_eq!(engine["waiting_requests"], 0.0, "{worker}");
+        assert!(
+            engine["kv_cache_usage"].is_null(),
+            "none exported: {worker}"
+        );
+        assert!(worker.get("engine_error").is_none(), "{worker}");
+    }
+    support::wait_for_no_bookings(&router.address, Duration::from_secs(30));
+}
+
+/// A system prompt of about 200 tokens, different per conversation.
+fn system_prompt(conversation: usize) -> String {
+    let topics = ["rivers", "mountains", "deserts", "forests"];
+    let topic = topics[conversation % topics.len()];
+    let facts: String = (0..12)
+        .map(|i| format!("Fact {i} about {topic}: they are studied by geographers in region {conversation}-{i}. "))
+        .collect();
+    format!("You are a helpful guide to {topic}. {facts}Answer in one short sentence.")
+}
+
+/// The second turn of a conversation lands on the engine that served the first, and
+/// llama.cpp reuses the first turn's prompt from its slot (`timings.cache_n`).
+#[test]
+fn a_second_turn_lands_where_its_prefix_is_cached() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((_engines, router)) = fleet(dir.path(), 2) else {
+        return;
+    };
+    for conversation in 0..3 {
+        let mut messages = vec![
+            json!({"role": "system", "content": system_prompt(conversation)}),
+            json!({"role": "user", "content": "Where are they found?"}),
+        ];
+        let first = stream(&router.address, chat(&messages, 6), || {});
+        messages.push(json!({"role": "assistant", "content": first.content}));
+        messages.push(json!({"role": "user", "content": "And why?"}));
+        let second = stream(&router.address, chat(&messages, 6), || {});
+        let prompt_n = |s: &Streamed| s.timings.as_ref().unwrap()["prompt_n"].as_u64().unwrap();
+        let cache_n = |s: &Streamed| s.timings.as_ref().unwrap()["cache_n"].as_u64().unwrap();
+        eprintln!(
+            "conversation {conversation}: turn 1 worker {} ttft {:?} prompt_n {} cache_n {}; turn 2 worker {} ttft {:?} prompt_n {} cache_n {}",
+            first.worker, first.ttft, prompt_n(&first), cache_n(&first),
+            second.worker, second.ttft, prompt_n(&second), cache_n(&second),
+        );
+        assert_eq!(second.worker, first.worker, "conversation {conversation}");
+        // Turn 1's whole prompt is turn 2's prefix; llama.cpp evaluated it already.
+        let turn_one = prompt_n(&first) + cache_n(&first);
+        assert!(
+            cache_n(&second) * 10 >= turn_one * 9,
+            "conversation {conversation}: turn 2 reused {} of turn 1's {turn_one} prompt tokens",
+            cache_n(&second)
+        );
+    }
+}
+
+/// An engine killed mid-answer: the client's stream ends with an error event (no hang,
+/// no [DONE]), the failure is counted, and the router keeps serving on the other engine.
+#[test]
+fn an_engine_killed_mid_stream_ends_the_stream_cleanly() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((mut engines, router)) = fleet(dir.path(), 2) else {
+        return;
+    };
+    let hello = [json!({"role": "user", "content": "Tell me a long story."})];
+    let mut long = chat(&hello, 300);
+    long["ignore_eos"] = json!(true);
+    let worker = std::cell::Cell::new(0u64);
+    let base = router.address.clone();
+    let streamed = stream(&router.address, long, || {
+        // The answering worker is the one with a booking.
+        let active = support::active_requests(&base);
+        let busy = active.iter().position(|&n| n > 0).unwrap();
+        worker.set(busy as u64 + 1);
+        engines[busy].kill();
+    });
+    assert_eq!(streamed.worker, worker.get());
+    assert!(!streamed.done, "{streamed:?}");
+    let error = streamed.error.expect("an SSE error event ends the stream");
+    assert_eq!(error["error"]["code"], "upstream_error", "{error}");
+    let mid_answer = "switchyard_upstream_failures_total{kind=\"mid_answer\"}";
+    assert_eq!(metric(&router.address, mid_answer), 1.0);
+    let url = format!("{}/v1/chat/completions", router.address);
+    let hello = [json!({"role": "user", "content": "Say hello."})];
+    for turn in 0..3 {
+        let (status, engine, body) = post_json(&agent(), &url, &chat(&hello, 3));
+        assert_eq!(
+            status, 200,
+            "request {turn} after the kill: {body} ({engine})"
+        );
+    }
+    support::wait_for_no_bookings(&router.address, Duration::from_secs(30));
+}
