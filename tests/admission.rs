@@ -538,8 +538,8 @@ fn a_flooding_tenant_cannot_keep_a_quiet_one_out_of_the_queue() {
         let base = base.clone();
         std::thread::spawn(move || as_tenant(&base, tenant, tenant, tokens))
     };
-    // The worker is held (500 tokens at 100/s) while the flood fills the queue.
-    let mut flood = vec![send("flood", 500)];
+    // The worker is held (800 tokens at 100/s) while the flood fills the queue.
+    let mut flood = vec![send("flood", 800)];
     wait_for("the first request booked", || active_requests(&base) == [1]);
     for i in 1..=4 {
         flood.push(send("flood", 10));
