@@ -36,6 +36,9 @@ use super::ApplyOutcome;
 use super::KvEventSource;
 use super::KvSourceCounters;
 
+/// What one replayed batch costs beyond its payload (its entry, the allocation's header),
+/// counted against `max_replay_bytes`.
+const REPLY_OVERHEAD: usize = 64;
 /// How long a replay may take before it counts as failed.
 const REPLAY_TIMEOUT: Duration = Duration::from_secs(2);
 /// Silence after which the SUB socket is connected afresh, after the engine last spoke:
@@ -373,7 +376,9 @@ impl Subscriber {
             match split_frames(&frames) {
                 Some((END_SEQUENCE, _)) => return Ok(replies),
                 Some((sequence, payload)) => {
-                    bytes += payload.len();
+                    // Each reply kept costs its entry too: a flood of empty batches
+                    // is bounded as well as one of large ones.
+                    bytes += payload.len() + REPLY_OVERHEAD;
                     if bytes > limits.max_replay_bytes {
                         return Err(ReplayFailed::Oversized(bytes as u64));
                     }
