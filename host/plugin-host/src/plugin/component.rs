@@ -160,12 +160,66 @@ impl Outcome {
     }
 }
 
-/// A component def copied from a plugin; its callback for `kind` is known to be set.
+/// A component def copied from a plugin. Its callback for `kind` was checked for NULL
+/// once, when it was read, and is kept as a plain function pointer in `call`: no call can
+/// reach a NULL one. The def's other callbacks are optional by the ABI (`on_destroy`, the
+/// notifications; `on_create` of an instance added by a policy) and read from `def`.
 #[derive(Clone)]
 pub struct ComponentDef {
     def: switchyard_component_def,
+    call: KindCallback,
     inputs: WorkerInputs,
     kind: ComponentKind,
+}
+
+type FilterFn = unsafe extern "C" fn(
+    *mut c_void,
+    *const switchyard_request,
+    *const switchyard_candidates,
+    *mut u8,
+    *const switchyard_error,
+) -> i32;
+type ScoreFn = unsafe extern "C" fn(
+    *mut c_void,
+    *const switchyard_request,
+    *const switchyard_candidates,
+    *mut f64,
+    *const switchyard_error,
+) -> i32;
+type PickFn = unsafe extern "C" fn(
+    *mut c_void,
+    *const switchyard_request,
+    *const switchyard_candidates,
+    *mut usize,
+    *const switchyard_error,
+) -> i32;
+type AdmitFn = unsafe extern "C" fn(
+    *mut c_void,
+    *const switchyard_request,
+    *const switchyard_saturation,
+    *mut switchyard_admission,
+    *const switchyard_error,
+) -> i32;
+
+/// The callback of a component's kind, known to be set.
+#[derive(Clone, Copy)]
+enum KindCallback {
+    Filter(FilterFn),
+    Scorer(ScoreFn),
+    Picker(PickFn),
+    Admitter(AdmitFn),
+}
+
+impl KindCallback {
+    /// `def`'s callback for `kind`; `None` when the plugin left it NULL.
+    fn of(kind: ComponentKind, def: &switchyard_component_def) -> Option<Self> {
+        match kind {
+            ComponentKind::Filter => def.on_filter.map(Self::Filter),
+            ComponentKind::Scorer => def.on_score.map(Self::Scorer),
+            ComponentKind::Picker => def.on_pick.map(Self::Picker),
+            ComponentKind::Admitter => def.on_admit.map(Self::Admitter),
+        }
+    }
 }
 
 // SAFETY: the def holds function pointers and a `user_data` the plugin promises valid for
@@ -217,18 +271,12 @@ impl ComponentDef {
                 format!("an admitter (kind 3) needs ABI 1.3; the plugin is built for 1.{abi_minor}: rebuild it against this router's header"),
             ));
         }
-        let callback_missing = match kind {
-            ComponentKind::Filter => def.on_filter.is_none(),
-            ComponentKind::Scorer => def.on_score.is_none(),
-            ComponentKind::Picker => def.on_pick.is_none(),
-            ComponentKind::Admitter => def.on_admit.is_none(),
-        };
-        if callback_missing {
+        let Some(call) = KindCallback::of(kind, &def) else {
             return Err(invalid(
                 &name,
                 format!("{} must set `on_{}`", kind.with_article(), kind.callback()),
             ));
-        }
+        };
         if needs_create && def.on_create.is_none() {
             return Err(invalid(
                 &name,
@@ -255,7 +303,15 @@ impl ComponentDef {
             ));
         }
         let inputs = WorkerInputs::from_bits(def.inputs);
-        Ok((name, ComponentDef { def, inputs, kind }))
+        Ok((
+            name,
+            ComponentDef {
+                def,
+                call,
+                inputs,
+                kind,
+            },
+        ))
     }
 
     /// Creates an instance for `partition` through the plugin's `on_create`.
@@ -317,7 +373,7 @@ impl Component for ComponentInstance {
         keep: &mut [u8],
         error: &mut ErrorBuffer,
     ) -> Result<(), CallError> {
-        let Some(on_filter) = self.def.def.on_filter else {
+        let KindCallback::Filter(on_filter) = self.def.call else {
             return Err(self.not_a(ComponentKind::Filter));
         };
         let candidates = columns.abi_view(self.def.inputs);
@@ -350,7 +406,7 @@ impl Component for ComponentInstance {
         costs: &mut [f64],
         error: &mut ErrorBuffer,
     ) -> Result<(), CallError> {
-        let Some(on_score) = self.def.def.on_score else {
+        let KindCallback::Scorer(on_score) = self.def.call else {
             return Err(self.not_a(ComponentKind::Scorer));
         };
         let candidates = columns.abi_view(self.def.inputs);
@@ -378,7 +434,7 @@ impl Component for ComponentInstance {
         columns: &Columns<'_>,
         error: &mut ErrorBuffer,
     ) -> Result<usize, CallError> {
-        let Some(on_pick) = self.def.def.on_pick else {
+        let KindCallback::Picker(on_pick) = self.def.call else {
             return Err(self.not_a(ComponentKind::Picker));
         };
         let candidates = columns.abi_view(self.def.inputs);
@@ -415,7 +471,7 @@ impl Component for ComponentInstance {
         saturation: &Saturation,
         error: &mut ErrorBuffer,
     ) -> Result<Admission, CallError> {
-        let Some(on_admit) = self.def.def.on_admit else {
+        let KindCallback::Admitter(on_admit) = self.def.call else {
             return Err(self.not_a(ComponentKind::Admitter));
         };
         let mut message = ErrorBuffer::new();
@@ -510,7 +566,7 @@ impl Component for ComponentInstance {
 }
 
 impl ComponentInstance {
-    /// A def's callback for another kind is never set (checked when it was read), so
+    /// A def holds the callback of its own kind only (resolved when it was read), so
     /// this is a host bug: a stage called as the wrong kind.
     #[cold]
     fn not_a(&self, called_as: ComponentKind) -> CallError {

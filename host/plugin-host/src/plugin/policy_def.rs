@@ -17,9 +17,29 @@ use super::load_error::LoadError;
 use super::params::OwnedParams;
 use super::partition::PartitionKey;
 
-/// A policy def copied from a plugin; `on_validate` and `on_build` are known to be set.
+/// A policy's `on_validate`.
+type ValidateFn = unsafe extern "C" fn(
+    *mut c_void,
+    *const switchyard_params,
+    *mut *mut c_void,
+    *const switchyard_error,
+) -> i32;
+/// A policy's `on_build`.
+type BuildFn = unsafe extern "C" fn(
+    *mut c_void,
+    *const switchyard_partition,
+    *const switchyard_policy_builder,
+    *const switchyard_error,
+) -> i32;
+
+/// A policy def copied from a plugin, its callbacks checked for NULL once, when it was
+/// read: the two every policy needs are plain function pointers here, so no call can
+/// reach a NULL one; `on_destroy_factory` stays optional (NULL: nothing to free).
 pub struct PolicyDef {
-    def: switchyard_policy_def,
+    user_data: *mut c_void,
+    on_validate: ValidateFn,
+    on_build: BuildFn,
+    on_destroy_factory: Option<unsafe extern "C" fn(*mut c_void)>,
     abi_minor: u16,
     path: PathBuf,
 }
@@ -31,7 +51,8 @@ unsafe impl Send for PolicyDef {}
 unsafe impl Sync for PolicyDef {}
 
 impl PolicyDef {
-    /// Validates and copies a def handed over by a plugin of ABI `1.abi_minor`.
+    /// Validates and copies a def handed over by a plugin of ABI `1.abi_minor`; a def
+    /// without `on_validate` or `on_build` is refused here.
     ///
     /// # Safety
     /// `def` must be NULL or point to at least its declared `struct_size` bytes, with
@@ -43,19 +64,24 @@ impl PolicyDef {
     ) -> Result<(String, PolicyDef), LoadError> {
         // SAFETY: per this function's contract.
         let (name, def) = unsafe { read_def(path, abi_minor, def) }?;
+        let (Some(on_validate), Some(on_build)) = (def.on_validate, def.on_build) else {
+            return Err(LoadError::InvalidDefinition {
+                path: path.to_owned(),
+                name,
+                problem: "a policy must set `on_validate` and `on_build`".into(),
+            });
+        };
         Ok((
             name,
             PolicyDef {
-                def,
+                user_data: def.user_data,
+                on_validate,
+                on_build,
+                on_destroy_factory: def.on_destroy_factory,
                 abi_minor,
                 path: path.to_owned(),
             },
         ))
-    }
-
-    /// Whether the def sets the callbacks every policy needs.
-    pub(super) fn is_complete(&self) -> bool {
-        self.def.on_validate.is_some() && self.def.on_build.is_some()
     }
 
     /// Validates an instance's parameters once (`on_validate`); the factory then builds
@@ -64,15 +90,13 @@ impl PolicyDef {
         self: &Arc<Self>,
         params: &OwnedParams,
     ) -> Result<PluginPolicyFactory, CallError> {
-        let on_validate = self.def.on_validate.ok_or_else(|| {
-            CallError::new(Status::InvalidArgument, "the policy has no on_validate")
-        })?;
+        let on_validate = self.on_validate;
         let mut factory: *mut c_void = std::ptr::null_mut();
         let mut error = ErrorBuffer::new();
         let code = params.with_abi(|p| {
             // SAFETY: `user_data` is the plugin's for this def; the params and the error
             // buffer live for the call; `factory` is a writable slot.
-            unsafe { on_validate(self.def.user_data, p, &mut factory, &error.as_abi()) }
+            unsafe { on_validate(self.user_data, p, &mut factory, &error.as_abi()) }
         });
         error.check(code)?;
         Ok(PluginPolicyFactory {
@@ -122,10 +146,7 @@ impl PluginPolicyFactory {
         create_registered: CreateRegistered<'_, T>,
     ) -> Result<Vec<Built<T>>, CallError> {
         let factory = self.factory.lock();
-        let on_build =
-            self.def.def.on_build.ok_or_else(|| {
-                CallError::new(Status::InvalidArgument, "the policy has no on_build")
-            })?;
+        let on_build = self.def.on_build;
         let mut context = BuildContext {
             path: &self.def.path,
             abi_minor: self.def.abi_minor,
@@ -164,7 +185,7 @@ impl PluginPolicyFactory {
 
 impl Drop for PluginPolicyFactory {
     fn drop(&mut self) {
-        if let Some(destroy) = self.def.def.on_destroy_factory {
+        if let Some(destroy) = self.def.on_destroy_factory {
             // SAFETY: the factory came from this def's on_validate; this is its last use.
             unsafe { destroy(self.factory.get_mut().0) };
         }

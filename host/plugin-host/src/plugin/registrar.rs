@@ -184,19 +184,9 @@ unsafe extern "C" fn register_policy(
     let register = |context: &mut RegistrationContext<'_>| {
         let path = context.path;
         // SAFETY: the plugin hands over a def of its declared size.
+        // `read` refuses a def without `on_validate` or `on_build`.
         let result = unsafe { PolicyDef::read(path, context.plugin.abi_minor, def) }
-            .and_then(|(name, def)| Ok((context.check_name("policy", name)?, def)))
-            .and_then(|(name, def)| {
-                if def.is_complete() {
-                    Ok((name, def))
-                } else {
-                    Err(LoadError::InvalidDefinition {
-                        path: path.to_owned(),
-                        name,
-                        problem: "a policy must set `on_validate` and `on_build`".into(),
-                    })
-                }
-            });
+            .and_then(|(name, def)| Ok((context.check_name("policy", name)?, def)));
         match result {
             Ok((name, def)) => {
                 context.registered.names.push(name.clone());
