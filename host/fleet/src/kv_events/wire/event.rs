@@ -300,41 +300,6 @@ mod tests {
     }
 
     #[test]
-    fn parts_chain_to_the_same_router_hashes_as_the_whole_event() {
-        use crate::kv_events::hash_agreement::EngineBlocks;
-        use crate::kv_index::KvEvent;
-        let blocks = 2 * MAX_PART_BLOCKS as u64 + 100;
-        let whole = EngineEvent::Stored(StoredBlocks {
-            block_hashes: (1..=blocks).map(|h| h * 7919).collect(),
-            token_ids: (0..blocks as u32 * 16).collect(),
-            block_size: 16,
-            ..Default::default()
-        });
-        let router_hashes = |events: &[EngineEvent]| {
-            let (mut engine, mut out) = (EngineBlocks::default(), Vec::new());
-            for event in events {
-                engine.translate(event, 16, &mut out).unwrap();
-            }
-            out.into_iter()
-                .flat_map(|e| match e {
-                    KvEvent::Stored { block_hashes, .. } => block_hashes,
-                    other => panic!("{other:?}"),
-                })
-                .collect::<Vec<u64>>()
-        };
-        let payload = encode(
-            1.0,
-            std::slice::from_ref(&whole),
-            None,
-            EventForm::Array,
-            HashForm::Bytes,
-        );
-        let parts = decode(&payload).unwrap().events;
-        assert_eq!(parts.len(), 3);
-        assert_eq!(router_hashes(&parts), router_hashes(&[whole]));
-    }
-
-    #[test]
     fn a_removal_of_a_million_one_byte_hashes_never_decodes_whole() {
         // [ts, [["BlockRemoved", [1, 1, ...]]]]: one byte a hash on the wire.
         let n: u32 = 1 << 20;
