@@ -25,6 +25,7 @@ use support::{metric, post_json, switchyard_bin, write_config, Process};
 struct ClosingEngine {
     address: String,
     answered: Arc<AtomicUsize>,
+    probes: Arc<AtomicUsize>,
 }
 
 impl ClosingEngine {
@@ -32,21 +33,26 @@ impl ClosingEngine {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let address = format!("http://{}", listener.local_addr().unwrap());
         let answered = Arc::new(AtomicUsize::new(0));
-        let counter = answered.clone();
+        let probes = Arc::new(AtomicUsize::new(0));
+        let counters = (answered.clone(), probes.clone());
         // The thread ends with the test process; its connections with the router's.
         std::thread::spawn(move || {
             for stream in listener.incoming().flatten() {
-                let counter = counter.clone();
-                std::thread::spawn(move || serve_one_request(stream, &counter));
+                let counters = counters.clone();
+                std::thread::spawn(move || serve_one_request(stream, &counters));
             }
         });
-        ClosingEngine { address, answered }
+        ClosingEngine {
+            address,
+            answered,
+            probes,
+        }
     }
 }
 
 /// Reads a request (head and `content-length` body), answers it keeping the connection
 /// open, then closes the connection once the next request's first bytes arrive.
-fn serve_one_request(stream: TcpStream, answered: &AtomicUsize) {
+fn serve_one_request(stream: TcpStream, (answered, probes): &(Arc<AtomicUsize>, Arc<AtomicUsize>)) {
     let mut reader = BufReader::new(stream);
     let Some(path) = read_request(&mut reader) else {
         return;
@@ -67,9 +73,8 @@ fn serve_one_request(stream: TcpStream, answered: &AtomicUsize) {
     if stream.write_all(head.as_bytes()).is_err() || stream.write_all(body.as_bytes()).is_err() {
         return;
     }
-    if path != "/health" {
-        answered.fetch_add(1, Ordering::Relaxed);
-    }
+    let counter = if path == "/health" { probes } else { answered };
+    counter.fetch_add(1, Ordering::Relaxed);
     // The next request on this connection is not answered: the connection closes.
     let mut byte = [0u8; 1];
     let _ = reader.read(&mut byte);
@@ -99,12 +104,12 @@ fn read_request(reader: &mut BufReader<TcpStream>) -> Option<String> {
     Some(path)
 }
 
-/// `switchyard serve` with `frontend` settings in front of `engine`, its log (at `warn`)
+/// `switchyard serve` with more `frontend` settings (`, key: value`) in front of `engine`, its log (at `warn`)
 /// written to `log`.
 fn router(dir: &std::path::Path, engine: &ClosingEngine, frontend: &str) -> Process {
     let yaml = format!(
         "models:\n  demo: {{kv_tracking: predicted}}\n\
-         frontend: {{health_interval_ms: 3600000, {frontend}}}\n\
+         frontend: {{health_interval_ms: 3600000{frontend}}}\n\
          workers:\n  - {{model: demo, worker_id: 1, url: \"{}\"}}\n",
         engine.address
     );
@@ -131,7 +136,7 @@ fn chat() -> serde_json::Value {
 fn a_connection_the_engine_closed_costs_no_request() {
     let dir = tempfile::tempdir().unwrap();
     let engine = ClosingEngine::start();
-    let router = router(dir.path(), &engine, "pool_idle_timeout_ms: 60000");
+    let router = router(dir.path(), &engine, "");
     let agent = ureq::AgentBuilder::new()
         .timeout(std::time::Duration::from_secs(30))
         .build();
@@ -170,13 +175,40 @@ fn a_connection_the_engine_closed_costs_no_request() {
     }
 }
 
+/// Health probes on kept-alive connections the engine closes: a probe that meets one is
+/// asked again on a fresh connection, so the worker stays healthy.
+#[test]
+fn a_probe_on_a_closed_connection_asks_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let engine = ClosingEngine::start();
+    let yaml = format!(
+        "frontend: {{health_interval_ms: 20, unhealthy_cooldown_ms: 600000}}\n\
+         workers:\n  - {{model: demo, worker_id: 1, url: \"{}\"}}\n",
+        engine.address
+    );
+    let router = support::serve(&write_config(dir.path(), &yaml));
+    // Every other probe meets a connection the engine closed.
+    support::wait_for("ten probes answered", || {
+        engine.probes.load(Ordering::Relaxed) >= 10
+    });
+    let workers: serde_json::Value = ureq::get(&format!("{}/v1/workers", router.address))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    assert_eq!(workers[0]["healthy"], true, "{workers}");
+    let url = format!("{}/v1/chat/completions", router.address);
+    let (status, _, body) = post_json(&ureq::Agent::new(), &url, &chat());
+    assert_eq!(status, 200, "{body}");
+}
+
 /// `frontend.pool_idle_timeout_ms: 0` keeps no connection: the engine never sees a
 /// second request on one, so nothing fails.
 #[test]
 fn with_no_idle_connections_kept_nothing_is_reused() {
     let dir = tempfile::tempdir().unwrap();
     let engine = ClosingEngine::start();
-    let router = router(dir.path(), &engine, "pool_idle_timeout_ms: 0");
+    let router = router(dir.path(), &engine, ", pool_idle_timeout_ms: 0");
     let agent = ureq::Agent::new();
     let url = format!("{}/v1/chat/completions", router.address);
     for turn in 0..3 {

@@ -21,13 +21,23 @@ pub async fn probe_forever(frontend: Arc<Frontend>) {
         let probes = targets.into_iter().map(|(worker, url)| {
             let frontend = frontend.clone();
             async move {
-                let outcome = match frontend
-                    .client()
-                    .get(format!("{}/health", url.trim_end_matches('/')))
-                    .timeout(Duration::from_millis(settings.health_timeout_ms))
-                    .send()
-                    .await
+                let health = format!("{}/health", url.trim_end_matches('/'));
+                let timeout = Duration::from_millis(settings.health_timeout_ms);
+                let mut answer = frontend.client.get(&health).timeout(timeout).send().await;
+                // A kept-alive connection the engine closed as idle says nothing of its
+                // health: asked again on a connection of its own.
+                if answer
+                    .as_ref()
+                    .is_err_and(super::upstream::closed_before_answer)
                 {
+                    answer = frontend
+                        .fresh_client
+                        .get(&health)
+                        .timeout(timeout)
+                        .send()
+                        .await;
+                }
+                let outcome = match answer {
                     Ok(r) if r.status().is_success() => Ok(()),
                     Ok(r) => Err(HealthFailure::Status(r.status().to_string())),
                     Err(e) => Err(HealthFailure::NoAnswer(super::describe(&e))),

@@ -87,8 +87,11 @@ impl Failure<'_> {
 
 /// Whether the connection closed (or was reset) before any byte of the answer: hyper's
 /// "connection closed before message completed", or a reset or broken pipe while the
-/// request was written.
-fn closed_before_answer(error: &reqwest::Error) -> bool {
+/// request was written (not a refused connection, nor a timeout).
+pub(super) fn closed_before_answer(error: &reqwest::Error) -> bool {
+    if error.is_connect() || error.is_timeout() {
+        return false;
+    }
     let mut source: Option<&(dyn std::error::Error + 'static)> = Some(error);
     while let Some(cause) = source {
         if let Some(hyper) = cause.downcast_ref::<hyper::Error>() {
