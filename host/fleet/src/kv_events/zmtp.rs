@@ -276,4 +276,36 @@ mod tests {
         assert_eq!(frames.len(), 3);
         assert_eq!(&frames[2][..], b"payload");
     }
+
+    #[tokio::test]
+    async fn random_streams_are_read_within_the_limit_or_refused() {
+        use rand::{Rng, SeedableRng};
+        let mut rng = rand::rngs::SmallRng::seed_from_u64(46);
+        for _ in 0..200 {
+            // Frame heads with small, large and absurd lengths, bodies of random bytes
+            // (shorter than declared at times), commands among them.
+            let mut bytes = Vec::new();
+            for _ in 0..rng.gen_range(1..12) {
+                let flags = rng.gen_range(0u8..8);
+                let len: u64 = match rng.gen_range(0..4) {
+                    0 => rng.gen_range(0..64),
+                    1 => rng.gen_range(0..5000),
+                    2 => rng.gen(),
+                    _ => 1 << rng.gen_range(10..63),
+                };
+                bytes.push(flags | FLAG_LONG);
+                bytes.extend_from_slice(&len.to_be_bytes());
+                let body = len.min(rng.gen_range(0..3000));
+                bytes.extend((0..body).map(|_| rng.gen::<u8>()));
+            }
+            let endpoint = fake_publisher(bytes, true).await;
+            let mut peer = Peer::connect(&endpoint, "SUB").await.unwrap();
+            while let Ok(received) = peer.recv(2048).await {
+                if let Received::Message(frames) = received {
+                    assert!(frames.len() <= MAX_FRAMES);
+                    assert!(frames.iter().map(|f| f.len()).sum::<usize>() <= 2048);
+                }
+            }
+        }
+    }
 }
