@@ -283,3 +283,52 @@ fn the_pickers_threads_are_bounded_and_named_at_their_line() {
         );
     }
 }
+
+#[test]
+fn stream_and_kv_event_limits_are_bounded_and_named_at_their_line() {
+    let dir = tempfile::tempdir().unwrap();
+    for (setting, value, says) in [
+        (
+            "max_streams_per_connection",
+            "0",
+            "is from 1 to 65536 (got 0)",
+        ),
+        (
+            "request_headers_timeout_ms",
+            "0",
+            "is from 1 to 600000 (got 0)",
+        ),
+        (
+            "max_message_bytes",
+            "100",
+            "is from 4096 to 67108864 (got 100)",
+        ),
+        (
+            "max_header_bytes",
+            "9999999999",
+            "is from 1024 to 8388608 (got 9999999999)",
+        ),
+    ] {
+        let error = start_error(
+            dir.path(),
+            &format!("ext_proc:\n  listen: 127.0.0.1:0\n  {setting}: {value}\n"),
+        );
+        assert!(error.contains("config.yaml:3"), "{error}");
+        assert!(error.contains(&format!("{setting} {says}")), "{error}");
+    }
+    for (setting, value) in [
+        ("max_frame_bytes", "10"),
+        ("max_replay_bytes", "99999999999"),
+    ] {
+        let error = start_error(
+            dir.path(),
+            &format!("router:\n  block_size: 16\n  kv_events:\n    {setting}: {value}\n"),
+        );
+        assert!(error.contains("config.yaml:4"), "{error}");
+        assert!(
+            error.contains(&format!("{setting} is from 4096 to")),
+            "{error}"
+        );
+        assert!(error.contains(&format!("(got {value})")), "{error}");
+    }
+}
