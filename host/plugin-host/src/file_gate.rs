@@ -189,6 +189,22 @@ impl GatedFile {
         Ok(head)
     }
 
+    /// Copies the rest of the file into `out`, never past the size it had when opened
+    /// (the kernel copies, in its own steps; no buffer of the file's size is allocated).
+    pub fn copy_rest_to(&mut self, out: &mut File) -> Result<(), FileRefused> {
+        let rest = self.size - self.read;
+        let copied =
+            std::io::copy(&mut (&self.file).take(rest), out).map_err(FileRefused::Unreadable)?;
+        self.read += copied;
+        if copied < rest {
+            return Err(FileRefused::CutShort {
+                read: self.read,
+                size: self.size,
+            });
+        }
+        Ok(())
+    }
+
     /// The rest of the file, appended to `bytes` (what `read_head` returned, if called).
     pub fn read_rest(&mut self, bytes: &mut Vec<u8>) -> Result<(), FileRefused> {
         bytes.reserve((self.size - self.read) as usize);

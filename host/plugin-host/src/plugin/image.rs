@@ -28,6 +28,29 @@ pub struct PluginImage {
     len: u64,
 }
 
+/// An image's bytes, mapped read-only; unmapped when dropped.
+pub struct MappedImage {
+    at: *mut libc::c_void,
+    len: usize,
+}
+
+impl std::ops::Deref for MappedImage {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `at` is a live mapping of `len` readable bytes that nobody writes
+        // (the memfd is sealed against writes), until `drop` unmaps it.
+        unsafe { std::slice::from_raw_parts(self.at.cast::<u8>(), self.len) }
+    }
+}
+
+impl Drop for MappedImage {
+    fn drop(&mut self) {
+        // SAFETY: unmaps the mapping `PluginImage::map` made; no slice of it outlives
+        // this guard (they borrow it).
+        unsafe { libc::munmap(self.at, self.len) };
+    }
+}
+
 impl std::fmt::Debug for PluginImage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PluginImage")
@@ -55,19 +78,6 @@ fn refused(path: &Path, error: FileRefused) -> LoadError {
         },
         error => LoadError::Unreadable { path, error },
     }
-}
-
-/// The bytes of the plugin file at `path`, through the file gate: a regular file of
-/// bounded size, its ELF header checked before the rest is read (a 1 GiB file of
-/// anything else is refused after 64 bytes, not read whole first).
-pub fn read_plugin_file(path: &Path) -> Result<Vec<u8>, LoadError> {
-    let mut file = file_gate::open(path, FileKind::Plugin).map_err(|e| refused(path, e))?;
-    let mut bytes = file
-        .read_head(elf_check::HEADER_BYTES as u64)
-        .map_err(|e| refused(path, e))?;
-    elf_check::check_header(path, &bytes)?;
-    file.read_rest(&mut bytes).map_err(|e| refused(path, e))?;
-    Ok(bytes)
 }
 
 fn io_error(path: &Path, what: &str) -> LoadError {
@@ -110,18 +120,28 @@ fn new_memfd(path: &Path) -> Result<OwnedFd, LoadError> {
 }
 
 impl PluginImage {
-    /// `bytes` (the checked bytes of the file at `path`) in a new sealed memfd.
-    pub fn seal(path: &Path, bytes: &[u8]) -> Result<Arc<PluginImage>, LoadError> {
+    /// Reads the plugin file at `path` once, through the file gate, into a sealed memfd:
+    /// a regular file of bounded size, its ELF header checked before the rest is read (a
+    /// 1 GiB file of anything else is refused after 64 bytes, not read whole first), the
+    /// rest copied by the kernel (no buffer of the file's size).
+    pub fn read(path: &Path) -> Result<Arc<PluginImage>, LoadError> {
         use std::io::Write;
-        let memfd = new_memfd(path)?;
-        let mut file = std::fs::File::from(memfd);
-        file.write_all(bytes)
+        let mut file = file_gate::open(path, FileKind::Plugin).map_err(|e| refused(path, e))?;
+        let head = file
+            .read_head(elf_check::HEADER_BYTES as u64)
+            .map_err(|e| refused(path, e))?;
+        elf_check::check_header(path, &head)?;
+        let mut memfd = std::fs::File::from(new_memfd(path)?);
+        memfd
+            .write_all(&head)
             .map_err(|error| LoadError::Unsealable {
                 path: path.to_owned(),
                 what: "copy it into a memfd".into(),
                 error,
             })?;
-        let memfd = OwnedFd::from(file);
+        file.copy_rest_to(&mut memfd)
+            .map_err(|e| refused(path, e))?;
+        let memfd = OwnedFd::from(memfd);
         // SAFETY: F_ADD_SEALS on a memfd this function owns.
         if unsafe { libc::fcntl(memfd.as_raw_fd(), libc::F_ADD_SEALS, SEALS) } != 0 {
             return Err(io_error(path, "seal its memfd"));
@@ -129,13 +149,8 @@ impl PluginImage {
         Ok(Arc::new(PluginImage {
             memfd,
             path: path.to_owned(),
-            len: bytes.len() as u64,
+            len: file.size(),
         }))
-    }
-
-    /// Reads the plugin file at `path` once, through the gate, into a sealed memfd.
-    pub fn read(path: &Path) -> Result<Arc<PluginImage>, LoadError> {
-        Self::seal(path, &read_plugin_file(path)?)
     }
 
     /// The image an isolated child was passed for `path`: it must be sealed, or the bytes
@@ -165,21 +180,25 @@ impl PluginImage {
         }))
     }
 
-    /// The sealed bytes, read back (what the checks see is what is mapped).
-    pub fn bytes(&self) -> Result<Vec<u8>, LoadError> {
-        use std::os::unix::fs::FileExt;
-        let file = std::mem::ManuallyDrop::new(
-            // SAFETY: a borrowed view of our own descriptor, never closed (ManuallyDrop).
-            unsafe { std::fs::File::from_raw_fd(self.memfd.as_raw_fd()) },
-        );
-        let mut bytes = vec![0; self.len as usize];
-        file.read_exact_at(&mut bytes, 0)
-            .map_err(|error| LoadError::Unsealable {
-                path: self.path.clone(),
-                what: "read its sealed copy".into(),
-                error,
-            })?;
-        Ok(bytes)
+    /// The sealed bytes, mapped read-only: what the checks see is what `dlopen` maps.
+    pub fn map(&self) -> Result<MappedImage, LoadError> {
+        let len = usize::try_from(self.len).unwrap_or(usize::MAX);
+        // SAFETY: a new private read-only mapping of a sealed memfd of `len` bytes, which
+        // nobody can shrink (F_SEAL_SHRINK), so every byte of it stays readable.
+        let at = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                self.memfd.as_raw_fd(),
+                0,
+            )
+        };
+        if at == libc::MAP_FAILED || len == 0 {
+            return Err(io_error(&self.path, "map its sealed copy"));
+        }
+        Ok(MappedImage { at, len })
     }
 
     /// The memfd, to pass to an isolated child.

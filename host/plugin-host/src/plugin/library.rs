@@ -13,7 +13,7 @@ use switchyard_plugin_sdk::abi::*;
 
 use super::abi_checks::{check_descriptor, PluginInfo, RevisionRule};
 use super::elf_check;
-use super::image::{read_plugin_file, PluginImage};
+use super::image::PluginImage;
 use super::load_error::LoadError;
 use super::manifest::{self, Manifest};
 use super::registrar::{register, Registered, TakenBy};
@@ -214,24 +214,11 @@ pub fn verify_pin(spec: &PluginSpec, bytes_sha256: &str) -> Result<(), LoadError
     check_pin_of(spec, bytes_sha256).map(drop)
 }
 
-/// The image to load for `spec` and its bytes: `image`, or the file read now.
-fn image_and_bytes(
-    spec: &PluginSpec,
-    image: Option<&Arc<PluginImage>>,
-) -> Result<(Arc<PluginImage>, Vec<u8>), LoadError> {
-    match image {
-        Some(image) => Ok((image.clone(), image.bytes()?)),
-        None => {
-            let bytes = read_plugin_file(&spec.path)?;
-            Ok((PluginImage::seal(&spec.path, &bytes)?, bytes))
-        }
-    }
-}
-
 /// What can be learned of a plugin file without loading it or running any of its code:
 /// its ELF structure is checked, its sha256 computed and its manifest read.
 pub fn examine(path: &Path) -> Result<PluginFile, LoadError> {
-    let bytes = read_plugin_file(path)?;
+    let image = PluginImage::read(path)?;
+    let bytes = image.map()?;
     elf_check::check(path, &bytes)?;
     let manifest = manifest::read(path, &bytes)?;
     let refused = manifest.as_ref().and_then(|m| {
@@ -261,7 +248,11 @@ pub fn load_from(
     taken_by: TakenBy<'_>,
 ) -> Result<LoadedLibrary, LoadError> {
     let path = spec.path.as_path();
-    let (image, bytes) = image_and_bytes(spec, image)?;
+    let image = match image {
+        Some(image) => image.clone(),
+        None => PluginImage::read(path)?,
+    };
+    let bytes = image.map()?;
     let sha256 = check_pin(spec, &bytes)?;
     elf_check::check(path, &bytes)?;
     let manifest = manifest::read(path, &bytes)?;
