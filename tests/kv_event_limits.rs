@@ -3,7 +3,9 @@
 //! batch of a million events. The "engine" here is a ZeroMQ peer written byte by byte on
 //! loopback (ZMTP 3.0), so it can send what no real publisher would; the router is the
 //! real `switchyard serve`. What is over a limit is dropped, counted and the router's
-//! peak memory (VmHWM) stays within bounds a whole message would break.
+//! peak memory (VmHWM) stays within bounds a whole message would break. The subscriber
+//! speaks ZMTP itself, so it is also checked against libzmq, the library vLLM's publisher
+//! runs on (when python3 has pyzmq and msgpack).
 
 mod support;
 
@@ -268,4 +270,39 @@ fn a_batch_of_800_000_events_costs_about_its_own_size() {
         grew / MIB
     );
     drop(engine);
+}
+
+/// Whether python3 can import pyzmq and msgpack.
+fn python_has_pyzmq() -> bool {
+    std::process::Command::new("python3")
+        .args(["-c", "import zmq, msgpack"])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success())
+}
+
+#[test]
+fn a_libzmq_publisher_as_vllm_runs_it_is_followed_live_and_by_replay() {
+    if !python_has_pyzmq() {
+        eprintln!("skipped: python3 has no pyzmq and msgpack (pip install pyzmq msgpack)");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let ports = (free_port(), free_port());
+    let _engine = Process::start(
+        std::process::Command::new("python3")
+            .arg(repo().join("tests/fixtures/kv_events/libzmq_publisher.py"))
+            .args([ports.0.to_string(), ports.1.to_string()]),
+        "publishing ",
+    );
+    let router = router(dir.path(), ports.0, Some(ports.1));
+    wait_for("the six batches are applied", || {
+        counter(&router, "switchyard_kv_events_applied_total") >= 6.0
+    });
+    assert!(counter(&router, "switchyard_kv_event_replays_total") >= 1.0);
+    assert_eq!(
+        counter(&router, "switchyard_kv_event_decode_errors_total"),
+        0.0
+    );
+    assert_eq!(counter(&router, "switchyard_kv_event_oversized_total"), 0.0);
 }
