@@ -116,7 +116,8 @@ fn workers(base: &str) -> Vec<Value> {
     value.as_array().unwrap().clone()
 }
 
-/// Chat completions through the frontend, not streamed and streamed, answered by
+/// Chat completions through the frontend (raw HTTP and the official OpenAI client), not
+/// streamed and streamed, answered by
 /// llama.cpp; its load read from its own `/metrics` (`llamacpp:requests_processing`)
 /// into `GET /v1/workers`, KV usage unknown (llama.cpp exports none).
 #[test]
@@ -145,6 +146,7 @@ fn chat_through_the_frontend_and_the_engines_own_load() {
     let streamed = stream(&router.address, chat(&hello, 4), || {});
     assert!(streamed.done && streamed.error.is_none(), "{streamed:?}");
     assert!(!streamed.content.is_empty(), "{streamed:?}");
+    openai_client_chats(&router.address);
 
     // A long answer (llama.cpp's `ignore_eos`) holds a slot while the scrapes run.
     let mut long = chat(&hello, 300);
@@ -172,6 +174,31 @@ fn chat_through_the_frontend_and_the_engines_own_load() {
         assert!(worker.get("engine_error").is_none(), "{worker}");
     }
     support::wait_for_no_bookings(&router.address, Duration::from_secs(30));
+}
+
+/// The official OpenAI Python client (in the test venv) through the frontend to
+/// llama.cpp: a whole answer and a streamed one.
+fn openai_client_chats(base: &str) {
+    let script = r#"
+import sys, openai
+client = openai.OpenAI(base_url=sys.argv[1] + "/v1", api_key="unused", max_retries=0)
+messages = [{"role": "user", "content": "Say hello."}]
+answer = client.chat.completions.create(model=sys.argv[2], messages=messages, max_tokens=4)
+print("whole", answer.choices[0].finish_reason, answer.usage.completion_tokens)
+chunks = client.chat.completions.create(model=sys.argv[2], messages=messages, max_tokens=4, stream=True)
+text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+print("streamed", len(text) > 0)
+"#;
+    let python = support::repo().join("target/test-venv/bin/python");
+    let out = std::process::Command::new(python)
+        .args(["-c", script, base, MODEL])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stdout}{stderr}");
+    assert!(stdout.contains("whole "), "{stdout}");
+    assert!(stdout.contains("streamed True"), "{stdout}");
 }
 
 /// A system prompt of about 200 tokens, different per conversation.

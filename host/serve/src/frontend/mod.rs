@@ -434,18 +434,8 @@ impl Frontend {
             let Some(url) = self.router.worker_url(worker) else {
                 return OpenAiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", format!("worker {} (dp_rank {}) has no `url`: give every worker of model `{}` the address of its engine", worker.worker_id, worker.dp_rank, prompt.model)).into_response();
             };
-            let client = if fresh {
-                &self.fresh_client
-            } else {
-                &self.client
-            };
-            let upstream = client
-                .post(format!("{}{}", url.trim_end_matches('/'), endpoint.path()))
-                .header(reqwest::header::CONTENT_TYPE, "application/json")
-                .timeout(Duration::from_secs(self.settings.request_timeout_secs))
-                .body(body.clone())
-                .send()
-                .await;
+            let target = format!("{}{}", url.trim_end_matches('/'), endpoint.path());
+            let upstream = self.send(fresh, target, body.clone()).await;
             let engine = Engine { worker, url };
             let error = match upstream {
                 Ok(response) => {
@@ -474,25 +464,9 @@ impl Frontend {
             }
             let request_id = lease.request_id().to_owned();
             drop(lease);
-            let unreachable = matches!(
-                failure.kind(),
-                UpstreamFailure::Refused
-                    | UpstreamFailure::ConnectTimeout
-                    | UpstreamFailure::Closed
-            );
-            if !unreachable || excluded_attempts >= self.settings.connect_retries {
-                return self.upstream_failed(&failure, &request_id);
+            if let Some(answer) = self.exclude(&failure, &request_id, excluded_attempts) {
+                return answer;
             }
-            failure.record(
-                &self.router,
-                &request_id,
-                "marked unhealthy, selecting again",
-            );
-            self.router.mark_unhealthy(
-                worker,
-                Duration::from_millis(self.settings.unhealthy_cooldown_ms),
-            );
-            self.router.metrics.record_upstream_retry();
             excluded_attempts += 1;
             fresh = false;
             selected = match self
@@ -503,6 +477,51 @@ impl Frontend {
                 Err(error) => return error.into_response(),
             };
         }
+    }
+
+    /// Sends `body` to `target` on a pooled connection, or on one of its own (`fresh`).
+    async fn send(
+        &self,
+        fresh: bool,
+        target: String,
+        body: Bytes,
+    ) -> reqwest::Result<reqwest::Response> {
+        let client = if fresh {
+            &self.fresh_client
+        } else {
+            &self.client
+        };
+        client
+            .post(target)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .timeout(Duration::from_secs(self.settings.request_timeout_secs))
+            .body(body)
+            .send()
+            .await
+    }
+
+    /// After a failure before the answer's head: the worker is marked unhealthy and
+    /// `None` (select again) when the engine never got the request (refused, or a fresh
+    /// connection closed) and `connect_retries` allows another; else the error answer.
+    fn exclude(&self, failure: &Failure<'_>, request_id: &str, attempts: u32) -> Option<Response> {
+        let unreachable = matches!(
+            failure.kind(),
+            UpstreamFailure::Refused | UpstreamFailure::ConnectTimeout | UpstreamFailure::Closed
+        );
+        if !unreachable || attempts >= self.settings.connect_retries {
+            return Some(self.upstream_failed(failure, request_id));
+        }
+        failure.record(
+            &self.router,
+            request_id,
+            "marked unhealthy, selecting again",
+        );
+        self.router.mark_unhealthy(
+            failure.engine.worker,
+            Duration::from_millis(self.settings.unhealthy_cooldown_ms),
+        );
+        self.router.metrics.record_upstream_retry();
+        None
     }
 
     /// A new selection for a request whose worker failed (it is out of the candidates
