@@ -114,7 +114,7 @@ fn a_tls_certificate_that_is_no_regular_file_is_refused_at_once() {
 }
 
 #[test]
-fn a_key_file_tokenizer_or_engine_ca_that_is_no_regular_file_is_refused_at_once() {
+fn a_key_file_tokenizer_engine_ca_or_token_that_is_no_regular_file_is_refused_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let limit = switchyard_plugin_host::file_gate::FileKind::Tokenizer.limit();
     let files = bad_files(dir.path(), limit + 1);
@@ -135,6 +135,11 @@ fn a_key_file_tokenizer_or_engine_ca_that_is_no_regular_file_is_refused_at_once(
                 format!("frontend:\n  engine_ca: {p}\n"),
                 2,
                 "frontend.engine_ca",
+            ),
+            (
+                format!("replicas:\n  nats: nats://127.0.0.1:4222\n  token_file: {p}\n"),
+                3,
+                "replicas.token_file",
             ),
         ];
         for (yaml, line, setting) in settings {

@@ -319,6 +319,7 @@ fn check(config: Option<&PathBuf>) -> ExitCode {
     if errors.is_empty() {
         let tls = switchyard::serve::tls::check_files(&startup.source);
         errors.extend(tls.iter().map(ToString::to_string));
+        errors.extend(check_token_file(&startup.source));
     }
     if !errors.is_empty() {
         for e in &errors {
@@ -337,6 +338,21 @@ fn check(config: Option<&PathBuf>) -> ExitCode {
         );
     }
     ExitCode::SUCCESS
+}
+
+/// `replicas.token_file` read as `serve` would (through the file gate); the error line.
+fn check_token_file(source: &switchyard::config::ConfigSource) -> Option<String> {
+    use switchyard_plugin_host::file_gate::{read_text, FileKind};
+    let path = source.config.replicas.as_ref()?.token_file.as_ref()?;
+    let resolved = source.resolve(path);
+    let error = read_text(&resolved, FileKind::Token).err()?;
+    let message = format!("replicas.token_file {}: {error}", resolved.display());
+    let value = path.to_string_lossy();
+    Some(
+        source
+            .error_at("token_file", &value, 0, message)
+            .to_string(),
+    )
 }
 
 /// `switchyard plugin test`: the conformance suite's table (or JSON); exit 2 when it could not run.
