@@ -159,6 +159,38 @@ fn a_stream_without_its_request_headers_times_out() {
 }
 
 #[test]
+fn a_connection_that_stops_inside_a_header_block_is_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_router, port) = picker(dir.path(), ", request_headers_timeout_ms: 300");
+    runtime().block_on(async {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let mut tcp = loop {
+            match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+                Ok(tcp) => break tcp,
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        };
+        // The preface, empty SETTINGS, then a HEADERS frame of stream 1 without
+        // END_HEADERS (a CONTINUATION would have to follow, and nothing else may): the
+        // header block never completes. One HPACK byte: `:method: POST` (index 3).
+        let mut bytes = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+        bytes.extend_from_slice(&[0, 0, 0, 4, 0, 0, 0, 0, 0]);
+        bytes.extend_from_slice(&[0, 0, 1, 1, 0, 0, 0, 0, 1, 0x83]);
+        tcp.write_all(&bytes).await.unwrap();
+        // Whatever the picker sends (its SETTINGS, pings), until it closes the connection.
+        let closed = tokio::time::timeout(Duration::from_secs(60), async {
+            let mut buffer = [0u8; 4096];
+            while tcp.read(&mut buffer).await.is_ok_and(|n| n > 0) {}
+        })
+        .await;
+        assert!(
+            closed.is_ok(),
+            "a connection stuck inside a header block is held"
+        );
+    });
+}
+
+#[test]
 fn a_connection_is_told_how_many_streams_it_may_open() {
     let dir = tempfile::tempdir().unwrap();
     let (_router, port) = picker(dir.path(), ", max_streams_per_connection: 3");

@@ -201,7 +201,8 @@ pub struct ExtProcSettings {
     )]
     pub max_streams_per_connection: u32,
     /// A stream whose request headers message has not arrived this long after it opened
-    /// is ended with `DEADLINE_EXCEEDED` (Envoy sends them at once).
+    /// is ended with `DEADLINE_EXCEEDED` (Envoy sends them at once). Also the HTTP/2
+    /// keepalive: a connection silent this long is pinged, and closed unanswered.
     #[serde(
         default = "default_request_headers_timeout",
         deserialize_with = "request_headers_timeout"

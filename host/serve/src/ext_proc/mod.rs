@@ -141,6 +141,11 @@ pub async fn serve(
         .max_decoding_message_size(limits.max_message_bytes);
     tonic::transport::Server::builder()
         .max_concurrent_streams(limits.streams_per_connection)
+        // A connection silent this long is pinged and closed if the ping is not answered
+        // as long again: a client stopped inside a header block cannot answer (nothing
+        // but its CONTINUATION may come next), nor can a peer that is gone.
+        .http2_keepalive_interval(Some(limits.request_headers_timeout))
+        .http2_keepalive_timeout(Some(limits.request_headers_timeout))
         .add_service(health_service)
         .add_service(service)
         .serve_with_incoming_shutdown(UnboundedReceiverStream::new(incoming), draining)
