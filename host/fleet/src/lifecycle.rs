@@ -6,10 +6,10 @@
 //! delivered by the selection itself (under the instance's lock, before its next
 //! selection); `on_prefill_complete` and `on_finished` are queued to one thread of their
 //! own, so neither the async executor nor the caller of `/v1/free` ever runs plugin code.
-//! A followed request keeps its policy alive (its slot); a slot this module lets go of
-//! goes to the retirement thread (`retire.rs`), never dropped on the caller's thread.
-//! At shutdown [`Lifecycles::finish`] delivers what is queued and joins the thread, so no
-//! notification runs while the process exits.
+//! A followed request keeps its policy alive (its slot); the slots this module lets go of
+//! are dropped on the notification thread (which may run plugin code), never on the
+//! caller's. At shutdown [`Lifecycles::finish`] delivers what is queued and joins the
+//! thread, so no notification runs while the process exits.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -21,7 +21,6 @@ use parking_lot::Mutex;
 use switchyard_plugin_sdk::WorkerId;
 
 use super::generation::SelectorSlot;
-use super::retire::Retirement;
 use switchyard_plugin_host::plugin::{Lifecycle, Outcome};
 
 /// A routed request whose policy wants its notifications.
@@ -31,9 +30,10 @@ struct Tracked {
     selected_at: Instant,
 }
 
+/// A notification to deliver (`event`), or with `None` only a slot to drop there.
 struct Job {
     slot: Arc<SelectorSlot>,
-    event: Lifecycle,
+    event: Option<Lifecycle>,
     outcome: Outcome,
 }
 
@@ -47,28 +47,32 @@ pub struct Lifecycles {
     /// `None` once finished (or when the thread could not start).
     jobs: Mutex<Option<mpsc::Sender<Job>>>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
-    /// Where the slots of jobs that cannot be delivered go.
-    retirement: Arc<Retirement>,
+}
+
+impl Default for Lifecycles {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl Lifecycles {
     /// Starts the notification thread; it ends with [`Lifecycles::finish`] or when this
-    /// is dropped. Each job's slot is dropped on that thread, or handed to `retirement`.
-    pub fn new(retirement: Arc<Retirement>) -> Self {
+    /// is dropped. Each job's slot is dropped on that thread.
+    pub fn new() -> Self {
         let (jobs, queue) = mpsc::channel::<Job>();
-        let to_retire = retirement.clone();
         let spawned = std::thread::Builder::new()
             .name("switchyard-lifecycle".into())
             .spawn(move || {
                 for job in queue {
-                    // Failures are counted on the stage and logged by `notify`.
-                    let _ = job
-                        .slot
-                        .selector
-                        .lock()
-                        .policy
-                        .notify(job.event, None, &job.outcome);
-                    to_retire.retire(Box::new(job.slot));
+                    if let Some(event) = job.event {
+                        // Failures are counted on the stage and logged by `notify`.
+                        let _ = job
+                            .slot
+                            .selector
+                            .lock()
+                            .policy
+                            .notify(event, None, &job.outcome);
+                    }
                 }
             });
         let thread = spawned
@@ -80,7 +84,6 @@ impl Lifecycles {
             count: AtomicUsize::new(0),
             jobs: Mutex::new(thread.as_ref().map(|_| jobs)),
             thread: Mutex::new(thread),
-            retirement,
         }
     }
 
@@ -119,11 +122,15 @@ impl Lifecycles {
         self.count.store(tracked.len(), Ordering::Relaxed);
         drop(tracked);
         if let Some(replaced) = replaced {
-            self.retirement.retire(Box::new(replaced.slot));
+            // A request id used again: the earlier one's slot is let go of there.
+            self.send(replaced.slot, None, replaced.outcome);
         }
     }
 
-    fn send(&self, slot: Arc<SelectorSlot>, event: Lifecycle, outcome: Outcome) {
+    /// Queues `event` (or, with `None`, only the slot's drop) for the notification thread.
+    /// Past [`Lifecycles::finish`] (shutdown) the slot is kept, not dropped here: it may be
+    /// the last reference to a policy, and this may be an executor thread.
+    fn send(&self, slot: Arc<SelectorSlot>, event: Option<Lifecycle>, outcome: Outcome) {
         let job = Job {
             slot,
             event,
@@ -134,7 +141,7 @@ impl Lifecycles {
             None => Some(job),
         };
         if let Some(job) = undelivered {
-            self.retirement.retire(Box::new(job.slot));
+            std::mem::forget(job.slot);
         }
     }
 
@@ -150,7 +157,7 @@ impl Lifecycles {
         t.outcome.to_prefill_complete = Some(t.selected_at.elapsed());
         let (slot, outcome) = (t.slot.clone(), t.outcome);
         drop(tracked);
-        self.send(slot, Lifecycle::PrefillComplete, outcome);
+        self.send(slot, Some(Lifecycle::PrefillComplete), outcome);
     }
 
     /// The request now runs on `worker` (a gateway's retry served it elsewhere).
@@ -189,7 +196,7 @@ impl Lifecycles {
             return;
         };
         t.outcome.to_finish = Some(t.selected_at.elapsed());
-        self.send(t.slot, Lifecycle::Finished, t.outcome);
+        self.send(t.slot, Some(Lifecycle::Finished), t.outcome);
     }
 
     /// Ends every followed request that `still_booked` no longer knows (expired, or its

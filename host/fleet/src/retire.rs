@@ -17,7 +17,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-/// Something whose drop may run plugin code: dropped when nothing else holds it.
+/// Something whose drop may run plugin code: dropped when nothing else holds it. Retire
+/// each item once: two retired clones of one `Arc` would each see the other, and neither
+/// would ever be dropped.
 pub trait Retiring: Send {
     fn only_holder(&self) -> bool;
 }

@@ -176,7 +176,7 @@ impl Router {
             kv_overruns: Mutex::new(std::collections::HashSet::new()),
             cooldown_until: Mutex::new(HashMap::new()),
             health_errors: Mutex::new(HashMap::new()),
-            lifecycles: Lifecycles::new(retirement.clone()),
+            lifecycles: Lifecycles::new(),
             retirement,
             admission: AdmissionQueue::new(metrics.admission.clone()),
             rate_limits: RateLimiter::default(),
