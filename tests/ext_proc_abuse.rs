@@ -13,7 +13,7 @@ use std::time::Duration;
 use axum::body::Bytes;
 use envoy_types::pb::envoy::config::core::v3::HeaderMap;
 use envoy_types::pb::envoy::service::ext_proc::v3::{
-    processing_request::Request, processing_response::Response, HttpHeaders,
+    processing_request::Request, processing_response::Response, HttpBody, HttpHeaders,
 };
 use support::envoy::*;
 use support::*;
@@ -267,5 +267,64 @@ fn a_message_over_the_message_limit_is_resource_exhausted() {
             grpc_status_of(&mut client, port, &big).await,
             RESOURCE_EXHAUSTED
         );
+    });
+}
+
+/// A chat request for model `demo` whose message is `size` bytes of text.
+fn chat_of(size: usize) -> Vec<u8> {
+    serde_json::json!({"model": "demo", "messages": [{"role": "user", "content": "x".repeat(size)}]})
+        .to_string()
+        .into_bytes()
+}
+
+#[test]
+fn request_bodies_of_all_streams_together_are_bounded() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_router, port) = picker(dir.path(), ", max_buffered_bytes: 65536");
+    runtime().block_on(async {
+        let mut client = support::envoy::client(port).await;
+        // Stream A holds 50 KB of its body, not finished yet.
+        let held = chat_of(50_000);
+        let (first, rest) = held.split_at(held.len() - 10);
+        let mut a = Envoy::open(&mut client, None).await;
+        a.send(Request::RequestHeaders(HttpHeaders {
+            headers: Some(HeaderMap {
+                headers: vec![
+                    header(":method", "POST"),
+                    header(":path", "/v1/chat/completions"),
+                ],
+            }),
+            ..Default::default()
+        }))
+        .await;
+        let chunk = |body: &[u8], end_of_stream| {
+            Request::RequestBody(HttpBody {
+                body: body.to_vec(),
+                end_of_stream,
+                ..Default::default()
+            })
+        };
+        a.send(chunk(first, false)).await;
+        // Stream B's 30 KB would pass the 64 KiB all streams may hold: 503, retry later.
+        let mut b = Envoy::open(&mut client, None).await;
+        let Answer::Refused { status, body } = b
+            .request("/v1/chat/completions", None, &chat_of(30_000), 1)
+            .await
+        else {
+            panic!("stream B is refused while A holds the budget");
+        };
+        assert_eq!(status, 503, "{body}");
+        assert!(body.to_string().contains("max_buffered_bytes"), "{body}");
+        // A finishes and is picked; its bytes go back, and the next 30 KB is taken.
+        a.send(chunk(rest, true)).await;
+        let Some(Response::RequestHeaders(_)) = a.next().await.response else {
+            panic!("stream A is picked");
+        };
+        drop(a);
+        let mut c = Envoy::open(&mut client, None).await;
+        let answer = c
+            .request("/v1/chat/completions", None, &chat_of(30_000), 1)
+            .await;
+        assert!(matches!(answer, Answer::Picked(_)), "{answer:?}");
     });
 }

@@ -216,6 +216,20 @@ pub struct ExtProcSettings {
     /// with 431 at once (Envoy's own default limit is 60 KiB).
     #[serde(default = "default_max_header_bytes", deserialize_with = "header_bytes")]
     pub max_header_bytes: usize,
+    /// Request bodies all streams together may hold while they are read (each up to
+    /// `max_body_bytes`); a chunk that would pass it is answered 503 with `retry-after`.
+    #[serde(default = "default_max_buffered_bytes", deserialize_with = "buffered_bytes")]
+    pub max_buffered_bytes: usize,
+}
+
+fn default_max_buffered_bytes() -> usize {
+    ExtProcSettings::DEFAULT_MAX_BUFFERED_BYTES
+}
+
+fn buffered_bytes<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<usize, D::Error> {
+    deserializer
+        .deserialize_u64(Bounded(65_536, 1 << 40, "max_buffered_bytes is from {min} to {max} (got {got}): the request bodies of every stream together"))
+        .map(|bytes| bytes as usize)
 }
 
 fn default_streams_per_connection() -> u32 {
@@ -318,6 +332,7 @@ impl ExtProcSettings {
     /// tonic's own default, made explicit.
     pub const DEFAULT_MAX_MESSAGE_BYTES: usize = 4 << 20;
     pub const DEFAULT_MAX_HEADER_BYTES: usize = 96 << 10;
+    pub const DEFAULT_MAX_BUFFERED_BYTES: usize = 256 << 20;
 
     /// Listening on `listen`, every other setting at its default.
     pub fn listening(listen: std::net::SocketAddr) -> Self {
@@ -332,6 +347,7 @@ impl ExtProcSettings {
             request_headers_timeout_ms: Self::DEFAULT_REQUEST_HEADERS_TIMEOUT_MS,
             max_message_bytes: Self::DEFAULT_MAX_MESSAGE_BYTES,
             max_header_bytes: Self::DEFAULT_MAX_HEADER_BYTES,
+            max_buffered_bytes: Self::DEFAULT_MAX_BUFFERED_BYTES,
         }
     }
 }

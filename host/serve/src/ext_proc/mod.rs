@@ -71,6 +71,27 @@ pub struct EndpointPicker {
     next_request: AtomicU64,
     id_prefix: String,
     limits: StreamLimits,
+    /// Request body bytes every stream holds together, at most `max_buffered_bytes`.
+    buffered: std::sync::atomic::AtomicUsize,
+    max_buffered_bytes: usize,
+}
+
+impl EndpointPicker {
+    /// Takes `n` bytes of the body budget; false (nothing taken) if they would pass it.
+    fn take_buffer(&self, n: usize) -> bool {
+        use std::sync::atomic::Ordering;
+        self.buffered
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(n)
+                    .filter(|&total| total <= self.max_buffered_bytes)
+            })
+            .is_ok()
+    }
+
+    fn give_buffer(&self, n: usize) {
+        self.buffered
+            .fetch_sub(n, std::sync::atomic::Ordering::AcqRel);
+    }
 }
 
 /// What one connection and one stream may hold (`ext_proc:` settings).
@@ -97,6 +118,8 @@ impl EndpointPicker {
                 max_message_bytes: settings.max_message_bytes,
                 max_header_bytes: settings.max_header_bytes,
             },
+            buffered: std::sync::atomic::AtomicUsize::new(0),
+            max_buffered_bytes: settings.max_buffered_bytes,
         }
     }
 }
@@ -198,6 +221,7 @@ impl ExternalProcessor for Service {
             kept_headers: Vec::new(),
             subset: None,
             body: Vec::new(),
+            body_held: 0,
             booked: None,
             response_status: None,
             response_body: true,
@@ -239,6 +263,8 @@ struct Exchange {
     /// The gateway's subset hint, once a message carried it.
     subset: Option<Vec<String>>,
     body: Vec<u8>,
+    /// What `body` holds of the picker's body budget, given back when it is let go.
+    body_held: usize,
     booked: Option<Booked>,
     /// The response's `:status`, once its headers passed.
     response_status: Option<u16>,
@@ -451,6 +477,21 @@ impl Exchange {
                     ),
                 ));
         }
+        if !self.picker.take_buffer(body.body.len()) {
+            return self.refuse(
+                OpenAiError::new(
+                    axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                    "server_error",
+                    format!(
+                        "the endpoint picker holds {} bytes of request bodies, its limit (ext_proc.max_buffered_bytes); try again",
+                        self.picker.max_buffered_bytes
+                    ),
+                )
+                .with_code("overloaded")
+                .with_retry_after(1),
+            );
+        }
+        self.body_held += body.body.len();
         self.body.extend_from_slice(&body.body);
         if !body.end_of_stream {
             return Next::Continue;
@@ -470,6 +511,8 @@ impl Exchange {
             admitted: Arc::default(),
         };
         let booked = pick(picker, caller, wanted, request_body.clone()).await;
+        // Picked or refused, the body is no longer gathered: its budget goes back.
+        self.picker.give_buffer(std::mem::take(&mut self.body_held));
         match booked {
             Ok(booked) => {
                 let prefiller = booked.prefill.as_ref().map(|(_, at)| at.to_string());
@@ -543,6 +586,12 @@ impl Exchange {
             }
         }
         self.send(messages::body(&body.body, body.end_of_stream, false))
+    }
+}
+
+impl Drop for Exchange {
+    fn drop(&mut self) {
+        self.picker.give_buffer(self.body_held);
     }
 }
 
