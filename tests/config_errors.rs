@@ -308,6 +308,11 @@ fn stream_and_kv_event_limits_are_bounded_and_named_at_their_line() {
             "9999999999",
             "is from 1024 to 8388608 (got 9999999999)",
         ),
+        (
+            "max_buffered_bytes",
+            "1000",
+            "is from 65536 to 1099511627776 (got 1000)",
+        ),
     ] {
         let error = start_error(
             dir.path(),
