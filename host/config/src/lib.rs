@@ -210,15 +210,24 @@ pub struct ExtProcSettings {
     pub request_headers_timeout_ms: u64,
     /// The largest gRPC message taken (a body chunk, a headers message); a larger one
     /// ends its stream with `RESOURCE_EXHAUSTED` before it is read.
-    #[serde(default = "default_max_message_bytes", deserialize_with = "message_bytes")]
+    #[serde(
+        default = "default_max_message_bytes",
+        deserialize_with = "message_bytes"
+    )]
     pub max_message_bytes: usize,
     /// Request headers whose names and values together are larger than this are answered
     /// with 431 at once (Envoy's own default limit is 60 KiB).
-    #[serde(default = "default_max_header_bytes", deserialize_with = "header_bytes")]
+    #[serde(
+        default = "default_max_header_bytes",
+        deserialize_with = "header_bytes"
+    )]
     pub max_header_bytes: usize,
     /// Request bodies all streams together may hold while they are read (each up to
     /// `max_body_bytes`); a chunk that would pass it is answered 503 with `retry-after`.
-    #[serde(default = "default_max_buffered_bytes", deserialize_with = "buffered_bytes")]
+    #[serde(
+        default = "default_max_buffered_bytes",
+        deserialize_with = "buffered_bytes"
+    )]
     pub max_buffered_bytes: usize,
 }
 
@@ -240,7 +249,11 @@ fn streams_per_connection<'de, D: serde::Deserializer<'de>>(
     deserializer: D,
 ) -> Result<u32, D::Error> {
     deserializer
-        .deserialize_u64(Bounded(1, 65_536, "max_streams_per_connection is from 1 to {max} (got {got})"))
+        .deserialize_u64(Bounded(
+            1,
+            65_536,
+            "max_streams_per_connection is from 1 to {max} (got {got})",
+        ))
         .map(|streams| streams as u32)
 }
 
@@ -270,7 +283,11 @@ fn default_max_header_bytes() -> usize {
 
 fn header_bytes<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<usize, D::Error> {
     deserializer
-        .deserialize_u64(Bounded(1024, 8 << 20, "max_header_bytes is from {min} to {max} (got {got}), Envoy's own range"))
+        .deserialize_u64(Bounded(
+            1024,
+            8 << 20,
+            "max_header_bytes is from {min} to {max} (got {got}), Envoy's own range",
+        ))
         .map(|bytes| bytes as usize)
 }
 
