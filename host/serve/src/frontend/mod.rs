@@ -36,12 +36,13 @@ use switchyard_plugin_sdk::WorkerId;
 use crate::caller::Caller;
 use crate::request_attributes::{self, Described};
 use prompt::{Endpoint, Prompt};
-pub use relay::{describe, Lease};
+pub use relay::Lease;
 use relay::{relay, upstream_failure};
 use switchyard_config::{Disaggregation, FrontendSettings};
 use switchyard_fleet::metrics::UpstreamFailure;
 use switchyard_fleet::router::{Refused, RouteDecision, RouteError, RouteRequest, Router};
 use tokenizer::ModelTokenizer;
+pub use upstream::describe;
 use upstream::{Engine, Failure, Phase};
 
 /// A selection and the booking it holds until the answer ends.

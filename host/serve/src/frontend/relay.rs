@@ -67,22 +67,6 @@ impl Drop for Lease {
     }
 }
 
-/// An upstream error with its causes (reqwest's own message names only the URL), and
-/// what to do about an engine certificate the router does not trust.
-pub fn describe(error: &reqwest::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = std::error::Error::source(error);
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    if text.contains("invalid peer certificate") {
-        text.push_str(" (the engine's certificate is not trusted: set frontend.engine_ca to the CA that signed it)");
-    }
-    text
-}
-
 /// What to tell a client of an engine that failed mid-answer: a timeout says so, with the
 /// limit, rather than the HTTP client's "error decoding response body".
 pub(super) fn upstream_failure(error: &reqwest::Error, timeout_secs: u64) -> (StatusCode, String) {

@@ -12,8 +12,6 @@ use switchyard_fleet::metrics::UpstreamFailure;
 use switchyard_fleet::router::Router;
 use switchyard_plugin_sdk::WorkerId;
 
-use super::relay::describe;
-
 /// Where in the exchange with the engine a failure happened.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
@@ -113,4 +111,20 @@ pub(super) fn closed_before_answer(error: &reqwest::Error) -> bool {
         source = cause.source();
     }
     false
+}
+
+/// An upstream error with its causes (reqwest's own message names only the URL), and
+/// what to do about an engine certificate the router does not trust.
+pub fn describe(error: &reqwest::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = std::error::Error::source(error);
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    if text.contains("invalid peer certificate") {
+        text.push_str(" (the engine's certificate is not trusted: set frontend.engine_ca to the CA that signed it)");
+    }
+    text
 }
