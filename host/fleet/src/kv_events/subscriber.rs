@@ -17,7 +17,7 @@
 //!   were lost to the slow joiner, and taking it as the start would lose them for good.
 //! - The SUB socket reconnects (with backoff) when the publisher goes away, and after 3 s
 //!   of silence, since a restarted publisher is not always noticed by the socket.
-//! - Both sockets are read with limits (`router.kv_events`, [`super::zmtp`]): a message
+//! - Both sockets are read with limits (`router.kv_events`, `zmtp.rs`): a message
 //!   over `max_frame_bytes` is read past unkept, a replay over `max_replay_bytes` given
 //!   up; each counted and logged once per publisher. A batch is decoded a chunk of
 //!   events at a time ([`wire::decode_events`]), so it costs its bytes and one chunk.
