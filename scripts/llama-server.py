@@ -108,9 +108,10 @@ def main() -> int:
         print(f"llama-server: {url}/health did not answer within 60 s", file=sys.stderr)
         return 1
     print(f"llama-server listening on {url}", flush=True)
-    while True:
+    # `server` stays referenced (serving) until the process is killed.
+    while server is not None:
         time.sleep(3600)
-    del server
+    return 0
 
 
 if __name__ == "__main__":
