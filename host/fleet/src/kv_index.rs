@@ -382,8 +382,8 @@ impl KvIndex {
         };
         if self.slots.budget[slot as usize] != budget {
             self.slots.budget[slot as usize] = budget;
-            for t in 0..3 {
-                if self.slots.pairs[slot as usize][t] > budget[t] {
+            for (t, &most) in budget.iter().enumerate() {
+                if self.slots.pairs[slot as usize][t] > most {
                     self.forget_tier(slot, t, BoundPassed::Worker);
                 }
             }

@@ -12,6 +12,11 @@ pub(super) fn is_set(holders: Holders) -> bool {
 /// Block hash -> holders: open addressing with linear probing, keys and values in two
 /// arrays (12 bytes a bucket, where a std map of (u64, u32) pads to 16 plus control
 /// bytes). Key 0 marks an empty bucket; a real hash of 0 is kept on the side.
+///
+/// The table grows by half, not double, at 7/8 full, so a bucket is never less than 7/12
+/// used: at most 20.6 bytes a block just after growing (doubling left it at 7/16 and 27
+/// bytes). Any size works because a key's home is the high half of a 128-bit product
+/// (multiply-shift), not its top bits.
 #[derive(Default)]
 pub(super) struct BlockTable {
     pub(super) keys: Vec<u64>,
@@ -22,9 +27,30 @@ pub(super) struct BlockTable {
 
 impl BlockTable {
     pub(super) fn home(&self, key: u64) -> usize {
-        // Fibonacci hashing: API clients may send small consecutive hashes (1, 2, 3...).
-        let bits = self.keys.len().trailing_zeros();
-        (key.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> (64 - bits)) as usize
+        // Fibonacci hashing first: API clients may send small consecutive hashes (1, 2,
+        // 3...); then the product's high half maps it onto any number of buckets.
+        let mixed = key.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        ((u128::from(mixed) * self.keys.len() as u128) >> 64) as usize
+    }
+
+    /// The bucket after `at`, wrapping around.
+    #[inline]
+    fn next(&self, at: usize) -> usize {
+        if at + 1 == self.keys.len() {
+            0
+        } else {
+            at + 1
+        }
+    }
+
+    /// How many buckets after `from` (wrapping) `to` is.
+    #[inline]
+    fn distance(&self, from: usize, to: usize) -> usize {
+        if to >= from {
+            to - from
+        } else {
+            to + self.keys.len() - from
+        }
     }
 
     pub(super) fn len(&self) -> usize {
@@ -37,13 +63,12 @@ impl BlockTable {
         if self.keys.is_empty() {
             return None;
         }
-        let mask = self.keys.len() - 1;
         let mut at = self.home(key);
         loop {
             match self.keys[at] {
                 0 => return None,
                 k if k == key => return Some(at),
-                _ => at = (at + 1) & mask,
+                _ => at = self.next(at),
             }
         }
     }
@@ -69,10 +94,9 @@ impl BlockTable {
         if (self.len + 1) * 8 > self.keys.len() * 7 {
             self.grow();
         }
-        let mask = self.keys.len() - 1;
         let mut at = self.home(key);
         while self.keys[at] != 0 {
-            at = (at + 1) & mask;
+            at = self.next(at);
         }
         self.keys[at] = key;
         self.values[at] = holders;
@@ -80,7 +104,7 @@ impl BlockTable {
     }
 
     pub(super) fn grow(&mut self) {
-        let capacity = (self.keys.len() * 2).max(16);
+        let capacity = (self.keys.len() + self.keys.len() / 2).max(16);
         let keys = std::mem::replace(&mut self.keys, vec![0; capacity]);
         let values = std::mem::replace(&mut self.values, vec![0; capacity]);
         self.len = 0;
@@ -101,16 +125,15 @@ impl BlockTable {
         let Some(mut hole) = self.find(key) else {
             return;
         };
-        let mask = self.keys.len() - 1;
         let mut at = hole;
         loop {
-            at = (at + 1) & mask;
+            at = self.next(at);
             let k = self.keys[at];
             if k == 0 {
                 break;
             }
             let home = self.home(k);
-            if (at.wrapping_sub(home) & mask) >= (at.wrapping_sub(hole) & mask) {
+            if self.distance(home, at) >= self.distance(hole, at) {
                 self.keys[hole] = k;
                 self.values[hole] = self.values[at];
                 hole = at;
@@ -157,16 +180,15 @@ impl BlockTable {
     /// are emptied later. Cost: the table plus the keys' displacements.
     pub(super) fn close_gaps(&mut self, start: usize) {
         let capacity = self.keys.len();
-        let mask = capacity - 1;
         for step in 1..=capacity {
-            let at = (start + step) & mask;
+            let at = (start + step) % capacity;
             let key = self.keys[at];
             if key == 0 {
                 continue;
             }
             let mut to = self.home(key);
             while to != at && self.keys[to] != 0 {
-                to = (to + 1) & mask;
+                to = self.next(to);
             }
             if to != at {
                 self.keys[to] = key;
