@@ -302,15 +302,7 @@ fn nothing_unstored(
 #[test]
 fn budgets_bound_what_each_worker_holds_keeping_its_latest_store() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(28);
-    let workers: Vec<WorkerId> = (0..4)
-        .map(|i| WorkerId {
-            worker_id: i,
-            dp_rank: 0,
-        })
-        .collect();
-    let chains: Vec<Vec<u64>> = (0..12)
-        .map(|c| (0..20).map(|i| (c as u64 + 1) << 32 | i).collect())
-        .collect();
+    let (workers, chains) = fleet_and_chains(4, 12);
     let mut index = KvIndex::with_sweep_floor(64);
     let mut reference = Reference::default();
     let mut budgets: HashMap<WorkerId, [u64; 3]> = HashMap::new();
@@ -371,6 +363,20 @@ fn budgets_bound_what_each_worker_holds_keeping_its_latest_store() {
     );
 }
 
+/// `workers` workers and `chains` chains of 20 blocks each, no block in two chains.
+fn fleet_and_chains(workers: u64, chains: u64) -> (Vec<WorkerId>, Vec<Vec<u64>>) {
+    let workers = (0..workers)
+        .map(|i| WorkerId {
+            worker_id: i,
+            dp_rank: 0,
+        })
+        .collect();
+    let chains = (0..chains)
+        .map(|c| (0..20).map(|i| (c + 1) << 32 | i).collect())
+        .collect();
+    (workers, chains)
+}
+
 /// The pairs reported forgotten since the last call; each report names `worker` (the
 /// only one whose event ran) and `bound`.
 fn forgotten_pairs(index: &mut KvIndex, worker: WorkerId, bound: BoundPassed) -> u64 {
@@ -387,15 +393,7 @@ fn forgotten_pairs(index: &mut KvIndex, worker: WorkerId, bound: BoundPassed) ->
 #[test]
 fn the_fleets_bound_caps_every_tier_forgetting_the_largest_holder() {
     let mut rng = rand::rngs::StdRng::seed_from_u64(46);
-    let workers: Vec<WorkerId> = (0..6)
-        .map(|i| WorkerId {
-            worker_id: i,
-            dp_rank: 0,
-        })
-        .collect();
-    let chains: Vec<Vec<u64>> = (0..40)
-        .map(|c| (0..20).map(|i| (c as u64 + 1) << 32 | i).collect())
-        .collect();
+    let (workers, chains) = fleet_and_chains(6, 40);
     let mut index = KvIndex::with_sweep_floor(64);
     index.set_max_pairs(150);
     let mut reference = Reference::default();
