@@ -16,6 +16,15 @@ use support::{metric, post_json, wait_for, write_config, Process};
 /// `count` llama.cpp servers (2 slots each) behind a router; `None` (skipped) when
 /// llama.cpp is not installed.
 fn fleet(dir: &std::path::Path, count: usize) -> Option<(Vec<Process>, Process)> {
+    fleet_cooling(dir, count, 60_000)
+}
+
+/// `fleet`, a worker that failed kept out `cooldown_ms`.
+fn fleet_cooling(
+    dir: &std::path::Path,
+    count: usize,
+    cooldown_ms: u64,
+) -> Option<(Vec<Process>, Process)> {
     if !llama::available() {
         return None;
     }
@@ -23,7 +32,7 @@ fn fleet(dir: &std::path::Path, count: usize) -> Option<(Vec<Process>, Process)>
     let yaml = format!(
         "models:\n  {MODEL}: {{kv_tracking: predicted}}\n\
          engine_metrics: {{interval_ms: 200}}\n\
-         frontend: {{health_interval_ms: 500, unhealthy_cooldown_ms: 60000}}\n\
+         frontend: {{health_interval_ms: 200, unhealthy_cooldown_ms: {cooldown_ms}}}\n\
          workers:\n{}",
         llama::workers(&engines)
     );
@@ -282,4 +291,31 @@ fn an_engine_killed_mid_stream_ends_the_stream_cleanly() {
         );
     }
     support::wait_for_no_bookings(&router.address, Duration::from_secs(30));
+}
+
+/// An engine killed and restarted at its address: once its health probe passes again,
+/// every request is answered (none lost to a connection of the process that died), and
+/// the router counts no failure it did not retry.
+#[test]
+fn an_engine_restarted_costs_no_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some((mut engines, router)) = fleet_cooling(dir.path(), 1, 300) else {
+        return;
+    };
+    let url = format!("{}/v1/chat/completions", router.address);
+    let hello = [json!({"role": "user", "content": "Say hello."})];
+    let (status, _, body) = post_json(&agent(), &url, &chat(&hello, 3));
+    assert_eq!(status, 200, "{body}");
+    llama::restart(&mut engines[0], 2);
+    wait_for("the restarted engine healthy again", || {
+        workers(&router.address)[0]["healthy"] == true
+    });
+    for turn in 0..4 {
+        let (status, _, body) = post_json(&agent(), &url, &chat(&hello, 3));
+        assert_eq!(status, 200, "request {turn} after the restart: {body}");
+    }
+    assert_eq!(
+        metric(&router.address, "switchyard_upstream_errors_total"),
+        0.0
+    );
 }

@@ -50,29 +50,36 @@ pub fn available() -> bool {
 /// one thread, `--metrics` on. Started from this thread (a server dies with the thread
 /// that started it), awaited at once (each loads its model in a few seconds).
 pub fn servers(count: usize, slots: u32) -> Vec<Process> {
-    let children: Vec<_> = (0..count)
-        .map(|_| {
-            Command::new(python())
-                .arg(repo().join("scripts/llama-server.py"))
-                .args(["--port", &free_port().to_string()])
-                .args(["--slots", &slots.to_string(), "--threads", "1"])
-                .args(["--alias", MODEL])
-                .stdout(Stdio::piped())
-                .spawn()
-                .expect("start scripts/llama-server.py")
-        })
-        .collect();
+    let children: Vec<_> = (0..count).map(|_| spawn(free_port(), slots)).collect();
     std::thread::scope(|scope| {
         let announced: Vec<_> = children
             .into_iter()
             .map(|child| {
-                scope.spawn(move || {
-                    Process::announced(child, "llama-server listening on ", "llama-server.py")
-                })
+                scope.spawn(move || Process::announced(child, ANNOUNCE, "llama-server.py"))
             })
             .collect();
         announced.into_iter().map(|a| a.join().unwrap()).collect()
     })
+}
+
+fn spawn(port: u16, slots: u32) -> std::process::Child {
+    Command::new(python())
+        .arg(repo().join("scripts/llama-server.py"))
+        .args(["--port", &port.to_string()])
+        .args(["--slots", &slots.to_string(), "--threads", "1"])
+        .args(["--alias", MODEL])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start scripts/llama-server.py")
+}
+
+const ANNOUNCE: &str = "llama-server listening on ";
+
+/// Kills `engine` and starts a new server (`slots`) on its port: the same URL.
+pub fn restart(engine: &mut Process, slots: u32) {
+    engine.kill();
+    let port = engine.address.rsplit(':').next().unwrap().parse().unwrap();
+    *engine = Process::announced(spawn(port, slots), ANNOUNCE, "llama-server.py");
 }
 
 /// `workers:` entries of model `smollm2` for `engines` (ids from 1), by `url`.
