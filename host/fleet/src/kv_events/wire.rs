@@ -100,7 +100,7 @@ pub struct DecodeError(String);
 pub fn decode(payload: &[u8]) -> Result<Batch, DecodeError> {
     let head = head(payload)?;
     let mut events = Vec::new();
-    let skipped = decode_events(payload, usize::MAX, |chunk| events.extend_from_slice(chunk))?;
+    let skipped = decode_events(payload, usize::MAX, |chunk| events.append(chunk))?;
     Ok(Batch {
         ts: head.ts,
         events,
@@ -178,12 +178,13 @@ pub struct Skipped {
 }
 
 /// Decodes the events of `payload` (a batch [`head`] accepted) in order, in chunks
-/// handed to `apply`, reading values in place (no value tree). An event that does not
+/// handed to `apply` (which may take them; what it leaves is cleared), reading values in
+/// place (no value tree). An event that does not
 /// make sense is skipped whole and counted, `keep_problems` of the reasons kept.
 pub fn decode_events(
     payload: &[u8],
     keep_problems: usize,
-    mut apply: impl FnMut(&[EngineEvent]),
+    mut apply: impl FnMut(&mut Vec<EngineEvent>),
 ) -> Result<Skipped, DecodeError> {
     let mut r = Reader(payload);
     let (_, events) = open_batch(&mut r)?;
@@ -197,7 +198,7 @@ pub fn decode_events(
                 chunk_bytes += decoded_bytes(&event);
                 chunk.push(event);
                 if chunk.len() >= CHUNK_EVENTS || chunk_bytes >= CHUNK_BYTES {
-                    apply(&chunk);
+                    apply(&mut chunk);
                     chunk.clear();
                     chunk_bytes = 0;
                 }
@@ -214,7 +215,7 @@ pub fn decode_events(
         }
     }
     if !chunk.is_empty() {
-        apply(&chunk);
+        apply(&mut chunk);
     }
     Ok(skipped)
 }
