@@ -24,12 +24,7 @@ impl TierIndex {
 
     /// Adds `slot` to each block's holders; returns how many pairs are new. Consecutive
     /// blocks whose holders were equal stay equal (one shared set, not a copy each).
-    pub(super) fn store(
-        &mut self,
-        slot: u32,
-        hashes: &[u64],
-        slots: u32,
-    ) -> u64 {
+    pub(super) fn store(&mut self, slot: u32, hashes: &[u64], slots: u32) -> u64 {
         let mut added = 0;
         // The previous block's holders before and after, and whether `slot` was new there.
         let mut last: Option<(Holders, Holders, bool)> = None;
