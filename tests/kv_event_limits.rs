@@ -5,7 +5,7 @@
 //! real `switchyard serve`. What is over a limit is dropped, counted and the router's
 //! peak memory (VmHWM) stays within bounds a whole message would break. The subscriber
 //! speaks ZMTP itself, so it is also checked against libzmq, the library vLLM's publisher
-//! runs on (when python3 has pyzmq and msgpack).
+//! runs on (when the test venv, or python3, has pyzmq and msgpack).
 
 mod support;
 
@@ -272,9 +272,20 @@ fn a_batch_of_800_000_events_costs_about_its_own_size() {
     drop(engine);
 }
 
-/// Whether python3 can import pyzmq and msgpack.
+/// The test venv's Python (scripts/install-test-tools puts pyzmq and msgpack there),
+/// else the system's.
+fn python() -> std::path::PathBuf {
+    let venv = repo().join("target/test-venv/bin/python");
+    if venv.exists() {
+        venv
+    } else {
+        "python3".into()
+    }
+}
+
+/// Whether that Python can import pyzmq and msgpack.
 fn python_has_pyzmq() -> bool {
-    std::process::Command::new("python3")
+    std::process::Command::new(python())
         .args(["-c", "import zmq, msgpack"])
         .stderr(std::process::Stdio::null())
         .status()
@@ -284,13 +295,16 @@ fn python_has_pyzmq() -> bool {
 #[test]
 fn a_libzmq_publisher_as_vllm_runs_it_is_followed_live_and_by_replay() {
     if !python_has_pyzmq() {
-        eprintln!("skipped: python3 has no pyzmq and msgpack (pip install pyzmq msgpack)");
+        eprintln!(
+            "skipped: {} has no pyzmq and msgpack (scripts/install-test-tools installs them)",
+            python().display()
+        );
         return;
     }
     let dir = tempfile::tempdir().unwrap();
     let ports = (free_port(), free_port());
     let _engine = Process::start(
-        std::process::Command::new("python3")
+        std::process::Command::new(python())
             .arg(repo().join("tests/fixtures/kv_events/libzmq_publisher.py"))
             .args([ports.0.to_string(), ports.1.to_string()]),
         "publishing ",
