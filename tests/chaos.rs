@@ -229,7 +229,8 @@ fn select_and_reserve_until_stopped(
         n += 1;
         let instance = INSTANCE_NAMES[(n % INSTANCE_NAMES.len() as u64) as usize];
         let hashes: Vec<u64> = (0..(n % 16)).map(|i| (n % 7) << 32 | i).collect();
-        let session = json!({"session_id": format!("s{}", n % 11), "session_final": n % 13 == 0});
+        let session =
+            json!({"session_id": format!("s{}", n % 11), "session_final": n.is_multiple_of(13)});
         let select = json!({"model": "demo", "instance": instance, "block_hashes": hashes,
             "session": session, "attributes": {"headers": {"x-zone": "a"}}});
         counts.record(
