@@ -75,6 +75,11 @@ impl Generation {
         }
     }
 
+    /// The config this generation was loaded from: every setting is read here.
+    pub fn config(&self) -> &switchyard_config::Config {
+        &self.startup.source.config
+    }
+
     pub fn instance(&self, name: &str) -> Option<&Arc<InstanceFactory>> {
         self.startup.instance(name)
     }

@@ -225,7 +225,7 @@ impl Router {
     /// config sets one for it (or `"*"` for any tenant).
     pub fn within_rate(&self, tenant: Option<&str>, tokens: u64) -> Result<(), OverRate> {
         let generation = self.generation();
-        let Some(admission) = generation.startup.source.config.admission.as_ref() else {
+        let Some(admission) = generation.config().admission.as_ref() else {
             return Ok(());
         };
         let tenant = tenant.unwrap_or("");
@@ -255,13 +255,7 @@ impl Router {
     }
 
     pub fn block_size(&self) -> u32 {
-        self.generation
-            .read()
-            .startup
-            .source
-            .config
-            .router
-            .block_size
+        self.generation.read().config().router.block_size
     }
 
     /// Moves a request's booking to the worker that actually served it.
@@ -405,7 +399,7 @@ impl Router {
             return crate::executor::plugin_code(|| self.route_once(request, reserve));
         }
         let partition = PartitionKey::new(request.model.clone(), request.worker_type);
-        let block_size = generation.startup.source.config.router.block_size;
+        let block_size = generation.config().router.block_size;
         // Strict priority: no request books while one of a higher priority waits (it
         // queues behind them; one of its own priority it may overtake while capacity
         // lasts). A try the queue granted is the highest waiting, so this holds it back
@@ -448,7 +442,7 @@ impl Router {
             candidates.release();
             let (chosen, fallback, notified) = selected?;
             if let (true, Some(id)) = (reserve, &request_id) {
-                let busy = generation.startup.source.config.admission.as_ref();
+                let busy = generation.config().admission.as_ref();
                 let busy = busy.map(|a| &a.busy).filter(|b| b.any());
                 let booked =
                     self.reserve(request, id, chosen, (request_blocks, device_overlap), busy);
@@ -509,13 +503,7 @@ impl Router {
                     query.partition
                 ))
             })?;
-        let busy = generation
-            .startup
-            .source
-            .config
-            .admission
-            .as_ref()
-            .map(|a| &a.busy);
+        let busy = generation.config().admission.as_ref().map(|a| &a.busy);
         let busy = busy.filter(|b| b.any());
         // One byte per candidate, 1 where the worker may take the request: under every
         // busy threshold (computed here, from the kept columns) and in the request's
@@ -544,7 +532,7 @@ impl Router {
                 &candidates.kept().active_prefill_tokens,
                 candidates.device_overlaps(),
                 query.request_blocks,
-                u64::from(generation.startup.source.config.router.block_size),
+                u64::from(generation.config().router.block_size),
                 &mut scratch.allowed,
             );
         }

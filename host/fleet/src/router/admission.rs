@@ -40,7 +40,7 @@ impl Router {
         let Some(admitters) = generation.admitters(&partition) else {
             return Ok(Placement::default());
         };
-        let block_size = generation.startup.source.config.router.block_size;
+        let block_size = generation.config().router.block_size;
         let prompt = PromptBlocks::new(block_size, request_blocks);
         let saturation = self.saturation(&generation, &partition, tenant.unwrap_or(""));
         let plugins = generation.startup.admitters.iter().any(|a| {
@@ -74,7 +74,7 @@ impl Router {
         tenant: &str,
     ) -> Saturation {
         let (queued, queued_tenant) = self.admission.waiting_in(partition, tenant);
-        let admission = generation.startup.source.config.admission.as_ref();
+        let admission = generation.config().admission.as_ref();
         let mut saturation = Saturation {
             queued: queued as u64,
             queued_tenant: queued_tenant as u64,

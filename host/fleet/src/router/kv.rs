@@ -11,7 +11,7 @@ impl Router {
     /// cached on `worker`.
     pub fn predict_cached(&self, model: &str, worker: WorkerId, hashes: &[u64]) {
         let generation = self.generation();
-        let Some(settings) = generation.startup.source.config.models.get(model) else {
+        let Some(settings) = generation.config().models.get(model) else {
             return;
         };
         if settings.kv_tracking != KvTracking::Predicted || hashes.is_empty() {
@@ -37,7 +37,7 @@ impl Router {
         let generation = self.generation();
         let state = self.state.read();
         let spec = state.workers.get(worker)?;
-        Some(kv_bound(&generation.startup.source.config, spec, engine))
+        Some(kv_bound(generation.config(), spec, engine))
     }
 
     /// Applies `worker`'s KV events within its bound, counting and logging (once per
@@ -46,13 +46,7 @@ impl Router {
         let Some(bound) = self.kv_bound(worker) else {
             return;
         };
-        let max_pairs = self
-            .generation()
-            .startup
-            .source
-            .config
-            .router
-            .max_kv_index_pairs;
+        let max_pairs = self.generation().config().router.max_kv_index_pairs;
         let mut kv = self.kv.write();
         kv.set_max_pairs(max_pairs);
         kv.set_budget(worker, bound.per_tier());
@@ -216,12 +210,6 @@ impl subscriber::EventSink for Router {
         self.metrics.record_kv_event_lag(lag)
     }
     fn kv_event_limits(&self) -> switchyard_config::KvEventLimits {
-        self.generation
-            .read()
-            .startup
-            .source
-            .config
-            .router
-            .kv_events
+        self.generation.read().config().router.kv_events
     }
 }
