@@ -48,7 +48,7 @@ where
         done => return done.map_err(Waited::Failed),
     };
     let generation = router.generation();
-    let Some(settings) = generation.startup.source.config.admission.as_ref() else {
+    let Some(settings) = generation.config().admission.as_ref() else {
         return Err(Waited::Failed(refused));
     };
     let queue = &settings.queue;

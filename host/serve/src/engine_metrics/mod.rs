@@ -52,13 +52,7 @@ pub fn start(router: Arc<Router>) -> std::io::Result<()> {
 async fn scrape_forever(router: Arc<Router>, client: reqwest::Client) {
     let mut failing: HashSet<WorkerId> = HashSet::new();
     loop {
-        let settings = router
-            .generation()
-            .startup
-            .source
-            .config
-            .engine_metrics
-            .clone();
+        let settings = router.generation().config().engine_metrics.clone();
         if settings.interval_ms == 0 {
             // Off; a reload may turn it on.
             tokio::time::sleep(Duration::from_secs(1)).await;

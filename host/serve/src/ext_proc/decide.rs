@@ -224,7 +224,7 @@ fn parsed_and_admitted(
         picker.next_request.fetch_add(1, Ordering::Relaxed)
     );
     let mut described = request_attributes::describe(
-        &router.generation().startup.source.config.request_attributes,
+        &router.generation().config().request_attributes,
         kept,
         Some(caller),
         &prompt.model,

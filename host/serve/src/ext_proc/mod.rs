@@ -436,10 +436,10 @@ impl Exchange {
         self.instance = messages::header(headers, INSTANCE_HEADER)
             .map(|v| String::from_utf8_lossy(v).into_owned());
         let generation = self.picker.frontend.router().generation();
-        let kept = request_attributes::kept_headers(
-            &generation.startup.source.config.request_attributes,
-            |name| messages::header(headers, name),
-        );
+        let kept =
+            request_attributes::kept_headers(&generation.config().request_attributes, |name| {
+                messages::header(headers, name)
+            });
         drop(generation);
         self.kept_headers = match kept {
             Ok(kept) => kept,

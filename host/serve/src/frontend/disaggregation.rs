@@ -384,7 +384,7 @@ impl Frontend {
         slot: OwnedSemaphorePermit,
     ) -> Result<Response, OpenAiError> {
         let generation = self.router.generation();
-        let models = &generation.startup.source.config.models;
+        let models = &generation.config().models;
         let fallback = models
             .get(&pair.request.prompt.model)
             .is_some_and(|m| m.aggregated_fallback);

@@ -206,7 +206,7 @@ impl Frontend {
     /// worker in vLLM's or SGLang's flow.
     pub fn disaggregation(&self, model: &str) -> Disaggregation {
         let generation = self.router.generation();
-        let models = &generation.startup.source.config.models;
+        let models = &generation.config().models;
         models
             .get(model)
             .map_or(Disaggregation::Off, |m| m.disaggregation)
@@ -300,7 +300,7 @@ impl Frontend {
         // code) run in one trip to the blocking pool, or inline (`off_executor`).
         let frontend = self.clone();
         let generation = self.router.generation();
-        let settings = &generation.startup.source.config.request_attributes;
+        let settings = &generation.config().request_attributes;
         let kept = match request_attributes::kept_headers(settings, |name| {
             headers.get(name).map(HeaderValue::as_bytes)
         }) {
@@ -321,13 +321,7 @@ impl Frontend {
             }
             let request_id = frontend.next_request_id();
             let described = request_attributes::describe(
-                &frontend
-                    .router
-                    .generation()
-                    .startup
-                    .source
-                    .config
-                    .request_attributes,
+                &frontend.router.generation().config().request_attributes,
                 kept,
                 caller.as_ref(),
                 &prompt.model,

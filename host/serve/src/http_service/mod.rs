@@ -135,7 +135,8 @@ async fn select(
                 body: json!({ "error": e.to_string(), "code": "permission_denied" }),
             })?;
     }
-    let settings = &router.generation().startup.source.config.request_attributes;
+    let generation = router.generation();
+    let settings = &generation.config().request_attributes;
     request_attributes::complete(settings, caller.as_ref().map(|c| &c.0), &mut request);
     let wait = request.wait.unwrap_or(false);
     // A dry run: no admission (no tenant's rate is charged, no admitter asked).
@@ -223,7 +224,8 @@ async fn reserve(
     body: Bytes,
 ) -> Result<Response, ApiError> {
     let mut request: RouteRequest = parse(&body)?;
-    let settings = &router.generation().startup.source.config.request_attributes;
+    let generation = router.generation();
+    let settings = &generation.config().request_attributes;
     request_attributes::complete(settings, caller.as_ref().map(|c| &c.0), &mut request);
     let tokens = match (&request.token_ids, &request.block_hashes) {
         (Some(tokens), _) => tokens.len() as u64,
@@ -495,7 +497,7 @@ async fn reload(
         .startup
         .keyring
         .has(switchyard_config::auth::Audience::Operator);
-    if remote && !operator_keys && !generation.startup.source.config.router.remote_admin {
+    if remote && !operator_keys && !generation.config().router.remote_admin {
         return (
             StatusCode::FORBIDDEN,
             Json(json!({"error": "reload is answered for loopback clients only; configure operator keys (auth.operators) or set router.remote_admin: true to allow others", "code": "loopback_only"})),

@@ -154,7 +154,7 @@ async fn start_background(router: &Arc<Router>, listener_tls: &ListenerTls) -> s
     crate::engine_metrics::start(router.clone())?;
     router.subscribe_kv_events(&router.workers())?;
     crate::reload::on_hangup(router.clone(), listener_tls.clone())?;
-    let replicas = router.generation().startup.source.config.replicas.clone();
+    let replicas = router.generation().config().replicas.clone();
     if let Some(settings) = replicas {
         let token = settings
             .token_file

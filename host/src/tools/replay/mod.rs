@@ -473,9 +473,7 @@ impl<'a> Simulation<'a> {
             let (tenant, priority) = self.tenant_of(index);
             let generation = self.owner(index).generation();
             let queue = generation
-                .startup
-                .source
-                .config
+                .config()
                 .admission
                 .as_ref()
                 .map(|a| a.queue.clone())
@@ -512,9 +510,7 @@ impl<'a> Simulation<'a> {
     fn expire_waiting(&mut self, now: u64) {
         let max_wait_us = self.routers[0]
             .generation()
-            .startup
-            .source
-            .config
+            .config()
             .admission
             .as_ref()
             .map_or(u64::MAX, |a| a.queue.max_wait_ms.saturating_mul(1000));
