@@ -24,29 +24,34 @@ impl Router {
             Duration::from_secs(settings.predicted_ttl_secs),
             Instant::now(),
         );
-        self.apply_kv(worker, &events);
+        self.apply_kv(&generation, worker, &events);
     }
 
     /// The KV index's bound for `worker` and where it came from (`None`: no such
     /// worker). Shown by `GET /v1/workers`.
     pub fn kv_bound(&self, worker: WorkerId) -> Option<KvBound> {
-        let engine = self
-            .engine_report(worker)
-            .read()
-            .and_then(|reading| reading.sample.kv_capacity_tokens);
-        let generation = self.generation();
+        self.kv_bound_in(&self.generation(), worker)
+    }
+
+    /// `kv_bound` under `generation`'s config.
+    fn kv_bound_in(&self, generation: &Generation, worker: WorkerId) -> Option<KvBound> {
         let state = self.state.read();
         let spec = state.workers.get(worker)?;
+        let engine = state
+            .workers
+            .engine(worker)
+            .read()
+            .and_then(|reading| reading.sample.kv_capacity_tokens);
         Some(kv_bound(generation.config(), spec, engine))
     }
 
     /// Applies `worker`'s KV events within its bound, counting and logging (once per
     /// worker, once for the fleet's bound) what the index had to forget.
-    fn apply_kv(&self, worker: WorkerId, events: &[KvEvent]) {
-        let Some(bound) = self.kv_bound(worker) else {
+    fn apply_kv(&self, generation: &Generation, worker: WorkerId, events: &[KvEvent]) {
+        let Some(bound) = self.kv_bound_in(generation, worker) else {
             return;
         };
-        let max_pairs = self.generation().config().router.max_kv_index_pairs;
+        let max_pairs = generation.config().router.max_kv_index_pairs;
         let mut kv = self.kv.write();
         kv.set_max_pairs(max_pairs);
         kv.set_budget(worker, bound.per_tier());
@@ -101,7 +106,7 @@ impl Router {
         if self.state.read().workers.get(worker).is_none() {
             return Err(WorkerError::Unknown(worker).into());
         }
-        self.apply_kv(worker, events);
+        self.apply_kv(&self.generation(), worker, events);
         Ok(())
     }
 
@@ -160,7 +165,7 @@ impl Router {
                 }
             }
         }
-        self.apply_kv(worker, &translated);
+        self.apply_kv(&self.generation(), worker, &translated);
         outcome
     }
 
