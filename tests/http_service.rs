@@ -583,14 +583,7 @@ fn refused_registrations_and_add_delete_cycles_leave_no_partition_behind() {
     );
     let before = server.metrics();
     let series = |text: &str| text.lines().filter(|l| !l.starts_with('#')).count();
-    let resident = |pid: u32| -> u64 {
-        std::fs::read_to_string(format!("/proc/{pid}/status"))
-            .unwrap()
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.split_whitespace().next()?.parse().ok())
-            .unwrap()
-    };
+    let resident = support::load::resident_kib;
     let rss_before = resident(server.process.pid());
     for i in 0..5_000 {
         // Worker 1 again, under a model of its own each time: refused (409).

@@ -128,15 +128,7 @@ const MIB: u64 = 1 << 20;
 
 /// The sum over publishers of the counter `name` in the router's `/metrics`.
 fn counter(router: &Process, name: &str) -> f64 {
-    let text = ureq::get(&format!("{}/metrics", router.address))
-        .call()
-        .unwrap()
-        .into_string()
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    metric_sum(&router.address, name)
 }
 
 #[test]

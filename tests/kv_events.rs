@@ -198,12 +198,8 @@ fn wait_overlap(router: &Process, tokens: &[u32], want: u64, what: &str) {
 /// The sum of the series of `name` (a metric name, optionally with the start of its
 /// labels) whose line also contains every one of `labels`.
 fn metric_with(router: &Process, name: &str, labels: &[&str]) -> f64 {
-    let text = ureq::get(&format!("{}/metrics", router.address))
-        .call()
-        .unwrap()
-        .into_string()
-        .unwrap();
-    text.lines()
+    metrics_text(&router.address)
+        .lines()
         .filter(|l| l.starts_with(name) && labels.iter().all(|label| l.contains(label)))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()

@@ -478,18 +478,35 @@ pub fn serve_with_picker(config: &Path, picker: u16) -> Process {
     )
 }
 
-/// The value of the metric line `name` (with its labels, if any) in the `/metrics` of the
-/// router or engine at `base`; 0 when absent.
-pub fn metric(base: &str, name: &str) -> f64 {
+/// The `/metrics` text of the router or engine at `base`.
+pub fn metrics_text(base: &str) -> String {
     let agent = ureq::AgentBuilder::new()
         .timeout(std::time::Duration::from_secs(30))
         .build();
-    let text = agent
+    agent
         .get(&format!("{base}/metrics"))
         .call()
         .unwrap()
         .into_string()
-        .unwrap();
+        .unwrap()
+}
+
+/// The sum of every series of metric `name` (any labels) in `/metrics` at `base`.
+pub fn metric_sum(base: &str, name: &str) -> f64 {
+    metrics_text(base)
+        .lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|rest| rest.starts_with('{') || rest.starts_with(' '))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// The value of the metric line `name` (with its labels, if any) in the `/metrics` of the
+/// router or engine at `base`; 0 when absent.
+pub fn metric(base: &str, name: &str) -> f64 {
+    let text = metrics_text(base);
     text.lines()
         .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
         .and_then(|l| l.rsplit(' ').next())
