@@ -361,7 +361,10 @@ fn terminate_under_load(router: &mut Process, base: &str) -> std::process::ExitS
             std::thread::spawn(move || chat_until_stopped(&base, client, &stop, &counts))
         })
         .collect();
-    std::thread::sleep(Duration::from_secs(1));
+    // Under load: SIGTERM lands while the clients keep sending.
+    wait_for("the clients' chats to be answered", || {
+        counts.answered.load(Ordering::Relaxed) >= 8
+    });
     let pid = nix::unistd::Pid::from_raw(router.pid() as i32);
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
     let started = Instant::now();
