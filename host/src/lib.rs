@@ -13,8 +13,10 @@
 //! - `switchyard-fleet` ([`fleet`]): workers, KV index, load accounting, metrics, and the
 //!   router.
 //! - `switchyard-serve` ([`serve`]): the HTTP API, the OpenAI frontend, the Envoy picker.
-//! - this crate: [`tools`] (`check`, `plugin inspect/new/test`, replay, `engine-sim`) and
-//!   the `switchyard` binary. The layers are re-exported under their short names.
+//! - `switchyard-tools` ([`tools`]): `check`, `plugin inspect/new/test`, replay,
+//!   `send-trace`, `engine-sim`.
+//! - this crate: the `switchyard` binary (its CLI and wiring). The layers are re-exported
+//!   under their short names.
 
 pub use switchyard_config as config;
 pub use switchyard_fleet as fleet;
@@ -23,4 +25,4 @@ pub use switchyard_policy as policy;
 pub use switchyard_policy::startup;
 pub use switchyard_serve as serve;
 
-pub mod tools;
+pub use switchyard_tools as tools;

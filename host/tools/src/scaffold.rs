@@ -15,7 +15,7 @@ const C_EXAMPLE: &str = include_str!("../../../plugins/c/least-busy/least_busy.c
 const CPP_EXAMPLE: &str = include_str!("../../../plugins/cpp/least-busy/least_busy.cpp");
 
 /// Where the Rust SDK of the checkout this binary was built from is.
-const BUILT_SDK: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../plugin-sdk");
+const BUILT_SDK: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../plugin-sdk");
 
 const VENDOR: &str = "TODO: your company";
 

@@ -22,7 +22,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use crate::serve::frontend::prompt::BYTES_PER_TOKEN;
-use crate::tools::replay::{read_trace, ReplayError, TraceRequest};
+use crate::replay::{read_trace, ReplayError, TraceRequest};
 
 /// What `switchyard send-trace` takes.
 #[derive(clap::Args, Clone, Debug)]
