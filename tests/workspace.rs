@@ -307,3 +307,29 @@ fn no_source_file_is_over_800_lines() {
         "over {MAX_FILE_LINES} lines, split each by its concerns: {too_long:?}"
     );
 }
+
+/// Settings are read through `Startup::config()` / `Generation::config()`, never by
+/// reaching through the config source (which also carries the file it came from): one
+/// way in, so a setting's readers can be found by one search.
+#[test]
+fn no_code_reaches_through_the_config_source() {
+    let mut files = Vec::new();
+    for dir in ["host", "tests"] {
+        rust_files(&repo().join(dir), &mut files);
+    }
+    let this_file = repo().join("tests/workspace.rs");
+    let reaching: Vec<String> = files
+        .iter()
+        .filter(|f| !f.starts_with(repo().join("host/config")) && **f != this_file)
+        .filter(|f| code(f).contains("startup.source.config"))
+        .map(|f| f.display().to_string())
+        .collect();
+    assert!(
+        files.len() > 100,
+        "the search found too few files to mean anything"
+    );
+    assert!(
+        reaching.is_empty(),
+        "use startup.config() (or generation.config()) instead of startup.source.config in: {reaching:?}"
+    );
+}

@@ -278,7 +278,7 @@ fn serve(
     if !listen.ip().to_canonical().is_loopback() {
         warn_hardening(&startup);
     }
-    let mut ext_proc_settings = startup.source.config.ext_proc.clone();
+    let mut ext_proc_settings = startup.config().ext_proc.clone();
     if let Some(address) = ext_proc {
         match &mut ext_proc_settings {
             Some(settings) => settings.listen = address,

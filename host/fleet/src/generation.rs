@@ -77,7 +77,7 @@ impl Generation {
 
     /// The config this generation was loaded from: every setting is read here.
     pub fn config(&self) -> &switchyard_config::Config {
-        &self.startup.source.config
+        self.startup.config()
     }
 
     pub fn instance(&self, name: &str) -> Option<&Arc<InstanceFactory>> {

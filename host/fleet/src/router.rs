@@ -157,8 +157,8 @@ impl Router {
     pub fn new(startup: Startup) -> Result<Self, RouteError> {
         // Before any request: the first selection must not wait for the calibration.
         Stopwatch::calibrate();
-        let expiry = Duration::from_secs(startup.source.config.router.request_expiry_secs);
-        let workers = startup.source.config.workers.clone();
+        let expiry = Duration::from_secs(startup.config().router.request_expiry_secs);
+        let workers = startup.config().workers.clone();
         let metrics = Metrics::new(startup.instances.iter().map(|i| i.name.as_str()));
         let retirement = Arc::new(Retirement::new());
         let router = Router {

@@ -291,7 +291,7 @@ pub fn run(args: &SelectArgs, startup: &Startup) -> Result<String, DryRunError> 
             name: name.clone(),
             source,
         })?;
-    let prompt = PromptBlocks::new(startup.source.config.router.block_size, args.blocks);
+    let prompt = PromptBlocks::new(startup.config().router.block_size, args.blocks);
     let mut request = RouteRequest {
         attributes: Some(Arc::new(RequestAttributes {
             request_id: args.request_id.clone(),
@@ -410,7 +410,7 @@ fn busy_workers(
     let mut allowed = Vec::new();
     mark_not_busy(busy, &inputs, &mut allowed, false);
     if let Some(max) = busy.max_active_prefill_tokens {
-        let block_size = u64::from(startup.source.config.router.block_size);
+        let block_size = u64::from(startup.config().router.block_size);
         mark_prefill_room(max, &prefill, &overlaps, blocks, block_size, &mut allowed);
     }
     allowed
@@ -437,7 +437,7 @@ fn admit(
     let partition = PartitionKey::new("dry-run", WorkerType::Select);
     let mut admitters =
         Admitters::build(&startup.admitters, &partition).map_err(DryRunError::Admitters)?;
-    let admission = startup.source.config.admission.as_ref();
+    let admission = startup.config().admission.as_ref();
     let saturation = Saturation {
         workers: rows.len() as u64,
         busy_workers: busy as u64,

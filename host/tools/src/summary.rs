@@ -81,7 +81,7 @@ fn write_plugin(out: &mut String, registry: &Registry, plugin: &LoadedPlugin) {
 /// Instances reading a group nothing feeds: ENGINE while `engine_metrics.interval_ms` is
 /// 0 (their components never see a sample). Printed by `check` and `serve`.
 pub fn unfed_input_warnings(startup: &Startup) -> Vec<String> {
-    if startup.source.config.engine_metrics.interval_ms > 0 {
+    if startup.config().engine_metrics.interval_ms > 0 {
         return Vec::new();
     }
     let partition = PartitionKey::new("check", switchyard_plugin_sdk::WorkerType::Select);
@@ -168,7 +168,7 @@ pub fn check_summary(startup: &Startup) -> String {
 /// engine that reports a larger cache (vLLM's `cache_config_info`) raises it;
 /// `GET /v1/workers` shows the bound in force.
 fn write_kv_bounds(out: &mut String, startup: &Startup) {
-    let config = &startup.source.config;
+    let config = startup.config();
     if config.workers.is_empty() {
         return;
     }

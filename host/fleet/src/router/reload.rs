@@ -60,7 +60,7 @@ impl Router {
     fn swap_in(self: &Arc<Self>, startup: Startup) -> Result<ReloadOutcome, Vec<ReloadError>> {
         let _changing = self.changing.lock();
         let serving = self.generation();
-        let (old, new) = (&serving.startup.source.config, &startup.source.config);
+        let (old, new) = (&serving.startup.config(), &startup.config());
         if old.router.block_size != new.router.block_size {
             return Err(vec![ReloadError::BlockSizeChanged {
                 config: startup.source.name.clone(),

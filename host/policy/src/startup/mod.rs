@@ -18,7 +18,7 @@ use crate::{
 };
 pub use switchyard_config::BUILTIN_DEFAULT;
 use switchyard_config::{
-    ComponentEntry, ConfigError, ConfigSource, InstanceEntry, Keyring, OnError,
+    ComponentEntry, Config, ConfigError, ConfigSource, InstanceEntry, Keyring, OnError,
 };
 use switchyard_plugin_host::plugin::{
     ComponentKind, LoadError, OwnedParams, PartitionKey, PluginImage, PluginSpec,
@@ -134,6 +134,18 @@ pub struct Startup {
 }
 
 impl Startup {
+    /// The settings this startup was built from: what every layer above reads, rather
+    /// than reaching through the config source (which also keeps the file's path).
+    pub fn config(&self) -> &Config {
+        &self.source.config
+    }
+
+    /// The settings, to adjust before the router is built from them (replay runs a
+    /// config's policies over simulated workers of its own).
+    pub fn config_mut(&mut self) -> &mut Config {
+        &mut self.source.config
+    }
+
     pub fn instance(&self, name: &str) -> Option<&Arc<InstanceFactory>> {
         self.instances.iter().find(|i| i.name == name)
     }

@@ -453,7 +453,7 @@ async fn policies(State(router): Shared) -> Json<serde_json::Value> {
         "component_types": components,
         "plugins": plugins,
         // `admission:` as configured (null without it), and the requests waiting now.
-        "admission": startup.source.config.admission.as_ref().map(|a| json!({
+        "admission": startup.config().admission.as_ref().map(|a| json!({
             "busy": a.busy,
             "queue": a.queue,
             "rate_limits": a.rate_limits,

@@ -182,8 +182,8 @@ fn fresh_router(args: &ReplayArgs) -> Result<Arc<Router>, ReplayError> {
         ),
     }?;
     let mut startup = start(source).map_err(ReplayError::Startup)?;
-    startup.source.config.workers.clear();
-    startup.source.config.router.block_size = block_size;
+    startup.config_mut().workers.clear();
+    startup.config_mut().router.block_size = block_size;
     if let Some(unknown) = policies.iter().find(|p| startup.instance(p).is_none()) {
         return Err(ReplayError::UnknownPolicy {
             name: unknown.clone(),
