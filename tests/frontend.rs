@@ -468,7 +468,7 @@ fn a_thousand_streams_with_hangups_and_a_killed_engine_leave_no_booking() {
     let victim = engines[2].pid();
     let started = Arc::new(AtomicUsize::new(0));
     // reqwest's rustls needs a process-wide provider (another test may not have run).
-    switchyard::serve::tls::install_default_provider();
+    switchyard::engines::tls::install_default_provider();
     let outcomes = runtime().block_on(async {
         let client = reqwest::Client::builder()
             .pool_max_idle_per_host(0)

@@ -276,7 +276,7 @@ fn the_picker_serves_grpc_over_mutual_tls_and_refuses_clients_without_a_certific
     runtime.block_on(async {
         use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity};
         use tonic_health::pb::{health_client::HealthClient, HealthCheckRequest};
-        switchyard::serve::tls::install_default_provider();
+        switchyard::engines::tls::install_default_provider();
         let ca_pem = std::fs::read(&ca.pem).unwrap();
         let endpoint = |identity: Option<Identity>| {
             let mut tls = ClientTlsConfig::new()

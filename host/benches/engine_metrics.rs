@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use axum::routing::get;
 use switchyard::config::{ConfigSource, EngineMetricsSettings};
+use switchyard::engines::engine_metrics::{parse::parse, scrape_all};
 use switchyard::plugin::EngineReport;
-use switchyard::serve::engine_metrics::{parse::parse, scrape_all};
 use switchyard_plugin_sdk::WorkerId;
 
 const ENGINES: usize = 1_000;
@@ -26,7 +26,7 @@ fn thread_cpu() -> Duration {
 }
 
 fn main() {
-    switchyard::serve::tls::install_default_provider();
+    switchyard::engines::tls::install_default_provider();
     let text: &'static str = include_str!("../../tests/fixtures/engine_metrics/vllm.txt");
     // The engines: one server runtime (two threads), 1,000 listeners.
     let engines = tokio::runtime::Builder::new_multi_thread()
@@ -67,7 +67,7 @@ fn main() {
         .build()
         .unwrap();
     let client =
-        scraper.block_on(async { switchyard::serve::frontend::engine_client(&source).unwrap() });
+        scraper.block_on(async { switchyard::engines::client::engine_client(&source).unwrap() });
     let mut per_round = Vec::new();
     for round in 0..=ROUNDS {
         let (cpu, wall) = (thread_cpu(), Instant::now());

@@ -71,7 +71,7 @@ fn start_router(dir: &std::path::Path, grpc_port: u16) -> (Process, String) {
 
 /// The router's own mean decision time (end of body -> pick sent), from /metrics.
 async fn server_side_mean_ms(base: &str) -> f64 {
-    switchyard::serve::tls::install_default_provider();
+    switchyard::engines::tls::install_default_provider();
     let metrics = reqwest::get(format!("{base}/metrics"))
         .await
         .unwrap()

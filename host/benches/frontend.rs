@@ -182,7 +182,7 @@ fn main() {
         .build()
         .unwrap();
     runtime.block_on(async {
-        switchyard::serve::tls::install_default_provider();
+        switchyard::engines::tls::install_default_provider();
         let client = reqwest::Client::builder().tcp_nodelay(true).build().unwrap();
         let direct = format!("{engine}/v1/chat/completions");
         let routed = format!("{router}/v1/chat/completions");

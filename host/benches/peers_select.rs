@@ -505,7 +505,7 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    switchyard::serve::tls::install_default_provider();
+    switchyard::engines::tls::install_default_provider();
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(CONCURRENCY)
         .build()

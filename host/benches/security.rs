@@ -176,7 +176,7 @@ fn main() {
         .build()
         .unwrap();
     runtime.block_on(async {
-        switchyard::serve::tls::install_default_provider();
+        switchyard::engines::tls::install_default_provider();
         let client = reqwest::Client::builder()
             .tcp_nodelay(true)
             .add_root_certificate(reqwest::Certificate::from_pem(ca_pem.as_bytes()).unwrap())

@@ -12,6 +12,9 @@
 //!   to loaded plugins and validated instances).
 //! - `switchyard-fleet` ([`fleet`]): workers, KV index, load accounting, metrics, and the
 //!   router.
+//! - `switchyard-engines` ([`engines`]): the engine client and its TLS, upstream
+//!   failures, health checks, engine-metrics scraping: what any host embedding the
+//!   router needs of the engines.
 //! - `switchyard-serve` ([`serve`]): the HTTP API, the OpenAI frontend, the Envoy picker.
 //! - `switchyard-tools` ([`tools`]): `check`, `plugin inspect/new/test`, replay,
 //!   `send-trace`, `engine-sim`.
@@ -19,6 +22,7 @@
 //!   under their short names.
 
 pub use switchyard_config as config;
+pub use switchyard_engines as engines;
 pub use switchyard_fleet as fleet;
 pub use switchyard_plugin_host::{isolation, plugin};
 pub use switchyard_policy as policy;

@@ -194,7 +194,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logs(cli.log_format);
     // One TLS crypto provider for every client and listener of the process.
-    switchyard::serve::tls::install_default_provider();
+    switchyard::engines::tls::install_default_provider();
     if !matches!(cli.command, Command::Serve { .. } | Command::EngineSim(_)) {
         end_quietly_on_closed_stdout();
     }
@@ -317,7 +317,7 @@ fn check(config: Option<&PathBuf>) -> ExitCode {
             Default::default()
         });
     if errors.is_empty() {
-        let tls = switchyard::serve::tls::check_files(&startup.source);
+        let tls = switchyard::engines::tls::check_files(&startup.source);
         errors.extend(tls.iter().map(ToString::to_string));
         errors.extend(check_token_file(&startup.source));
     }

@@ -39,7 +39,7 @@ pub fn runtime() -> tokio::runtime::Runtime {
 /// which the process must choose before reqwest builds a client (the binary does it in
 /// `main`).
 pub fn http_client() -> reqwest::Client {
-    switchyard::serve::tls::install_default_provider();
+    switchyard::engines::tls::install_default_provider();
     reqwest::Client::new()
 }
 

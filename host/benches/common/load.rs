@@ -28,7 +28,7 @@ pub async fn load_spread(
     concurrency: usize,
     duration: Duration,
 ) -> Cell {
-    switchyard::serve::tls::install_default_provider();
+    switchyard::engines::tls::install_default_provider();
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(concurrency)
         .build()

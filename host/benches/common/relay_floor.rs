@@ -30,7 +30,7 @@ pub fn serve(engine: String) {
             .await
             .expect("a loopback port");
         println!("{ANNOUNCE}http://{}", listener.local_addr().unwrap());
-        switchyard::serve::tls::install_default_provider();
+        switchyard::engines::tls::install_default_provider();
         let client = reqwest::Client::builder()
             .tcp_nodelay(true)
             .build()

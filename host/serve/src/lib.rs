@@ -4,7 +4,6 @@
 pub mod admission;
 pub mod auth;
 pub mod caller;
-pub mod engine_metrics;
 pub mod errors;
 pub mod ext_proc;
 pub mod frontend;
@@ -16,4 +15,3 @@ pub mod reload;
 pub mod request_attributes;
 pub mod request_body;
 pub mod socket;
-pub mod tls;

@@ -26,7 +26,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Notify};
 use tower::ServiceExt;
 
-use crate::tls::ServerTls;
+use switchyard_engines::tls::ServerTls;
 use switchyard_config::HttpSettings;
 
 /// The limits of one listener.

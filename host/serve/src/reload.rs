@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use crate::tls::{server_config, CertificateError, ListenerTls, ServerTls, GRPC_ALPN, HTTP_ALPN};
+use switchyard_engines::tls::{server_config, CertificateError, ListenerTls, ServerTls, GRPC_ALPN, HTTP_ALPN};
 use switchyard_config::ConfigSource;
 use switchyard_fleet::router::{ReloadError, ReloadOutcome, Router};
 use switchyard_policy::startup::{Startup, StartupError};

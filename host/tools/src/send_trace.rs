@@ -227,7 +227,7 @@ pub async fn send(args: &SendTraceArgs) -> Result<Vec<Sent>, SendTraceError> {
         trace.truncate(n);
     }
     let url: Arc<str> = format!("{}/v1/completions", args.url.trim_end_matches('/')).into();
-    crate::serve::tls::install_default_provider();
+    switchyard_engines::tls::install_default_provider();
     let client = reqwest::Client::builder()
         .build()
         .map_err(|e| SendTraceError::Url {

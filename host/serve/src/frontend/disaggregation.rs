@@ -30,7 +30,7 @@ use switchyard_plugin_sdk::WorkerId;
 use switchyard_plugin_sdk::WorkerType;
 use tokio::sync::OwnedSemaphorePermit;
 
-use super::upstream::{Engine, Failure, Phase};
+use switchyard_engines::upstream::{Engine, Failure, Phase};
 use super::{describe, Frontend, Lease, OpenAiError};
 
 /// One request to serve through a pair.
@@ -175,7 +175,7 @@ impl Frontend {
     }
 
     fn post(&self, side: &Side, pair: &Pair, body: &Map<String, Value>) -> reqwest::RequestBuilder {
-        self.client
+        self.clients.pooled
             .post(format!(
                 "{}{}",
                 side.url.trim_end_matches('/'),

@@ -12,11 +12,9 @@
 //!   cool-down and selects again without it, a bounded number of times.
 
 mod disaggregation;
-pub mod health;
 pub mod prompt;
 mod relay;
 pub mod tokenizer;
-mod upstream;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -39,11 +37,12 @@ use prompt::{Endpoint, Prompt};
 pub use relay::Lease;
 use relay::{relay, upstream_failure};
 use switchyard_config::{Disaggregation, FrontendSettings};
+pub use switchyard_engines::describe;
+use switchyard_engines::upstream::{Engine, Failure, Phase};
+use switchyard_engines::EngineClients;
 use switchyard_fleet::metrics::UpstreamFailure;
 use switchyard_fleet::router::{Refused, RouteDecision, RouteError, RouteRequest, Router};
 use tokenizer::ModelTokenizer;
-pub use upstream::describe;
-use upstream::{Engine, Failure, Phase};
 
 /// A selection and the booking it holds until the answer ends.
 type Selected = (RouteDecision, Lease);
@@ -102,10 +101,9 @@ pub fn load_tokenizers(
 /// The frontend's shared state.
 pub struct Frontend {
     router: Arc<Router>,
-    client: reqwest::Client,
-    /// Never reuses a connection: a request whose kept-alive connection closed before
-    /// the answer is sent again with it.
-    fresh_client: reqwest::Client,
+    /// The pooled client, and the fresh one a request whose kept-alive connection
+    /// closed before the answer is sent again with.
+    clients: EngineClients,
     settings: FrontendSettings,
     /// Per model with a `tokenizer:`.
     tokenizers: HashMap<String, ModelTokenizer>,
@@ -116,46 +114,11 @@ pub struct Frontend {
     in_flight: Arc<tokio::sync::Semaphore>,
 }
 
-/// The HTTP client that talks to engines: their CA, no redirects, the frontend's connect
-/// timeout, idle connections kept `frontend.pool_idle_timeout_ms` (0: none kept).
-pub fn engine_client(
-    source: &switchyard_config::ConfigSource,
-) -> Result<reqwest::Client, FrontendError> {
-    engine_client_keeping(source, source.config.frontend.pool_idle_timeout_ms)
-}
-
-/// `engine_client`, keeping idle connections `idle_ms` (0: none).
-fn engine_client_keeping(
-    source: &switchyard_config::ConfigSource,
-    idle_ms: u64,
-) -> Result<reqwest::Client, FrontendError> {
-    let tls = crate::tls::engine_client_config(source)?;
-    let builder = reqwest::Client::builder();
-    let builder = if idle_ms == 0 {
-        builder.pool_max_idle_per_host(0)
-    } else {
-        builder.pool_idle_timeout(Duration::from_millis(idle_ms))
-    };
-    builder
-        .connect_timeout(Duration::from_millis(
-            source.config.frontend.connect_timeout_ms,
-        ))
-        .tcp_nodelay(true)
-        // Engine URLs never carry credentials, and a redirect would take a prompt
-        // to a host no one checked against `router.worker_networks`.
-        .redirect(reqwest::redirect::Policy::none())
-        .tls_backend_preconfigured(tls)
-        .build()
-        .map_err(FrontendError::Client)
-}
-
 /// Why the frontend (or its engine client) cannot start.
 #[derive(Debug, thiserror::Error)]
 pub enum FrontendError {
     #[error(transparent)]
-    Tls(#[from] crate::tls::TlsError),
-    #[error("cannot set up the upstream client: {0}")]
-    Client(reqwest::Error),
+    Client(#[from] switchyard_engines::ClientError),
     /// Every tokenizer of `models:` that does not load, one line each.
     #[error("{}", .0.iter().map(ToString::to_string).collect::<Vec<_>>().join("\n"))]
     Tokenizers(Vec<switchyard_config::ConfigError>),
@@ -171,12 +134,10 @@ impl Frontend {
         let in_flight = usize::try_from(settings.max_in_flight)
             .unwrap_or(usize::MAX)
             .min(tokio::sync::Semaphore::MAX_PERMITS);
-        let client = engine_client(source)?;
-        let fresh_client = engine_client_keeping(source, 0)?;
+        let clients = EngineClients::new(source)?;
         Ok(Arc::new(Frontend {
             router,
-            client,
-            fresh_client,
+            clients,
             settings,
             tokenizers,
             next_request: AtomicU64::new(0),
@@ -190,7 +151,12 @@ impl Frontend {
     }
 
     pub fn client(&self) -> &reqwest::Client {
-        &self.client
+        &self.clients.pooled
+    }
+
+    /// Both engine clients (the health prober uses them too).
+    pub fn clients(&self) -> &EngineClients {
+        &self.clients
     }
 
     /// The tokenizer of `model`, if its config names one.
@@ -482,9 +448,9 @@ impl Frontend {
         body: Bytes,
     ) -> reqwest::Result<reqwest::Response> {
         let client = if fresh {
-            &self.fresh_client
+            &self.clients.fresh
         } else {
-            &self.client
+            &self.clients.pooled
         };
         client
             .post(target)

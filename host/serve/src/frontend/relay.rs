@@ -9,7 +9,7 @@ use futures_util::{Stream, StreamExt};
 use serde_json::json;
 use switchyard_fleet::router::Router;
 
-use super::upstream::{Engine, Failure, Phase};
+use switchyard_engines::upstream::{Engine, Failure, Phase};
 
 /// One request's booking: prefill complete once, freed exactly once (at the end of the
 /// answer, on error, or when dropped because the client went away).

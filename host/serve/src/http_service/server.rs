@@ -131,19 +131,26 @@ fn listener_tls(
     options: &ServeOptions,
 ) -> std::io::Result<ListenerTls> {
     let config = &source.config;
-    let server_tls =
-        |section: &str, settings: Option<&switchyard_config::TlsSettings>, alpn: &[&[u8]]| {
-            settings
-                .map(|t| crate::tls::server_config(section, t, source, alpn).map(ServerTls::new))
-                .transpose()
-                .map_err(std::io::Error::other)
-        };
+    let server_tls = |section: &str,
+                      settings: Option<&switchyard_config::TlsSettings>,
+                      alpn: &[&[u8]]| {
+        settings
+            .map(|t| {
+                switchyard_engines::tls::server_config(section, t, source, alpn).map(ServerTls::new)
+            })
+            .transpose()
+            .map_err(std::io::Error::other)
+    };
     Ok(ListenerTls {
-        http: server_tls("http.tls", config.http.tls.as_ref(), crate::tls::HTTP_ALPN)?,
+        http: server_tls(
+            "http.tls",
+            config.http.tls.as_ref(),
+            switchyard_engines::tls::HTTP_ALPN,
+        )?,
         ext_proc: server_tls(
             "ext_proc.tls",
             options.ext_proc.as_ref().and_then(|e| e.tls.as_ref()),
-            crate::tls::GRPC_ALPN,
+            switchyard_engines::tls::GRPC_ALPN,
         )?,
     })
 }
@@ -151,7 +158,7 @@ fn listener_tls(
 /// Everything that runs beside the listeners: engine scrapes, KV-event subscriptions,
 /// reload on SIGHUP, the replicas' bus.
 async fn start_background(router: &Arc<Router>, listener_tls: &ListenerTls) -> std::io::Result<()> {
-    crate::engine_metrics::start(router.clone())?;
+    switchyard_engines::engine_metrics::start(router.clone())?;
     router.subscribe_kv_events(&router.workers())?;
     crate::reload::on_hangup(router.clone(), listener_tls.clone())?;
     let replicas = router.generation().config().replicas.clone();
@@ -208,7 +215,7 @@ fn start_picker(
     frontend: &Arc<Frontend>,
     settings: &switchyard_config::ExtProcSettings,
     tcp: tokio::net::TcpListener,
-    tls: Option<Arc<crate::tls::ServerTls>>,
+    tls: Option<Arc<switchyard_engines::tls::ServerTls>>,
     table: Arc<ConnectionTable>,
     draining: tokio::sync::watch::Receiver<bool>,
 ) -> std::io::Result<tokio::sync::oneshot::Receiver<()>> {
@@ -298,7 +305,7 @@ async fn serve_until_drained(
 /// Serves until SIGINT or SIGTERM. Prints `switchyard listening on http://ADDR` (or
 /// https) once bound.
 pub async fn serve(router: Arc<Router>, options: ServeOptions) -> std::io::Result<()> {
-    crate::tls::install_default_provider();
+    switchyard_engines::tls::install_default_provider();
     let generation = router.generation();
     check_exposure(&options, &generation)?;
     let source = &generation.startup.source;
@@ -331,7 +338,10 @@ pub async fn serve(router: Arc<Router>, options: ServeOptions) -> std::io::Resul
     // flight finishes (up to `router.drain_timeout_secs`), then the process ends.
     let draining = drain_on_signal()?;
     let frontend = Frontend::new(router.clone()).map_err(std::io::Error::other)?;
-    tokio::spawn(frontend::health::probe_forever(frontend.clone()));
+    tokio::spawn(switchyard_engines::health::probe_forever(
+        frontend.router().clone(),
+        frontend.clients().clone(),
+    ));
     start_background(&router, &listener_tls).await?;
     let scheme = if listener_tls.http.is_some() {
         "https"

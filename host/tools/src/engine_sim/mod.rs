@@ -698,7 +698,7 @@ async fn serve_https(
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     use switchyard_serve::listener::{serve_http, ConnectionTable, Limits, Listener};
-    use switchyard_serve::tls::{server_config_from_files, ServerTls};
+    use switchyard_engines::tls::{server_config_from_files, ServerTls};
     let config = server_config_from_files("--tls", cert, key, None, &[b"http/1.1"])
         .map_err(std::io::Error::other)?;
     let limits = Limits {

@@ -37,7 +37,7 @@ pub fn start(router: Arc<Router>) -> std::io::Result<()> {
                     return;
                 }
             };
-            let client = match crate::frontend::engine_client(&router.generation().startup.source) {
+            let client = match crate::client::engine_client(&router.generation().startup.source) {
                 Ok(client) => client,
                 Err(e) => {
                     tracing::error!(error = %e, "engine metrics: no HTTP client; engines are not scraped");
@@ -154,7 +154,7 @@ async fn scrape(
             .await
             .map_err(|e| ScrapeError::Request {
                 target: target.clone(),
-                reason: crate::frontend::describe(&e),
+                reason: crate::upstream::describe(&e),
             })?;
         if !response.status().is_success() {
             return Err(ScrapeError::Status {

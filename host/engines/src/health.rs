@@ -7,51 +7,47 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::Frontend;
-use switchyard_fleet::router::HealthFailure;
+use switchyard_fleet::router::{HealthFailure, Router};
 
-/// Probes every worker with a `url` forever (until the runtime shuts down).
-pub async fn probe_forever(frontend: Arc<Frontend>) {
-    let settings = frontend.settings().clone();
+use crate::client::EngineClients;
+
+/// Probes every worker of `router` forever (until the runtime shuts down), at the
+/// `frontend.health_interval_ms` the router started with.
+pub async fn probe_forever(router: Arc<Router>, clients: EngineClients) {
+    let settings = router.generation().config().frontend.clone();
     let mut tick = tokio::time::interval(Duration::from_millis(settings.health_interval_ms));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let targets = frontend.router().worker_urls();
+        let targets = router.worker_urls();
         let probes = targets.into_iter().map(|(worker, url)| {
-            let frontend = frontend.clone();
+            let (router, clients) = (&router, &clients);
             async move {
                 let health = format!("{}/health", url.trim_end_matches('/'));
                 let timeout = Duration::from_millis(settings.health_timeout_ms);
-                let mut answer = frontend.client.get(&health).timeout(timeout).send().await;
+                let mut answer = clients.pooled.get(&health).timeout(timeout).send().await;
                 // A kept-alive connection the engine closed as idle says nothing of its
                 // health: asked again on a connection of its own.
                 if answer
                     .as_ref()
-                    .is_err_and(super::upstream::closed_before_answer)
+                    .is_err_and(crate::upstream::closed_before_answer)
                 {
-                    answer = frontend
-                        .fresh_client
-                        .get(&health)
-                        .timeout(timeout)
-                        .send()
-                        .await;
+                    answer = clients.fresh.get(&health).timeout(timeout).send().await;
                 }
                 let outcome = match answer {
                     Ok(r) if r.status().is_success() => Ok(()),
                     Ok(r) => Err(HealthFailure::Status(r.status().to_string())),
-                    Err(e) => Err(HealthFailure::NoAnswer(super::describe(&e))),
+                    Err(e) => Err(HealthFailure::NoAnswer(crate::upstream::describe(&e))),
                 };
-                frontend.router().record_probe(worker, outcome);
+                router.record_probe(worker, outcome);
             }
         });
         let timeout = Duration::from_millis(settings.health_timeout_ms);
-        let connects = frontend
-            .router()
+        let connects = router
             .worker_addresses()
             .into_iter()
             .map(|(worker, address)| {
-                let frontend = frontend.clone();
+                let router = &router;
                 async move {
                     let connected =
                         tokio::time::timeout(timeout, tokio::net::TcpStream::connect(address))
@@ -64,7 +60,7 @@ pub async fn probe_forever(frontend: Arc<Frontend>) {
                         }),
                         Err(_) => Err(HealthFailure::ConnectTimedOut(address.to_string())),
                     };
-                    frontend.router().record_probe(worker, outcome);
+                    router.record_probe(worker, outcome);
                 }
             });
         futures_util::future::join(

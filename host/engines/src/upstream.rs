@@ -86,7 +86,7 @@ impl Failure<'_> {
 /// Whether the connection closed (or was reset) before any byte of the answer: hyper's
 /// "connection closed before message completed", or a reset or broken pipe while the
 /// request was written (not a refused connection, nor a timeout).
-pub(super) fn closed_before_answer(error: &reqwest::Error) -> bool {
+pub fn closed_before_answer(error: &reqwest::Error) -> bool {
     if error.is_connect() || error.is_timeout() {
         return false;
     }
