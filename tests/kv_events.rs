@@ -7,7 +7,7 @@
 mod support;
 
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::*;
@@ -183,16 +183,12 @@ fn overlap(router: &Process, tokens: &[u32]) -> u64 {
 
 /// Waits (bounded) until `tokens` overlaps `want` blocks on worker 1.
 fn wait_overlap(router: &Process, tokens: &[u32], want: u64, what: &str) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut last = u64::MAX;
-    while Instant::now() < deadline {
-        last = overlap(router, tokens);
-        if last == want {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    panic!("{what}: overlap {last}, expected {want}");
+    eventually_ok(what, Duration::from_secs(10), || {
+        let overlap = overlap(router, tokens);
+        (overlap == want)
+            .then_some(())
+            .ok_or_else(|| format!("overlap {overlap}, expected {want}"))
+    });
 }
 
 /// The sum of the series of `name` (a metric name, optionally with the start of its
@@ -289,19 +285,17 @@ fn every_start_order_yields_the_index_of_a_router_that_saw_every_batch() {
 
     // The router first: its start replay finds no engine; the engine comes up, its batch 0
     // never arrives live, batch 1 does.
+    // `serve` returns once the router listens, and its subscriber starts before that (with
+    // the router): the engine below starts after it, with nothing to wait for.
     let router_first = serve(&config);
-    std::thread::sleep(Duration::from_millis(500));
     let engine_process = engine(ports, &vllm_0_23);
     // Until the subscriber is connected, a live batch would be lost to the socket itself
     // and only a later one would reveal it: wait for the connection.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while metric(&router_first, "switchyard_kv_event_replays_total") < 1.0 {
-        assert!(
-            Instant::now() < deadline,
-            "the subscriber never reached the engine"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    eventually(
+        "the subscriber reaches the engine",
+        Duration::from_secs(10),
+        || metric(&router_first, "switchyard_kv_event_replays_total") >= 1.0,
+    );
     prefill(&engine_process, &a);
     prefill(&engine_process, &b);
     wait_overlap(&router_first, &b, 3, "router first: batch 1, live");
@@ -366,21 +360,21 @@ fn without_a_replay_socket_the_live_stream_goes_on_after_a_lost_first_batch() {
     );
     let (a, b) = (prompt(21, 2), prompt(22, 2));
     prefill(&engine_process, &a); // batch 0: never sent live, and no replay has it
-                                  // Until the subscriber has joined (it reconnects with backoff), batches are lost to
-                                  // the socket too: probe with fresh prompts until one arrives.
-    let deadline = Instant::now() + Duration::from_secs(15);
-    for seed in 100.. {
-        let probe = prompt(seed, 1);
-        prefill(&engine_process, &probe);
-        std::thread::sleep(Duration::from_millis(300));
-        if overlap(&router, &probe) == 1 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no live batch ever reached the router"
-        );
-    }
+                                  // Until the subscriber has joined (it reconnects with backoff), batches are lost to the
+                                  // socket too: publish fresh prompts until the router counts a batch received.
+    let mut seed = 100;
+    eventually(
+        "a live batch reaches the router",
+        Duration::from_secs(15),
+        || {
+            if metric_sum(&router.address, "switchyard_kv_event_batches_total") >= 1.0 {
+                return true;
+            }
+            prefill(&engine_process, &prompt(seed, 1));
+            seed += 1;
+            false
+        },
+    );
     prefill(&engine_process, &b);
     wait_overlap(&router, &b, 2, "a live batch after the failed replay");
     assert_eq!(overlap(&router, &a), 0, "batch 0 was never delivered");
