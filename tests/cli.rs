@@ -312,7 +312,7 @@ fn manifest_and_registration_must_agree() {
 /// Starts `serve` on a config whose one worker's engine is down (so the health probe
 /// logs a warning), waits for that warning, and returns everything it wrote to stderr.
 fn serve_logs(dir: &std::path::Path, format: &str) -> String {
-    use std::io::Read;
+    use std::io::{BufRead, BufReader};
     let port = free_port();
     let config = write_config(
         dir,
@@ -335,16 +335,30 @@ fn serve_logs(dir: &std::path::Path, format: &str) -> String {
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
-    let mut stderr = child.stderr.take().unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut all = String::new();
-        let _ = stderr.read_to_string(&mut all);
-        all
+    let stderr = child.stderr.take().unwrap();
+    let (line_sender, lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line_sender.send(line).is_err() {
+                break;
+            }
+        }
     });
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    // Read until the warning (or 30 s: the caller's assertion then shows what came).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut all = String::new();
+    while let Ok(line) =
+        lines.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()))
+    {
+        all.push_str(&line);
+        all.push('\n');
+        if line.contains("worker failed its health probe") {
+            break;
+        }
+    }
     let _ = child.kill();
     let _ = child.wait();
-    reader.join().unwrap()
+    all
 }
 
 #[test]
