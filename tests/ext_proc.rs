@@ -70,18 +70,14 @@ async fn loads(base: &str) -> HashMap<String, (u64, u64)> {
 
 /// Waits (bounded) until nothing is booked anywhere.
 async fn wait_for_zero_load(base: &str) {
-    let mut last = HashMap::new();
-    for _ in 0..100 {
-        last = loads(base).await;
-        if last
+    eventually_ok_async("no booking left", Duration::from_secs(5), || async {
+        let loads = loads(base).await;
+        let idle = loads
             .values()
-            .all(|&(requests, tokens)| requests == 0 && tokens == 0)
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("bookings left behind: {last:?}");
+            .all(|&(requests, tokens)| requests == 0 && tokens == 0);
+        idle.then_some(()).ok_or_else(|| format!("{loads:?}"))
+    })
+    .await;
 }
 
 #[test]
@@ -706,18 +702,25 @@ fn a_busy_decode_side_waits_in_its_own_queue_behind_envoy() {
                 .await;
             (envoy, answer)
         });
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Observed, not slept on: the second is in the admission queue, and not picked.
+        eventually_async(
+            "the second request waits in the queue",
+            Duration::from_secs(10),
+            || async {
+                let policies: Json = support::get(format!("{base}/v1/policies"))
+                    .await
+                    .unwrap()
+                    .json()
+                    .await
+                    .unwrap();
+                policies["admission"]["waiting"] == 1
+            },
+        )
+        .await;
         assert!(
             !second.is_finished(),
             "the second waits for the decode worker"
         );
-        let waiting: Json = support::get(format!("{base}/v1/policies"))
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        assert_eq!(waiting["admission"]["waiting"], 1, "{waiting}");
         first.response_chunk(b"data: [DONE]\n\n", true).await;
         first.half_close();
         let (mut envoy, answer) = tokio::time::timeout(Duration::from_secs(10), second)
