@@ -396,6 +396,7 @@ fn no_request_books_while_a_higher_priority_one_waits() {
     let partition = PartitionKey::new("m", WorkerType::Select);
     let waiter = router
         .admission
+        .queue
         .enqueue(&partition, 10, "", 1, 16, None)
         .unwrap();
     let low = router.select_and_reserve(&request("low", 0));

@@ -11,16 +11,14 @@ use serde::{Deserialize, Serialize};
 use switchyard_plugin_sdk::WorkerId;
 
 use super::generation::{Generation, SelectorSlot};
-use super::kept_columns::FleetColumns;
-use super::kv_events::hash_agreement::{EngineBlocks, Ignored};
-use super::kv_events::subscriber::{self, Subscription};
+use super::kv_events::hash_agreement::Ignored;
+use super::kv_events::subscriber;
 use super::kv_events::wire::EngineEvent;
 use super::kv_events::ApplyOutcome;
-use super::kv_index::{hash_tokens, KvEvent, KvIndex, QueryScratch};
+use super::kv_index::{hash_tokens, KvEvent, QueryScratch};
 use super::lifecycle::Lifecycles;
-use super::load_accounting::{AccountingError, BookingChange, LoadAccounting};
+use super::load_accounting::{AccountingError, BookingChange};
 use super::metrics::Metrics;
-use super::predicted_kv::PredictedKv;
 use super::retire::Retirement;
 use super::workers::{WorkerError, WorkerSpec, Workers};
 use crate::admission::AdmissionQueue;
@@ -36,10 +34,13 @@ mod admission;
 mod health;
 mod kv;
 mod membership;
+mod owners;
 mod reload;
 mod replicas;
 pub use admission::Refused;
 pub use health::HealthFailure;
+pub use owners::Admission;
+use owners::{Bookings, Generations, KvState, Membership};
 pub use reload::{ReloadError, ReloadOutcome};
 
 mod request;
@@ -54,47 +55,26 @@ struct State {
     workers: Workers,
 }
 
-/// The locks, in the order they are taken when more than one is held: `changing` (a
-/// reload or a partition being built), then `state`, then `kv`, then `load`, then
-/// `columns`, then an instance's selector. `generation` is only held to clone its `Arc`;
-/// `predicted`, `engine_blocks`, `subscriptions`, `kv_overruns` and `cooldown_until` are
-/// leaves, never held while another is taken. Plugin code (a selector) runs holding none
-/// of them, only its own selector's lock (`gather` releases the fleet's read locks first).
+/// The composer of the router's owners (`owners.rs`); it holds no lock of its own.
+///
+/// The locks, in the order they are taken when more than one is held (the one place the
+/// order across owners is written): `generations.changing` (a reload or a partition being
+/// built), then `membership.state`, then `kv.index`, then `bookings.load`, then
+/// `bookings.columns`, then an instance's selector. `generations.serving` is only held to
+/// clone its `Arc`; the owners' other locks are leaves, never held while another is
+/// taken. Plugin code (a selector) runs holding none of them, only its own selector's
+/// lock (`gather` releases the fleet's read locks first).
 pub struct Router {
-    /// The config's plugins and instances now serving; swapped whole by a reload.
-    generation: RwLock<Arc<Generation>>,
-    /// Held while a generation gains partitions or is replaced: a new partition is never
-    /// built into a generation that a reload is about to retire.
-    changing: Mutex<()>,
-    state: RwLock<State>,
-    kv: RwLock<KvIndex>,
-    load: RwLock<LoadAccounting>,
-    /// Each partition's candidate columns, kept as bookings and members change. Taken
-    /// after `state`, `kv` and `load` when taken with them.
-    columns: Mutex<FleetColumns>,
-    predicted: Mutex<PredictedKv>,
-    /// Per worker, its engine's block hashes -> the router's (KV events from engines).
-    engine_blocks: Mutex<HashMap<WorkerId, EngineBlocks>>,
-    /// Per worker, its engine's KV-event subscription, stopped when it is dropped.
-    subscriptions: Mutex<HashMap<WorkerId, Subscription>>,
-    /// Workers whose events went past their KV budget (each logged once).
-    kv_overruns: Mutex<std::collections::HashSet<WorkerId>>,
-    /// Workers whose engine refused a connection: no probe brings them back before this.
-    cooldown_until: Mutex<HashMap<WorkerId, Instant>>,
-    /// Per unhealthy worker, why its last probe failed (shown by `GET /v1/workers`).
-    health_errors: Mutex<HashMap<WorkerId, String>>,
+    generations: Generations,
+    membership: Membership,
+    kv: KvState,
+    bookings: Bookings,
+    /// Requests waiting for a worker, and the tenants' rate limits.
+    pub admission: Admission,
     /// Requests whose policy asked for lifecycle notifications, and their delivery.
     lifecycles: Lifecycles,
     /// Where retired generations and partitions are dropped: never on a caller's thread.
     retirement: Arc<Retirement>,
-    /// Requests waiting while every candidate of their partition is busy (`admission:`).
-    pub admission: AdmissionQueue,
-    /// Per-tenant token buckets (`admission.rate_limits`).
-    pub rate_limits: RateLimiter,
-    /// Every address the router's listeners answer on: no worker may point at one.
-    own_addresses: RwLock<Vec<std::net::SocketAddr>>,
-    /// Where this router's booking changes go when replicas share load (`replicas:`).
-    booking_feed: std::sync::OnceLock<tokio::sync::mpsc::Sender<BookingChange>>,
     pub metrics: Metrics,
 }
 
@@ -162,26 +142,19 @@ impl Router {
         let metrics = Metrics::new(startup.instances.iter().map(|i| i.name.as_str()));
         let retirement = Arc::new(Retirement::new());
         let router = Router {
-            generation: RwLock::new(Arc::new(Generation::new(1, startup))),
-            changing: Mutex::new(()),
-            state: RwLock::new(State {
-                workers: Workers::default(),
-            }),
-            kv: RwLock::new(KvIndex::default()),
-            load: RwLock::new(LoadAccounting::new(expiry)),
-            columns: Mutex::new(FleetColumns::default()),
-            predicted: Mutex::new(PredictedKv::default()),
-            engine_blocks: Mutex::new(HashMap::new()),
-            subscriptions: Mutex::new(HashMap::new()),
-            kv_overruns: Mutex::new(std::collections::HashSet::new()),
-            cooldown_until: Mutex::new(HashMap::new()),
-            health_errors: Mutex::new(HashMap::new()),
+            generations: Generations {
+                serving: RwLock::new(Arc::new(Generation::new(1, startup))),
+                changing: Mutex::new(()),
+            },
+            membership: Membership::default(),
+            kv: KvState::default(),
+            bookings: Bookings::new(expiry),
+            admission: Admission {
+                queue: AdmissionQueue::new(metrics.admission.clone()),
+                rate_limits: RateLimiter::default(),
+            },
             lifecycles: Lifecycles::new(),
             retirement,
-            admission: AdmissionQueue::new(metrics.admission.clone()),
-            rate_limits: RateLimiter::default(),
-            own_addresses: RwLock::new(Vec::new()),
-            booking_feed: std::sync::OnceLock::new(),
             metrics,
         };
         for spec in workers {
@@ -198,26 +171,16 @@ impl Router {
     /// columns of the partitions it touched (under the registry's lock, so concurrent
     /// changes reach the columns in the order they happened).
     fn change_workers<R>(&self, change: impl FnOnce(&mut Workers) -> R) -> R {
-        let mut state = self.state.write();
+        let mut state = self.membership.state.write();
         let result = change(&mut state.workers);
         let changed = state.workers.take_changed();
         if !changed.is_empty() {
-            let load = self.load.read();
-            let mut columns = self.columns.lock();
+            let load = self.bookings.load.read();
+            let mut columns = self.bookings.columns.lock();
             for (partition, appended) in changed {
                 columns.rebuild(&partition, &state.workers, &load, appended);
             }
         }
-        result
-    }
-
-    /// Changes bookings and, under the same lock, the kept columns of the workers whose
-    /// load changed.
-    fn book<R>(&self, change: impl FnOnce(&mut LoadAccounting) -> R) -> R {
-        let mut load = self.load.write();
-        let result = change(&mut load);
-        let mut columns = self.columns.lock();
-        load.for_each_changed(|worker, now| columns.set_load(worker, now));
         result
     }
 
@@ -233,7 +196,7 @@ impl Router {
         let Some(limit) = limits.get(tenant).or_else(|| limits.get("*")) else {
             return Ok(());
         };
-        let result = self.rate_limits.take(tenant, tokens, limit);
+        let result = self.admission.rate_limits.take(tenant, tokens, limit);
         if result.is_err() {
             self.metrics
                 .admission
@@ -246,24 +209,25 @@ impl Router {
     /// Load went down (a booking freed, expired or left prefill): a waiting request, if
     /// any, gets its try.
     fn capacity_freed(&self) {
-        self.admission.release();
+        self.admission.queue.release();
     }
 
     /// The generation now serving (a selection holds on to the one it started with).
     pub fn generation(&self) -> Arc<Generation> {
-        self.generation.read().clone()
+        self.generations.serving.read().clone()
     }
 
     pub fn block_size(&self) -> u32 {
-        self.generation.read().config().router.block_size
+        self.generations.serving.read().config().router.block_size
     }
 
     /// Moves a request's booking to the worker that actually served it.
     pub fn rebook(&self, request_id: &str, to: WorkerId) -> Result<(), RouteError> {
-        if self.state.read().workers.get(to).is_none() {
+        if self.membership.state.read().workers.get(to).is_none() {
             return Err(WorkerError::Unknown(to).into());
         }
-        self.book(|load| load.move_booking(request_id, to))?;
+        self.bookings
+            .book(|load| load.move_booking(request_id, to))?;
         self.announce(|| BookingChange::Move {
             id: request_id.to_owned(),
             worker_id: to.worker_id,
@@ -290,7 +254,8 @@ impl Router {
     }
 
     pub fn prefill_complete(&self, request_id: &str) -> Result<(), RouteError> {
-        self.book(|load| load.prefill_complete(request_id))?;
+        self.bookings
+            .book(|load| load.prefill_complete(request_id))?;
         self.announce(|| BookingChange::PrefillComplete {
             id: request_id.to_owned(),
         });
@@ -300,7 +265,7 @@ impl Router {
     }
 
     pub fn free(&self, request_id: &str) -> Result<(), RouteError> {
-        self.book(|load| load.free(request_id))?;
+        self.bookings.book(|load| load.free(request_id))?;
         self.announce(|| BookingChange::Free {
             id: request_id.to_owned(),
         });
@@ -321,7 +286,7 @@ impl Router {
     /// Releases reservations older than the configured expiry (the last safety net;
     /// counted in metrics).
     pub fn expire(&self) -> usize {
-        let expired_ids = self.book(|load| load.expire(Instant::now()));
+        let expired_ids = self.bookings.book(|load| load.expire(Instant::now()));
         let expired = expired_ids.len();
         for id in expired_ids {
             self.announce(|| BookingChange::Free { id });
@@ -329,7 +294,7 @@ impl Router {
         self.metrics.record_expired(expired);
         if expired > 0 {
             self.capacity_freed();
-            let load = self.load.read();
+            let load = self.bookings.load.read();
             self.lifecycles.finish_unbooked(|id| load.is_booked(id));
         }
         expired
@@ -337,8 +302,8 @@ impl Router {
 
     /// (worker, load) of every registered worker, for metrics and tests.
     pub fn loads(&self) -> Vec<(WorkerId, super::load_accounting::WorkerLoad)> {
-        let state = self.state.read();
-        let load = self.load.read();
+        let state = self.membership.state.read();
+        let load = self.bookings.load.read();
         state
             .workers
             .all()
@@ -350,13 +315,13 @@ impl Router {
     /// compare them with the registry and the bookings).
     #[doc(hidden)]
     pub fn kept_columns(&self, partition: &PartitionKey) -> Option<Arc<KeptColumns>> {
-        let kv = self.kv.read();
-        let lent = self.columns.lock().lend(partition, &kv)?;
+        let kv = self.kv.index.read();
+        let lent = self.bookings.columns.lock().lend(partition, &kv)?;
         Some(lent.columns)
     }
 
     pub fn active_bookings(&self) -> usize {
-        self.load.read().active_bookings()
+        self.bookings.load.read().active_bookings()
     }
 
     /// Selects (and with `reserve` books) a worker for `request`. A pick that another
@@ -407,6 +372,7 @@ impl Router {
         if reserve {
             let ahead = self
                 .admission
+                .queue
                 .waiting_above(&partition, request.strict_priority);
             if ahead > 0 {
                 return Err(RouteError::Saturated(format!(
@@ -482,9 +448,9 @@ impl Router {
         query: &Query<'_>,
         scratch: &mut SelectionScratch,
     ) -> Result<Arc<SelectorSlot>, RouteError> {
-        let state = self.state.read();
-        let kv = self.kv.read();
-        let lent = self.columns.lock().lend(query.partition, &kv);
+        let state = self.membership.state.read();
+        let kv = self.kv.index.read();
+        let lent = self.bookings.columns.lock().lend(query.partition, &kv);
         let Some(lent) = lent.filter(|lent| !lent.columns.is_empty()) else {
             members_of(&state, query.request, query.partition)?;
             return Err(RouteError::NoWorker(format!(
@@ -693,7 +659,7 @@ impl Router {
             .div_ceil(block_size);
         let decode_blocks = new_blocks + output_blocks;
         let uncached_tokens = new_blocks * block_size;
-        let booked = self.book(|load| {
+        let booked = self.bookings.book(|load| {
             let room = busy.is_none_or(|busy| {
                 let now = load.load(chosen);
                 takes_booking(
@@ -733,7 +699,7 @@ impl Router {
             .processes()
             .map(|p| p.snapshot())
             .collect();
-        let waiting = self.admission.waiting_by_priority();
+        let waiting = self.admission.queue.waiting_by_priority();
         self.metrics.render(
             &stages,
             &loads,

@@ -58,6 +58,7 @@ where
         Duration::from_millis(queue.max_wait_ms).min(place.max_wait.unwrap_or(Duration::MAX));
     let mut ticket = router
         .admission
+        .queue
         .enqueue(
             &place.partition,
             place.priority,

@@ -73,7 +73,7 @@ impl Router {
         partition: &PartitionKey,
         tenant: &str,
     ) -> Saturation {
-        let (queued, queued_tenant) = self.admission.waiting_in(partition, tenant);
+        let (queued, queued_tenant) = self.admission.queue.waiting_in(partition, tenant);
         let admission = generation.config().admission.as_ref();
         let mut saturation = Saturation {
             queued: queued as u64,
@@ -82,8 +82,8 @@ impl Router {
             ..Saturation::default()
         };
         let lent = {
-            let kv = self.kv.read();
-            self.columns.lock().lend(partition, &kv)
+            let kv = self.kv.index.read();
+            self.bookings.columns.lock().lend(partition, &kv)
         };
         let Some(lent) = lent else {
             return saturation;

@@ -22,7 +22,8 @@ pub enum HealthFailure {
 impl Router {
     /// The engine address of a worker, if it has one.
     pub fn worker_url(&self, id: WorkerId) -> Option<String> {
-        self.state
+        self.membership
+            .state
             .read()
             .workers
             .get(id)
@@ -31,13 +32,13 @@ impl Router {
 
     /// What the config (or `POST /v1/workers`) says of a worker.
     pub fn worker_spec(&self, id: WorkerId) -> Option<WorkerSpec> {
-        self.state.read().workers.get(id).cloned()
+        self.membership.state.read().workers.get(id).cloned()
     }
 
     /// Every worker with an engine address.
     /// Workers known only by `address` (the gateway's form): probed by TCP connect.
     pub fn worker_addresses(&self) -> Vec<(WorkerId, std::net::SocketAddr)> {
-        let state = self.state.read();
+        let state = self.membership.state.read();
         state
             .workers
             .all()
@@ -47,7 +48,7 @@ impl Router {
     }
 
     pub fn worker_urls(&self) -> Vec<(WorkerId, String)> {
-        let state = self.state.read();
+        let state = self.membership.state.read();
         state
             .workers
             .all()
@@ -63,23 +64,24 @@ impl Router {
         String,
         Arc<switchyard_plugin_host::plugin::EngineReport>,
     )> {
-        self.state.read().workers.engines()
+        self.membership.state.read().workers.engines()
     }
 
     /// The worker's engine report cell (ENGINE): what the scraper, or a simulation,
     /// writes and selections read.
     pub fn engine_report(&self, id: WorkerId) -> Arc<switchyard_plugin_host::plugin::EngineReport> {
-        self.state.read().workers.engine(id)
+        self.membership.state.read().workers.engine(id)
     }
 
     pub fn is_healthy(&self, id: WorkerId) -> bool {
-        self.state.read().workers.is_healthy(id)
+        self.membership.state.read().workers.is_healthy(id)
     }
 
     /// Takes a worker out of the candidates for at least `cooldown` (its engine refused a
     /// connection).
     pub fn mark_unhealthy(&self, id: WorkerId, cooldown: Duration) {
-        self.cooldown_until
+        self.membership
+            .cooldown_until
             .lock()
             .insert(id, Instant::now() + cooldown);
         if self.change_workers(|workers| workers.set_healthy(id, false)) {
@@ -93,7 +95,7 @@ impl Router {
 
     /// Why the worker's last health probe failed, while it is unhealthy.
     pub fn health_error(&self, id: WorkerId) -> Option<String> {
-        self.health_errors.lock().get(&id).cloned()
+        self.membership.health_errors.lock().get(&id).cloned()
     }
 
     /// A health probe's result: a failed probe (and why) takes the worker out; a good one
@@ -102,17 +104,20 @@ impl Router {
         let healthy = outcome.is_ok();
         let reason = match outcome {
             Ok(()) => {
-                self.health_errors.lock().remove(&id);
+                self.membership.health_errors.lock().remove(&id);
                 None
             }
             Err(failure) => {
                 let reason = failure.to_string();
-                self.health_errors.lock().insert(id, reason.clone());
+                self.membership
+                    .health_errors
+                    .lock()
+                    .insert(id, reason.clone());
                 Some(reason)
             }
         };
         if healthy {
-            let mut cooldowns = self.cooldown_until.lock();
+            let mut cooldowns = self.membership.cooldown_until.lock();
             if cooldowns
                 .get(&id)
                 .is_some_and(|until| Instant::now() < *until)

@@ -17,7 +17,7 @@ impl Router {
         if settings.kv_tracking != KvTracking::Predicted || hashes.is_empty() {
             return;
         }
-        let events = self.predicted.lock().routed(
+        let events = self.kv.predicted.lock().routed(
             worker,
             hashes,
             settings.predicted_blocks_per_worker,
@@ -35,7 +35,7 @@ impl Router {
 
     /// `kv_bound` under `generation`'s config.
     fn kv_bound_in(&self, generation: &Generation, worker: WorkerId) -> Option<KvBound> {
-        let state = self.state.read();
+        let state = self.membership.state.read();
         let spec = state.workers.get(worker)?;
         let engine = state
             .workers
@@ -52,7 +52,7 @@ impl Router {
             return;
         };
         let max_pairs = generation.config().router.max_kv_index_pairs;
-        let mut kv = self.kv.write();
+        let mut kv = self.kv.index.write();
         kv.set_max_pairs(max_pairs);
         kv.set_budget(worker, bound.per_tier());
         for event in events {
@@ -77,7 +77,7 @@ impl Router {
                 dp_rank: u32::MAX,
             },
         };
-        if !self.kv_overruns.lock().insert(key) {
+        if !self.kv.overruns.lock().insert(key) {
             return;
         }
         match gone.bound {
@@ -103,7 +103,7 @@ impl Router {
 
     /// Applies KV events of one worker.
     pub fn kv_events(&self, worker: WorkerId, events: &[KvEvent]) -> Result<(), RouteError> {
-        if self.state.read().workers.get(worker).is_none() {
+        if self.membership.state.read().workers.get(worker).is_none() {
             return Err(WorkerError::Unknown(worker).into());
         }
         self.apply_kv(&self.generation(), worker, events);
@@ -117,7 +117,7 @@ impl Router {
             let Some(source) = &spec.kv_events else {
                 continue;
             };
-            let mut subscriptions = self.subscriptions.lock();
+            let mut subscriptions = self.kv.subscriptions.lock();
             if subscriptions.contains_key(&spec.id()) {
                 continue;
             }
@@ -137,14 +137,14 @@ impl Router {
     ) -> ApplyOutcome {
         let worker = WorkerId { worker_id, dp_rank };
         let mut outcome = ApplyOutcome::default();
-        if self.state.read().workers.get(worker).is_none() {
+        if self.membership.state.read().workers.get(worker).is_none() {
             outcome.unknown_worker = true;
             return outcome;
         }
         let block_size = self.block_size();
         let mut translated = Vec::with_capacity(events.len());
         {
-            let mut engines = self.engine_blocks.lock();
+            let mut engines = self.kv.engine_blocks.lock();
             let blocks = engines.entry(worker).or_default();
             for event in events {
                 match blocks.translate(event, block_size, &mut translated) {
@@ -172,20 +172,21 @@ impl Router {
     /// Forgets every block of a worker's engine (it restarted, or events were lost).
     pub fn clear_engine(&self, worker_id: u64, dp_rank: u32) {
         let worker = WorkerId { worker_id, dp_rank };
-        self.engine_blocks.lock().remove(&worker);
+        self.kv.engine_blocks.lock().remove(&worker);
         self.kv
+            .index
             .write()
             .apply(worker, &KvEvent::Cleared { tier: None });
     }
 
     /// The blocks the index holds of `worker`, per tier (device, host, disk).
     pub fn kv_held(&self, worker: WorkerId) -> [u64; 3] {
-        let kv = self.kv.read();
+        let kv = self.kv.index.read();
         crate::kv_index::Tier::ALL.map(|tier| kv.held(worker, tier))
     }
 
     pub fn kv_blocks(&self) -> [usize; 3] {
-        self.kv.read().blocks()
+        self.kv.index.read().blocks()
     }
 }
 
@@ -215,6 +216,6 @@ impl subscriber::EventSink for Router {
         self.metrics.record_kv_event_lag(lag)
     }
     fn kv_event_limits(&self) -> switchyard_config::KvEventLimits {
-        self.generation.read().config().router.kv_events
+        self.generations.serving.read().config().router.kv_events
     }
 }

@@ -12,8 +12,8 @@ impl Router {
     pub fn add_worker(&self, spec: WorkerSpec) -> Result<(), RouteError> {
         spec.validate().map_err(WorkerError::Invalid)?;
         self.check_destinations(&spec)?;
-        let _changing = self.changing.lock();
-        if let Some(existing) = self.state.read().workers.get(spec.id()) {
+        let _changing = self.generations.changing.lock();
+        if let Some(existing) = self.membership.state.read().workers.get(spec.id()) {
             return Err(WorkerError::AlreadyRegistered(spec.id(), existing.model.clone()).into());
         }
         let generation = self.generation();
@@ -34,7 +34,7 @@ impl Router {
     /// Records the addresses the router's listeners answer on, and checks the workers
     /// registered so far against them (resolving host names: call it off the executor).
     pub fn set_own_addresses(&self, own: Vec<std::net::SocketAddr>) -> Result<(), RouteError> {
-        *self.own_addresses.write() = own;
+        *self.membership.own_addresses.write() = own;
         self.workers()
             .iter()
             .try_for_each(|spec| self.check_destinations(spec))
@@ -44,7 +44,7 @@ impl Router {
     /// name is resolved to tell (up to `RESOLVE_TIMEOUT`): call it off the executor.
     pub(super) fn check_destinations(&self, spec: &WorkerSpec) -> Result<(), RouteError> {
         let networks = self.generation().startup.source.worker_networks();
-        let own = self.own_addresses.read().clone();
+        let own = self.membership.own_addresses.read().clone();
         spec.check_destinations(&networks, &own).map_err(|error| {
             RouteError::Worker(WorkerError::Destination {
                 worker_id: spec.worker_id,
@@ -70,7 +70,8 @@ impl Router {
     /// Every worker a gateway can send to (it has an `address`, or a `url` with an IP
     /// host), with that endpoint.
     pub fn endpoints(&self) -> Vec<(WorkerId, std::net::SocketAddr)> {
-        self.state
+        self.membership
+            .state
             .read()
             .workers
             .all()
@@ -82,7 +83,7 @@ impl Router {
     /// A partition left without workers is dropped with its policies and metric series
     /// (built again if a worker of it comes back).
     pub fn remove_worker(&self, id: WorkerId) -> Result<WorkerSpec, RouteError> {
-        let _changing = self.changing.lock();
+        let _changing = self.generations.changing.lock();
         self.remove_worker_changing(id)
     }
 
@@ -90,33 +91,45 @@ impl Router {
     pub(super) fn remove_worker_changing(&self, id: WorkerId) -> Result<WorkerSpec, RouteError> {
         let spec = self.change_workers(|workers| workers.remove(id))?;
         let partition = spec.partition();
-        if !self.state.read().workers.uses_partition(&partition) {
+        if !self
+            .membership
+            .state
+            .read()
+            .workers
+            .uses_partition(&partition)
+        {
             for retired in self.generation().drop_partition(&partition) {
                 self.retirement.retire(retired);
             }
         }
-        self.kv.write().remove_worker(id);
-        self.book(|load| load.remove_worker(id));
-        self.predicted.lock().remove_worker(id);
-        self.engine_blocks.lock().remove(&id);
-        self.subscriptions.lock().remove(&id);
-        self.kv_overruns.lock().remove(&id);
-        self.cooldown_until.lock().remove(&id);
-        self.health_errors.lock().remove(&id);
-        let load = self.load.read();
+        self.kv.index.write().remove_worker(id);
+        self.bookings.book(|load| load.remove_worker(id));
+        self.kv.predicted.lock().remove_worker(id);
+        self.kv.engine_blocks.lock().remove(&id);
+        self.kv.subscriptions.lock().remove(&id);
+        self.kv.overruns.lock().remove(&id);
+        self.membership.cooldown_until.lock().remove(&id);
+        self.membership.health_errors.lock().remove(&id);
+        let load = self.bookings.load.read();
         self.lifecycles.finish_unbooked(|id| load.is_booked(id));
         Ok(spec)
     }
 
     /// The models the workers serve, sorted.
     pub fn models(&self) -> Vec<String> {
-        let state = self.state.read();
+        let state = self.membership.state.read();
         let models: std::collections::BTreeSet<_> =
             state.workers.all().map(|w| w.model.clone()).collect();
         models.into_iter().collect()
     }
 
     pub fn workers(&self) -> Vec<WorkerSpec> {
-        self.state.read().workers.all().cloned().collect()
+        self.membership
+            .state
+            .read()
+            .workers
+            .all()
+            .cloned()
+            .collect()
     }
 }

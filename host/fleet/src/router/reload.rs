@@ -58,7 +58,7 @@ impl Router {
     }
 
     fn swap_in(self: &Arc<Self>, startup: Startup) -> Result<ReloadOutcome, Vec<ReloadError>> {
-        let _changing = self.changing.lock();
+        let _changing = self.generations.changing.lock();
         let serving = self.generation();
         let (old, new) = (&serving.startup.config(), &startup.config());
         if old.router.block_size != new.router.block_size {
@@ -75,7 +75,7 @@ impl Router {
             changed,
             added,
         } = WorkerChanges::between(old, new);
-        let live = self.state.read().workers.len();
+        let live = self.membership.state.read().workers.len();
         if live > 0
             && added.is_empty()
             && removed.len() >= live
@@ -88,7 +88,7 @@ impl Router {
             }]);
         }
         let networks = startup.source.worker_networks();
-        let own = self.own_addresses.read().clone();
+        let own = self.membership.own_addresses.read().clone();
         let refused: Vec<ReloadError> = added
             .iter()
             .chain(&changed)
@@ -122,7 +122,7 @@ impl Router {
         let (number, loaded_at) = (next.number, next.loaded_at);
         // The old generation's plugin state is dropped on the retirement thread once the
         // selections still running on it end, not by whichever of them ends last.
-        let retired = std::mem::replace(&mut *self.generation.write(), Arc::new(next));
+        let retired = std::mem::replace(&mut *self.generations.serving.write(), Arc::new(next));
         self.retirement.retire(Box::new(retired));
         self.metrics
             .add_instances(instances.iter().map(String::as_str));
@@ -164,7 +164,7 @@ impl Router {
                 let _ = self.change_workers(|workers| workers.add(spec.clone()));
             }
             if before[&id].kv_events != spec.kv_events {
-                self.subscriptions.lock().remove(&id);
+                self.kv.subscriptions.lock().remove(&id);
             }
         }
         for spec in added {

@@ -9,12 +9,12 @@ impl Router {
     /// From now on, every change to this router's bookings is sent on `feed` (bounded:
     /// a change that finds it full is dropped and counted, never waited for).
     pub fn share_bookings(&self, feed: tokio::sync::mpsc::Sender<BookingChange>) {
-        let _ = self.booking_feed.set(feed);
+        let _ = self.bookings.feed.set(feed);
     }
 
     /// Sends a change on the feed, when load is shared (costs nothing otherwise).
     pub(super) fn announce(&self, change: impl FnOnce() -> BookingChange) {
-        if let Some(feed) = self.booking_feed.get() {
+        if let Some(feed) = self.bookings.feed.get() {
             if feed.try_send(change()).is_err() {
                 self.metrics
                     .replicas
@@ -26,12 +26,13 @@ impl Router {
 
     /// Another replica's booking change.
     pub fn apply_remote(&self, replica: &str, change: &BookingChange) {
-        self.book(|load| load.apply_remote(replica, change));
+        self.bookings
+            .book(|load| load.apply_remote(replica, change));
     }
 
     /// Another replica's bookings, whole (its snapshot).
     pub fn replace_remote(&self, replica: &str, changes: &[BookingChange]) {
-        self.book(|load| {
+        self.bookings.book(|load| {
             load.drop_replica(replica);
             for change in changes {
                 load.apply_remote(replica, change);
@@ -41,12 +42,13 @@ impl Router {
 
     /// Forgets a replica that went away; how many of its bookings were dropped.
     pub fn drop_replica(&self, replica: &str) -> usize {
-        self.book(|load| load.drop_replica(replica))
+        self.bookings.book(|load| load.drop_replica(replica))
     }
 
     /// This router's own bookings, as the changes that recreate them.
     pub fn local_bookings(&self) -> Vec<BookingChange> {
-        self.load
+        self.bookings
+            .load
             .read()
             .local_bookings()
             .iter()
@@ -56,6 +58,6 @@ impl Router {
 
     /// Other replicas' bookings counted now.
     pub fn remote_bookings(&self) -> usize {
-        self.load.read().remote_bookings()
+        self.bookings.load.read().remote_bookings()
     }
 }

@@ -25,9 +25,9 @@ use crate::listener::{ConnectionTable, Limits, Listener};
 use crate::off_executor;
 use crate::request_attributes;
 use crate::request_body::BodyLimits;
+use switchyard_config::ExtProcSettings;
 use switchyard_engines::tls::ListenerTls;
 use switchyard_engines::tls::ServerTls;
-use switchyard_config::ExtProcSettings;
 use switchyard_fleet::generation::Generation;
 use switchyard_fleet::kv_index::KvEvent;
 use switchyard_fleet::load_accounting::AccountingError;
@@ -463,8 +463,8 @@ async fn policies(State(router): Shared) -> Json<serde_json::Value> {
                 "parameters": serde_json::from_str::<serde_json::Value>(u.params.json()).unwrap_or_default(),
                 "on_error": u.on_error.as_str(),
             })).collect::<Vec<_>>(),
-            "rejected": router.admission.counters().rejected.load(std::sync::atomic::Ordering::Relaxed),
-            "waiting": router.admission.len(),
+            "rejected": router.admission.queue.counters().rejected.load(std::sync::atomic::Ordering::Relaxed),
+            "waiting": router.admission.queue.len(),
         })),
     }))
 }

@@ -480,7 +480,7 @@ impl<'a> Simulation<'a> {
                 .unwrap_or_default();
             let weight = queue.tenant_weights.get(tenant).copied().unwrap_or(1);
             let partition = PartitionKey::new(MODEL, WorkerType::Select);
-            match self.owner(index).admission.enqueue(
+            match self.owner(index).admission.queue.enqueue(
                 &partition,
                 priority,
                 tenant,
