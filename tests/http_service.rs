@@ -197,6 +197,7 @@ fn slow_components_do_not_delay_health_metrics_or_other_instances() {
          \x20   - name: slow-a\n      {gated}\n\
          \x20   - name: slow-b\n      {gated}\n\
          \x20   - {{name: fast, type: builtin.least-busy}}\n\
+         router: {{request_expiry_secs: 1}}\n\
          workers:\n  - {{model: demo, worker_id: 1}}\n  - {{model: demo, worker_id: 2}}\n",
         rust_plugin("panicky").display()
     );
@@ -216,21 +217,26 @@ fn slow_components_do_not_delay_health_metrics_or_other_instances() {
         })
         .collect();
     // Both selections are inside the plugin, blocked on the gate.
-    for _ in 0..3000 {
-        if std::fs::read_dir(&entered).unwrap().count() == 2 {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(10));
-    }
-    assert_eq!(
-        std::fs::read_dir(&entered).unwrap().count(),
-        2,
-        "both slow selections started"
+    eventually(
+        "both slow selections started",
+        std::time::Duration::from_secs(30),
+        || std::fs::read_dir(&entered).unwrap().count() == 2,
     );
-    // Let the reservation-expiry ticker (every second, a writer of the load lock) run
-    // while the slow components hold their selectors: no lock a writer needs is held
-    // across plugin code, so nothing queues behind them.
-    std::thread::sleep(std::time::Duration::from_millis(1500));
+    // The reservation-expiry ticker (every second, a writer of the load lock) releases a
+    // reservation while the slow components hold their selectors: no lock a writer needs
+    // is held across plugin code, so nothing queues behind them.
+    let reserved = ureq::post(&format!("{}/v1/reserve", server.base))
+        .timeout(std::time::Duration::from_secs(20))
+        .send_json(
+            json!({"model": "demo", "instance": "fast", "block_hashes": [1], "request_id": "left"}),
+        )
+        .unwrap_or_else(|e| panic!("reserving while others are slow: {e}"));
+    assert_eq!(reserved.status(), 200);
+    eventually(
+        "the expiry ticker releases the reservation",
+        std::time::Duration::from_secs(20),
+        || metric(&server.base, "switchyard_reservations_expired_total") >= 1.0,
+    );
     let get = |path: &str| {
         ureq::get(&format!("{}{path}", server.base))
             .timeout(std::time::Duration::from_secs(20))
