@@ -49,7 +49,9 @@ pub fn start(router: Arc<Router>) -> std::io::Result<()> {
         .map(drop)
 }
 
-async fn scrape_forever(router: Arc<Router>, client: reqwest::Client) {
+/// Scrapes every engine each `engine_metrics.interval_ms` until its runtime shuts down
+/// (a host that stops it with its own runtime calls this instead of `start`).
+pub async fn scrape_forever(router: Arc<Router>, client: reqwest::Client) {
     let mut failing: HashSet<WorkerId> = HashSet::new();
     loop {
         let settings = router.generation().config().engine_metrics.clone();
