@@ -16,7 +16,7 @@ mod support;
 use std::io::Read;
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::real_envoy::Envoy;
@@ -53,20 +53,23 @@ fn post(agent: &ureq::Agent, url: &str, body: &Value) -> (u16, String, String) {
 /// Envoy keeps sending requests to whichever endpoint the picker names; before the
 /// picker's gRPC health check passes, the first requests may fail.
 fn wait_until_routing(agent: &ureq::Agent, envoy: &Envoy) {
-    let started = Instant::now();
-    while post(
-        agent,
-        &format!("{}/v1/chat/completions", envoy.base),
-        &chat("ready?", false),
-    )
-    .0 != 200
-    {
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "Envoy never routed through the picker"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    eventually(
+        "Envoy routes through the picker",
+        Duration::from_secs(20),
+        || {
+            post(
+                agent,
+                &format!("{}/v1/chat/completions", envoy.base),
+                &chat("ready?", false),
+            )
+            .0 == 200
+        },
+    );
+}
+
+/// The picks the picker at `router` has made so far.
+fn picks(router: &Process) -> f64 {
+    metric_sum(&router.address, "switchyard_ext_proc_picks_total")
 }
 
 #[test]
@@ -171,7 +174,19 @@ fn a_killed_engine_is_avoided_and_a_drained_picker_loses_no_accepted_request() {
 
     // An engine killed: once a health interval (100 ms) has passed, nothing goes to it.
     engines[0].kill();
-    std::thread::sleep(Duration::from_millis(400));
+    eventually(
+        "the router marks the killed engine unhealthy",
+        Duration::from_secs(10),
+        || {
+            let workers: Value = agent
+                .get(&format!("{}/v1/workers", router.address))
+                .call()
+                .unwrap()
+                .into_json()
+                .unwrap();
+            workers[0]["healthy"] == false
+        },
+    );
     for i in 0..30 {
         let (status, engine, body) = post(
             &agent,
@@ -184,6 +199,7 @@ fn a_killed_engine_is_avoided_and_a_drained_picker_loses_no_accepted_request() {
 
     // SIGTERM while streams are in flight: each accepted one completes.
     let base = envoy.base.clone();
+    let picked_before = picks(&router);
     let in_flight: Vec<_> = (0..8)
         .map(|i| {
             let base = base.clone();
@@ -191,7 +207,11 @@ fn a_killed_engine_is_avoided_and_a_drained_picker_loses_no_accepted_request() {
                 &json!({"model": "demo", "stream": true, "max_tokens": 60, "messages": [{"role": "user", "content": format!("drain {i}")}]})))
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(150));
+    eventually(
+        "the eight streams are picked",
+        Duration::from_secs(10),
+        || picks(&router) >= picked_before + 8.0,
+    );
     let signalled = Command::new("kill")
         .args(["-TERM", &router.pid().to_string()])
         .status()
@@ -247,6 +267,7 @@ fn shedding_reaches_the_client_through_envoy_as_429() {
     let agent = agent();
     wait_until_routing(&agent, &envoy);
     let base = envoy.base.clone();
+    let picked_before = picks(&router);
     let busy = std::thread::spawn(move || {
         post(
             &agent_for_thread(),
@@ -254,7 +275,11 @@ fn shedding_reaches_the_client_through_envoy_as_429() {
             &json!({"model": "demo", "max_tokens": 20, "messages": [{"role": "user", "content": "hold the worker"}]}),
         )
     });
-    std::thread::sleep(Duration::from_millis(300));
+    eventually(
+        "the first request is picked",
+        Duration::from_secs(10),
+        || picks(&router) > picked_before,
+    );
     let (status, _, body) = post(
         &agent,
         &format!("{}/v1/chat/completions", envoy.base),
@@ -315,22 +340,16 @@ fn subset_hints_set_in_envoy_bound_the_picks() {
         assert_eq!(engine, "e1", "request {i} left the subset hint");
     }
     let nowhere = with_hint(&["192.0.2.1:9"]);
-    let started = Instant::now();
-    loop {
+    eventually_ok("the picker's 503", Duration::from_secs(20), || {
         let (status, _, body) = post(
             &agent,
             &format!("{}/v1/chat/completions", nowhere.base),
             &chat("no such endpoint", false),
         );
-        if status == 503 && body.contains("subset") {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "expected the picker's 503: {status} {body}"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+        (status == 503 && body.contains("subset"))
+            .then_some(())
+            .ok_or_else(|| format!("{status} {body}"))
+    });
 }
 
 /// An engine Envoy cannot reach, before any health probe notices (probes here every
