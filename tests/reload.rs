@@ -78,6 +78,15 @@ fn chosen(sent: &[Sent], from: Instant, to: Instant) -> Vec<u64> {
         .collect()
 }
 
+/// Waits (20 s at most) until the answers so far are `enough`: the traffic has shown
+/// what the test then checks.
+async fn until_answered(sent: &Mutex<Vec<Sent>>, what: &str, enough: impl Fn(&[Sent]) -> bool) {
+    eventually_async(what, Duration::from_secs(20), || {
+        std::future::ready(enough(&sent.lock().unwrap()))
+    })
+    .await;
+}
+
 /// When each reload of the test started and ended.
 struct Reloads {
     started: Instant,
@@ -277,14 +286,22 @@ fn reloads_under_traffic_switch_decisions_and_drop_nothing() {
         };
 
         let started = Instant::now();
-        tokio::time::sleep(Duration::from_millis(1000)).await;
+        until_answered(&sent, "200 answers before the reloads", |s| {
+            chosen(s, started, Instant::now()).len() >= 200
+        })
+        .await;
         // 1. A changed weight: load now counts, so overlapping requests spread.
         std::fs::write(&config_path, config(&plugin, &engines, 100.0)).unwrap();
         let weight_started = Instant::now();
         let (weight_done, status, answer) = reload(&client, &base).await;
         assert_eq!(status, 200, "{answer}");
         assert_eq!(answer["generation"]["number"], 2, "{answer}");
-        tokio::time::sleep(Duration::from_millis(1200)).await;
+        until_answered(&sent, "overlapping requests spread by load", |s| {
+            chosen(s, weight_done, Instant::now())
+                .iter()
+                .any(|w| *w != 1)
+        })
+        .await;
 
         // 2. A new version of the plugin renamed over the old file, load weight back to 0:
         //    the new version prefers the highest worker id.
@@ -294,7 +311,10 @@ fn reloads_under_traffic_switch_decisions_and_drop_nothing() {
         let (version_done, status, answer) = reload(&client, &base).await;
         assert_eq!(status, 200, "{answer}");
         assert_eq!(answer["generation"]["number"], 3, "{answer}");
-        tokio::time::sleep(Duration::from_millis(800)).await;
+        until_answered(&sent, "200 answers of the new version", |s| {
+            chosen(s, version_done, Instant::now()).len() >= 200
+        })
+        .await;
 
         // 3. A broken config: refused with its errors; generation 3 keeps serving.
         std::fs::write(
@@ -312,7 +332,10 @@ fn reloads_under_traffic_switch_decisions_and_drop_nothing() {
             "{errors}"
         );
 
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        until_answered(&sent, "100 answers after the refusal, 1000 in all", |s| {
+            chosen(s, broken_done, Instant::now()).len() >= 100 && s.len() > 1000
+        })
+        .await;
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         traffic.await.unwrap();
         let sent = std::mem::take(&mut *sent.lock().unwrap());
