@@ -1,0 +1,274 @@
+//! Selection through the compatibility adapters against the same policy written against
+//! the SDK directly, at 1,024 workers, in one run: the guide's `least-busy` (a
+//! device-overlap filter at 4 blocks, active requests as the cost, the lowest cost) as
+//! Dynamo code behind the adapters, the same code on the SDK's per-candidate traits, and
+//! the SDK's built-ins (batch forms over columns) for reference.
+//!
+//! Each selection runs filter, scorer and picker through the SDK calls the router makes
+//! (`dynamo_kv_router::testing::Selection`, over columns it owns: the router's own
+//! column handling is not timed, which makes the ratio stricter than a whole selection's).
+//!
+//! Run: `cargo bench -p switchyard-dynamo-kv-router --bench selection`. After criterion's
+//! timings it prints the compat / SDK ratios measured in interleaved rounds (so machine
+//! noise hits the variants alike).
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion};
+use dynamo_kv_router::testing::{Row, Selection};
+use dynamo_kv_router::{KvRouterConfig, WorkerSelectionPolicy};
+use switchyard_plugin_sdk::builtins::{ActiveRequests, LowestCostByWorkerId, MinDeviceOverlap};
+use switchyard_plugin_sdk::PolicyParts;
+
+const WORKERS: usize = 1_024;
+const REQUEST_BLOCKS: u64 = 64;
+const MIN_BLOCKS: f64 = 4.0;
+
+/// The guide's policy, as Dynamo code.
+mod dynamo_side {
+    use dynamo_kv_router::{
+        WorkerCandidate, WorkerFilter, WorkerInputView, WorkerInputs, WorkerPicker, WorkerScorer,
+        WorkerSelectionContext, WorkerSelectionPolicyError,
+    };
+
+    pub struct MinimumDeviceOverlapFilter {
+        pub minimum_blocks: f64,
+    }
+
+    impl WorkerFilter for MinimumDeviceOverlapFilter {
+        fn required_worker_inputs(&self) -> WorkerInputs {
+            WorkerInputs::CACHE
+        }
+        fn keep(
+            &mut self,
+            _context: &WorkerSelectionContext<'_>,
+            candidate: &WorkerCandidate,
+        ) -> Result<bool, WorkerSelectionPolicyError> {
+            let cache = candidate
+                .cache()
+                .ok_or_else(|| WorkerSelectionPolicyError::failed("cache input unavailable"))?;
+            Ok(cache.device_overlap_blocks() >= self.minimum_blocks)
+        }
+    }
+
+    pub struct ActiveRequestsScorer;
+
+    impl WorkerScorer for ActiveRequestsScorer {
+        fn required_worker_inputs(&self) -> WorkerInputs {
+            WorkerInputs::LOAD
+        }
+        fn score(
+            &mut self,
+            _context: &WorkerSelectionContext<'_>,
+            candidate: &WorkerCandidate,
+        ) -> Result<f64, WorkerSelectionPolicyError> {
+            let load = candidate
+                .load()
+                .ok_or_else(|| WorkerSelectionPolicyError::failed("load input unavailable"))?;
+            Ok(load.active_requests() as f64)
+        }
+    }
+
+    pub struct LowestCostPicker;
+
+    impl WorkerPicker for LowestCostPicker {
+        fn pick(
+            &mut self,
+            _context: &WorkerSelectionContext<'_>,
+            input: WorkerInputView<'_>,
+        ) -> Result<usize, WorkerSelectionPolicyError> {
+            input
+                .candidates()
+                .iter()
+                .enumerate()
+                .min_by(|(_, left), (_, right)| left.cost().total_cmp(&right.cost()))
+                .map(|(row, _)| row)
+                .ok_or_else(|| WorkerSelectionPolicyError::failed("no eligible worker"))
+        }
+    }
+}
+
+/// The same policy on the SDK's traits, per candidate as the Dynamo code is written.
+mod sdk_side {
+    use switchyard_plugin_sdk::{
+        PolicyError, WorkerCandidate, WorkerCandidates, WorkerFilter, WorkerInputs, WorkerPicker,
+        WorkerScorer, WorkerSelectionContext,
+    };
+
+    pub struct MinimumDeviceOverlapFilter {
+        pub minimum_blocks: f64,
+    }
+
+    impl WorkerFilter for MinimumDeviceOverlapFilter {
+        fn required_worker_inputs(&self) -> WorkerInputs {
+            WorkerInputs::CACHE
+        }
+        fn keep(
+            &mut self,
+            _context: &WorkerSelectionContext<'_>,
+            candidate: &WorkerCandidate<'_>,
+        ) -> Result<bool, PolicyError> {
+            let cache = candidate.cache().ok_or("cache input unavailable")?;
+            Ok(f64::from(cache.device_overlap_blocks) >= self.minimum_blocks)
+        }
+    }
+
+    pub struct ActiveRequestsScorer;
+
+    impl WorkerScorer for ActiveRequestsScorer {
+        fn required_worker_inputs(&self) -> WorkerInputs {
+            WorkerInputs::LOAD
+        }
+        fn score(
+            &mut self,
+            _context: &WorkerSelectionContext<'_>,
+            candidate: &WorkerCandidate<'_>,
+        ) -> Result<f64, PolicyError> {
+            let load = candidate.load().ok_or("load input unavailable")?;
+            Ok(f64::from(load.active_requests))
+        }
+    }
+
+    pub struct LowestCostPicker;
+
+    impl WorkerPicker for LowestCostPicker {
+        fn pick(
+            &mut self,
+            _context: &WorkerSelectionContext<'_>,
+            candidates: &WorkerCandidates<'_>,
+        ) -> Result<usize, PolicyError> {
+            candidates
+                .costs()
+                .ok_or("no costs")?
+                .iter()
+                .enumerate()
+                .min_by(|(_, left), (_, right)| left.total_cmp(right))
+                .map(|(row, _)| row)
+                .ok_or_else(|| PolicyError::failed("no eligible worker"))
+        }
+    }
+}
+
+fn compat() -> PolicyParts {
+    WorkerSelectionPolicy::new_with_filters(
+        KvRouterConfig::default(),
+        "select",
+        vec![Box::new(dynamo_side::MinimumDeviceOverlapFilter {
+            minimum_blocks: MIN_BLOCKS,
+        })],
+        vec![Box::new(dynamo_side::ActiveRequestsScorer)],
+        Box::new(dynamo_side::LowestCostPicker),
+    )
+    .into_parts()
+}
+
+fn sdk() -> PolicyParts {
+    PolicyParts::new(
+        vec![Box::new(sdk_side::MinimumDeviceOverlapFilter {
+            minimum_blocks: MIN_BLOCKS,
+        })],
+        vec![Box::new(sdk_side::ActiveRequestsScorer)],
+        Box::new(sdk_side::LowestCostPicker),
+    )
+}
+
+fn sdk_builtins() -> PolicyParts {
+    PolicyParts::new(
+        vec![Box::new(MinDeviceOverlap::at_least(MIN_BLOCKS))],
+        vec![Box::new(ActiveRequests)],
+        Box::new(LowestCostByWorkerId),
+    )
+}
+
+/// `WORKERS` rows, the same every run: overlaps 0-15 blocks (about three in four pass
+/// the filter), 0-31 active requests.
+fn fleet() -> Vec<Row> {
+    let mut state = 0x9e37_79b9_7f4a_7c15u64;
+    let mut next = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state
+    };
+    (1..=WORKERS as u64)
+        .map(|worker_id| Row {
+            device_overlap_blocks: (next() % 16) as u32,
+            active_requests: (next() % 32) as u32,
+            ..Row::worker(worker_id)
+        })
+        .collect()
+}
+
+type Variant = (&'static str, fn() -> PolicyParts);
+const VARIANTS: [Variant; 3] = [
+    ("compat", compat),
+    ("sdk", sdk),
+    ("sdk-builtins", sdk_builtins),
+];
+
+fn bench_selection(c: &mut Criterion) {
+    let rows = fleet();
+    let mut group = c.benchmark_group("dynamo_compat");
+    group
+        .sample_size(30)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
+    for (label, parts) in VARIANTS {
+        let (mut parts, mut selection) = (parts(), Selection::new(&rows));
+        group.bench_function(BenchmarkId::new(label, WORKERS), |b| {
+            b.iter(|| black_box(selection.select(&mut parts, REQUEST_BLOCKS).unwrap()))
+        });
+    }
+    group.finish();
+}
+
+/// Median microseconds per selection of each variant over interleaved rounds.
+fn interleaved_medians(rounds: usize, per_round: u32) -> Vec<f64> {
+    let rows = fleet();
+    let mut variants: Vec<_> = VARIANTS
+        .iter()
+        .map(|(_, parts)| (parts(), Selection::new(&rows)))
+        .collect();
+    let mut times = vec![Vec::with_capacity(rounds); variants.len()];
+    for _ in 0..rounds {
+        for ((parts, selection), times) in variants.iter_mut().zip(&mut times) {
+            let start = Instant::now();
+            for _ in 0..per_round {
+                black_box(selection.select(parts, REQUEST_BLOCKS).unwrap());
+            }
+            times.push(start.elapsed().as_secs_f64() * 1e6 / f64::from(per_round));
+        }
+    }
+    times
+        .into_iter()
+        .map(|mut t| {
+            t.sort_by(f64::total_cmp);
+            t[t.len() / 2]
+        })
+        .collect()
+}
+
+fn main() {
+    let mut criterion = Criterion::default().configure_from_args();
+    bench_selection(&mut criterion);
+    criterion.final_summary();
+    // The three variants pick the same worker (ties aside, the built-in picker's order).
+    let rows = fleet();
+    let picks: Vec<_> = VARIANTS
+        .iter()
+        .map(|(_, parts)| Selection::new(&rows).select(&mut parts(), REQUEST_BLOCKS))
+        .collect();
+    println!("picks: {picks:?}");
+    let medians = interleaved_medians(41, 2_000);
+    for ((label, _), us) in VARIANTS.iter().zip(&medians) {
+        println!(
+            "{label:>13}: {us:.3} us per selection at {WORKERS} workers (median of 41 rounds)"
+        );
+    }
+    println!(
+        "compat / sdk: {:.3}x; compat / sdk-builtins: {:.3}x (target: within 1.1x)",
+        medians[0] / medians[1],
+        medians[0] / medians[2]
+    );
+}

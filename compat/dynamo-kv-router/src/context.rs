@@ -1,0 +1,130 @@
+//! The request context a Dynamo component sees, read from the SDK's context.
+
+use switchyard_plugin_sdk as sdk;
+
+/// What caused a session turn.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WorkerSelectionInputTrigger {
+    UserMessage,
+    ToolResult,
+    Other,
+}
+
+/// KV lifecycle hints of a session request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct KvHints {
+    evict_session: bool,
+}
+
+impl KvHints {
+    /// Whether the request asks consumers to evict session state.
+    pub fn evict_session(&self) -> bool {
+        self.evict_session
+    }
+}
+
+/// The session metadata of a request.
+#[derive(Clone, Copy)]
+pub struct SessionContext<'a> {
+    raw: sdk::SessionContext<'a>,
+    kv_hints: Option<KvHints>,
+}
+
+impl<'a> SessionContext<'a> {
+    /// The stable reasoning or tool-session identifier.
+    pub fn session_id(&self) -> &'a str {
+        self.raw.session_id()
+    }
+
+    /// The parent session of a subagent request.
+    pub fn parent_session_id(&self) -> Option<&'a str> {
+        self.raw.parent_session_id()
+    }
+
+    /// `Some(true)`: the session ends; `Some(false)`: it continues; `None`: not said.
+    pub fn session_final(&self) -> Option<bool> {
+        self.raw.session_final()
+    }
+
+    /// The KV lifecycle hints, when the request carries any.
+    pub fn kv_hints(&self) -> Option<&KvHints> {
+        self.kv_hints.as_ref()
+    }
+
+    /// The event that caused this request, when supplied.
+    pub fn input_trigger(&self) -> Option<WorkerSelectionInputTrigger> {
+        self.raw.input_trigger().map(|trigger| match trigger {
+            sdk::InputTrigger::UserMessage => WorkerSelectionInputTrigger::UserMessage,
+            sdk::InputTrigger::ToolResult => WorkerSelectionInputTrigger::ToolResult,
+            sdk::InputTrigger::Other => WorkerSelectionInputTrigger::Other,
+        })
+    }
+}
+
+/// The request context every component sees.
+#[derive(Clone, Copy)]
+pub struct WorkerSelectionContext<'a> {
+    raw: sdk::WorkerSelectionContext<'a>,
+    session: Option<SessionContext<'a>>,
+}
+
+impl<'a> WorkerSelectionContext<'a> {
+    /// Dynamo's context over the SDK's (what the adapters hand to a Dynamo component).
+    pub fn from_switchyard(raw: &sdk::WorkerSelectionContext<'a>) -> Self {
+        let session = raw.session_context().map(|session| SessionContext {
+            raw: session,
+            kv_hints: session
+                .evict_session()
+                .map(|evict_session| KvHints { evict_session }),
+        });
+        WorkerSelectionContext { raw: *raw, session }
+    }
+
+    /// The SDK's context (switchyard addition: request attributes and the rest of what
+    /// switchyard offers beyond Dynamo's accessors).
+    pub fn switchyard(&self) -> &sdk::WorkerSelectionContext<'a> {
+        &self.raw
+    }
+
+    /// Incoming prompt size in KV blocks.
+    pub fn request_blocks(&self) -> u64 {
+        self.raw.request_blocks()
+    }
+
+    /// Tokens in one KV block.
+    pub fn block_size(&self) -> u32 {
+        self.raw.block_size()
+    }
+
+    /// Whether the request contributes to prefill-load tracking.
+    pub fn tracks_prefill_tokens(&self) -> bool {
+        self.raw.tracks_prefill_tokens()
+    }
+
+    /// The session metadata supplied with this request.
+    pub fn session_context(&self) -> Option<&SessionContext<'a>> {
+        self.session.as_ref()
+    }
+
+    /// The expected output length in tokens (saturating at `u32::MAX`, Dynamo's type).
+    pub fn expected_output_tokens(&self) -> Option<u32> {
+        self.raw
+            .expected_output_tokens()
+            .map(|tokens| u32::try_from(tokens).unwrap_or(u32::MAX))
+    }
+
+    /// Scheduler priority boost; queue policies treat negative values as zero.
+    pub fn priority_jump(&self) -> f64 {
+        self.raw.priority_jump()
+    }
+
+    /// Strict integer priority, larger first (a negative switchyard priority reads 0).
+    pub fn strict_priority(&self) -> u32 {
+        u32::try_from(self.raw.strict_priority()).unwrap_or(0)
+    }
+
+    /// The per-request router temperature override.
+    pub fn router_temperature_override(&self) -> Option<f64> {
+        self.raw.router_temperature_override()
+    }
+}

@@ -1,0 +1,323 @@
+//! Dynamo's per-worker inputs (`WorkerCandidate`, the picker's `WorkerInputView`), read
+//! from the SDK's columns in Dynamo's numeric types.
+
+use switchyard_plugin_sdk as sdk;
+
+use crate::protocols::WorkerWithDpRank;
+
+/// The optional input groups a component reads (Dynamo's `CACHE`, `LOAD`, `ROUTING`;
+/// the SDK's other groups are accepted and not read by Dynamo's accessors).
+pub use sdk::WorkerInputs;
+
+/// One worker's CACHE group: raw tier counts in blocks (a missing tier reads zero).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct WorkerCacheInput {
+    device_overlap_blocks: f64,
+    host_overlap_blocks: f64,
+    disk_overlap_blocks: f64,
+    shared_beyond_device_blocks: u32,
+}
+
+impl WorkerCacheInput {
+    /// Device-resident prefix overlap in blocks.
+    pub fn device_overlap_blocks(&self) -> f64 {
+        self.device_overlap_blocks
+    }
+
+    /// Host-pinned prefix overlap in blocks.
+    pub fn host_overlap_blocks(&self) -> f64 {
+        self.host_overlap_blocks
+    }
+
+    /// Disk prefix overlap in blocks.
+    pub fn disk_overlap_blocks(&self) -> f64 {
+        self.disk_overlap_blocks
+    }
+
+    /// Shared-cache hits beyond the device-resident prefix.
+    pub fn shared_beyond_device_blocks(&self) -> u32 {
+        self.shared_beyond_device_blocks
+    }
+}
+
+/// One worker's LOAD group.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct WorkerLoadInput {
+    active_prefill_tokens: usize,
+    decode_cost_blocks: f64,
+    active_requests: usize,
+}
+
+impl WorkerLoadInput {
+    /// Tokens active in the worker's prefill stage.
+    pub fn active_prefill_tokens(&self) -> usize {
+        self.active_prefill_tokens
+    }
+
+    /// Projected active decode footprint in blocks, including this request's.
+    pub fn decode_cost_blocks(&self) -> f64 {
+        self.decode_cost_blocks
+    }
+
+    /// Requests active on the worker.
+    pub fn active_requests(&self) -> usize {
+        self.active_requests
+    }
+}
+
+/// One worker's ROUTING group.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct WorkerRoutingInput {
+    preferred_taint_multiplier: Option<f64>,
+}
+
+impl WorkerRoutingInput {
+    /// The cost multiplier from preferred routing constraints, if any.
+    pub fn preferred_taint_multiplier(&self) -> Option<f64> {
+        self.preferred_taint_multiplier
+    }
+}
+
+/// One eligible worker, as a filter or scorer sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct WorkerCandidate {
+    worker: WorkerWithDpRank,
+    inputs: WorkerInputs,
+    cache: WorkerCacheInput,
+    load: WorkerLoadInput,
+    routing: WorkerRoutingInput,
+}
+
+impl WorkerCandidate {
+    /// The worker ID and data-parallel rank.
+    pub fn worker(&self) -> WorkerWithDpRank {
+        self.worker
+    }
+
+    /// The CACHE group; `None` unless the component requested it.
+    pub fn cache(&self) -> Option<&WorkerCacheInput> {
+        self.inputs
+            .contains(WorkerInputs::CACHE)
+            .then_some(&self.cache)
+    }
+
+    /// The LOAD group; `None` unless the component requested it.
+    pub fn load(&self) -> Option<&WorkerLoadInput> {
+        self.inputs
+            .contains(WorkerInputs::LOAD)
+            .then_some(&self.load)
+    }
+
+    /// The ROUTING group; `None` unless the component requested it.
+    pub fn routing(&self) -> Option<&WorkerRoutingInput> {
+        self.inputs
+            .contains(WorkerInputs::ROUTING)
+            .then_some(&self.routing)
+    }
+
+    /// The candidate in row `row` of the SDK's per-candidate view.
+    pub fn from_switchyard(candidate: &sdk::WorkerCandidate<'_>) -> Self {
+        let mut inputs = WorkerInputs::NONE;
+        let cache = candidate
+            .cache()
+            .map_or_else(WorkerCacheInput::default, |c| {
+                inputs = inputs | WorkerInputs::CACHE;
+                WorkerCacheInput {
+                    device_overlap_blocks: f64::from(c.device_overlap_blocks),
+                    host_overlap_blocks: f64::from(c.host_overlap_blocks),
+                    disk_overlap_blocks: f64::from(c.disk_overlap_blocks),
+                    shared_beyond_device_blocks: c.shared_beyond_device_blocks,
+                }
+            });
+        let load = candidate.load().map_or_else(WorkerLoadInput::default, |l| {
+            inputs = inputs | WorkerInputs::LOAD;
+            load_input(
+                l.active_prefill_tokens,
+                l.decode_cost_blocks,
+                l.active_requests,
+            )
+        });
+        let routing =
+            candidate
+                .preferred_taint_multiplier()
+                .map_or_else(WorkerRoutingInput::default, |m| {
+                    inputs = inputs | WorkerInputs::ROUTING;
+                    WorkerRoutingInput {
+                        preferred_taint_multiplier: m,
+                    }
+                });
+        WorkerCandidate {
+            worker: candidate.worker().into(),
+            inputs,
+            cache,
+            load,
+            routing,
+        }
+    }
+}
+
+fn load_input(
+    active_prefill_tokens: u64,
+    decode_cost_blocks: u64,
+    active_requests: u32,
+) -> WorkerLoadInput {
+    WorkerLoadInput {
+        active_prefill_tokens: usize::try_from(active_prefill_tokens).unwrap_or(usize::MAX),
+        decode_cost_blocks: decode_cost_blocks as f64,
+        active_requests: active_requests as usize,
+    }
+}
+
+/// The SDK's candidate columns, read once per call, from which each row's
+/// [`WorkerCandidate`] is made on the stack (what the adapters hand to Dynamo's filters
+/// and scorers).
+#[derive(Clone, Copy)]
+pub struct CandidateRows<'a> {
+    inputs: WorkerInputs,
+    worker_ids: &'a [u64],
+    dp_ranks: &'a [u32],
+    cache: Option<sdk::CacheInputs<'a>>,
+    load: Option<sdk::LoadInputs<'a>>,
+    routing: Option<&'a [f64]>,
+}
+
+impl<'a> CandidateRows<'a> {
+    pub fn new(candidates: &sdk::WorkerCandidates<'a>) -> Self {
+        let (cache, load) = (candidates.cache(), candidates.load());
+        let routing = candidates.routing().map(|r| r.preferred_taint_multiplier);
+        let mut inputs = WorkerInputs::NONE;
+        for (present, group) in [
+            (cache.is_some(), WorkerInputs::CACHE),
+            (load.is_some(), WorkerInputs::LOAD),
+            (routing.is_some(), WorkerInputs::ROUTING),
+        ] {
+            if present {
+                inputs = inputs | group;
+            }
+        }
+        CandidateRows {
+            inputs,
+            worker_ids: candidates.worker_ids(),
+            dp_ranks: candidates.dp_ranks(),
+            cache,
+            load,
+            routing,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.worker_ids.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.worker_ids.is_empty()
+    }
+
+    pub fn worker(&self, row: usize) -> WorkerWithDpRank {
+        WorkerWithDpRank::new(self.worker_ids[row], self.dp_ranks[row])
+    }
+
+    pub fn cache(&self, row: usize) -> WorkerCacheInput {
+        self.cache
+            .map_or_else(WorkerCacheInput::default, |c| WorkerCacheInput {
+                device_overlap_blocks: f64::from(c.device_overlap_blocks[row]),
+                host_overlap_blocks: f64::from(c.host_overlap_blocks[row]),
+                disk_overlap_blocks: f64::from(c.disk_overlap_blocks[row]),
+                shared_beyond_device_blocks: c.shared_beyond_device_blocks[row],
+            })
+    }
+
+    pub fn load(&self, row: usize) -> WorkerLoadInput {
+        self.load.map_or_else(WorkerLoadInput::default, |l| {
+            load_input(
+                l.active_prefill_tokens[row],
+                l.decode_cost_blocks[row],
+                l.active_requests[row],
+            )
+        })
+    }
+
+    pub fn routing(&self, row: usize) -> WorkerRoutingInput {
+        WorkerRoutingInput {
+            preferred_taint_multiplier: self.routing.map(|m| m[row]).filter(|m| !m.is_nan()),
+        }
+    }
+
+    /// Row `row` as Dynamo's candidate.
+    #[inline]
+    pub fn candidate(&self, row: usize) -> WorkerCandidate {
+        WorkerCandidate {
+            worker: self.worker(row),
+            inputs: self.inputs,
+            cache: self.cache(row),
+            load: self.load(row),
+            routing: self.routing(row),
+        }
+    }
+}
+
+/// One picker row: the worker and its total cost.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ScoredWorkerCandidate {
+    worker: WorkerWithDpRank,
+    cost: f64,
+}
+
+impl ScoredWorkerCandidate {
+    pub fn new(worker: WorkerWithDpRank, cost: f64) -> Self {
+        ScoredWorkerCandidate { worker, cost }
+    }
+
+    /// The row's worker ID and data-parallel rank.
+    pub fn worker(&self) -> WorkerWithDpRank {
+        self.worker
+    }
+
+    /// The sum of all scorer contributions for the row.
+    pub fn cost(&self) -> f64 {
+        self.cost
+    }
+}
+
+/// A picker's borrowed, index-aligned view of the scored candidates and the optional
+/// groups it requested.
+#[derive(Clone, Copy)]
+pub struct WorkerInputView<'a> {
+    candidates: &'a [ScoredWorkerCandidate],
+    cache: Option<&'a [WorkerCacheInput]>,
+    load: Option<&'a [WorkerLoadInput]>,
+    routing: Option<&'a [WorkerRoutingInput]>,
+}
+
+impl<'a> WorkerInputView<'a> {
+    /// A view over index-aligned rows (the adapters' buffers, or a test's).
+    pub fn new(
+        candidates: &'a [ScoredWorkerCandidate],
+        cache: Option<&'a [WorkerCacheInput]>,
+        load: Option<&'a [WorkerLoadInput]>,
+        routing: Option<&'a [WorkerRoutingInput]>,
+    ) -> Self {
+        WorkerInputView {
+            candidates,
+            cache,
+            load,
+            routing,
+        }
+    }
+
+    pub fn candidates(self) -> &'a [ScoredWorkerCandidate] {
+        self.candidates
+    }
+
+    pub fn cache(self) -> Option<&'a [WorkerCacheInput]> {
+        self.cache
+    }
+
+    pub fn load(self) -> Option<&'a [WorkerLoadInput]> {
+        self.load
+    }
+
+    pub fn routing(self) -> Option<&'a [WorkerRoutingInput]> {
+        self.routing
+    }
+}

@@ -1,0 +1,3 @@
+//! Dynamo's `services` module: the standalone selection service's policy registration.
+
+pub mod selection;
