@@ -78,11 +78,24 @@ fn chosen(sent: &[Sent], from: Instant, to: Instant) -> Vec<u64> {
         .collect()
 }
 
-/// Waits (20 s at most) until the answers so far are `enough`: the traffic has shown
-/// what the test then checks.
-async fn until_answered(sent: &Mutex<Vec<Sent>>, what: &str, enough: impl Fn(&[Sent]) -> bool) {
+/// Waits (20 s at most) until the workers chosen by the requests sent since `from` and
+/// answered so far are `enough`: the traffic has shown what the test then checks.
+async fn until_chosen(
+    sent: &Mutex<Vec<Sent>>,
+    from: Instant,
+    what: &str,
+    enough: impl Fn(&[u64]) -> bool,
+) {
     eventually_async(what, Duration::from_secs(20), || {
-        std::future::ready(enough(&sent.lock().unwrap()))
+        std::future::ready(enough(&chosen(&sent.lock().unwrap(), from, Instant::now())))
+    })
+    .await;
+}
+
+/// Waits (20 s at most) until `count` requests sent since `from` are answered.
+async fn until_answered(sent: &Mutex<Vec<Sent>>, from: Instant, count: usize) {
+    until_chosen(sent, from, &format!("{count} answers"), |w| {
+        w.len() >= count
     })
     .await;
 }
@@ -286,20 +299,15 @@ fn reloads_under_traffic_switch_decisions_and_drop_nothing() {
         };
 
         let started = Instant::now();
-        until_answered(&sent, "200 answers before the reloads", |s| {
-            chosen(s, started, Instant::now()).len() >= 200
-        })
-        .await;
+        until_answered(&sent, started, 200).await;
         // 1. A changed weight: load now counts, so overlapping requests spread.
         std::fs::write(&config_path, config(&plugin, &engines, 100.0)).unwrap();
         let weight_started = Instant::now();
         let (weight_done, status, answer) = reload(&client, &base).await;
         assert_eq!(status, 200, "{answer}");
         assert_eq!(answer["generation"]["number"], 2, "{answer}");
-        until_answered(&sent, "overlapping requests spread by load", |s| {
-            chosen(s, weight_done, Instant::now())
-                .iter()
-                .any(|w| *w != 1)
+        until_chosen(&sent, weight_done, "a spread pick", |w| {
+            w.iter().any(|w| *w != 1)
         })
         .await;
 
@@ -311,10 +319,7 @@ fn reloads_under_traffic_switch_decisions_and_drop_nothing() {
         let (version_done, status, answer) = reload(&client, &base).await;
         assert_eq!(status, 200, "{answer}");
         assert_eq!(answer["generation"]["number"], 3, "{answer}");
-        until_answered(&sent, "200 answers of the new version", |s| {
-            chosen(s, version_done, Instant::now()).len() >= 200
-        })
-        .await;
+        until_answered(&sent, version_done, 200).await;
 
         // 3. A broken config: refused with its errors; generation 3 keeps serving.
         std::fs::write(
@@ -332,10 +337,8 @@ fn reloads_under_traffic_switch_decisions_and_drop_nothing() {
             "{errors}"
         );
 
-        until_answered(&sent, "100 answers after the refusal, 1000 in all", |s| {
-            chosen(s, broken_done, Instant::now()).len() >= 100 && s.len() > 1000
-        })
-        .await;
+        until_answered(&sent, broken_done, 100).await;
+        until_answered(&sent, started, 1001).await;
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         traffic.await.unwrap();
         let sent = std::mem::take(&mut *sent.lock().unwrap());
