@@ -278,8 +278,9 @@ impl<'a> Outcome<'a> {
     }
 }
 
-/// Worker identity: ID and data-parallel rank.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// Worker identity: ID and data-parallel rank. Ordered by ID, then rank (policies sort
+/// rows by `(load, worker)` for a choice that does not depend on candidate order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct WorkerId {
     pub worker_id: u64,
     pub dp_rank: u32,
@@ -658,6 +659,19 @@ mod tests {
         assert_eq!(lowest(&[]), None);
         assert_eq!(lowest(&[(3.0, 9), (1.0, 8), (1.0, 2), (2.0, 1)]), Some(2));
         assert_eq!(lowest(&[(0.0, 1), (-0.0, 7)]), Some(1));
+    }
+
+    /// Dynamo's examples pick by `min_by_key(|row| (load, worker))`: ids order by worker
+    /// id, then rank.
+    #[test]
+    fn worker_ids_order_by_id_then_rank() {
+        let id = |worker_id, dp_rank| WorkerId { worker_id, dp_rank };
+        let mut rows = [(1, id(7, 0)), (0, id(9, 1)), (0, id(9, 0)), (0, id(3, 2))];
+        rows.sort();
+        assert_eq!(
+            rows,
+            [(0, id(3, 2)), (0, id(9, 0)), (0, id(9, 1)), (1, id(7, 0))]
+        );
     }
 
     #[test]
