@@ -26,6 +26,7 @@
 //! says so.
 
 mod decide;
+pub mod embedded;
 pub mod messages;
 
 use decide::{decide, eligible, no_endpoint, Attempt, Wanted};
@@ -245,6 +246,59 @@ struct Booked {
     /// decode endpoint's sidecar in `x-prefiller-host-port`), booked until the decode
     /// answers (the sidecar prefills first).
     prefill: Option<(Lease, SocketAddr)>,
+}
+
+impl Booked {
+    /// The engine answers (the first response body chunk, or the response headers when
+    /// no body is sent): prefill is complete, and a disaggregated pair's prefill worker
+    /// is done.
+    fn answering(&mut self) {
+        if !self.prefilled {
+            self.prefilled = true;
+            self.lease.prefill_complete();
+        }
+        // The decode answers: the sidecar's prefill is over.
+        if let Some((mut lease, _)) = self.prefill.take() {
+            lease.prefill_complete();
+            lease.free();
+        }
+    }
+
+    /// Envoy retried elsewhere: the load belongs to the endpoint that served (as the
+    /// gateway says in the `envoy.lb` metadata, or, from a plain Envoy, in a response
+    /// header of the same name its route adds: docs/envoy.md).
+    fn served_by(&mut self, router: &switchyard_fleet::router::Router, served: &str) {
+        let Ok(served) = served.parse::<SocketAddr>() else {
+            tracing::warn!(%served, "ext_proc: the gateway's served endpoint is not ip:port; the booking stays");
+            return;
+        };
+        if served == self.endpoint {
+            return;
+        }
+        let models: HashMap<WorkerId, String> = router
+            .workers()
+            .into_iter()
+            .map(|w| (w.id(), w.model))
+            .collect();
+        let target = router
+            .endpoints()
+            .into_iter()
+            .filter(|(_, endpoint)| *endpoint == served)
+            .map(|(id, _)| id)
+            .find(|id| models.get(id) == Some(&self.model));
+        match target {
+            Some(worker) => match router.rebook(self.lease.request_id(), worker) {
+                Ok(()) => {
+                    router.metrics.record_ext_proc_rebook();
+                    self.endpoint = served;
+                }
+                Err(error) => tracing::warn!(%error, "ext_proc: moving the booking failed"),
+            },
+            None => {
+                tracing::warn!(%served, model = %self.model, "ext_proc: the gateway served the request on an endpoint that is no worker of its model; the booking stays where it was picked")
+            }
+        }
+    }
 }
 
 /// One HTTP request's stream.
@@ -535,43 +589,10 @@ impl Exchange {
         }
     }
 
-    /// Envoy retried elsewhere: the load belongs to the endpoint that served (as the
-    /// gateway says in the `envoy.lb` metadata, or, from a plain Envoy, in a response
-    /// header of the same name its route adds: docs/envoy.md).
+    /// Envoy retried elsewhere: the booking follows (`Booked::served_by`).
     fn rebook_if_served_elsewhere(&mut self, served: Option<String>) {
-        let (Some(booked), Some(served)) = (self.booked.as_mut(), served) else {
-            return;
-        };
-        let Ok(served) = served.parse::<SocketAddr>() else {
-            tracing::warn!(%served, "ext_proc: the gateway's served endpoint is not ip:port; the booking stays");
-            return;
-        };
-        if served == booked.endpoint {
-            return;
-        }
-        let router = self.picker.frontend.router();
-        let models: HashMap<WorkerId, String> = router
-            .workers()
-            .into_iter()
-            .map(|w| (w.id(), w.model))
-            .collect();
-        let target = router
-            .endpoints()
-            .into_iter()
-            .filter(|(_, endpoint)| *endpoint == served)
-            .map(|(id, _)| id)
-            .find(|id| models.get(id) == Some(&booked.model));
-        match target {
-            Some(worker) => match router.rebook(booked.lease.request_id(), worker) {
-                Ok(()) => {
-                    router.metrics.record_ext_proc_rebook();
-                    booked.endpoint = served;
-                }
-                Err(error) => tracing::warn!(%error, "ext_proc: moving the booking failed"),
-            },
-            None => {
-                tracing::warn!(%served, model = %booked.model, "ext_proc: the gateway served the request on an endpoint that is no worker of its model; the booking stays where it was picked")
-            }
+        if let (Some(booked), Some(served)) = (self.booked.as_mut(), served) {
+            booked.served_by(self.picker.frontend.router(), &served);
         }
     }
 
@@ -596,21 +617,10 @@ impl Drop for Exchange {
 }
 
 impl Exchange {
-    /// The engine answers (the first response body chunk, or the response headers when
-    /// no body is sent): prefill is complete, and a disaggregated pair's prefill worker
-    /// is done.
+    /// The engine answers (`Booked::answering`).
     fn answering(&mut self) {
-        let Some(booked) = self.booked.as_mut() else {
-            return;
-        };
-        if !booked.prefilled {
-            booked.prefilled = true;
-            booked.lease.prefill_complete();
-        }
-        // The decode answers: the sidecar's prefill is over.
-        if let Some((mut lease, _)) = booked.prefill.take() {
-            lease.prefill_complete();
-            lease.free();
+        if let Some(booked) = self.booked.as_mut() {
+            booked.answering();
         }
     }
 

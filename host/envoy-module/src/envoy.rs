@@ -1,0 +1,164 @@
+//! Envoy's side of one stream, through the ABI's callbacks: each call is valid only
+//! inside a hook of that stream, on its worker thread (the hooks hand this out for
+//! the hook's duration).
+
+use std::net::SocketAddr;
+
+use crate::abi::{self, Buffer, FilterEnvoyPtr, ModuleHeader};
+
+/// Envoy's filter of the stream a hook runs for.
+#[derive(Clone, Copy)]
+pub struct Stream(pub FilterEnvoyPtr);
+
+impl Stream {
+    /// The first value of header `name` (lowercase) of `header_type`.
+    pub fn header(&self, header_type: u32, name: &str) -> Option<&[u8]> {
+        let mut value = Buffer::NULL;
+        // SAFETY: a hook's filter pointer; the key outlives the call; `value` is written.
+        let found = unsafe {
+            abi::envoy_dynamic_module_callback_http_get_header(
+                self.0,
+                header_type,
+                Buffer::of(name.as_bytes()),
+                &mut value,
+                0,
+                std::ptr::null_mut(),
+            )
+        };
+        // SAFETY: Envoy's header bytes stay valid until the hook returns, and `self`
+        // lives no longer than the hook.
+        (found && !value.ptr.is_null()).then(|| unsafe { value.bytes() })
+    }
+
+    pub fn set_request_header(&self, name: &str, value: &str) {
+        // SAFETY: a hook's filter pointer; both buffers outlive the call (Envoy copies).
+        unsafe {
+            abi::envoy_dynamic_module_callback_http_set_header(
+                self.0,
+                abi::REQUEST_HEADER,
+                Buffer::of(name.as_bytes()),
+                Buffer::of(value.as_bytes()),
+            );
+        }
+    }
+
+    /// Sends the request to `endpoint` among the routed cluster's hosts (strict: a host
+    /// the cluster lacks is Envoy's 503, never another engine). False if Envoy refused.
+    pub fn override_host(&self, endpoint: SocketAddr) -> bool {
+        let host = endpoint.to_string();
+        // SAFETY: a hook's filter pointer; Envoy copies the host.
+        unsafe {
+            abi::envoy_dynamic_module_callback_http_set_upstream_override_host(
+                self.0,
+                Buffer::of(host.as_bytes()),
+                true,
+            )
+        }
+    }
+
+    /// The request body: what Envoy buffered, then the chunk this hook received (unless
+    /// the received chunk is the buffer, when a filter before this one buffered it all).
+    pub fn request_body(&self) -> Vec<u8> {
+        // SAFETY: a hook's filter pointer.
+        let received_is_buffered = unsafe {
+            abi::envoy_dynamic_module_callback_http_received_buffered_request_body(self.0)
+        };
+        let mut body = self.body(abi::BUFFERED_REQUEST_BODY);
+        if !received_is_buffered {
+            body.extend(self.body(abi::RECEIVED_REQUEST_BODY));
+        }
+        body
+    }
+
+    /// Bytes of the request body so far (buffered and just received).
+    pub fn request_body_size(&self) -> usize {
+        // SAFETY: a hook's filter pointer.
+        let size =
+            |kind| unsafe { abi::envoy_dynamic_module_callback_http_get_body_size(self.0, kind) };
+        size(abi::BUFFERED_REQUEST_BODY) + size(abi::RECEIVED_REQUEST_BODY)
+    }
+
+    fn body(&self, body_type: u32) -> Vec<u8> {
+        // SAFETY: a hook's filter pointer; the vector has room for every chunk Envoy
+        // reports, and the chunks are copied before the hook returns.
+        unsafe {
+            let count =
+                abi::envoy_dynamic_module_callback_http_get_body_chunks_size(self.0, body_type);
+            if count == 0 {
+                return Vec::new();
+            }
+            let mut chunks = vec![Buffer::NULL; count];
+            if !abi::envoy_dynamic_module_callback_http_get_body_chunks(
+                self.0,
+                body_type,
+                chunks.as_mut_ptr(),
+            ) {
+                return Vec::new();
+            }
+            let mut body = Vec::with_capacity(chunks.iter().map(|c| c.length).sum());
+            for chunk in chunks {
+                body.extend_from_slice(chunk.bytes());
+            }
+            body
+        }
+    }
+
+    /// Answers the request itself (Envoy's local reply): `status`, a JSON body, and
+    /// `retry-after` when given.
+    pub fn reply(&self, status: u16, body: &[u8], retry_after: Option<u64>) {
+        let retry = retry_after.map(|s| s.to_string());
+        let mut headers = vec![ModuleHeader::of(b"content-type", b"application/json")];
+        if let Some(retry) = &retry {
+            headers.push(ModuleHeader::of(b"retry-after", retry.as_bytes()));
+        }
+        // SAFETY: a hook's filter pointer; headers, body and details outlive the call.
+        unsafe {
+            abi::envoy_dynamic_module_callback_http_send_response(
+                self.0,
+                u32::from(status),
+                headers.as_mut_ptr(),
+                headers.len(),
+                Buffer::of(body),
+                Buffer::of(b"switchyard_refused"),
+            );
+        }
+    }
+
+    /// Lets the request go on after the module held it (`StopIteration`).
+    pub fn continue_decoding(&self) {
+        // SAFETY: a hook's filter pointer.
+        unsafe { abi::envoy_dynamic_module_callback_http_filter_continue_decoding(self.0) }
+    }
+}
+
+/// Envoy's scheduler of one stream: work finished on another thread resumes the stream on
+/// its worker thread. Deleted when the last holder (the stream, or the work) drops it;
+/// committing after the stream is gone is harmless (Envoy checks that it still exists).
+pub struct Scheduler(abi::SchedulerPtr);
+
+// SAFETY: Envoy's scheduler may be committed from any thread (abi.h); it is deleted once,
+// by the last owner.
+unsafe impl Send for Scheduler {}
+unsafe impl Sync for Scheduler {}
+
+impl Scheduler {
+    /// A scheduler of the stream (call inside one of its hooks).
+    pub fn new(stream: Stream) -> Option<Scheduler> {
+        // SAFETY: a hook's filter pointer.
+        let made =
+            unsafe { abi::envoy_dynamic_module_callback_http_filter_scheduler_new(stream.0) };
+        (!made.is_null()).then_some(Scheduler(made))
+    }
+
+    pub fn commit(&self, event_id: u64) {
+        // SAFETY: a live scheduler (deleted only in drop).
+        unsafe { abi::envoy_dynamic_module_callback_http_filter_scheduler_commit(self.0, event_id) }
+    }
+}
+
+impl Drop for Scheduler {
+    fn drop(&mut self) {
+        // SAFETY: made by scheduler_new, deleted once.
+        unsafe { abi::envoy_dynamic_module_callback_http_filter_scheduler_delete(self.0) }
+    }
+}

@@ -1,0 +1,211 @@
+//! One HTTP stream through the filter: the request's headers say what it asks for, its
+//! body (buffered by Envoy, up to `ext_proc.max_body_bytes`) is parsed and decided as the
+//! endpoint picker decides, and the pick becomes Envoy's upstream override host (and the
+//! picker's destination header). Prefill completes at the response headers; the booking
+//! is freed when the stream completes, is reset, or the client hangs up (Envoy ends the
+//! stream either way, and dropping the pick frees it).
+
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use switchyard_serve::ext_proc::embedded::{self, Asked, Now, Pick};
+use switchyard_serve::frontend::prompt::Endpoint;
+use switchyard_serve::frontend::{OpenAiError, INSTANCE_HEADER};
+use switchyard_serve::request_attributes;
+
+use crate::abi;
+use crate::envoy::{Scheduler, Stream};
+use crate::filter_config::FilterConfig;
+
+/// The picker's destination header (docs/envoy.md): for configs whose cluster routes by
+/// it (`ORIGINAL_DST` with `use_http_header`, or the override-host load balancer).
+const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
+/// llm-d's decode sidecar reads the prefill worker of a disaggregated pair here.
+const PREFILLER_HEADER: &str = "x-prefiller-host-port";
+/// A route may add it to the response to say which endpoint served (Envoy's retries).
+const SERVED_HEADER: &str = "x-gateway-destination-endpoint-served";
+
+/// A decision made on the module's runtime, waiting for the stream's worker thread.
+type Pending = Arc<Mutex<Option<Result<Pick, OpenAiError>>>>;
+
+/// The module's filter of one stream.
+pub struct Filter {
+    config: Arc<FilterConfig>,
+    asked: Option<Asked>,
+    pick: Option<Pick>,
+    pending: Option<(Pending, Arc<Scheduler>)>,
+}
+
+impl Filter {
+    pub fn new(config: Arc<FilterConfig>) -> Filter {
+        Filter {
+            config,
+            asked: None,
+            pick: None,
+            pending: None,
+        }
+    }
+
+    pub fn request_headers(&mut self, stream: Stream, end_of_stream: bool) -> u32 {
+        let endpoint = match stream.header(abi::REQUEST_HEADER, ":path") {
+            Some(path)
+                if path.split(|&b| b == b'?').next()
+                    == Some(Endpoint::Completions.path().as_bytes()) =>
+            {
+                Endpoint::Completions
+            }
+            _ => Endpoint::ChatCompletions,
+        };
+        let instance = stream
+            .header(abi::REQUEST_HEADER, INSTANCE_HEADER)
+            .map(|v| String::from_utf8_lossy(v).into_owned());
+        let generation = self.config.router().generation();
+        let kept =
+            request_attributes::kept_headers(&generation.config().request_attributes, |name| {
+                stream.header(abi::REQUEST_HEADER, name)
+            });
+        drop(generation);
+        let kept = match kept {
+            Ok(kept) => kept,
+            Err(error) => return self.refuse(stream, error.into(), abi::HEADERS_STOP_ITERATION),
+        };
+        if !end_of_stream {
+            self.asked = Some(Asked::new(endpoint, instance, None, kept));
+            return abi::HEADERS_STOP_ITERATION; // the pick waits for the body
+        }
+        // No body (GET /v1/models and the like): any eligible endpoint, nothing booked.
+        match embedded::any_endpoint(&self.config.picker, None) {
+            Some(endpoint) => {
+                stream.override_host(endpoint);
+                stream.set_request_header(DESTINATION_HEADER, &endpoint.to_string());
+                abi::HEADERS_CONTINUE
+            }
+            None => self.refuse(
+                stream,
+                OpenAiError::new(
+                    axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                    "server_error",
+                    "switchyard knows no endpoint to send the request to",
+                ),
+                abi::HEADERS_STOP_ITERATION,
+            ),
+        }
+    }
+
+    pub fn request_body(&mut self, stream: Stream, end_of_stream: bool) -> u32 {
+        let Some(asked) = self.asked.take() else {
+            return abi::BODY_CONTINUE; // decided (or refused) already
+        };
+        let limit = self.config.picker.max_body_bytes();
+        if stream.request_body_size() > limit {
+            let error = OpenAiError::new(
+                axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+                "invalid_request_error",
+                format!("the request body is over the switchyard module's limit of {limit} bytes (ext_proc.max_body_bytes)"),
+            );
+            return self.refuse(stream, error, abi::BODY_STOP_NO_BUFFER);
+        }
+        if !end_of_stream {
+            self.asked = Some(asked);
+            return abi::BODY_STOP_AND_BUFFER;
+        }
+        let body = stream.request_body();
+        let picker = &self.config.picker;
+        match embedded::decide_now(picker, &self.config.caller, &asked, &body) {
+            Now::Decided(Ok(pick)) => {
+                self.route(stream, pick);
+                abi::BODY_CONTINUE
+            }
+            Now::Decided(Err(error)) => self.refuse(stream, error, abi::BODY_STOP_NO_BUFFER),
+            Now::Later => self.decide_later(stream, asked, body),
+        }
+    }
+
+    /// Plugin code, a tokenizer or the admission queue: decided on the module's runtime
+    /// (never on Envoy's worker thread, never on the executor's threads), and the stream
+    /// resumes on its worker thread (`scheduled`).
+    fn decide_later(&mut self, stream: Stream, asked: Asked, body: Vec<u8>) -> u32 {
+        let (Some(runtime), Some(scheduler)) =
+            (self.config.runtime.as_ref(), Scheduler::new(stream))
+        else {
+            let error = OpenAiError::new(
+                axum::http::StatusCode::SERVICE_UNAVAILABLE,
+                "server_error",
+                "the switchyard module is stopping",
+            );
+            return self.refuse(stream, error, abi::BODY_STOP_NO_BUFFER);
+        };
+        let pending: Pending = Arc::default();
+        let scheduler = Arc::new(scheduler);
+        self.pending = Some((pending.clone(), scheduler.clone()));
+        let (picker, caller) = (self.config.picker.clone(), self.config.caller.clone());
+        runtime.spawn(async move {
+            let decided = embedded::pick(picker, caller, asked, Arc::new(body)).await;
+            *pending.lock() = Some(decided);
+            scheduler.commit(0);
+        });
+        abi::BODY_STOP_AND_BUFFER
+    }
+
+    /// The decision made on the module's runtime arrived on the worker thread.
+    pub fn scheduled(&mut self, stream: Stream) {
+        let Some((pending, _scheduler)) = self.pending.take() else {
+            return;
+        };
+        let decided = pending.lock().take();
+        match decided {
+            Some(Ok(pick)) => {
+                self.route(stream, pick);
+                stream.continue_decoding();
+            }
+            Some(Err(error)) => {
+                self.refuse(stream, error, abi::BODY_STOP_NO_BUFFER);
+            }
+            None => {}
+        }
+    }
+
+    /// Sends the request where the pick says, and keeps the booking with the stream.
+    fn route(&mut self, stream: Stream, pick: Pick) {
+        if !stream.override_host(pick.endpoint()) {
+            tracing::warn!(endpoint = %pick.endpoint(), "switchyard (Envoy module): Envoy refused the override host");
+        }
+        stream.set_request_header(DESTINATION_HEADER, &pick.destination());
+        if let Some(prefiller) = pick.prefiller() {
+            stream.set_request_header(PREFILLER_HEADER, &prefiller.to_string());
+        }
+        self.pick = Some(pick);
+    }
+
+    /// Answers the request itself (an OpenAI-style JSON error); `status` is the hook's.
+    fn refuse(&mut self, stream: Stream, error: OpenAiError, status: u32) -> u32 {
+        self.asked = None;
+        let body = error.body().to_string();
+        stream.reply(
+            error.status().as_u16(),
+            body.as_bytes(),
+            error.retry_after(),
+        );
+        status
+    }
+
+    /// The engine answers: prefill is complete; a served endpoint other than the pick
+    /// (the route's retries, told by `x-gateway-destination-endpoint-served`) takes the
+    /// booking.
+    pub fn response_headers(&mut self, stream: Stream) -> u32 {
+        if let Some(pick) = self.pick.as_mut() {
+            if let Some(served) = stream.header(abi::RESPONSE_HEADER, SERVED_HEADER) {
+                let served = String::from_utf8_lossy(served).into_owned();
+                pick.served_by(self.config.router(), &served);
+            }
+            pick.answering();
+        }
+        abi::HEADERS_CONTINUE
+    }
+
+    /// The stream is over (completed, reset, or the client hung up): the booking is freed.
+    pub fn complete(&mut self) {
+        self.pick = None;
+        self.pending = None;
+    }
+}

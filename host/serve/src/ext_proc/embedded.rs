@@ -1,0 +1,164 @@
+//! The picker's decisions for a host that runs the router inside a proxy's own process
+//! (the Envoy dynamic module, `host/envoy-module`): the same parsing, admission,
+//! selection, booking and fallbacks a gRPC stream gets, without the stream. The host
+//! reads the request from the proxy and applies the answer; everything decided here is
+//! the picker's own code, so both ways of embedding switchyard in Envoy decide alike.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use switchyard_fleet::router::Router;
+use switchyard_plugin_sdk::WorkerId;
+
+use super::decide::{decide, eligible, Wanted};
+use super::{Booked, EndpointPicker};
+use crate::caller::Caller;
+use crate::frontend::prompt::Endpoint;
+use crate::frontend::OpenAiError;
+
+impl EndpointPicker {
+    pub fn router(&self) -> &Arc<Router> {
+        self.frontend.router()
+    }
+
+    /// `ext_proc.max_body_bytes`: a larger request body is refused (413).
+    pub fn max_body_bytes(&self) -> usize {
+        self.max_body_bytes
+    }
+
+    /// Who sends the requests of a proxy the router runs inside: the proxy's clients,
+    /// whom the proxy authenticates (its own filters); never loopback.
+    pub fn proxy_caller(&self) -> Caller {
+        let choice = self.router().generation().startup.keyring.choose_instance;
+        Caller::behind_gateway(None, choice)
+    }
+}
+
+/// What a request's headers ask for, before its body is read.
+#[derive(Clone)]
+pub struct Asked(Wanted);
+
+impl Asked {
+    /// `instance`: the `x-switchyard-instance` header; `subset`: the gateway's subset
+    /// hint (`ip:port` each); `kept`: the headers `request_attributes:` keeps.
+    pub fn new(
+        endpoint: Endpoint,
+        instance: Option<String>,
+        subset: Option<Vec<String>>,
+        kept: Vec<(String, String)>,
+    ) -> Self {
+        Asked(Wanted {
+            endpoint,
+            instance,
+            subset,
+            kept,
+            admitted: Arc::default(),
+        })
+    }
+}
+
+/// A request's booking and where it goes; the booking is freed when this is dropped.
+pub struct Pick(Booked);
+
+impl Pick {
+    /// The chosen worker's endpoint.
+    pub fn endpoint(&self) -> SocketAddr {
+        self.0.endpoint
+    }
+
+    pub fn worker(&self) -> WorkerId {
+        self.0.worker
+    }
+
+    /// The destination header's value: the endpoint, then the fallbacks, comma-joined.
+    pub fn destination(&self) -> String {
+        let mut destination = self.0.endpoint.to_string();
+        for fallback in &self.0.fallbacks {
+            destination.push(',');
+            destination.push_str(&fallback.to_string());
+        }
+        destination
+    }
+
+    /// A disaggregated model's prefill worker (`x-prefiller-host-port`).
+    pub fn prefiller(&self) -> Option<SocketAddr> {
+        self.0.prefill.as_ref().map(|(_, at)| *at)
+    }
+
+    /// The engine answers: prefill is complete.
+    pub fn answering(&mut self) {
+        self.0.answering();
+    }
+
+    /// The proxy served the request at `served` (`ip:port`): the booking follows.
+    pub fn served_by(&mut self, router: &Router, served: &str) {
+        self.0.served_by(router, served);
+    }
+}
+
+/// A decision made on the calling thread, or the need for `pick`.
+// Made and matched once per request, on the stack: boxing the pick would cost an
+// allocation for nothing.
+#[allow(clippy::large_enum_variant)]
+pub enum Now {
+    Decided(Result<Pick, OpenAiError>),
+    /// Plugin code or a tokenizer would run, or every worker is busy: `pick` decides
+    /// (off the executor; a busy request waits in the admission queue).
+    Later,
+}
+
+/// Decides on the calling thread when only the router's own code runs over a small input
+/// (`Frontend::inline_ok`, as the picker decides inline) and a worker is free.
+pub fn decide_now(picker: &EndpointPicker, caller: &Caller, asked: &Asked, body: &[u8]) -> Now {
+    if !picker
+        .frontend
+        .inline_ok(body.len(), asked.0.instance.as_deref())
+    {
+        return Now::Later;
+    }
+    let started = Instant::now();
+    let mut busy = None;
+    match decide(picker, caller, asked.0.clone(), body, &mut busy) {
+        Err(_) if busy.is_some() => Now::Later,
+        decided => Now::Decided(recorded(picker, started, decided)),
+    }
+}
+
+/// Decides off the executor (plugin code and tokenizers run on its blocking pool), a busy
+/// request waiting its turn (`admission:`), as the picker's streams do.
+pub async fn pick(
+    picker: Arc<EndpointPicker>,
+    caller: Caller,
+    asked: Asked,
+    body: Arc<Vec<u8>>,
+) -> Result<Pick, OpenAiError> {
+    let started = Instant::now();
+    let decided = super::pick(picker.clone(), caller, asked.0, body).await;
+    recorded(&picker, started, decided)
+}
+
+/// The picker's metrics for a decision (`switchyard_ext_proc_picks_total`,
+/// `..._refusals_total`, `..._decision_seconds`).
+fn recorded(
+    picker: &EndpointPicker,
+    started: Instant,
+    decided: Result<Booked, OpenAiError>,
+) -> Result<Pick, OpenAiError> {
+    let metrics = &picker.router().metrics;
+    match &decided {
+        Ok(_) => metrics.record_ext_proc_pick(started.elapsed()),
+        Err(_) => metrics.record_ext_proc_refusal(),
+    }
+    decided.map(Pick)
+}
+
+/// Any eligible endpoint, for a request without a body (`GET /v1/models`): nothing is
+/// booked.
+pub fn any_endpoint(picker: &EndpointPicker, subset: Option<&[String]>) -> Option<SocketAddr> {
+    let eligible = eligible(picker.router(), subset);
+    if eligible.is_empty() {
+        return None;
+    }
+    Some(eligible[rand::random::<u32>() as usize % eligible.len()].1)
+}
