@@ -8,7 +8,7 @@
 
 mod support;
 
-use std::io::{Read, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -67,6 +67,7 @@ fn probe_until(
             latencies.push(took);
         }
         *max_fds = (*max_fds).max(open_descriptors(pid));
+        // pacing: the probes are a client's steady trickle, not a wait for anything.
         std::thread::sleep(every);
     }
     latencies.sort();
@@ -130,8 +131,17 @@ fn twenty_thousand_idle_and_slowloris_connections_leave_new_clients_answered() {
     );
 
     let attackers = start_floods(host, port);
-    // Let the flood build up, then probe through it.
-    std::thread::sleep(Duration::from_secs(3));
+    // Probe once the flood is built up: each attacker says so on its first line.
+    let mut attackers: Vec<_> = attackers
+        .into_iter()
+        .map(|mut attacker| {
+            let mut out = BufReader::new(attacker.stdout.take().unwrap());
+            let mut line = String::new();
+            out.read_line(&mut line).unwrap();
+            assert!(line.contains("built_up"), "the flood script said {line:?}");
+            (attacker, out)
+        })
+        .collect();
     let during = probe_until(
         &address,
         Instant::now() + Duration::from_secs(9),
@@ -140,11 +150,15 @@ fn twenty_thousand_idle_and_slowloris_connections_leave_new_clients_answered() {
         &mut max_fds,
     );
     let reports: Vec<String> = attackers
-        .into_iter()
-        .map(|a| {
-            let out = a.wait_with_output().unwrap();
-            assert!(out.status.success(), "the flood script failed");
-            String::from_utf8_lossy(&out.stdout).trim().to_owned()
+        .iter_mut()
+        .map(|(attacker, out)| {
+            let mut report = String::new();
+            out.read_to_string(&mut report).unwrap();
+            assert!(
+                attacker.wait().unwrap().success(),
+                "the flood script failed"
+            );
+            report.trim().to_owned()
         })
         .collect();
     let after = probe_until(

@@ -4,6 +4,7 @@ Opens COUNT connections from each of SOURCES loopback addresses (127.0.0.FIRST .
 HOST:PORT and holds them for SECONDS: `idle` ones send nothing, `slowloris` ones trickle a
 request head one byte a second and never finish it. Then closes everything and prints a
 JSON summary: opened, refused (connect failed), closed_by_server (seen while holding).
+Once every connection is attempted it prints a first line, `{"built_up": OPENED}`.
 """
 import json
 import resource
@@ -38,6 +39,9 @@ for source in range(first, first + sources):
         except OSError:
             refused += 1
             s.close()
+
+# Every connection is open (or refused): the flood is built up; the test probes from now.
+print(json.dumps({"built_up": opened}), flush=True)
 
 while time.monotonic() < deadline:
     alive = []
