@@ -15,7 +15,8 @@ fn python() -> PathBuf {
     repo().join("target/test-venv/bin/python")
 }
 
-fn model() -> PathBuf {
+/// The GGUF model file the servers serve (its tokenizer is the router's in tests/engine_tokens.rs).
+pub fn model() -> PathBuf {
     repo().join("target/models/SmolLM2-135M-Instruct.Q4_1.gguf")
 }
 

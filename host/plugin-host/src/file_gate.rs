@@ -25,6 +25,8 @@ pub enum FileKind {
     Tokenizer,
     /// `tokenizer_config.json`, where the chat template is.
     TokenizerConfig,
+    /// A GGUF model file, of which only the metadata at its head is read (its tokenizer).
+    Gguf,
 }
 
 const KIB: u64 = 1 << 10;
@@ -47,6 +49,8 @@ impl FileKind {
             FileKind::Token => 64 * KIB,
             FileKind::Tokenizer => 512 * MIB,
             FileKind::TokenizerConfig => 64 * MIB,
+            // The size of the whole model; only its head is read (`GGUF_HEAD_LIMIT`).
+            FileKind::Gguf => 1 << 42,
         }
     }
 
@@ -61,6 +65,7 @@ impl FileKind {
             FileKind::Token => "a text file holding the token",
             FileKind::Tokenizer => "a Hugging Face tokenizer.json",
             FileKind::TokenizerConfig => "a tokenizer_config.json",
+            FileKind::Gguf => "a GGUF model file",
         }
     }
 }

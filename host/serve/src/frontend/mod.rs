@@ -14,6 +14,8 @@
 mod disaggregation;
 pub mod prompt;
 mod relay;
+pub mod gguf;
+mod gguf_tokenizer;
 pub mod tokenizer;
 
 use std::collections::HashMap;

@@ -1,6 +1,7 @@
 //! A model's tokenizer and chat template, so the router hashes the very tokens the engine
-//! will see: Hugging Face's `tokenizer.json` (through the `tokenizers` crate) and the chat
-//! template of the `tokenizer_config.json` beside it (through `minijinja`, configured as
+//! will see: the model's GGUF file (the tokenizer llama.cpp reads from it,
+//! `gguf_tokenizer.rs`), or Hugging Face's `tokenizer.json` (through the `tokenizers`
+//! crate) and the chat template of the `tokenizer_config.json` beside it (through `minijinja`, configured as
 //! `transformers` renders templates: trim_blocks, lstrip_blocks, Python string methods,
 //! `raise_exception`).
 
@@ -30,6 +31,27 @@ pub struct ModelTokenizer {
     chat: Option<ChatTemplate>,
 }
 
+/// A chat template's environment, configured as `transformers` renders templates.
+fn template_env(source: String) -> Result<Environment<'static>, TemplateError> {
+    let mut env = Environment::new();
+    env.set_syntax(
+        minijinja::syntax::SyntaxConfig::builder()
+            .trim_blocks(true)
+            .lstrip_blocks(true)
+            .build()
+            .expect("the default delimiters are valid"),
+    );
+    env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+    env.add_function(
+        "raise_exception",
+        |message: String| -> Result<String, TemplateError> {
+            Err(TemplateError::new(ErrorKind::InvalidOperation, message))
+        },
+    );
+    env.add_template_owned("chat", source)?;
+    Ok(env)
+}
+
 /// `bos_token` and friends are a string or an added-token object with `content`.
 fn special_token(config: &Value, key: &str) -> String {
     match &config[key] {
@@ -44,19 +66,27 @@ fn special_token(config: &Value, key: &str) -> String {
 }
 
 impl ModelTokenizer {
-    /// Loads `tokenizer.json` at `path`, and the chat template of the
-    /// `tokenizer_config.json` in the same folder if there is one.
+    /// Loads the tokenizer at `path`: a GGUF model file (the tokenizer and chat template
+    /// in its metadata, as llama.cpp serving that file reads them), or `tokenizer.json`
+    /// with the chat template of the `tokenizer_config.json` in the same folder if there
+    /// is one.
     pub fn load(path: &Path) -> Result<Self, TokenizerError> {
         let error = |path: &Path, problem: String| TokenizerError {
             path: path.to_owned(),
             problem,
         };
+        if path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+        {
+            return Self::from_gguf(path).map_err(|problem| error(path, problem));
+        }
         let bytes =
             file_gate::read(path, FileKind::Tokenizer).map_err(|e| error(path, e.to_string()))?;
         let tokenizer = tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| {
             error(
                 path,
-                format!("not a loadable Hugging Face tokenizer.json ({e}); point `tokenizer:` at the model's tokenizer.json"),
+                format!("not a loadable Hugging Face tokenizer.json ({e}); point `tokenizer:` at the model's tokenizer.json or its GGUF file"),
             )
         })?;
         drop(bytes);
@@ -69,31 +99,13 @@ impl ModelTokenizer {
                     .map_err(|e| error(&config_path, format!("is not valid JSON: {e}")))?;
                 Self::chat_template(&config)
                     .map(|source| {
-                        let mut env = Environment::new();
-                        env.set_syntax(
-                            minijinja::syntax::SyntaxConfig::builder()
-                                .trim_blocks(true)
-                                .lstrip_blocks(true)
-                                .build()
-                                .expect("the default delimiters are valid"),
-                        );
-                        env.set_unknown_method_callback(
-                            minijinja_contrib::pycompat::unknown_method_callback,
-                        );
-                        env.add_function(
-                            "raise_exception",
-                            |message: String| -> Result<String, TemplateError> {
-                                Err(TemplateError::new(ErrorKind::InvalidOperation, message))
-                            },
-                        );
-                        env.add_template_owned("chat", source).map_err(|e| {
-                            error(
-                                &config_path,
-                                format!("its chat_template does not parse: {e}"),
-                            )
-                        })?;
                         Ok(ChatTemplate {
-                            env,
+                            env: template_env(source).map_err(|e| {
+                                error(
+                                    &config_path,
+                                    format!("its chat_template does not parse: {e}"),
+                                )
+                            })?,
                             bos_token: special_token(&config, "bos_token"),
                             eos_token: special_token(&config, "eos_token"),
                         })
@@ -101,6 +113,30 @@ impl ModelTokenizer {
                     .transpose()?
             }
         };
+        Ok(ModelTokenizer { tokenizer, chat })
+    }
+
+    /// The tokenizer and chat template of a GGUF model file.
+    fn from_gguf(path: &Path) -> Result<Self, String> {
+        let gguf = super::gguf::read(path).map_err(|e| e.to_string())?;
+        let tokenizer = super::gguf_tokenizer::build(&gguf)?;
+        let token = |id: Option<u32>| {
+            id.and_then(|id| gguf.tokens.get(id as usize))
+                .cloned()
+                .unwrap_or_default()
+        };
+        let chat = gguf
+            .chat_template
+            .clone()
+            .map(|source| {
+                Ok::<_, String>(ChatTemplate {
+                    env: template_env(source)
+                        .map_err(|e| format!("its tokenizer.chat_template does not parse: {e}"))?,
+                    bos_token: token(gguf.bos),
+                    eos_token: token(gguf.eos),
+                })
+            })
+            .transpose()?;
         Ok(ModelTokenizer { tokenizer, chat })
     }
 
