@@ -7,7 +7,7 @@ mod support;
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::nats::Nats;
@@ -52,14 +52,6 @@ fn active(base: &str) -> Vec<u64> {
     active_requests(base)
 }
 
-fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
-    let started = Instant::now();
-    while !done() {
-        assert!(started.elapsed() < limit, "{what}: not within {limit:?}");
-        std::thread::sleep(Duration::from_millis(25));
-    }
-}
-
 fn metric(base: &str, name: &str) -> f64 {
     let text = ureq::get(&format!("{base}/metrics"))
         .call()
@@ -83,7 +75,7 @@ fn replicas_count_each_others_bookings_a_joiner_has_them_and_a_killed_one_is_dro
     // A books one request; B and C count it, and B's least-busy choice goes elsewhere.
     let booked = reserve(&a.address, "a-1");
     for other in [&b, &c] {
-        wait_for("A's booking seen", Duration::from_secs(5), || {
+        eventually("A's booking seen", Duration::from_secs(5), || {
             active(&other.address).iter().sum::<u64>() == 1
         });
     }
@@ -100,7 +92,7 @@ fn replicas_count_each_others_bookings_a_joiner_has_them_and_a_killed_one_is_dro
     reserve(&b.address, "b-1");
     reserve(&c.address, "c-1");
     for replica in [&a, &b, &c] {
-        wait_for("every booking everywhere", Duration::from_secs(5), || {
+        eventually("every booking everywhere", Duration::from_secs(5), || {
             active(&replica.address).iter().sum::<u64>() == 3
         });
     }
@@ -114,7 +106,7 @@ fn replicas_count_each_others_bookings_a_joiner_has_them_and_a_killed_one_is_dro
     // Freed on A: gone everywhere.
     assert_eq!(post(&a.address, "/v1/requests/a-1/free", json!({})).0, 200);
     for replica in [&b, &c] {
-        wait_for("A's free seen", Duration::from_secs(5), || {
+        eventually("A's free seen", Duration::from_secs(5), || {
             active(&replica.address).iter().sum::<u64>() == 2
         });
     }
@@ -130,13 +122,13 @@ fn replicas_count_each_others_bookings_a_joiner_has_them_and_a_killed_one_is_dro
     // A is killed with a booking: after peer_ttl_ms the others drop it.
     reserve(&a.address, "a-2");
     for replica in [&b, &c, &d] {
-        wait_for("A's second booking seen", Duration::from_secs(5), || {
+        eventually("A's second booking seen", Duration::from_secs(5), || {
             active(&replica.address).iter().sum::<u64>() == 3
         });
     }
     a.kill();
     for replica in [&b, &c, &d] {
-        wait_for("A's bookings dropped", Duration::from_secs(10), || {
+        eventually("A's bookings dropped", Duration::from_secs(10), || {
             active(&replica.address).iter().sum::<u64>() == 2
         });
         assert!(metric(&replica.address, "switchyard_replica_peers_lost") >= 1.0);
@@ -151,13 +143,13 @@ fn the_bus_going_down_fails_no_request_and_sharing_resumes_when_it_is_back() {
     let a = replica(dir.path(), port, "a");
     let b = replica(dir.path(), port, "b");
     reserve(&a.address, "before");
-    wait_for("shared while the bus is up", Duration::from_secs(5), || {
+    eventually("shared while the bus is up", Duration::from_secs(5), || {
         active(&b.address).iter().sum::<u64>() == 1
     });
     assert_eq!(metric(&b.address, "switchyard_replica_bus_up"), 1.0);
 
     drop(nats);
-    wait_for("B notices the bus is down", Duration::from_secs(10), || {
+    eventually("B notices the bus is down", Duration::from_secs(10), || {
         metric(&b.address, "switchyard_replica_bus_up") == 0.0
     });
     // Routing goes on, alone: every request answered.
@@ -171,19 +163,19 @@ fn the_bus_going_down_fails_no_request_and_sharing_resumes_when_it_is_back() {
     }
     reserve(&b.address, "during");
     // A's booking is dropped on B once A is silent for peer_ttl_ms.
-    wait_for("B alone", Duration::from_secs(10), || {
+    eventually("B alone", Duration::from_secs(10), || {
         active(&b.address).iter().sum::<u64>() == 1
     });
 
     let _nats = Nats::start(port);
     for replica in [&a, &b] {
-        wait_for("reconnected", Duration::from_secs(30), || {
+        eventually("reconnected", Duration::from_secs(30), || {
             metric(&replica.address, "switchyard_replica_bus_up") == 1.0
         });
     }
     // The exchange after the outage: each has the other's bookings, made before or during it.
     for replica in [&a, &b] {
-        wait_for(
+        eventually(
             "bookings exchanged after the outage",
             Duration::from_secs(10),
             || active(&replica.address).iter().sum::<u64>() == 2,
@@ -193,11 +185,9 @@ fn the_bus_going_down_fails_no_request_and_sharing_resumes_when_it_is_back() {
 
 /// Waits (20 s at most) until a request through Envoy is answered.
 fn until_envoy_routes(agent: &ureq::Agent, url: &str) {
-    let started = Instant::now();
-    while agent.post(url).send_json(json!({"model": "demo", "max_tokens": 1, "messages": [{"role": "user", "content": "ready?"}]})).is_err() {
-        assert!(started.elapsed() < Duration::from_secs(20), "Envoy never routed");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    eventually("Envoy routes", Duration::from_secs(20), || {
+        agent.post(url).send_json(json!({"model": "demo", "max_tokens": 1, "messages": [{"role": "user", "content": "ready?"}]})).is_ok()
+    });
 }
 
 /// A replica per picker port, sharing load over the NATS server at `nats`.
@@ -270,11 +260,13 @@ fn three_replicas_behind_a_real_envoy_share_load_and_survive_one_killed() {
     for i in 0..8 {
         let (url, agent, body) = (url.clone(), agent.clone(), long(i));
         streams.push(std::thread::spawn(move || post_json(&agent, &url, &body)));
+        // pacing: the streams start 50 ms apart, as clients' do; the counts below are
+        // awaited, not this.
         std::thread::sleep(Duration::from_millis(50));
     }
     // Every replica counts all eight, whichever picked them.
     for replica in &replicas {
-        wait_for(
+        eventually(
             "all eight bookings on every replica",
             Duration::from_secs(5),
             || active(&replica.address).iter().sum::<u64>() == 8,
@@ -305,19 +297,19 @@ fn three_replicas_behind_a_real_envoy_share_load_and_survive_one_killed() {
     let killed_picks = picked_by[0] as usize;
     assert!(complete >= 8 - killed_picks, "only streams the killed replica picked may fail: {complete} of 8 complete, it picked {killed_picks}");
     for replica in &replicas[1..] {
-        wait_for("no booking left", Duration::from_secs(10), || {
+        eventually("no booking left", Duration::from_secs(10), || {
             active(&replica.address).iter().sum::<u64>() == 0
         });
     }
-    // New requests still route, through the two replicas left.
+    // New requests still route, through the two replicas left. Envoy's health check takes
+    // a few seconds to eject the dead picker; a request sent to it meanwhile fails
+    // (failure_mode_allow: false): wait until one routes.
+    until_envoy_routes(&agent, &url);
     let mut routed = 0;
     for i in 0..6 {
         let after = json!({"model": "demo", "max_tokens": 2, "messages": [{"role": "user", "content": format!("after {i}")}]});
         let (status, _, body) = post_json(&agent, &url, &after);
-        // Envoy's health check takes a few seconds to eject the dead picker; a request sent
-        // to it meanwhile fails (failure_mode_allow: false) and is retried here.
         if status != 200 {
-            std::thread::sleep(Duration::from_millis(500));
             continue;
         }
         assert!(body.contains("choices"), "{body}");
@@ -356,10 +348,12 @@ fn three_frontend_replicas_spread_by_a_client_share_load_and_survive_one_killed(
             let (status, _, body) = post_json(&agent, &url, &body);
             (status, body)
         }));
+        // pacing: the streams start 50 ms apart, as clients' do; the counts below are
+        // awaited, not this.
         std::thread::sleep(Duration::from_millis(50));
     }
     for replica in &replicas {
-        wait_for(
+        eventually(
             "all nine bookings on every replica",
             Duration::from_secs(5),
             || active(&replica.address).iter().sum::<u64>() == 9,
@@ -383,7 +377,7 @@ fn three_frontend_replicas_spread_by_a_client_share_load_and_survive_one_killed(
         }
     }
     for replica in &replicas[1..] {
-        wait_for("no booking left", Duration::from_secs(10), || {
+        eventually("no booking left", Duration::from_secs(10), || {
             active(&replica.address).iter().sum::<u64>() == 0
         });
     }
