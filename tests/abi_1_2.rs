@@ -10,7 +10,7 @@ mod support;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::real_envoy::Envoy;
@@ -174,14 +174,9 @@ fn header_filter_on_every_path(isolation: &str) {
     // A real Envoy: its request headers reach the picker over ext_proc.
     let envoy = Envoy::start(dir.path(), port);
     let through_envoy = format!("{}/v1/chat/completions", envoy.base);
-    let started = Instant::now();
-    while post_zoned(&agent, &through_envoy, Some("b"), &chat("ready?")).0 != 200 {
-        assert!(
-            started.elapsed() < Duration::from_secs(20),
-            "Envoy never routed"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    eventually("Envoy routes", Duration::from_secs(20), || {
+        post_zoned(&agent, &through_envoy, Some("b"), &chat("ready?")).0 == 200
+    });
     for n in 0..3 {
         let (status, engine) =
             post_zoned(&agent, &through_envoy, Some("b"), &chat(&format!("e{n}")));
@@ -252,14 +247,11 @@ fn engine_reported_load_routes_around_traffic_that_bypasses_the_router() {
     );
     let mut outside = bypass(&a, 6);
     // engine-a reports the six on its /metrics; the router's next scrape sees them.
-    let started = Instant::now();
-    while pick("engine") != 2 {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "the engine-queue policy never saw engine-a's load"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    eventually(
+        "the engine-queue policy sees engine-a's load",
+        Duration::from_secs(10),
+        || pick("engine") == 2,
+    );
     assert_eq!(pick("booked"), 1, "bookings alone see nothing on engine-a");
     let workers: Value = agent
         .get(&format!("{}/v1/workers", router.address))
@@ -291,14 +283,9 @@ fn engine_reported_load_routes_around_traffic_that_bypasses_the_router() {
     for s in &mut outside {
         let _ = s.shutdown(std::net::Shutdown::Both);
     }
-    let started = Instant::now();
-    while pick("engine") != 1 {
-        assert!(
-            started.elapsed() < Duration::from_secs(10),
-            "engine-a's load never cleared"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    eventually("engine-a's load clears", Duration::from_secs(10), || {
+        pick("engine") == 1
+    });
     let mut metrics = String::new();
     std::net::TcpStream::connect(a.address.trim_start_matches("http://"))
         .and_then(|mut s| {
