@@ -8,7 +8,7 @@ mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::json;
 use support::*;
@@ -291,18 +291,18 @@ fn a_rust_scorer_learns_from_on_selected_through_the_sdk_lifecycle() {
 
 /// The lines of the fixture's notification log once `ready` accepts them.
 fn wait_for_log(path: &Path, ready: impl Fn(&[String]) -> bool) -> Vec<String> {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
+    eventually_ok("the notification log", Duration::from_secs(10), || {
         let lines: Vec<String> = std::fs::read_to_string(path)
             .unwrap_or_default()
             .lines()
             .map(str::to_owned)
             .collect();
-        if ready(&lines) || Instant::now() > deadline {
-            return lines;
+        if ready(&lines) {
+            Ok(lines)
+        } else {
+            Err(lines.join("\n"))
         }
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    })
 }
 
 #[test]
