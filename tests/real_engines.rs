@@ -1,6 +1,8 @@
 //! Real engines behind `switchyard serve` (issue 50): llama.cpp servers (PyPI xllamacpp,
 //! SmolLM2-135M, one thread each; `tests/support/llama.rs`), the built-in `default` policy
-//! with `kv_tracking: predicted`. Each test skips, saying why, when
+//! with `kv_tracking: predicted`; directly through the frontend, and through a real Envoy
+//! with switchyard as its endpoint picker (`tests/support/real_envoy.rs`, docs/envoy.md's
+//! config). Each test skips, saying why, when
 //! `scripts/install-test-tools` could not install llama.cpp or the model (CI requires
 //! them: `SWITCHYARD_REAL_ENGINES=required`). Answers are kept short (a few tokens).
 
@@ -11,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use support::llama::{self, MODEL};
+use support::real_envoy::Envoy;
 use support::{metric, post_json, wait_for, write_config, Process};
 
 /// `count` llama.cpp servers (2 slots each) behind a router; `None` (skipped) when
@@ -73,11 +76,10 @@ fn stream(base: &str, mut body: Value, at_first_content: impl FnOnce()) -> Strea
         Err(e) => panic!("{url}: {e}"),
     };
     let mut read = Streamed {
+        // 0 through Envoy: the engine answers it directly, without the router's header.
         worker: response
             .header("x-switchyard-worker")
-            .unwrap()
-            .parse()
-            .unwrap(),
+            .map_or(0, |w| w.parse().unwrap()),
         ..Streamed::default()
     };
     let mut at_first_content = Some(at_first_content);
@@ -318,4 +320,86 @@ fn an_engine_restarted_costs_no_request() {
         metric(&router.address, "switchyard_upstream_errors_total"),
         0.0
     );
+}
+
+/// Through a real Envoy with switchyard as its endpoint picker (docs/envoy.md's config,
+/// the engines registered by address): llama.cpp answers the official OpenAI client,
+/// whole and streamed, and a conversation's second turn goes to the engine that served
+/// its first, which reuses the first turn's prompt (its own `timings.cache_n`).
+#[test]
+fn through_a_real_envoy_a_second_turn_lands_where_its_prefix_is_cached() {
+    if !llama::available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let engines = llama::servers(3, 2);
+    let by_address: String = engines
+        .iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let address = e.address.trim_start_matches("http://");
+            format!(
+                "  - {{model: {MODEL}, worker_id: {}, address: \"{address}\"}}\n",
+                i + 1
+            )
+        })
+        .collect();
+    let yaml = format!("models:\n  {MODEL}: {{kv_tracking: predicted}}\nworkers:\n{by_address}");
+    let port = support::free_port();
+    let _router = support::serve_with_picker(&write_config(dir.path(), &yaml), port);
+    let envoy = Envoy::start(dir.path(), port);
+    let url = format!("{}/v1/chat/completions", envoy.base);
+    let hello = [json!({"role": "user", "content": "Say hello."})];
+    // Until the picker's gRPC health check passes, Envoy may fail the first requests.
+    wait_for("Envoy routing through the picker", || {
+        post_json(&agent(), &url, &chat(&hello, 2)).0 == 200
+    });
+    openai_client_chats(&envoy.base);
+    for conversation in 0..2 {
+        let mut messages = vec![
+            json!({"role": "system", "content": system_prompt(conversation)}),
+            json!({"role": "user", "content": "Where are they found?"}),
+        ];
+        let before = generated(&engines);
+        let first = stream(&envoy.base, chat(&messages, 6), || {});
+        let first_engine = engine_that_answered(&engines, &before);
+        messages.push(json!({"role": "assistant", "content": first.content}));
+        messages.push(json!({"role": "user", "content": "And why?"}));
+        let before = generated(&engines);
+        let second = stream(&envoy.base, chat(&messages, 6), || {});
+        assert!(first.done && second.done, "{first:?} {second:?}");
+        assert_eq!(
+            engine_that_answered(&engines, &before),
+            first_engine,
+            "conversation {conversation}"
+        );
+        let timings = |s: &Streamed, key: &str| s.timings.as_ref().unwrap()[key].as_u64().unwrap();
+        let turn_one = timings(&first, "prompt_n") + timings(&first, "cache_n");
+        assert!(
+            timings(&second, "cache_n") * 10 >= turn_one * 9,
+            "conversation {conversation}: turn 2 reused {} of turn 1's {turn_one} prompt tokens",
+            timings(&second, "cache_n")
+        );
+    }
+}
+
+/// Each engine's count of generated tokens (llama.cpp's `/metrics`).
+fn generated(engines: &[Process]) -> Vec<f64> {
+    let name = "llamacpp:tokens_predicted_total";
+    engines.iter().map(|e| metric(&e.address, name)).collect()
+}
+
+/// The one engine whose count grew since `before` (llama.cpp counts a request's tokens
+/// as its slot is released, which may come just after the answer's last byte).
+fn engine_that_answered(engines: &[Process], before: &[f64]) -> usize {
+    let grew = || -> Vec<usize> {
+        let now = generated(engines);
+        (0..now.len()).filter(|&i| now[i] > before[i]).collect()
+    };
+    wait_for("an engine counting the answer's tokens", || {
+        !grew().is_empty()
+    });
+    let grew = grew();
+    assert_eq!(grew.len(), 1, "one engine answered: {grew:?}");
+    grew[0]
 }
