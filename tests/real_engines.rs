@@ -403,3 +403,47 @@ fn engine_that_answered(engines: &[Process], before: &[f64]) -> usize {
     assert_eq!(grew.len(), 1, "one engine answered: {grew:?}");
     grew[0]
 }
+
+/// llama.cpp has no prefill/decode disaggregation: configured as a vLLM pair anyway, the
+/// request is still answered (the decode engine computes the prompt again) and the router
+/// says once, naming the prefill worker, that disaggregation does not apply and what to
+/// set.
+#[test]
+fn disaggregation_does_not_apply_to_llama_cpp_and_the_router_says_so() {
+    if !llama::available() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let engines = llama::servers(2, 1);
+    let yaml = format!(
+        "models:\n  {MODEL}: {{disaggregation: vllm, kv_tracking: predicted}}\n\
+         workers:\n  - {{model: {MODEL}, worker_id: 1, worker_type: prefill, url: \"{}\"}}\n  \
+         - {{model: {MODEL}, worker_id: 2, worker_type: decode, url: \"{}\"}}\n",
+        engines[0].address, engines[1].address
+    );
+    let log = dir.path().join("router.log");
+    let router = Process::start(
+        std::process::Command::new(support::switchyard_bin())
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(write_config(dir.path(), &yaml))
+            .env("RUST_LOG", "warn")
+            .stderr(std::fs::File::create(&log).unwrap()),
+        "switchyard listening on ",
+    );
+    let url = format!("{}/v1/chat/completions", router.address);
+    let hello = [json!({"role": "user", "content": "Say hello."})];
+    for turn in 0..2 {
+        let (status, _, body) = post_json(&agent(), &url, &chat(&hello, 3));
+        assert_eq!(status, 200, "request {turn}: {body}");
+    }
+    let said = std::fs::read_to_string(&log).unwrap();
+    let told: Vec<&str> = said
+        .lines()
+        .filter(|l| l.contains("disaggregation does not apply"))
+        .collect();
+    assert_eq!(told.len(), 1, "said once: {said}");
+    for field in ["worker=1", "disaggregation: off", "llama.cpp"] {
+        assert!(told[0].contains(field), "`{field}` missing: {}", told[0]);
+    }
+    support::wait_for_no_bookings(&router.address, Duration::from_secs(30));
+}

@@ -30,8 +30,29 @@ use switchyard_plugin_sdk::WorkerId;
 use switchyard_plugin_sdk::WorkerType;
 use tokio::sync::OwnedSemaphorePermit;
 
-use switchyard_engines::upstream::{Engine, Failure, Phase};
 use super::{describe, Frontend, Lease, OpenAiError};
+use switchyard_engines::upstream::{Engine, Failure, Phase};
+
+/// Says, once per worker, that a prefill engine answered without `kv_transfer_params`:
+/// its engine hands no KV cache over (llama.cpp has no prefill/decode disaggregation; a
+/// vLLM started without `--kv-transfer-config` neither), so the decode worker computes
+/// the prompt again. The request is still served.
+fn transfers_no_kv(worker: WorkerId, model: &str) {
+    static TOLD: std::sync::Mutex<Vec<WorkerId>> = std::sync::Mutex::new(Vec::new());
+    let mut told = TOLD
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if told.contains(&worker) || told.len() >= 4096 {
+        return;
+    }
+    told.push(worker);
+    tracing::warn!(
+        worker = worker.worker_id,
+        dp_rank = worker.dp_rank,
+        model,
+        "disaggregation does not apply: the prefill engine answered without kv_transfer_params, so it hands no KV cache to the decode engine, which computes the prompt again (llama.cpp has no prefill/decode disaggregation; vLLM needs --kv-transfer-config). Set `models.{model}.disaggregation: off` for engines that cannot transfer KV"
+    );
+}
 
 /// One request to serve through a pair.
 pub(super) struct Pair {
@@ -175,7 +196,8 @@ impl Frontend {
     }
 
     fn post(&self, side: &Side, pair: &Pair, body: &Map<String, Value>) -> reqwest::RequestBuilder {
-        self.clients.pooled
+        self.clients
+            .pooled
             .post(format!(
                 "{}{}",
                 side.url.trim_end_matches('/'),
@@ -283,8 +305,11 @@ impl Frontend {
         // pair.
         prefill.lease.prefill_complete();
         let mut decode_body = original;
-        if let Some(params) = answer.get("kv_transfer_params").filter(|p| !p.is_null()) {
-            decode_body.insert("kv_transfer_params".into(), params.clone());
+        match answer.get("kv_transfer_params").filter(|p| !p.is_null()) {
+            Some(params) => {
+                decode_body.insert("kv_transfer_params".into(), params.clone());
+            }
+            None => transfers_no_kv(prefill.worker(), &pair.request.prompt.model),
         }
         let decode = self
             .select_side(pair, WorkerType::Decode, Some(prefill.worker()))
