@@ -5,6 +5,16 @@
 # and undefined symbols refused at link time rather than at router startup.
 # Needs the target Switchyard::headers (defined by find_package(Switchyard) or the
 # switchyard source tree). If SWITCHYARD_PLUGIN_OUTPUT_DIR is set, the library goes there.
+# CMake's empty build type compiles with no optimization flags at all: a plugin built
+# that way ran 11x slower per call (107.6 us against 9.6 us in Release). With no build
+# type given and a single-config generator, plugins build Release; an explicit
+# -DCMAKE_BUILD_TYPE (Debug, RelWithDebInfo, ...) still wins.
+if(NOT CMAKE_CONFIGURATION_TYPES AND NOT CMAKE_BUILD_TYPE)
+  set(CMAKE_BUILD_TYPE Release CACHE STRING
+      "Build type (switchyard's CMake package: Release when none is given)" FORCE)
+  message(STATUS "switchyard: no CMAKE_BUILD_TYPE given; building Release")
+endif()
+
 function(switchyard_add_plugin name)
   cmake_parse_arguments(ARG "" "" "SOURCES" ${ARGN})
   if(NOT ARG_SOURCES)

@@ -202,6 +202,13 @@ fn out_of_tree_project_builds_against_the_installed_package_and_loads() {
         .arg("Ninja")
         .arg(format!("-DCMAKE_PREFIX_PATH={}", prefix.display())));
     run(Command::new("cmake").arg("--build").arg(&build));
+    // No build type was given: the package builds Release (CMake's empty build type
+    // compiles without optimization).
+    let cache = std::fs::read_to_string(build.join("CMakeCache.txt")).unwrap();
+    assert!(
+        cache.contains("CMAKE_BUILD_TYPE:STRING=Release"),
+        "the out-of-tree project did not default to Release"
+    );
     let config = write_config(
         dir.path(),
         "plugins:\n  - path: build/libqueue_depth.so\n  - path: build/libidle_only.so\nworker_selection:\n  default: oot\n  instances:\n    - name: oot\n      filters: [{type: oot.idle-only}]\n      scorers: [{type: oot.queue-depth, parameters: {decode_weight: 2}}]\n      picker: {type: builtin.lowest-cost}\n",
