@@ -88,24 +88,21 @@ fn https_engine(name: &str, model: &str, cert: &Path, key: &Path) -> Process {
 /// Worker 2 (the rogue engine) is out, its health error naming the unknown issuer and
 /// `frontend.engine_ca` (30 s at most).
 fn rogue_engine_out_for_its_issuer(ca: &std::path::Path, base: &str) {
-    let started = std::time::Instant::now();
-    loop {
-        let (_, workers, _) = curl(ca, &format!("{base}/v1/workers"), None);
-        let workers: serde_json::Value = serde_json::from_str(&workers).unwrap();
-        let reason = workers[1]["health_error"]
-            .as_str()
-            .unwrap_or_default()
-            .to_owned();
-        if reason.contains("UnknownIssuer") {
-            assert!(reason.contains("frontend.engine_ca"), "{reason}");
-            break;
-        }
-        assert!(
-            started.elapsed().as_secs() < 30,
-            "worker 2's health error: {workers}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    let reason = eventually_ok(
+        "worker 2's health error naming the unknown issuer",
+        std::time::Duration::from_secs(30),
+        || {
+            let (_, workers, _) = curl(ca, &format!("{base}/v1/workers"), None);
+            let workers: serde_json::Value = serde_json::from_str(&workers).unwrap();
+            let reason = workers[1]["health_error"].as_str().unwrap_or_default();
+            if reason.contains("UnknownIssuer") {
+                Ok(reason.to_owned())
+            } else {
+                Err(workers)
+            }
+        },
+    );
+    assert!(reason.contains("frontend.engine_ca"), "{reason}");
 }
 
 fn openai_client_over_https(base: &str, ca: &std::path::Path) {
@@ -206,14 +203,11 @@ fn https_clients_and_https_engines_with_a_test_ca_and_certificates_reloaded_on_s
         .status()
         .unwrap();
     assert!(signalled.success());
-    let started = std::time::Instant::now();
-    while !curl(&other_ca.pem, &format!("{base}/healthz"), None).0 {
-        assert!(
-            started.elapsed().as_secs() < 30,
-            "the reloaded certificate never served"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    eventually(
+        "the reloaded certificate serves",
+        std::time::Duration::from_secs(30),
+        || curl(&other_ca.pem, &format!("{base}/healthz"), None).0,
+    );
     assert!(
         !curl(&ca.pem, &format!("{base}/healthz"), None).0,
         "the old certificate is gone"
