@@ -57,21 +57,21 @@ async fn metrics(client: &reqwest::Client, base: &str) -> String {
 
 /// Waits (bounded) until every worker's booked load is zero; panics with the loads if not.
 async fn wait_for_zero_load(client: &reqwest::Client, base: &str) {
-    let mut last = Vec::new();
-    for _ in 0..100 {
-        last = workers(client, base).await;
-        let busy = last.iter().any(|w| {
+    eventually_ok_async("no booking left", Duration::from_secs(10), || async {
+        let workers = workers(client, base).await;
+        let busy = workers.iter().any(|w| {
             let load = &w["load"];
             load["active_requests"] != 0
                 || load["active_prefill_tokens"] != 0
                 || load["active_decode_blocks"] != 0
         });
-        if !busy {
-            return;
+        if busy {
+            Err(format!("{workers:#?}"))
+        } else {
+            Ok(())
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("bookings left behind: {last:#?}");
+    })
+    .await;
 }
 
 /// Splits complete SSE events (`data: ...\n\n`) off the front of `buffer`.
@@ -321,15 +321,10 @@ fn a_refused_engine_is_skipped_marked_unhealthy_and_comes_back() {
     let _back = engine_sim("back", &format!("127.0.0.1:{port}"), &[]);
     rt.block_on(async {
         let client = support::http_client();
-        let mut healthy = false;
-        for _ in 0..100 {
-            healthy = workers(&client, &router.address).await[0]["healthy"] == true;
-            if healthy {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        assert!(healthy, "the worker never came back");
+        eventually_async("the worker comes back", Duration::from_secs(10), || async {
+            workers(&client, &router.address).await[0]["healthy"] == true
+        })
+        .await;
         let url = format!("{}/v1/chat/completions", router.address);
         let mut to_first = 0;
         for i in 0..40 {
@@ -441,14 +436,12 @@ fn no_stream_of_a_survivor_failed(outcomes: &[(Outcome, Option<String>)], victim
     );
 }
 
-/// Kills `victim` (by PID) once `streams` have started (3 s at most).
+/// Kills `victim` (by PID) once `streams` have started.
 async fn kill_after(victim: u32, started: Arc<AtomicUsize>, streams: usize) {
-    for _ in 0..300 {
-        if started.load(Ordering::Relaxed) >= streams {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    eventually_async("the streams start", Duration::from_secs(30), || {
+        std::future::ready(started.load(Ordering::Relaxed) >= streams)
+    })
+    .await;
     let status = Command::new("kill")
         .args(["-9", &victim.to_string()])
         .status()
