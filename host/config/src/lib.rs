@@ -11,6 +11,7 @@ use switchyard_plugin_sdk::{WorkerId, WorkerType};
 pub mod admission;
 pub mod attributes;
 pub mod auth;
+pub mod discovery;
 pub mod hardening;
 mod kv_event_limits;
 mod limits;
@@ -27,6 +28,7 @@ pub use admission::{
 };
 pub use attributes::{EngineMetricsSettings, RequestAttributeSettings, TenantSource};
 pub use auth::{AuthSettings, Keyring};
+pub use discovery::{DiscoverySettings, KubernetesDiscovery};
 pub use kv_event_limits::KvEventLimits;
 pub use limits::{MAX_CONFIG_BYTES, MAX_FLOW_DEPTH};
 pub use listener::{HttpSettings, TlsSettings};
@@ -89,6 +91,9 @@ pub struct Config {
     /// no worker is busy, nothing waits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admission: Option<AdmissionSettings>,
+    /// Workers found on Kubernetes: an InferencePool's ready pods (docs/kubernetes.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub discovery: Option<DiscoverySettings>,
 }
 
 /// Where a plugin library runs (`plugins[].isolation`).

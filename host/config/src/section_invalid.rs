@@ -1,5 +1,5 @@
 //! What is wrong in a section that checks itself (`replicas:`, `request_attributes:`,
-//! `engine_metrics:`, `admission:`); the config places it at the section's line.
+//! `engine_metrics:`, `admission:`, `discovery:`); the config places it at the section's line.
 
 use crate::attributes::MAX_LISTED_HEADERS;
 
@@ -39,4 +39,10 @@ pub enum SectionInvalid {
     MaxWait,
     #[error("`admission.queue.tenant_weights`: `{0}` has weight 0; a weight is at least 1")]
     ZeroWeight(String),
+    #[error("`discovery.kubernetes.{0}` `{1}` is not a Kubernetes name: lowercase letters, digits and `-` (and `.` in a pool's name), starting and ending with a letter or digit")]
+    KubernetesName(&'static str, String),
+    #[error("`discovery.kubernetes.{0}` `{1}` is not a label key: an optional DNS prefix and `/`, then up to 63 letters, digits, `-`, `_` or `.`")]
+    LabelKey(&'static str, String),
+    #[error("`discovery.kubernetes.model` must not be empty; leave it out to skip pods without the model label")]
+    EmptyDiscoveryModel,
 }

@@ -217,7 +217,7 @@ impl ConfigSource {
     }
 
     /// Sections that check themselves: replicas, request attributes, engine metrics,
-    /// admission.
+    /// admission, discovery.
     fn check_sections(&self) -> Vec<ConfigError> {
         let mut errors = Vec::new();
         let replicas = self.config.replicas.as_ref();
@@ -237,6 +237,13 @@ impl ConfigSource {
                     .admission
                     .as_ref()
                     .map_or(Ok(()), AdmissionSettings::validate),
+            ),
+            (
+                "discovery:",
+                self.config
+                    .discovery
+                    .as_ref()
+                    .map_or(Ok(()), crate::DiscoverySettings::validate),
             ),
         ];
         for (section, result) in sections {
