@@ -32,17 +32,21 @@ fn picker(dir: &std::path::Path, settings: &str) -> (Process, u16) {
     (serve_with_picker(&config, port), port)
 }
 
+/// A TCP connection to the picker on `port`, retried while it starts (10 s at most).
+async fn tcp(port: u16) -> tokio::net::TcpStream {
+    eventually_ok_async(
+        "the picker accepts connections",
+        Duration::from_secs(10),
+        || tokio::net::TcpStream::connect(("127.0.0.1", port)),
+    )
+    .await
+}
+
 /// An HTTP/2 connection to the picker (retried while it starts), driven on a task.
 async fn connect(port: u16) -> h2::client::SendRequest<Bytes> {
-    for _ in 0..100 {
-        if let Ok(tcp) = tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
-            let (client, connection) = h2::client::handshake(tcp).await.unwrap();
-            tokio::spawn(connection);
-            return client;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("the picker on port {port} did not come up");
+    let (client, connection) = h2::client::handshake(tcp(port).await).await.unwrap();
+    tokio::spawn(connection);
+    client
 }
 
 /// A `Process` call's request head, as gRPC clients send it.
@@ -164,12 +168,7 @@ fn a_connection_that_stops_inside_a_header_block_is_closed() {
     let (_router, port) = picker(dir.path(), ", request_headers_timeout_ms: 300");
     runtime().block_on(async {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
-        let mut tcp = loop {
-            match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
-                Ok(tcp) => break tcp,
-                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-            }
-        };
+        let mut tcp = tcp(port).await;
         // The preface, empty SETTINGS, then a HEADERS frame of stream 1 without
         // END_HEADERS (a CONTINUATION would have to follow, and nothing else may): the
         // header block never completes. One HPACK byte: `:method: POST` (index 3).
@@ -195,12 +194,7 @@ fn a_connection_is_told_how_many_streams_it_may_open() {
     let dir = tempfile::tempdir().unwrap();
     let (_router, port) = picker(dir.path(), ", max_streams_per_connection: 3");
     runtime().block_on(async {
-        let tcp = loop {
-            match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
-                Ok(tcp) => break tcp,
-                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-            }
-        };
+        let tcp = tcp(port).await;
         let (_client, mut connection) = h2::client::handshake(tcp).await.unwrap();
         // The server's SETTINGS arrive as the connection is driven.
         let advertised = tokio::time::timeout(
