@@ -1,7 +1,10 @@
 //! Dynamo policy crates, built unchanged against `compat/dynamo-kv-router` (only their
 //! dependency line differs) and exported by one line of their catalog
 //! (`tests/fixtures/dynamo-policies`), load as a plugin, pass `plugin test`, and decide
-//! in the real router as their own unit tests say: the same rows, the same picks.
+//! in the real router as their own unit tests say: the same rows, the same picks. Two
+//! catalogs: the guide's API revision (`catalog`: the guide's policy and three shaped like
+//! Dynamo's examples) and Dynamo's current `plugins::worker_selection` shape
+//! (`current-catalog`: batch scorers, the `WorkerType` enum).
 
 mod support;
 
@@ -35,27 +38,37 @@ fn config(dir: &Path, default: &str) -> PathBuf {
 
 #[test]
 fn every_policy_type_passes_plugin_test() {
-    let report = run(Command::new(switchyard_bin())
-        .args(["plugin", "test"])
-        .arg(catalog())
-        .args([
-            "--params",
-            r#"least-busy={"min_device_overlap_blocks": 4}"#,
-            "--params",
-            r#"capped-role-split={"max_active_requests": 8}"#,
-        ]));
-    for policy in [
-        "least-busy",
-        "least-loaded-pick",
-        "stacked-cache-load",
-        "capped-role-split",
-    ] {
-        assert!(
-            report.contains(&format!("ok   policy {policy} ")),
-            "{policy}:\n{report}"
-        );
+    let catalogs = [
+        (
+            catalog(),
+            &[
+                ("least-busy", r#"{"min_device_overlap_blocks": 4}"#),
+                ("least-loaded-pick", "{}"),
+                ("stacked-cache-load", "{}"),
+                ("capped-role-split", r#"{"max_active_requests": 8}"#),
+            ][..],
+        ),
+        (
+            rust_plugin("dynamo_current_catalog"),
+            &[("batch-stacked", r#"{"max_active_requests": 4}"#)],
+        ),
+    ];
+    for (library, types) in catalogs {
+        let mut command = Command::new(switchyard_bin());
+        command.args(["plugin", "test"]).arg(&library);
+        for (policy, parameters) in types {
+            command.args(["--params", &format!("{policy}={parameters}")]);
+        }
+        let report = run(&mut command);
+        for (policy, _) in types {
+            assert!(
+                report.contains(&format!("ok   policy {policy} ")),
+                "{policy}:\n{report}"
+            );
+        }
+        let total = format!("{} type(s), 0 failed", types.len());
+        assert!(report.contains(&total), "{report}");
     }
-    assert!(report.contains("4 type(s), 0 failed"), "{report}");
 }
 
 /// `switchyard select`'s pick of `instance` over `--worker ID:DEVICE:ACTIVE` rows.
@@ -121,6 +134,28 @@ fn the_router_picks_what_the_policies_unit_tests_pick() {
             select(&config, instance, 8, workers),
             format!("worker {picked} dp_rank 0\n"),
             "{instance} over {workers:?} (unit test {unit_test})"
+        );
+    }
+}
+
+/// The current-shape catalog: `select` is Dynamo's aggregated pool.
+#[test]
+fn the_router_picks_what_the_current_shape_unit_tests_pick() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "plugins:\n  - path: {}\nworker_selection:\n  default: batch\n  instances:\n\
+             \x20   - {{name: batch, type: batch-stacked, parameters: {{max_active_requests: 4}}}}\n",
+            rust_plugin("dynamo_current_catalog").display()
+        ),
+    );
+    // aggregated_adds_the_load_and_ties_go_to_the_lowest_worker, both row orders
+    for workers in [&["1:8:3", "2:5:0", "3:8:4"][..], &["2:5:0", "1:8:3"]] {
+        assert_eq!(
+            select(&config, "batch", 8, workers),
+            "worker 1 dp_rank 0\n",
+            "{workers:?}"
         );
     }
 }

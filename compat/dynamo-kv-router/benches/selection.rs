@@ -1,8 +1,9 @@
 //! Selection through the compatibility adapters against the same policy written against
 //! the SDK directly, at 1,024 workers, in one run: the guide's `least-busy` (a
 //! device-overlap filter at 4 blocks, active requests as the cost, the lowest cost) as
-//! Dynamo code behind the adapters, the same code on the SDK's per-candidate traits, and
-//! the SDK's built-ins (batch forms over columns) for reference.
+//! Dynamo code behind the adapters (the guide's API, and Dynamo's current batch-scorer
+//! shape), the same code on the SDK's per-candidate traits, and the SDK's built-ins
+//! (batch forms over columns) for reference.
 //!
 //! Each selection runs filter, scorer and picker through the SDK calls the router makes
 //! (`dynamo_kv_router::testing::Selection`, over columns it owns: the router's own
@@ -67,6 +68,75 @@ mod dynamo_side {
                 .load()
                 .ok_or_else(|| WorkerSelectionPolicyError::failed("load input unavailable"))?;
             Ok(load.active_requests() as f64)
+        }
+    }
+
+    pub struct LowestCostPicker;
+
+    impl WorkerPicker for LowestCostPicker {
+        fn pick(
+            &mut self,
+            _context: &WorkerSelectionContext<'_>,
+            input: WorkerInputView<'_>,
+        ) -> Result<usize, WorkerSelectionPolicyError> {
+            input
+                .candidates()
+                .iter()
+                .enumerate()
+                .min_by(|(_, left), (_, right)| left.cost().total_cmp(&right.cost()))
+                .map(|(row, _)| row)
+                .ok_or_else(|| WorkerSelectionPolicyError::failed("no eligible worker"))
+        }
+    }
+}
+
+/// The same policy in Dynamo's current shape (`plugins::worker_selection`: the scorer
+/// scores the batch).
+mod current_side {
+    use dynamo_kv_router::plugins::worker_selection::{
+        WorkerCandidate, WorkerCandidates, WorkerFilter, WorkerInputView, WorkerInputs,
+        WorkerPicker, WorkerScorer, WorkerSelectionContext, WorkerSelectionPolicyError,
+    };
+
+    pub struct MinimumDeviceOverlapFilter {
+        pub minimum_blocks: f64,
+    }
+
+    impl WorkerFilter for MinimumDeviceOverlapFilter {
+        fn required_worker_inputs(&self) -> WorkerInputs {
+            WorkerInputs::CACHE
+        }
+        fn keep(
+            &mut self,
+            _context: &WorkerSelectionContext<'_>,
+            candidate: WorkerCandidate<'_>,
+        ) -> Result<bool, WorkerSelectionPolicyError> {
+            let cache = candidate
+                .cache()
+                .ok_or_else(|| WorkerSelectionPolicyError::failed("cache input unavailable"))?;
+            Ok(cache.device_overlap_blocks() >= self.minimum_blocks)
+        }
+    }
+
+    pub struct ActiveRequestsScorer;
+
+    impl WorkerScorer for ActiveRequestsScorer {
+        fn required_worker_inputs(&self) -> WorkerInputs {
+            WorkerInputs::LOAD
+        }
+        fn score(
+            &mut self,
+            _context: &WorkerSelectionContext<'_>,
+            candidates: WorkerCandidates<'_>,
+            costs: &mut [f64],
+        ) -> Result<(), WorkerSelectionPolicyError> {
+            for (cost, candidate) in costs.iter_mut().zip(candidates.iter()) {
+                let load = candidate
+                    .load()
+                    .ok_or_else(|| WorkerSelectionPolicyError::failed("load input unavailable"))?;
+                *cost = load.active_requests() as f64;
+            }
+            Ok(())
         }
     }
 
@@ -163,6 +233,19 @@ fn compat() -> PolicyParts {
     .into_parts()
 }
 
+fn compat_current() -> PolicyParts {
+    dynamo_kv_router::plugins::worker_selection::WorkerSelectionPolicy::new_with_filters(
+        KvRouterConfig::default(),
+        "aggregated",
+        vec![Box::new(current_side::MinimumDeviceOverlapFilter {
+            minimum_blocks: MIN_BLOCKS,
+        })],
+        vec![Box::new(current_side::ActiveRequestsScorer)],
+        Box::new(current_side::LowestCostPicker),
+    )
+    .into_parts()
+}
+
 fn sdk() -> PolicyParts {
     PolicyParts::new(
         vec![Box::new(sdk_side::MinimumDeviceOverlapFilter {
@@ -201,10 +284,11 @@ fn fleet() -> Vec<Row> {
 }
 
 type Variant = (&'static str, fn() -> PolicyParts);
-const VARIANTS: [Variant; 3] = [
+const VARIANTS: [Variant; 4] = [
     ("compat", compat),
     ("sdk", sdk),
     ("sdk-builtins", sdk_builtins),
+    ("compat-current", compat_current),
 ];
 
 fn bench_selection(c: &mut Criterion) {
@@ -253,7 +337,7 @@ fn main() {
     let mut criterion = Criterion::default().configure_from_args();
     bench_selection(&mut criterion);
     criterion.final_summary();
-    // The three variants pick the same worker (ties aside, the built-in picker's order).
+    // The variants pick the same worker (ties aside, the built-in picker's order).
     let rows = fleet();
     let picks: Vec<_> = VARIANTS
         .iter()
@@ -267,8 +351,11 @@ fn main() {
         );
     }
     println!(
-        "compat / sdk: {:.3}x; compat / sdk-builtins: {:.3}x (target: within 1.1x)",
+        "compat / sdk: {:.3}x; compat / sdk-builtins: {:.3}x; compat-current / sdk: {:.3}x; \
+         compat-current / sdk-builtins: {:.3}x (target: within 1.1x)",
         medians[0] / medians[1],
-        medians[0] / medians[2]
+        medians[0] / medians[2],
+        medians[3] / medians[1],
+        medians[3] / medians[2]
     );
 }

@@ -18,6 +18,7 @@ pub struct KvHints {
 
 impl KvHints {
     /// Whether the request asks consumers to evict session state.
+    #[inline]
     pub fn evict_session(&self) -> bool {
         self.evict_session
     }
@@ -32,26 +33,31 @@ pub struct SessionContext<'a> {
 
 impl<'a> SessionContext<'a> {
     /// The stable reasoning or tool-session identifier.
+    #[inline]
     pub fn session_id(&self) -> &'a str {
         self.raw.session_id()
     }
 
     /// The parent session of a subagent request.
+    #[inline]
     pub fn parent_session_id(&self) -> Option<&'a str> {
         self.raw.parent_session_id()
     }
 
     /// `Some(true)`: the session ends; `Some(false)`: it continues; `None`: not said.
+    #[inline]
     pub fn session_final(&self) -> Option<bool> {
         self.raw.session_final()
     }
 
     /// The KV lifecycle hints, when the request carries any.
+    #[inline]
     pub fn kv_hints(&self) -> Option<&KvHints> {
         self.kv_hints.as_ref()
     }
 
     /// The event that caused this request, when supplied.
+    #[inline]
     pub fn input_trigger(&self) -> Option<WorkerSelectionInputTrigger> {
         self.raw.input_trigger().map(|trigger| match trigger {
             sdk::InputTrigger::UserMessage => WorkerSelectionInputTrigger::UserMessage,
@@ -70,6 +76,7 @@ pub struct WorkerSelectionContext<'a> {
 
 impl<'a> WorkerSelectionContext<'a> {
     /// Dynamo's context over the SDK's (what the adapters hand to a Dynamo component).
+    #[inline]
     pub fn from_switchyard(raw: &sdk::WorkerSelectionContext<'a>) -> Self {
         let session = raw.session_context().map(|session| SessionContext {
             raw: session,
@@ -82,31 +89,37 @@ impl<'a> WorkerSelectionContext<'a> {
 
     /// The SDK's context (switchyard addition: request attributes and the rest of what
     /// switchyard offers beyond Dynamo's accessors).
+    #[inline]
     pub fn switchyard(&self) -> &sdk::WorkerSelectionContext<'a> {
         &self.raw
     }
 
     /// Incoming prompt size in KV blocks.
+    #[inline]
     pub fn request_blocks(&self) -> u64 {
         self.raw.request_blocks()
     }
 
     /// Tokens in one KV block.
+    #[inline]
     pub fn block_size(&self) -> u32 {
         self.raw.block_size()
     }
 
     /// Whether the request contributes to prefill-load tracking.
+    #[inline]
     pub fn tracks_prefill_tokens(&self) -> bool {
         self.raw.tracks_prefill_tokens()
     }
 
     /// The session metadata supplied with this request.
+    #[inline]
     pub fn session_context(&self) -> Option<&SessionContext<'a>> {
         self.session.as_ref()
     }
 
     /// The expected output length in tokens (saturating at `u32::MAX`, Dynamo's type).
+    #[inline]
     pub fn expected_output_tokens(&self) -> Option<u32> {
         self.raw
             .expected_output_tokens()
@@ -114,16 +127,19 @@ impl<'a> WorkerSelectionContext<'a> {
     }
 
     /// Scheduler priority boost; queue policies treat negative values as zero.
+    #[inline]
     pub fn priority_jump(&self) -> f64 {
         self.raw.priority_jump()
     }
 
     /// Strict integer priority, larger first (a negative switchyard priority reads 0).
+    #[inline]
     pub fn strict_priority(&self) -> u32 {
         u32::try_from(self.raw.strict_priority()).unwrap_or(0)
     }
 
     /// The per-request router temperature override.
+    #[inline]
     pub fn router_temperature_override(&self) -> Option<f64> {
         self.raw.router_temperature_override()
     }

@@ -20,21 +20,25 @@ pub struct WorkerCacheInput {
 
 impl WorkerCacheInput {
     /// Device-resident prefix overlap in blocks.
+    #[inline]
     pub fn device_overlap_blocks(&self) -> f64 {
         self.device_overlap_blocks
     }
 
     /// Host-pinned prefix overlap in blocks.
+    #[inline]
     pub fn host_overlap_blocks(&self) -> f64 {
         self.host_overlap_blocks
     }
 
     /// Disk prefix overlap in blocks.
+    #[inline]
     pub fn disk_overlap_blocks(&self) -> f64 {
         self.disk_overlap_blocks
     }
 
     /// Shared-cache hits beyond the device-resident prefix.
+    #[inline]
     pub fn shared_beyond_device_blocks(&self) -> u32 {
         self.shared_beyond_device_blocks
     }
@@ -50,16 +54,19 @@ pub struct WorkerLoadInput {
 
 impl WorkerLoadInput {
     /// Tokens active in the worker's prefill stage.
+    #[inline]
     pub fn active_prefill_tokens(&self) -> usize {
         self.active_prefill_tokens
     }
 
     /// Projected active decode footprint in blocks, including this request's.
+    #[inline]
     pub fn decode_cost_blocks(&self) -> f64 {
         self.decode_cost_blocks
     }
 
     /// Requests active on the worker.
+    #[inline]
     pub fn active_requests(&self) -> usize {
         self.active_requests
     }
@@ -73,6 +80,7 @@ pub struct WorkerRoutingInput {
 
 impl WorkerRoutingInput {
     /// The cost multiplier from preferred routing constraints, if any.
+    #[inline]
     pub fn preferred_taint_multiplier(&self) -> Option<f64> {
         self.preferred_taint_multiplier
     }
@@ -90,11 +98,13 @@ pub struct WorkerCandidate {
 
 impl WorkerCandidate {
     /// The worker ID and data-parallel rank.
+    #[inline]
     pub fn worker(&self) -> WorkerWithDpRank {
         self.worker
     }
 
     /// The CACHE group; `None` unless the component requested it.
+    #[inline]
     pub fn cache(&self) -> Option<&WorkerCacheInput> {
         self.inputs
             .contains(WorkerInputs::CACHE)
@@ -102,6 +112,7 @@ impl WorkerCandidate {
     }
 
     /// The LOAD group; `None` unless the component requested it.
+    #[inline]
     pub fn load(&self) -> Option<&WorkerLoadInput> {
         self.inputs
             .contains(WorkerInputs::LOAD)
@@ -109,6 +120,7 @@ impl WorkerCandidate {
     }
 
     /// The ROUTING group; `None` unless the component requested it.
+    #[inline]
     pub fn routing(&self) -> Option<&WorkerRoutingInput> {
         self.inputs
             .contains(WorkerInputs::ROUTING)
@@ -116,6 +128,7 @@ impl WorkerCandidate {
     }
 
     /// The candidate in row `row` of the SDK's per-candidate view.
+    #[inline]
     pub fn from_switchyard(candidate: &sdk::WorkerCandidate<'_>) -> Self {
         let mut inputs = WorkerInputs::NONE;
         let cache = candidate
@@ -156,6 +169,7 @@ impl WorkerCandidate {
     }
 }
 
+#[inline]
 fn load_input(
     active_prefill_tokens: u64,
     decode_cost_blocks: u64,
@@ -182,6 +196,7 @@ pub struct CandidateRows<'a> {
 }
 
 impl<'a> CandidateRows<'a> {
+    #[inline]
     pub fn new(candidates: &sdk::WorkerCandidates<'a>) -> Self {
         let (cache, load) = (candidates.cache(), candidates.load());
         let routing = candidates.routing().map(|r| r.preferred_taint_multiplier);
@@ -205,18 +220,34 @@ impl<'a> CandidateRows<'a> {
         }
     }
 
+    #[inline]
     pub fn len(&self) -> usize {
         self.worker_ids.len()
     }
 
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.worker_ids.is_empty()
     }
 
+    /// The worker-id, rank and taint columns (the current shape's views borrow them).
+    #[inline]
+    pub(crate) fn identity_columns(&self) -> (&'a [u64], &'a [u32], Option<&'a [f64]>) {
+        (self.worker_ids, self.dp_ranks, self.routing)
+    }
+
+    /// Whether the LOAD columns are present.
+    #[inline]
+    pub fn has_load(&self) -> bool {
+        self.load.is_some()
+    }
+
+    #[inline(always)]
     pub fn worker(&self, row: usize) -> WorkerWithDpRank {
         WorkerWithDpRank::new(self.worker_ids[row], self.dp_ranks[row])
     }
 
+    #[inline(always)]
     pub fn cache(&self, row: usize) -> WorkerCacheInput {
         self.cache
             .map_or_else(WorkerCacheInput::default, |c| WorkerCacheInput {
@@ -227,6 +258,7 @@ impl<'a> CandidateRows<'a> {
             })
     }
 
+    #[inline(always)]
     pub fn load(&self, row: usize) -> WorkerLoadInput {
         self.load.map_or_else(WorkerLoadInput::default, |l| {
             load_input(
@@ -237,14 +269,30 @@ impl<'a> CandidateRows<'a> {
         })
     }
 
+    #[inline(always)]
     pub fn routing(&self, row: usize) -> WorkerRoutingInput {
         WorkerRoutingInput {
             preferred_taint_multiplier: self.routing.map(|m| m[row]).filter(|m| !m.is_nan()),
         }
     }
 
-    /// Row `row` as Dynamo's candidate.
+    /// The picker's rows: each worker with its total cost (`costs` is index-aligned).
     #[inline]
+    pub fn scored<'c>(&self, costs: &'c [f64]) -> impl Iterator<Item = ScoredWorkerCandidate> + 'c
+    where
+        'a: 'c,
+    {
+        let (ids, ranks) = (self.worker_ids, self.dp_ranks);
+        ids.iter()
+            .zip(ranks)
+            .zip(costs)
+            .map(|((&id, &rank), &cost)| {
+                ScoredWorkerCandidate::new(WorkerWithDpRank::new(id, rank), cost)
+            })
+    }
+
+    /// Row `row` as Dynamo's candidate.
+    #[inline(always)]
     pub fn candidate(&self, row: usize) -> WorkerCandidate {
         WorkerCandidate {
             worker: self.worker(row),
@@ -264,16 +312,19 @@ pub struct ScoredWorkerCandidate {
 }
 
 impl ScoredWorkerCandidate {
+    #[inline]
     pub fn new(worker: WorkerWithDpRank, cost: f64) -> Self {
         ScoredWorkerCandidate { worker, cost }
     }
 
     /// The row's worker ID and data-parallel rank.
+    #[inline]
     pub fn worker(&self) -> WorkerWithDpRank {
         self.worker
     }
 
     /// The sum of all scorer contributions for the row.
+    #[inline]
     pub fn cost(&self) -> f64 {
         self.cost
     }
@@ -291,6 +342,7 @@ pub struct WorkerInputView<'a> {
 
 impl<'a> WorkerInputView<'a> {
     /// A view over index-aligned rows (the adapters' buffers, or a test's).
+    #[inline]
     pub fn new(
         candidates: &'a [ScoredWorkerCandidate],
         cache: Option<&'a [WorkerCacheInput]>,
@@ -305,18 +357,22 @@ impl<'a> WorkerInputView<'a> {
         }
     }
 
+    #[inline]
     pub fn candidates(self) -> &'a [ScoredWorkerCandidate] {
         self.candidates
     }
 
+    #[inline]
     pub fn cache(self) -> Option<&'a [WorkerCacheInput]> {
         self.cache
     }
 
+    #[inline]
     pub fn load(self) -> Option<&'a [WorkerLoadInput]> {
         self.load
     }
 
+    #[inline]
     pub fn routing(self) -> Option<&'a [WorkerRoutingInput]> {
         self.routing
     }

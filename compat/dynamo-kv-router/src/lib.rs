@@ -21,10 +21,14 @@
 //! registry in `services::selection::policy_registry`, ai-dynamo/dynamo `main` as of
 //! commit 0a3d0d5 / 0f7318a, 2026): the names, module paths, traits, signatures, accessor
 //! methods and numeric types of that revision, at the crate root and in
-//! [`services::selection`]. Dynamo's later `plugins::worker_selection` module (a batch
-//! `WorkerScorer::score` over `WorkerCandidates`, a `WorkerType` enum handed to factories,
-//! `RouterPluginRegistry`) is a different, incompatible shape of the same traits; it is not
-//! provided yet (docs/dynamo.md says what is and is not covered).
+//! [`services::selection`].
+//!
+//! Dynamo's current shape of the same API is followed too, under its own path:
+//! [`plugins::worker_selection`] (a batch `WorkerScorer::score` over `WorkerCandidates`, a
+//! filter handed `WorkerCandidate<'_>` by value, the [`WorkerType`] enum handed to
+//! factories) with [`plugins::RouterPluginRegistry`] (ai-dynamo/dynamo commits 19cd890 and
+//! 1dca837, 2026). [`export_catalog!`] takes either registry's `register`. What of it is
+//! not followed is listed in docs/dynamo.md.
 //!
 //! # How it maps onto switchyard
 //!
@@ -42,10 +46,12 @@
 mod context;
 pub mod export;
 mod inputs;
+pub mod plugins;
 mod policy;
 pub mod protocols;
 pub mod services;
 pub mod testing;
+mod worker_type;
 
 #[doc(hidden)]
 pub use switchyard_plugin_sdk as __sdk;
@@ -60,13 +66,17 @@ pub use policy::{
 };
 pub use protocols::{DpRank, WorkerId, WorkerWithDpRank};
 pub use services::selection::{KvRouterConfig, RoutingPartitionRef, WorkerSelectionPolicyFactory};
+pub use worker_type::WorkerType;
 
-/// The Dynamo API revision this crate follows (see the crate docs).
-pub const DYNAMO_API_REVISION: &str = "lib/kv-router standalone-selection (guide revision, 2026)";
+/// The Dynamo API revisions this crate follows (see the crate docs).
+pub const DYNAMO_API_REVISION: &str = "lib/kv-router: the guide's (scheduling::selector::policy, \
+services::selection; 0a3d0d5 / 0f7318a) at the root, the current plugins::worker_selection \
+(19cd890 / 1dca837) under plugins";
 
 /// Exports a Dynamo policy catalog as a switchyard plugin: `register` is the catalog's
-/// `fn register(&mut WorkerSelectionPolicyRegistry) -> Result<(), WorkerSelectionPolicyRegistryError>`;
-/// each policy type it registers becomes a switchyard policy type of the same name.
+/// `fn register(&mut WorkerSelectionPolicyRegistry) -> Result<(), WorkerSelectionPolicyRegistryError>`
+/// (or the current shape's `&mut plugins::RouterPluginRegistry`); each policy type it
+/// registers becomes a switchyard policy type of the same name.
 ///
 /// ```ignore
 /// dynamo_kv_router::export_catalog!(register);

@@ -336,12 +336,7 @@ impl sdk::WorkerPicker for PickerAdapter {
         let rows = CandidateRows::new(candidates);
         let count = rows.len();
         self.scored.clear();
-        self.scored.extend(
-            costs
-                .iter()
-                .enumerate()
-                .map(|(row, &cost)| ScoredWorkerCandidate::new(rows.worker(row), cost)),
-        );
+        self.scored.extend(rows.scored(costs));
         let with_cache = refill(&mut self.cache, candidates.cache().is_some(), count, |r| {
             rows.cache(r)
         });

@@ -19,10 +19,12 @@ pub struct WorkerWithDpRank {
 }
 
 impl WorkerWithDpRank {
+    #[inline]
     pub fn new(worker_id: WorkerId, dp_rank: DpRank) -> Self {
         Self { worker_id, dp_rank }
     }
 
+    #[inline]
     pub fn from_worker_id(worker_id: WorkerId) -> Self {
         Self {
             worker_id,
@@ -32,12 +34,14 @@ impl WorkerWithDpRank {
 }
 
 impl From<switchyard_plugin_sdk::WorkerId> for WorkerWithDpRank {
+    #[inline]
     fn from(worker: switchyard_plugin_sdk::WorkerId) -> Self {
         Self::new(worker.worker_id, worker.dp_rank)
     }
 }
 
 impl From<WorkerWithDpRank> for switchyard_plugin_sdk::WorkerId {
+    #[inline]
     fn from(worker: WorkerWithDpRank) -> Self {
         switchyard_plugin_sdk::WorkerId {
             worker_id: worker.worker_id,

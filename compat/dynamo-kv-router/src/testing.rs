@@ -53,12 +53,16 @@ struct Columns {
     taint: Vec<f64>,
 }
 
-fn retain<T>(column: &mut Vec<T>, keep: &[bool]) {
-    let mut row = 0;
-    column.retain(|_| {
-        row += 1;
-        keep[row - 1]
-    });
+/// Keeps the rows `keep` marks, in order (what the router's compaction does).
+fn retain<T: Copy>(column: &mut Vec<T>, keep: &[bool]) {
+    let mut kept = 0;
+    for row in 0..column.len() {
+        if keep[row] {
+            column[kept] = column[row];
+            kept += 1;
+        }
+    }
+    column.truncate(kept);
 }
 
 fn column<T>(values: &[T], inputs: WorkerInputs, group: WorkerInputs) -> *const T {
@@ -204,7 +208,9 @@ impl Selection {
             self.keep.clear();
             self.keep.resize(view.len(), true);
             filter.keep_batch(&context, &view, &mut self.keep)?;
-            self.work.retain(&self.keep);
+            if self.keep.contains(&false) {
+                self.work.retain(&self.keep);
+            }
         }
         let count = self.work.worker_id.len();
         if count == 0 {
