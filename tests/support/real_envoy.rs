@@ -7,7 +7,7 @@ use std::io::{BufRead, BufReader};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The repository's root.
 pub fn repo() -> PathBuf {
@@ -140,9 +140,21 @@ impl Envoy {
 
     /// An Envoy running `config`, which listens on `port`.
     pub fn start_with(dir: &Path, port: u16, config_text: &str) -> Envoy {
+        Envoy::start_with_env(dir, port, config_text, &[])
+    }
+
+    /// `start_with`, with `env` added to Envoy's environment (a dynamic module's search
+    /// path, for one).
+    pub fn start_with_env(
+        dir: &Path,
+        port: u16,
+        config_text: &str,
+        env: &[(&str, &std::ffi::OsStr)],
+    ) -> Envoy {
         let config = dir.join(format!("envoy-{port}.yaml"));
         std::fs::write(&config, config_text).unwrap();
         let mut child = Command::new(envoy_bin())
+            .envs(env.iter().copied())
             .arg("-c")
             .arg(&config)
             .args([
@@ -164,24 +176,24 @@ impl Envoy {
                 kept.lock().unwrap().push(line);
             }
         });
-        let started = Instant::now();
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if let Ok(Some(status)) = child.try_wait() {
+        // Killed when dropped, also when it never listens.
+        let mut envoy = Envoy {
+            child,
+            base: format!("http://127.0.0.1:{port}"),
+        };
+        super::eventually_ok("envoy listens", Duration::from_secs(20), || {
+            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return Ok(());
+            }
+            if let Ok(Some(status)) = envoy.child.try_wait() {
                 panic!(
                     "envoy exited ({status}): {}",
                     lines.lock().unwrap().join("\n")
                 );
             }
-            assert!(
-                started.elapsed() < Duration::from_secs(20),
-                "envoy did not listen"
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        Envoy {
-            child,
-            base: format!("http://127.0.0.1:{port}"),
-        }
+            Err(lines.lock().unwrap().join("\n"))
+        });
+        envoy
     }
 }
 
