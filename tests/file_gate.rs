@@ -9,7 +9,7 @@ mod support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use support::*;
 
@@ -37,22 +37,19 @@ fn check_refuses(dir: &Path, config: &Path) -> String {
             Ok(())
         });
     }
-    let mut check = command.spawn().unwrap();
-    let started = Instant::now();
-    let status = loop {
-        if let Some(status) = check.try_wait().unwrap() {
-            break status;
-        }
-        if started.elapsed() > TIME_LIMIT {
-            let _ = check.kill();
-            let _ = check.wait();
-            panic!(
-                "check {} still ran after {TIME_LIMIT:?}: it hangs or reads without end",
-                config.display()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
+    // Killed when dropped: a check that hangs does not outlive the test.
+    let mut check = Process {
+        child: command.spawn().unwrap(),
+        address: String::new(),
     };
+    let status = eventually_ok(
+        &format!(
+            "check {} ends (else it hangs or reads without end)",
+            config.display()
+        ),
+        TIME_LIMIT,
+        || check.child.try_wait().unwrap().ok_or("still running"),
+    );
     let stderr = std::fs::read_to_string(&errors).unwrap();
     assert_eq!(
         status.code(),
