@@ -245,23 +245,28 @@ fn a_busy_side_waits_in_the_admission_queue() {
         p0.address, d0.address
     );
     let router = serve(&write_config(dir.path(), &yaml));
-    let threads: Vec<_> = (0..2)
-        .map(|i| {
-            let base = router.address.clone();
-            std::thread::spawn(move || {
-                std::thread::sleep(Duration::from_millis(100 * i));
-                let body = json!({"model": "demo", "max_tokens": 10, "stream": true,
-                                  "messages": [{"role": "user", "content": format!("q{i}")}]});
-                match agent()
-                    .post(&format!("{base}/v1/chat/completions"))
-                    .send_json(body)
-                {
-                    Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
-                    Err(e) => (0, e.to_string()),
-                }
-            })
+    let request = |i: u32| {
+        let base = router.address.clone();
+        std::thread::spawn(move || {
+            let body = json!({"model": "demo", "max_tokens": 10, "stream": true,
+                              "messages": [{"role": "user", "content": format!("q{i}")}]});
+            match agent()
+                .post(&format!("{base}/v1/chat/completions"))
+                .send_json(body)
+            {
+                Ok(r) => (r.status(), r.into_string().unwrap_or_default()),
+                Err(e) => (0, e.to_string()),
+            }
         })
-        .collect();
+    };
+    let first = request(0);
+    // The second comes while the first holds a worker.
+    eventually(
+        "the first request is booked",
+        Duration::from_secs(10),
+        || active_requests(&router.address).iter().sum::<u64>() >= 1,
+    );
+    let threads = [first, request(1)];
     for t in threads {
         let (status, body) = t.join().unwrap();
         assert_eq!(status, 200, "{body}");
