@@ -64,7 +64,10 @@ fn clearing_and_removing_workers_of_400k_blocks_keeps_serving() {
         Some(json!({"model": "m", "block_hashes": prompt})),
         stop.clone(),
     );
-    std::thread::sleep(Duration::from_millis(300));
+    // The clear and the DELETE happen while the probes run: wait until selections count.
+    eventually("the probes run", Duration::from_secs(10), || {
+        metric_sum(&base, "switchyard_selections_total") >= 5.0
+    });
     let started = Instant::now();
     let clear = json!({"worker_id": 1, "events": [{"type": "cleared"}]});
     assert_eq!(
@@ -87,6 +90,7 @@ fn clearing_and_removing_workers_of_400k_blocks_keeps_serving() {
         200
     );
     let deleted = started.elapsed();
+    // pacing: the probes go on 300 ms past the DELETE (the window they measure).
     std::thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::Relaxed);
     let (healthz, healthz_failed) = healthz.join().unwrap();
@@ -140,6 +144,7 @@ fn churn_until_stopped(
                 .0,
             200
         );
+        // pacing: the churn's rate, not a wait for anything.
         std::thread::sleep(Duration::from_millis(50));
     }
 }
@@ -235,6 +240,7 @@ fn soak_with_faults_answers_everything_and_stays_flat() {
     let healthz = probe(format!("{base}/healthz"), None, stop.clone());
     let size = || series(&base);
     let warm_up = Duration::from_secs((seconds / 4).max(5));
+    // pacing: the soak runs for its duration; these sleeps are the run, not waits.
     std::thread::sleep(warm_up);
     let (series_warm, rss_warm) = (size(), resident_kib(router.pid()));
     std::thread::sleep(Duration::from_secs(seconds).saturating_sub(warm_up));
