@@ -124,6 +124,7 @@ fn churn_until_stopped(router: &Router, stop: &std::sync::atomic::AtomicBool) {
                 let _ = router.remove_worker(id);
             }
         }
+        // pacing: the churn's rate against the selecting threads, not a wait.
         std::thread::sleep(std::time::Duration::from_micros(200));
     }
 }

@@ -77,6 +77,7 @@ pub fn probe(
                 Ok((200, _)) => latencies.push(started.elapsed().as_micros() as u64),
                 _ => failed += 1,
             }
+            // pacing: a probe every 10 ms is the client's rate, not a wait.
             std::thread::sleep(Duration::from_millis(10));
         }
         (latencies, failed)
@@ -155,6 +156,7 @@ pub fn restart_engines_until_stopped(
 ) {
     let count = engines.lock().unwrap().len();
     for victim in (0..count).cycle() {
+        // pacing: a kill every 3 s, and 0.7 s down, are the chaos itself, not waits.
         std::thread::sleep(Duration::from_secs(3));
         if stop.load(Ordering::Relaxed) {
             break;
