@@ -86,6 +86,15 @@ bench-peers-select bench-peers-replay: peers
 peers:
 	./scripts/install-peers
 
+# Multi-turn conversations (the Mooncake trace's shared prefixes) through switchyard
+# (`default`, load-only), client round robin and vllm-router (when `make peers` installed
+# it) in front of three real llama.cpp servers: TTFT per turn, the engines' own reused
+# tokens; ~10 minutes, `BENCH_REAL_ARGS=--quick` ~2. Writes docs/bench-real-engines.*.
+.PHONY: bench-real-engines
+bench-real-engines: envoy
+	$(CARGO) build --release -p switchyard
+	target/test-venv/bin/python scripts/bench-real-engines.py $(BENCH_REAL_ARGS)
+
 $(BENCH_TARGETS): bench-%: build
 	$(CARGO) bench -p switchyard --bench $(subst -,_,$*)
 
