@@ -88,6 +88,21 @@ impl Columns {
             .push(row.preferred_taint_multiplier.unwrap_or(f64::NAN));
     }
 
+    /// `source`'s rows, in this value's buffers (a derived `clone_from` would allocate
+    /// new ones).
+    fn reset_from(&mut self, source: &Columns) {
+        self.worker_id.clone_from(&source.worker_id);
+        self.dp_rank.clone_from(&source.dp_rank);
+        self.device.clone_from(&source.device);
+        self.host.clone_from(&source.host);
+        self.disk.clone_from(&source.disk);
+        self.shared.clone_from(&source.shared);
+        self.prefill.clone_from(&source.prefill);
+        self.decode.clone_from(&source.decode);
+        self.active.clone_from(&source.active);
+        self.taint.clone_from(&source.taint);
+    }
+
     fn retain(&mut self, keep: &[bool]) {
         retain(&mut self.worker_id, keep);
         retain(&mut self.dp_rank, keep);
@@ -200,7 +215,7 @@ impl Selection {
         let raw_request = request(request_blocks);
         // SAFETY: a complete request with no session or attributes, alive for the call.
         let context = unsafe { SdkContext::from_abi(&raw_request) };
-        self.work.clone_from(&self.rows);
+        self.work.reset_from(&self.rows);
         for filter in &mut parts.filters {
             let raw = self.work.raw(filter.required_worker_inputs(), None);
             // SAFETY: every non-NULL array of `raw` holds `count` rows and outlives the view.
