@@ -44,6 +44,8 @@ pub enum ConfigError {
     Startup { config: String, errors: String },
     #[error("{config}: in `workers:`: {error}")]
     Workers { config: String, error: String },
+    #[error("the switchyard filter's `listen` {0} is not a loopback address: the module's HTTP API is plain HTTP without the listener's guards; serve it on 127.0.0.1 (or ::1)")]
+    Exposed(SocketAddr),
     #[error("the switchyard module cannot start its threads: {0}")]
     Threads(std::io::Error),
 }
@@ -61,6 +63,9 @@ impl FilterConfig {
     pub fn load(filter_config: &[u8]) -> Result<FilterConfig, ConfigError> {
         let settings: Settings = serde_json::from_slice(filter_config)
             .map_err(|e| ConfigError::Settings(e.to_string()))?;
+        if let Some(listen) = settings.listen.filter(|l| !l.ip().is_loopback()) {
+            return Err(ConfigError::Exposed(listen));
+        }
         let name = settings.config.display().to_string();
         let startup = switchyard_policy::startup::load(Some(&settings.config), settings.probe)
             .map_err(|errors| ConfigError::Startup {

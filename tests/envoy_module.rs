@@ -1,0 +1,330 @@
+//! switchyard as an Envoy dynamic module (issue #49): `libswitchyard_envoy.so`, built from
+//! `host/envoy-module`, loaded by a real Envoy 1.40 with the configuration `docs/envoy.md`
+//! ships in "switchyard as an Envoy dynamic module" (read from the doc; only its addresses,
+//! engines and config path changed), in front of `engine-sim` engines. The module's HTTP
+//! API (`listen`) shows its bookings. Envoy comes from `scripts/install-test-tools`, as
+//! for `tests/envoy.rs`.
+//!
+//! Covered: chat and completions, streamed and not; clients hanging up mid-stream; prefix
+//! affinity; a refusal as Envoy's local reply; the same decisions as the ext_proc picker
+//! on the same request sequence; no booking left after any of it.
+
+mod support;
+
+use std::io::Read;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use support::real_envoy::Envoy;
+use support::*;
+
+/// Builds the module (cargo serializes it with any other build) and returns its folder,
+/// Envoy's `ENVOY_DYNAMIC_MODULES_SEARCH_PATH`.
+fn module_dir() -> PathBuf {
+    run(Command::new(env!("CARGO")).args(["build", "--quiet", "-p", "switchyard-envoy"]));
+    let dir = cargo_out_dir();
+    assert!(
+        dir.join("libswitchyard_envoy.so").exists(),
+        "cargo build -p switchyard-envoy wrote no {}/libswitchyard_envoy.so",
+        dir.display()
+    );
+    dir
+}
+
+/// docs/envoy.md's module config: listening on `listen`, switchyard's config at `config`,
+/// its HTTP API on `api`, the cluster's hosts `engines`.
+fn module_config(listen: u16, config: &Path, api: u16, engines: &[SocketAddr]) -> String {
+    let doc = std::fs::read_to_string(repo().join("docs/envoy.md")).unwrap();
+    let yaml = blocks(&doc, "yaml")
+        .into_iter()
+        .find(|b| b.contains("dynamic_modules.v3.DynamicModuleFilter"))
+        .expect("docs/envoy.md has the dynamic module's Envoy config");
+    let hosts: String = engines
+        .iter()
+        .map(|e| {
+            format!(
+                "              - endpoint: {{ address: {{ socket_address: {{ address: {}, port_value: {} }} }} }}\n",
+                e.ip(),
+                e.port()
+            )
+        })
+        .collect();
+    let doc_hosts: String = yaml
+        .lines()
+        .filter(|l| l.contains("- endpoint: { address:"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let mut config_text = yaml.clone();
+    for (from, to) in [
+        (
+            "socket_address: { address: 0.0.0.0, port_value: 8080 }".to_owned(),
+            format!("socket_address: {{ address: 127.0.0.1, port_value: {listen} }}"),
+        ),
+        (
+            "/etc/switchyard/switchyard.yaml".to_owned(),
+            config.display().to_string(),
+        ),
+        ("127.0.0.1:9090".to_owned(), format!("127.0.0.1:{api}")),
+        (doc_hosts, hosts),
+    ] {
+        assert!(
+            !from.is_empty() && config_text.contains(&from),
+            "docs/envoy.md's module config no longer has `{from}`"
+        );
+        config_text = config_text.replace(&from, &to);
+    }
+    config_text
+}
+
+/// A real Envoy with the module, and the module's HTTP API.
+struct ModuleEnvoy {
+    envoy: Envoy,
+    api: String,
+}
+
+/// switchyard's config for `engines` (by address), written to `dir`, with `extra` lines.
+fn switchyard_config(dir: &Path, engines: &[&Process], extra: &str) -> PathBuf {
+    let workers = demo_workers(engines.iter().copied(), true);
+    write_config(
+        dir,
+        &format!(
+            "models:\n  demo: {{kv_tracking: predicted}}\n\
+             frontend: {{health_interval_ms: 100, unhealthy_cooldown_ms: 300, health_timeout_ms: 200}}\n\
+             {extra}workers:\n{workers}"
+        ),
+    )
+}
+
+/// Envoy with the module in front of `engines`, switchyard's config `config`.
+fn start_module(dir: &Path, config: &Path, engines: &[&Process]) -> ModuleEnvoy {
+    let modules = module_dir();
+    let addresses: Vec<SocketAddr> = engines
+        .iter()
+        .map(|e| e.address.trim_start_matches("http://").parse().unwrap())
+        .collect();
+    let (port, api) = (free_port(), free_port());
+    let text = module_config(port, config, api, &addresses);
+    let envoy = Envoy::start_with_env(
+        dir,
+        port,
+        &text,
+        &[
+            ("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", modules.as_os_str()),
+            ("SWITCHYARD_EXE", switchyard_bin().as_os_str()),
+            ("RUST_LOG", "warn".as_ref()),
+        ],
+    );
+    let api = format!("http://127.0.0.1:{api}");
+    eventually_ok(
+        "the module's HTTP API answers",
+        Duration::from_secs(20),
+        || ureq::get(&format!("{api}/v1/workers")).call().map(drop),
+    );
+    ModuleEnvoy { envoy, api }
+}
+
+fn agent() -> ureq::Agent {
+    ureq::AgentBuilder::new()
+        .timeout(Duration::from_secs(20))
+        .build()
+}
+
+fn chat(content: &str, stream: bool) -> Value {
+    json!({"model": "demo", "stream": stream, "max_tokens": 6,
+           "messages": [{"role": "user", "content": content}]})
+}
+
+/// A chat request for a model no worker serves (404 from the picker's code).
+fn unknown_model() -> Value {
+    json!({"model": "nope", "messages": [{"role": "user", "content": "x"}]})
+}
+
+fn engines(count: usize) -> Vec<Process> {
+    (0..count)
+        .map(|i| engine_sim(&format!("e{i}"), "127.0.0.1:0", &[]))
+        .collect()
+}
+
+/// `count` streamed chats whose clients hang up after the first bytes.
+fn hang_up(agent: &ureq::Agent, url: &str, count: usize) {
+    for _ in 0..count {
+        let response = agent
+            .post(url)
+            .send_json(json!({"model": "demo", "stream": true, "max_tokens": 200,
+                              "messages": [{"role": "user", "content": "a long answer"}]}))
+            .unwrap();
+        let mut first = [0u8; 32];
+        let _ = response.into_reader().read(&mut first);
+    }
+}
+
+#[test]
+fn chat_and_completions_streamed_or_not_hang_ups_and_prefix_affinity_through_the_module() {
+    let dir = tempfile::tempdir().unwrap();
+    let engines = engines(3);
+    let engine_refs: Vec<&Process> = engines.iter().collect();
+    let config = switchyard_config(dir.path(), &engine_refs, "");
+    let module = start_module(dir.path(), &config, &engine_refs);
+    let (agent, base) = (agent(), module.envoy.base.clone());
+    let chat_url = format!("{base}/v1/chat/completions");
+
+    let (status, engine, body) = post_json(&agent, &chat_url, &chat("hello", false));
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        engine.starts_with('e'),
+        "answered by an engine-sim: {engine}"
+    );
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["object"], "chat.completion", "{answer}");
+
+    let completion = json!({"model": "demo", "prompt": "once upon a time", "max_tokens": 4});
+    let (status, _, body) = post_json(&agent, &format!("{base}/v1/completions"), &completion);
+    assert_eq!(status, 200, "{body}");
+    let answer: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(answer["object"], "text_completion", "{answer}");
+
+    for url in [&chat_url, &format!("{base}/v1/completions")] {
+        let body = if url.ends_with("/chat/completions") {
+            chat("stream me", true)
+        } else {
+            json!({"model": "demo", "prompt": "stream me", "max_tokens": 6, "stream": true})
+        };
+        let (status, _, body) = post_json(&agent, url, &body);
+        assert_eq!(status, 200, "{body}");
+        let events: Vec<&str> = body
+            .split("\n\n")
+            .filter_map(|e| e.strip_prefix("data: "))
+            .collect();
+        assert!(events.len() >= 6, "{body}");
+        assert_eq!(*events.last().unwrap(), "[DONE]");
+    }
+
+    // A refusal is Envoy's local reply with the picker's status and JSON error.
+    let (status, _, body) = post_json(&agent, &chat_url, &unknown_model());
+    assert_eq!(status, 404, "{body}");
+    let error: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(error["error"]["code"], "model_not_found", "{error}");
+
+    // Clients hanging up mid-stream leave no booking.
+    hang_up(&agent, &chat_url, 5);
+    wait_for_no_bookings(&module.api, Duration::from_secs(10));
+
+    // Prefix affinity: one long conversation, asked again, goes back where it was cached.
+    let long = "the same long system prompt about routing ".repeat(40);
+    let mut served = std::collections::HashSet::new();
+    for turn in 0..4 {
+        let (status, engine, body) =
+            post_json(&agent, &chat_url, &chat(&format!("{long}{turn}"), false));
+        assert_eq!(status, 200, "{body}");
+        served.insert(engine);
+    }
+    assert_eq!(
+        served.len(),
+        1,
+        "a cached prefix is routed back to its engine: {served:?}"
+    );
+    wait_for_no_bookings(&module.api, Duration::from_secs(10));
+    assert!(metric(&module.api, "switchyard_ext_proc_picks_total") >= 10.0);
+}
+
+/// The engine that answered each request of `sequence` through Envoy at `base`, each sent
+/// once the router at `api` holds no booking (so that only the requests before it, not
+/// their timing, decide).
+fn served(base: &str, api: &str, sequence: &[Value]) -> Vec<(u16, String)> {
+    let agent = agent();
+    sequence
+        .iter()
+        .map(|request| {
+            wait_for_no_bookings(api, Duration::from_secs(10));
+            let (status, engine, _) =
+                post_json(&agent, &format!("{base}/v1/chat/completions"), request);
+            (status, engine)
+        })
+        .collect()
+}
+
+/// The built-in policy's cost with its random tie-breaks seeded, so that two routers
+/// given the same requests must decide alike (and new prefixes still spread).
+const DETERMINISTIC: &str = "worker_selection:\n  default: seeded\n  instances:\n    - name: seeded\n      scorers: [{type: builtin.default-cost}]\n      picker: {type: builtin.lowest-cost, parameters: {tie_break: random, seed: 7}}\n";
+
+/// Conversations of three families, each growing, interleaved; and one refused request.
+fn request_sequence() -> Vec<Value> {
+    let families = [
+        "you are a helpful assistant for routing questions. ",
+        "translate the following paragraphs into French, carefully. ",
+        "summarize the design document below in three bullet points. ",
+    ];
+    let mut sequence = Vec::new();
+    for turn in 0..5 {
+        for (f, family) in families.iter().enumerate() {
+            let history = format!("{} turn {turn} of {f}", family.repeat(12 + turn));
+            sequence.push(chat(&history, turn % 2 == 1));
+        }
+    }
+    sequence.push(unknown_model());
+    sequence
+}
+
+#[test]
+fn the_module_decides_as_the_ext_proc_picker_on_the_same_requests() {
+    let dir = tempfile::tempdir().unwrap();
+    let sequence = request_sequence();
+    // Each router gets fresh engines of the same names: what an engine reports (its
+    // metrics) after serving the other's requests would make the second start apart.
+    let engines = engines(3);
+    let engine_refs: Vec<&Process> = engines.iter().collect();
+    let picker_dir = dir.path().join("picker");
+    std::fs::create_dir(&picker_dir).unwrap();
+    let port = free_port();
+    let router = serve_with_picker(
+        &switchyard_config(&picker_dir, &engine_refs, DETERMINISTIC),
+        port,
+    );
+    let envoy = Envoy::start(&picker_dir, port);
+    eventually(
+        "Envoy routes through the picker",
+        Duration::from_secs(20),
+        || {
+            post_json(
+                &agent(),
+                &format!("{}/v1/chat/completions", envoy.base),
+                &unknown_model(),
+            )
+            .0 == 404
+        },
+    );
+    let by_picker = served(&envoy.base, &router.address, &sequence);
+    drop(envoy);
+    wait_for_no_bookings(&router.address, Duration::from_secs(10));
+    drop(router);
+    drop(engine_refs);
+    drop(engines);
+
+    let engines = self::engines(3);
+    let engine_refs: Vec<&Process> = engines.iter().collect();
+
+    let module_dir = dir.path().join("module");
+    std::fs::create_dir(&module_dir).unwrap();
+    let config = switchyard_config(&module_dir, &engine_refs, DETERMINISTIC);
+    let module = start_module(&module_dir, &config, &engine_refs);
+    let by_module = served(&module.envoy.base, &module.api, &sequence);
+
+    assert_eq!(
+        by_module, by_picker,
+        "the module and the picker decided differently"
+    );
+    let engines_used: std::collections::HashSet<&String> = by_picker
+        .iter()
+        .filter(|(s, _)| *s == 200)
+        .map(|(_, e)| e)
+        .collect();
+    assert!(
+        engines_used.len() >= 2,
+        "the sequence exercised one engine only: {by_picker:?}"
+    );
+    assert_eq!(by_picker.last().unwrap().0, 404, "{by_picker:?}");
+    wait_for_no_bookings(&module.api, Duration::from_secs(10));
+}
