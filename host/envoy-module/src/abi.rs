@@ -14,8 +14,9 @@
 
 use std::ffi::{c_char, c_void};
 
-/// What `envoy_dynamic_module_on_program_init` answers: Envoy 1.37 and later compare it
-/// as a string and only warn on a mismatch.
+/// What `envoy_dynamic_module_on_program_init` answers: the header's
+/// `ENVOY_DYNAMIC_MODULES_ABI_VERSION`, which Envoy 1.40.0 logs as "matched" (it compares
+/// the string and only warns on a mismatch).
 pub const ABI_VERSION: &[u8] = b"v0.2.0\0";
 
 /// `envoy_dynamic_module_type_envoy_buffer` and `..._module_buffer` (the same layout):
