@@ -372,7 +372,9 @@ def summarize(name: str, runs: list) -> dict:
     previous = {(r.round, r.conversation, r.turn): r.worker for r in good}
     moves = [r.worker == previous.get((r.round, r.conversation, r.turn - 1)) for r in later
              if r.worker and previous.get((r.round, r.conversation, r.turn - 1))]
-    share = lambda rs: sum(r.cached_tokens for r in rs) / max(1, sum(r.prompt_tokens for r in rs))  # noqa: E731,E501
+    def share(rs: list) -> float:
+        return sum(r.cached_tokens for r in rs) / max(1, sum(r.prompt_tokens for r in rs))
+
     return {
         "target": name, "requests": len(results), "failed": len(results) - len(good),
         "ttft_turn1_p50_ms": quantile(first, 0.5), "ttft_turn1_p90_ms": quantile(first, 0.9),
@@ -410,7 +412,7 @@ def svg_plot(table: list, title: str) -> str:
               ("ttft_turns2plus_p50_ms", "turns 2+ p50", "#fdae6b"),
               ("ttft_turns2plus_p90_ms", "turns 2+ p90", "#e6550d")]
     top = max(max(row[k] for k, _, _ in series) for row in table) * 1.1
-    width, height, left, bottom, group = 860, 420, 70, 340, 150
+    width, height, left, bottom, group = 860, 440, 70, 340, 150
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
              'font-family="sans-serif" font-size="12">',
              f'<rect width="{width}" height="{height}" fill="white"/>',
@@ -427,13 +429,14 @@ def svg_plot(table: list, title: str) -> str:
             h = row[key] / top * 280
             parts.append(f'<rect x="{x0 + j * 28}" y="{bottom - h:.1f}" width="24" '
                          f'height="{h:.1f}" fill="{colour}"/>')
-        parts.append(f'<text x="{x0 + 54}" y="{bottom + 16}" text-anchor="middle">'
-                     f'{row["target"]}</text>')
-        parts.append(f'<text x="{x0 + 54}" y="{bottom + 32}" text-anchor="middle">reused '
-                     f'{row["reused_share_turns2plus"] * 100:.0f}% (turns 2+)</text>')
+        router, _, policy = row["target"].partition(" ")
+        reused = f"reused {row['reused_share_turns2plus']:.0%} (turns 2+)"
+        for line, text in enumerate((router, policy, reused)):
+            parts.append(f'<text x="{x0 + 54}" y="{bottom + 16 + 15 * line}" '
+                         f'text-anchor="middle">{text}</text>')
     for j, (_, label, colour) in enumerate(series):
-        parts.append(f'<rect x="{left + j * 130}" y="{height - 30}" width="12" height="12" '
-                     f'fill="{colour}"/><text x="{left + 16 + j * 130}" y="{height - 20}">'
+        parts.append(f'<rect x="{left + j * 130}" y="{height - 22}" width="12" height="12" '
+                     f'fill="{colour}"/><text x="{left + 16 + j * 130}" y="{height - 12}">'
                      f'{label}</text>')
     return "\n".join(parts + ["</svg>\n"])
 
@@ -529,7 +532,7 @@ def run_rounds(args, engines: list, logs: pathlib.Path) -> dict:
             row = summarize(target.name, [stats])
             print(f"round {round_no + 1} {target.name:24} turns 2+ TTFT p50 "
                   f"{row['ttft_turns2plus_p50_ms']:6.0f} ms, reused "
-                  f"{row['reused_share_turns2plus'] * 100:3.0f}% (turns 2+), {row['failed']} failed, "
+                  f"{row['reused_share_turns2plus']:4.0%} (turns 2+), {row['failed']} failed, "
                   f"{stats.wall_s:5.1f} s, load {stats.load_after:.1f}", flush=True)
     return runs
 
