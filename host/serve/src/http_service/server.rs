@@ -342,6 +342,10 @@ pub async fn serve(router: Arc<Router>, options: ServeOptions) -> std::io::Resul
         frontend.router().clone(),
         frontend.clients().clone(),
     ));
+    // Pods of an InferencePool join and leave the fleet (docs/kubernetes.md).
+    switchyard_discovery::start(router.clone())
+        .await
+        .map_err(std::io::Error::other)?;
     start_background(&router, &listener_tls).await?;
     let scheme = if listener_tls.http.is_some() {
         "https"
