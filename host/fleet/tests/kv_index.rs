@@ -5,7 +5,7 @@ use std::collections::{HashMap, HashSet};
 
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
-use switchyard::fleet::kv_index::{
+use switchyard_fleet::kv_index::{
     BoundPassed, IndexShape, KvEvent, KvIndex, QueryScratch, SlotRows, Tier,
 };
 use switchyard_plugin_sdk::WorkerId;
