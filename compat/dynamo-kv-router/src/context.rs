@@ -144,3 +144,86 @@ impl<'a> WorkerSelectionContext<'a> {
         self.raw.router_temperature_override()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use core::ptr;
+
+    use switchyard_plugin_sdk::abi::*;
+
+    use super::*;
+
+    /// Dynamo's context over a request with `priority`, `expected` output tokens and a
+    /// session of trigger `trigger` whose KV hints ask to evict it.
+    fn with_request<R>(
+        priority: i32,
+        expected: u64,
+        trigger: u32,
+        f: impl FnOnce(&WorkerSelectionContext<'_>) -> R,
+    ) -> R {
+        let session = switchyard_session {
+            session_id: sdk::str_to_abi("s1"),
+            parent_session_id: switchyard_str {
+                ptr: ptr::null(),
+                len: 0,
+            },
+            input_trigger: trigger,
+            has_session_final: 1,
+            session_final: 0,
+            has_kv_hints: 1,
+            evict_session: 1,
+        };
+        let raw = switchyard_request {
+            struct_size: core::mem::size_of::<switchyard_request>() as u32,
+            block_size: 16,
+            request_blocks: 5,
+            expected_output_tokens: expected,
+            priority_jump: 0.5,
+            router_temperature_override: 0.0,
+            strict_priority: priority,
+            tracks_prefill_tokens: 0,
+            has_expected_output_tokens: 1,
+            has_router_temperature_override: 0,
+            reserved0: 0,
+            session: &session,
+            attributes: ptr::null(),
+        };
+        // SAFETY: `raw` and its session are complete and outlive the context.
+        let context = unsafe { sdk::WorkerSelectionContext::from_abi(&raw) };
+        f(&WorkerSelectionContext::from_switchyard(&context))
+    }
+
+    #[test]
+    fn the_request_reads_in_dynamos_types() {
+        with_request(7, 300, SWITCHYARD_TRIGGER_TOOL_RESULT, |context| {
+            assert_eq!((context.request_blocks(), context.block_size()), (5, 16));
+            assert!(!context.tracks_prefill_tokens());
+            assert_eq!(context.expected_output_tokens(), Some(300));
+            assert_eq!(
+                (context.strict_priority(), context.priority_jump()),
+                (7, 0.5)
+            );
+            assert_eq!(context.router_temperature_override(), None);
+            let session = context.session_context().unwrap();
+            assert_eq!(session.session_id(), "s1");
+            assert_eq!(session.parent_session_id(), None);
+            assert_eq!(session.session_final(), Some(false));
+            assert!(session.kv_hints().unwrap().evict_session());
+            assert_eq!(
+                session.input_trigger(),
+                Some(WorkerSelectionInputTrigger::ToolResult)
+            );
+        });
+    }
+
+    /// Dynamo's types are narrower: a negative priority reads 0, a huge output length
+    /// saturates.
+    #[test]
+    fn values_out_of_dynamos_range_are_clamped() {
+        with_request(-3, u64::MAX, SWITCHYARD_TRIGGER_NONE, |context| {
+            assert_eq!(context.strict_priority(), 0);
+            assert_eq!(context.expected_output_tokens(), Some(u32::MAX));
+            assert_eq!(context.session_context().unwrap().input_trigger(), None);
+        });
+    }
+}

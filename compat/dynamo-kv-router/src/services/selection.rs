@@ -223,3 +223,62 @@ impl WorkerSelectionPolicyRegistry {
         self.providers
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn provider(
+        parameters: &WorkerSelectionPolicyParameters,
+    ) -> Result<WorkerSelectionPolicyFactory, WorkerSelectionPolicyProviderError> {
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Parameters {
+            #[allow(dead_code)]
+            threshold: usize,
+        }
+        let _: Parameters = parameters.deserialize()?;
+        Ok(Arc::new(|_, _, _| unreachable!("not built in these tests")))
+    }
+
+    #[test]
+    fn registration_refuses_empty_reserved_and_duplicate_names() {
+        let mut registry = WorkerSelectionPolicyRegistry::default();
+        let provider: WorkerSelectionPolicyProvider = Arc::new(provider);
+        assert!(matches!(
+            registry.register("", provider.clone()),
+            Err(WorkerSelectionPolicyRegistryError::EmptyName)
+        ));
+        assert!(matches!(
+            registry.register("default", provider.clone()),
+            Err(WorkerSelectionPolicyRegistryError::ReservedDefault)
+        ));
+        registry.register("beta", provider.clone()).unwrap();
+        registry.register("alpha", provider.clone()).unwrap();
+        assert!(matches!(
+            registry.register("beta", provider),
+            Err(WorkerSelectionPolicyRegistryError::Duplicate { name }) if name == "beta"
+        ));
+        assert_eq!(
+            registry.policy_types().collect::<Vec<_>>(),
+            ["beta", "alpha"]
+        );
+    }
+
+    #[test]
+    fn parameters_are_checked_by_the_provider_and_named_in_the_error() {
+        let mut registry = WorkerSelectionPolicyRegistry::default();
+        registry.register("alpha", Arc::new(provider)).unwrap();
+        let good = WorkerSelectionPolicyParameters::from_json(r#"{"threshold": 3}"#);
+        assert!(registry.provide("alpha", &good).is_ok());
+        let bad = WorkerSelectionPolicyParameters::from_json(r#"{"threshold": 3, "x": 1}"#);
+        let error = registry.provide("alpha", &bad).err().unwrap().to_string();
+        assert!(
+            error.starts_with(
+                "invalid parameters for worker-selection policy type \"alpha\": unknown field `x`"
+            ),
+            "{error}"
+        );
+        assert!(registry.provide("gamma", &good).is_err());
+    }
+}
