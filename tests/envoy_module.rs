@@ -14,70 +14,11 @@ mod support;
 use std::io::Read;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use support::real_envoy::Envoy;
+use support::real_envoy::{module_config, module_dir, Envoy};
 use support::*;
-
-/// Builds the module (cargo serializes it with any other build) and returns its folder,
-/// Envoy's `ENVOY_DYNAMIC_MODULES_SEARCH_PATH`.
-fn module_dir() -> PathBuf {
-    run(Command::new(env!("CARGO")).args(["build", "--quiet", "-p", "switchyard-envoy"]));
-    let dir = cargo_out_dir();
-    assert!(
-        dir.join("libswitchyard_envoy.so").exists(),
-        "cargo build -p switchyard-envoy wrote no {}/libswitchyard_envoy.so",
-        dir.display()
-    );
-    dir
-}
-
-/// docs/envoy.md's module config: listening on `listen`, switchyard's config at `config`,
-/// its HTTP API on `api`, the cluster's hosts `engines`.
-fn module_config(listen: u16, config: &Path, api: u16, engines: &[SocketAddr]) -> String {
-    let doc = std::fs::read_to_string(repo().join("docs/envoy.md")).unwrap();
-    let yaml = blocks(&doc, "yaml")
-        .into_iter()
-        .find(|b| b.contains("dynamic_modules.v3.DynamicModuleFilter"))
-        .expect("docs/envoy.md has the dynamic module's Envoy config");
-    let hosts: String = engines
-        .iter()
-        .map(|e| {
-            format!(
-                "              - endpoint: {{ address: {{ socket_address: {{ address: {}, port_value: {} }} }} }}\n",
-                e.ip(),
-                e.port()
-            )
-        })
-        .collect();
-    let doc_hosts: String = yaml
-        .lines()
-        .filter(|l| l.contains("- endpoint: { address:"))
-        .map(|l| format!("{l}\n"))
-        .collect();
-    let mut config_text = yaml.clone();
-    for (from, to) in [
-        (
-            "socket_address: { address: 0.0.0.0, port_value: 8080 }".to_owned(),
-            format!("socket_address: {{ address: 127.0.0.1, port_value: {listen} }}"),
-        ),
-        (
-            "/etc/switchyard/switchyard.yaml".to_owned(),
-            config.display().to_string(),
-        ),
-        ("127.0.0.1:9090".to_owned(), format!("127.0.0.1:{api}")),
-        (doc_hosts, hosts),
-    ] {
-        assert!(
-            !from.is_empty() && config_text.contains(&from),
-            "docs/envoy.md's module config no longer has `{from}`"
-        );
-        config_text = config_text.replace(&from, &to);
-    }
-    config_text
-}
 
 /// A real Envoy with the module, and the module's HTTP API.
 struct ModuleEnvoy {
