@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod envoy;
+pub mod kubernetes;
 pub mod llama;
 pub mod load;
 pub mod nats;

@@ -1,0 +1,385 @@
+//! Discovery against a real kube-apiserver (docs/kubernetes.md): the pods of a Gateway API
+//! Inference Extension InferencePool join and leave the fleet while requests flow through
+//! the OpenAI frontend, and the watches resume after the API server restarts. etcd and
+//! kube-apiserver come from scripts/install-test-tools; without them the tests say so and
+//! pass, unless SWITCHYARD_KUBERNETES=required. Each pod's engine is an engine-sim on its
+//! own loopback address (127.0.0.N, the pod's IP as the test writes it), all on one port:
+//! the pool's target port.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::kubernetes::{Api, Cluster};
+use support::{engine_sim, eventually, eventually_ok, free_port, serve_logging, Process};
+
+const NS: &str = "serving";
+const POOL: &str = "sims";
+/// How long a change may take to reach the router: generous, for two noisy cores.
+const PATIENCE: Duration = Duration::from_secs(30);
+
+fn pod_ip(pod: usize) -> String {
+    format!("127.0.0.{}", 10 + pod)
+}
+
+/// An engine-sim per pod, all on one port (the pool's target port).
+fn engines(pods: usize) -> (Vec<Process>, u16) {
+    let port = free_port();
+    let engines = (0..pods)
+        .map(|pod| {
+            engine_sim(
+                &format!("pod-{pod}"),
+                &format!("{}:{port}", pod_ip(pod)),
+                &[],
+            )
+        })
+        .collect();
+    (engines, port)
+}
+
+fn create_pool(api: &Api, port: u16) {
+    let pool = json!({
+        "apiVersion": "inference.networking.k8s.io/v1", "kind": "InferencePool",
+        "metadata": {"name": POOL},
+        "spec": {
+            "selector": {"matchLabels": {"app": "sim"}},
+            "targetPorts": [{"number": port}],
+            "endpointPickerRef": {"name": "switchyard", "port": {"number": 9002}},
+        },
+    });
+    let path = format!("/apis/inference.networking.k8s.io/v1/namespaces/{NS}/inferencepools");
+    api.ok("POST", &path, Some(&pool));
+}
+
+/// Creates pod `pod` (not yet Ready: no kubelet writes its status).
+fn create_pod(api: &Api, pod: usize) {
+    let object = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": format!("pod-{pod}"), "labels": {"app": "sim", "llm-d.ai/model": "demo"}},
+        "spec": {"containers": [{"name": "engine", "image": "example.invalid/engine-sim"}]},
+    });
+    api.ok(
+        "POST",
+        &format!("/api/v1/namespaces/{NS}/pods"),
+        Some(&object),
+    );
+}
+
+/// Writes pod `pod`'s status as a kubelet would: its IP, and Ready or not.
+fn set_ready(api: &Api, pod: usize, ready: bool) {
+    let status = json!({"status": {
+        "phase": "Running", "podIP": pod_ip(pod), "podIPs": [{"ip": pod_ip(pod)}],
+        "conditions": [{"type": "Ready", "status": if ready { "True" } else { "False" }}],
+    }});
+    let path = format!("/api/v1/namespaces/{NS}/pods/pod-{pod}/status");
+    api.ok("PATCH", &path, Some(&status));
+}
+
+fn delete_pod(api: &Api, pod: usize) {
+    let path = format!("/api/v1/namespaces/{NS}/pods/pod-{pod}?gracePeriodSeconds=0");
+    api.ok("DELETE", &path, None);
+}
+
+/// The router's workers by pod name (the label discovery gives them): worker ids.
+fn listed(router: &str) -> BTreeMap<String, Vec<u64>> {
+    let workers: Value = ureq::get(&format!("{router}/v1/workers"))
+        .call()
+        .unwrap()
+        .into_json()
+        .unwrap();
+    let mut by_pod: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    for worker in workers.as_array().unwrap() {
+        let pod = worker["labels"]["switchyard.io/pod"]
+            .as_str()
+            .unwrap_or("?");
+        by_pod
+            .entry(pod.to_owned())
+            .or_default()
+            .push(worker["worker_id"].as_u64().unwrap());
+    }
+    by_pod
+}
+
+fn serve_discovering(cluster: &Cluster) -> Process {
+    let config = cluster.dir.path().join("switchyard.yaml");
+    let yaml = format!(
+        "discovery:\n  kubernetes: {{pool: {POOL}, namespace: {NS}, model: demo, kubeconfig: {}}}\nfrontend: {{health_interval_ms: 200}}\n",
+        cluster.kubeconfig.display()
+    );
+    std::fs::write(&config, yaml).unwrap();
+    serve_logging(&config, "warn,switchyard_discovery=info")
+}
+
+/// One request sent through the frontend: when, and the worker that served it.
+#[derive(Clone, Copy, Debug)]
+struct Sent {
+    at: Instant,
+    worker: Option<u64>,
+    status: u16,
+}
+
+/// Chat completions from `streams` threads, each one after the other, until stopped.
+struct Traffic {
+    stop: Arc<AtomicBool>,
+    sent: Arc<Mutex<Vec<Sent>>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Traffic {
+    fn start(router: &str, streams: usize) -> Traffic {
+        let stop = Arc::new(AtomicBool::new(false));
+        let sent = Arc::new(Mutex::new(Vec::new()));
+        let threads = (0..streams)
+            .map(|stream| {
+                let (stop, sent, url) = (
+                    stop.clone(),
+                    sent.clone(),
+                    format!("{router}/v1/chat/completions"),
+                );
+                std::thread::spawn(move || {
+                    for n in 0.. {
+                        if stop.load(Ordering::Relaxed) {
+                            break;
+                        }
+                        let body = json!({"model": "demo", "max_tokens": 2,
+                            "messages": [{"role": "user", "content": format!("s{stream} n{n}")}]});
+                        let at = Instant::now();
+                        let (status, worker) = match ureq::post(&url).send_json(body) {
+                            Ok(answer) => (
+                                200,
+                                answer
+                                    .header("x-switchyard-worker")
+                                    .and_then(|w| w.parse().ok()),
+                            ),
+                            Err(ureq::Error::Status(status, _)) => (status, None),
+                            Err(_) => (0, None),
+                        };
+                        sent.lock().unwrap().push(Sent { at, worker, status });
+                    }
+                })
+            })
+            .collect();
+        Traffic {
+            stop,
+            sent,
+            threads,
+        }
+    }
+
+    /// The first request sent after `since` that worker `id` served, if any yet.
+    fn first_served(&self, id: u64, since: Instant) -> Option<Instant> {
+        let sent = self.sent.lock().unwrap();
+        sent.iter()
+            .filter(|s| s.worker == Some(id) && s.at >= since)
+            .map(|s| s.at)
+            .min()
+    }
+
+    fn finish(self) -> Vec<Sent> {
+        self.stop.store(true, Ordering::Relaxed);
+        for thread in self.threads {
+            thread.join().unwrap();
+        }
+        Arc::try_unwrap(self.sent).unwrap().into_inner().unwrap()
+    }
+}
+
+/// Makes pod `pod` Ready; waits until the router lists it and, with traffic, until a
+/// request sent after the write is routed to it. Its worker id and both delays.
+fn join(
+    api: &Api,
+    router: &str,
+    traffic: Option<&Traffic>,
+    pod: usize,
+) -> (u64, Duration, Option<Duration>) {
+    let name = format!("pod-{pod}");
+    let written = Instant::now();
+    set_ready(api, pod, true);
+    let id = eventually_ok(&format!("{name} listed"), PATIENCE, || {
+        listed(router).get(&name).map(|ids| ids[0]).ok_or("not yet")
+    });
+    let seen = written.elapsed();
+    let routed = traffic.map(|traffic| {
+        eventually_ok(&format!("a request routed to {name}"), PATIENCE, || {
+            traffic.first_served(id, written).ok_or("not yet")
+        }) - written
+    });
+    (id, seen, routed)
+}
+
+/// Waits until the router no longer lists pod `pod`: the moment the test saw it gone.
+fn left(router: &str, pod: usize) -> Instant {
+    let name = format!("pod-{pod}");
+    eventually(&format!("{name} gone from the router"), PATIENCE, || {
+        !listed(router).contains_key(&name)
+    });
+    Instant::now()
+}
+
+/// A stretch in which a worker was out of the fleet: from when the test saw it gone
+/// until the test made its pod Ready again (never, for a deleted pod). A request sent
+/// in it cannot have been routed to the worker.
+struct Out {
+    pod: usize,
+    id: u64,
+    from: Instant,
+    until: Option<Instant>,
+}
+
+/// Every request answered 200, none routed to a worker while it was out.
+fn check(sent: &[Sent], outs: &[Out]) {
+    let failed: Vec<_> = sent.iter().filter(|s| s.status != 200).collect();
+    assert!(
+        failed.is_empty(),
+        "{} of {} requests failed: {failed:?}",
+        failed.len(),
+        sent.len()
+    );
+    for out in outs {
+        let wrong = sent
+            .iter()
+            .filter(|s| s.worker == Some(out.id) && s.at > out.from)
+            .filter(|s| out.until.is_none_or(|until| s.at < until))
+            .count();
+        assert_eq!(
+            wrong, 0,
+            "{wrong} requests were routed to pod-{} after it left",
+            out.pod
+        );
+    }
+}
+
+/// Prints the delays from a pod's Ready write to the router listing it and to the first
+/// request it served (no assertion on them: two noisy cores).
+fn report(delays: &[(Duration, Duration)], requests: usize) {
+    let summary = |mut values: Vec<Duration>| {
+        values.sort();
+        format!(
+            "median {:?}, max {:?}",
+            values[values.len() / 2],
+            values[values.len() - 1]
+        )
+    };
+    eprintln!(
+        "{} joins, {requests} requests: Ready written -> listed by the router: {}; -> first request routed to it: {}",
+        delays.len(),
+        summary(delays.iter().map(|d| d.0).collect()),
+        summary(delays.iter().map(|d| d.1).collect()),
+    );
+}
+
+/// A cluster with the namespace, GIE's CRD, the pool and `pods` pods (not Ready), and an
+/// engine per pod.
+fn pool_with_pods(cluster: &Cluster, pods: usize) -> Vec<Process> {
+    let api = cluster.api();
+    api.namespace(NS);
+    api.inference_pool_crd();
+    let (engines, port) = engines(pods);
+    create_pool(api, port);
+    for pod in 0..pods {
+        create_pod(api, pod);
+    }
+    engines
+}
+
+#[test]
+fn pods_scale_up_flap_and_scale_down_while_requests_flow() {
+    const PODS: usize = 20;
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let _engines = pool_with_pods(&cluster, PODS);
+    let api = cluster.api();
+    let router = serve_discovering(&cluster);
+    let base = router.address.clone();
+    let mut ids = vec![join(api, &base, None, 0).0];
+    let traffic = Traffic::start(&base, 4);
+    let mut delays = Vec::new();
+    for pod in 1..PODS {
+        let (id, seen, routed) = join(api, &base, Some(&traffic), pod);
+        ids.push(id);
+        delays.push((seen, routed.unwrap()));
+    }
+    let mut outs = Vec::new();
+    // Flapping: Ready, not Ready, Ready again, a pod at a time.
+    for pod in 0..PODS / 2 {
+        set_ready(api, pod, false);
+        let from = left(&base, pod);
+        let until = Some(Instant::now());
+        let (id, seen, routed) = join(api, &base, Some(&traffic), pod);
+        assert_eq!(id, ids[pod], "pod-{pod} came back under another worker id");
+        outs.push(Out {
+            pod,
+            id,
+            from,
+            until,
+        });
+        delays.push((seen, routed.unwrap()));
+    }
+    // Scaling down: the other half deleted.
+    for pod in PODS / 2..PODS {
+        delete_pod(api, pod);
+        let from = left(&base, pod);
+        outs.push(Out {
+            pod,
+            id: ids[pod],
+            from,
+            until: None,
+        });
+    }
+    let sent = traffic.finish();
+    check(&sent, &outs);
+    report(&delays, sent.len());
+    let fleet = listed(&base);
+    assert_eq!(fleet.len(), PODS / 2, "{fleet:?}");
+    assert!(fleet.values().all(|ids| ids.len() == 1), "{fleet:?}");
+}
+
+#[test]
+fn watches_resume_after_the_api_server_restarts() {
+    let Some(mut cluster) = Cluster::start() else {
+        return;
+    };
+    let _engines = pool_with_pods(&cluster, 4);
+    for pod in 0..3 {
+        set_ready(cluster.api(), pod, true);
+    }
+    let router = serve_discovering(&cluster);
+    let base = router.address.clone();
+    eventually("the three Ready pods listed", PATIENCE, || {
+        listed(&base).len() == 3
+    });
+    let before = listed(&base);
+    let traffic = Traffic::start(&base, 2);
+    cluster.stop_apiserver();
+    // Requests still flow to the pods the router knew while the API server is away.
+    let stopped = Instant::now();
+    eventually("requests served with the API server down", PATIENCE, || {
+        (0..3).all(|pod| {
+            traffic
+                .first_served(before[&format!("pod-{pod}")][0], stopped)
+                .is_some()
+        })
+    });
+    cluster.start_apiserver();
+    let api = cluster.api();
+    assert_eq!(
+        listed(&base),
+        before,
+        "the restart changed the fleet by itself"
+    );
+    // Changes made right after the restart: the watch resumes (or lists again) and sees them.
+    set_ready(api, 1, false);
+    set_ready(api, 3, true);
+    delete_pod(api, 0);
+    eventually("the fleet follows the changes", PATIENCE, || {
+        listed(&base).into_keys().collect::<Vec<_>>() == ["pod-2", "pod-3"]
+    });
+    let sent = traffic.finish();
+    check(&sent, &[]);
+    assert!(listed(&base).values().all(|ids| ids.len() == 1));
+}
