@@ -103,8 +103,9 @@ pub const BODY_CONTINUE: u32 = 0;
 pub const BODY_STOP_AND_BUFFER: u32 = 1;
 pub const BODY_STOP_NO_BUFFER: u32 = 3;
 
-/// `..._trailers_status_Continue`.
+/// `..._trailers_status_Continue` and `_StopIteration`.
 pub const TRAILERS_CONTINUE: u32 = 0;
+pub const TRAILERS_STOP_ITERATION: u32 = 1;
 /// `envoy_dynamic_module_type_on_http_filter_local_reply_status_Continue`.
 pub const LOCAL_REPLY_CONTINUE: u32 = 0;
 
@@ -161,6 +162,10 @@ extern "C" {
         host: Buffer,
         strict: bool,
     ) -> bool;
+
+    pub fn envoy_dynamic_module_callback_http_get_buffer_limit(filter: FilterEnvoyPtr) -> u64;
+
+    pub fn envoy_dynamic_module_callback_http_set_buffer_limit(filter: FilterEnvoyPtr, limit: u64);
 
     pub fn envoy_dynamic_module_callback_http_filter_continue_decoding(filter: FilterEnvoyPtr);
 

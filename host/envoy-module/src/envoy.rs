@@ -70,6 +70,11 @@ impl Stream {
         body
     }
 
+    /// The request body Envoy buffered (at the request trailers: all of it).
+    pub fn buffered_request_body(&self) -> Vec<u8> {
+        self.body(abi::BUFFERED_REQUEST_BODY)
+    }
+
     /// Bytes of the request body so far (buffered and just received).
     pub fn request_body_size(&self) -> usize {
         // SAFETY: a hook's filter pointer.
@@ -121,6 +126,20 @@ impl Stream {
                 Buffer::of(body),
                 Buffer::of(b"switchyard_refused"),
             );
+        }
+    }
+
+    /// Lets Envoy buffer at least `bytes` of this stream's body (its own limit, the
+    /// listener's `per_connection_buffer_limit_bytes`, 1 MiB by default, answers 413
+    /// past it).
+    pub fn buffer_at_least(&self, bytes: usize) {
+        let bytes = bytes as u64;
+        // SAFETY: a hook's filter pointer.
+        unsafe {
+            let limit = abi::envoy_dynamic_module_callback_http_get_buffer_limit(self.0);
+            if limit != 0 && limit < bytes {
+                abi::envoy_dynamic_module_callback_http_set_buffer_limit(self.0, bytes);
+            }
         }
     }
 

@@ -213,12 +213,22 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_destroy(module: *co
     });
 }
 
+/// # Safety
+/// Envoy's filter and the module's, of a live stream.
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(
-    _envoy: FilterEnvoyPtr,
-    _module: *const c_void,
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_request_trailers(
+    envoy: FilterEnvoyPtr,
+    module: *const c_void,
 ) -> u32 {
-    abi::TRAILERS_CONTINUE
+    let stream = Stream(envoy);
+    let answer = guarded("http_filter_request_trailers", None, || {
+        // SAFETY: the caller's promise.
+        Some(unsafe { filter(module) }.request_trailers(stream))
+    });
+    answer.unwrap_or_else(|| {
+        server_error(stream);
+        abi::TRAILERS_STOP_ITERATION
+    })
 }
 
 #[no_mangle]

@@ -71,6 +71,7 @@ impl Filter {
         };
         if !end_of_stream {
             self.asked = Some(Asked::new(endpoint, instance, None, kept));
+            stream.buffer_at_least(self.config.picker.max_body_bytes());
             return abi::HEADERS_STOP_ITERATION; // the pick waits for the body
         }
         // No body (GET /v1/models and the like): any eligible endpoint, nothing booked.
@@ -109,7 +110,23 @@ impl Filter {
             self.asked = Some(asked);
             return abi::BODY_STOP_AND_BUFFER;
         }
-        let body = stream.request_body();
+        self.decide(stream, asked, stream.request_body())
+    }
+
+    /// A request with trailers: its body ended before them, and the pick is made now.
+    pub fn request_trailers(&mut self, stream: Stream) -> u32 {
+        let Some(asked) = self.asked.take() else {
+            return abi::TRAILERS_CONTINUE;
+        };
+        match self.decide(stream, asked, stream.buffered_request_body()) {
+            abi::BODY_CONTINUE => abi::TRAILERS_CONTINUE,
+            _ => abi::TRAILERS_STOP_ITERATION,
+        }
+    }
+
+    /// Decides on the whole `body`: here when only the router's own code runs, else on
+    /// the module's runtime. A body hook's status.
+    fn decide(&mut self, stream: Stream, asked: Asked, body: Vec<u8>) -> u32 {
         let picker = &self.config.picker;
         match embedded::decide_now(picker, &self.config.caller, &asked, &body) {
             Now::Decided(Ok(pick)) => {
