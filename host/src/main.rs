@@ -140,9 +140,13 @@ fn startup_probed(config: Option<&PathBuf>, probe: bool) -> Option<Startup> {
     }
 }
 
-/// Prints the config's security warnings (`check`, and `serve` at startup).
+/// Prints the config's security warnings and the Dynamo variables set but not read
+/// (`check`, and `serve` at startup).
 fn warn_hardening(startup: &Startup) {
     for warning in switchyard::config::hardening::warnings(&startup.source) {
+        eprintln!("warning: {warning}");
+    }
+    for warning in switchyard::startup::unread_dynamo_env() {
         eprintln!("warning: {warning}");
     }
 }

@@ -49,8 +49,10 @@ pub fn str_to_abi(s: &str) -> switchyard_str {
 pub enum WorkerType {
     Prefill,
     Decode,
-    /// One pool of aggregated workers.
+    /// One pool of aggregated workers. Spelled `select` (the SDK's and the ABI's word) or
+    /// `aggregated` (the config's and Dynamo's) wherever a worker type is read.
     #[default]
+    #[serde(alias = "aggregated")]
     Select,
 }
 

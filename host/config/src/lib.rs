@@ -516,6 +516,16 @@ pub struct WorkerSelection {
     /// Instance used when a request names none; `default` is the built-in policy.
     #[serde(default = "default_name")]
     pub default: String,
+    /// The instance for requests to aggregated workers that name none (Dynamo's
+    /// `worker_selection.aggregated`; `select` is the same pool), instead of `default`.
+    #[serde(default, alias = "select")]
+    pub aggregated: Option<String>,
+    /// The instance for prefill workers' requests that name none, instead of `default`.
+    #[serde(default)]
+    pub prefill: Option<String>,
+    /// The instance for decode workers' requests that name none, instead of `default`.
+    #[serde(default)]
+    pub decode: Option<String>,
     /// Knobs of the built-in `default` policy (docs/default-policy.md).
     #[serde(default)]
     pub builtin_default: Map<String, Value>,
@@ -527,6 +537,9 @@ impl Default for WorkerSelection {
     fn default() -> Self {
         WorkerSelection {
             default: default_name(),
+            aggregated: None,
+            prefill: None,
+            decode: None,
             builtin_default: Map::new(),
             instances: Vec::new(),
         }
@@ -583,6 +596,35 @@ pub struct InstanceEntry {
     pub trip_after: u32,
     #[serde(default = "default_trip_cooldown")]
     pub trip_cooldown_secs: u64,
+    /// The worker types (roles) the instance serves: `prefill`, `decode`, `aggregated`
+    /// (or `select`). It is built only for those; a request for another role that it is
+    /// asked to route is refused with 503. All three when absent.
+    #[serde(default)]
+    pub worker_types: Option<Vec<WorkerType>>,
+}
+
+impl WorkerSelection {
+    /// The `worker_selection` key that names the instance of `role`'s requests.
+    pub fn role_key(role: WorkerType) -> &'static str {
+        match role {
+            WorkerType::Prefill => "prefill",
+            WorkerType::Decode => "decode",
+            WorkerType::Select => "aggregated",
+        }
+    }
+
+    /// The instance `role`'s requests get from the YAML: its own key, else `default`.
+    pub fn for_role(&self, role: WorkerType) -> (&str, &'static str) {
+        let own = match role {
+            WorkerType::Prefill => &self.prefill,
+            WorkerType::Decode => &self.decode,
+            WorkerType::Select => &self.aggregated,
+        };
+        match own {
+            Some(name) => (name, Self::role_key(role)),
+            None => (&self.default, "default"),
+        }
+    }
 }
 
 fn default_trip_after() -> u32 {

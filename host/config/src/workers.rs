@@ -5,7 +5,7 @@ use super::*;
 use crate::worker_address::AddressError;
 
 /// A worker's `worker_type` as the config spells it: `prefill`, `decode` or `aggregated`
-/// (the SDK's `WorkerType::Select`, the one worker-type enum).
+/// (`select`, the SDK's `WorkerType::Select`, is accepted too: one pool, two words).
 mod role {
     use serde::{Deserialize, Deserializer, Serialize, Serializer};
     use switchyard_plugin_sdk::WorkerType;
@@ -15,6 +15,7 @@ mod role {
     enum Spelled {
         Prefill,
         Decode,
+        #[serde(alias = "select")]
         Aggregated,
     }
 

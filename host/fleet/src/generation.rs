@@ -114,6 +114,9 @@ impl Generation {
         let mut selectors = Selectors::new();
         let mut stages = Vec::new();
         for instance in &self.startup.instances {
+            if !instance.serves(partition.worker_type) {
+                continue;
+            }
             let policy = instance
                 .build(partition)
                 .map_err(|error| PartitionError::Instance {

@@ -27,6 +27,7 @@ use switchyard_config::{BusyThresholds, KvTracking, OnError};
 use switchyard_plugin_host::plugin::{Outcome, PartitionKey, PromptBlocks};
 use switchyard_policy::busy::{mark_not_busy, mark_prefill_room, takes_booking, BusyInputs};
 use switchyard_policy::histogram::Stopwatch;
+use switchyard_policy::instances::role_word;
 use switchyard_policy::startup::{Startup, BUILTIN_DEFAULT};
 use switchyard_policy::{Candidates, CandidatesFrom, InstanceFactory, KeptColumns, SelectError};
 
@@ -347,17 +348,7 @@ impl Router {
     ) -> Result<Option<RouteDecision>, RouteError> {
         let request_id = validate(request, reserve)?;
         let generation = self.generation();
-        let instance_name = request
-            .instance
-            .as_deref()
-            .unwrap_or(&generation.startup.default_instance);
-        let instance =
-            generation
-                .instance(instance_name)
-                .ok_or_else(|| RouteError::UnknownInstance {
-                    name: instance_name.to_owned(),
-                    known: generation.instance_names(),
-                })?;
+        let instance = instance_for(&generation, request)?;
         // Decided inline for another generation (a reload came in between), and this
         // one's instance is a plugin's: not on the executor's thread.
         if crate::executor::is_inline() && !instance.runs_only_router_code() {
@@ -709,6 +700,34 @@ impl Router {
             &waiting,
         )
     }
+}
+
+/// The instance `request` is routed with: the one it names, else its role's default; an
+/// error when there is no such instance or it does not serve the request's role.
+fn instance_for<'g>(
+    generation: &'g Generation,
+    request: &RouteRequest,
+) -> Result<&'g Arc<InstanceFactory>, RouteError> {
+    let name = request
+        .instance
+        .as_deref()
+        .unwrap_or_else(|| generation.startup.default_for(request.worker_type));
+    let instance = generation
+        .instance(name)
+        .ok_or_else(|| RouteError::UnknownInstance {
+            name: name.to_owned(),
+            known: generation.instance_names(),
+        })?;
+    if !instance.serves(request.worker_type) {
+        let role = role_word(request.worker_type);
+        return Err(RouteError::NoWorker(format!(
+            "instance `{}` serves {} workers (its worker_types), not {role} ones: route {role} requests with an instance that serves them (worker_selection.{})",
+            instance.name,
+            instance.roles(),
+            switchyard_config::WorkerSelection::role_key(request.worker_type)
+        )));
+    }
+    Ok(instance)
 }
 
 /// What the busy thresholds read of a partition's columns.

@@ -8,6 +8,7 @@ use super::pipeline::Policy;
 use super::registry::{ComponentType, Origin, PolicyFactory};
 use switchyard_config::OnError;
 use switchyard_plugin_host::plugin::{OwnedParams, PartitionKey};
+use switchyard_plugin_sdk::WorkerType;
 
 /// One component of a composition, with its parameters.
 pub struct ComponentUse {
@@ -44,9 +45,26 @@ pub struct InstanceFactory {
     pub on_error: OnError,
     pub kind: InstanceKind,
     pub budget: Option<CallBudget>,
+    /// The worker types it serves (`worker_types:`; all three when the config lists
+    /// none): it is built for those partitions only.
+    pub serves: Vec<WorkerType>,
 }
 
 impl InstanceFactory {
+    /// Whether it serves requests to `role`'s workers.
+    pub fn serves(&self, role: WorkerType) -> bool {
+        self.serves.contains(&role)
+    }
+
+    /// The roles it serves, as the config spells them (`prefill, decode`).
+    pub fn roles(&self) -> String {
+        self.serves
+            .iter()
+            .map(|&r| role_word(r))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     /// Builds this instance's policy for `partition`.
     pub fn build(&self, partition: &PartitionKey) -> Result<Policy, BuildError> {
         let stages = match &self.kind {
@@ -100,5 +118,13 @@ impl InstanceFactory {
                 .collect::<Vec<_>>()
                 .join(" -> "),
         }
+    }
+}
+
+/// A worker type as the config spells it (`aggregated` for the SDK's `select`).
+pub fn role_word(role: WorkerType) -> &'static str {
+    match role {
+        WorkerType::Select => "aggregated",
+        other => other.as_str(),
     }
 }

@@ -30,15 +30,20 @@ pub fn inline_ok(router: &Router, input_bytes: usize, instance: Option<&str>) ->
     if startup.registry.plugins().is_empty() {
         return true;
     }
-    let name = instance.unwrap_or(&startup.default_instance);
+    // Any role's default: the decision is made before the role is known to this check.
+    let ours = |name: &str| {
+        startup
+            .instance(name)
+            .is_some_and(|i| i.runs_only_router_code())
+    };
+    let defaults_ours = switchyard_plugin_sdk::WorkerType::ALL
+        .into_iter()
+        .all(|role| ours(startup.default_for(role)));
     let admitters_ours = startup
         .admitters
         .iter()
         .all(|a| matches!(a.component.origin, Origin::Builtin));
-    admitters_ours
-        && startup
-            .instance(name)
-            .is_some_and(|i| i.runs_only_router_code())
+    admitters_ours && instance.map_or(defaults_ours, ours)
 }
 
 /// Work that did not finish: it panicked inline, or its blocking task did not end.

@@ -1,7 +1,9 @@
 //! What `switchyard check` and `switchyard plugin inspect` print.
 
 use std::fmt::Write;
+
 use std::path::Path;
+use switchyard_plugin_sdk::WorkerType;
 
 use serde::Serialize;
 
@@ -84,11 +86,11 @@ pub fn unfed_input_warnings(startup: &Startup) -> Vec<String> {
     if startup.config().engine_metrics.interval_ms > 0 {
         return Vec::new();
     }
-    let partition = PartitionKey::new("check", switchyard_plugin_sdk::WorkerType::Select);
     startup
         .instances
         .iter()
         .filter(|instance| {
+            let partition = PartitionKey::new("check", instance.serves[0]);
             instance.build(&partition).is_ok_and(|policy| {
                 policy
                     .inputs()
@@ -114,23 +116,26 @@ pub fn check_summary(startup: &Startup) -> String {
     }
     let _ = writeln!(
         out,
-        "instances ({}), default: {}",
+        "instances ({}), default: {}{}",
         startup.instances.len(),
-        startup.default_instance
+        startup.default_instance,
+        role_defaults(startup)
     );
     for instance in &startup.instances {
+        let roles = if instance.serves.len() == WorkerType::ALL.len() {
+            String::new()
+        } else {
+            format!("; serves {}", instance.roles())
+        };
         let _ = writeln!(
             out,
-            "  {} ({}; on_error: {})",
+            "  {} ({}; on_error: {}{roles})",
             instance.name,
             instance.describe(),
             instance.on_error.as_str()
         );
-        // Startup built every instance for every worker type; show the select pipeline.
-        if let Ok(policy) = instance.build(&PartitionKey::new(
-            "<check>",
-            switchyard_plugin_sdk::WorkerType::Select,
-        )) {
+        // Startup built every instance for the roles it serves; show the first's pipeline.
+        if let Ok(policy) = instance.build(&PartitionKey::new("<check>", instance.serves[0])) {
             let weights: Vec<_> = policy.weights().collect();
             for stage in policy.stages() {
                 let weight = weights
@@ -157,11 +162,29 @@ pub fn check_summary(startup: &Startup) -> String {
     let types: usize = registry.plugins().iter().map(|p| p.types.len()).sum();
     let _ = writeln!(
         out,
-        "ok: {} plugin(s), {types} plugin type(s), {} instance(s), each built for prefill, decode and select",
+        "ok: {} plugin(s), {types} plugin type(s), {} instance(s), each built for the worker types it serves",
         registry.plugins().len(),
         startup.instances.len()
     );
     out
+}
+
+/// ` (aggregated); prefill: P, decode: D` when a role's requests get another instance
+/// than aggregated ones (`worker_selection.prefill` / `decode`, or their variables).
+fn role_defaults(startup: &Startup) -> String {
+    let aggregated = startup.default_for(WorkerType::Select);
+    let roles = [WorkerType::Prefill, WorkerType::Decode];
+    if roles
+        .iter()
+        .all(|&role| startup.default_for(role) == aggregated)
+    {
+        return String::new();
+    }
+    let each: Vec<String> = roles
+        .into_iter()
+        .map(|role| format!("{}: {}", role.as_str(), startup.default_for(role)))
+        .collect();
+    format!(" (aggregated); {}", each.join(", "))
 }
 
 /// Each configured worker's KV index bound and where it came from. At run time an

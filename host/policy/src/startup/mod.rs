@@ -24,8 +24,12 @@ use switchyard_plugin_host::plugin::{
     ComponentKind, LoadError, OwnedParams, PartitionKey, PluginImage, PluginSpec,
 };
 
-/// Environment variable that overrides `worker_selection.default` by instance name.
+/// Environment variable that overrides `worker_selection.default` (and the per-role
+/// keys) by instance name (`roles.rs`: Dynamo's variables too).
 pub const POLICY_ENV: &str = "SWITCHYARD_WORKER_SELECTION_POLICY";
+
+mod roles;
+pub use roles::{unread_dynamo_env, RoleDefaults, DYNAMO_POLICY_ENV};
 
 /// A place in the config: file, and line when known.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -79,7 +83,7 @@ pub enum StartupError {
     #[error(transparent)]
     Probe(#[from] probe::ProbeFailure),
     /// An instance validated but could not be built for a worker type.
-    #[error("{at}: instance `{instance}` cannot be built for worker type {}: {error}{}", worker_type.as_str(), origin.as_ref().map(|o| format!(" (the type is from {o})")).unwrap_or_default())]
+    #[error("{at}: instance `{instance}` cannot be built for worker type {}: {error}{}{}", crate::instances::role_word(*worker_type), origin.as_ref().map(|o| format!(" (the type is from {o})")).unwrap_or_default(), if *roles_listed { "" } else { ". If the policy does not serve that role, list the roles it serves: `worker_types: [prefill, decode]` (docs/configuration.md)" })]
     Unbuildable {
         at: Location,
         instance: String,
@@ -87,6 +91,8 @@ pub enum StartupError {
         error: BuildError,
         /// Where the type at fault comes from, when a type is.
         origin: Option<String>,
+        /// Whether the entry lists its `worker_types` (else the hint to list them).
+        roles_listed: bool,
     },
 }
 
@@ -126,7 +132,10 @@ pub struct Startup {
     pub registry: Registry,
     /// The built-in `default` instance first, then the config's, in order.
     pub instances: Vec<Arc<InstanceFactory>>,
+    /// The instance of aggregated requests that name none (`role_defaults`' own).
     pub default_instance: String,
+    /// The instance of each role's requests that name none (`roles.rs`).
+    pub role_defaults: RoleDefaults,
     /// The config's API keys (`auth:`), read with it: a reload rotates them.
     pub keyring: Arc<Keyring>,
     /// `admission.admitters`, resolved and checked; built per partition with its policies.
@@ -148,6 +157,11 @@ impl Startup {
 
     pub fn instance(&self, name: &str) -> Option<&Arc<InstanceFactory>> {
         self.instances.iter().find(|i| i.name == name)
+    }
+
+    /// The instance a request to `role`'s workers gets when it names none.
+    pub fn default_for(&self, role: WorkerType) -> &str {
+        self.role_defaults.get(role)
     }
 }
 
@@ -239,10 +253,18 @@ fn assemble(
             instances: not_checked,
         });
     }
-    let default_instance = default_instance(&source).unwrap_or_else(|(name, e)| {
-        errors.push(e.into());
-        name
+    let serves = |name: &str, role| {
+        instances
+            .iter()
+            .find(|i| i.name == name)
+            .map(|i| i.serves(role))
+            .or_else(|| source.instance_names().contains(&name).then_some(true))
+    };
+    let role_defaults = roles::resolve(&source, serves).unwrap_or_else(|e| {
+        errors.extend(e.into_iter().map(StartupError::from));
+        RoleDefaults::default()
     });
+    let default_instance = role_defaults.get(WorkerType::Select).to_owned();
     let admitters = configured_admitters(&source, &registry, &mut errors);
     let keyring = Keyring::load(&source).unwrap_or_else(|e| {
         errors.extend(e.into_iter().map(StartupError::from));
@@ -255,6 +277,7 @@ fn assemble(
             registry,
             instances,
             default_instance,
+            role_defaults,
             keyring: Arc::new(keyring),
             admitters,
         })
@@ -319,6 +342,7 @@ fn builtin_default(
                 factory,
             },
             budget: None,
+            serves: WorkerType::ALL.to_vec(),
         }),
         Err(e) => Err(ConfigError {
             file: source.name.clone(),
@@ -334,14 +358,14 @@ fn builtin_default(
     }
 }
 
-/// One configured instance, validated and built once for every worker type.
+/// One configured instance, validated and built once for every worker type it serves.
 fn configured_instance(
     source: &ConfigSource,
     registry: &Registry,
     entry: &InstanceEntry,
 ) -> Result<InstanceFactory, Box<StartupError>> {
     let instance = instance(source, registry, entry)?;
-    for worker_type in WorkerType::ALL {
+    for worker_type in instance.serves.clone() {
         if let Err(error) = instance.build(&PartitionKey::new("<startup check>", worker_type)) {
             return Err(Box::new(StartupError::Unbuildable {
                 at: Location {
@@ -352,6 +376,7 @@ fn configured_instance(
                 worker_type,
                 origin: origin_of(registry, &error),
                 error,
+                roles_listed: entry.worker_types.is_some(),
             }));
         }
     }
@@ -406,32 +431,6 @@ fn configured_admitters(
     uses
 }
 
-/// The instance requests get when they name none: `POLICY_ENV`, else the config's.
-/// On error, the name it would have been, with why it cannot be.
-fn default_instance(source: &ConfigSource) -> Result<String, (String, ConfigError)> {
-    let (name, from_env) = match std::env::var(POLICY_ENV) {
-        Ok(name) if !name.is_empty() => (name, true),
-        _ => (source.config.worker_selection.default.clone(), false),
-    };
-    let names = source.instance_names();
-    if names.contains(&name.as_str()) {
-        return Ok(name);
-    }
-    let message = if from_env {
-        format!(
-            "{POLICY_ENV}={name} names no instance; set it to one of: {}",
-            names.join(", ")
-        )
-    } else {
-        format!(
-            "`worker_selection.default: {name}` names no instance; use one of: {}",
-            names.join(", ")
-        )
-    };
-    let error = source.error_at("default", &name, 0, message);
-    Err((name, error))
-}
-
 fn instance(
     source: &ConfigSource,
     registry: &Registry,
@@ -482,11 +481,19 @@ fn instance(
             .into())
         }
     };
+    let serves = match &entry.worker_types {
+        None => WorkerType::ALL.to_vec(),
+        Some(listed) if listed.is_empty() => {
+            return Err(at(format!("instance `{name}`: `worker_types` lists no worker type; list the roles it serves (prefill, decode, aggregated), or leave the key out for all three")).into())
+        }
+        Some(listed) => WorkerType::ALL.into_iter().filter(|r| listed.contains(r)).collect(),
+    };
     Ok(InstanceFactory {
         name: name.clone(),
         on_error: entry.on_error,
         kind,
         budget,
+        serves,
     })
 }
 

@@ -439,6 +439,7 @@ async fn policies(State(router): Shared) -> Json<serde_json::Value> {
                 "name": i.name,
                 "pipeline": i.describe(),
                 "on_error": i.on_error.as_str(),
+                "worker_types": i.serves.iter().map(|&r| switchyard_policy::instances::role_word(r)).collect::<Vec<_>>(),
                 "call_budget_ms": i.budget.map(|b| b.limit.as_secs_f64() * 1e3),
                 "tripped": router.metrics.is_tripped(&i.name),
             })
@@ -448,6 +449,7 @@ async fn policies(State(router): Shared) -> Json<serde_json::Value> {
     Json(json!({
         "generation": generation_json(&generation),
         "default": startup.default_instance,
+        "defaults": switchyard_plugin_sdk::WorkerType::ALL.iter().map(|&r| (switchyard_policy::instances::role_word(r).to_owned(), json!(startup.default_for(r)))).collect::<serde_json::Map<_, _>>(),
         "instances": instances,
         "policy_types": policies,
         "component_types": components,
