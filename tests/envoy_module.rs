@@ -269,3 +269,80 @@ fn the_module_decides_as_the_ext_proc_picker_on_the_same_requests() {
     assert_eq!(by_picker.last().unwrap().0, 404, "{by_picker:?}");
     wait_for_no_bookings(&module.api, Duration::from_secs(10));
 }
+
+/// switchyard's config with an isolated plugin scorer (`fixture.faulty`, tests/isolation.rs's
+/// fixture built to abort while `flag` exists), `on_error: fallback`.
+fn isolated_config(dir: &Path, engines: &[&Process], flag: &Path) -> PathBuf {
+    let library = compile_c(
+        dir,
+        "faulty_ABORT",
+        &repo().join("tests/fixtures/faulty_plugin.c"),
+        &repo().join("include"),
+        &["FAULT_ABORT"],
+    );
+    let extra = format!(
+        "plugins:\n  - path: {}\n    isolation: process\n\
+         isolation: {{call_deadline_ms: 300, kill_after_ms: 2000, restart_backoff_ms: 50}}\n\
+         worker_selection:\n  default: faulty\n  instances:\n\
+         \x20   - name: faulty\n      on_error: fallback\n\
+         \x20     scorers: [{{type: fixture.faulty, parameters: {{flag: {}}}}}]\n\
+         \x20     picker: {{type: builtin.lowest-cost}}\n",
+        library.display(),
+        flag.display()
+    );
+    switchyard_config(dir, engines, &extra)
+}
+
+#[test]
+fn an_isolated_plugin_that_aborts_under_load_leaves_envoy_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let engines = engines(2);
+    let engine_refs: Vec<&Process> = engines.iter().collect();
+    let flag = dir.path().join("misbehave");
+    let config = isolated_config(dir.path(), &engine_refs, &flag);
+    let module = start_module(dir.path(), &config, &engine_refs);
+    let url = format!("{}/v1/chat/completions", module.envoy.base);
+    let answered = std::sync::atomic::AtomicUsize::new(0);
+    // Four clients, 25 requests each; the plugin starts aborting after the first 10.
+    let statuses: Vec<u16> = std::thread::scope(|scope| {
+        let clients: Vec<_> = (0..4)
+            .map(|c| {
+                let (url, answered) = (&url, &answered);
+                scope.spawn(move || {
+                    let agent = agent();
+                    (0..25)
+                        .map(|i| {
+                            let request = chat(&format!("client {c} request {i}"), i % 2 == 0);
+                            let status = post_json(&agent, url, &request).0;
+                            answered.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            status
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        eventually("10 requests answered", Duration::from_secs(30), || {
+            answered.load(std::sync::atomic::Ordering::Relaxed) >= 10
+        });
+        std::fs::write(&flag, "").unwrap();
+        clients
+            .into_iter()
+            .flat_map(|c| c.join().unwrap())
+            .collect()
+    });
+    assert!(
+        statuses.iter().all(|s| *s == 200),
+        "every request answered: {statuses:?}"
+    );
+    let exits = metric_sum(&module.api, "switchyard_isolated_process_exits_total");
+    assert!(
+        exits >= 1.0,
+        "the plugin's process aborted (exits: {exits})"
+    );
+    assert!(metric_sum(&module.api, "switchyard_fallbacks_total") >= 1.0);
+    // Envoy's process survived and serves on (the plugin routing again once it behaves).
+    std::fs::remove_file(&flag).unwrap();
+    let (status, _, body) = post_json(&agent(), &url, &chat("after the aborts", false));
+    assert_eq!(status, 200, "{body}");
+    wait_for_no_bookings(&module.api, Duration::from_secs(10));
+}
