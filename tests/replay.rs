@@ -1,7 +1,7 @@
 //! `switchyard replay` on a small generated trace (the public trace is not needed):
 //! a cache-aware policy must beat a load-only one on hit rate, the same replay with the
-//! workers' KV events sent over ZeroMQ matches the in-process one, and bad traces get
-//! errors that name the file and line.
+//! workers' KV events sent over ZeroMQ matches the in-process one. Bad traces, and a
+//! replay run in process, are tested beside the tools crate (host/tools/tests/replay.rs).
 
 mod support;
 
@@ -121,36 +121,6 @@ fn kv_events_over_zeromq_give_the_in_process_hit_rates() {
     // The events did arrive: blind to the cache, kv-overlap would do no better than
     // load-only.
     assert!(zmq[1].1 > zmq[2].1 + 0.1, "{zmq:?}");
-}
-
-#[test]
-fn bad_traces_and_policies_are_named() {
-    let dir = tempfile::tempdir().unwrap();
-    let trace = dir.path().join("bad.jsonl");
-    std::fs::write(&trace, "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]}\n{\"timestamp\": 5}\n").unwrap();
-    let run = |args: &[&str]| {
-        let output = Command::new(switchyard_bin())
-            .arg("replay")
-            .args(args)
-            .arg("--trace")
-            .arg(&trace)
-            .output()
-            .unwrap();
-        assert_eq!(output.status.code(), Some(1));
-        String::from_utf8_lossy(&output.stderr).into_owned()
-    };
-    let error = run(&["--policy", "kv-overlap"]);
-    assert!(
-        error.contains("bad.jsonl:2: not a trace request: missing field `input_length`"),
-        "{error}"
-    );
-    std::fs::write(
-        &trace,
-        "{\"timestamp\": 0, \"input_length\": 10, \"output_length\": 1, \"hash_ids\": [1]}\n",
-    )
-    .unwrap();
-    let error = run(&["--policy", "nope"]);
-    assert!(error.contains("--policy nope: no such instance; available: default, least-busy, kv-overlap, load-only"), "{error}");
 }
 
 /// `--replicas 3`: with shared bookings (what the NATS bus carries, without its latency)
