@@ -13,9 +13,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use serde::Deserialize;
 use serde_json::{json, Value};
 use support::kubernetes::{Api, Cluster};
-use support::{engine_sim, eventually, eventually_ok, free_port, serve_logging, Process};
+use support::{
+    engine_sim, eventually, eventually_ok, free_port, repo, run, serve_logging, switchyard_bin,
+    Process,
+};
 
 const NS: &str = "serving";
 const POOL: &str = "sims";
@@ -382,4 +386,124 @@ fn watches_resume_after_the_api_server_restarts() {
     let sent = traffic.finish();
     check(&sent, &[]);
     assert!(listed(&base).values().all(|ids| ids.len() == 1));
+}
+
+/// The manifests a test applies, in order (gateway.yaml needs the Gateway API's CRDs,
+/// which this API server does not have: its route is checked as YAML).
+const MANIFESTS: [&str; 8] = [
+    "namespace.yaml",
+    "rbac.yaml",
+    "configmap.yaml",
+    "nats.yaml",
+    "deployment.yaml",
+    "service.yaml",
+    "inferencepool.yaml",
+    "model-server.yaml",
+];
+
+/// The objects of deploy/kubernetes/`file`.
+fn manifests(file: &str) -> Vec<Value> {
+    let text = std::fs::read_to_string(repo().join("deploy/kubernetes").join(file)).unwrap();
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|document| Value::deserialize(document).unwrap())
+        .filter(|object| !object.is_null())
+        .collect()
+}
+
+/// Where `object` lives in the API (the plural of each kind here is its name in lower
+/// case plus `s`).
+fn object_path(object: &Value) -> String {
+    let api_version = object["apiVersion"].as_str().unwrap();
+    let base = if api_version.contains('/') {
+        "apis"
+    } else {
+        "api"
+    };
+    let plural = format!("{}s", object["kind"].as_str().unwrap().to_lowercase());
+    let name = object["metadata"]["name"].as_str().unwrap();
+    match object["metadata"]["namespace"].as_str() {
+        Some(ns) => format!("/{base}/{api_version}/namespaces/{ns}/{plural}/{name}"),
+        None => format!("/{base}/{api_version}/{plural}/{name}"),
+    }
+}
+
+/// Whether the API server lets switchyard's service account do `verb` on `resource`.
+fn allowed(api: &Api, namespace: &str, verb: &str, group: &str, resource: &str) -> bool {
+    let review = json!({
+        "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+        "spec": {
+            "user": "system:serviceaccount:inference:switchyard",
+            "groups": ["system:serviceaccounts", "system:serviceaccounts:inference", "system:authenticated"],
+            "resourceAttributes": {"namespace": namespace, "verb": verb, "group": group, "resource": resource},
+        },
+    });
+    let path = "/apis/authorization.k8s.io/v1/subjectaccessreviews";
+    api.ok("POST", path, Some(&review))["status"]["allowed"] == json!(true)
+}
+
+/// rbac.yaml grants reading pods and pools in the namespace, and nothing more.
+fn least_privilege(api: &Api) {
+    const POOLS: &str = "inference.networking.k8s.io";
+    for verb in ["get", "list", "watch"] {
+        assert!(allowed(api, "inference", verb, "", "pods"), "{verb} pods");
+        assert!(
+            allowed(api, "inference", verb, POOLS, "inferencepools"),
+            "{verb} pools"
+        );
+    }
+    for (verb, group, resource) in [
+        ("create", "", "pods"),
+        ("delete", "", "pods"),
+        ("patch", "", "pods"),
+        ("get", "", "secrets"),
+        ("list", "", "configmaps"),
+        ("update", POOLS, "inferencepools"),
+    ] {
+        assert!(
+            !allowed(api, "inference", verb, group, resource),
+            "{verb} {resource}"
+        );
+    }
+    assert!(
+        !allowed(api, "default", "list", "", "pods"),
+        "pods of another namespace"
+    );
+}
+
+#[test]
+fn the_manifests_validate_on_the_api_server() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let api = cluster.api();
+    api.inference_pool_crd();
+    for file in MANIFESTS {
+        // The namespace and RBAC for real (the rest is checked in them); the rest dry-run.
+        let dry_run = !matches!(file, "namespace.yaml" | "rbac.yaml");
+        for object in manifests(file) {
+            let (status, answer) = api.apply(&object_path(&object), &object, dry_run);
+            let what = format!(
+                "deploy/kubernetes/{file}: {} {}",
+                object["kind"], object["metadata"]["name"]
+            );
+            assert!(matches!(status, 200 | 201), "{what}: {status} {answer}");
+        }
+    }
+    let gateway = manifests("gateway.yaml");
+    let backend = &gateway[1]["spec"]["rules"][0]["backendRefs"][0];
+    assert_eq!(backend["kind"], "InferencePool");
+    assert_eq!(
+        backend["name"],
+        manifests("inferencepool.yaml")[0]["metadata"]["name"]
+    );
+    least_privilege(api);
+    // The ConfigMap's config is one switchyard accepts (with the keys the Secret gives).
+    let config = cluster.dir.path().join("config.yaml");
+    let configmap = &manifests("configmap.yaml")[0];
+    std::fs::write(&config, configmap["data"]["config.yaml"].as_str().unwrap()).unwrap();
+    run(std::process::Command::new(switchyard_bin())
+        .args(["check", "--config"])
+        .arg(&config)
+        .env("SWITCHYARD_GATEWAY_KEY", "gateway-key-for-the-test")
+        .env("SWITCHYARD_OPERATOR_KEY", "operator-key-for-the-test"));
 }
