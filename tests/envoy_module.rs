@@ -62,7 +62,12 @@ fn start_module(dir: &Path, config: &Path, engines: &[&Process]) -> ModuleEnvoy 
     eventually_ok(
         "the module's HTTP API answers",
         Duration::from_secs(20),
-        || ureq::get(&format!("{api}/v1/workers")).call().map(drop),
+        || {
+            ureq::get(&format!("{api}/v1/workers"))
+                .call()
+                .map(drop)
+                .map_err(|e| e.to_string())
+        },
     );
     ModuleEnvoy { envoy, api }
 }
