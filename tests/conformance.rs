@@ -214,3 +214,40 @@ fn params_per_type_and_the_header_filter_on_generated_fleets() {
         "the C++ LoRA scorer on generated engine reports: {failed:?}"
     );
 }
+
+/// `--config F` takes each type's parameters from the instances of a config that uses it
+/// (the config also names built-ins and other plugins' types: those are not this
+/// library's and are left out); without them the type refuses `{}`.
+#[test]
+fn params_come_from_a_config_that_uses_the_types() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = repo().join("tests/fixtures/lifecycle_plugin.c");
+    let library = compile_c(
+        dir.path(),
+        "lifecycle",
+        &source,
+        &repo().join("include"),
+        &[],
+    );
+    let log = dir.path().join("log.txt");
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "plugins:\n  - path: {}\n\
+             worker_selection:\n  instances:\n    - name: logged\n      \
+             scorers: [{{type: builtin.active-requests}}, {{type: fixture.lifecycle-log, parameters: {{log: {}}}}}]\n      \
+             picker: {{type: builtin.lowest-cost}}\n",
+            library.display(),
+            log.display()
+        ),
+    );
+    let (code, failed) = plugin_test(&[library.to_str().unwrap()]);
+    assert_eq!(code, 1, "`log` is required: {failed:?}");
+    let (code, failed) = plugin_test(&[
+        library.to_str().unwrap(),
+        "--config",
+        config.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{failed:?}");
+    assert!(std::fs::read_to_string(&log).unwrap().contains("selected "));
+}

@@ -182,3 +182,36 @@ fn dynamos_environment_is_honoured_or_named() {
     assert!(!ok, "{said}");
     assert!(said.contains("disagree"), "{said}");
 }
+
+/// `switchyard select` routes as a request of the role it is given (`--worker-type`,
+/// with the role's default instance), with a session and its input trigger; `--explain`
+/// says what the picker read besides the costs.
+#[test]
+fn select_dry_runs_a_role_and_a_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = config(dir.path(), DISAGG_ROLES, PER_ROLE);
+    let dry_run = |role: &str| {
+        let out = Command::new(switchyard_bin())
+            .args(["select", "--config"])
+            .arg(&config)
+            .args(["--worker", "2:0:0", "--worker", "1:0:5", "--explain"])
+            .args(["--worker-type", role, "--session", "s-1"])
+            .args(["--input-trigger", "tool_result"])
+            .output()
+            .unwrap();
+        let said = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "{said}");
+        said
+    };
+    let prefill = dry_run("prefill");
+    assert!(prefill.contains("fixture.disaggregated-only"), "{prefill}");
+    assert!(prefill.ends_with("worker 1 dp_rank 0\n"), "the lowest id: {prefill}");
+    let aggregated = dry_run("aggregated");
+    assert!(aggregated.contains("builtin.active-requests"), "{aggregated}");
+    assert!(aggregated.ends_with("worker 2 dp_rank 0\n"), "the least busy: {aggregated}");
+    assert!(aggregated.contains("picker builtin.lowest-cost read"), "{aggregated}");
+}

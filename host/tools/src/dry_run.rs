@@ -11,8 +11,8 @@ use serde::Deserialize;
 use switchyard_plugin_sdk::{Saturation, WorkerId, WorkerType};
 
 use crate::plugin::{
-    EngineReading, EngineReport, EngineSample, Labels, PartitionKey, PromptBlocks,
-    RequestAttributes, RouteRequest,
+    EngineReading, EngineReport, EngineSample, InputTriggerName, Labels, PartitionKey,
+    PromptBlocks, RequestAttributes, RouteRequest, SessionInfo,
 };
 use crate::policy::busy::{mark_not_busy, mark_prefill_room, BusyInputs};
 use crate::policy::{Admitters, CandidateRow, CandidatesFrom, RowExtras, SelectTrace, Selector};
@@ -53,6 +53,69 @@ pub struct SelectArgs {
     /// The request's id (ATTRIBUTES); `dry-run` by default.
     #[arg(long, default_value = "dry-run")]
     pub request_id: String,
+    /// The workers' role: prefill, decode or aggregated (select); the instance is the
+    /// role's default when --instance is not given.
+    #[arg(long, value_parser = parse_worker_type, default_value = "aggregated")]
+    pub worker_type: WorkerType,
+    /// The request's session id (the session context policies read).
+    #[arg(long)]
+    pub session: Option<String>,
+    /// What started the session's turn: user_message, tool_result or other.
+    #[arg(long, requires = "session", value_parser = parse_input_trigger)]
+    pub input_trigger: Option<InputTriggerName>,
+}
+
+fn parse_worker_type(text: &str) -> Result<WorkerType, String> {
+    serde_json::from_value(serde_json::Value::String(text.to_owned()))
+        .map_err(|_| format!("expected prefill, decode or aggregated (select), found `{text}`"))
+}
+
+fn parse_input_trigger(text: &str) -> Result<InputTriggerName, String> {
+    serde_json::from_value(serde_json::Value::String(text.to_owned()))
+        .map_err(|_| format!("expected user_message, tool_result or other, found `{text}`"))
+}
+
+/// The request `switchyard select` routes: its attributes, role and session.
+fn request_of(args: &SelectArgs) -> RouteRequest {
+    RouteRequest {
+        attributes: Some(Arc::new(RequestAttributes {
+            request_id: args.request_id.clone(),
+            model: "dry-run".into(),
+            lora_adapter: args.lora_adapter.clone(),
+            tenant: args.tenant.clone(),
+            headers: args.headers.clone(),
+        })),
+        worker_type: args.worker_type,
+        session: args.session.as_ref().map(|id| SessionInfo {
+            session_id: id.clone(),
+            input_trigger: args.input_trigger,
+            ..SessionInfo::default()
+        }),
+        ..RouteRequest::default()
+    }
+}
+
+/// The instance the request is routed with (`--instance`, else its role's default),
+/// built for the request's role.
+fn policy_for(
+    args: &SelectArgs,
+    startup: &Startup,
+) -> Result<(String, crate::policy::Policy), DryRunError> {
+    let name = args
+        .instance
+        .clone()
+        .unwrap_or_else(|| startup.default_for(args.worker_type).to_owned());
+    let Some(factory) = startup.instance(&name) else {
+        let known = startup.instances.iter().map(|i| i.name.clone()).collect();
+        return Err(DryRunError::NoInstance { name, known });
+    };
+    let policy = factory
+        .build(&PartitionKey::new("dry-run", args.worker_type))
+        .map_err(|source| DryRunError::Build {
+            name: name.clone(),
+            source,
+        })?;
+    Ok((name, policy))
 }
 
 /// Why `switchyard select` gave no decision. Each names what was given and what to do.
@@ -277,31 +340,9 @@ pub fn run(args: &SelectArgs, startup: &Startup) -> Result<String, DryRunError> 
     if rows.is_empty() {
         return Err(DryRunError::NoCandidates);
     }
-    let name = args
-        .instance
-        .clone()
-        .unwrap_or_else(|| startup.default_instance.clone());
-    let Some(factory) = startup.instance(&name) else {
-        let known = startup.instances.iter().map(|i| i.name.clone()).collect();
-        return Err(DryRunError::NoInstance { name, known });
-    };
-    let policy = factory
-        .build(&PartitionKey::new("dry-run", WorkerType::Select))
-        .map_err(|source| DryRunError::Build {
-            name: name.clone(),
-            source,
-        })?;
+    let (name, policy) = policy_for(args, startup)?;
     let prompt = PromptBlocks::new(startup.config().router.block_size, args.blocks);
-    let mut request = RouteRequest {
-        attributes: Some(Arc::new(RequestAttributes {
-            request_id: args.request_id.clone(),
-            model: "dry-run".into(),
-            lora_adapter: args.lora_adapter.clone(),
-            tenant: args.tenant.clone(),
-            headers: args.headers.clone(),
-        })),
-        ..RouteRequest::default()
-    };
+    let mut request = request_of(args);
     let busy = busy_workers(startup, &rows, &extras, args.blocks);
     let mut admission = admit(startup, &rows, &mut request, prompt, busy.len())?;
     if !busy.is_empty() {
@@ -357,6 +398,10 @@ fn pick(
     extras: &RowExtras,
     admission: String,
 ) -> Result<String, DryRunError> {
+    let picker_reads = policy
+        .stages()
+        .find(|stage| stage.kind == crate::plugin::ComponentKind::Picker)
+        .map(|stage| (stage.name.clone(), stage.inputs));
     let mut selector = Selector::new(policy);
     let mut trace = SelectTrace::default();
     let result = selector.select(
@@ -370,7 +415,10 @@ fn pick(
         Err(e) => format!("no pick: instance `{name}`: {e}\n"),
     };
     match (args.explain, result) {
-        (true, result) => Ok(admission + &explain(rows, &trace, result.as_ref().ok()) + &decision),
+        (true, result) => Ok(admission
+            + &explain(rows, &trace, result.as_ref().ok())
+            + &picker_read(rows, picker_reads.as_ref())
+            + &decision),
         (false, Ok(_)) => Ok(decision),
         (false, Err(source)) => Err(DryRunError::NoPick {
             name: name.to_owned(),
@@ -469,6 +517,55 @@ fn admit(
 
 /// One row per worker: each filter's verdict, each scorer's cost (with its weight in the
 /// header), the weighted total, and the pick.
+/// What the picker read besides the costs, per worker: the columns of the input groups it
+/// declares (a picker-only policy decides on those alone).
+fn picker_read(
+    rows: &[CandidateRow],
+    picker: Option<&(Arc<str>, switchyard_plugin_sdk::WorkerInputs)>,
+) -> String {
+    use switchyard_plugin_sdk::WorkerInputs;
+    let Some((name, inputs)) = picker else {
+        return String::new();
+    };
+    let groups = inputs.names();
+    if groups.is_empty() {
+        return format!("picker {name} read the costs only\n");
+    }
+    let mut out = format!(
+        "picker {name} read {} besides the costs:\n",
+        groups.join("|")
+    );
+    for row in rows {
+        let mut read = Vec::new();
+        if inputs.contains(WorkerInputs::CACHE) {
+            let c = &row.cache;
+            read.push(format!(
+                "device/host/disk overlap {}/{}/{} blocks",
+                c.device_overlap_blocks, c.host_overlap_blocks, c.disk_overlap_blocks
+            ));
+        }
+        if inputs.contains(WorkerInputs::LOAD) {
+            let l = &row.load;
+            read.push(format!(
+                "{} active requests, {} prefill tokens, {} decode blocks",
+                l.active_requests, l.active_prefill_tokens, l.decode_cost_blocks
+            ));
+        }
+        let _ = writeln!(
+            out,
+            "  worker {} dp {}: {}",
+            row.worker.worker_id,
+            row.worker.dp_rank,
+            if read.is_empty() {
+                "(groups shown by their own tools)".to_owned()
+            } else {
+                read.join("; ")
+            }
+        );
+    }
+    out
+}
+
 fn explain(rows: &[CandidateRow], trace: &SelectTrace, picked: Option<&WorkerId>) -> String {
     let mut header = vec!["worker".to_owned(), "dp".to_owned()];
     header.extend(

@@ -10,6 +10,8 @@ pub enum ConformanceError {
     TypeParams { name: String, found: String },
     #[error("--params: expected a JSON object or TYPE={{...}}, got `{0}`")]
     Params(String),
+    #[error("--config: {0}")]
+    Config(switchyard_config::ConfigError),
     #[error("cannot find this executable: {0}")]
     NoExecutable(std::io::Error),
     #[error("cannot start the test process: {0}")]

@@ -69,6 +69,41 @@ pub struct TestArgs {
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
+    /// A switchyard config whose instances (and admitters) give the parameters of the
+    /// types they use; `--params` given for a type wins over it.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+/// `TYPE={...}` for each type a config's instances and admitters use, with the
+/// parameters of its first use, in the config's order.
+fn config_params(path: &std::path::Path) -> Result<Vec<(String, String)>, ConformanceError> {
+    let source =
+        switchyard_config::ConfigSource::from_file(path).map_err(ConformanceError::Config)?;
+    let config = source.config;
+    let json = |map: &serde_json::Map<String, serde_json::Value>| {
+        serde_json::Value::Object(map.clone()).to_string()
+    };
+    let mut uses: Vec<(String, String)> = Vec::new();
+    for instance in &config.worker_selection.instances {
+        if let Some(policy_type) = &instance.policy_type {
+            uses.push((policy_type.clone(), json(&instance.parameters)));
+        }
+        let components = instance.filters.iter().chain(&instance.scorers);
+        for c in components.chain(instance.picker.as_ref()) {
+            uses.push((c.component_type.clone(), json(&c.parameters)));
+        }
+    }
+    for admitter in config.admission.iter().flat_map(|a| &a.admitters) {
+        uses.push((admitter.admitter_type.clone(), json(&admitter.parameters)));
+    }
+    let mut first: Vec<(String, String)> = Vec::new();
+    for (type_name, params) in uses {
+        if !first.iter().any(|(t, _)| *t == type_name) {
+            first.push((type_name, params));
+        }
+    }
+    Ok(first)
 }
 
 #[derive(Serialize, Deserialize)]
@@ -179,7 +214,7 @@ fn child(input: &ChildInput) -> Result<(Vec<Line>, Option<String>), ConformanceE
 
 /// The conformance run: a report per type, or why it could not run.
 pub fn run(args: &TestArgs) -> Result<Vec<TypeReport>, ConformanceError> {
-    let given = GivenParams::parse(&args.params)?;
+    let mut given = GivenParams::parse(&args.params)?;
     let params = given.every.clone();
     let (lines, ended) = child(&ChildInput {
         file: args.file.clone(),
@@ -227,6 +262,16 @@ pub fn run(args: &TestArgs) -> Result<Vec<TypeReport>, ConformanceError> {
             return Err(no_such_type("--type", missing));
         }
         types.retain(|(n, _)| args.types.contains(n));
+    }
+    if let Some(path) = &args.config {
+        // Before the flags' own (the last given for a type wins), and only for the
+        // types this library registers: a config also uses built-ins and other plugins.
+        let from_config = config_params(path)?
+            .into_iter()
+            .filter(|(t, _)| types.iter().any(|(n, _)| n == t));
+        let mut per_type: Vec<(String, String)> = from_config.collect();
+        per_type.append(&mut given.per_type);
+        given.per_type = per_type;
     }
     types
         .into_iter()
