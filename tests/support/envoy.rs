@@ -20,17 +20,14 @@ use tonic::transport::Channel;
 
 pub type Client = ExternalProcessorClient<Channel>;
 
-/// Connects to the picker, retrying while it starts (bounded).
+/// Connects to the picker, retrying while it starts (10 s at most).
 pub async fn client(port: u16) -> Client {
-    for _ in 0..100 {
-        if let Ok(client) =
-            ExternalProcessorClient::connect(format!("http://127.0.0.1:{port}")).await
-        {
-            return client;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("the ext_proc service on port {port} did not come up");
+    super::eventually_ok_async(
+        &format!("the ext_proc service on port {port} comes up"),
+        Duration::from_secs(10),
+        || ExternalProcessorClient::connect(format!("http://127.0.0.1:{port}")),
+    )
+    .await
 }
 
 pub fn string(s: &str) -> Value {
