@@ -485,6 +485,7 @@ fn chaos_with_every_example_plugin_never_kills_the_router() {
     std::thread::sleep(warm_up);
     still_running(&mut router, "during warm-up");
     let (series_warm, rss_warm) = (lasting_series(&base), resident_kib(router.pid()));
+    // pacing: the rest of the run.
     std::thread::sleep(Duration::from_secs(seconds).saturating_sub(warm_up));
     still_running(&mut router, "under the load");
     let (series_end, rss_end) = (lasting_series(&base), resident_kib(router.pid()));

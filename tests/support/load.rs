@@ -162,6 +162,7 @@ pub fn restart_engines_until_stopped(
             break;
         }
         engines.lock().unwrap()[victim].kill();
+        // pacing: the engine stays down 0.7 s (the outage is the load).
         std::thread::sleep(Duration::from_millis(700));
         engines.lock().unwrap()[victim] = start_engine(victim);
     }
