@@ -28,6 +28,10 @@ pub struct RequestAttributeSettings {
     /// request's `strict_priority`; a value that is not an integer is refused with 400.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority_header: Option<String>,
+    /// A header carrying the request's session id (frontend and Envoy picker): the
+    /// session policies read, and what `router.session_affinity` binds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session_header: Option<String>,
     /// LoRA adapters and their base models: a request naming an adapter as its `model`
     /// is routed among the base model's workers, with the adapter in its attributes.
     #[serde(default)]
@@ -43,6 +47,7 @@ impl Default for RequestAttributeSettings {
             headers: Vec::new(),
             tenant: default_tenant(),
             priority_header: None,
+            session_header: None,
             lora_adapters: BTreeMap::new(),
             max_value_bytes: default_max_value_bytes(),
         }

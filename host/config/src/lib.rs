@@ -18,6 +18,7 @@ mod limits;
 pub mod listener;
 pub mod replicas;
 mod section_invalid;
+pub mod session_affinity;
 mod source;
 pub mod worker_address;
 mod workers;
@@ -34,6 +35,7 @@ pub use limits::{MAX_CONFIG_BYTES, MAX_FLOW_DEPTH};
 pub use listener::{HttpSettings, TlsSettings};
 pub use replicas::ReplicaSettings;
 pub use section_invalid::SectionInvalid;
+pub use session_affinity::{AffinityMode, SessionAffinity};
 pub use source::{ConfigError, ConfigSource};
 pub use switchyard_plugin_host::isolation::IsolationSettings;
 use switchyard_plugin_host::plugin::{PartitionKey, RevisionRule};
@@ -678,6 +680,8 @@ pub struct RouterSettings {
     pub worker_networks: Vec<String>,
     /// Bounds on engines' KV-event messages and replays.
     pub kv_events: KvEventLimits,
+    /// Sessions bound to the worker their last request went to (off by default).
+    pub session_affinity: SessionAffinity,
 }
 
 impl Default for RouterSettings {
@@ -693,6 +697,7 @@ impl Default for RouterSettings {
             drain_timeout_secs: 30,
             worker_networks: Vec::new(),
             kv_events: KvEventLimits::default(),
+            session_affinity: SessionAffinity::default(),
         }
     }
 }

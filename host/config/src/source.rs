@@ -202,6 +202,12 @@ impl ConfigSource {
                 .http
                 .positive()
                 .map(|(key, value)| ("http", key, value)),
+        )
+        .chain(
+            router
+                .session_affinity
+                .positive()
+                .map(|(key, value)| ("router.session_affinity", key, value)),
         );
         for (section, key, value) in positive {
             if value == 0 {

@@ -14,6 +14,7 @@ pub mod metrics;
 pub mod predicted_kv;
 pub mod replicas;
 pub mod retire;
+pub mod sessions;
 pub use switchyard_policy::rate_limits;
 pub mod router;
 pub mod workers;

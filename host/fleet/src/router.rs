@@ -38,11 +38,13 @@ mod membership;
 mod owners;
 mod reload;
 mod replicas;
+mod session_pin;
 pub use admission::Refused;
 pub use health::HealthFailure;
 pub use owners::Admission;
 use owners::{Bookings, Generations, KvState, Membership};
 pub use reload::{ReloadError, ReloadOutcome};
+use session_pin::Pin;
 
 mod request;
 use request::{prompt_blocks, validate};
@@ -62,8 +64,8 @@ struct State {
 /// order across owners is written): `generations.changing` (a reload or a partition being
 /// built), then `membership.state`, then `kv.index`, then `bookings.load`, then
 /// `bookings.columns`, then an instance's selector. `generations.serving` is only held to
-/// clone its `Arc`; the owners' other locks are leaves, never held while another is
-/// taken. Plugin code (a selector) runs holding none of them, only its own selector's
+/// clone its `Arc`; the owners' other locks (and `sessions`') are leaves, never held
+/// while another is taken. Plugin code (a selector) runs holding none of them, only its own selector's
 /// lock (`gather` releases the fleet's read locks first).
 pub struct Router {
     generations: Generations,
@@ -72,6 +74,8 @@ pub struct Router {
     bookings: Bookings,
     /// Requests waiting for a worker, and the tenants' rate limits.
     pub admission: Admission,
+    /// Sessions bound to the worker their last request went to (`router.session_affinity`).
+    sessions: crate::sessions::Sessions,
     /// Requests whose policy asked for lifecycle notifications, and their delivery.
     lifecycles: Lifecycles,
     /// Where retired generations and partitions are dropped: never on a caller's thread.
@@ -154,6 +158,7 @@ impl Router {
                 queue: AdmissionQueue::new(metrics.admission.clone()),
                 rate_limits: RateLimiter::default(),
             },
+            sessions: crate::sessions::Sessions::default(),
             lifecycles: Lifecycles::new(),
             retirement,
             metrics,
@@ -382,6 +387,7 @@ impl Router {
                 partition: &partition,
                 hashes,
                 request_blocks,
+                pin: self.session_pin(&generation, request),
             };
             let selected = self.select_with_fallback(
                 &generation,
@@ -415,6 +421,7 @@ impl Router {
                     return Ok(None);
                 }
             }
+            self.session_dispatched(&generation, request, chosen);
             Ok(Some(RouteDecision {
                 worker_id: chosen.worker_id,
                 dp_rank: chosen.dp_rank,
@@ -502,7 +509,12 @@ impl Router {
                 )));
             }
         }
-        if query.request.only.is_some() || busy.is_some() {
+        let narrowed = query.request.only.is_some() || busy.is_some();
+        let pinned = match query.pin {
+            Some(pin) => pin.apply(candidates, &mut scratch.allowed, narrowed)?,
+            None => false,
+        };
+        if narrowed || pinned {
             let kept = scratch
                 .allowed
                 .iter()
@@ -770,4 +782,6 @@ struct Query<'a> {
     partition: &'a PartitionKey,
     hashes: &'a [u64],
     request_blocks: u64,
+    /// The worker the request's session is bound to, and how strongly.
+    pin: Option<Pin>,
 }

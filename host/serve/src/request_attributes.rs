@@ -37,6 +37,8 @@ pub struct Described {
     pub priority: i32,
     /// Where the admitters (`admission.admitters`) placed it in the queue.
     pub placement: Placement,
+    /// The session id from `request_attributes.session_header`, if the request has one.
+    pub session: Option<String>,
 }
 
 impl Described {
@@ -80,6 +82,7 @@ pub fn kept_headers<'h>(
         .map(String::as_str)
         .chain(tenant_headers)
         .chain(settings.priority_header.as_deref())
+        .chain(settings.session_header.as_deref())
         .chain([REQUEST_ID_HEADER]);
     let mut kept: Vec<(String, String)> = Vec::new();
     for name in names {
@@ -168,6 +171,12 @@ pub fn describe(
         Some(base) => (base.clone(), Some(model.to_owned())),
         None => (model.to_owned(), None),
     };
+    let session = settings
+        .session_header
+        .as_deref()
+        .and_then(header)
+        .filter(|v| !v.is_empty())
+        .map(str::to_owned);
     let headers = kept
         .into_iter()
         .filter(|(name, _)| settings.lists_header(name))
@@ -183,6 +192,7 @@ pub fn describe(
         partition_model,
         priority,
         placement: Placement::default(),
+        session,
     })
 }
 
@@ -224,6 +234,7 @@ mod tests {
             headers: vec!["X-Zone".into()],
             tenant: vec!["header:x-tenant".into(), "user".into()],
             priority_header: Some("x-priority".into()),
+            session_header: None,
             lora_adapters: [("sql".to_owned(), "llama".to_owned())].into(),
             max_value_bytes: 8,
         };

@@ -12,10 +12,10 @@
 //!   cool-down and selects again without it, a bounded number of times.
 
 mod disaggregation;
-pub mod prompt;
-mod relay;
 pub mod gguf;
 mod gguf_tokenizer;
+pub mod prompt;
+mod relay;
 pub mod tokenizer;
 
 use std::collections::HashMap;
@@ -594,9 +594,16 @@ impl Frontend {
         request_id: String,
         instance: Option<String>,
     ) -> RouteRequest {
+        let session = described.session.clone().map(|session_id| {
+            switchyard_plugin_host::plugin::SessionInfo {
+                session_id,
+                ..Default::default()
+            }
+        });
         RouteRequest {
             model: described.partition_model.clone(),
             strict_priority: described.priority,
+            session,
             attributes: Some(described.attributes.clone()),
             instance,
             request_id: Some(request_id),
