@@ -395,7 +395,22 @@ impl Frontend {
                 dp_rank: decision.dp_rank,
             };
             let Some(url) = self.router.worker_url(worker) else {
-                return OpenAiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", format!("worker {} (dp_rank {}) has no `url`: give every worker of model `{}` the address of its engine", worker.worker_id, worker.dp_rank, prompt.model)).into_response();
+                let removed = self.router.worker_spec(worker).is_none();
+                if !removed || excluded_attempts >= self.settings.connect_retries.max(1) {
+                    return no_url(worker, &prompt.model);
+                }
+                // Removed since it was selected (`DELETE /v1/workers`, a pod that left):
+                // the request never reached it, so another is selected.
+                drop(lease);
+                excluded_attempts += 1;
+                selected = match self
+                    .select_again(&prompt, &described, &instance, body.len())
+                    .await
+                {
+                    Ok(selected) => selected,
+                    Err(error) => return error.into_response(),
+                };
+                continue;
             };
             let target = format!("{}{}", url.trim_end_matches('/'), endpoint.path());
             let upstream = self.send(fresh, target, body.clone()).await;
@@ -748,6 +763,12 @@ async fn models(State(frontend): State<Arc<Frontend>>) -> Json<serde_json::Value
         .map(|id| json!({"id": id, "object": "model", "created": 0, "owned_by": "switchyard"}))
         .collect();
     Json(json!({"object": "list", "data": data}))
+}
+
+/// The answer for a worker without an engine address (configured without `url`).
+fn no_url(worker: WorkerId, model: &str) -> Response {
+    let message = format!("worker {} (dp_rank {}) has no `url`: give every worker of model `{model}` the address of its engine", worker.worker_id, worker.dp_rank);
+    OpenAiError::new(StatusCode::SERVICE_UNAVAILABLE, "server_error", message).into_response()
 }
 
 /// The paths of the OpenAI routes (their errors take OpenAI's shape).
