@@ -1,6 +1,7 @@
-//! A real Envoy in front of four `engine-sim` engines, two ways side by side: Envoy's own
-//! round robin, and Envoy asking switchyard's endpoint picker (docs/envoy.md's config)
-//! for every request. Per concurrency (1, 8, 32), non-streamed and streamed chat
+//! A real Envoy in front of four `engine-sim` engines, side by side: Envoy's own round
+//! robin, Envoy asking switchyard's endpoint picker (docs/envoy.md's config) for every
+//! request, and Envoy running switchyard as its dynamic module (`libswitchyard_envoy.so`,
+//! the module config of docs/envoy.md). Per concurrency (1, 8, 32), non-streamed and streamed chat
 //! completions of 2 tokens: throughput, latency p50 / p99, the picker's throughput ratio
 //! and the latency it adds. Rounds are interleaved (round robin, picker, round robin, ...)
 //! so machine noise hits both alike; everything shares the machine's cores, the load
@@ -22,7 +23,27 @@ use std::time::Duration;
 
 use load::{load, quantile, warm_up, Cell};
 use process::{cell_seconds, cpu_seconds, fast_engines, machine_cpu_seconds, serve, worker_lines};
-use real_envoy::{envoy_config, free_port, lean_envoy_config, Envoy};
+use real_envoy::{envoy_config, free_port, lean_envoy_config, module_config, module_dir, Envoy};
+
+/// tests/support/real_envoy.rs waits for Envoy through its parent module's
+/// `eventually_ok`, tests/support's poll loop; this is the same loop for the bench (it
+/// does not include tests/support itself).
+fn eventually_ok<T, E: std::fmt::Display>(
+    what: &str,
+    deadline: Duration,
+    mut attempt: impl FnMut() -> Result<T, E>,
+) -> T {
+    let started = std::time::Instant::now();
+    loop {
+        match attempt() {
+            Ok(value) => return value,
+            Err(last) if started.elapsed() >= deadline => {
+                panic!("{what}: not within {deadline:?} (last: {last})")
+            }
+            Err(_) => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+}
 
 /// `SWITCHYARD_PROFILE_SECS`: instead of the table, hold 8 clients through the lean
 /// picker this long, for a profiler.
@@ -219,6 +240,21 @@ fn run_cells(
     }
 }
 
+/// An Envoy running switchyard as its dynamic module (docs/envoy.md's config), over
+/// `config`, with the engines at `addresses` as its cluster.
+fn module_envoy(dir: &std::path::Path, config: &std::path::Path, addresses: &[String]) -> Envoy {
+    let modules = module_dir();
+    let engines: Vec<std::net::SocketAddr> = addresses.iter().map(|a| a.parse().unwrap()).collect();
+    let port = free_port();
+    let text = module_config(port, config, free_port(), &engines);
+    Envoy::start_with_env(
+        dir,
+        port,
+        &text,
+        &[("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", modules.as_os_str())],
+    )
+}
+
 fn main() {
     if std::env::args().any(|a| a == "--list") {
         println!("envoy: bench");
@@ -249,6 +285,8 @@ fn main() {
     let (_full_router, full, full_pid) = picker(dir.path(), &config, envoy_config);
     let (_lean_router, lean, lean_pid) = picker(dir.path(), &config, lean_envoy_config);
     let (_lean2_router, lean2, lean2_pid) = picker(dir.path(), &two_threads, lean_envoy_config);
+    let module = module_envoy(dir.path(), &config, &addresses);
+    let module_pid = module.pid();
     let rr_port = free_port();
     let paths = Paths {
         round_robin: Envoy::start_with(
@@ -260,6 +298,8 @@ fn main() {
             ("picker", full, full_pid),
             ("picker, lean", lean, lean_pid),
             ("picker, lean, 2 threads", lean2, lean2_pid),
+            // The router runs inside Envoy: its CPU is Envoy's.
+            ("module", module, module_pid),
         ],
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -283,7 +323,7 @@ fn main() {
         runtime.block_on(load(&envoy.base, false, 8, duration));
         return;
     }
-    println!("\nReal Envoy 1.40: round robin vs. switchyard's endpoint picker (ext_proc; `lean`: the response path's body and trailers not sent, docs/envoy.md; the picker on 1 thread unless said), 4 engine-sim engines, 2-token chat completions, {seconds} s per cell, {ROUNDS} interleaved rounds");
+    println!("\nReal Envoy 1.40: round robin vs. switchyard's endpoint picker (ext_proc; `lean`: the response path's body and trailers not sent, docs/envoy.md; the picker on 1 thread unless said) and switchyard as Envoy's dynamic module (`module`: its router CPU is Envoy's), 4 engine-sim engines, 2-token chat completions, {seconds} s per cell, {ROUNDS} interleaved rounds");
     println!("| path | streamed | concurrency | round robin req/s | picker req/s | ratio | p50 rr / picker (ms) | added p50 (ms) | p99 rr / picker (ms) | added p99 (ms) | router CPU per request (us) | Envoy CPU per request rr / picker (us) | machine CPU per request rr / picker (us) | failures |");
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for stream in [false, true] {
