@@ -119,11 +119,13 @@ fn serve_discovering(cluster: &Cluster) -> Process {
 }
 
 /// One request sent through the frontend: when, and the worker that served it.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct Sent {
     at: Instant,
     worker: Option<u64>,
     status: u16,
+    /// What a failed request answered.
+    error: Option<String>,
 }
 
 /// Chat completions from `streams` threads, each one after the other, until stopped.
@@ -131,6 +133,27 @@ struct Traffic {
     stop: Arc<AtomicBool>,
     sent: Arc<Mutex<Vec<Sent>>>,
     threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+/// One chat completion through the frontend.
+fn send(url: &str, body: Value) -> Sent {
+    let at = Instant::now();
+    let (status, worker, error) = match ureq::post(url).send_json(body) {
+        Ok(answer) => {
+            let worker = answer
+                .header("x-switchyard-worker")
+                .and_then(|w| w.parse().ok());
+            (200, worker, None)
+        }
+        Err(ureq::Error::Status(status, answer)) => (status, None, answer.into_string().ok()),
+        Err(e) => (0, None, Some(e.to_string())),
+    };
+    Sent {
+        at,
+        worker,
+        status,
+        error,
+    }
 }
 
 impl Traffic {
@@ -151,18 +174,8 @@ impl Traffic {
                         }
                         let body = json!({"model": "demo", "max_tokens": 2,
                             "messages": [{"role": "user", "content": format!("s{stream} n{n}")}]});
-                        let at = Instant::now();
-                        let (status, worker) = match ureq::post(&url).send_json(body) {
-                            Ok(answer) => (
-                                200,
-                                answer
-                                    .header("x-switchyard-worker")
-                                    .and_then(|w| w.parse().ok()),
-                            ),
-                            Err(ureq::Error::Status(status, _)) => (status, None),
-                            Err(_) => (0, None),
-                        };
-                        sent.lock().unwrap().push(Sent { at, worker, status });
+                        let sent_now = send(&url, body);
+                        sent.lock().unwrap().push(sent_now);
                     }
                 })
             })
@@ -236,7 +249,11 @@ struct Out {
 
 /// Every request answered 200, none routed to a worker while it was out.
 fn check(sent: &[Sent], outs: &[Out]) {
-    let failed: Vec<_> = sent.iter().filter(|s| s.status != 200).collect();
+    let failed: Vec<_> = sent
+        .iter()
+        .filter(|s| s.status != 200)
+        .map(|s| (s.status, s.worker, s.error.as_deref().unwrap_or("")))
+        .collect();
     assert!(
         failed.is_empty(),
         "{} of {} requests failed: {failed:?}",
@@ -310,12 +327,12 @@ fn pods_scale_up_flap_and_scale_down_while_requests_flow() {
     }
     let mut outs = Vec::new();
     // Flapping: Ready, not Ready, Ready again, a pod at a time.
-    for pod in 0..PODS / 2 {
+    for (pod, &first_id) in ids.iter().enumerate().take(PODS / 2) {
         set_ready(api, pod, false);
         let from = left(&base, pod);
         let until = Some(Instant::now());
         let (id, seen, routed) = join(api, &base, Some(&traffic), pod);
-        assert_eq!(id, ids[pod], "pod-{pod} came back under another worker id");
+        assert_eq!(id, first_id, "pod-{pod} came back under another worker id");
         outs.push(Out {
             pod,
             id,
@@ -325,12 +342,12 @@ fn pods_scale_up_flap_and_scale_down_while_requests_flow() {
         delays.push((seen, routed.unwrap()));
     }
     // Scaling down: the other half deleted.
-    for pod in PODS / 2..PODS {
+    for (pod, &id) in ids.iter().enumerate().skip(PODS / 2) {
         delete_pod(api, pod);
         let from = left(&base, pod);
         outs.push(Out {
             pod,
-            id: ids[pod],
+            id,
             from,
             until: None,
         });
