@@ -36,7 +36,7 @@ fn config(dir: &Path, worker_types: &str, selection: &str) -> PathBuf {
              \x20 instances:\n\
              \x20   - name: disagg\n{worker_types}\
              \x20     scorers: [{{type: fixture.disaggregated-only}}]\n\
-             \x20     picker: {{type: builtin.lowest-cost}}\n\
+             \x20     picker: {{type: fixture.lowest-cost-then-idle}}\n\
              \x20   - name: least\n\
              \x20     scorers: [{{type: builtin.active-requests}}]\n\
              \x20     picker: {{type: builtin.lowest-cost}}\n\
@@ -209,9 +209,26 @@ fn select_dry_runs_a_role_and_a_session() {
     };
     let prefill = dry_run("prefill");
     assert!(prefill.contains("fixture.disaggregated-only"), "{prefill}");
-    assert!(prefill.ends_with("worker 1 dp_rank 0\n"), "the lowest id: {prefill}");
+    assert!(
+        prefill.contains("picker fixture.lowest-cost-then-idle read LOAD besides the costs")
+            && prefill.contains("worker 1 dp 0: 5 active requests"),
+        "{prefill}"
+    );
+    assert!(
+        prefill.ends_with("worker 1 dp_rank 0\n"),
+        "the lowest id: {prefill}"
+    );
     let aggregated = dry_run("aggregated");
-    assert!(aggregated.contains("builtin.active-requests"), "{aggregated}");
-    assert!(aggregated.ends_with("worker 2 dp_rank 0\n"), "the least busy: {aggregated}");
-    assert!(aggregated.contains("picker builtin.lowest-cost read"), "{aggregated}");
+    assert!(
+        aggregated.contains("builtin.active-requests"),
+        "{aggregated}"
+    );
+    assert!(
+        aggregated.ends_with("worker 2 dp_rank 0\n"),
+        "the least busy: {aggregated}"
+    );
+    assert!(
+        !aggregated.contains("besides the costs"),
+        "it reads none: {aggregated}"
+    );
 }

@@ -529,7 +529,7 @@ fn picker_read(
     };
     let groups = inputs.names();
     if groups.is_empty() {
-        return format!("picker {name} read the costs only\n");
+        return String::new(); // the costs only: the table shows them
     }
     let mut out = format!(
         "picker {name} read {} besides the costs:\n",
