@@ -350,7 +350,7 @@ fn the_prefill_threshold_counts_the_request_uncached_tokens() {
     };
     let request = |id: &str, blocks: Vec<u64>, only: Option<u64>| RouteRequest {
         model: "m".into(),
-        block_hashes: Some(blocks),
+        block_hashes: Some(blocks.into()),
         request_id: Some(id.into()),
         tracks_prefill_tokens: true,
         only: only.map(|w| Arc::new(HashSet::from_iter([worker(w)]))),
@@ -394,7 +394,7 @@ fn no_request_books_while_a_higher_priority_one_waits() {
     let router = Router::new(start_yaml(dir.path(), yaml).unwrap()).unwrap();
     let request = |id: &str, priority: i32| RouteRequest {
         model: "m".into(),
-        block_hashes: Some(vec![1, 2]),
+        block_hashes: Some(vec![1, 2].into()),
         request_id: Some(id.into()),
         strict_priority: priority,
         ..Default::default()
@@ -476,7 +476,7 @@ fn concurrent_selections_never_book_a_worker_past_its_busy_threshold() {
                 std::thread::spawn(move || {
                     let request = RouteRequest {
                         model: "m".into(),
-                        block_hashes: Some(vec![round * 100 + t as u64]),
+                        block_hashes: Some(vec![round * 100 + t as u64].into()),
                         request_id: Some(format!("r{round}-{t}")),
                         ..Default::default()
                     };

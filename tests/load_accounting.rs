@@ -312,7 +312,7 @@ fn uncached_weight_decides_between_the_holder_under_load_and_an_idle_worker() {
         let decision = router
             .select(&RouteRequest {
                 model: "m".into(),
-                block_hashes: Some(prompt),
+                block_hashes: Some(prompt.into()),
                 ..Default::default()
             })
             .unwrap();

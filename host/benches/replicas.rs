@@ -39,7 +39,7 @@ fn router(nats_port: Option<u16>, id: &str) -> Arc<Router> {
 fn request(id: String) -> RouteRequest {
     RouteRequest {
         model: "demo".into(),
-        block_hashes: Some(vec![1, 2, 3, 4]),
+        block_hashes: Some(vec![1, 2, 3, 4].into()),
         request_id: Some(id),
         tracks_prefill_tokens: true,
         ..Default::default()

@@ -143,7 +143,7 @@ fn router_with(size: usize, instance: &str) -> (Router, RouteRequest) {
     }
     let request = RouteRequest {
         model: "bench".into(),
-        block_hashes: Some(chain),
+        block_hashes: Some(chain.into()),
         tracks_prefill_tokens: true,
         ..Default::default()
     };

@@ -170,9 +170,10 @@ pub struct RouteRequest {
     /// The prompt as token ids (hashed into blocks by the router) ...
     #[serde(default, deserialize_with = "super::token_ids::deserialize")]
     pub token_ids: Option<Vec<u32>>,
-    /// ... or as chained block hashes.
+    /// ... or as chained block hashes (shared: the frontend hands the prompt's own to
+    /// every selection of a request without copying them).
     #[serde(default)]
-    pub block_hashes: Option<Vec<u64>>,
+    pub block_hashes: Option<Arc<[u64]>>,
     /// Required for select-and-reserve: the id later passed to prefill-complete and free.
     #[serde(default)]
     pub request_id: Option<String>,

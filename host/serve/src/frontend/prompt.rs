@@ -55,8 +55,8 @@ pub struct Prompt {
     pub stream: bool,
     /// The prompt in KV blocks (a trailing partial block counts).
     pub request_blocks: u64,
-    /// Chained hashes of the prompt's full blocks.
-    pub block_hashes: Vec<u64>,
+    /// Chained hashes of the prompt's full blocks (shared with each selection's request).
+    pub block_hashes: std::sync::Arc<[u64]>,
     /// The prompt's tokens (pseudo-tokens of its text when the model has no tokenizer).
     pub tokens: Vec<u32>,
     pub expected_output_tokens: Option<u64>,
@@ -132,7 +132,7 @@ pub fn parse<'t>(
         model,
         stream,
         request_blocks: (tokens.len() as u64).div_ceil(u64::from(block_size.max(1))),
-        block_hashes,
+        block_hashes: block_hashes.into(),
         tokens,
         expected_output_tokens,
     })
@@ -317,7 +317,7 @@ mod tests {
             .unwrap();
             let mut expected = Vec::new();
             hash_tokens(&ids, block_size, &mut expected);
-            assert_eq!(prompt.block_hashes, expected, "{}", case["text"]);
+            assert_eq!(prompt.block_hashes[..], expected[..], "{}", case["text"]);
             assert_eq!(prompt.request_blocks, (ids.len() as u64).div_ceil(4));
         }
         for case in golden["completion"].as_array().unwrap() {
@@ -329,7 +329,7 @@ mod tests {
             .unwrap();
             let mut expected = Vec::new();
             hash_tokens(&ids, block_size, &mut expected);
-            assert_eq!(prompt.block_hashes, expected, "{}", case["prompt"]);
+            assert_eq!(prompt.block_hashes[..], expected[..], "{}", case["prompt"]);
         }
         // A template that raises is a 400 naming the messages.
         let body = r#"{"model":"m","messages":[{"role":"tool","content":"x"}]}"#;

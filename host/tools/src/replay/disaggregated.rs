@@ -127,7 +127,7 @@ impl Pairs<'_> {
             model: super::MODEL.into(),
             instance: Some(self.policy.clone()),
             worker_type: role,
-            block_hashes: Some(request.hash_ids.clone()),
+            block_hashes: Some(request.hash_ids.as_slice().into()),
             request_id: Some(id),
             expected_output_tokens: Some(request.output_length),
             tracks_prefill_tokens: true,

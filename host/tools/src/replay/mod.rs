@@ -658,7 +658,7 @@ impl<'a> Simulation<'a> {
             })),
             instance: Some(self.policy.into()),
             token_ids,
-            block_hashes,
+            block_hashes: block_hashes.map(Into::into),
             request_id: Some(index.to_string()),
             expected_output_tokens: Some(request.output_length),
             tracks_prefill_tokens: true,
