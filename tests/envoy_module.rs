@@ -351,3 +351,44 @@ fn an_isolated_plugin_that_aborts_under_load_leaves_envoy_serving() {
     assert_eq!(status, 200, "{body}");
     wait_for_no_bookings(&module.api, Duration::from_secs(10));
 }
+
+/// A subset hint from the gateway: a `set_metadata` filter ahead of the module writes
+/// `envoy.lb.subset_hint` (as tests/envoy.rs does ahead of ext_proc), every pick stays
+/// inside it, and a hint naming no worker is answered 503.
+#[test]
+fn subset_hints_set_in_envoy_bound_the_modules_picks() {
+    let dir = tempfile::tempdir().unwrap();
+    let engines = engines(3);
+    let engine_refs: Vec<&Process> = engines.iter().collect();
+    let config = switchyard_config(dir.path(), &engine_refs, "");
+    let modules = module_dir();
+    let addresses: Vec<SocketAddr> = engine_refs
+        .iter()
+        .map(|e| e.address.trim_start_matches("http://").parse().unwrap())
+        .collect();
+    let with_hint = |subset: &str| {
+        let (port, api) = (free_port(), free_port());
+        let filter = format!(
+            "                  - name: envoy.filters.http.set_metadata\n                    typed_config:\n                      \"@type\": type.googleapis.com/envoy.extensions.filters.http.set_metadata.v3.Config\n                      metadata:\n                        - metadata_namespace: envoy.lb.subset_hint\n                          value:\n                            x-gateway-destination-endpoint-subset: [\"{subset}\"]\n"
+        );
+        let anchor = "                  - name: envoy.extensions.filters.http.dynamic_modules\n";
+        let text = module_config(port, &config, api, &addresses);
+        assert!(text.contains(anchor), "docs/envoy.md's filter list changed");
+        let text = text.replacen(anchor, &format!("{filter}{anchor}"), 1);
+        let env = [("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", modules.as_os_str())];
+        Envoy::start_with_env(dir.path(), port, &text, &env)
+    };
+    let envoy = with_hint(&addresses[1].to_string());
+    let agent = agent();
+    for i in 0..12 {
+        let url = format!("{}/v1/chat/completions", envoy.base);
+        let (status, engine, body) = post_json(&agent, &url, &chat(&format!("hinted {i}"), false));
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(engine, "e1", "request {i} left the subset hint");
+    }
+    let nowhere = with_hint("192.0.2.1:9");
+    let url = format!("{}/v1/chat/completions", nowhere.base);
+    let (status, _, body) = post_json(&agent, &url, &chat("no such endpoint", false));
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("subset"), "{body}");
+}

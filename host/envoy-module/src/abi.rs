@@ -88,6 +88,9 @@ pub type SchedulerPtr = *mut c_void;
 pub const REQUEST_HEADER: u32 = 0;
 pub const RESPONSE_HEADER: u32 = 2;
 
+/// `envoy_dynamic_module_type_metadata_source_Dynamic`: the stream's dynamic metadata.
+pub const METADATA_DYNAMIC: u32 = 0;
+
 /// `envoy_dynamic_module_type_http_body_type`.
 pub const RECEIVED_REQUEST_BODY: u32 = 0;
 pub const BUFFERED_REQUEST_BODY: u32 = 1;
@@ -161,6 +164,31 @@ extern "C" {
         filter: FilterEnvoyPtr,
         host: Buffer,
         strict: bool,
+    ) -> bool;
+
+    pub fn envoy_dynamic_module_callback_http_get_metadata_string(
+        filter: FilterEnvoyPtr,
+        source: u32,
+        namespace: Buffer,
+        key: Buffer,
+        result: *mut Buffer,
+    ) -> bool;
+
+    pub fn envoy_dynamic_module_callback_http_get_metadata_list_size(
+        filter: FilterEnvoyPtr,
+        source: u32,
+        namespace: Buffer,
+        key: Buffer,
+        result: *mut usize,
+    ) -> bool;
+
+    pub fn envoy_dynamic_module_callback_http_get_metadata_list_string(
+        filter: FilterEnvoyPtr,
+        source: u32,
+        namespace: Buffer,
+        key: Buffer,
+        index: usize,
+        result: *mut Buffer,
     ) -> bool;
 
     pub fn envoy_dynamic_module_callback_http_get_buffer_limit(filter: FilterEnvoyPtr) -> u64;

@@ -30,6 +30,57 @@ impl Stream {
         (found && !value.ptr.is_null()).then(|| unsafe { value.bytes() })
     }
 
+    /// The strings of the stream's dynamic metadata `namespace` / `key`: a list's
+    /// elements, or one string's comma-separated parts (as the picker reads the
+    /// Inference Extension's hints).
+    pub fn metadata_strings(&self, namespace: &str, key: &str) -> Option<Vec<String>> {
+        let (ns, key) = (Buffer::of(namespace.as_bytes()), Buffer::of(key.as_bytes()));
+        let text = |value: Buffer| {
+            // SAFETY: Envoy's metadata bytes, valid during the hook; copied here.
+            String::from_utf8_lossy(unsafe { value.bytes() }).into_owned()
+        };
+        let mut size = 0usize;
+        // SAFETY: a hook's filter pointer; the buffers outlive the calls; results written.
+        unsafe {
+            if abi::envoy_dynamic_module_callback_http_get_metadata_list_size(
+                self.0,
+                abi::METADATA_DYNAMIC,
+                ns,
+                key,
+                &mut size,
+            ) {
+                let mut strings = Vec::with_capacity(size);
+                for index in 0..size {
+                    let mut value = Buffer::NULL;
+                    if abi::envoy_dynamic_module_callback_http_get_metadata_list_string(
+                        self.0,
+                        abi::METADATA_DYNAMIC,
+                        ns,
+                        key,
+                        index,
+                        &mut value,
+                    ) {
+                        strings.push(text(value));
+                    }
+                }
+                return Some(strings);
+            }
+            let mut value = Buffer::NULL;
+            if !abi::envoy_dynamic_module_callback_http_get_metadata_string(
+                self.0,
+                abi::METADATA_DYNAMIC,
+                ns,
+                key,
+                &mut value,
+            ) {
+                return None;
+            }
+            let joined = text(value);
+            let parts = joined.split(',').map(str::trim).filter(|s| !s.is_empty());
+            Some(parts.map(str::to_owned).collect())
+        }
+    }
+
     pub fn set_request_header(&self, name: &str, value: &str) {
         // SAFETY: a hook's filter pointer; both buffers outlive the call (Envoy copies).
         unsafe {

@@ -24,6 +24,10 @@ const DESTINATION_HEADER: &str = "x-gateway-destination-endpoint";
 const PREFILLER_HEADER: &str = "x-prefiller-host-port";
 /// A route may add it to the response to say which endpoint served (Envoy's retries).
 const SERVED_HEADER: &str = "x-gateway-destination-endpoint-served";
+/// The Inference Extension's subset hint: the endpoints a pick must stay within, in the
+/// stream's dynamic metadata (a gateway's filter ahead of this one writes it).
+const SUBSET_NAMESPACE: &str = "envoy.lb.subset_hint";
+const SUBSET_KEY: &str = "x-gateway-destination-endpoint-subset";
 
 /// A decision made on the module's runtime, waiting for the stream's worker thread.
 type Pending = Arc<Mutex<Option<Result<Pick, OpenAiError>>>>;
@@ -69,13 +73,14 @@ impl Filter {
             Ok(kept) => kept,
             Err(error) => return self.refuse(stream, error.into(), abi::HEADERS_STOP_ITERATION),
         };
+        let subset = stream.metadata_strings(SUBSET_NAMESPACE, SUBSET_KEY);
         if !end_of_stream {
-            self.asked = Some(Asked::new(endpoint, instance, None, kept));
+            self.asked = Some(Asked::new(endpoint, instance, subset, kept));
             stream.buffer_at_least(self.config.picker.max_body_bytes());
             return abi::HEADERS_STOP_ITERATION; // the pick waits for the body
         }
         // No body (GET /v1/models and the like): any eligible endpoint, nothing booked.
-        match embedded::any_endpoint(&self.config.picker, None) {
+        match embedded::any_endpoint(&self.config.picker, subset.as_deref()) {
             Some(endpoint) => {
                 stream.override_host(endpoint);
                 stream.set_request_header(DESTINATION_HEADER, &endpoint.to_string());
