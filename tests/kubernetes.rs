@@ -487,6 +487,18 @@ fn least_privilege(api: &Api) {
     );
 }
 
+/// Applies deploy/kubernetes/`file` server-side (`dry_run`: validated, not stored).
+fn apply_file(api: &Api, file: &str, dry_run: bool) {
+    for object in manifests(file) {
+        let (status, answer) = api.apply(&object_path(&object), &object, dry_run);
+        let what = format!(
+            "deploy/kubernetes/{file}: {} {}",
+            object["kind"], object["metadata"]["name"]
+        );
+        assert!(matches!(status, 200 | 201), "{what}: {status} {answer}");
+    }
+}
+
 #[test]
 fn the_manifests_validate_on_the_api_server() {
     let Some(cluster) = Cluster::start() else {
@@ -496,15 +508,7 @@ fn the_manifests_validate_on_the_api_server() {
     api.inference_pool_crd();
     for file in MANIFESTS {
         // The namespace and RBAC for real (the rest is checked in them); the rest dry-run.
-        let dry_run = !matches!(file, "namespace.yaml" | "rbac.yaml");
-        for object in manifests(file) {
-            let (status, answer) = api.apply(&object_path(&object), &object, dry_run);
-            let what = format!(
-                "deploy/kubernetes/{file}: {} {}",
-                object["kind"], object["metadata"]["name"]
-            );
-            assert!(matches!(status, 200 | 201), "{what}: {status} {answer}");
-        }
+        apply_file(api, file, !matches!(file, "namespace.yaml" | "rbac.yaml"));
     }
     let gateway = manifests("gateway.yaml");
     let backend = &gateway[1]["spec"]["rules"][0]["backendRefs"][0];
@@ -523,4 +527,55 @@ fn the_manifests_validate_on_the_api_server() {
         .arg(&config)
         .env("SWITCHYARD_GATEWAY_KEY", "gateway-key-for-the-test")
         .env("SWITCHYARD_OPERATOR_KEY", "operator-key-for-the-test"));
+}
+
+/// rbac.yaml's service account is enough for discovery: switchyard authenticated with its
+/// token (as in its pod), the namespace taken from its context, finds the pool of
+/// inferencepool.yaml and its Ready pod, and routes to it.
+#[test]
+fn discovery_runs_as_the_manifests_service_account() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let api = cluster.api();
+    api.inference_pool_crd();
+    for file in ["namespace.yaml", "rbac.yaml", "inferencepool.yaml"] {
+        apply_file(api, file, false);
+    }
+    let pool = &manifests("inferencepool.yaml")[0];
+    let port = pool["spec"]["targetPorts"][0]["number"].as_u64().unwrap();
+    let _engine = engine_sim("vllm-0", &format!("127.0.0.40:{port}"), &[]);
+    let account =
+        json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default"}});
+    api.ok(
+        "POST",
+        "/api/v1/namespaces/inference/serviceaccounts",
+        Some(&account),
+    );
+    let labels = pool["spec"]["selector"]["matchLabels"].clone();
+    let object = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "vllm-0", "labels": labels},
+        "spec": {"containers": [{"name": "vllm", "image": "example.invalid/vllm"}]}});
+    api.ok("POST", "/api/v1/namespaces/inference/pods", Some(&object));
+    let status = json!({"status": {"podIP": "127.0.0.40", "conditions": [{"type": "Ready", "status": "True"}]}});
+    api.ok(
+        "PATCH",
+        "/api/v1/namespaces/inference/pods/vllm-0/status",
+        Some(&status),
+    );
+    let kubeconfig = cluster.service_account_kubeconfig("inference", "switchyard");
+    let config = cluster.dir.path().join("as-service-account.yaml");
+    let name = pool["metadata"]["name"].as_str().unwrap();
+    let yaml = format!(
+        "discovery:\n  kubernetes: {{pool: {name}, model: demo, kubeconfig: {}}}\n",
+        kubeconfig.display()
+    );
+    std::fs::write(&config, yaml).unwrap();
+    let router = serve_logging(&config, "warn");
+    eventually("the pod listed", PATIENCE, || {
+        listed(&router.address).contains_key("vllm-0")
+    });
+    let body =
+        json!({"model": "demo", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]});
+    let sent = send(&format!("{}/v1/chat/completions", router.address), body);
+    assert_eq!((sent.status, sent.error), (200, None));
 }

@@ -100,7 +100,7 @@ impl Cluster {
             .expect("etcd starts");
         let (ca, apiserver_args, port) = credentials(dir.path(), etcd_port);
         let url = format!("https://127.0.0.1:{port}");
-        let kubeconfig = write_kubeconfig(dir.path(), &url, &ca);
+        let kubeconfig = write_kubeconfig(dir.path(), "admin", &url, &ca, TOKEN, "default");
         let api = Api::new(&url, &ca);
         let mut cluster = Cluster {
             etcd,
@@ -152,6 +152,23 @@ impl Cluster {
 
     pub fn api(&self) -> &Api {
         &self.api
+    }
+
+    /// A kubeconfig with a token of service account `account` in `namespace` (its
+    /// context's namespace), as a pod running under it would authenticate.
+    pub fn service_account_kubeconfig(&self, namespace: &str, account: &str) -> PathBuf {
+        let request = json!({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": {"expirationSeconds": 3600}});
+        let path = format!("/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token");
+        let answer = self.api.ok("POST", &path, Some(&request));
+        let token = answer["status"]["token"].as_str().unwrap();
+        write_kubeconfig(
+            self.dir.path(),
+            account,
+            &self.url,
+            &self.ca,
+            token,
+            namespace,
+        )
     }
 }
 
@@ -211,14 +228,22 @@ fn credentials(dir: &Path, etcd_port: u16) -> (PathBuf, Vec<String>, u16) {
     (PathBuf::from(ca), args.to_vec(), port)
 }
 
-/// A kubeconfig for the admin token, as `discovery.kubernetes.kubeconfig` reads it.
-fn write_kubeconfig(dir: &Path, url: &str, ca: &Path) -> PathBuf {
-    let path = dir.join("kubeconfig.yaml");
+/// A kubeconfig `NAME.kubeconfig` for `token`, its context in `namespace`, as
+/// `discovery.kubernetes.kubeconfig` reads it.
+fn write_kubeconfig(
+    dir: &Path,
+    name: &str,
+    url: &str,
+    ca: &Path,
+    token: &str,
+    namespace: &str,
+) -> PathBuf {
+    let path = dir.join(format!("{name}.kubeconfig"));
     let config = json!({
         "apiVersion": "v1", "kind": "Config", "current-context": "test",
         "clusters": [{"name": "test", "cluster": {"server": url, "certificate-authority": ca}}],
-        "users": [{"name": "admin", "user": {"token": TOKEN}}],
-        "contexts": [{"name": "test", "context": {"cluster": "test", "user": "admin", "namespace": "default"}}],
+        "users": [{"name": name, "user": {"token": token}}],
+        "contexts": [{"name": "test", "context": {"cluster": "test", "user": name, "namespace": namespace}}],
     });
     std::fs::write(&path, serde_yaml::to_string(&config).unwrap()).unwrap();
     path
