@@ -18,32 +18,15 @@ mod load;
 mod process;
 #[path = "../../tests/support/real_envoy.rs"]
 mod real_envoy;
+// Its waits, as the tests' support module gives them to it.
+#[path = "../../tests/support/eventually.rs"]
+mod eventually;
 
 use std::time::Duration;
 
 use load::{load, quantile, warm_up, Cell};
 use process::{cell_seconds, cpu_seconds, fast_engines, machine_cpu_seconds, serve, worker_lines};
 use real_envoy::{envoy_config, free_port, lean_envoy_config, module_config, module_dir, Envoy};
-
-/// tests/support/real_envoy.rs waits for Envoy through its parent module's
-/// `eventually_ok`, tests/support's poll loop; this is the same loop for the bench (it
-/// does not include tests/support itself).
-fn eventually_ok<T, E: std::fmt::Display>(
-    what: &str,
-    deadline: Duration,
-    mut attempt: impl FnMut() -> Result<T, E>,
-) -> T {
-    let started = std::time::Instant::now();
-    loop {
-        match attempt() {
-            Ok(value) => return value,
-            Err(last) if started.elapsed() >= deadline => {
-                panic!("{what}: not within {deadline:?} (last: {last})")
-            }
-            Err(_) => std::thread::sleep(Duration::from_millis(20)),
-        }
-    }
-}
 
 /// `SWITCHYARD_PROFILE_SECS`: instead of the table, hold 8 clients through the lean
 /// picker this long, for a profiler.

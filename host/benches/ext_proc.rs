@@ -15,6 +15,9 @@
 
 #[path = "../../tests/support/envoy.rs"]
 mod envoy;
+// Its waits, as the tests' support module gives them to it.
+#[path = "../../tests/support/eventually.rs"]
+mod eventually;
 #[path = "common/ext_proc_floor.rs"]
 mod floor;
 #[path = "common/process.rs"]

@@ -20,6 +20,9 @@ mod peer_routers;
 mod process;
 #[path = "../../tests/support/real_envoy.rs"]
 mod real_envoy;
+// Its waits, as the tests' support module gives them to it.
+#[path = "../../tests/support/eventually.rs"]
+mod eventually;
 
 use std::time::Duration;
 

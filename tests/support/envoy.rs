@@ -22,7 +22,7 @@ pub type Client = ExternalProcessorClient<Channel>;
 
 /// Connects to the picker, retrying while it starts (10 s at most).
 pub async fn client(port: u16) -> Client {
-    super::eventually_ok_async(
+    super::eventually::eventually_ok_async(
         &format!("the ext_proc service on port {port} comes up"),
         Duration::from_secs(10),
         || ExternalProcessorClient::connect(format!("http://127.0.0.1:{port}")),

@@ -181,7 +181,7 @@ impl Envoy {
             child,
             base: format!("http://127.0.0.1:{port}"),
         };
-        super::eventually_ok("envoy listens", Duration::from_secs(20), || {
+        super::eventually::eventually_ok("envoy listens", Duration::from_secs(20), || {
             if TcpStream::connect(("127.0.0.1", port)).is_ok() {
                 return Ok(());
             }
