@@ -392,3 +392,46 @@ fn subset_hints_set_in_envoy_bound_the_modules_picks() {
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("subset"), "{body}");
 }
+
+/// An engine Envoy cannot reach, before any health probe notices (probes every minute):
+/// Envoy's router answers its own 503, the module hears of it (its local-reply hook) and
+/// takes the worker out, so at most one request fails.
+#[test]
+fn an_upstream_failure_envoy_reports_takes_the_worker_out_of_the_modules_picks() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut engines = engines(3);
+    let engine_refs: Vec<&Process> = engines.iter().collect();
+    let workers = demo_workers(engine_refs.iter().copied(), true);
+    let config = write_config(
+        dir.path(),
+        &format!("frontend: {{health_interval_ms: 60000, unhealthy_cooldown_ms: 60000}}\nworkers:\n{workers}"),
+    );
+    let module = start_module(dir.path(), &config, &engine_refs);
+    drop(engine_refs);
+    let agent = agent();
+    let url = format!("{}/v1/chat/completions", module.envoy.base);
+    assert_eq!(
+        post_json(&agent, &url, &chat("before the kill", false)).0,
+        200
+    );
+    engines[0].kill();
+    let mut failed = Vec::new();
+    for i in 0..30 {
+        let (status, engine, body) =
+            post_json(&agent, &url, &chat(&format!("after the kill {i}"), false));
+        if status == 200 {
+            assert_ne!(engine, "e0", "request {i}");
+        } else {
+            assert!(
+                body.contains("upstream connect error"),
+                "request {i}: {status} {body}"
+            );
+            failed.push(i);
+        }
+    }
+    assert!(
+        failed.len() <= 1,
+        "once Envoy reported the failure, no request went to the dead engine: failed {failed:?}"
+    );
+    wait_for_no_bookings(&module.api, Duration::from_secs(10));
+}

@@ -270,14 +270,20 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(
 ) {
 }
 
+/// # Safety
+/// Envoy's filter and the module's, of a live stream; `details` valid for the call.
 #[no_mangle]
-pub extern "C" fn envoy_dynamic_module_on_http_filter_local_reply(
+pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_local_reply(
     _envoy: FilterEnvoyPtr,
-    _module: *const c_void,
+    module: *const c_void,
     _response_code: u32,
-    _details: Buffer,
+    details: Buffer,
     _reset_imminent: bool,
 ) -> u32 {
+    guarded("http_filter_local_reply", (), || {
+        // SAFETY: the caller's promise.
+        unsafe { filter(module) }.local_reply(unsafe { details.bytes() });
+    });
     abi::LOCAL_REPLY_CONTINUE
 }
 

@@ -225,6 +225,16 @@ impl Filter {
         abi::HEADERS_CONTINUE
     }
 
+    /// Envoy answers the request itself: when its router could not reach the picked
+    /// engine (`upstream_reset_before_response_started`, `UF`/`UR` in its access log), the
+    /// worker leaves the candidates for a cool-down, before any health probe notices.
+    pub fn local_reply(&mut self, details: &[u8]) {
+        const UPSTREAM_FAILURE: &[u8] = b"upstream_reset_before_response_started";
+        if let (Some(pick), true) = (self.pick.as_ref(), details.starts_with(UPSTREAM_FAILURE)) {
+            pick.engine_failed(&self.config.picker);
+        }
+    }
+
     /// The stream is over (completed, reset, or the client hung up): the booking is freed.
     pub fn complete(&mut self) {
         self.pick = None;

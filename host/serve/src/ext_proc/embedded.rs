@@ -91,6 +91,12 @@ impl Pick {
         self.0.answering();
     }
 
+    /// The proxy could not reach the engine: it leaves the candidates for
+    /// `frontend.unhealthy_cooldown_ms`, as the picker does at Envoy's own 503.
+    pub fn engine_failed(&self, picker: &EndpointPicker) {
+        self.0.engine_failed(&picker.frontend);
+    }
+
     /// The proxy served the request at `served` (`ip:port`): the booking follows.
     pub fn served_by(&mut self, router: &Router, served: &str) {
         self.0.served_by(router, served);

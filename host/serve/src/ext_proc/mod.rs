@@ -627,13 +627,19 @@ impl Exchange {
     /// Envoy could not reach the picked engine: out of the candidates for a cool-down,
     /// as the frontend does on a refused connection (health probes bring it back).
     fn engine_failed(&mut self) {
-        let Some(booked) = self.booked.as_ref() else {
-            return;
-        };
-        let frontend = &self.picker.frontend;
-        tracing::warn!(worker = booked.worker.worker_id, endpoint = %booked.endpoint, "ext_proc: Envoy could not reach the engine (upstream connect error); marked unhealthy");
+        if let Some(booked) = self.booked.as_ref() {
+            booked.engine_failed(&self.picker.frontend);
+        }
+    }
+}
+
+impl Booked {
+    /// Envoy could not reach the picked engine: out of the candidates for a cool-down,
+    /// as the frontend does on a refused connection (health probes bring it back).
+    fn engine_failed(&self, frontend: &Frontend) {
+        tracing::warn!(worker = self.worker.worker_id, endpoint = %self.endpoint, "ext_proc: Envoy could not reach the engine (upstream connect error); marked unhealthy");
         let cooldown = std::time::Duration::from_millis(frontend.settings().unhealthy_cooldown_ms);
-        frontend.router().mark_unhealthy(booked.worker, cooldown);
+        frontend.router().mark_unhealthy(self.worker, cooldown);
         frontend.router().metrics.record_upstream_error();
     }
 }
