@@ -17,8 +17,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use support::kubernetes::{Api, Cluster};
 use support::{
-    engine_sim, eventually, eventually_ok, free_port, repo, run, serve_logging, switchyard_bin,
-    Process,
+    active_requests, engine_sim, eventually, eventually_ok, free_port, repo, run, serve_logging,
+    switchyard_bin, Process,
 };
 
 const NS: &str = "serving";
@@ -109,9 +109,14 @@ fn listed(router: &str) -> BTreeMap<String, Vec<u64>> {
 }
 
 fn serve_discovering(cluster: &Cluster) -> Process {
-    let config = cluster.dir.path().join("switchyard.yaml");
+    serve_discovering_with(cluster, "switchyard", "")
+}
+
+/// `switchyard serve` discovering the test's pool, its config `NAME.yaml` with `extra`.
+fn serve_discovering_with(cluster: &Cluster, name: &str, extra: &str) -> Process {
+    let config = cluster.dir.path().join(format!("{name}.yaml"));
     let yaml = format!(
-        "discovery:\n  kubernetes: {{pool: {POOL}, namespace: {NS}, model: demo, kubeconfig: {}}}\nfrontend: {{health_interval_ms: 200}}\n",
+        "discovery:\n  kubernetes: {{pool: {POOL}, namespace: {NS}, model: demo, kubeconfig: {}}}\nfrontend: {{health_interval_ms: 200}}\n{extra}",
         cluster.kubeconfig.display()
     );
     std::fs::write(&config, yaml).unwrap();
@@ -577,5 +582,41 @@ fn discovery_runs_as_the_manifests_service_account() {
     let body =
         json!({"model": "demo", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]});
     let sent = send(&format!("{}/v1/chat/completions", router.address), body);
+    assert_eq!((sent.status, sent.error), (200, None));
+}
+
+/// Three picker replicas watching one pool over one NATS bus name its pods alike, so a
+/// request booked through one is counted by the others on the same worker.
+#[test]
+fn three_replicas_watching_one_pool_share_its_workers_load() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let _engines = pool_with_pods(&cluster, 3);
+    for pod in 0..3 {
+        set_ready(cluster.api(), pod, true);
+    }
+    let nats = support::nats::Nats::start(free_port());
+    let replicas: Vec<Process> = (0..3)
+        .map(|i| {
+            let bus = format!("replicas: {{nats: 'nats://127.0.0.1:{}', id: r{i}, heartbeat_ms: 100, peer_ttl_ms: 800}}\n", nats.port);
+            serve_discovering_with(&cluster, &format!("replica-{i}"), &bus)
+        })
+        .collect();
+    eventually("every replica lists the three pods", PATIENCE, || {
+        replicas.iter().all(|r| listed(&r.address).len() == 3)
+    });
+    let fleets: Vec<_> = replicas.iter().map(|r| listed(&r.address)).collect();
+    assert!(fleets.iter().all(|f| f == &fleets[0]), "{fleets:?}");
+    // A long answer (2,000 tokens at the engine's 500 a second) booked through replica 0.
+    let url = format!("{}/v1/chat/completions", replicas[0].address);
+    let body = json!({"model": "demo", "max_tokens": 2000, "messages": [{"role": "user", "content": "long"}]});
+    let long = std::thread::spawn(move || send(&url, body));
+    for replica in &replicas[1..] {
+        eventually("the other replicas count the booking", PATIENCE, || {
+            active_requests(&replica.address).iter().sum::<u64>() == 1
+        });
+    }
+    let sent = long.join().unwrap();
     assert_eq!((sent.status, sent.error), (200, None));
 }
