@@ -43,7 +43,11 @@ fn a_soft_session_returns_under_the_threshold_and_moves_over_it() {
     assert_eq!(reserve(base, "r2", Some("s")), first, "under the threshold");
     // Its worker has 2 active requests now: the session moves, and is bound there.
     assert_eq!(reserve(base, "r3", Some("s")), other, "over the threshold");
-    assert_eq!(reserve(base, "r4", Some("s")), other, "bound to where it went");
+    assert_eq!(
+        reserve(base, "r4", Some("s")),
+        other,
+        "bound to where it went"
+    );
     // Without a session, the least busy worker (the first, 2 against 2: either).
     let unbound = reserve(base, "r5", None);
     assert!(unbound == first || unbound == other);
@@ -56,14 +60,22 @@ fn a_hard_session_returns_whatever_the_load_and_a_final_request_unbinds_it() {
     let base = &router.address;
     let first = reserve(base, "r1", Some("s"));
     for turn in 2..6 {
-        assert_eq!(reserve(base, &format!("r{turn}"), Some("s")), first, "turn {turn}");
+        assert_eq!(
+            reserve(base, &format!("r{turn}"), Some("s")),
+            first,
+            "turn {turn}"
+        );
     }
     // Its last request (`session_final`) unbinds it: the next goes where load says.
     let body = json!({"model": "m", "block_hashes": [7], "request_id": "last",
                       "session": {"session_id": "s", "session_final": true}});
     let (status, _, text) = post_json(&ureq::Agent::new(), &format!("{base}/v1/reserve"), &body);
     assert_eq!(status, 200, "{text}");
-    assert_eq!(reserve(base, "after", Some("s")), 3 - first, "the least busy now");
+    assert_eq!(
+        reserve(base, "after", Some("s")),
+        3 - first,
+        "the least busy now"
+    );
 }
 
 /// Through the frontend: the session header binds a conversation to one engine, where

@@ -26,8 +26,8 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{watch, Notify};
 use tower::ServiceExt;
 
-use switchyard_engines::tls::ServerTls;
 use switchyard_config::HttpSettings;
+use switchyard_engines::tls::ServerTls;
 
 /// The limits of one listener.
 #[derive(Clone, Debug)]

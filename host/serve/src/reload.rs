@@ -8,8 +8,10 @@
 
 use std::sync::Arc;
 
-use switchyard_engines::tls::{server_config, CertificateError, ListenerTls, ServerTls, GRPC_ALPN, HTTP_ALPN};
 use switchyard_config::ConfigSource;
+use switchyard_engines::tls::{
+    server_config, CertificateError, ListenerTls, ServerTls, GRPC_ALPN, HTTP_ALPN,
+};
 use switchyard_fleet::router::{ReloadError, ReloadOutcome, Router};
 use switchyard_policy::startup::{Startup, StartupError};
 

@@ -21,8 +21,8 @@ use futures_util::StreamExt;
 use serde::Serialize;
 use serde_json::json;
 
-use crate::serve::frontend::prompt::BYTES_PER_TOKEN;
 use crate::replay::{read_trace, ReplayError, TraceRequest};
+use crate::serve::frontend::prompt::BYTES_PER_TOKEN;
 
 /// What `switchyard send-trace` takes.
 #[derive(clap::Args, Clone, Debug)]

@@ -697,8 +697,8 @@ async fn serve_https(
     key: &std::path::Path,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    use switchyard_serve::listener::{serve_http, ConnectionTable, Limits, Listener};
     use switchyard_engines::tls::{server_config_from_files, ServerTls};
+    use switchyard_serve::listener::{serve_http, ConnectionTable, Limits, Listener};
     let config = server_config_from_files("--tls", cert, key, None, &[b"http/1.1"])
         .map_err(std::io::Error::other)?;
     let limits = Limits {
