@@ -131,6 +131,8 @@ struct Sent {
     status: u16,
     /// What a failed request answered.
     error: Option<String>,
+    /// The engine-sim that answered (its name is its pod's).
+    engine: Option<String>,
 }
 
 /// Chat completions from `streams` threads, each one after the other, until stopped.
@@ -143,21 +145,30 @@ struct Traffic {
 /// One chat completion through the frontend.
 fn send(url: &str, body: Value) -> Sent {
     let at = Instant::now();
-    let (status, worker, error) = match ureq::post(url).send_json(body) {
+    let (mut worker, mut engine, mut error) = (None, None, None);
+    let status = match ureq::post(url).send_json(body) {
         Ok(answer) => {
-            let worker = answer
+            worker = answer
                 .header("x-switchyard-worker")
                 .and_then(|w| w.parse().ok());
-            (200, worker, None)
+            engine = answer.header("x-engine-name").map(str::to_owned);
+            200
         }
-        Err(ureq::Error::Status(status, answer)) => (status, None, answer.into_string().ok()),
-        Err(e) => (0, None, Some(e.to_string())),
+        Err(ureq::Error::Status(status, answer)) => {
+            error = answer.into_string().ok();
+            status
+        }
+        Err(e) => {
+            error = Some(e.to_string());
+            0
+        }
     };
     Sent {
         at,
         worker,
         status,
         error,
+        engine,
     }
 }
 
@@ -619,4 +630,75 @@ fn three_replicas_watching_one_pool_share_its_workers_load() {
     }
     let sent = long.join().unwrap();
     assert_eq!((sent.status, sent.error), (200, None));
+}
+
+/// Through a real Envoy with switchyard as its endpoint picker (docs/envoy.md's config):
+/// a pod flapping and a pod deleted while requests flow; none reaches a pod while it is
+/// out, the flapped pod is picked again once Ready.
+#[test]
+fn through_envoy_pods_leave_and_come_back_while_requests_flow() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let _engines = pool_with_pods(&cluster, 4);
+    for pod in 0..4 {
+        set_ready(cluster.api(), pod, true);
+    }
+    let picker = free_port();
+    let extra = format!("ext_proc: {{listen: '127.0.0.1:{picker}'}}\n");
+    let router = serve_discovering_with(&cluster, "picker", &extra);
+    eventually("the four pods listed", PATIENCE, || {
+        listed(&router.address).len() == 4
+    });
+    let envoy = support::real_envoy::Envoy::start(cluster.dir.path(), picker);
+    let traffic = Traffic::start(&envoy.base, 2);
+    let api = cluster.api();
+    set_ready(api, 0, false);
+    let from = left(&router.address, 0);
+    let until = Instant::now();
+    let written = Instant::now();
+    set_ready(api, 0, true);
+    eventually("pod-0 picked again through Envoy", PATIENCE, || {
+        traffic
+            .sent
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|s| s.at > written && s.engine.as_deref() == Some("pod-0"))
+    });
+    delete_pod(api, 3);
+    let deleted = left(&router.address, 3);
+    eventually("requests after the deletion", PATIENCE, || {
+        traffic
+            .sent
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|s| s.at > deleted)
+            .count()
+            >= 20
+    });
+    let sent = traffic.finish();
+    let by_engine = |name: &str, from: Instant, until: Option<Instant>| {
+        sent.iter()
+            .filter(|s| s.engine.as_deref() == Some(name) && s.at > from)
+            .filter(|s| until.is_none_or(|u| s.at < u))
+            .count()
+    };
+    assert_eq!(
+        by_engine("pod-0", from, Some(until)),
+        0,
+        "routed to pod-0 while it was not Ready"
+    );
+    assert_eq!(
+        by_engine("pod-3", deleted, None),
+        0,
+        "routed to pod-3 after it was deleted"
+    );
+    let failed: Vec<_> = sent
+        .iter()
+        .filter(|s| s.status != 200)
+        .map(|s| (s.status, s.error.clone()))
+        .collect();
+    assert!(failed.is_empty(), "{failed:?}");
 }
