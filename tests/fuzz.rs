@@ -12,7 +12,7 @@ use std::path::Path;
 use proptest::prelude::*;
 use support::*;
 use switchyard::config::ConfigSource;
-use switchyard::fleet::router::{RouteRequest, Router};
+use switchyard::fleet::router::Router;
 use switchyard::serve::frontend::prompt::{self, Endpoint};
 
 fn cases() -> u32 {
@@ -205,7 +205,7 @@ proptest! {
     /// temperature or instance.
     #[test]
     fn any_route_body_is_routed_or_refused_with_a_message(json in "\\{(\"(model|token_ids|block_hashes|request_id|instance|router_temperature|priority_jump|expected_output_tokens)\":(\"(demo|default|x)\"|-?[0-9]{1,20}(\\.[0-9])?|\\[[0-9,]{0,40}\\]|true|null),?){0,8}\\}") {
-        if let Ok(request) = serde_json::from_str::<RouteRequest>(&json) {
+        if let Ok(request) = switchyard::serve::http_service::route_request(json.as_bytes()) {
             if let Err(error) = router().select(&request) {
                 prop_assert!(!error.to_string().is_empty());
             }

@@ -40,7 +40,6 @@ pub mod policy_def;
 pub mod registrar;
 pub mod request;
 pub mod shared_call;
-pub mod token_ids;
 
 pub use abi_checks::{PluginInfo, RevisionRule, HOST_ABI_MINOR};
 pub use columns::Columns;

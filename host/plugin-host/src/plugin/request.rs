@@ -155,62 +155,43 @@ unsafe extern "C" fn get_header(
 
 /// A request to route: the one form a request takes from the services (the HTTP API's
 /// body, the OpenAI frontend, the endpoint picker) to the plugin boundary, which alone
-/// makes its ABI struct ([`RouteRequest::with_abi`]).
-#[derive(Clone, Debug, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
+/// makes its ABI struct ([`RouteRequest::with_abi`]). The HTTP API's JSON form of it is
+/// the service's own (`switchyard-serve`'s `SelectBody`).
+#[derive(Clone, Debug)]
 pub struct RouteRequest {
     pub model: String,
-    #[serde(default)]
     pub worker_type: WorkerType,
     /// Instance to use instead of the default.
-    #[serde(default)]
     pub instance: Option<String>,
-    #[serde(default)]
     pub router_temperature: Option<f64>,
     /// The prompt as token ids (hashed into blocks by the router) ...
-    #[serde(default, deserialize_with = "super::token_ids::deserialize")]
     pub token_ids: Option<Vec<u32>>,
     /// ... or as chained block hashes (shared: the frontend hands the prompt's own to
     /// every selection of a request without copying them).
-    #[serde(default)]
     pub block_hashes: Option<Arc<[u64]>>,
     /// Required for select-and-reserve: the id later passed to prefill-complete and free.
-    #[serde(default)]
     pub request_id: Option<String>,
-    #[serde(default)]
     pub expected_output_tokens: Option<u64>,
-    #[serde(default)]
     pub priority_jump: f64,
-    #[serde(default)]
     pub strict_priority: i32,
-    #[serde(default = "yes")]
     pub tracks_prefill_tokens: bool,
-    #[serde(default)]
     pub session: Option<SessionInfo>,
     /// `/v1/reserve` and `/v1/select` with `admission:`: whether a request finding every
     /// worker busy waits its turn (`/v1/reserve`'s default) or is answered 503 at once
     /// (`/v1/select`'s).
-    #[serde(default)]
     pub wait: Option<bool>,
     /// What the request says about itself (ATTRIBUTES): tenant, LoRA adapter, headers.
     /// An empty `model` or `request_id` in them reads as the request's own.
-    #[serde(default)]
     pub attributes: Option<Arc<RequestAttributes>>,
     /// Only these workers are candidates (a gateway's subset hint, or the workers it can
     /// reach); an empty set leaves none.
-    #[serde(skip)]
     pub only: Option<Arc<FxHashSet<WorkerId>>>,
     /// The other side of a disaggregated pair when it was chosen first: the lifecycle
     /// notifications name it (`switchyard_outcome.paired_worker_id`).
-    #[serde(skip)]
     pub paired: Option<WorkerId>,
 }
 
-fn yes() -> bool {
-    true
-}
-
-/// As serde makes it from `{"model": ""}`: prefill tokens tracked, as engines do.
+/// As the HTTP API makes it from `{"model": ""}`: prefill tokens tracked, as engines do.
 impl Default for RouteRequest {
     fn default() -> Self {
         RouteRequest {

@@ -2,6 +2,10 @@
 //! health, as JSON over HTTP. Every error is a JSON `{"error": ...}` with a status that
 //! says whose fault it is; nothing a client sends can panic the router.
 
+mod select_body;
+mod token_ids;
+pub use select_body::{route_request, SelectBody};
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -126,7 +130,7 @@ async fn select(
     caller: Option<Extension<Caller>>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let mut request: RouteRequest = parse(&body)?;
+    let mut request: RouteRequest = parse::<SelectBody>(&body)?.into();
     if let Some(Extension(caller)) = &caller {
         caller
             .check_route(&request.model, request.instance.as_deref())
@@ -223,7 +227,7 @@ async fn reserve(
     caller: Option<Extension<Caller>>,
     body: Bytes,
 ) -> Result<Response, ApiError> {
-    let mut request: RouteRequest = parse(&body)?;
+    let mut request: RouteRequest = parse::<SelectBody>(&body)?.into();
     let generation = router.generation();
     let settings = &generation.config().request_attributes;
     request_attributes::complete(settings, caller.as_ref().map(|c| &c.0), &mut request);
