@@ -702,3 +702,56 @@ fn through_envoy_pods_leave_and_come_back_while_requests_flow() {
         .collect();
     assert!(failed.is_empty(), "{failed:?}");
 }
+
+/// A pod whose engine publishes KV events (engine-sim here, vLLM with
+/// `--kv-events-config` in a cluster) is subscribed to at the pool's `kv_events` port: the
+/// blocks of the prompts it serves reach the router's KV index under its worker.
+#[test]
+fn discovered_pods_kv_events_reach_the_index() {
+    let Some(cluster) = Cluster::start() else {
+        return;
+    };
+    let api = cluster.api();
+    api.namespace(NS);
+    api.inference_pool_crd();
+    let (port, kv_port) = (free_port(), free_port());
+    let publish = format!("tcp://{}:{kv_port}", pod_ip(0));
+    let listen = format!("{}:{port}", pod_ip(0));
+    let _engine = engine_sim("pod-0", &listen, &["--kv-events", &publish]);
+    create_pool(api, port);
+    create_pod(api, 0);
+    set_ready(api, 0, true);
+    let config = cluster.dir.path().join("kv.yaml");
+    let yaml = format!(
+        "discovery:\n  kubernetes: {{pool: {POOL}, namespace: {NS}, model: demo, kubeconfig: {}, kv_events: {{port: {kv_port}}}}}\n",
+        cluster.kubeconfig.display()
+    );
+    std::fs::write(&config, yaml).unwrap();
+    let router = serve_logging(&config, "warn");
+    eventually("pod-0 listed", PATIENCE, || {
+        listed(&router.address).contains_key("pod-0")
+    });
+    let url = format!("{}/v1/chat/completions", router.address);
+    // Until the subscription is up, what the engine publishes reaches no one: ask again.
+    let mut n = 0;
+    eventually_ok(
+        "the pod's blocks in the router's KV index",
+        PATIENCE,
+        || {
+            n += 1;
+            let prompt = format!(
+                "request {n}: {}",
+                "the quick brown fox jumps over the lazy dog ".repeat(20)
+            );
+            let body = json!({"model": "demo", "max_tokens": 2, "messages": [{"role": "user", "content": prompt}]});
+            assert_eq!(send(&url, body).status, 200);
+            let workers: Value = ureq::get(&format!("{}/v1/workers", router.address))
+                .call()
+                .unwrap()
+                .into_json()
+                .unwrap();
+            let held = workers[0]["kv_index"]["held_blocks"][0].as_u64().unwrap_or(0);
+            (held > 0).then_some(()).ok_or(workers)
+        },
+    );
+}

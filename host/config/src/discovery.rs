@@ -40,6 +40,24 @@ pub struct KubernetesDiscovery {
     /// in a cluster, else `KUBECONFIG` or `~/.kube/config`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubeconfig: Option<PathBuf>,
+    /// Where each pod's engine publishes KV events (vLLM's `--kv-events-config`), if it
+    /// does: the same ports on every pod, plus the rank for each data-parallel rank.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kv_events: Option<PodKvEvents>,
+}
+
+/// `discovery.kubernetes.kv_events`: the ports of each pod's KV-event sockets.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct PodKvEvents {
+    /// The engine's PUB socket (vLLM: `"endpoint": "tcp://*:5557"`).
+    pub port: u16,
+    /// Its replay ROUTER socket, if any (vLLM: `"replay_endpoint": "tcp://*:5558"`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay_port: Option<u16>,
+    /// The topic the engine publishes on (vLLM's default: empty).
+    #[serde(default)]
+    pub topic: String,
 }
 
 fn default_model_label() -> String {
@@ -94,6 +112,11 @@ impl DiscoverySettings {
         ] {
             if !valid_label_key(key) {
                 return Err(SectionInvalid::LabelKey(field, key.clone()));
+            }
+        }
+        if let Some(kv) = &k.kv_events {
+            if kv.port == 0 || kv.replay_port == Some(0) {
+                return Err(SectionInvalid::KvEventPort);
             }
         }
         if k.model.as_ref().is_some_and(|m| m.trim().is_empty()) {

@@ -29,7 +29,7 @@ pub use admission::{
 };
 pub use attributes::{EngineMetricsSettings, RequestAttributeSettings, TenantSource};
 pub use auth::{AuthSettings, Keyring};
-pub use discovery::{DiscoverySettings, KubernetesDiscovery};
+pub use discovery::{DiscoverySettings, KubernetesDiscovery, PodKvEvents};
 pub use kv_event_limits::KvEventLimits;
 pub use limits::{MAX_CONFIG_BYTES, MAX_FLOW_DEPTH};
 pub use listener::{HttpSettings, TlsSettings};

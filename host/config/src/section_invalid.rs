@@ -45,4 +45,6 @@ pub enum SectionInvalid {
     LabelKey(&'static str, String),
     #[error("`discovery.kubernetes.model` must not be empty; leave it out to skip pods without the model label")]
     EmptyDiscoveryModel,
+    #[error("`discovery.kubernetes.kv_events`: `port` and `replay_port` are port numbers from 1 to 65535")]
+    KvEventPort,
 }

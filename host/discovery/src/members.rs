@@ -3,6 +3,7 @@
 //! /v1/workers` (a leaving worker's bookings and KV state go with it).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 
 use switchyard_fleet::router::Router;
 use switchyard_fleet::workers::WorkerSpec;
@@ -33,7 +34,7 @@ impl Members {
     /// the executor.
     pub fn reconcile(
         &mut self,
-        router: &Router,
+        router: &Arc<Router>,
         desired: &BTreeMap<WorkerId, WorkerSpec>,
     ) -> Changes {
         let mut changes = Changes::default();
@@ -61,6 +62,10 @@ impl Members {
             }
             match router.add_worker(spec.clone()) {
                 Ok(()) => {
+                    // As `POST /v1/workers` does: its engine's KV events, if it publishes.
+                    if let Err(error) = router.subscribe_kv_events(std::slice::from_ref(spec)) {
+                        tracing::warn!(worker = id.worker_id, rank = id.dp_rank, %error, "discovery: cannot subscribe to the pod's KV events");
+                    }
                     tracing::info!(worker = id.worker_id, rank = id.dp_rank, url = spec.url.as_deref().unwrap_or(""), model = %spec.model, "discovery: worker joined the fleet");
                     self.owned.insert(*id, spec.clone());
                     self.refused.remove(id);

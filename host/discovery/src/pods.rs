@@ -105,16 +105,40 @@ pub fn workers(
         .zip(ports)
         .map(|(rank, &port)| {
             let url = format!("http://{}", std::net::SocketAddr::new(ip, port));
+            let invalid = |error: String| Skipped::Invalid {
+                pod: name.clone(),
+                error,
+            };
+            let kv_events = kv_events(settings, ip, rank).map_err(invalid)?;
             serde_json::from_value(json!({
                 "model": model, "worker_id": worker_id, "dp_rank": rank,
-                "worker_type": role, "labels": labels, "url": url,
+                "worker_type": role, "labels": labels, "url": url, "kv_events": kv_events,
             }))
-            .map_err(|e| Skipped::Invalid {
-                pod: name.clone(),
-                error: e.to_string(),
-            })
+            .map_err(|e| invalid(e.to_string()))
         })
         .collect()
+}
+
+/// The KV-event sockets of rank `rank` at `ip` (`kv_events`' ports plus the rank, as vLLM
+/// offsets them for data-parallel ranks), or null.
+fn kv_events(
+    settings: &KubernetesDiscovery,
+    ip: std::net::IpAddr,
+    rank: u32,
+) -> Result<serde_json::Value, String> {
+    let Some(kv) = &settings.kv_events else {
+        return Ok(serde_json::Value::Null);
+    };
+    let socket = |port: u16| {
+        u16::try_from(u32::from(port) + rank)
+            .map(|p| format!("tcp://{}", std::net::SocketAddr::new(ip, p)))
+            .map_err(|_| format!("kv_events port {port} + rank {rank} is past 65535"))
+    };
+    Ok(json!({
+        "endpoint": socket(kv.port)?,
+        "replay_endpoint": kv.replay_port.map(socket).transpose()?,
+        "topic": kv.topic,
+    }))
 }
 
 #[cfg(test)]
@@ -174,5 +198,24 @@ mod tests {
             Err(Skipped::Role { .. })
         ));
         assert!(worker_id("any uid") < 1 << 52);
+    }
+
+    #[test]
+    fn kv_event_sockets_are_the_pods_ports_plus_the_rank() {
+        let with_kv =
+            serde_yaml_like(json!({"pool": "p", "kv_events": {"port": 5557, "replay_port": 5600}}));
+        let labels = json!({"llm-d.ai/model": "llama"});
+        let found = workers(&pod("True", labels), &with_kv, &[8000, 8001]).unwrap();
+        let kv = found[1].kv_events.as_ref().unwrap();
+        assert_eq!(kv.endpoint, "tcp://10.1.2.3:5558");
+        assert_eq!(kv.replay_endpoint.as_deref(), Some("tcp://10.1.2.3:5601"));
+        assert!(workers(
+            &pod("True", json!({"llm-d.ai/model": "m"})),
+            &settings(),
+            &[80]
+        )
+        .unwrap()[0]
+            .kv_events
+            .is_none());
     }
 }

@@ -3,6 +3,7 @@
 //! back at their new address), and a taken worker id is refused without harm.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::json;
@@ -13,9 +14,9 @@ use switchyard_fleet::router::Router;
 use switchyard_fleet::workers::WorkerSpec;
 use switchyard_plugin_sdk::WorkerId;
 
-fn router(yaml: &str) -> Router {
+fn router(yaml: &str) -> Arc<Router> {
     let source = ConfigSource::parse(yaml.into(), "test.yaml".into(), ".".into()).unwrap();
-    Router::new(switchyard_policy::startup::start(source).unwrap()).unwrap()
+    Arc::new(Router::new(switchyard_policy::startup::start(source).unwrap()).unwrap())
 }
 
 fn pod(name: &str, ip: &str, ready: bool) -> Pod {
