@@ -750,7 +750,9 @@ fn discovered_pods_kv_events_reach_the_index() {
                 .unwrap()
                 .into_json()
                 .unwrap();
-            let held = workers[0]["kv_index"]["held_blocks"][0].as_u64().unwrap_or(0);
+            let held = workers[0]["kv_index"]["held_blocks"][0]
+                .as_u64()
+                .unwrap_or(0);
             (held > 0).then_some(()).ok_or(workers)
         },
     );
