@@ -36,14 +36,19 @@ pub fn inline_ok(router: &Router, input_bytes: usize, instance: Option<&str>) ->
             .instance(name)
             .is_some_and(|i| i.runs_only_router_code())
     };
-    let defaults_ours = switchyard_plugin_sdk::WorkerType::ALL
-        .into_iter()
-        .all(|role| ours(startup.default_for(role)));
     let admitters_ours = startup
         .admitters
         .iter()
         .all(|a| matches!(a.component.origin, Origin::Builtin));
-    admitters_ours && instance.map_or(defaults_ours, ours)
+    admitters_ours
+        && instance.map_or_else(
+            || {
+                switchyard_plugin_sdk::WorkerType::ALL
+                    .into_iter()
+                    .all(|role| ours(startup.default_for(role)))
+            },
+            ours,
+        )
 }
 
 /// Work that did not finish: it panicked inline, or its blocking task did not end.
