@@ -102,7 +102,8 @@ impl Discovery {
             selector: p.label_selector(),
             ports: p.ports(),
         });
-        if current.as_ref().map(|(v, _)| v) == view.as_ref() {
+        // An absent pool is said again at each relist; a pool unchanged is left alone.
+        if view.is_some() && current.as_ref().map(|(v, _)| v) == view.as_ref() {
             return;
         }
         if let Some((_, task)) = current.take() {
