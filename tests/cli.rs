@@ -638,3 +638,35 @@ fn select_shows_admission_and_busy_workers() {
         text(&output.stdout)
     );
 }
+
+/// `check --envoy-filter-config` reads the Envoy module's filter_config as the module does
+/// (docs/envoy.md): the switchyard config it names is checked; an HTTP API listening off
+/// loopback, or a key the module does not know, is refused, saying what the module takes.
+#[test]
+fn check_reads_the_envoy_modules_filter_config() {
+    let config = example_config();
+    let good = format!("{{\"config\": \"{config}\", \"listen\": \"127.0.0.1:9090\"}}");
+    let output = switchyard(&["check", "--envoy-filter-config", &good], &[]);
+    assert!(output.status.success(), "{}", text(&output.stderr));
+    let out = text(&output.stdout);
+    assert!(out.starts_with("envoy filter config: ok"), "{out}");
+    assert!(out.contains("instances ("), "the switchyard config is checked too: {out}");
+    for (bad, said) in [
+        (
+            format!("{{\"config\": \"{config}\", \"listen\": \"0.0.0.0:9090\"}}"),
+            "is not a loopback address",
+        ),
+        (
+            format!("{{\"config\": \"{config}\", \"port\": 9090}}"),
+            "unknown field `port`",
+        ),
+        (
+            "{\"config\": \"/nonexistent/switchyard.yaml\"}".to_owned(),
+            "/nonexistent/switchyard.yaml",
+        ),
+    ] {
+        let output = switchyard(&["check", "--envoy-filter-config", &bad], &[]);
+        assert_eq!(output.status.code(), Some(1), "{bad}");
+        assert!(text(&output.stderr).contains(said), "{}", text(&output.stderr));
+    }
+}

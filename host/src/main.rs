@@ -76,6 +76,10 @@ enum Command {
         /// The config file; the embedded default config when omitted.
         #[arg(long)]
         config: Option<PathBuf>,
+        /// The Envoy dynamic module's filter_config (its JSON text, as in Envoy's config),
+        /// checked, then the switchyard config it names.
+        #[arg(long, conflicts_with = "config")]
+        envoy_filter_config: Option<String>,
     },
     /// Dry-run one selection through a configured instance, without a running router.
     Select(switchyard::tools::dry_run::SelectArgs),
@@ -222,7 +226,28 @@ fn main() -> ExitCode {
                 );
             })
         }
-        Command::Check { config } => check(config.as_ref()),
+        Command::Check {
+            config,
+            envoy_filter_config: None,
+        } => check(config.as_ref()),
+        Command::Check {
+            envoy_filter_config: Some(json),
+            ..
+        } => match switchyard::config::envoy_module::EnvoyModuleSettings::parse(json.as_bytes()) {
+            Ok(settings) => {
+                println!(
+                    "envoy filter config: ok (config {}, listen {}, probe {})",
+                    settings.config.display(),
+                    settings.listen.map_or("-".to_owned(), |l| l.to_string()),
+                    settings.probe
+                );
+                check(Some(&settings.config))
+            }
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
         Command::Select(args) => {
             let Some(startup) = startup(args.config.as_ref()) else {
                 return ExitCode::FAILURE;

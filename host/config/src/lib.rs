@@ -12,6 +12,7 @@ pub mod admission;
 pub mod attributes;
 pub mod auth;
 pub mod discovery;
+pub mod envoy_module;
 pub mod hardening;
 mod kv_event_limits;
 mod limits;

@@ -5,47 +5,23 @@
 //! destroys it.
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use serde::Deserialize;
 use switchyard_fleet::router::Router;
 use switchyard_serve::caller::Caller;
 use switchyard_serve::ext_proc::EndpointPicker;
 use switchyard_serve::frontend::Frontend;
 
-/// The filter's `filter_config` (a JSON object; Envoy hands over a
-/// `google.protobuf.StringValue`'s text, or a `Struct` as JSON).
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct Settings {
-    /// switchyard's YAML config, as `switchyard serve --config` reads it.
-    config: PathBuf,
-    /// Serve switchyard's HTTP API (`/v1/workers`, `/metrics`, `/v1/policies`) here.
-    #[serde(default)]
-    listen: Option<SocketAddr>,
-    /// Exercise each in-process plugin in a child process first, as `serve` does (the
-    /// child is `$SWITCHYARD_EXE`, the switchyard binary, as for isolated plugins).
-    #[serde(default = "default_probe")]
-    probe: bool,
-}
-
-fn default_probe() -> bool {
-    true
-}
-
 /// Why a filter config was refused; Envoy logs it and rejects the config.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("the switchyard filter's filter_config is not {{\"config\": \"/path/to/switchyard.yaml\", \"listen\": \"127.0.0.1:PORT\" (optional), \"probe\": true|false (optional)}}: {0}")]
-    Settings(String),
+    #[error(transparent)]
+    Settings(#[from] switchyard_config::envoy_module::EnvoyModuleError),
     #[error("{config}: {errors}; nothing was started")]
     Startup { config: String, errors: String },
     #[error("{config}: in `workers:`: {error}")]
     Workers { config: String, error: String },
-    #[error("the switchyard filter's `listen` {0} is not a loopback address: the module's HTTP API is plain HTTP without the listener's guards; serve it on 127.0.0.1 (or ::1)")]
-    Exposed(SocketAddr),
     #[error("the switchyard module cannot start its threads: {0}")]
     Threads(std::io::Error),
 }
@@ -61,11 +37,9 @@ pub struct FilterConfig {
 impl FilterConfig {
     /// Loads switchyard's config as `serve` does and starts the module's threads.
     pub fn load(filter_config: &[u8]) -> Result<FilterConfig, ConfigError> {
-        let settings: Settings = serde_json::from_slice(filter_config)
-            .map_err(|e| ConfigError::Settings(e.to_string()))?;
-        if let Some(listen) = settings.listen.filter(|l| !l.ip().is_loopback()) {
-            return Err(ConfigError::Exposed(listen));
-        }
+        // The filter's `filter_config` (a JSON object; Envoy hands over a
+        // `google.protobuf.StringValue`'s text, or a `Struct` as JSON).
+        let settings = switchyard_config::envoy_module::EnvoyModuleSettings::parse(filter_config)?;
         let name = settings.config.display().to_string();
         let startup = switchyard_policy::startup::load(Some(&settings.config), settings.probe)
             .map_err(|errors| ConfigError::Startup {
