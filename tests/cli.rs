@@ -650,7 +650,10 @@ fn check_reads_the_envoy_modules_filter_config() {
     assert!(output.status.success(), "{}", text(&output.stderr));
     let out = text(&output.stdout);
     assert!(out.starts_with("envoy filter config: ok"), "{out}");
-    assert!(out.contains("instances ("), "the switchyard config is checked too: {out}");
+    assert!(
+        out.contains("instances ("),
+        "the switchyard config is checked too: {out}"
+    );
     for (bad, said) in [
         (
             format!("{{\"config\": \"{config}\", \"listen\": \"0.0.0.0:9090\"}}"),
@@ -667,6 +670,10 @@ fn check_reads_the_envoy_modules_filter_config() {
     ] {
         let output = switchyard(&["check", "--envoy-filter-config", &bad], &[]);
         assert_eq!(output.status.code(), Some(1), "{bad}");
-        assert!(text(&output.stderr).contains(said), "{}", text(&output.stderr));
+        assert!(
+            text(&output.stderr).contains(said),
+            "{}",
+            text(&output.stderr)
+        );
     }
 }
