@@ -105,17 +105,11 @@ async fn start_background(
         client,
     ));
     router.subscribe_kv_events(&router.workers())?;
-    tokio::spawn(expire_forever(router.clone()));
-    let replicas = router.generation().config().replicas.clone();
-    if let Some(settings) = replicas {
-        let token = settings
-            .token_file
-            .as_ref()
-            .map(|f| router.generation().startup.source.resolve(f));
-        let id = switchyard_fleet::replicas::start(router.clone(), settings, token)
-            .await
-            .map_err(std::io::Error::other)?;
-        tracing::info!(%id, "switchyard (Envoy module): replica sharing load");
+    tokio::spawn(switchyard_serve::http_service::expire_forever(
+        router.clone(),
+    ));
+    if let Some((id, nats)) = switchyard_serve::http_service::start_replicas(router).await? {
+        tracing::info!(%id, %nats, "switchyard (Envoy module): replica sharing load");
     }
     if let Some(listen) = listen {
         serve_api(router, frontend, listen).await?;
@@ -149,21 +143,6 @@ async fn serve_api(
         }
     });
     Ok(())
-}
-
-/// Releases reservations nothing freed, once a second (the load lock off the executor).
-async fn expire_forever(router: Arc<Router>) {
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    loop {
-        tick.tick().await;
-        let router = router.clone();
-        let expired = tokio::task::spawn_blocking(move || router.expire())
-            .await
-            .unwrap_or(0);
-        if expired > 0 {
-            tracing::warn!(expired, "released reservations that were never freed");
-        }
-    }
 }
 
 /// How long the config's end waits for retired plugin state and queued notifications.

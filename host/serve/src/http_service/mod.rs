@@ -42,7 +42,7 @@ use switchyard_plugin_host::plugin::PartitionKey;
 type Shared = State<Arc<Router>>;
 
 mod server;
-pub use server::{bind, serve, shutdown_signal, ServeOptions};
+pub use server::{bind, expire_forever, serve, shutdown_signal, start_replicas, ServeOptions};
 
 /// An error response: status and a JSON body naming what is wrong.
 pub struct ApiError {

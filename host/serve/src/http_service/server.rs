@@ -161,24 +161,31 @@ async fn start_background(router: &Arc<Router>, listener_tls: &ListenerTls) -> s
     switchyard_engines::engine_metrics::start(router.clone())?;
     router.subscribe_kv_events(&router.workers())?;
     crate::reload::on_hangup(router.clone(), listener_tls.clone())?;
-    let replicas = router.generation().config().replicas.clone();
-    if let Some(settings) = replicas {
-        let token = settings
-            .token_file
-            .as_ref()
-            .map(|f| router.generation().startup.source.resolve(f));
-        let nats = settings.nats.clone();
-        // The others' bookings are in before this replica serves.
-        let id = switchyard_fleet::replicas::start(router.clone(), settings, token)
-            .await
-            .map_err(std::io::Error::other)?;
+    if let Some((id, nats)) = start_replicas(router).await? {
         println!("switchyard replica {id} sharing load over {nats}");
     }
     Ok(())
 }
 
+/// Joins the replicas' bus when the config has `replicas:` (the others' bookings are in
+/// before this returns, so before the host serves): this replica's id and the bus.
+pub async fn start_replicas(router: &Arc<Router>) -> std::io::Result<Option<(String, String)>> {
+    let Some(settings) = router.generation().config().replicas.clone() else {
+        return Ok(None);
+    };
+    let token = settings
+        .token_file
+        .as_ref()
+        .map(|f| router.generation().startup.source.resolve(f));
+    let nats = settings.nats.clone();
+    let id = switchyard_fleet::replicas::start(router.clone(), settings, token)
+        .await
+        .map_err(std::io::Error::other)?;
+    Ok(Some((id, nats)))
+}
+
 /// Releases reservations nothing freed, once a second.
-async fn expire_forever(expiry: Arc<Router>) {
+pub async fn expire_forever(expiry: Arc<Router>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tick.tick().await;
