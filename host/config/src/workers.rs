@@ -44,7 +44,7 @@ fn default_batched_tokens() -> u64 {
 }
 
 /// A worker (one data-parallel rank of an engine), as configured or added over HTTP.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, PartialEq, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct WorkerSpec {
     pub model: String,

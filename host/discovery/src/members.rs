@@ -23,10 +23,6 @@ pub struct Members {
     refused: BTreeSet<WorkerId>,
 }
 
-fn same(a: &WorkerSpec, b: &WorkerSpec) -> bool {
-    serde_json::to_value(a).ok() == serde_json::to_value(b).ok()
-}
-
 impl Members {
     /// Makes the router's discovered workers `desired`. Leaving workers go first, so a
     /// pod whose address changed leaves before it joins again. It may run plugin code (a
@@ -41,7 +37,7 @@ impl Members {
         let leaving: Vec<WorkerId> = self
             .owned
             .iter()
-            .filter(|(id, spec)| desired.get(id).is_none_or(|d| !same(d, spec)))
+            .filter(|(id, spec)| desired.get(id) != Some(*spec))
             .map(|(id, _)| *id)
             .collect();
         for id in leaving {
