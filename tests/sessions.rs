@@ -48,9 +48,16 @@ fn a_soft_session_returns_under_the_threshold_and_moves_over_it() {
         other,
         "bound to where it went"
     );
-    // Without a session, the least busy worker (the first, 2 against 2: either).
-    let unbound = reserve(base, "r5", None);
-    assert!(unbound == first || unbound == other);
+    // The first worker's requests end: a new session goes where load says, the first.
+    for id in ["r1", "r2"] {
+        let answer = ureq::delete(&format!("{base}/v1/requests/{id}")).call();
+        assert!(answer.is_ok(), "{answer:?}");
+    }
+    assert_eq!(
+        reserve(base, "r5", Some("t")),
+        first,
+        "a new session: least busy"
+    );
 }
 
 #[test]
