@@ -251,12 +251,31 @@ impl Router {
 
     /// Select only: where the request would go; nothing is booked.
     pub fn select(&self, request: &RouteRequest) -> Result<RouteDecision, RouteError> {
-        self.route(request, false)
+        let request_id = validate(request, false)?;
+        self.route(request, false, request_id.as_deref())
     }
 
-    /// Select and book the request's load on the chosen worker.
+    /// Select and book the request's load on the chosen worker, under its `request_id`.
     pub fn select_and_reserve(&self, request: &RouteRequest) -> Result<RouteDecision, RouteError> {
-        self.route(request, true)
+        let request_id = validate(request, true)?;
+        self.route(request, true, request_id.as_deref())
+    }
+
+    /// Select and book under `request_id`, the booking's id, not the request's: a host
+    /// that built the request once selects it again under a new id per try (its retries,
+    /// a wait in the queue) without rebuilding it.
+    pub fn reserve_as(
+        &self,
+        request: &RouteRequest,
+        request_id: &str,
+    ) -> Result<RouteDecision, RouteError> {
+        if request_id.is_empty() {
+            return Err(RouteError::BadRequest(
+                "`request_id` must not be empty".into(),
+            ));
+        }
+        validate(request, false)?;
+        self.route(request, true, Some(request_id))
     }
 
     pub fn prefill_complete(&self, request_id: &str) -> Result<(), RouteError> {
@@ -333,9 +352,16 @@ impl Router {
     /// Selects (and with `reserve` books) a worker for `request`. A pick that another
     /// selection filled past a busy threshold before this one could book it is made
     /// again, over the columns that now show that booking, at most `BOOKING_TRIES` times.
-    fn route(&self, request: &RouteRequest, reserve: bool) -> Result<RouteDecision, RouteError> {
+    /// Selects, and books under `request_id` when `reserve` (checked by the caller:
+    /// `validate`).
+    fn route(
+        &self,
+        request: &RouteRequest,
+        reserve: bool,
+        request_id: Option<&str>,
+    ) -> Result<RouteDecision, RouteError> {
         for _ in 0..BOOKING_TRIES {
-            if let Some(decision) = self.route_once(request, reserve)? {
+            if let Some(decision) = self.route_once(request, reserve, request_id)? {
                 return Ok(decision);
             }
         }
@@ -350,14 +376,14 @@ impl Router {
         &self,
         request: &RouteRequest,
         reserve: bool,
+        request_id: Option<&str>,
     ) -> Result<Option<RouteDecision>, RouteError> {
-        let request_id = validate(request, reserve)?;
         let generation = self.generation();
         let instance = instance_for(&generation, request)?;
         // Decided inline for another generation (a reload came in between), and this
         // one's instance is a plugin's: not on the executor's thread.
         if crate::executor::is_inline() && !instance.runs_only_router_code() {
-            return crate::executor::plugin_code(|| self.route_once(request, reserve));
+            return crate::executor::plugin_code(|| self.route_once(request, reserve, request_id));
         }
         let partition = PartitionKey::new(request.model.clone(), request.worker_type);
         let block_size = generation.config().router.block_size;
@@ -404,7 +430,7 @@ impl Router {
             // Given back now: the booking below can then update the columns in place.
             candidates.release();
             let (chosen, fallback, notified) = selected?;
-            if let (true, Some(id)) = (reserve, &request_id) {
+            if let (true, Some(id)) = (reserve, request_id) {
                 let busy = generation.config().admission.as_ref();
                 let busy = busy.map(|a| &a.busy).filter(|b| b.any());
                 let booked =
@@ -429,7 +455,7 @@ impl Router {
                 fallback,
                 request_blocks,
                 device_overlap_blocks: device_overlap,
-                request_id,
+                request_id: request_id.map(str::to_owned),
             }))
         })
     }

@@ -237,7 +237,7 @@ fn parsed_and_admitted(
         Some(placement) => placement.clone(),
         None => {
             let placement = router.admit(
-                &frontend.route_request(&prompt, &described, request_id.clone(), None),
+                &frontend.route_request(&prompt, &described, None),
                 prompt.block_hashes.len() as u64,
                 prompt.tokens.len() as u64,
             )?;
@@ -275,8 +275,8 @@ pub(super) fn decide(
     let frontend = &picker.frontend;
     let router = frontend.router();
     let eligible = eligible_within_limits(picker, subset.as_deref())?;
-    let mut request = frontend.route_request(&prompt, &described, request_id.clone(), instance);
-    request.block_hashes = Some(prompt.block_hashes.clone());
+    let mut request = frontend.route_request(&prompt, &described, instance);
+    request.request_id = Some(request_id.clone());
     request.only = Some(Arc::new(eligible.iter().map(|(id, _)| *id).collect()));
     // A disaggregated model: the destination is a decode worker, and its prefill worker
     // is selected (and booked) in its own partition.

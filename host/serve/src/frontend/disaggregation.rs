@@ -24,7 +24,7 @@ use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Map, Value};
 use switchyard_config::Disaggregation;
-use switchyard_fleet::router::{RouteDecision, RouteError};
+use switchyard_fleet::router::{RouteDecision, RouteError, RouteRequest};
 use switchyard_plugin_host::plugin::PartitionKey;
 use switchyard_plugin_sdk::WorkerId;
 use switchyard_plugin_sdk::WorkerType;
@@ -146,21 +146,19 @@ impl Frontend {
         paired: Option<WorkerId>,
     ) -> Result<Side, SideError> {
         let frontend = self.clone();
-        let (prompt, described, instance) = (
-            pair.request.prompt.clone(),
-            pair.request.described.clone(),
-            pair.request.instance.clone(),
-        );
-        let inline = self.inline_ok(pair.request.body.len(), instance.as_deref());
+        let (prompt, route) = (pair.request.prompt.clone(), pair.request.route.clone());
+        let inline = self.inline_ok(pair.request.body.len(), route.instance.as_deref());
         crate::off_executor::run(inline, move || {
             let id = frontend.next_request_id();
-            let mut request = frontend.route_request(&prompt, &described, id.clone(), instance);
-            request.block_hashes = Some(prompt.block_hashes.clone());
-            request.worker_type = role;
-            request.paired = paired;
+            // The request's side: its role, and the other side's worker once chosen.
+            let request = RouteRequest {
+                worker_type: role,
+                paired,
+                ..RouteRequest::clone(&route)
+            };
             let decision = frontend
                 .router
-                .select_and_reserve(&request)
+                .reserve_as(&request, &id)
                 .map_err(SideError::Route)?;
             let lease = Lease::new(frontend.router.clone(), id);
             let worker = WorkerId {

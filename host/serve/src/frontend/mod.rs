@@ -52,6 +52,7 @@ type Selected = (RouteDecision, Lease);
 type Prepared = (
     Arc<Prompt>,
     Arc<Described>,
+    Arc<RouteRequest>,
     Option<Result<Selected, RouteError>>,
 );
 
@@ -60,7 +61,9 @@ pub(crate) struct Upstream {
     pub endpoint: Endpoint,
     pub prompt: Arc<Prompt>,
     pub described: Arc<Described>,
-    pub instance: Option<String>,
+    /// What the router is asked: built once, shared by admission, every selection and
+    /// retry (each books under a fresh id).
+    pub route: Arc<RouteRequest>,
     pub body: Bytes,
     pub arrived: std::time::Instant,
 }
@@ -215,9 +218,9 @@ impl Frontend {
             }
         };
         let prepared = self
-            .prepare(endpoint, caller, &headers, body.clone(), instance.clone())
+            .prepare(endpoint, caller, &headers, body.clone(), instance)
             .await;
-        let (prompt, described, first) = match prepared {
+        let (prompt, described, route, first) = match prepared {
             Ok(prepared) => prepared,
             Err(error) => return error.into_response(),
         };
@@ -225,7 +228,7 @@ impl Frontend {
             endpoint,
             prompt,
             described,
-            instance,
+            route,
             body,
             arrived,
         };
@@ -241,9 +244,9 @@ impl Frontend {
         };
         let selected = match self
             .wait_turn(
-                &request.prompt,
+                &request.route,
                 &request.described,
-                (&request.instance, request.body.len()),
+                request.body.len(),
                 first,
             )
             .await
@@ -300,19 +303,21 @@ impl Frontend {
             let mut prompt = prompt;
             prompt.model.clone_from(&described.partition_model);
             let mut described = described;
+            let mut route = frontend.route_request(&prompt, &described, first);
             let placement = frontend.router.admit(
-                &frontend.route_request(&prompt, &described, request_id.clone(), None),
+                &route,
                 prompt.block_hashes.len() as u64,
                 prompt.tokens.len() as u64,
             )?;
             described.admitted(placement);
-            let prompt = Arc::new(prompt);
-            let described = Arc::new(described);
+            route.strict_priority = described.priority;
+            let (prompt, described, route) =
+                (Arc::new(prompt), Arc::new(described), Arc::new(route));
             // A disaggregated model's pair is selected on its own path.
             let mode = frontend.disaggregation(&described.partition_model);
-            let selected = (mode == Disaggregation::Off)
-                .then(|| frontend.select_now(&prompt, &described, request_id, first));
-            Ok((prompt, described, selected))
+            let selected =
+                (mode == Disaggregation::Off).then(|| frontend.select_now(&route, request_id));
+            Ok((prompt, described, route, selected))
         })
         .await
     }
@@ -321,23 +326,22 @@ impl Frontend {
     /// selects where `off_executor` says for the request's `input_bytes`.
     async fn wait_turn(
         self: &Arc<Self>,
-        prompt: &Arc<Prompt>,
-        described: &Arc<Described>,
-        (instance, input_bytes): (&Option<String>, usize),
+        route: &Arc<RouteRequest>,
+        described: &Described,
+        input_bytes: usize,
         first: Result<Selected, RouteError>,
     ) -> Result<Selected, Response> {
         let place = described.place(switchyard_plugin_host::plugin::PartitionKey::new(
-            prompt.model.clone(),
+            route.model.clone(),
             switchyard_plugin_sdk::WorkerType::Select,
         ));
         let retry = || {
-            let (frontend, prompt, described) = (self.clone(), prompt.clone(), described.clone());
-            let instance = instance.clone();
+            let (frontend, route) = (self.clone(), route.clone());
             async move {
-                let inline = frontend.inline_ok(input_bytes, instance.as_deref());
+                let inline = frontend.inline_ok(input_bytes, route.instance.as_deref());
                 let selected = crate::off_executor::run(inline, move || {
                     let request_id = frontend.next_request_id();
-                    frontend.select_now(&prompt, &described, request_id, instance)
+                    frontend.select_now(&route, request_id)
                 })
                 .await;
                 selected.unwrap_or_else(|e| {
@@ -381,8 +385,8 @@ impl Frontend {
         let Upstream {
             endpoint,
             prompt,
-            described,
-            instance,
+            described: _,
+            route,
             body,
             arrived,
         } = request;
@@ -403,10 +407,7 @@ impl Frontend {
                 // the request never reached it, so another is selected.
                 drop(lease);
                 excluded_attempts += 1;
-                selected = match self
-                    .select_again(&prompt, &described, &instance, body.len())
-                    .await
-                {
+                selected = match self.select_again(&route, body.len()).await {
                     Ok(selected) => selected,
                     Err(error) => return error.into_response(),
                 };
@@ -447,10 +448,7 @@ impl Frontend {
             }
             excluded_attempts += 1;
             fresh = false;
-            selected = match self
-                .select_again(&prompt, &described, &instance, body.len())
-                .await
-            {
+            selected = match self.select_again(&route, body.len()).await {
                 Ok(selected) => selected,
                 Err(error) => return error.into_response(),
             };
@@ -506,19 +504,16 @@ impl Frontend {
     /// now, marked unhealthy).
     async fn select_again(
         self: &Arc<Self>,
-        prompt: &Arc<Prompt>,
-        described: &Arc<Described>,
-        instance: &Option<String>,
+        route: &Arc<RouteRequest>,
         input_bytes: usize,
     ) -> Result<Selected, OpenAiError> {
-        let frontend = self.clone();
-        let (prompt, described, asked) = (prompt.clone(), described.clone(), instance.clone());
+        let (frontend, route) = (self.clone(), route.clone());
         self.off_executor(
-            self.inline_ok(input_bytes, instance.as_deref()),
+            self.inline_ok(input_bytes, route.instance.as_deref()),
             move || {
                 let request_id = frontend.next_request_id();
                 frontend
-                    .select_now(&prompt, &described, request_id, asked)
+                    .select_now(&route, request_id)
                     .map_err(OpenAiError::from)
             },
         )
@@ -586,27 +581,24 @@ impl Frontend {
             })
     }
 
-    /// Selects and reserves a worker for `prompt` (blocking: plugin code runs here). The
-    /// lease is made here too, so the booking is never without an owner.
-    fn select_now(
+    /// Selects and reserves a worker for `route`, booked as `request_id` (blocking:
+    /// plugin code runs here). The lease is made here too, so the booking is never
+    /// without an owner.
+    pub fn select_now(
         &self,
-        prompt: &Prompt,
-        described: &Described,
+        route: &RouteRequest,
         request_id: String,
-        instance: Option<String>,
     ) -> Result<(RouteDecision, Lease), RouteError> {
-        let mut request = self.route_request(prompt, described, request_id.clone(), instance);
-        request.block_hashes = Some(prompt.block_hashes.clone());
-        let decision = self.router.select_and_reserve(&request)?;
+        let decision = self.router.reserve_as(route, &request_id)?;
         Ok((decision, Lease::new(self.router.clone(), request_id)))
     }
 
-    /// What the router is asked for this request, but its block hashes.
+    /// What the router is asked for this request: made once per request and shared by
+    /// its admission and every selection (each books under its own id).
     pub fn route_request(
         &self,
         prompt: &Prompt,
         described: &Described,
-        request_id: String,
         instance: Option<String>,
     ) -> RouteRequest {
         let session = described.session.clone().map(|session_id| {
@@ -621,7 +613,7 @@ impl Frontend {
             session,
             attributes: Some(described.attributes.clone()),
             instance,
-            request_id: Some(request_id),
+            block_hashes: Some(prompt.block_hashes.clone()),
             expected_output_tokens: prompt.expected_output_tokens,
             // (`Default` leaves it off; serde's default, and engines, have it on.)
             tracks_prefill_tokens: true,
