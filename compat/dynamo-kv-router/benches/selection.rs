@@ -1,17 +1,20 @@
 //! Selection through the compatibility adapters against the same policy written against
 //! the SDK directly, at 1,024 workers, in one run: the guide's `least-busy` (a
-//! device-overlap filter at 4 blocks, active requests as the cost, the lowest cost) as
-//! Dynamo code behind the adapters (the guide's API, and Dynamo's current batch-scorer
-//! shape), the same code on the SDK's per-candidate traits, and the SDK's built-ins
-//! (batch forms over columns) for reference.
+//! device-overlap filter at 4 blocks, active requests as the cost, the first lowest cost)
+//! as Dynamo code behind the adapters (the guide's API, and Dynamo's current batch-scorer
+//! shape), and the same logic on the SDK: in its batch forms over the columns
+//! (`sdk-batch`, the like-for-like baseline: same comparisons, same pick), on its
+//! per-candidate traits as the Dynamo code is written (`sdk`), and the SDK's built-ins
+//! (`sdk-builtins`: a vectorized threshold, ties to the lowest worker) for reference.
 //!
 //! Each selection runs filter, scorer and picker through the SDK calls the router makes
 //! (`dynamo_kv_router::testing::Selection`, over columns it owns: the router's own
 //! column handling is not timed, which makes the ratio stricter than a whole selection's).
 //!
 //! Run: `cargo bench -p switchyard-dynamo-kv-router --bench selection`. After criterion's
-//! timings it prints the compat / SDK ratios measured in interleaved rounds (so machine
-//! noise hits the variants alike).
+//! timings it prints, side by side, each variant's time and each compat variant's ratio
+//! to the SDK ones, measured in interleaved rounds and paired per round (so machine noise
+//! hits the variants alike). `--profile-time` (for `perf`) skips that table.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -220,6 +223,73 @@ mod sdk_side {
     }
 }
 
+/// The same policy on the SDK's batch forms, over its columns (what a switchyard author
+/// writes for speed): the same comparisons, the same first-lowest pick.
+mod sdk_batch_side {
+    use switchyard_plugin_sdk::{
+        PolicyError, WorkerCandidate, WorkerCandidates, WorkerFilter, WorkerInputs, WorkerPicker,
+        WorkerScorer, WorkerSelectionContext,
+    };
+
+    pub struct MinimumDeviceOverlapFilter {
+        pub minimum_blocks: f64,
+    }
+
+    impl WorkerFilter for MinimumDeviceOverlapFilter {
+        fn required_worker_inputs(&self) -> WorkerInputs {
+            WorkerInputs::CACHE
+        }
+        fn keep(
+            &mut self,
+            _context: &WorkerSelectionContext<'_>,
+            _candidate: &WorkerCandidate<'_>,
+        ) -> Result<bool, PolicyError> {
+            Err(PolicyError::failed("the router calls keep_batch"))
+        }
+        fn keep_batch(
+            &mut self,
+            _context: &WorkerSelectionContext<'_>,
+            candidates: &WorkerCandidates<'_>,
+            keep: &mut [bool],
+        ) -> Result<(), PolicyError> {
+            let cache = candidates.cache().ok_or("cache input unavailable")?;
+            for (slot, &device) in keep.iter_mut().zip(cache.device_overlap_blocks) {
+                *slot = f64::from(device) >= self.minimum_blocks;
+            }
+            Ok(())
+        }
+    }
+
+    pub struct ActiveRequestsScorer;
+
+    impl WorkerScorer for ActiveRequestsScorer {
+        fn required_worker_inputs(&self) -> WorkerInputs {
+            WorkerInputs::LOAD
+        }
+        fn score(
+            &mut self,
+            _context: &WorkerSelectionContext<'_>,
+            _candidate: &WorkerCandidate<'_>,
+        ) -> Result<f64, PolicyError> {
+            Err(PolicyError::failed("the router calls score_batch"))
+        }
+        fn score_batch(
+            &mut self,
+            _context: &WorkerSelectionContext<'_>,
+            candidates: &WorkerCandidates<'_>,
+            costs: &mut [f64],
+        ) -> Result<(), PolicyError> {
+            let load = candidates.load().ok_or("load input unavailable")?;
+            for (cost, &active) in costs.iter_mut().zip(load.active_requests) {
+                *cost = f64::from(active);
+            }
+            Ok(())
+        }
+    }
+
+    pub use super::sdk_side::LowestCostPicker;
+}
+
 fn compat() -> PolicyParts {
     WorkerSelectionPolicy::new_with_filters(
         KvRouterConfig::default(),
@@ -256,6 +326,16 @@ fn sdk() -> PolicyParts {
     )
 }
 
+fn sdk_batch() -> PolicyParts {
+    PolicyParts::new(
+        vec![Box::new(sdk_batch_side::MinimumDeviceOverlapFilter {
+            minimum_blocks: MIN_BLOCKS,
+        })],
+        vec![Box::new(sdk_batch_side::ActiveRequestsScorer)],
+        Box::new(sdk_batch_side::LowestCostPicker),
+    )
+}
+
 fn sdk_builtins() -> PolicyParts {
     PolicyParts::new(
         vec![Box::new(MinDeviceOverlap::at_least(MIN_BLOCKS))],
@@ -284,12 +364,17 @@ fn fleet() -> Vec<Row> {
 }
 
 type Variant = (&'static str, fn() -> PolicyParts);
-const VARIANTS: [Variant; 4] = [
+/// The compat variants first, then the SDK ones they are compared with.
+const VARIANTS: [Variant; 5] = [
     ("compat", compat),
+    ("compat-current", compat_current),
+    ("sdk-batch", sdk_batch),
     ("sdk", sdk),
     ("sdk-builtins", sdk_builtins),
-    ("compat-current", compat_current),
 ];
+const COMPAT_VARIANTS: usize = 2;
+const ROUNDS: usize = 41;
+const PER_ROUND: u32 = 2_000;
 
 fn bench_selection(c: &mut Criterion) {
     let rows = fleet();
@@ -307,36 +392,47 @@ fn bench_selection(c: &mut Criterion) {
     group.finish();
 }
 
-/// Median microseconds per selection of each variant over interleaved rounds.
-fn interleaved_medians(rounds: usize, per_round: u32) -> Vec<f64> {
+/// Microseconds per selection of each variant (`[variant][round]`) over interleaved
+/// rounds, the order rotated each round so no variant always runs after the same one.
+fn interleaved(rounds: usize, per_round: u32) -> Vec<Vec<f64>> {
     let rows = fleet();
     let mut variants: Vec<_> = VARIANTS
         .iter()
         .map(|(_, parts)| (parts(), Selection::new(&rows)))
         .collect();
-    let mut times = vec![Vec::with_capacity(rounds); variants.len()];
-    for _ in 0..rounds {
-        for ((parts, selection), times) in variants.iter_mut().zip(&mut times) {
+    let mut times = vec![vec![0.0; rounds]; variants.len()];
+    for round in 0..rounds {
+        for step in 0..variants.len() {
+            let index = (round + step) % variants.len();
+            let (parts, selection) = &mut variants[index];
             let start = Instant::now();
             for _ in 0..per_round {
                 black_box(selection.select(parts, REQUEST_BLOCKS).unwrap());
             }
-            times.push(start.elapsed().as_secs_f64() * 1e6 / f64::from(per_round));
+            times[index][round] = start.elapsed().as_secs_f64() * 1e6 / f64::from(per_round);
         }
     }
     times
-        .into_iter()
-        .map(|mut t| {
-            t.sort_by(f64::total_cmp);
-            t[t.len() / 2]
-        })
-        .collect()
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+/// The median over rounds of `times`' ratio to `base` in the same round (paired, so a
+/// noisy round moves both).
+fn paired_ratio(times: &[f64], base: &[f64]) -> f64 {
+    median(times.iter().zip(base).map(|(t, b)| t / b).collect())
 }
 
 fn main() {
     let mut criterion = Criterion::default().configure_from_args();
     bench_selection(&mut criterion);
     criterion.final_summary();
+    if std::env::args().any(|arg| arg == "--profile-time") {
+        return;
+    }
     // The variants pick the same worker (ties aside, the built-in picker's order).
     let rows = fleet();
     let picks: Vec<_> = VARIANTS
@@ -344,18 +440,26 @@ fn main() {
         .map(|(_, parts)| Selection::new(&rows).select(&mut parts(), REQUEST_BLOCKS))
         .collect();
     println!("picks: {picks:?}");
-    let medians = interleaved_medians(41, 2_000);
-    for ((label, _), us) in VARIANTS.iter().zip(&medians) {
-        println!(
-            "{label:>13}: {us:.3} us per selection at {WORKERS} workers (median of 41 rounds)"
-        );
-    }
+    let times = interleaved(ROUNDS, PER_ROUND);
     println!(
-        "compat / sdk: {:.3}x; compat / sdk-builtins: {:.3}x; compat-current / sdk: {:.3}x; \
-         compat-current / sdk-builtins: {:.3}x (target: within 1.1x)",
-        medians[0] / medians[1],
-        medians[0] / medians[2],
-        medians[3] / medians[1],
-        medians[3] / medians[2]
+        "{WORKERS} workers, median of {ROUNDS} interleaved rounds of {PER_ROUND} selections; \
+         ratios are medians of per-round ratios (target: compat within 1.1x of sdk-batch)"
     );
+    println!(
+        "{:>14} {:>10} {:>11} {:>8} {:>14}",
+        "variant", "us/select", "/sdk-batch", "/sdk", "/sdk-builtins"
+    );
+    for (index, (label, _)) in VARIANTS.iter().enumerate() {
+        let us = median(times[index].clone());
+        if index < COMPAT_VARIANTS {
+            println!(
+                "{label:>14} {us:>10.3} {:>10.3}x {:>7.3}x {:>13.3}x",
+                paired_ratio(&times[index], &times[2]),
+                paired_ratio(&times[index], &times[3]),
+                paired_ratio(&times[index], &times[4]),
+            );
+        } else {
+            println!("{label:>14} {us:>10.3}");
+        }
+    }
 }
