@@ -227,8 +227,8 @@ mod sdk_side {
 /// writes for speed): the same comparisons, the same first-lowest pick.
 mod sdk_batch_side {
     use switchyard_plugin_sdk::{
-        PolicyError, WorkerCandidate, WorkerCandidates, WorkerFilter, WorkerInputs, WorkerPicker,
-        WorkerScorer, WorkerSelectionContext,
+        PolicyError, WorkerCandidate, WorkerCandidates, WorkerFilter, WorkerInputs, WorkerScorer,
+        WorkerSelectionContext,
     };
 
     pub struct MinimumDeviceOverlapFilter {
