@@ -38,6 +38,9 @@ pub fn warnings(source: &ConfigSource) -> Vec<String> {
         if ext_proc.tls.as_ref().is_none_or(|t| t.client_ca.is_none()) && auth.clients.is_empty() {
             out.push("ext_proc has neither mutual TLS (ext_proc.tls.client_ca) nor client keys: any gRPC client may ask for picks".to_owned());
         }
+        if ext_proc.test_endpoint_selection {
+            out.push("ext_proc.test_endpoint_selection is on: each request's `test-epp-endpoint-selection` header chooses its endpoints; for the Inference Extension's conformance tests only, turn it off in production".to_owned());
+        }
     }
     if auth.choose_instance == InstanceChoice::Anyone {
         out.push("auth.choose_instance is `anyone`: every client may pick the policy its requests are routed with".to_owned());

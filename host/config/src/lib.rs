@@ -237,6 +237,60 @@ pub struct ExtProcSettings {
         deserialize_with = "buffered_bytes"
     )]
     pub max_buffered_bytes: usize,
+    /// The Gateway API Inference Extension's conformance tests steer each request with a
+    /// `test-epp-endpoint-selection` header (`IP` or `IP:port`, comma-separated); when on,
+    /// the picker keeps to the endpoints it names and reports the served endpoint back in
+    /// `x-conformance-test-served-endpoint`. Off by default: a production picker must not
+    /// let its clients choose endpoints (GIE's own picker gates it behind a test-only
+    /// plugin, too).
+    #[serde(default, deserialize_with = "test_switch")]
+    pub test_endpoint_selection: bool,
+}
+
+fn test_switch<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<bool, D::Error> {
+    deserializer.deserialize_any(TestSwitch)
+}
+
+/// `true` or `false`; anything else is refused inside the visitor, so the error carries
+/// the value's line.
+struct TestSwitch;
+
+impl TestSwitch {
+    fn refuse<E: serde::de::Error>(got: impl std::fmt::Display) -> E {
+        E::custom(format!("test_endpoint_selection is true or false (got {got}): true lets each request's `test-epp-endpoint-selection` header choose its endpoints, for the Inference Extension's conformance tests only"))
+    }
+}
+
+impl serde::de::Visitor<'_> for TestSwitch {
+    type Value = bool;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("test_endpoint_selection: true or false")
+    }
+
+    fn visit_bool<E: serde::de::Error>(self, on: bool) -> Result<bool, E> {
+        Ok(on)
+    }
+
+    fn visit_str<E: serde::de::Error>(self, got: &str) -> Result<bool, E> {
+        Err(Self::refuse(format!("\"{got}\"")))
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, got: u64) -> Result<bool, E> {
+        Err(Self::refuse(got))
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, got: i64) -> Result<bool, E> {
+        Err(Self::refuse(got))
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, got: f64) -> Result<bool, E> {
+        Err(Self::refuse(got))
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> Result<bool, E> {
+        Err(Self::refuse("nothing"))
+    }
 }
 
 fn default_max_buffered_bytes() -> usize {
@@ -373,6 +427,7 @@ impl ExtProcSettings {
             max_message_bytes: Self::DEFAULT_MAX_MESSAGE_BYTES,
             max_header_bytes: Self::DEFAULT_MAX_HEADER_BYTES,
             max_buffered_bytes: Self::DEFAULT_MAX_BUFFERED_BYTES,
+            test_endpoint_selection: false,
         }
     }
 }

@@ -14,6 +14,7 @@ use switchyard_plugin_host::plugin::PartitionKey;
 use switchyard_plugin_sdk::WorkerId;
 use switchyard_plugin_sdk::WorkerType;
 
+use super::selection::{TestSelection, HEADER};
 use super::{Booked, EndpointPicker};
 use crate::caller::Caller;
 use crate::frontend::prompt::{self, Endpoint};
@@ -29,6 +30,24 @@ pub(super) fn eligible(router: &Router, subset: Option<&[String]>) -> Vec<(Worke
         .into_iter()
         .filter(|(_, endpoint)| subset.as_ref().is_none_or(|s| s.contains(endpoint)))
         .collect()
+}
+
+/// `eligible` kept to the endpoints of the request's `test-epp-endpoint-selection`
+/// header (`ext_proc.test_endpoint_selection`); 503 when it names none of them.
+pub(super) fn selected(
+    mut eligible: Vec<(WorkerId, SocketAddr)>,
+    selection: Option<&TestSelection>,
+) -> Result<Vec<(WorkerId, SocketAddr)>, OpenAiError> {
+    let Some(selection) = selection else {
+        return Ok(eligible);
+    };
+    eligible.retain(|(_, endpoint)| selection.admits(endpoint));
+    if eligible.is_empty() {
+        return Err(no_endpoint(format!(
+            "none of the endpoints the request's {HEADER} header names ({selection}) is an eligible switchyard worker"
+        )));
+    }
+    Ok(eligible)
 }
 
 pub(super) fn no_endpoint(message: impl Into<String>) -> OpenAiError {
@@ -57,6 +76,8 @@ pub(super) struct Wanted {
     pub(super) endpoint: Endpoint,
     pub(super) instance: Option<String>,
     pub(super) subset: Option<Vec<String>>,
+    /// The request's test-only endpoint selection, when the picker takes it.
+    pub(super) selection: Option<TestSelection>,
     pub(super) kept: Vec<(String, String)>,
     /// The request's admission (rate limit and admitters), made at its first try and
     /// kept by the later ones of a queued request.
@@ -142,19 +163,21 @@ fn endpoint_of(
         .ok_or_else(|| no_endpoint(format!("worker {} has no endpoint", worker.worker_id)))
 }
 
-/// The endpoints the request may go to: within the gateway's subset hint, and under
-/// `ext_proc.max_requests_per_worker`.
+/// The endpoints the request may go to: within the gateway's subset hint, then the
+/// request's test selection, and under `ext_proc.max_requests_per_worker`.
 fn eligible_within_limits(
     picker: &EndpointPicker,
     subset: Option<&[String]>,
+    selection: Option<&TestSelection>,
 ) -> Result<Vec<(WorkerId, SocketAddr)>, OpenAiError> {
     let router = picker.frontend.router();
-    let mut eligible = eligible(router, subset);
+    let eligible = eligible(router, subset);
     if subset.is_some() && eligible.is_empty() {
         return Err(no_endpoint(
             "none of the endpoints in the gateway's subset hint is a switchyard worker",
         ));
     }
+    let mut eligible = selected(eligible, selection)?;
     if let Some(limit) = picker.max_requests_per_worker {
         let loads: HashMap<WorkerId, u64> = router
             .loads()
@@ -261,6 +284,7 @@ pub(super) fn decide(
         endpoint,
         instance,
         subset,
+        selection,
         kept,
         admitted,
     } = wanted;
@@ -274,7 +298,7 @@ pub(super) fn decide(
     )?;
     let frontend = &picker.frontend;
     let router = frontend.router();
-    let eligible = eligible_within_limits(picker, subset.as_deref())?;
+    let eligible = eligible_within_limits(picker, subset.as_deref(), selection.as_ref())?;
     let mut request = frontend.route_request(&prompt, &described, instance);
     request.request_id = Some(request_id.clone());
     request.only = Some(Arc::new(eligible.iter().map(|(id, _)| *id).collect()));

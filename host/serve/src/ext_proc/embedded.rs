@@ -52,6 +52,7 @@ impl Asked {
             endpoint,
             instance,
             subset,
+            selection: None,
             kept,
             admitted: Arc::default(),
         })

@@ -198,9 +198,28 @@ pub fn body(body: &[u8], end_of_stream: bool, request: bool) -> Vec<ProcessingRe
 
 /// The response-headers response: nothing changed.
 pub fn response_headers() -> ProcessingResponse {
+    response_headers_with(None)
+}
+
+/// The response-headers response: nothing changed, or the one header `set` added.
+pub fn response_headers_with(set: Option<(&str, &str)>) -> ProcessingResponse {
+    let header_mutation = set.map(|(key, value)| HeaderMutation {
+        set_headers: vec![HeaderValueOption {
+            header: Some(HeaderValue {
+                key: key.into(),
+                raw_value: value.as_bytes().to_vec(),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }],
+        ..Default::default()
+    });
     ProcessingResponse {
         response: Some(Response::ResponseHeaders(HeadersResponse {
-            response: Some(CommonResponse::default()),
+            response: Some(CommonResponse {
+                header_mutation,
+                ..Default::default()
+            }),
         })),
         ..Default::default()
     }

@@ -28,8 +28,10 @@
 mod decide;
 pub mod embedded;
 pub mod messages;
+mod selection;
 
-use decide::{decide, eligible, no_endpoint, Attempt, Wanted};
+use decide::{decide, eligible, no_endpoint, selected, Attempt, Wanted};
+use selection::TestSelection;
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -63,6 +65,17 @@ use switchyard_config::ExtProcSettings;
 /// The gRPC service name Envoy calls (and the health service reports).
 pub const SERVICE_NAME: &str = "envoy.service.ext_proc.v3.ExternalProcessor";
 
+/// The services gRPC health answers for: the endpoint-picker protocol's three, GIE's
+/// conformance pickers' `inference-extension` (its manifests' probes ask for it), and
+/// the server as a whole.
+const HEALTH_SERVICES: [&str; 5] = [
+    "liveness",
+    "readiness",
+    SERVICE_NAME,
+    "inference-extension",
+    "",
+];
+
 /// The endpoint picker over the frontend's router and tokenizers.
 pub struct EndpointPicker {
     frontend: Arc<Frontend>,
@@ -75,6 +88,8 @@ pub struct EndpointPicker {
     /// Request body bytes every stream holds together, at most `max_buffered_bytes`.
     buffered: std::sync::atomic::AtomicUsize,
     max_buffered_bytes: usize,
+    /// `ext_proc.test_endpoint_selection`: GIE's conformance header is read.
+    test_endpoint_selection: bool,
 }
 
 impl EndpointPicker {
@@ -121,6 +136,7 @@ impl EndpointPicker {
             },
             buffered: std::sync::atomic::AtomicUsize::new(0),
             max_buffered_bytes: settings.max_buffered_bytes,
+            test_endpoint_selection: settings.test_endpoint_selection,
         }
     }
 }
@@ -137,7 +153,7 @@ pub async fn serve(
 ) -> std::io::Result<()> {
     let address = listener.local_addr()?;
     let (health, health_service) = tonic_health::server::health_reporter();
-    for service in ["liveness", "readiness", SERVICE_NAME, ""] {
+    for service in HEALTH_SERVICES {
         health
             .set_service_status(service, tonic_health::ServingStatus::Serving)
             .await;
@@ -147,7 +163,7 @@ pub async fn serve(
     let mut stop = drain.clone();
     let draining = async move {
         let _ = stop.wait_for(|d| *d).await;
-        for service in ["liveness", "readiness", SERVICE_NAME, ""] {
+        for service in HEALTH_SERVICES {
             health
                 .set_service_status(service, tonic_health::ServingStatus::NotServing)
                 .await;
@@ -221,6 +237,7 @@ impl ExternalProcessor for Service {
             instance: None,
             kept_headers: Vec::new(),
             subset: None,
+            selection: None,
             body: Vec::new(),
             body_held: 0,
             booked: None,
@@ -316,6 +333,8 @@ struct Exchange {
     kept_headers: Vec<(String, String)>,
     /// The gateway's subset hint, once a message carried it.
     subset: Option<Vec<String>>,
+    /// The request's `test-epp-endpoint-selection`, when the picker takes it.
+    selection: Option<TestSelection>,
     body: Vec<u8>,
     /// What `body` holds of the picker's body budget, given back when it is let go.
     body_held: usize,
@@ -415,7 +434,14 @@ impl Exchange {
                 if !self.response_body {
                     self.answering();
                 }
-                self.send(vec![messages::response_headers()])
+                // GIE's conformance suite reads who served from the response.
+                let report = self
+                    .picker
+                    .test_endpoint_selection
+                    .then(|| selection::served_report(message.metadata_context.as_ref()));
+                self.send(vec![messages::response_headers_with(
+                    report.as_deref().map(|r| (selection::SERVED_REPORT, r)),
+                )])
             }
             Some(Request::ResponseBody(body)) => self.response_body(body).await,
             Some(Request::ResponseTrailers(_)) => {
@@ -489,6 +515,10 @@ impl Exchange {
         }
         self.instance = messages::header(headers, INSTANCE_HEADER)
             .map(|v| String::from_utf8_lossy(v).into_owned());
+        if self.picker.test_endpoint_selection {
+            self.selection = messages::header(headers, selection::HEADER)
+                .and_then(|v| TestSelection::parse(&String::from_utf8_lossy(v)));
+        }
         let generation = self.picker.frontend.router().generation();
         let kept =
             request_attributes::kept_headers(&generation.config().request_attributes, |name| {
@@ -503,12 +533,15 @@ impl Exchange {
             return Next::Continue; // the answer waits for the body
         }
         // No body (GET /v1/models and the like): any eligible endpoint, nothing booked.
-        let eligible = self.eligible();
-        if eligible.is_empty() {
-            return self.refuse(no_endpoint(
-                "the gateway's subset names no endpoint switchyard knows",
-            ));
-        }
+        let eligible = match selected(self.eligible(), self.selection.as_ref()) {
+            Ok(eligible) if !eligible.is_empty() => eligible,
+            Ok(_) => {
+                return self.refuse(no_endpoint(
+                    "the gateway's subset names no endpoint switchyard knows",
+                ))
+            }
+            Err(error) => return self.refuse(error),
+        };
         let endpoint = eligible[rand::random::<u32>() as usize % eligible.len()].1;
         self.send(vec![messages::pick(&endpoint.to_string(), None)])
     }
@@ -552,8 +585,12 @@ impl Exchange {
         }
         let started = Instant::now();
         let picker = self.picker.clone();
-        let (endpoint, instance, subset) =
-            (self.endpoint, self.instance.clone(), self.subset.clone());
+        let (endpoint, instance, subset, selection) = (
+            self.endpoint,
+            self.instance.clone(),
+            self.subset.clone(),
+            self.selection.clone(),
+        );
         let kept = std::mem::take(&mut self.kept_headers);
         let caller = self.caller.clone();
         let request_body = Arc::new(std::mem::take(&mut self.body));
@@ -561,6 +598,7 @@ impl Exchange {
             endpoint,
             instance,
             subset,
+            selection,
             kept,
             admitted: Arc::default(),
         };
