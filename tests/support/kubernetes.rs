@@ -17,14 +17,38 @@ use super::{eventually_ok, free_port};
 pub const KUBERNETES_VERSION: &str = "1.37.2";
 const TOKEN: &str = "switchyard-test-admin-token";
 
-fn cached_apiserver() -> PathBuf {
+/// The Gateway API version whose CRDs scripts/install-test-tools fetches.
+pub const GATEWAY_API_VERSION: &str = "1.4.1";
+
+/// Where scripts/install-test-tools keeps what it builds and fetches for Kubernetes.
+fn kube_cache() -> PathBuf {
     let cache = std::env::var_os("SWITCHYARD_CACHE")
         .map(PathBuf::from)
         .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("switchyard")))
         .unwrap_or_else(|| {
             PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/switchyard")
         });
-    cache.join(format!("kubernetes-v{KUBERNETES_VERSION}/kube-apiserver"))
+    cache.join(format!("kubernetes-v{KUBERNETES_VERSION}"))
+}
+
+fn cached_apiserver() -> PathBuf {
+    kube_cache().join("kube-apiserver")
+}
+
+/// The Gateway API CRD file for `plural` (`gateways`, `httproutes`, `gatewayclasses`), or
+/// why it is missing.
+pub fn gateway_api_crd(plural: &str) -> Result<PathBuf, String> {
+    let file = kube_cache()
+        .join(format!("gateway-api-v{GATEWAY_API_VERSION}"))
+        .join(format!("gateway.networking.k8s.io_{plural}.yaml"));
+    if file.exists() {
+        Ok(file)
+    } else {
+        Err(format!(
+            "no Gateway API CRD at {} (scripts/install-test-tools fetches it)",
+            file.display()
+        ))
+    }
 }
 
 /// etcd and kube-apiserver, or why not.
@@ -351,18 +375,22 @@ impl Api {
     /// can be listed.
     pub fn inference_pool_crd(&self) {
         let file = super::repo().join("tests/fixtures/kubernetes/inferencepools-v1.6.0.yaml");
+        self.crd(&file, "inferencepools", "inference.networking.k8s.io/v1");
+    }
+
+    /// Applies the CustomResourceDefinition in `file` (of `plural` in `group_version`) and
+    /// waits until the API serves it.
+    pub fn crd(&self, file: &std::path::Path, plural: &str, group_version: &str) {
         let crd: Value = serde_yaml::from_str(&std::fs::read_to_string(file).unwrap()).unwrap();
-        let path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/inferencepools.inference.networking.k8s.io";
-        let (status, answer) = self.apply(path, &crd, false);
-        assert!(matches!(status, 200 | 201), "{answer}");
+        let group = group_version.split('/').next().unwrap_or_default();
+        let path =
+            format!("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{plural}.{group}");
+        let (status, answer) = self.apply(&path, &crd, false);
+        assert!(matches!(status, 200 | 201), "{}: {answer}", file.display());
         eventually_ok(
-            "InferencePools served",
+            &format!("{plural} served"),
             Duration::from_secs(30),
-            || match self.call(
-                "GET",
-                "/apis/inference.networking.k8s.io/v1/inferencepools",
-                None,
-            ) {
+            || match self.call("GET", &format!("/apis/{group_version}/{plural}"), None) {
                 (200, _) => Ok(()),
                 (status, body) => Err(format!("{status} {body}")),
             },
