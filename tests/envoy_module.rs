@@ -12,86 +12,17 @@
 mod support;
 
 use std::io::Read;
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use support::module_envoy::*;
 use support::real_envoy::{module_config, module_dir, Envoy};
 use support::*;
-
-/// A real Envoy with the module, and the module's HTTP API.
-struct ModuleEnvoy {
-    envoy: Envoy,
-    api: String,
-}
-
-/// switchyard's config for `engines` (by address), written to `dir`, with `extra` lines.
-fn switchyard_config(dir: &Path, engines: &[&Process], extra: &str) -> PathBuf {
-    let workers = demo_workers(engines.iter().copied(), true);
-    write_config(
-        dir,
-        &format!(
-            "models:\n  demo: {{kv_tracking: predicted}}\n\
-             frontend: {{health_interval_ms: 100, unhealthy_cooldown_ms: 300, health_timeout_ms: 200}}\n\
-             {extra}workers:\n{workers}"
-        ),
-    )
-}
-
-/// Envoy with the module in front of `engines`, switchyard's config `config`.
-fn start_module(dir: &Path, config: &Path, engines: &[&Process]) -> ModuleEnvoy {
-    let modules = module_dir();
-    let addresses: Vec<SocketAddr> = engines
-        .iter()
-        .map(|e| e.address.trim_start_matches("http://").parse().unwrap())
-        .collect();
-    let (port, api) = (free_port(), free_port());
-    let text = module_config(port, config, api, &addresses);
-    let envoy = Envoy::start_with_env(
-        dir,
-        port,
-        &text,
-        &[
-            ("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", modules.as_os_str()),
-            ("SWITCHYARD_EXE", switchyard_bin().as_os_str()),
-            ("RUST_LOG", "warn".as_ref()),
-        ],
-    );
-    let api = format!("http://127.0.0.1:{api}");
-    eventually_ok(
-        "the module's HTTP API answers",
-        Duration::from_secs(20),
-        || {
-            ureq::get(&format!("{api}/v1/workers"))
-                .call()
-                .map(drop)
-                .map_err(|e| e.to_string())
-        },
-    );
-    ModuleEnvoy { envoy, api }
-}
-
-fn agent() -> ureq::Agent {
-    ureq::AgentBuilder::new()
-        .timeout(Duration::from_secs(20))
-        .build()
-}
-
-fn chat(content: &str, stream: bool) -> Value {
-    json!({"model": "demo", "stream": stream, "max_tokens": 6,
-           "messages": [{"role": "user", "content": content}]})
-}
 
 /// A chat request for a model no worker serves (404 from the picker's code).
 fn unknown_model() -> Value {
     json!({"model": "nope", "messages": [{"role": "user", "content": "x"}]})
-}
-
-fn engines(count: usize) -> Vec<Process> {
-    (0..count)
-        .map(|i| engine_sim(&format!("e{i}"), "127.0.0.1:0", &[]))
-        .collect()
 }
 
 /// `count` streamed chats whose clients hang up after the first bytes.
@@ -110,7 +41,7 @@ fn hang_up(agent: &ureq::Agent, url: &str, count: usize) {
 #[test]
 fn chat_and_completions_streamed_or_not_hang_ups_and_prefix_affinity_through_the_module() {
     let dir = tempfile::tempdir().unwrap();
-    let engines = engines(3);
+    let engines = engine_sims(3, &[]);
     let engine_refs: Vec<&Process> = engines.iter().collect();
     let config = switchyard_config(dir.path(), &engine_refs, "");
     let module = start_module(dir.path(), &config, &engine_refs);
@@ -220,7 +151,7 @@ fn the_module_decides_as_the_ext_proc_picker_on_the_same_requests() {
     let sequence = request_sequence();
     // Each router gets fresh engines of the same names: what an engine reports (its
     // metrics) after serving the other's requests would make the second start apart.
-    let engines = engines(3);
+    let engines = engine_sims(3, &[]);
     let engine_refs: Vec<&Process> = engines.iter().collect();
     let picker_dir = dir.path().join("picker");
     std::fs::create_dir(&picker_dir).unwrap();
@@ -249,7 +180,7 @@ fn the_module_decides_as_the_ext_proc_picker_on_the_same_requests() {
     drop(engine_refs);
     drop(engines);
 
-    let engines = self::engines(3);
+    let engines = engine_sims(3, &[]);
     let engine_refs: Vec<&Process> = engines.iter().collect();
 
     let module_dir = dir.path().join("module");
@@ -301,7 +232,7 @@ fn isolated_config(dir: &Path, engines: &[&Process], flag: &Path) -> PathBuf {
 #[test]
 fn an_isolated_plugin_that_aborts_under_load_leaves_envoy_serving() {
     let dir = tempfile::tempdir().unwrap();
-    let engines = engines(2);
+    let engines = engine_sims(2, &[]);
     let engine_refs: Vec<&Process> = engines.iter().collect();
     let flag = dir.path().join("misbehave");
     let config = isolated_config(dir.path(), &engine_refs, &flag);
@@ -358,14 +289,11 @@ fn an_isolated_plugin_that_aborts_under_load_leaves_envoy_serving() {
 #[test]
 fn subset_hints_set_in_envoy_bound_the_modules_picks() {
     let dir = tempfile::tempdir().unwrap();
-    let engines = engines(3);
+    let engines = engine_sims(3, &[]);
     let engine_refs: Vec<&Process> = engines.iter().collect();
     let config = switchyard_config(dir.path(), &engine_refs, "");
     let modules = module_dir();
-    let addresses: Vec<SocketAddr> = engine_refs
-        .iter()
-        .map(|e| e.address.trim_start_matches("http://").parse().unwrap())
-        .collect();
+    let addresses = addresses(&engine_refs);
     let with_hint = |subset: &str| {
         let (port, api) = (free_port(), free_port());
         let filter = format!(
@@ -399,7 +327,7 @@ fn subset_hints_set_in_envoy_bound_the_modules_picks() {
 #[test]
 fn an_upstream_failure_envoy_reports_takes_the_worker_out_of_the_modules_picks() {
     let dir = tempfile::tempdir().unwrap();
-    let mut engines = engines(3);
+    let mut engines = engine_sims(3, &[]);
     let engine_refs: Vec<&Process> = engines.iter().collect();
     let workers = demo_workers(engine_refs.iter().copied(), true);
     let config = write_config(

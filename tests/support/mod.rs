@@ -10,6 +10,7 @@ pub use eventually::{eventually, eventually_async, eventually_ok, eventually_ok_
 pub mod kubernetes;
 pub mod llama;
 pub mod load;
+pub mod module_envoy;
 pub mod nats;
 pub mod real_envoy;
 pub mod server;

@@ -1,0 +1,218 @@
+//! Operating switchyard as an Envoy dynamic module (issue #49, items 3 and 4): a real
+//! Envoy 1.40 loading `libswitchyard_envoy.so` with docs/envoy.md's config, in front of
+//! `engine-sim` engines (tests/support/module_envoy.rs). Covered: the example policy
+//! plugins of each language (Rust, C, C++) routing inside Envoy, with their selections in
+//! the module's metrics; a reload under load (`POST /v1/admin/reload` on the module's
+//! API) that fails no request and whose new generation routes; two Envoys, each with the
+//! module, sharing bookings over NATS. Every test ends with no booking left.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use serde_json::json;
+use support::module_envoy::*;
+use support::nats::Nats;
+use support::*;
+
+/// The example least-busy policy of each language, one instance each, chosen per
+/// request by `x-switchyard-instance` (Envoy's clients may choose: `auth.choose_instance`).
+fn plugins_of_each_language() -> String {
+    format!(
+        "plugins:\n  - path: {}\n  - path: {}\n  - path: {}\n\
+         auth: {{choose_instance: anyone}}\n\
+         worker_selection:\n  default: rust\n  instances:\n\
+         \x20   - {{name: rust, type: least-busy, parameters: {{min_device_overlap_blocks: 0}}}}\n\
+         \x20   - {{name: c, type: c.least-busy, parameters: {{min_device_overlap_blocks: 0}}}}\n\
+         \x20   - {{name: cpp, type: cpp.least-busy, parameters: {{min_device_overlap_blocks: 0}}}}\n",
+        rust_plugin("least_busy").display(),
+        cmake_plugin("least_busy_c").display(),
+        cmake_plugin("least_busy_cpp").display(),
+    )
+}
+
+#[test]
+fn plugins_of_each_language_route_inside_envoy_and_count_in_the_modules_metrics() {
+    let dir = tempfile::tempdir().unwrap();
+    let engines = engine_sims(2, &[]);
+    let engine_refs: Vec<&Process> = engines.iter().collect();
+    let config = switchyard_config(dir.path(), &engine_refs, &plugins_of_each_language());
+    let module = start_module(dir.path(), &config, &engine_refs);
+    let url = format!("{}/v1/chat/completions", module.envoy.base);
+    let agent = agent();
+    for instance in ["rust", "c", "cpp"] {
+        let mut served = std::collections::HashSet::new();
+        for i in 0..4 {
+            let response = agent
+                .post(&url)
+                .set("x-switchyard-instance", instance)
+                .send_json(chat(&format!("{instance} {i}"), i % 2 == 1))
+                .unwrap_or_else(|e| panic!("{instance} request {i}: {e}"));
+            assert_eq!(response.status(), 200);
+            served.insert(response.header("x-engine-name").unwrap_or("").to_owned());
+            assert!(response.into_string().unwrap().contains("choices"));
+        }
+        assert!(
+            served.iter().all(|e| e.starts_with('e')),
+            "{instance}: answered by the engines: {served:?}"
+        );
+        // The module's own listener shows the routed requests under serve's names.
+        let selections = labelled_metric(
+            &module.api,
+            "switchyard_selections_total",
+            &format!("instance=\"{instance}\""),
+        );
+        assert!(
+            selections >= 4.0,
+            "{instance}: {selections} selections counted"
+        );
+    }
+    assert!(metric(&module.api, "switchyard_ext_proc_picks_total") >= 12.0);
+    wait_for_no_bookings(&module.api, Duration::from_secs(10));
+}
+
+/// A policy instance named `name` (the built-in cost), the config's default.
+fn named_default(name: &str) -> String {
+    format!(
+        "worker_selection:\n  default: {name}\n  instances:\n\
+         \x20   - name: {name}\n      scorers: [{{type: builtin.default-cost}}]\n      picker: {{type: builtin.lowest-cost}}\n"
+    )
+}
+
+/// Four clients sending until `stop`, each request's status kept.
+fn clients_until(url: &str, stop: &AtomicBool, sent: &AtomicUsize) -> Vec<u16> {
+    std::thread::scope(|scope| {
+        let clients: Vec<_> = (0..4)
+            .map(|c| {
+                scope.spawn(move || {
+                    let agent = agent();
+                    let mut statuses = Vec::new();
+                    let mut i = 0;
+                    while !stop.load(Ordering::Relaxed) {
+                        let request = chat(&format!("client {c} request {i}"), i % 2 == 0);
+                        statuses.push(post_json(&agent, url, &request).0);
+                        sent.fetch_add(1, Ordering::Relaxed);
+                        i += 1;
+                    }
+                    statuses
+                })
+            })
+            .collect();
+        clients
+            .into_iter()
+            .flat_map(|c| c.join().unwrap())
+            .collect()
+    })
+}
+
+#[test]
+fn a_reload_under_load_fails_no_request_and_its_generation_routes() {
+    let dir = tempfile::tempdir().unwrap();
+    let engines = engine_sims(2, &[]);
+    let engine_refs: Vec<&Process> = engines.iter().collect();
+    let config = switchyard_config(dir.path(), &engine_refs, &named_default("before"));
+    let module = start_module(dir.path(), &config, &engine_refs);
+    let url = format!("{}/v1/chat/completions", module.envoy.base);
+    let (stop, sent) = (AtomicBool::new(false), AtomicUsize::new(0));
+    let statuses = std::thread::scope(|scope| {
+        let load = scope.spawn(|| clients_until(&url, &stop, &sent));
+        eventually("20 requests answered", Duration::from_secs(60), || {
+            sent.load(Ordering::Relaxed) >= 20
+        });
+        // The same file, another default instance: what `serve` reloads.
+        switchyard_config(dir.path(), &engine_refs, &named_default("after"));
+        let reloaded = ureq::post(&format!("{}/v1/admin/reload", module.api)).call();
+        let reloaded = reloaded.map(|r| r.into_string().unwrap());
+        let at_reload = sent.load(Ordering::Relaxed);
+        eventually("20 more requests answered", Duration::from_secs(60), || {
+            sent.load(Ordering::Relaxed) >= at_reload + 20
+        });
+        stop.store(true, Ordering::Relaxed);
+        let body = reloaded.unwrap_or_else(|e| panic!("the reload failed: {e}"));
+        assert!(body.contains("\"reloaded\":true"), "{body}");
+        load.join().unwrap()
+    });
+    assert!(
+        statuses.iter().all(|s| *s == 200),
+        "every request answered across the reload: {statuses:?}"
+    );
+    assert_eq!(metric(&module.api, "switchyard_config_generation"), 2.0);
+    let after = |name: &str| {
+        labelled_metric(
+            &module.api,
+            "switchyard_selections_total",
+            &format!("instance=\"{name}\""),
+        )
+    };
+    assert!(
+        after("after") >= 20.0,
+        "the new generation's instance routes: {}",
+        after("after")
+    );
+    wait_for_no_bookings(&module.api, Duration::from_secs(10));
+}
+
+/// Total active requests, as the router at `api` counts them (its own and its peers').
+fn active_total(api: &str) -> u64 {
+    active_requests(api).iter().sum()
+}
+
+#[test]
+fn two_envoys_with_the_module_share_bookings_over_nats() {
+    let dir = tempfile::tempdir().unwrap();
+    let nats = Nats::start(free_port());
+    // Slow engines: a 150-token answer streams for six seconds, so bookings last.
+    let engines = engine_sims(2, &["--decode-tps", "25"]);
+    let engine_refs: Vec<&Process> = engines.iter().collect();
+    let replica = |id: &str| {
+        let folder = dir.path().join(id);
+        std::fs::create_dir(&folder).unwrap();
+        let replicas = format!(
+            "replicas: {{nats: 'nats://127.0.0.1:{}', id: {id}, heartbeat_ms: 100, peer_ttl_ms: 800, snapshot_wait_ms: 300}}\n",
+            nats.port
+        );
+        let config = switchyard_config(&folder, &engine_refs, &replicas);
+        start_module(&folder, &config, &engine_refs)
+    };
+    let (a, b) = (replica("a"), replica("b"));
+    let long = |i: usize| {
+        json!({"model": "demo", "stream": true, "max_tokens": 150,
+               "messages": [{"role": "user", "content": format!("long stream {i}")}]})
+    };
+    let answers = std::thread::scope(|scope| {
+        // Four streams through A, then two through B.
+        let mut streams = Vec::new();
+        for (i, envoy) in [&a, &a, &a, &a, &b, &b].into_iter().enumerate() {
+            let url = format!("{}/v1/chat/completions", envoy.envoy.base);
+            streams.push(scope.spawn(move || post_json(&agent(), &url, &long(i))));
+            if i == 3 {
+                eventually(
+                    "A's four bookings seen by B",
+                    Duration::from_secs(10),
+                    || active_total(&b.api) == 4,
+                );
+            }
+        }
+        for module in [&a, &b] {
+            eventually("every booking on both", Duration::from_secs(10), || {
+                active_total(&module.api) == 6
+            });
+        }
+        // Each counts the other's: the engines share the six.
+        assert_eq!(active_requests(&a.api), vec![3, 3], "A's view");
+        assert_eq!(active_requests(&b.api), vec![3, 3], "B's view");
+        streams
+            .into_iter()
+            .map(|s| s.join().unwrap())
+            .collect::<Vec<_>>()
+    });
+    for (status, _, body) in &answers {
+        assert_eq!(*status, 200, "{body}");
+        assert!(body.trim_end().ends_with("data: [DONE]"), "{body}");
+    }
+    for module in [&a, &b] {
+        wait_for_no_bookings(&module.api, Duration::from_secs(10));
+    }
+    assert!(metric(&b.api, "switchyard_replica_bus_up") == 1.0);
+}
