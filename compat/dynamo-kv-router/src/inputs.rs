@@ -236,6 +236,18 @@ impl<'a> CandidateRows<'a> {
         (self.worker_ids, self.dp_ranks, self.routing)
     }
 
+    /// The CACHE columns, when present (the current shape's views copy them).
+    #[inline]
+    pub(crate) fn cache_columns(&self) -> Option<sdk::CacheInputs<'a>> {
+        self.cache
+    }
+
+    /// The LOAD columns, when present.
+    #[inline]
+    pub(crate) fn load_columns(&self) -> Option<sdk::LoadInputs<'a>> {
+        self.load
+    }
+
     /// Whether the LOAD columns are present.
     #[inline]
     pub fn has_load(&self) -> bool {

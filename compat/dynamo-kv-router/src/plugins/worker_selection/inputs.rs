@@ -2,6 +2,7 @@
 //! (`WorkerCandidates`), a filter one `WorkerCandidate<'_>` by value; both borrow rows the
 //! adapter fills once per call from the SDK's columns.
 
+use core::fmt;
 use core::ops::BitOr;
 
 use switchyard_plugin_sdk as sdk;
@@ -55,12 +56,14 @@ impl BitOr for WorkerInputs {
     }
 }
 
-/// KV-cache overlap values of one worker.
+/// KV-cache overlap values of one worker. Held as the router's integers (16 bytes a row
+/// to fill per call instead of 32), converted to Dynamo's types by the accessors, so only
+/// what a component reads is converted.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct WorkerCacheInput {
-    device_overlap_blocks: f64,
-    host_overlap_blocks: f64,
-    disk_overlap_blocks: f64,
+    device_overlap_blocks: u32,
+    host_overlap_blocks: u32,
+    disk_overlap_blocks: u32,
     block_size: u32,
 }
 
@@ -69,33 +72,34 @@ impl WorkerCacheInput {
     /// estimate across tiers: this is the device overlap and its tokens.
     #[inline]
     pub fn accounting_cache_estimate(&self) -> (f64, usize) {
-        let tokens = self.device_overlap_blocks * f64::from(self.block_size);
-        (self.device_overlap_blocks, tokens as usize)
+        let blocks = self.device_overlap_blocks();
+        let tokens = blocks * f64::from(self.block_size);
+        (blocks, tokens as usize)
     }
 
     #[inline]
     pub fn device_overlap_blocks(&self) -> f64 {
-        self.device_overlap_blocks
+        f64::from(self.device_overlap_blocks)
     }
 
     #[inline]
     pub fn host_overlap_blocks(&self) -> f64 {
-        self.host_overlap_blocks
+        f64::from(self.host_overlap_blocks)
     }
 
     #[inline]
     pub fn disk_overlap_blocks(&self) -> f64 {
-        self.disk_overlap_blocks
+        f64::from(self.disk_overlap_blocks)
     }
 }
 
-/// Active-load values of one worker.
+/// Active-load values of one worker, held as the router's integers as for the cache.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct WorkerLoadInput {
+    active_prefill_tokens: u64,
+    decode_cost_blocks: u64,
+    active_requests: u32,
     available: bool,
-    active_prefill_tokens: usize,
-    decode_cost_blocks: f64,
-    active_requests: usize,
 }
 
 impl WorkerLoadInput {
@@ -107,17 +111,17 @@ impl WorkerLoadInput {
 
     #[inline]
     pub fn active_prefill_tokens(&self) -> usize {
-        self.active_prefill_tokens
+        usize::try_from(self.active_prefill_tokens).unwrap_or(usize::MAX)
     }
 
     #[inline]
     pub fn decode_cost_blocks(&self) -> f64 {
-        self.decode_cost_blocks
+        self.decode_cost_blocks as f64
     }
 
     #[inline]
     pub fn active_requests(&self) -> usize {
-        self.active_requests
+        self.active_requests as usize
     }
 }
 
@@ -249,19 +253,17 @@ impl GroupBuffers {
         }
     }
 
-    /// The one-row candidates of a guide-shaped candidate (the SDK's per-candidate forms;
-    /// the router calls the batch ones). `identity` holds its id, rank and taint (NaN: none).
+    /// The one-row candidates of an SDK candidate (the SDK's per-candidate forms; the
+    /// router calls the batch ones). `identity` holds its id, rank and taint (NaN: none).
     pub(crate) fn one<'a>(
         &'a mut self,
-        candidate: &crate::WorkerCandidate,
+        candidate: &sdk::WorkerCandidate<'_>,
         identity: &'a mut ([u64; 1], [u32; 1], [f64; 1]),
         inputs: WorkerInputs,
         block_size: u32,
     ) -> WorkerCandidates<'a> {
         let worker = candidate.worker();
-        let taint = candidate
-            .routing()
-            .and_then(|r| r.preferred_taint_multiplier());
+        let taint = candidate.preferred_taint_multiplier().flatten();
         *identity = (
             [worker.worker_id],
             [worker.dp_rank],
@@ -271,18 +273,18 @@ impl GroupBuffers {
         self.load.clear();
         if let Some(cache) = candidate.cache() {
             self.cache.push(WorkerCacheInput {
-                device_overlap_blocks: cache.device_overlap_blocks(),
-                host_overlap_blocks: cache.host_overlap_blocks(),
-                disk_overlap_blocks: cache.disk_overlap_blocks(),
+                device_overlap_blocks: cache.device_overlap_blocks,
+                host_overlap_blocks: cache.host_overlap_blocks,
+                disk_overlap_blocks: cache.disk_overlap_blocks,
                 block_size,
             });
         }
         if let Some(load) = candidate.load() {
             self.load.push(WorkerLoadInput {
                 available: true,
-                active_prefill_tokens: load.active_prefill_tokens(),
-                decode_cost_blocks: load.decode_cost_blocks(),
-                active_requests: load.active_requests(),
+                active_prefill_tokens: load.active_prefill_tokens,
+                decode_cost_blocks: load.decode_cost_blocks,
+                active_requests: load.active_requests,
             });
         }
         WorkerCandidates {
@@ -297,41 +299,62 @@ impl GroupBuffers {
         }
     }
 
+    /// Refills the declared groups, one pass over the router's columns per group (zipped,
+    /// so no row is bounds-checked); a declared group the router left out reads zero.
     fn fill(&mut self, rows: &CandidateRows<'_>, inputs: WorkerInputs, block_size: u32) {
+        let count = rows.len();
         self.cache.clear();
         self.load.clear();
         if inputs.contains(WorkerInputs::CACHE) {
-            self.cache.extend((0..rows.len()).map(|row| {
-                let cache = rows.cache(row);
-                WorkerCacheInput {
-                    device_overlap_blocks: cache.device_overlap_blocks(),
-                    host_overlap_blocks: cache.host_overlap_blocks(),
-                    disk_overlap_blocks: cache.disk_overlap_blocks(),
-                    block_size,
-                }
-            }));
+            match rows.cache_columns() {
+                Some(c) => self.cache.extend(
+                    c.device_overlap_blocks
+                        .iter()
+                        .zip(c.host_overlap_blocks)
+                        .zip(c.disk_overlap_blocks)
+                        .map(|((&device, &host), &disk)| WorkerCacheInput {
+                            device_overlap_blocks: device,
+                            host_overlap_blocks: host,
+                            disk_overlap_blocks: disk,
+                            block_size,
+                        }),
+                ),
+                None => self.cache.resize(
+                    count,
+                    WorkerCacheInput {
+                        block_size,
+                        ..WorkerCacheInput::default()
+                    },
+                ),
+            }
         }
         if inputs.contains(WorkerInputs::LOAD) {
-            let available = rows.has_load();
-            self.load.extend((0..rows.len()).map(|row| {
-                let load = rows.load(row);
-                WorkerLoadInput {
-                    available,
-                    active_prefill_tokens: load.active_prefill_tokens(),
-                    decode_cost_blocks: load.decode_cost_blocks(),
-                    active_requests: load.active_requests(),
-                }
-            }));
+            match rows.load_columns() {
+                Some(l) => self.load.extend(
+                    l.active_prefill_tokens
+                        .iter()
+                        .zip(l.decode_cost_blocks)
+                        .zip(l.active_requests)
+                        .map(|((&prefill, &decode), &active)| WorkerLoadInput {
+                            active_prefill_tokens: prefill,
+                            decode_cost_blocks: decode,
+                            active_requests: active,
+                            available: true,
+                        }),
+                ),
+                None => self.load.resize(count, WorkerLoadInput::default()),
+            }
         }
     }
 }
 
-/// One picker row: the worker, its total cost and its taint multiplier.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// One picker row: the worker, its total cost and its taint multiplier (held as the
+/// router's column holds it, NaN for none: a 32-byte row to fill per call, not 40).
+#[derive(Clone, Copy)]
 pub struct ScoredWorkerCandidate {
     worker: WorkerWithDpRank,
     cost: f64,
-    preferred_taint_multiplier: Option<f64>,
+    preferred_taint_multiplier: f64,
 }
 
 impl ScoredWorkerCandidate {
@@ -348,7 +371,28 @@ impl ScoredWorkerCandidate {
     /// The taint multiplier, when the picker declared PREFERRED_TAINT.
     #[inline]
     pub fn preferred_taint_multiplier(&self) -> Option<f64> {
-        self.preferred_taint_multiplier
+        Some(self.preferred_taint_multiplier).filter(|m| !m.is_nan())
+    }
+}
+
+/// Compares what the accessors return (no multiplier equals no multiplier).
+impl PartialEq for ScoredWorkerCandidate {
+    fn eq(&self, other: &Self) -> bool {
+        (self.worker, self.cost, self.preferred_taint_multiplier())
+            == (other.worker, other.cost, other.preferred_taint_multiplier())
+    }
+}
+
+impl fmt::Debug for ScoredWorkerCandidate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ScoredWorkerCandidate")
+            .field("worker", &self.worker)
+            .field("cost", &self.cost)
+            .field(
+                "preferred_taint_multiplier",
+                &self.preferred_taint_multiplier(),
+            )
+            .finish()
     }
 }
 
@@ -396,19 +440,22 @@ impl PickerRows {
         self.groups.fill(rows, inputs, block_size);
         let (worker_ids, dp_ranks, taint) = rows.identity_columns();
         let taint = taint.filter(|_| inputs.contains(WorkerInputs::PREFERRED_TAINT));
+        let scored = worker_ids.iter().zip(dp_ranks).zip(costs);
+        let row = |((&id, &rank), &cost): ((&u64, &u32), &f64), taint: f64| ScoredWorkerCandidate {
+            worker: WorkerWithDpRank::new(id, rank),
+            cost,
+            preferred_taint_multiplier: taint,
+        };
         self.scored.clear();
-        self.scored
-            .extend(worker_ids.iter().zip(dp_ranks).zip(costs).enumerate().map(
-                |(row, ((&id, &rank), &cost))| {
-                    ScoredWorkerCandidate {
-                        worker: WorkerWithDpRank::new(id, rank),
-                        cost,
-                        preferred_taint_multiplier: taint
-                            .and_then(|t| t.get(row).copied())
-                            .filter(|m| !m.is_nan()),
-                    }
-                },
-            ));
+        // One loop per case, so neither checks the taint column per row.
+        match taint {
+            Some(taint) => self
+                .scored
+                .extend(scored.zip(taint).map(|(identity, &t)| row(identity, t))),
+            None => self
+                .scored
+                .extend(scored.map(|identity| row(identity, f64::NAN))),
+        }
         WorkerInputView {
             candidates: &self.scored,
             cache: inputs

@@ -211,9 +211,8 @@ impl<C: ?Sized + Declares> Adapter<C> {
 /// forms (the router calls the batch ones).
 macro_rules! one_row {
     ($self:ident, $context:ident, $candidate:ident) => {{
-        let candidate = crate::WorkerCandidate::from_switchyard($candidate);
         let rows = $self.groups.one(
-            &candidate,
+            $candidate,
             &mut $self.identity,
             $self.inputs,
             $context.block_size(),
