@@ -139,6 +139,10 @@ pub enum AccountingError {
     AlreadyReserved(String),
     #[error("no reserved request `{0}` (never reserved, already freed, or expired)")]
     UnknownRequest(String),
+    /// Its worker left the fleet (`DELETE /v1/workers`, a pod that left) while the request
+    /// ran: its booking went with the worker. Expected once per such request, not a fault.
+    #[error("request `{0}`: its worker left the fleet, and its booking with it")]
+    WorkerLeft(String),
 }
 
 pub struct LoadAccounting {
@@ -146,6 +150,10 @@ pub struct LoadAccounting {
     bookings: FxHashMap<String, Booking>,
     /// Other replicas' bookings, by replica, then request id.
     remote: FxHashMap<String, FxHashMap<String, Booking>>,
+    /// Bookings dropped with their worker (`remove_worker`), by request id, with when they
+    /// were made: their requests still end (and free) later, which is then expected, not
+    /// a lost booking. Bounded as the bookings were; `expire` forgets them.
+    left: FxHashMap<String, Instant>,
     expiry: Duration,
     /// Workers whose load changed since `for_each_changed` (repeats possible).
     changed: Vec<WorkerId>,
@@ -157,6 +165,7 @@ impl LoadAccounting {
             workers: FxHashMap::default(),
             bookings: FxHashMap::default(),
             remote: FxHashMap::default(),
+            left: FxHashMap::default(),
             expiry,
             changed: Vec::new(),
         }
@@ -191,10 +200,9 @@ impl LoadAccounting {
 
     /// Moves the request from prefill to decode: its prefill tokens are released.
     pub fn prefill_complete(&mut self, request_id: &str) -> Result<Booking, AccountingError> {
-        let booking = self
-            .bookings
-            .get_mut(request_id)
-            .ok_or_else(|| AccountingError::UnknownRequest(request_id.to_owned()))?;
+        let Some(booking) = self.bookings.get_mut(request_id) else {
+            return Err(self.missing(request_id, false));
+        };
         if !booking.prefill_done {
             booking.prefill_done = true;
             self.changed.push(booking.worker);
@@ -209,10 +217,9 @@ impl LoadAccounting {
     /// Moves a booking to another worker (the request was served elsewhere, e.g. after a
     /// gateway's retry): what it holds is released on the old worker and held on the new.
     pub fn move_booking(&mut self, request_id: &str, to: WorkerId) -> Result<(), AccountingError> {
-        let booking = *self
-            .bookings
-            .get(request_id)
-            .ok_or_else(|| AccountingError::UnknownRequest(request_id.to_owned()))?;
+        let Some(&booking) = self.bookings.get(request_id) else {
+            return Err(self.missing(request_id, false));
+        };
         if booking.worker == to {
             return Ok(());
         }
@@ -229,12 +236,26 @@ impl LoadAccounting {
 
     /// Releases everything the request holds.
     pub fn free(&mut self, request_id: &str) -> Result<Booking, AccountingError> {
-        let booking = self
-            .bookings
-            .remove(request_id)
-            .ok_or_else(|| AccountingError::UnknownRequest(request_id.to_owned()))?;
+        let Some(booking) = self.bookings.remove(request_id) else {
+            return Err(self.missing(request_id, true));
+        };
         self.release(&booking);
         Ok(booking)
+    }
+
+    /// Why `request_id` has no booking: its worker left (forgotten when `ended`), or it
+    /// is unknown.
+    fn missing(&mut self, request_id: &str, ended: bool) -> AccountingError {
+        let left = if ended {
+            self.left.remove(request_id).is_some()
+        } else {
+            self.left.contains_key(request_id)
+        };
+        if left {
+            AccountingError::WorkerLeft(request_id.to_owned())
+        } else {
+            AccountingError::UnknownRequest(request_id.to_owned())
+        }
     }
 
     /// Adds what `booking` holds to its worker's load (`release` takes it off).
@@ -295,13 +316,22 @@ impl LoadAccounting {
         for booking in &stale {
             self.release(booking);
         }
+        self.left
+            .retain(|_, booked_at| now.saturating_duration_since(*booked_at) < expiry);
         expired
     }
 
     /// Forgets a worker that left; its bookings are dropped.
     pub fn remove_worker(&mut self, worker: WorkerId) {
         self.workers.remove(&worker);
-        self.bookings.retain(|_, b| b.worker != worker);
+        let left = &mut self.left;
+        self.bookings.retain(|id, b| {
+            let stays = b.worker != worker;
+            if !stays {
+                left.insert(id.clone(), b.booked_at);
+            }
+            stays
+        });
         for bookings in self.remote.values_mut() {
             bookings.retain(|_, b| b.worker != worker);
         }
@@ -444,6 +474,30 @@ mod tests {
         assert!(a.prefill_complete("r2").is_err());
         assert!(a.free("r2").is_err());
         a.free("r1").unwrap();
+        assert_eq!(a.load(W), WorkerLoad::default());
+    }
+
+    #[test]
+    fn a_booking_that_left_with_its_worker_ends_without_a_fault() {
+        let mut a = LoadAccounting::new(Duration::from_secs(10));
+        a.reserve("running", W, 10, 1).unwrap();
+        a.reserve("old", W, 10, 1).unwrap();
+        a.remove_worker(W);
+        let left = |id: &str| AccountingError::WorkerLeft(id.into());
+        assert_eq!(a.prefill_complete("running"), Err(left("running")));
+        assert_eq!(a.move_booking("running", W), Err(left("running")));
+        assert_eq!(a.free("running"), Err(left("running")));
+        // Told once: a second free is of an unknown request.
+        assert_eq!(
+            a.free("running"),
+            Err(AccountingError::UnknownRequest("running".into()))
+        );
+        // Forgotten at the bookings' expiry, so the record is bounded.
+        a.expire(Instant::now() + Duration::from_secs(11));
+        assert_eq!(
+            a.free("old"),
+            Err(AccountingError::UnknownRequest("old".into()))
+        );
         assert_eq!(a.load(W), WorkerLoad::default());
     }
 

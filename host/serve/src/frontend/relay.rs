@@ -7,7 +7,8 @@ use axum::body::Bytes;
 use axum::http::StatusCode;
 use futures_util::{Stream, StreamExt};
 use serde_json::json;
-use switchyard_fleet::router::Router;
+use switchyard_fleet::load_accounting::AccountingError;
+use switchyard_fleet::router::{RouteError, Router};
 
 use switchyard_engines::upstream::{Engine, Failure, Phase};
 
@@ -46,7 +47,7 @@ impl Lease {
         if !self.prefilled && !self.freed {
             self.prefilled = true;
             if let Err(error) = self.router.prefill_complete(&self.request_id) {
-                tracing::warn!(request = %self.request_id, %error, "prefill complete: booking already gone");
+                self.gone("prefill complete", &error);
             }
         }
     }
@@ -55,8 +56,22 @@ impl Lease {
         if !self.freed {
             self.freed = true;
             if let Err(error) = self.router.free(&self.request_id) {
-                tracing::warn!(request = %self.request_id, %error, "free: booking already gone");
+                self.gone("free", &error);
             }
+        }
+    }
+
+    /// The booking was not there for `what`: expected when its worker left meanwhile
+    /// (one such line per in-flight request of a leaving pod would flood the log), a
+    /// warning otherwise.
+    fn gone(&self, what: &str, error: &RouteError) {
+        if matches!(
+            error,
+            RouteError::Accounting(AccountingError::WorkerLeft(_))
+        ) {
+            tracing::debug!(request = %self.request_id, %error, "{what}: the worker left");
+        } else {
+            tracing::warn!(request = %self.request_id, %error, "{what}: booking already gone");
         }
     }
 }

@@ -76,7 +76,9 @@ impl From<RouteError> for ApiError {
             RouteError::UnknownModel(_)
             | RouteError::UnknownInstance { .. }
             | RouteError::Worker(WorkerError::Unknown(_))
-            | RouteError::Accounting(AccountingError::UnknownRequest(_)) => StatusCode::NOT_FOUND,
+            | RouteError::Accounting(
+                AccountingError::UnknownRequest(_) | AccountingError::WorkerLeft(_),
+            ) => StatusCode::NOT_FOUND,
             RouteError::Worker(WorkerError::AlreadyRegistered(..))
             | RouteError::Accounting(AccountingError::AlreadyReserved(_)) => StatusCode::CONFLICT,
             RouteError::NoWorker(_) | RouteError::Saturated(_) => StatusCode::SERVICE_UNAVAILABLE,
