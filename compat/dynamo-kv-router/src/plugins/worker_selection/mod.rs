@@ -256,8 +256,16 @@ impl sdk::WorkerFilter for Adapter<dyn WorkerFilter> {
 }
 
 impl Adapter<dyn WorkerScorer> {
-    /// A scorer must write a finite cost to every slot.
+    /// A scorer must write a finite cost to every slot. One branch-free pass (it
+    /// vectorizes; a search that stops at the first bad cost does not), then the search
+    /// only when a cost is bad.
     fn check_costs(&self, costs: &[f64]) -> Result<(), sdk::PolicyError> {
+        if costs
+            .iter()
+            .fold(true, |finite, cost| finite & cost.is_finite())
+        {
+            return Ok(());
+        }
         match costs.iter().position(|cost| !cost.is_finite()) {
             Some(row) => Err(WorkerSelectionPolicyError::NonFiniteCost {
                 scorer_index: self.index,
