@@ -337,3 +337,27 @@ fn stream_and_kv_event_limits_are_bounded_and_named_at_their_line() {
         assert!(error.contains(&format!("(got {value})")), "{error}");
     }
 }
+
+/// A configured worker is checked as `POST /v1/workers` checks one, by `check` too, at
+/// its line (it passed `check`, and `serve` refused it naming no line).
+#[test]
+fn an_invalid_worker_is_refused_at_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    for (worker, says) in [
+        (
+            "worker_type: prefill, url: \"http://127.0.0.1:8001\", bootstrap_port: 0",
+            "worker 2: `bootstrap_port` is 0",
+        ),
+        (
+            "address: \"127.0.0.1:0\"",
+            "worker 2: `address` `127.0.0.1:0` has port 0",
+        ),
+    ] {
+        let error = start_error(
+            dir.path(),
+            &format!("workers:\n  - {{model: demo, worker_id: 1, url: \"http://127.0.0.1:8000\"}}\n  - {{model: demo, worker_id: 2, {worker}}}\n"),
+        );
+        assert!(error.contains("config.yaml:3"), "{error}");
+        assert!(error.contains(says), "{error}");
+    }
+}

@@ -295,7 +295,8 @@ impl ConfigSource {
         (errors, sound)
     }
 
-    /// `router.worker_networks` parses, and every configured worker is inside it.
+    /// Every configured worker is valid (as `POST /v1/workers` checks one), and
+    /// `router.worker_networks` parses and holds it.
     fn check_worker_destinations(&self) -> Vec<ConfigError> {
         let networks = match WorkerNetworks::parse(&self.config.router.worker_networks) {
             Ok(networks) => networks,
@@ -315,7 +316,10 @@ impl ConfigSource {
             .workers
             .iter()
             .filter_map(|worker| {
-                let message = worker.check_destinations(&networks, &[]).err()?;
+                let message = match worker.validate() {
+                    Err(invalid) => invalid.to_string(),
+                    Ok(()) => worker.check_destinations(&networks, &[]).err()?.to_string(),
+                };
                 let nth = self
                     .config
                     .workers

@@ -141,6 +141,8 @@ pub enum WorkerInvalid {
     },
     #[error("`address` `{0}` has port 0, which no engine listens on; give the engine's port, like 10.0.0.7:8000")]
     AddressPortZero(String),
+    #[error("`bootstrap_port` is 0, which no engine listens on; give the port of the engine's bootstrap server (SGLang's --disaggregation-bootstrap-port, 8998 by default), or leave it out to use `url`'s port")]
+    BootstrapPortZero,
     #[error("`{field}` host `{host}` is not in `router.worker_networks`; add its network or name there if it is one of your engines")]
     NotAllowed { field: &'static str, host: String },
 }
@@ -271,6 +273,9 @@ impl WorkerSpec {
             if !m.is_finite() || m < 0.0 {
                 return Err(WorkerInvalid::TaintMultiplier(m));
             }
+        }
+        if self.bootstrap_port == Some(0) {
+            return Err(WorkerInvalid::BootstrapPortZero);
         }
         Ok(())
     }
