@@ -209,6 +209,10 @@ fn needs_restart(old: &switchyard_config::Config, new: &switchyard_config::Confi
     if tokenizers(old) != tokenizers(new) {
         needs_restart.push("models.*.tokenizer".to_owned());
     }
+    // The pool's watch starts with the process (switchyard_discovery::start).
+    if old.discovery != new.discovery {
+        needs_restart.push("discovery".to_owned());
+    }
     needs_restart
 }
 
@@ -254,5 +258,32 @@ impl<'a> WorkerChanges<'a> {
             changed,
             added,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::needs_restart;
+
+    fn config(yaml: &str) -> switchyard_config::Config {
+        let source =
+            switchyard_config::ConfigSource::parse(yaml.into(), "<test>".into(), ".".into());
+        source.unwrap().config
+    }
+
+    /// A section read only at startup that a reload changes is named, so the reload's
+    /// warning says to restart (a changed `discovery:` was ignored without a word).
+    #[test]
+    fn sections_read_at_startup_are_named_when_a_reload_changes_them() {
+        let pool = |name: &str| {
+            config(&format!(
+                "discovery:\n  kubernetes: {{pool: {name}, namespace: inference}}\n"
+            ))
+        };
+        assert!(needs_restart(&pool("a"), &pool("a")).is_empty());
+        assert_eq!(needs_restart(&pool("a"), &pool("b")), ["discovery"]);
+        assert_eq!(needs_restart(&config("{}"), &pool("a")), ["discovery"]);
+        let frontend = config("frontend: {max_in_flight: 7}\n");
+        assert_eq!(needs_restart(&config("{}"), &frontend), ["frontend"]);
     }
 }
