@@ -50,7 +50,7 @@ fn check_on_the_example_config_prints_the_summary() {
         "acme-least-busy 0.1.0",
         "acme-least-busy-c 0.1.0",
         "acme-least-busy-cpp 0.1.0",
-        "ABI:      1.4, SDK revision 0.5.0",
+        "ABI:      1.5, SDK revision 0.6.0",
         "policy  least-busy",
         "filter  acme.min-device-overlap  reads: CACHE",
         "scorer  cpp.active-requests  reads: LOAD",
@@ -563,13 +563,13 @@ fn inspect_says_when_this_router_would_refuse_the_library() {
     assert!(!output.status.success(), "{shown}");
     assert!(shown.contains("ABI:      2.1"), "{shown}");
     assert!(
-        shown.contains("REFUSED by this router (ABI 1.4): it is built for ABI 2.x"),
+        shown.contains("REFUSED by this router (ABI 1.5): it is built for ABI 2.x"),
         "{shown}"
     );
     let good = cmake_plugin("least_busy_c");
     let output = switchyard(&["plugin", "inspect", good.to_str().unwrap()], &[]);
     assert!(output.status.success());
-    assert!(text(&output.stdout).contains("verdict:  this router (ABI 1.4) accepts"));
+    assert!(text(&output.stdout).contains("verdict:  this router (ABI 1.5) accepts"));
 }
 
 /// `select` asks the config's admitters and busy thresholds as the router does: the C

@@ -118,7 +118,7 @@ fn newer_minor_than_host() {
     let lib = broken_plugin(dir.path(), "minor", &["DESC_MINOR=7"]);
     let error = load_error(dir.path(), &lib, "");
     assert!(
-        error.contains("built for ABI 1.7, newer than this router's ABI 1.4"),
+        error.contains("built for ABI 1.7, newer than this router's ABI 1.5"),
         "{error}"
     );
 }
@@ -129,7 +129,7 @@ fn truncated_descriptor() {
     let lib = broken_plugin(dir.path(), "short", &["DESC_SIZE=24"]);
     let error = load_error(dir.path(), &lib, "");
     assert!(
-        error.contains("switchyard_plugin_descriptor is 24 bytes, but ABI 1.4 requires at least"),
+        error.contains("switchyard_plugin_descriptor is 24 bytes, but ABI 1.5 requires at least"),
         "{error}"
     );
 }
@@ -140,7 +140,7 @@ fn truncated_component_def() {
     let lib = broken_plugin(dir.path(), "short_def", &["DEF_SIZE=16"]);
     let error = load_error(dir.path(), &lib, "");
     assert!(
-        error.contains("switchyard_component_def is 16 bytes, but ABI 1.4 requires at least"),
+        error.contains("switchyard_component_def is 16 bytes, but ABI 1.5 requires at least"),
         "{error}"
     );
 }
@@ -151,7 +151,7 @@ fn layout_fingerprint_mismatch() {
     let lib = broken_plugin(dir.path(), "fingerprint", &["DESC_FINGERPRINT=0x1234ull"]);
     let error = load_error(dir.path(), &lib, "");
     assert!(
-        error.contains("layout fingerprint mismatch for ABI 1.4"),
+        error.contains("layout fingerprint mismatch for ABI 1.5"),
         "{error}"
     );
     assert!(error.contains("found 0x0000000000001234"), "{error}");
@@ -168,7 +168,7 @@ fn sdk_revision_compatible_by_default_exact_on_request() {
         lib.display()
     );
     let error = start_error(dir.path(), &config);
-    assert!(error.contains("SDK revision mismatch: `revision: exact` requires 0.5.0, the plugin was built with 0.0.1"), "{error}");
+    assert!(error.contains("SDK revision mismatch: `revision: exact` requires 0.6.0, the plugin was built with 0.0.1"), "{error}");
     assert!(error.contains(&lib.display().to_string()), "{error}");
 }
 

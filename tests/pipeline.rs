@@ -147,7 +147,7 @@ fn input_group_bits_the_abi_does_not_define_are_refused() {
         &format!("plugins:\n  - path: {}\n", lib.display()),
     );
     assert!(
-        error.contains("type `fixture.keep-all`: declares input groups 0x40 that ABI 1.4 does not define (known: 0x3f)"),
+        error.contains("type `fixture.keep-all`: declares input groups 0x40 that ABI 1.5 does not define (known: 0x3f)"),
         "{error}"
     );
     // LABELS (8) came with 1.1: a plugin declaring ABI 1.0 may not use it.

@@ -17,7 +17,7 @@
 #include <string.h>
 
 /* Revision of the SDK this header belongs to (the crate version). */
-#define SWITCHYARD_SDK_REVISION "0.5.0"
+#define SWITCHYARD_SDK_REVISION "0.6.0"
 
 /**
  * Major version of the plugin ABI. Changes only when existing fields change; the host
@@ -29,14 +29,19 @@
  * Minor version of the plugin ABI. Grows when fields or callbacks are appended; the host
  * accepts plugins of any minor up to its own.
  */
-#define SWITCHYARD_ABI_MINOR 4
+#define SWITCHYARD_ABI_MINOR 5
 
 /**
  * Fingerprint of this minor's layout (every struct's fields, sizes and alignments, every
  * callback's signature). A plugin compiled against a hand-edited or stale header reports
  * a different value and is refused.
  */
-#define SWITCHYARD_LAYOUT_FINGERPRINT 14700644756528908575ull
+#define SWITCHYARD_LAYOUT_FINGERPRINT 4961961148319344116
+
+/**
+ * Fingerprint of the ABI 1.4 layout, which the router keeps accepting from 1.4 plugins.
+ */
+#define SWITCHYARD_LAYOUT_FINGERPRINT_1_4 14700644756528908575ull
 
 /**
  * Fingerprint of the ABI 1.3 layout, which the router keeps accepting from 1.3 plugins.
@@ -235,6 +240,25 @@
  * Session input trigger: something else.
  */
 #define SWITCHYARD_TRIGGER_OTHER 3
+
+/**
+ * Session affinity (ABI 1.5): the request's session is bound to no worker (no session,
+ * `router.session_affinity` off, or its binding expired).
+ */
+#define SWITCHYARD_AFFINITY_NONE 0
+
+/**
+ * Session affinity (ABI 1.5): bound softly: the router keeps the session on its worker
+ * while the worker is under `soft_max_active_requests` and not busy; past that the
+ * policy decides, and may still prefer the worker.
+ */
+#define SWITCHYARD_AFFINITY_SOFT 1
+
+/**
+ * Session affinity (ABI 1.5): bound hard: the session stays on its worker while it is a
+ * candidate.
+ */
+#define SWITCHYARD_AFFINITY_HARD 2
 
 /**
  * `switchyard_outcome.paired_worker_id` when there is no pair (ABI 1.4).
@@ -478,6 +502,22 @@ typedef struct switchyard_request {
    * `switchyard_request_attrs`.
    */
   const struct switchyard_request_attributes *attributes;
+  /**
+   * ABI 1.5: the worker the request's session is bound to (`router.session_affinity`),
+   * `SWITCHYARD_NO_WORKER` when none. Past `struct_size` in an older router: read it
+   * with `switchyard_request_affinity`. Advisory: when the router narrowed the
+   * candidates to it they hold that one worker; otherwise (a soft binding over its
+   * threshold, a busy or departed worker) it may be absent from the candidates.
+   */
+  uint64_t affinity_worker_id;
+  /**
+   * ABI 1.5: the bound worker's data-parallel rank (0 without a binding).
+   */
+  uint32_t affinity_dp_rank;
+  /**
+   * ABI 1.5: `SWITCHYARD_AFFINITY_*`; `SWITCHYARD_AFFINITY_NONE` without a binding.
+   */
+  uint32_t affinity_mode;
 } switchyard_request;
 
 /**
@@ -1138,6 +1178,28 @@ static inline const char *switchyard_request_header(const switchyard_request *re
         *len = out.len;
     }
     return out.ptr;
+}
+
+/* The worker the request's session is bound to (ABI 1.5, `router.session_affinity`):
+ * SWITCHYARD_AFFINITY_SOFT or SWITCHYARD_AFFINITY_HARD, with `*worker_id` and `*dp_rank`
+ * written (either may be NULL); SWITCHYARD_AFFINITY_NONE without a binding or in a router
+ * older than 1.5. Advisory: the worker may be absent from the candidates. */
+static inline uint32_t switchyard_request_affinity(const switchyard_request *request,
+                                                   uint64_t *worker_id, uint32_t *dp_rank) {
+    if (request == NULL
+        || request->struct_size < offsetof(switchyard_request, affinity_mode) + sizeof(uint32_t)
+        || request->affinity_worker_id == SWITCHYARD_NO_WORKER
+        || (request->affinity_mode != SWITCHYARD_AFFINITY_SOFT
+            && request->affinity_mode != SWITCHYARD_AFFINITY_HARD)) {
+        return SWITCHYARD_AFFINITY_NONE;
+    }
+    if (worker_id != NULL) {
+        *worker_id = request->affinity_worker_id;
+    }
+    if (dp_rank != NULL) {
+        *dp_rank = request->affinity_dp_rank;
+    }
+    return request->affinity_mode;
 }
 
 /* Whether the ENGINE group (ABI 1.2) is readable in these candidates. */

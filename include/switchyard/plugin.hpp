@@ -209,6 +209,13 @@ private:
     const switchyard_request_attributes *raw_;
 };
 
+// The worker a request's session is bound to (ABI 1.5, `router.session_affinity`).
+struct AffinityTarget {
+    uint64_t worker_id;
+    uint32_t dp_rank;
+    bool hard;  // false: soft
+};
+
 // The request being routed. Borrowed: valid during the call.
 class Request {
 public:
@@ -229,6 +236,15 @@ public:
     std::optional<Session> session() const noexcept {
         if (raw_->session == nullptr) return std::nullopt;
         return Session(raw_->session);
+    }
+    // The session's binding (ABI 1.5); empty without one or in a router older than 1.5.
+    // Advisory: the worker may be absent from the candidates.
+    std::optional<AffinityTarget> affinity_target() const noexcept {
+        AffinityTarget target{0, 0, false};
+        uint32_t mode = switchyard_request_affinity(raw_, &target.worker_id, &target.dp_rank);
+        if (mode == SWITCHYARD_AFFINITY_NONE) return std::nullopt;
+        target.hard = mode == SWITCHYARD_AFFINITY_HARD;
+        return target;
     }
     // ATTRIBUTES (ABI 1.2); throws std::logic_error when the component did not declare
     // the group or the router is older than 1.2.

@@ -28,7 +28,7 @@ use abi_stable::StableAbi;
 pub const SWITCHYARD_ABI_MAJOR: u16 = 1;
 /// Minor version of the plugin ABI. Grows when fields or callbacks are appended; the host
 /// accepts plugins of any minor up to its own.
-pub const SWITCHYARD_ABI_MINOR: u16 = 4;
+pub const SWITCHYARD_ABI_MINOR: u16 = 5;
 /// Revision of the SDK that produced this header (the `switchyard-plugin-sdk` crate
 /// version). Informational by default; `revision: exact` in the router config demands an
 /// exact match.
@@ -37,7 +37,9 @@ pub const SWITCHYARD_SDK_REVISION: &str = env!("CARGO_PKG_VERSION");
 /// Fingerprint of this minor's layout (every struct's fields, sizes and alignments, every
 /// callback's signature). A plugin compiled against a hand-edited or stale header reports
 /// a different value and is refused.
-pub const SWITCHYARD_LAYOUT_FINGERPRINT: u64 = 0xcc03_2e84_ca1d_491f;
+pub const SWITCHYARD_LAYOUT_FINGERPRINT: u64 = 0x44dc_6d5f_f2dd_25f4;
+/// Fingerprint of the ABI 1.4 layout, which the router keeps accepting from 1.4 plugins.
+pub const SWITCHYARD_LAYOUT_FINGERPRINT_1_4: u64 = 0xcc03_2e84_ca1d_491f;
 /// Fingerprint of the ABI 1.3 layout, which the router keeps accepting from 1.3 plugins.
 pub const SWITCHYARD_LAYOUT_FINGERPRINT_1_3: u64 = 0xd4bc_34fa_9fb6_2e45;
 /// Fingerprint of the ABI 1.2 layout, which the router keeps accepting from 1.2 plugins.
@@ -133,6 +135,17 @@ pub const SWITCHYARD_TRIGGER_TOOL_RESULT: u32 = 2;
 /// Session input trigger: something else.
 pub const SWITCHYARD_TRIGGER_OTHER: u32 = 3;
 
+/// Session affinity (ABI 1.5): the request's session is bound to no worker (no session,
+/// `router.session_affinity` off, or its binding expired).
+pub const SWITCHYARD_AFFINITY_NONE: u32 = 0;
+/// Session affinity (ABI 1.5): bound softly: the router keeps the session on its worker
+/// while the worker is under `soft_max_active_requests` and not busy; past that the
+/// policy decides, and may still prefer the worker.
+pub const SWITCHYARD_AFFINITY_SOFT: u32 = 1;
+/// Session affinity (ABI 1.5): bound hard: the session stays on its worker while it is a
+/// candidate.
+pub const SWITCHYARD_AFFINITY_HARD: u32 = 2;
+
 /// A borrowed UTF-8 string: `len` bytes at `ptr`, not NUL-terminated.
 /// `ptr == NULL` means absent (as opposed to empty). Valid only as long as the struct or
 /// call that handed it out says.
@@ -223,6 +236,16 @@ pub struct switchyard_request {
     /// (past `struct_size`) in an older router: check both, or use
     /// `switchyard_request_attrs`.
     pub attributes: *const switchyard_request_attributes,
+    /// ABI 1.5: the worker the request's session is bound to (`router.session_affinity`),
+    /// `SWITCHYARD_NO_WORKER` when none. Past `struct_size` in an older router: read it
+    /// with `switchyard_request_affinity`. Advisory: when the router narrowed the
+    /// candidates to it they hold that one worker; otherwise (a soft binding over its
+    /// threshold, a busy or departed worker) it may be absent from the candidates.
+    pub affinity_worker_id: u64,
+    /// ABI 1.5: the bound worker's data-parallel rank (0 without a binding).
+    pub affinity_dp_rank: u32,
+    /// ABI 1.5: `SWITCHYARD_AFFINITY_*`; `SWITCHYARD_AFFINITY_NONE` without a binding.
+    pub affinity_mode: u32,
 }
 
 /// What the request says about itself (ABI 1.2, the ATTRIBUTES group). Host-owned, valid

@@ -41,8 +41,8 @@ pub use params::Params;
 pub use status::Status;
 pub use threshold::keep_at_least;
 pub use view::{
-    str_from_abi, str_to_abi, AdapterState, CacheInputs, CandidateCache, CandidateLoad, EngineLoad,
-    EngineState, InputTrigger, LoadInputs, Outcome, Partition, RequestAttributes, RoutingInputs,
-    SessionContext, WorkerCandidate, WorkerCandidates, WorkerId, WorkerSelectionContext,
-    WorkerType,
+    str_from_abi, str_to_abi, AdapterState, AffinityMode, AffinityTarget, CacheInputs,
+    CandidateCache, CandidateLoad, EngineLoad, EngineState, InputTrigger, LoadInputs, Outcome,
+    Partition, RequestAttributes, RoutingInputs, SessionContext, WorkerCandidate, WorkerCandidates,
+    WorkerId, WorkerSelectionContext, WorkerType,
 };

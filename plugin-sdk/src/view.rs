@@ -190,6 +190,52 @@ impl<'a> WorkerSelectionContext<'a> {
         // SAFETY: the host guarantees `attributes` is NULL or valid for the call.
         unsafe { self.raw.attributes.as_ref() }.map(|raw| RequestAttributes { raw })
     }
+    /// The worker the request's session is bound to, and how (ABI 1.5,
+    /// `router.session_affinity`); `None` without a binding or from a router older than
+    /// 1.5. Advisory: the worker may be absent from the candidates.
+    pub fn affinity_target(&self) -> Option<AffinityTarget> {
+        let end = core::mem::offset_of!(switchyard_request, affinity_mode) + 4;
+        if (self.raw.struct_size as usize) < end {
+            return None;
+        }
+        let mode = match self.raw.affinity_mode {
+            SWITCHYARD_AFFINITY_SOFT => AffinityMode::Soft,
+            SWITCHYARD_AFFINITY_HARD => AffinityMode::Hard,
+            _ => return None,
+        };
+        (self.raw.affinity_worker_id != SWITCHYARD_NO_WORKER).then_some(AffinityTarget {
+            worker: WorkerId {
+                worker_id: self.raw.affinity_worker_id,
+                dp_rank: self.raw.affinity_dp_rank,
+            },
+            mode,
+        })
+    }
+}
+
+/// How strongly the router binds a session to its worker (ABI 1.5).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AffinityMode {
+    /// Kept there while the worker is under the router's soft threshold and not busy.
+    Soft,
+    /// Kept there while the worker is a candidate.
+    Hard,
+}
+
+impl AffinityMode {
+    pub fn to_abi(self) -> u32 {
+        match self {
+            AffinityMode::Soft => SWITCHYARD_AFFINITY_SOFT,
+            AffinityMode::Hard => SWITCHYARD_AFFINITY_HARD,
+        }
+    }
+}
+
+/// The worker a request's session is bound to (ABI 1.5): Dynamo's `affinity_target`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AffinityTarget {
+    pub worker: WorkerId,
+    pub mode: AffinityMode,
 }
 
 /// What the request says about itself (ABI 1.2, the ATTRIBUTES group).

@@ -118,6 +118,18 @@ impl<'a> WorkerSelectionContext<'a> {
         self.session.as_ref()
     }
 
+    /// The session-affinity target resolved by the router (`router.session_affinity`,
+    /// ABI 1.5): advisory, it may be absent from the candidates.
+    #[inline]
+    pub fn affinity_target(&self) -> Option<crate::protocols::WorkerAffinityTarget> {
+        self.raw.affinity_target().map(|target| {
+            crate::protocols::WorkerAffinityTarget::new(
+                target.worker.worker_id,
+                Some(target.worker.dp_rank),
+            )
+        })
+    }
+
     /// The expected output length in tokens (saturating at `u32::MAX`, Dynamo's type).
     #[inline]
     pub fn expected_output_tokens(&self) -> Option<u32> {
@@ -187,6 +199,9 @@ mod tests {
             reserved0: 0,
             session: &session,
             attributes: ptr::null(),
+            affinity_worker_id: SWITCHYARD_NO_WORKER,
+            affinity_dp_rank: 0,
+            affinity_mode: SWITCHYARD_AFFINITY_NONE,
         };
         // SAFETY: `raw` and its session are complete and outlive the context.
         let context = unsafe { sdk::WorkerSelectionContext::from_abi(&raw) };

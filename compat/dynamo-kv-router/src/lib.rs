@@ -64,7 +64,7 @@ pub use inputs::{
 pub use policy::{
     WorkerFilter, WorkerPicker, WorkerScorer, WorkerSelectionPolicy, WorkerSelectionPolicyError,
 };
-pub use protocols::{DpRank, WorkerId, WorkerWithDpRank};
+pub use protocols::{DpRank, WorkerAffinityTarget, WorkerId, WorkerWithDpRank};
 pub use services::selection::{KvRouterConfig, RoutingPartitionRef, WorkerSelectionPolicyFactory};
 pub use worker_type::WorkerType;
 

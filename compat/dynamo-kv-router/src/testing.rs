@@ -4,7 +4,9 @@
 
 use core::ptr;
 
-use switchyard_plugin_sdk::abi::{switchyard_candidates, switchyard_request};
+use switchyard_plugin_sdk::abi::{
+    switchyard_candidates, switchyard_request, SWITCHYARD_AFFINITY_NONE, SWITCHYARD_NO_WORKER,
+};
 use switchyard_plugin_sdk::{
     PolicyError, PolicyParts, WorkerCandidates, WorkerInputs, WorkerSelectionContext as SdkContext,
 };
@@ -163,6 +165,9 @@ fn request(request_blocks: u64) -> switchyard_request {
         reserved0: 0,
         session: ptr::null(),
         attributes: ptr::null(),
+        affinity_worker_id: SWITCHYARD_NO_WORKER,
+        affinity_dp_rank: 0,
+        affinity_mode: SWITCHYARD_AFFINITY_NONE,
     }
 }
 

@@ -407,13 +407,15 @@ impl Router {
         SCRATCH.with(|scratch| {
             let scratch = &mut *scratch.borrow_mut();
             let (request_blocks, hashes) = prompt_blocks(request, block_size, &mut scratch.hashed)?;
-            let prompt = PromptBlocks::new(block_size, request_blocks);
+            let pin = self.session_pin(&generation, request);
+            let prompt = PromptBlocks::new(block_size, request_blocks)
+                .with_affinity(pin.and_then(Pin::target));
             let query = Query {
                 request,
                 partition: &partition,
                 hashes,
                 request_blocks,
-                pin: self.session_pin(&generation, request),
+                pin,
             };
             let selected = self.select_with_fallback(
                 &generation,

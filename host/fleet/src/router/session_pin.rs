@@ -5,6 +5,7 @@
 
 use super::*;
 use switchyard_config::AffinityMode;
+use switchyard_plugin_sdk::{AffinityMode as SdkAffinityMode, AffinityTarget};
 use switchyard_policy::Candidates;
 
 /// The worker a request's session is bound to, and how strongly.
@@ -16,6 +17,19 @@ pub(super) struct Pin {
 }
 
 impl Pin {
+    /// The binding as policies are offered it (ABI 1.5, `affinity_target`).
+    pub(super) fn target(self) -> Option<AffinityTarget> {
+        let mode = match self.mode {
+            AffinityMode::Off => return None,
+            AffinityMode::Soft => SdkAffinityMode::Soft,
+            AffinityMode::Hard => SdkAffinityMode::Hard,
+        };
+        Some(AffinityTarget {
+            worker: self.worker,
+            mode,
+        })
+    }
+
     /// Narrows `allowed` to the bound worker's row (written afresh unless `narrowed`:
     /// busy marks or an `only` set are already there). Whether it did; a hard pin on a
     /// busy worker waits for it (`Saturated`) rather than move the session.

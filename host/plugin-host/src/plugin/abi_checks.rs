@@ -18,7 +18,7 @@ pub const HOST_ABI_MINOR: u16 = SWITCHYARD_ABI_MINOR;
 /// plugin-to-host struct, and the input groups it defines. Appending a field in 1.(k+1)
 /// appends a row; earlier rows are frozen numbers (a test builds a plugin against the
 /// frozen 1.0 header and loads it).
-const MINORS: [MinorLayout; 5] = [
+const MINORS: [MinorLayout; 6] = [
     // 1.0
     MinorLayout {
         fingerprint: SWITCHYARD_LAYOUT_FINGERPRINT_1_0,
@@ -57,6 +57,15 @@ const MINORS: [MinorLayout; 5] = [
     },
     // 1.4: the pair in `switchyard_outcome` (a host-to-plugin struct; the plugin's
     // structs are 1.3's).
+    MinorLayout {
+        fingerprint: SWITCHYARD_LAYOUT_FINGERPRINT_1_4,
+        descriptor_size: 64,
+        component_def_size: 104,
+        policy_def_size: 48,
+        inputs: SWITCHYARD_INPUT_ALL,
+    },
+    // 1.5: the session's binding in `switchyard_request` (host-to-plugin structs only;
+    // the plugin's structs are 1.3's).
     MinorLayout {
         fingerprint: SWITCHYARD_LAYOUT_FINGERPRINT,
         descriptor_size: size_of::<switchyard_plugin_descriptor>(),

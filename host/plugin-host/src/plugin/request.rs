@@ -9,7 +9,9 @@ use rustc_hash::FxHashSet;
 
 use serde::{Deserialize, Serialize};
 use switchyard_plugin_sdk::abi::*;
-use switchyard_plugin_sdk::{str_from_abi, str_to_abi, Status, WorkerId, WorkerInputs, WorkerType};
+use switchyard_plugin_sdk::{
+    str_from_abi, str_to_abi, AffinityTarget, Status, WorkerId, WorkerInputs, WorkerType,
+};
 
 use super::error_buffer::host_guard;
 
@@ -215,11 +217,14 @@ impl Default for RouteRequest {
     }
 }
 
-/// The prompt's size as the router measured it: its block size and length in blocks.
+/// What the router measured and resolved of a request for its selection: the prompt's
+/// block size and length in blocks, and (ABI 1.5) the worker its session is bound to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PromptBlocks {
     pub block_size: u32,
     pub request_blocks: u64,
+    /// The session's binding (`router.session_affinity`), offered to policies.
+    pub affinity: Option<AffinityTarget>,
 }
 
 impl PromptBlocks {
@@ -227,7 +232,15 @@ impl PromptBlocks {
         PromptBlocks {
             block_size,
             request_blocks,
+            affinity: None,
         }
+    }
+
+    /// The same, with the session's binding.
+    #[must_use]
+    pub const fn with_affinity(mut self, affinity: Option<AffinityTarget>) -> Self {
+        self.affinity = affinity;
+        self
     }
 }
 
@@ -277,6 +290,13 @@ impl RouteRequest {
             attributes: attributes
                 .as_ref()
                 .map_or(std::ptr::null(), std::ptr::from_ref),
+            affinity_worker_id: prompt
+                .affinity
+                .map_or(SWITCHYARD_NO_WORKER, |a| a.worker.worker_id),
+            affinity_dp_rank: prompt.affinity.map_or(0, |a| a.worker.dp_rank),
+            affinity_mode: prompt
+                .affinity
+                .map_or(SWITCHYARD_AFFINITY_NONE, |a| a.mode.to_abi()),
         };
         f(&mut AbiRequest {
             raw,

@@ -298,6 +298,9 @@ impl SharedCall {
                 ptr::null()
             },
             attributes: attributes_abi.as_ref().map_or(ptr::null(), ptr::from_ref),
+            affinity_worker_id: fields.affinity_worker_id,
+            affinity_dp_rank: fields.affinity_dp_rank,
+            affinity_mode: fields.affinity_mode,
         };
         f(&AbiRequest::from_raw(raw))
     }

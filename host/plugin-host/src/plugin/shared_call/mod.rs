@@ -136,6 +136,10 @@ struct CallFields {
     /// Where the attributes' encoding starts in `strings`, and its length.
     attributes_at: u32,
     attributes_len: u32,
+    /// The session's binding (ABI 1.5), as `switchyard_request` carries it.
+    affinity_worker_id: u64,
+    affinity_dp_rank: u32,
+    affinity_mode: u32,
     outcome: switchyard_outcome,
     saturation: switchyard_saturation,
     // The answer.
@@ -560,6 +564,9 @@ impl SharedCall {
         fields.input_trigger = trigger;
         fields.session_id_len = strings.0;
         fields.parent_session_id_len = strings.1;
+        fields.affinity_worker_id = raw.affinity_worker_id;
+        fields.affinity_dp_rank = raw.affinity_dp_rank;
+        fields.affinity_mode = raw.affinity_mode;
         Ok(())
     }
 
