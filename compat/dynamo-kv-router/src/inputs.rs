@@ -9,12 +9,14 @@ use crate::protocols::WorkerWithDpRank;
 /// the SDK's other groups are accepted and not read by Dynamo's accessors).
 pub use sdk::WorkerInputs;
 
-/// One worker's CACHE group: raw tier counts in blocks (a missing tier reads zero).
+/// One worker's CACHE group: raw tier counts in blocks (a missing tier reads zero). Held
+/// as the router's integers and converted by the accessors, so a component converts only
+/// what it reads and a picker's rows are 16 bytes to fill, not 32.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct WorkerCacheInput {
-    device_overlap_blocks: f64,
-    host_overlap_blocks: f64,
-    disk_overlap_blocks: f64,
+    device_overlap_blocks: u32,
+    host_overlap_blocks: u32,
+    disk_overlap_blocks: u32,
     shared_beyond_device_blocks: u32,
 }
 
@@ -22,19 +24,19 @@ impl WorkerCacheInput {
     /// Device-resident prefix overlap in blocks.
     #[inline]
     pub fn device_overlap_blocks(&self) -> f64 {
-        self.device_overlap_blocks
+        f64::from(self.device_overlap_blocks)
     }
 
     /// Host-pinned prefix overlap in blocks.
     #[inline]
     pub fn host_overlap_blocks(&self) -> f64 {
-        self.host_overlap_blocks
+        f64::from(self.host_overlap_blocks)
     }
 
     /// Disk prefix overlap in blocks.
     #[inline]
     pub fn disk_overlap_blocks(&self) -> f64 {
-        self.disk_overlap_blocks
+        f64::from(self.disk_overlap_blocks)
     }
 
     /// Shared-cache hits beyond the device-resident prefix.
@@ -44,31 +46,31 @@ impl WorkerCacheInput {
     }
 }
 
-/// One worker's LOAD group.
+/// One worker's LOAD group, held as the router's integers as for the cache.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct WorkerLoadInput {
-    active_prefill_tokens: usize,
-    decode_cost_blocks: f64,
-    active_requests: usize,
+    active_prefill_tokens: u64,
+    decode_cost_blocks: u64,
+    active_requests: u32,
 }
 
 impl WorkerLoadInput {
     /// Tokens active in the worker's prefill stage.
     #[inline]
     pub fn active_prefill_tokens(&self) -> usize {
-        self.active_prefill_tokens
+        usize::try_from(self.active_prefill_tokens).unwrap_or(usize::MAX)
     }
 
     /// Projected active decode footprint in blocks, including this request's.
     #[inline]
     pub fn decode_cost_blocks(&self) -> f64 {
-        self.decode_cost_blocks
+        self.decode_cost_blocks as f64
     }
 
     /// Requests active on the worker.
     #[inline]
     pub fn active_requests(&self) -> usize {
-        self.active_requests
+        self.active_requests as usize
     }
 }
 
@@ -136,19 +138,19 @@ impl WorkerCandidate {
             .map_or_else(WorkerCacheInput::default, |c| {
                 inputs = inputs | WorkerInputs::CACHE;
                 WorkerCacheInput {
-                    device_overlap_blocks: f64::from(c.device_overlap_blocks),
-                    host_overlap_blocks: f64::from(c.host_overlap_blocks),
-                    disk_overlap_blocks: f64::from(c.disk_overlap_blocks),
+                    device_overlap_blocks: c.device_overlap_blocks,
+                    host_overlap_blocks: c.host_overlap_blocks,
+                    disk_overlap_blocks: c.disk_overlap_blocks,
                     shared_beyond_device_blocks: c.shared_beyond_device_blocks,
                 }
             });
         let load = candidate.load().map_or_else(WorkerLoadInput::default, |l| {
             inputs = inputs | WorkerInputs::LOAD;
-            load_input(
-                l.active_prefill_tokens,
-                l.decode_cost_blocks,
-                l.active_requests,
-            )
+            WorkerLoadInput {
+                active_prefill_tokens: l.active_prefill_tokens,
+                decode_cost_blocks: l.decode_cost_blocks,
+                active_requests: l.active_requests,
+            }
         });
         let routing =
             candidate
@@ -166,19 +168,6 @@ impl WorkerCandidate {
             load,
             routing,
         }
-    }
-}
-
-#[inline]
-fn load_input(
-    active_prefill_tokens: u64,
-    decode_cost_blocks: u64,
-    active_requests: u32,
-) -> WorkerLoadInput {
-    WorkerLoadInput {
-        active_prefill_tokens: usize::try_from(active_prefill_tokens).unwrap_or(usize::MAX),
-        decode_cost_blocks: decode_cost_blocks as f64,
-        active_requests: active_requests as usize,
     }
 }
 
@@ -263,22 +252,21 @@ impl<'a> CandidateRows<'a> {
     pub fn cache(&self, row: usize) -> WorkerCacheInput {
         self.cache
             .map_or_else(WorkerCacheInput::default, |c| WorkerCacheInput {
-                device_overlap_blocks: f64::from(c.device_overlap_blocks[row]),
-                host_overlap_blocks: f64::from(c.host_overlap_blocks[row]),
-                disk_overlap_blocks: f64::from(c.disk_overlap_blocks[row]),
+                device_overlap_blocks: c.device_overlap_blocks[row],
+                host_overlap_blocks: c.host_overlap_blocks[row],
+                disk_overlap_blocks: c.disk_overlap_blocks[row],
                 shared_beyond_device_blocks: c.shared_beyond_device_blocks[row],
             })
     }
 
     #[inline(always)]
     pub fn load(&self, row: usize) -> WorkerLoadInput {
-        self.load.map_or_else(WorkerLoadInput::default, |l| {
-            load_input(
-                l.active_prefill_tokens[row],
-                l.decode_cost_blocks[row],
-                l.active_requests[row],
-            )
-        })
+        self.load
+            .map_or_else(WorkerLoadInput::default, |l| WorkerLoadInput {
+                active_prefill_tokens: l.active_prefill_tokens[row],
+                decode_cost_blocks: l.decode_cost_blocks[row],
+                active_requests: l.active_requests[row],
+            })
     }
 
     #[inline(always)]
@@ -301,6 +289,57 @@ impl<'a> CandidateRows<'a> {
             .map(|((&id, &rank), &cost)| {
                 ScoredWorkerCandidate::new(WorkerWithDpRank::new(id, rank), cost)
             })
+    }
+
+    /// Refills `buffer` with every row's CACHE group, one zipped pass (no row is
+    /// bounds-checked); `false` (and nothing filled) without the group.
+    pub(crate) fn fill_cache(&self, buffer: &mut Vec<WorkerCacheInput>) -> bool {
+        buffer.clear();
+        let Some(c) = self.cache else { return false };
+        buffer.extend(
+            c.device_overlap_blocks
+                .iter()
+                .zip(c.host_overlap_blocks)
+                .zip(c.disk_overlap_blocks)
+                .zip(c.shared_beyond_device_blocks)
+                .map(|(((&device, &host), &disk), &shared)| WorkerCacheInput {
+                    device_overlap_blocks: device,
+                    host_overlap_blocks: host,
+                    disk_overlap_blocks: disk,
+                    shared_beyond_device_blocks: shared,
+                }),
+        );
+        true
+    }
+
+    /// As `fill_cache`, for the LOAD group.
+    pub(crate) fn fill_load(&self, buffer: &mut Vec<WorkerLoadInput>) -> bool {
+        buffer.clear();
+        let Some(l) = self.load else { return false };
+        buffer.extend(
+            l.active_prefill_tokens
+                .iter()
+                .zip(l.decode_cost_blocks)
+                .zip(l.active_requests)
+                .map(|((&prefill, &decode), &active)| WorkerLoadInput {
+                    active_prefill_tokens: prefill,
+                    decode_cost_blocks: decode,
+                    active_requests: active,
+                }),
+        );
+        true
+    }
+
+    /// As `fill_cache`, for the ROUTING group (NaN: no multiplier).
+    pub(crate) fn fill_routing(&self, buffer: &mut Vec<WorkerRoutingInput>) -> bool {
+        buffer.clear();
+        let Some(taint) = self.routing else {
+            return false;
+        };
+        buffer.extend(taint.iter().map(|&m| WorkerRoutingInput {
+            preferred_taint_multiplier: (!m.is_nan()).then_some(m),
+        }));
+        true
     }
 
     /// Row `row` as Dynamo's candidate.

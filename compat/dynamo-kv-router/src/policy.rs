@@ -310,16 +310,6 @@ impl PickerAdapter {
     }
 }
 
-/// Refills `buffer` with `count` rows made by `row`; `None` (and nothing filled) when the
-/// group is absent.
-fn refill<T>(buffer: &mut Vec<T>, present: bool, count: usize, row: impl Fn(usize) -> T) -> bool {
-    buffer.clear();
-    if present {
-        buffer.extend((0..count).map(row));
-    }
-    present
-}
-
 impl sdk::WorkerPicker for PickerAdapter {
     fn required_worker_inputs(&self) -> WorkerInputs {
         self.inputs
@@ -337,18 +327,9 @@ impl sdk::WorkerPicker for PickerAdapter {
         let count = rows.len();
         self.scored.clear();
         self.scored.extend(rows.scored(costs));
-        let with_cache = refill(&mut self.cache, candidates.cache().is_some(), count, |r| {
-            rows.cache(r)
-        });
-        let with_load = refill(&mut self.load, candidates.load().is_some(), count, |r| {
-            rows.load(r)
-        });
-        let with_routing = refill(
-            &mut self.routing,
-            candidates.routing().is_some(),
-            count,
-            |r| rows.routing(r),
-        );
+        let with_cache = rows.fill_cache(&mut self.cache);
+        let with_load = rows.fill_load(&mut self.load);
+        let with_routing = rows.fill_routing(&mut self.routing);
         let view = WorkerInputView::new(
             &self.scored,
             with_cache.then_some(&self.cache[..]),
