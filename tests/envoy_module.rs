@@ -363,3 +363,100 @@ fn an_upstream_failure_envoy_reports_takes_the_worker_out_of_the_modules_picks()
     );
     wait_for_no_bookings(&module.api, Duration::from_secs(10));
 }
+
+/// docs/envoy.md's "Fallback endpoints" retry policy and override-host load balancer,
+/// spliced into the module's config: the route retries, and the engines cluster goes
+/// down the destination header's list. Not the page's served-endpoint header: the module
+/// reads who served from Envoy itself.
+fn with_retries(text: String) -> String {
+    let doc = std::fs::read_to_string(repo().join("docs/envoy.md")).unwrap();
+    let snippet = blocks(&doc, "yaml")
+        .into_iter()
+        .find(|b| b.contains("override_host_sources"))
+        .expect("docs/envoy.md has the fallback endpoints' route and cluster");
+    let (route, cluster) = snippet.split_once("---\n").unwrap();
+    // The `key:` block of `yaml` (its line and the deeper ones after it), at `indent`.
+    let part = |yaml: &str, key: &str, indent: usize| -> String {
+        let depth = |l: &str| l.len() - l.trim_start().len();
+        let mut lines = yaml
+            .lines()
+            .skip_while(|l| !l.trim_start().starts_with(key));
+        let first = lines
+            .next()
+            .unwrap_or_else(|| panic!("no `{key}` in {yaml}"));
+        let at = depth(first);
+        std::iter::once(first)
+            .chain(lines.take_while(|l| depth(l) > at))
+            .map(|l| format!("{}{}\n", " ".repeat(indent), &l[at..]))
+            .collect()
+    };
+    let anchor = "                            timeout: 0s            # answers stream for as long as they take\n";
+    assert!(
+        text.contains(anchor),
+        "docs/envoy.md's module route changed"
+    );
+    let retry = part(route, "retry_policy:", 28);
+    let mut text = text.replacen(anchor, &format!("{anchor}{retry}"), 1);
+    assert!(
+        text.trim_end().ends_with("} } }"),
+        "the module config ends with the engines cluster's hosts"
+    );
+    text.push_str(&part(cluster, "load_balancing_policy:", 6));
+    text
+}
+
+/// An engine killed between health probes, a route that retries and a pick with a
+/// fallback: Envoy's router fails over to the other engine, and the module moves each
+/// booking to the engine that served (the hosts Envoy's router attempted, read through
+/// the ABI), so the next pick sees the served engine's load.
+#[test]
+fn after_envoy_retries_onto_another_engine_the_booking_is_on_the_one_that_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut engines = engine_sims(2, &["--decode-tps", "25"]);
+    let engine_refs: Vec<&Process> = engines.iter().collect();
+    let workers = demo_workers(engine_refs.iter().copied(), true);
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "ext_proc: {{listen: \"127.0.0.1:0\", fallback_endpoints: 1}}\n\
+             frontend: {{health_interval_ms: 60000, unhealthy_cooldown_ms: 60000}}\nworkers:\n{workers}"
+        ),
+    );
+    let module = start_module_with(dir.path(), &config, &engine_refs, with_retries);
+    drop(engine_refs);
+    let (agent, url) = (
+        agent(),
+        format!("{}/v1/chat/completions", module.envoy.base),
+    );
+    assert_eq!(
+        post_json(&agent, &url, &chat("before the kill", false)).0,
+        200
+    );
+    wait_for_no_bookings(&module.api, Duration::from_secs(10));
+    engines[0].kill();
+    // Three long streams, each held open while the bookings are read: each pick sees the
+    // dead engine idle (its worker is still a candidate) and the live one busy with the
+    // streams before, so the dead one is picked and Envoy's retry serves it elsewhere.
+    let mut open = Vec::new();
+    for i in 0..3u64 {
+        let long = json!({"model": "demo", "stream": true, "max_tokens": 150,
+                          "messages": [{"role": "user", "content": format!("retried {i}")}]});
+        let response = agent
+            .post(&url)
+            .send_json(long)
+            .unwrap_or_else(|e| panic!("stream {i}: {e}"));
+        assert_eq!(response.header("x-engine-name"), Some("e1"), "stream {i}");
+        let mut reader = response.into_reader();
+        let mut first = [0u8; 8];
+        reader.read_exact(&mut first).unwrap();
+        open.push(reader);
+        assert_eq!(
+            active_requests(&module.api),
+            vec![0, i + 1],
+            "stream {i}: every booking on the engine that served"
+        );
+    }
+    assert!(metric(&module.api, "switchyard_ext_proc_rebooks_total") >= 2.0);
+    drop(open);
+    wait_for_no_bookings(&module.api, Duration::from_secs(10));
+}

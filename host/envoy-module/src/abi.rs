@@ -8,6 +8,11 @@
 //! the repository is over the size limit). `tests/envoy_module.rs` runs every call here
 //! through the real 1.40.0 binary.
 //!
+//! The two `..._upstream_hosts_attempted` callbacks are newer than that stored header:
+//! their signatures were read from the 1.40.0 binary's code (`objdump -d`): the size takes
+//! the filter alone; the list takes the filter and an array of buffers, which it fills
+//! with each attempted host's address string and answers true.
+//!
 //! Envoy binds these lazily (`RTLD_LAZY`): a callback that does not exist fails at its
 //! first call, not at load. The hooks Envoy requires are resolved when a filter config
 //! loads, and a missing one rejects the config.
@@ -164,6 +169,19 @@ extern "C" {
         filter: FilterEnvoyPtr,
         host: Buffer,
         strict: bool,
+    ) -> bool;
+
+    /// How many upstream hosts Envoy's router tried for the stream (each retry adds one).
+    pub fn envoy_dynamic_module_callback_http_get_upstream_hosts_attempted_size(
+        filter: FilterEnvoyPtr,
+    ) -> usize;
+
+    /// The hosts tried, in order (the last is the one that answered), each `ip:port`:
+    /// `result` has room for `..._hosts_attempted_size` buffers, Envoy's bytes valid
+    /// during the hook.
+    pub fn envoy_dynamic_module_callback_http_get_upstream_hosts_attempted(
+        filter: FilterEnvoyPtr,
+        result: *mut Buffer,
     ) -> bool;
 
     pub fn envoy_dynamic_module_callback_http_get_metadata_string(

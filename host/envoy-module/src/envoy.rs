@@ -81,6 +81,29 @@ impl Stream {
         }
     }
 
+    /// The upstream host Envoy's router tried last (`ip:port`): at the response headers,
+    /// the one that answered, whatever the route's retries did before.
+    pub fn last_upstream_host_attempted(&self) -> Option<String> {
+        // SAFETY: a hook's filter pointer; the vector has room for every host Envoy
+        // reports, and the bytes are copied before the hook returns.
+        unsafe {
+            let count =
+                abi::envoy_dynamic_module_callback_http_get_upstream_hosts_attempted_size(self.0);
+            if count == 0 {
+                return None;
+            }
+            let mut hosts = vec![Buffer::NULL; count];
+            if !abi::envoy_dynamic_module_callback_http_get_upstream_hosts_attempted(
+                self.0,
+                hosts.as_mut_ptr(),
+            ) {
+                return None;
+            }
+            let last = hosts.iter().rev().find(|h| !h.ptr.is_null())?;
+            Some(String::from_utf8_lossy(last.bytes()).into_owned())
+        }
+    }
+
     pub fn set_request_header(&self, name: &str, value: &str) {
         // SAFETY: a hook's filter pointer; both buffers outlive the call (Envoy copies).
         unsafe {

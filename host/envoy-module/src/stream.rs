@@ -187,7 +187,11 @@ impl Filter {
         }
     }
 
-    /// Sends the request where the pick says, and keeps the booking with the stream.
+    /// Sends the request where the pick says, and keeps the booking with the stream. The
+    /// override host binds the first attempt: a route's retries go where Envoy's load
+    /// balancer sends them (with the fallbacks in the destination header and the
+    /// override-host load balancer, down the policy's list), and `response_headers`
+    /// moves the booking there.
     fn route(&mut self, stream: Stream, pick: Pick) {
         if !stream.override_host(pick.endpoint()) {
             tracing::warn!(endpoint = %pick.endpoint(), "switchyard (Envoy module): Envoy refused the override host");
@@ -212,12 +216,15 @@ impl Filter {
     }
 
     /// The engine answers: prefill is complete; a served endpoint other than the pick
-    /// (the route's retries, told by `x-gateway-destination-endpoint-served`) takes the
-    /// booking.
+    /// (after the route's retries: the last host Envoy's router tried, or else
+    /// `x-gateway-destination-endpoint-served` when the route adds it) takes the booking.
     pub fn response_headers(&mut self, stream: Stream) -> u32 {
         if let Some(pick) = self.pick.as_mut() {
-            if let Some(served) = stream.header(abi::RESPONSE_HEADER, SERVED_HEADER) {
-                let served = String::from_utf8_lossy(served).into_owned();
+            let served = stream.last_upstream_host_attempted().or_else(|| {
+                let named = stream.header(abi::RESPONSE_HEADER, SERVED_HEADER)?;
+                Some(String::from_utf8_lossy(named).into_owned())
+            });
+            if let Some(served) = served {
                 pick.served_by(self.config.router(), &served);
             }
             pick.answering();
