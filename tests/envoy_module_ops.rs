@@ -216,3 +216,71 @@ fn two_envoys_with_the_module_share_bookings_over_nats() {
     }
     assert!(metric(&b.api, "switchyard_replica_bus_up") == 1.0);
 }
+
+/// docs/envoy.md's module config with `"headers_only": true` in the filter's config.
+fn headers_only(text: String) -> String {
+    let line = text
+        .lines()
+        .find(|l| l.contains("\"listen\":") && l.trim_end().ends_with("\"}'"))
+        .expect("docs/envoy.md's filter_config value")
+        .to_owned();
+    let edited = line.replace("\"}'", "\", \"headers_only\": true}'");
+    text.replace(&line, &edited)
+}
+
+/// A headers-only filter decides and books at the request headers: a request whose body
+/// the client has not sent yet is already booked (a body-reading filter waits for it),
+/// and then answered by the engine it was sent to. A request without the model header is
+/// refused, naming it; `check --envoy-filter-config` refuses `headers_only` for a config
+/// that routes on the prompt.
+#[test]
+fn a_headers_only_filter_books_before_the_body_arrives() {
+    use std::io::{Read, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let engines = engine_sims(2, &[]);
+    let engine_refs: Vec<&Process> = engines.iter().collect();
+    let workers = demo_workers(engine_refs.iter().copied(), true);
+    let config = write_config(
+        dir.path(),
+        &format!("models:\n  demo: {{kv_tracking: off}}\nworkers:\n{workers}"),
+    );
+    let module = start_module_with(dir.path(), &config, &engine_refs, headers_only);
+    let port = module.envoy.base.rsplit(':').next().unwrap();
+    let mut client = std::net::TcpStream::connect(format!("127.0.0.1:{port}")).unwrap();
+    client
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let head = "POST /v1/chat/completions HTTP/1.1\r\nhost: switchyard\r\ncontent-type: application/json\r\n\
+                x-gateway-model-name: demo\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n";
+    client.write_all(head.as_bytes()).unwrap();
+    eventually("booked at the headers", Duration::from_secs(10), || {
+        active_total(&module.api) == 1
+    });
+    let body = chat("sent after the decision", false).to_string();
+    let chunk = format!("{:x}\r\n{body}\r\n0\r\n\r\n", body.len());
+    client.write_all(chunk.as_bytes()).unwrap();
+    let mut answer = String::new();
+    client.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("x-engine-name: e"), "{answer}");
+    wait_for_no_bookings(&module.api, Duration::from_secs(10));
+
+    let url = format!("{}/v1/chat/completions", module.envoy.base);
+    let (status, _, body) = post_json(&agent(), &url, &chat("no model header", false));
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("x-gateway-model-name"), "{body}");
+
+    let predicted = switchyard_config(dir.path(), &engine_refs, "");
+    let filter = json!({"config": predicted, "headers_only": true}).to_string();
+    let output = std::process::Command::new(switchyard_bin())
+        .args(["check", "--envoy-filter-config", &filter])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("models.demo.kv_tracking: predicted"),
+        "{stderr}"
+    );
+    wait_for_no_bookings(&module.api, Duration::from_secs(10));
+}

@@ -233,21 +233,7 @@ fn main() -> ExitCode {
         Command::Check {
             envoy_filter_config: Some(json),
             ..
-        } => match switchyard::config::envoy_module::EnvoyModuleSettings::parse(json.as_bytes()) {
-            Ok(settings) => {
-                println!(
-                    "envoy filter config: ok (config {}, listen {}, probe {})",
-                    settings.config.display(),
-                    settings.listen.map_or("-".to_owned(), |l| l.to_string()),
-                    settings.probe
-                );
-                check(Some(&settings.config))
-            }
-            Err(e) => {
-                eprintln!("error: {e}");
-                ExitCode::FAILURE
-            }
-        },
+        } => check_envoy_filter_config(&json),
         Command::Select(args) => {
             let Some(startup) = startup(args.config.as_ref()) else {
                 return ExitCode::FAILURE;
@@ -367,6 +353,38 @@ fn check(config: Option<&PathBuf>) -> ExitCode {
         );
     }
     ExitCode::SUCCESS
+}
+
+/// `check --envoy-filter-config`: the Envoy module's filter_config read as the module
+/// reads it, then against the switchyard config it names (a headers-only filter cannot
+/// feed a config that routes on the prompt), then that config checked.
+fn check_envoy_filter_config(json: &str) -> ExitCode {
+    use switchyard::config::envoy_module::EnvoyModuleSettings;
+    let settings = match EnvoyModuleSettings::parse(json.as_bytes()) {
+        Ok(settings) => settings,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    // A config that does not read is reported by `check` below, with its lines.
+    let source = switchyard::config::ConfigSource::from_file(&settings.config).ok();
+    if let Some(e) = source.and_then(|s| settings.check_config(&s).err()) {
+        eprintln!("error: {e}");
+        return ExitCode::FAILURE;
+    }
+    println!(
+        "envoy filter config: ok (config {}, listen {}, probe {}, {})",
+        settings.config.display(),
+        settings.listen.map_or("-".to_owned(), |l| l.to_string()),
+        settings.probe,
+        settings
+            .model_header()
+            .map_or("reads the body".to_owned(), |h| format!(
+                "headers only, model in `{h}`"
+            ))
+    );
+    check(Some(&settings.config))
 }
 
 /// `replicas.token_file` read as `serve` would (through the file gate); the error line.

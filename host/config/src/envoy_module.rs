@@ -7,7 +7,8 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
-/// `{"config": PATH, "listen": "127.0.0.1:PORT", "probe": true}`.
+/// `{"config": PATH, "listen": "127.0.0.1:PORT", "probe": true, "headers_only": false,
+/// "model_header": "x-gateway-model-name"}`.
 #[derive(Clone, Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EnvoyModuleSettings {
@@ -19,19 +20,36 @@ pub struct EnvoyModuleSettings {
     /// Exercise each in-process plugin in a child process first, as `serve` does.
     #[serde(default = "yes")]
     pub probe: bool,
+    /// Decide at the request headers, the body neither buffered nor read: the model is
+    /// named in `model_header`, and the policy sees no prompt (no prefix or KV signal).
+    #[serde(default)]
+    pub headers_only: bool,
+    /// `headers_only`: the request header naming the model.
+    #[serde(default)]
+    pub model_header: Option<String>,
 }
 
 fn yes() -> bool {
     true
 }
 
+/// Where a headers-only filter reads the model by default: the header the Inference
+/// Extension's body-based routing sets.
+pub const DEFAULT_MODEL_HEADER: &str = "x-gateway-model-name";
+
 /// Why a module filter config was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum EnvoyModuleError {
-    #[error("the switchyard filter's filter_config is not {{\"config\": \"/path/to/switchyard.yaml\", \"listen\": \"127.0.0.1:PORT\" (optional), \"probe\": true|false (optional)}}: {0}")]
+    #[error("the switchyard filter's filter_config is not {{\"config\": \"/path/to/switchyard.yaml\", \"listen\": \"127.0.0.1:PORT\" (optional), \"probe\": true|false (optional), \"headers_only\": true|false (optional), \"model_header\": \"x-gateway-model-name\" (optional)}}: {0}")]
     Settings(String),
     #[error("the switchyard filter's `listen` {0} is not a loopback address: the module's HTTP API is plain HTTP without the listener's guards; serve it on 127.0.0.1 (or ::1)")]
     Exposed(SocketAddr),
+    #[error("the switchyard filter's `model_header` is read only with `\"headers_only\": true` (the model is otherwise read from the body): add `\"headers_only\": true`, or drop `model_header`")]
+    ModelHeaderUnused,
+    #[error("the switchyard filter's `model_header` {0:?} is not a lowercase HTTP header name: name it as `x-gateway-model-name` is named")]
+    ModelHeader(String),
+    #[error("{config}: the switchyard filter is `\"headers_only\": true` (decided without the request body), but this config routes on the prompt ({reads}); drop `headers_only` from the filter config, or those settings from {config}")]
+    NeedsPrompt { config: String, reads: String },
 }
 
 impl EnvoyModuleSettings {
@@ -42,6 +60,56 @@ impl EnvoyModuleSettings {
         if let Some(listen) = settings.listen.filter(|l| !l.ip().is_loopback()) {
             return Err(EnvoyModuleError::Exposed(listen));
         }
+        match &settings.model_header {
+            Some(_) if !settings.headers_only => return Err(EnvoyModuleError::ModelHeaderUnused),
+            Some(name) if !is_header_name(name) => {
+                return Err(EnvoyModuleError::ModelHeader(name.clone()))
+            }
+            _ => {}
+        }
         Ok(settings)
     }
+
+    /// `headers_only`: the header naming the model; None when the body is read.
+    pub fn model_header(&self) -> Option<&str> {
+        self.headers_only
+            .then(|| self.model_header.as_deref().unwrap_or(DEFAULT_MODEL_HEADER))
+    }
+
+    /// A headers-only filter against the switchyard config it names: refused when the
+    /// config routes on the prompt (a predicted or event-fed KV index, a tokenizer),
+    /// which a decision without the body cannot give it.
+    pub fn check_config(&self, source: &crate::ConfigSource) -> Result<(), EnvoyModuleError> {
+        if !self.headers_only {
+            return Ok(());
+        }
+        let config = &source.config;
+        let mut reads = Vec::new();
+        for (model, settings) in &config.models {
+            if settings.kv_tracking == crate::KvTracking::Predicted {
+                reads.push(format!("models.{model}.kv_tracking: predicted"));
+            }
+            if settings.tokenizer.is_some() {
+                reads.push(format!("models.{model}.tokenizer"));
+            }
+        }
+        for worker in config.workers.iter().filter(|w| w.kv_events.is_some()) {
+            reads.push(format!("worker {}'s kv_events", worker.worker_id));
+        }
+        if reads.is_empty() {
+            return Ok(());
+        }
+        Err(EnvoyModuleError::NeedsPrompt {
+            config: source.name.clone(),
+            reads: reads.join(", "),
+        })
+    }
+}
+
+/// A lowercase HTTP header name (Envoy keeps request header names lowercase).
+fn is_header_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
 }

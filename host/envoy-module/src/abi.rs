@@ -109,6 +109,7 @@ pub const HEADERS_STOP_ITERATION: u32 = 1;
 /// body's).
 pub const BODY_CONTINUE: u32 = 0;
 pub const BODY_STOP_AND_BUFFER: u32 = 1;
+pub const BODY_STOP_AND_WATERMARK: u32 = 2;
 pub const BODY_STOP_NO_BUFFER: u32 = 3;
 
 /// `..._trailers_status_Continue` and `_StopIteration`.

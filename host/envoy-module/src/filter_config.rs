@@ -30,6 +30,8 @@ pub enum ConfigError {
 pub struct FilterConfig {
     pub picker: Arc<EndpointPicker>,
     pub caller: Caller,
+    /// `headers_only`: the request header naming the model (decided at the headers).
+    pub model_header: Option<String>,
     /// The module's own threads; dropped (stopped) first when the config goes.
     pub runtime: Option<tokio::runtime::Runtime>,
 }
@@ -50,6 +52,7 @@ impl FilterConfig {
                     .collect::<Vec<_>>()
                     .join("; "),
             })?;
+        settings.check_config(&startup.source)?;
         let ext_proc = startup.config().ext_proc.clone().unwrap_or_else(|| {
             switchyard_config::ExtProcSettings::listening(SocketAddr::from(([127, 0, 0, 1], 0)))
         });
@@ -77,6 +80,7 @@ impl FilterConfig {
         Ok(FilterConfig {
             picker,
             caller,
+            model_header: settings.model_header().map(str::to_owned),
             runtime: Some(runtime),
         })
     }

@@ -74,6 +74,11 @@ impl Filter {
             Err(error) => return self.refuse(stream, error.into(), abi::HEADERS_STOP_ITERATION),
         };
         let subset = stream.metadata_strings(SUBSET_NAMESPACE, SUBSET_KEY);
+        let config = self.config.clone();
+        if let (false, Some(header)) = (end_of_stream, config.model_header.as_deref()) {
+            let asked = Asked::new(Endpoint::Completions, instance, subset, kept);
+            return self.decide_at_headers(stream, header, asked);
+        }
         if !end_of_stream {
             self.asked = Some(Asked::new(endpoint, instance, subset, kept));
             stream.buffer_at_least(self.config.picker.max_body_bytes());
@@ -98,8 +103,31 @@ impl Filter {
         }
     }
 
+    /// `headers_only`: decided now, on the model its header names; the body is neither
+    /// read nor waited for (unless plugin code decides, when it waits for that).
+    fn decide_at_headers(&mut self, stream: Stream, header: &str, asked: Asked) -> u32 {
+        let Some(model) = stream.header(abi::REQUEST_HEADER, header) else {
+            let error = OpenAiError::new(
+                axum::http::StatusCode::BAD_REQUEST,
+                "invalid_request_error",
+                format!("the switchyard filter decides at the request headers (`headers_only`), and this request has no `{header}` header naming its model: send one (a gateway's body-based routing sets it), or drop `headers_only` from the filter config"),
+            );
+            return self.refuse(stream, error, abi::HEADERS_STOP_ITERATION);
+        };
+        let body = embedded::headers_only_body(&String::from_utf8_lossy(model));
+        match self.decide(stream, asked, body) {
+            abi::BODY_CONTINUE => abi::HEADERS_CONTINUE,
+            _ => abi::HEADERS_STOP_ITERATION,
+        }
+    }
+
     pub fn request_body(&mut self, stream: Stream, end_of_stream: bool) -> u32 {
         let Some(asked) = self.asked.take() else {
+            if self.pending.is_some() {
+                // Decided at the headers, on the module's runtime, not yet back: the body
+                // waits under Envoy's flow control.
+                return abi::BODY_STOP_AND_WATERMARK;
+            }
             return abi::BODY_CONTINUE; // decided (or refused) already
         };
         let limit = self.config.picker.max_body_bytes();
@@ -121,6 +149,9 @@ impl Filter {
     /// A request with trailers: its body ended before them, and the pick is made now.
     pub fn request_trailers(&mut self, stream: Stream) -> u32 {
         let Some(asked) = self.asked.take() else {
+            if self.pending.is_some() {
+                return abi::TRAILERS_STOP_ITERATION;
+            }
             return abi::TRAILERS_CONTINUE;
         };
         match self.decide(stream, asked, stream.buffered_request_body()) {

@@ -59,6 +59,15 @@ impl Asked {
     }
 }
 
+/// What a request decided at its headers (the Envoy module's `headers_only`) is decided
+/// on: a completion of `model` with no prompt, so the policy sees no prefix, as the body
+/// is neither read nor waited for.
+pub fn headers_only_body(model: &str) -> Vec<u8> {
+    serde_json::json!({"model": model, "prompt": ""})
+        .to_string()
+        .into_bytes()
+}
+
 /// A request's booking and where it goes; the booking is freed when this is dropped.
 pub struct Pick(Booked);
 
