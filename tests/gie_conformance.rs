@@ -536,3 +536,26 @@ fn without_the_setting_the_header_chooses_nothing() {
     );
     assert_eq!(reply.served, None, "{reply:?}");
 }
+
+/// The setting is `true` or `false`; anything else is refused at its line, saying what it
+/// does.
+#[test]
+fn the_setting_takes_true_or_false_and_names_its_line() {
+    let dir = tempfile::tempdir().unwrap();
+    for (value, got) in [
+        ("yes", "(got \"yes\")"),
+        ("1", "(got 1)"),
+        ("", "(got nothing)"),
+    ] {
+        let error = start_error(
+            dir.path(),
+            &format!("ext_proc:\n  listen: 127.0.0.1:0\n  test_endpoint_selection: {value}\n"),
+        );
+        assert!(error.contains("config.yaml:3"), "{error}");
+        assert!(
+            error.contains(&format!("test_endpoint_selection is true or false {got}")),
+            "{error}"
+        );
+        assert!(error.contains("conformance tests only"), "{error}");
+    }
+}
