@@ -111,9 +111,22 @@ fn a_reload_under_load_fails_no_request_and_its_generation_routes() {
     let dir = tempfile::tempdir().unwrap();
     let engines = engine_sims(2, &[]);
     let engine_refs: Vec<&Process> = engines.iter().collect();
-    let config = switchyard_config(dir.path(), &engine_refs, &named_default("before"));
+    // Before: Envoy's clients may choose the instance; the reloaded config takes that away.
+    let before = format!(
+        "auth: {{choose_instance: anyone}}\n{}",
+        named_default("before")
+    );
+    let config = switchyard_config(dir.path(), &engine_refs, &before);
     let module = start_module(dir.path(), &config, &engine_refs);
     let url = format!("{}/v1/chat/completions", module.envoy.base);
+    let choosing = |instance: &str| {
+        let request = agent().post(&url).set("x-switchyard-instance", instance);
+        match request.send_json(chat("chosen", false)) {
+            Ok(r) | Err(ureq::Error::Status(_, r)) => r.status(),
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(choosing("before"), 200);
     let (stop, sent) = (AtomicBool::new(false), AtomicUsize::new(0));
     let statuses = std::thread::scope(|scope| {
         let load = scope.spawn(|| clients_until(&url, &stop, &sent));
@@ -138,6 +151,11 @@ fn a_reload_under_load_fails_no_request_and_its_generation_routes() {
         "every request answered across the reload: {statuses:?}"
     );
     assert_eq!(metric(&module.api, "switchyard_config_generation"), 2.0);
+    assert_eq!(
+        choosing("after"),
+        403,
+        "the new generation's auth.choose_instance applies"
+    );
     let after = |name: &str| {
         labelled_metric(
             &module.api,

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use switchyard_fleet::router::Router;
-use switchyard_serve::caller::Caller;
 use switchyard_serve::ext_proc::EndpointPicker;
 use switchyard_serve::frontend::Frontend;
 
@@ -29,7 +28,6 @@ pub enum ConfigError {
 /// The module's state for one filter config.
 pub struct FilterConfig {
     pub picker: Arc<EndpointPicker>,
-    pub caller: Caller,
     /// `headers_only`: the request header naming the model (decided at the headers).
     pub model_header: Option<String>,
     /// The module's own threads; dropped (stopped) first when the config goes.
@@ -76,10 +74,8 @@ impl FilterConfig {
             .block_on(start_background(&router, &frontend, settings.listen))
             .map_err(ConfigError::Threads)?;
         let picker = Arc::new(EndpointPicker::new(frontend, &ext_proc));
-        let caller = picker.proxy_caller();
         Ok(FilterConfig {
             picker,
-            caller,
             model_header: settings.model_header().map(str::to_owned),
             runtime: Some(runtime),
         })

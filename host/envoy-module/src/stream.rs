@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 use parking_lot::Mutex;
+use switchyard_serve::caller::Caller;
 use switchyard_serve::ext_proc::embedded::{self, Asked, Now, Pick};
 use switchyard_serve::frontend::prompt::Endpoint;
 use switchyard_serve::frontend::{OpenAiError, INSTANCE_HEADER};
@@ -161,23 +162,25 @@ impl Filter {
     }
 
     /// Decides on the whole `body`: here when only the router's own code runs, else on
-    /// the module's runtime. A body hook's status.
+    /// the module's runtime. A body hook's status. Who may choose an instance is the
+    /// serving generation's (`auth.choose_instance`, which a reload changes).
     fn decide(&mut self, stream: Stream, asked: Asked, body: Vec<u8>) -> u32 {
         let picker = &self.config.picker;
-        match embedded::decide_now(picker, &self.config.caller, &asked, &body) {
+        let caller = picker.proxy_caller();
+        match embedded::decide_now(picker, &caller, &asked, &body) {
             Now::Decided(Ok(pick)) => {
                 self.route(stream, pick);
                 abi::BODY_CONTINUE
             }
             Now::Decided(Err(error)) => self.refuse(stream, error, abi::BODY_STOP_NO_BUFFER),
-            Now::Later => self.decide_later(stream, asked, body),
+            Now::Later => self.decide_later(stream, caller, asked, body),
         }
     }
 
     /// Plugin code, a tokenizer or the admission queue: decided on the module's runtime
     /// (never on Envoy's worker thread, never on the executor's threads), and the stream
     /// resumes on its worker thread (`scheduled`).
-    fn decide_later(&mut self, stream: Stream, asked: Asked, body: Vec<u8>) -> u32 {
+    fn decide_later(&mut self, stream: Stream, caller: Caller, asked: Asked, body: Vec<u8>) -> u32 {
         let (Some(runtime), Some(scheduler)) =
             (self.config.runtime.as_ref(), Scheduler::new(stream))
         else {
@@ -191,7 +194,7 @@ impl Filter {
         let pending: Pending = Arc::default();
         let scheduler = Arc::new(scheduler);
         self.pending = Some((pending.clone(), scheduler.clone()));
-        let (picker, caller) = (self.config.picker.clone(), self.config.caller.clone());
+        let picker = self.config.picker.clone();
         runtime.spawn(async move {
             let decided = embedded::pick(picker, caller, asked, Arc::new(body)).await;
             *pending.lock() = Some(decided);
