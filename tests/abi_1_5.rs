@@ -113,3 +113,42 @@ fn a_plugin_built_against_the_frozen_1_4_header_loads_and_routes_unchanged() {
     // A 1.4 plugin reads no binding: past the threshold it picks by load.
     assert_eq!(reserve(base, "r3", Some("s")), 2, "routed by load");
 }
+
+/// Workers 1, 3 and 8, the router's cost knobs `knobs` (`builtin_default`), and the
+/// fixture's `fixture.knob-policy` as the default instance.
+fn knob_config(dir: &Path, library: &Path, isolation: &str, knobs: &str) -> PathBuf {
+    write_config(
+        dir,
+        &format!(
+            "plugins:\n  - path: {}\n    isolation: {isolation}\n\
+             worker_selection:\n  default: knobs\n  builtin_default: {knobs}\n  instances:\n\
+             \x20   - name: knobs\n      type: fixture.knob-policy\n\
+             workers:\n  - {{model: m, worker_id: 1}}\n  - {{model: m, worker_id: 3}}\n\
+             \x20 - {{model: m, worker_id: 8}}\n",
+            library.display()
+        ),
+    )
+}
+
+#[test]
+fn a_factory_is_handed_the_routers_cost_knobs() {
+    let dir = tempfile::tempdir().unwrap();
+    let library = fixture(dir.path(), "knobs_1_5", &repo().join("include"));
+    for isolation in ["none", "process"] {
+        // The defaults: prefill_load_scale 1 x uncached_weight 8.
+        let router = serve(&knob_config(dir.path(), &library, isolation, "{}"));
+        assert_eq!(
+            reserve(&router.address, "a", None),
+            8,
+            "{isolation}: defaults"
+        );
+        drop(router);
+        let knobs = "{prefill_load_scale: 1.5, uncached_weight: 2}";
+        let router = serve(&knob_config(dir.path(), &library, isolation, knobs));
+        assert_eq!(
+            reserve(&router.address, "b", None),
+            3,
+            "{isolation}: configured"
+        );
+    }
+}

@@ -36,7 +36,7 @@
  * callback's signature). A plugin compiled against a hand-edited or stale header reports
  * a different value and is refused.
  */
-#define SWITCHYARD_LAYOUT_FINGERPRINT 4961961148319344116
+#define SWITCHYARD_LAYOUT_FINGERPRINT 17348599690630257172ull
 
 /**
  * Fingerprint of the ABI 1.4 layout, which the router keeps accepting from 1.4 plugins.
@@ -282,6 +282,46 @@ typedef struct switchyard_str {
 } switchyard_str;
 
 /**
+ * The router's own cost-model knobs (ABI 1.5): `worker_selection.builtin_default` with
+ * its defaults filled in (docs/default-policy.md), and the router's block size, so a
+ * factory can weigh as the router's `default` policy does. Host-owned, read-only.
+ */
+typedef struct switchyard_router_settings {
+  /**
+   * `sizeof(switchyard_router_settings)` as the host was compiled.
+   */
+  uint32_t struct_size;
+  /**
+   * `router.block_size`: tokens per KV block.
+   */
+  uint32_t block_size;
+  /**
+   * Credit of a prefix block held in host memory beyond the device prefix.
+   */
+  double host_cache_weight;
+  /**
+   * Credit of a prefix block on disk beyond the device and host prefixes.
+   */
+  double disk_cache_weight;
+  /**
+   * Weight of a block the worker must prefill against a block of load booked on it.
+   */
+  double uncached_weight;
+  /**
+   * Scale of the prefill part of the cost (new blocks and queued prefill).
+   */
+  double prefill_load_scale;
+  /**
+   * The softmax picker's temperature (0: the lowest cost).
+   */
+  double temperature;
+  /**
+   * Weight of engine-reported load the router did not book (0: off).
+   */
+  double engine_load_weight;
+} switchyard_router_settings;
+
+/**
  * Parameters of a component or policy, as given in the config. Host-owned, valid for the
  * call it is passed to; strings it hands out are valid as long as the params are.
  */
@@ -328,6 +368,12 @@ typedef struct switchyard_params {
   int32_t (*callback_key_at)(const struct switchyard_params *params,
                              size_t index,
                              struct switchyard_str *out);
+  /**
+   * ABI 1.5: the router's built-in cost model as configured, read-only, valid as long
+   * as these params; NULL when the caller has none (and past `struct_size` in an older
+   * router): read it with `switchyard_params_router`.
+   */
+  const struct switchyard_router_settings *router;
 } switchyard_params;
 
 /**
@@ -1178,6 +1224,19 @@ static inline const char *switchyard_request_header(const switchyard_request *re
         *len = out.len;
     }
     return out.ptr;
+}
+
+/* The router's built-in cost-model knobs (ABI 1.5: `worker_selection.builtin_default` with
+ * its defaults, and `router.block_size`), read-only and valid as long as `params`; NULL
+ * in a router older than 1.5 or when the caller has none. */
+static inline const switchyard_router_settings *switchyard_params_router(const switchyard_params *params) {
+    if (params == NULL
+        || params->struct_size < offsetof(switchyard_params, router) + sizeof(void *)
+        || params->router == NULL
+        || params->router->struct_size < offsetof(switchyard_router_settings, engine_load_weight) + sizeof(double)) {
+        return NULL;
+    }
+    return params->router;
 }
 
 /* The worker the request's session is bound to (ABI 1.5, `router.session_affinity`):

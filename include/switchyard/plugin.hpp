@@ -85,6 +85,14 @@ public:
 
     std::string_view json() const noexcept { return detail::view(raw_->json); }
 
+    // The router's built-in cost-model knobs (ABI 1.5; docs/default-policy.md), read-only;
+    // empty in an older router or when the caller has none.
+    std::optional<switchyard_router_settings> router_settings() const noexcept {
+        const switchyard_router_settings *router = switchyard_params_router(raw_);
+        if (router == nullptr) return std::nullopt;
+        return *router;
+    }
+
     std::vector<std::string_view> keys() const {
         std::vector<std::string_view> out;
         size_t count = raw_->callback_key_count(raw_);

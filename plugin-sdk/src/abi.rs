@@ -37,7 +37,7 @@ pub const SWITCHYARD_SDK_REVISION: &str = env!("CARGO_PKG_VERSION");
 /// Fingerprint of this minor's layout (every struct's fields, sizes and alignments, every
 /// callback's signature). A plugin compiled against a hand-edited or stale header reports
 /// a different value and is refused.
-pub const SWITCHYARD_LAYOUT_FINGERPRINT: u64 = 0x44dc_6d5f_f2dd_25f4;
+pub const SWITCHYARD_LAYOUT_FINGERPRINT: u64 = 0xf0c2_9b80_7677_da14;
 /// Fingerprint of the ABI 1.4 layout, which the router keeps accepting from 1.4 plugins.
 pub const SWITCHYARD_LAYOUT_FINGERPRINT_1_4: u64 = 0xcc03_2e84_ca1d_491f;
 /// Fingerprint of the ABI 1.3 layout, which the router keeps accepting from 1.3 plugins.
@@ -529,6 +529,34 @@ pub struct switchyard_params {
             out: *mut switchyard_str,
         ) -> i32,
     >,
+    /// ABI 1.5: the router's built-in cost model as configured, read-only, valid as long
+    /// as these params; NULL when the caller has none (and past `struct_size` in an older
+    /// router): read it with `switchyard_params_router`.
+    pub router: *const switchyard_router_settings,
+}
+
+/// The router's own cost-model knobs (ABI 1.5): `worker_selection.builtin_default` with
+/// its defaults filled in (docs/default-policy.md), and the router's block size, so a
+/// factory can weigh as the router's `default` policy does. Host-owned, read-only.
+#[repr(C)]
+#[cfg_attr(feature = "layout", derive(StableAbi))]
+pub struct switchyard_router_settings {
+    /// `sizeof(switchyard_router_settings)` as the host was compiled.
+    pub struct_size: u32,
+    /// `router.block_size`: tokens per KV block.
+    pub block_size: u32,
+    /// Credit of a prefix block held in host memory beyond the device prefix.
+    pub host_cache_weight: f64,
+    /// Credit of a prefix block on disk beyond the device and host prefixes.
+    pub disk_cache_weight: f64,
+    /// Weight of a block the worker must prefill against a block of load booked on it.
+    pub uncached_weight: f64,
+    /// Scale of the prefill part of the cost (new blocks and queued prefill).
+    pub prefill_load_scale: f64,
+    /// The softmax picker's temperature (0: the lowest cost).
+    pub temperature: f64,
+    /// Weight of engine-reported load the router did not book (0: off).
+    pub engine_load_weight: f64,
 }
 
 /// A component type: a filter, a scorer, a picker or (ABI 1.3) an admitter. Plugin-owned; the host copies

@@ -60,7 +60,7 @@ fn describe(layout: &'static TypeLayout, out: &mut String) {
 
 /// The canonical description of every ABI v1 struct, one per line.
 pub fn layout_description() -> String {
-    let roots: [&'static TypeLayout; 17] = [
+    let roots: [&'static TypeLayout; 18] = [
         switchyard_str::LAYOUT,
         switchyard_error::LAYOUT,
         switchyard_partition::LAYOUT,
@@ -73,6 +73,7 @@ pub fn layout_description() -> String {
         switchyard_saturation::LAYOUT,
         switchyard_admission::LAYOUT,
         switchyard_params::LAYOUT,
+        switchyard_router_settings::LAYOUT,
         switchyard_component_def::LAYOUT,
         switchyard_policy_builder::LAYOUT,
         switchyard_policy_def::LAYOUT,

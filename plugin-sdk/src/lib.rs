@@ -37,7 +37,7 @@ pub use component::{
     WorkerScorer,
 };
 pub use export::{write_error, Registrar};
-pub use params::Params;
+pub use params::{Params, RouterSettings};
 pub use status::Status;
 pub use threshold::keep_at_least;
 pub use view::{

@@ -6,6 +6,36 @@ use crate::abi::*;
 use crate::view::{str_from_abi, str_to_abi};
 use crate::PolicyError;
 
+/// The router's built-in cost model as configured (ABI 1.5,
+/// `worker_selection.builtin_default` with its defaults; docs/default-policy.md), handed
+/// read-only to factories and component creation.
+#[derive(Clone, Copy, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct RouterSettings {
+    pub block_size: u32,
+    pub host_cache_weight: f64,
+    pub disk_cache_weight: f64,
+    pub uncached_weight: f64,
+    pub prefill_load_scale: f64,
+    pub temperature: f64,
+    pub engine_load_weight: f64,
+}
+
+impl RouterSettings {
+    /// The ABI form, borrowed by `switchyard_params.router`.
+    pub fn to_abi(&self) -> switchyard_router_settings {
+        switchyard_router_settings {
+            struct_size: core::mem::size_of::<switchyard_router_settings>() as u32,
+            block_size: self.block_size,
+            host_cache_weight: self.host_cache_weight,
+            disk_cache_weight: self.disk_cache_weight,
+            uncached_weight: self.uncached_weight,
+            prefill_load_scale: self.prefill_load_scale,
+            temperature: self.temperature,
+            engine_load_weight: self.engine_load_weight,
+        }
+    }
+}
+
 /// The parameters of one component or policy instance: JSON text plus typed accessors.
 #[derive(Clone, Copy)]
 pub struct Params<'a> {
@@ -17,6 +47,29 @@ impl<'a> Params<'a> {
     /// `raw` must be valid host-provided params for `'a`.
     pub unsafe fn from_abi(raw: &'a switchyard_params) -> Self {
         Params { raw }
+    }
+
+    /// The router's built-in cost-model knobs (ABI 1.5), read-only: `None` from a router
+    /// older than 1.5, or a caller that has none.
+    pub fn router_settings(&self) -> Option<RouterSettings> {
+        let end = core::mem::offset_of!(switchyard_params, router) + core::mem::size_of::<usize>();
+        if (self.raw.struct_size as usize) < end {
+            return None;
+        }
+        // SAFETY: the host guarantees `router` is NULL or valid as long as the params.
+        let raw = unsafe { self.raw.router.as_ref() }?;
+        let has = |field_end: usize| raw.struct_size as usize >= field_end;
+        has(core::mem::offset_of!(switchyard_router_settings, engine_load_weight) + 8).then_some(
+            RouterSettings {
+                block_size: raw.block_size,
+                host_cache_weight: raw.host_cache_weight,
+                disk_cache_weight: raw.disk_cache_weight,
+                uncached_weight: raw.uncached_weight,
+                prefill_load_scale: raw.prefill_load_scale,
+                temperature: raw.temperature,
+                engine_load_weight: raw.engine_load_weight,
+            },
+        )
     }
 
     /// The parameters object as JSON text.

@@ -16,10 +16,12 @@ const ROUTING_GROUP: &str = "default";
 /// Builds one partition's components.
 pub type PartsFactory = Box<dyn FnMut(&Partition<'_>) -> PolicyParts + Send>;
 
-/// Parses one instance's parameters into its partition factory.
+/// Parses one instance's parameters into its partition factory, which Dynamo's factory
+/// is handed the router's settings with.
 pub type PolicyTypeProvider = Box<
     dyn Fn(
             &WorkerSelectionPolicyParameters,
+            &KvRouterConfig,
         ) -> Result<PartsFactory, WorkerSelectionPolicyProviderError>
         + Send
         + Sync,
@@ -35,12 +37,10 @@ pub trait Catalog: Default {
 
 impl Catalog for WorkerSelectionPolicyRegistry {
     fn into_policy_types(self) -> Vec<(String, PolicyTypeProvider)> {
-        let config = KvRouterConfig::default();
         self.into_providers()
             .into_iter()
             .map(|(name, provider)| {
-                let config = config.clone();
-                let provider: PolicyTypeProvider = Box::new(move |parameters| {
+                let provider: PolicyTypeProvider = Box::new(move |parameters, config| {
                     let (factory, config) = (provider(parameters)?, config.clone());
                     Ok(Box::new(move |partition: &Partition<'_>| {
                         let routing = RoutingPartitionRef::new(partition.model, ROUTING_GROUP);
@@ -55,12 +55,10 @@ impl Catalog for WorkerSelectionPolicyRegistry {
 
 impl Catalog for RouterPluginRegistry {
     fn into_policy_types(self) -> Vec<(String, PolicyTypeProvider)> {
-        let config = KvRouterConfig::default();
         self.into_providers()
             .into_iter()
             .map(|(name, provider)| {
-                let config = config.clone();
-                let provider: PolicyTypeProvider = Box::new(move |parameters| {
+                let provider: PolicyTypeProvider = Box::new(move |parameters, config| {
                     let (factory, config) = (provider(parameters)?, config.clone());
                     Ok(Box::new(move |partition: &Partition<'_>| {
                         let routing = RoutingPartitionRef::new(partition.model, ROUTING_GROUP);
@@ -88,7 +86,8 @@ pub fn register_catalog<R: Catalog, E: std::fmt::Display>(
         let type_name = name.clone();
         registrar.policy(&name, move |params| {
             let parameters = WorkerSelectionPolicyParameters::from_json(params.json());
-            let mut factory = provider(&parameters).map_err(|e| {
+            let config = KvRouterConfig::from_switchyard(params.router_settings());
+            let mut factory = provider(&parameters, &config).map_err(|e| {
                 PolicyError::failed(format!(
                     "invalid parameters for worker-selection policy type {type_name:?}: {e}"
                 ))

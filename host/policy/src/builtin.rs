@@ -26,6 +26,7 @@ use switchyard_plugin_sdk::{
 use super::registry::{BuildFn, Registry};
 use switchyard_plugin_host::plugin::Builtin;
 use switchyard_plugin_host::plugin::ComponentKind;
+use switchyard_plugin_sdk::RouterSettings;
 
 impl Registry {
     /// A registry with the built-in types.
@@ -411,6 +412,27 @@ impl DefaultParams {
             uncached_weight: self.uncached_weight,
             prefill_load_scale: self.prefill_load_scale,
         }
+    }
+}
+
+/// The router's cost-model knobs as factories are handed them (ABI 1.5,
+/// `switchyard_params.router`): `worker_selection.builtin_default` with its defaults
+/// filled in, and `router.block_size`. Knobs that do not parse read as the defaults
+/// (startup refuses them at `builtin_default:` anyway).
+pub fn router_settings(
+    router: &switchyard_config::RouterSettings,
+    builtin_default: &serde_json::Map<String, serde_json::Value>,
+) -> RouterSettings {
+    let knobs = serde_json::Value::Object(builtin_default.clone());
+    let p: DefaultParams = serde_json::from_value(knobs).unwrap_or_default();
+    RouterSettings {
+        block_size: router.block_size,
+        host_cache_weight: p.host_cache_weight,
+        disk_cache_weight: p.disk_cache_weight,
+        uncached_weight: p.uncached_weight,
+        prefill_load_scale: p.prefill_load_scale,
+        temperature: p.temperature,
+        engine_load_weight: p.engine_load_weight,
     }
 }
 

@@ -107,7 +107,7 @@ impl ComponentType {
                     &self.name,
                     self.kind,
                     self.inputs,
-                    params.json(),
+                    params,
                     partition,
                 )
                 .map_err(|e| refused(e.into()))?,
@@ -163,12 +163,12 @@ impl PolicyType {
                 components: registry.components.clone(),
             }),
             PolicySource::Isolated(process) => {
-                isolation::validate_policy(process, &self.name, params.json())
+                isolation::validate_policy(process, &self.name, params)
                     .map_err(|e| refused(e.into()))?;
                 Ok(PolicyFactory::Isolated {
                     name: self.name.clone(),
                     process: process.clone(),
-                    params: params.json().to_owned(),
+                    params: params.clone(),
                     components: registry.components.clone(),
                 })
             }
@@ -191,7 +191,7 @@ pub enum PolicyFactory {
     Isolated {
         name: String,
         process: Arc<IsolatedProcess>,
-        params: String,
+        params: OwnedParams,
         components: Arc<ComponentTable>,
     },
 }

@@ -10,8 +10,8 @@ pub use crate::policy::{
     WorkerFilter, WorkerPicker, WorkerScorer, WorkerSelectionPolicy, WorkerSelectionPolicyError,
 };
 
-/// The router settings a factory is handed. Switchyard does not hand the router's own
-/// cost-model settings to plugins yet: these are Dynamo's defaults.
+/// The router settings a factory is handed: the router's own cost-model knobs (ABI 1.5,
+/// [`KvRouterConfig::from_switchyard`]), Dynamo's defaults where it has none.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct KvRouterConfig {
@@ -29,6 +29,23 @@ impl Default for KvRouterConfig {
             prefill_load_scale: 1.0,
             decode_active_request_weight: 0.0,
         }
+    }
+}
+
+impl KvRouterConfig {
+    /// The router's knobs (`worker_selection.builtin_default`) in Dynamo's terms:
+    /// `uncached_weight` (a block to prefill against a block of load) is Dynamo's
+    /// `overlap_score_weight`, `temperature` its `router_temperature`,
+    /// `prefill_load_scale` the same; `decode_active_request_weight` has no switchyard
+    /// knob and keeps Dynamo's default, as does everything from a router older than 1.5.
+    pub fn from_switchyard(router: Option<switchyard_plugin_sdk::RouterSettings>) -> Self {
+        let mut config = KvRouterConfig::default();
+        if let Some(router) = router {
+            config.overlap_score_weight = router.uncached_weight;
+            config.router_temperature = router.temperature;
+            config.prefill_load_scale = router.prefill_load_scale;
+        }
+        config
     }
 }
 
@@ -280,5 +297,34 @@ mod tests {
             "{error}"
         );
         assert!(registry.provide("gamma", &good).is_err());
+    }
+
+    /// The router's knobs reach Dynamo's config; what switchyard lacks keeps Dynamo's
+    /// default.
+    #[test]
+    fn the_routers_knobs_become_dynamos_config() {
+        let router = switchyard_plugin_sdk::RouterSettings {
+            block_size: 16,
+            host_cache_weight: 0.75,
+            disk_cache_weight: 0.25,
+            uncached_weight: 4.0,
+            prefill_load_scale: 2.5,
+            temperature: 0.5,
+            engine_load_weight: 0.0,
+        };
+        let config = KvRouterConfig::from_switchyard(Some(router));
+        assert_eq!(
+            (
+                config.overlap_score_weight,
+                config.router_temperature,
+                config.prefill_load_scale,
+                config.decode_active_request_weight
+            ),
+            (4.0, 0.5, 2.5, 0.0)
+        );
+        assert_eq!(
+            KvRouterConfig::from_switchyard(None),
+            KvRouterConfig::default()
+        );
     }
 }

@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use switchyard_plugin_sdk::RouterSettings;
 
 use super::control::{ComponentInfo, Connection, Part, Reply, Request};
 use super::region::{post, wait_for, Region};
@@ -186,18 +187,24 @@ impl Child {
             Request::Create {
                 type_name,
                 params,
+                router,
                 partition,
-            } => self.create(&type_name, &params, &partition.key()),
-            Request::Validate { type_name, params } => match self.factory(&type_name, &params) {
+            } => self.create(&type_name, (&params, router), &partition.key()),
+            Request::Validate {
+                type_name,
+                params,
+                router,
+            } => match self.factory(&type_name, (&params, router)) {
                 Ok(_) => Reply::Ok,
                 Err(e) => failed(&e),
             },
             Request::Build {
                 type_name,
                 params,
+                router,
                 partition,
                 registered,
-            } => self.build(&type_name, &params, &partition.key(), &registered),
+            } => self.build(&type_name, (&params, router), &partition.key(), &registered),
             Request::OpenChannel { rows, label_bytes } => match fd {
                 Some(fd) => self.open_channel(fd, rows, label_bytes),
                 None => failed(&CallError::new(Status::InvalidArgument, "no region")),
@@ -214,7 +221,12 @@ impl Child {
     }
 
     /// An instance of `type_name` for `partition`, kept under a new id.
-    fn create(&mut self, type_name: &str, params: &str, partition: &plugin::PartitionKey) -> Reply {
+    fn create(
+        &mut self,
+        type_name: &str,
+        params: (&str, Option<RouterSettings>),
+        partition: &plugin::PartitionKey,
+    ) -> Reply {
         let Some(def) = self.components.get(type_name) else {
             return failed(&unknown(type_name));
         };
@@ -315,7 +327,7 @@ impl Child {
     fn factory(
         &self,
         type_name: &str,
-        params: &str,
+        params: (&str, Option<RouterSettings>),
     ) -> Result<plugin::PluginPolicyFactory, CallError> {
         let def = self
             .policies
@@ -328,7 +340,7 @@ impl Child {
     fn build(
         &mut self,
         type_name: &str,
-        params: &str,
+        params: (&str, Option<RouterSettings>),
         partition: &plugin::PartitionKey,
         registered: &[String],
     ) -> Reply {
@@ -418,9 +430,10 @@ fn unknown(type_name: &str) -> CallError {
     )
 }
 
-fn parse_params(json: &str) -> Result<OwnedParams, CallError> {
+/// The parameters the router sent, with its cost-model knobs.
+fn parse_params((json, router): (&str, Option<RouterSettings>)) -> Result<OwnedParams, CallError> {
     match serde_json::from_str::<serde_json::Value>(json) {
-        Ok(serde_json::Value::Object(map)) => Ok(OwnedParams::new(map)),
+        Ok(serde_json::Value::Object(map)) => Ok(OwnedParams::new(map).with_router(router)),
         _ => Err(CallError::new(
             Status::InvalidParameters,
             "parameters are not a JSON object",

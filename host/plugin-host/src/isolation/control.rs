@@ -32,18 +32,25 @@ pub enum Request {
     Create {
         type_name: String,
         params: String,
+        /// The router's cost-model knobs handed with the params (ABI 1.5).
+        router: Option<switchyard_plugin_sdk::RouterSettings>,
         partition: Partition,
     },
     /// Build a policy type for a partition.
     Build {
         type_name: String,
         params: String,
+        router: Option<switchyard_plugin_sdk::RouterSettings>,
         partition: Partition,
         /// Every component type the router has registered (for `add_registered`).
         registered: Vec<String>,
     },
     /// Validate a policy type's parameters (nothing is kept).
-    Validate { type_name: String, params: String },
+    Validate {
+        type_name: String,
+        params: String,
+        router: Option<switchyard_plugin_sdk::RouterSettings>,
+    },
     /// Destroy instances (no answer).
     Destroy { ids: Vec<u32> },
     /// Serve calls on the shared-memory region passed with this message.

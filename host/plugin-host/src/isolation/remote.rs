@@ -16,19 +16,19 @@ use super::supervisor::IsolatedProcess;
 use crate::plugin::shared_call::{Extra, Op};
 use crate::plugin::{
     AbiRequest, CallError, Columns, Component, ComponentKind, ErrorBuffer, Lifecycle, Outcome,
-    PartitionKey, Status,
+    OwnedParams, PartitionKey, Status,
 };
 
 /// How a set of instances is made, so that a new incarnation can make them again.
 pub enum Recipe {
     Component {
         type_name: String,
-        params: String,
+        params: OwnedParams,
         partition: PartitionKey,
     },
     Policy {
         type_name: String,
-        params: String,
+        params: OwnedParams,
         partition: PartitionKey,
         /// Every component type the router has (for `add_registered`).
         registered: Vec<String>,
@@ -66,7 +66,8 @@ impl BuildUnit {
             } => self.process.request(
                 &Request::Create {
                     type_name: type_name.clone(),
-                    params: params.clone(),
+                    params: params.json().to_owned(),
+                    router: params.router(),
                     partition: Partition::of(partition),
                 },
                 None,
@@ -79,7 +80,8 @@ impl BuildUnit {
             } => self.process.request(
                 &Request::Build {
                     type_name: type_name.clone(),
-                    params: params.clone(),
+                    params: params.json().to_owned(),
+                    router: params.router(),
                     partition: Partition::of(partition),
                     registered: registered.clone(),
                 },
@@ -162,7 +164,7 @@ pub fn create_component(
     name: &str,
     kind: ComponentKind,
     inputs: WorkerInputs,
-    params: &str,
+    params: &OwnedParams,
     partition: &PartitionKey,
 ) -> Result<RemoteInstance, CallError> {
     let slot = Arc::new(InstanceSlot::default());
@@ -170,7 +172,7 @@ pub fn create_component(
         process: process.clone(),
         recipe: Recipe::Component {
             type_name: name.to_owned(),
-            params: params.to_owned(),
+            params: params.clone(),
             partition: partition.clone(),
         },
         slots: vec![slot.clone()],
@@ -198,11 +200,12 @@ pub fn create_component(
 pub fn validate_policy(
     process: &Arc<IsolatedProcess>,
     type_name: &str,
-    params: &str,
+    params: &OwnedParams,
 ) -> Result<(), CallError> {
     let request = Request::Validate {
         type_name: type_name.to_owned(),
-        params: params.to_owned(),
+        params: params.json().to_owned(),
+        router: params.router(),
     };
     match process.request(&request, None)? {
         Reply::Ok => Ok(()),
@@ -214,7 +217,7 @@ pub fn validate_policy(
 pub fn build_policy(
     process: &Arc<IsolatedProcess>,
     type_name: &str,
-    params: &str,
+    params: &OwnedParams,
     partition: &PartitionKey,
     registered: Vec<String>,
 ) -> Result<Vec<BuiltPart>, CallError> {
@@ -222,7 +225,7 @@ pub fn build_policy(
         process: process.clone(),
         recipe: Recipe::Policy {
             type_name: type_name.to_owned(),
-            params: params.to_owned(),
+            params: params.clone(),
             partition: partition.clone(),
             registered,
         },

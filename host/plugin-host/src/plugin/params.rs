@@ -5,7 +5,7 @@ use std::ptr;
 
 use serde_json::{Map, Value};
 use switchyard_plugin_sdk::abi::*;
-use switchyard_plugin_sdk::{str_from_abi, str_to_abi, Params, Status};
+use switchyard_plugin_sdk::{str_from_abi, str_to_abi, Params, RouterSettings, Status};
 
 use super::error_buffer::host_guard;
 
@@ -14,6 +14,8 @@ use super::error_buffer::host_guard;
 pub struct OwnedParams {
     json: String,
     object: Map<String, Value>,
+    /// The router's cost-model knobs handed with them (ABI 1.5), when the caller has them.
+    router: Option<RouterSettings>,
 }
 
 impl OwnedParams {
@@ -21,7 +23,19 @@ impl OwnedParams {
         OwnedParams {
             json: Value::Object(object.clone()).to_string(),
             object,
+            router: None,
         }
+    }
+
+    /// The same parameters, handed with the router's cost-model knobs.
+    #[must_use]
+    pub fn with_router(mut self, router: Option<RouterSettings>) -> Self {
+        self.router = router;
+        self
+    }
+
+    pub fn router(&self) -> Option<RouterSettings> {
+        self.router
     }
 
     pub fn json(&self) -> &str {
@@ -30,6 +44,7 @@ impl OwnedParams {
 
     /// Runs `f` with an ABI view of these parameters, valid for the call.
     pub(super) fn with_abi<R>(&self, f: impl FnOnce(&switchyard_params) -> R) -> R {
+        let router = self.router.as_ref().map(RouterSettings::to_abi);
         let raw = switchyard_params {
             struct_size: std::mem::size_of::<switchyard_params>() as u32,
             json: str_to_abi(&self.json),
@@ -39,6 +54,7 @@ impl OwnedParams {
             callback_get_string: Some(get_string),
             callback_key_count: Some(key_count),
             callback_key_at: Some(key_at),
+            router: router.as_ref().map_or(ptr::null(), ptr::from_ref),
         };
         f(&raw)
     }

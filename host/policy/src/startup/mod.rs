@@ -405,7 +405,7 @@ fn configured_admitters(
             config: source.name.clone(),
             line: source.line_from("type", type_name, section),
         };
-        let params = OwnedParams::new(entry.parameters.clone());
+        let params = configured_params(source, &entry.parameters);
         let checked = crate::admitters::resolve(registry, type_name, params, entry.on_error)
             .and_then(|admitter| {
                 for worker_type in WorkerType::ALL {
@@ -526,7 +526,7 @@ fn policy_instance(
             registry.names_of(None).join(", ")
         )))));
     };
-    let params = OwnedParams::new(entry.parameters.clone());
+    let params = configured_params(source, &entry.parameters);
     let factory = policy.validate(&params, registry).map_err(|error| {
         Box::new(StartupError::InvalidParameters {
             at: Location {
@@ -586,7 +586,19 @@ fn component(
     };
     Ok(ComponentUse {
         component: component.clone(),
-        params: OwnedParams::new(entry.parameters.clone()),
+        params: configured_params(source, &entry.parameters),
         weight,
     })
+}
+
+/// An entry's parameters as its factory is handed them: with the router's cost-model
+/// knobs (ABI 1.5).
+fn configured_params(
+    source: &ConfigSource,
+    parameters: &serde_json::Map<String, serde_json::Value>,
+) -> OwnedParams {
+    OwnedParams::new(parameters.clone()).with_router(Some(crate::builtin::router_settings(
+        &source.config.router,
+        &source.config.worker_selection.builtin_default,
+    )))
 }

@@ -244,7 +244,13 @@ pub(super) fn params_with_unknown(params: &str) -> String {
 
 pub(super) fn owned(params: &str) -> Option<OwnedParams> {
     match serde_json::from_str(params).ok()? {
-        serde_json::Value::Object(object) => Some(OwnedParams::new(object)),
+        // Factories are handed the router's cost knobs as a default config sets them.
+        serde_json::Value::Object(object) => Some(OwnedParams::new(object).with_router(Some(
+            switchyard_policy::builtin::router_settings(
+                &switchyard_config::RouterSettings::default(),
+                &serde_json::Map::new(),
+            ),
+        ))),
         _ => None,
     }
 }
