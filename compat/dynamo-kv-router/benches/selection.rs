@@ -373,8 +373,8 @@ const VARIANTS: [Variant; 5] = [
     ("sdk-builtins", sdk_builtins),
 ];
 const COMPAT_VARIANTS: usize = 2;
-const ROUNDS: usize = 41;
-const PER_ROUND: u32 = 2_000;
+const ROUNDS: usize = 201;
+const PER_ROUND: u32 = 400;
 
 fn bench_selection(c: &mut Criterion) {
     let rows = fleet();
@@ -400,7 +400,7 @@ fn interleaved(rounds: usize, per_round: u32) -> Vec<Vec<f64>> {
         .iter()
         .map(|(_, parts)| (parts(), Selection::new(&rows)))
         .collect();
-    let mut times = vec![vec![0.0; rounds]; variants.len()];
+    let mut times = vec![Vec::with_capacity(rounds); variants.len()];
     for round in 0..rounds {
         for step in 0..variants.len() {
             let index = (round + step) % variants.len();
@@ -409,7 +409,7 @@ fn interleaved(rounds: usize, per_round: u32) -> Vec<Vec<f64>> {
             for _ in 0..per_round {
                 black_box(selection.select(parts, REQUEST_BLOCKS).unwrap());
             }
-            times[index][round] = start.elapsed().as_secs_f64() * 1e6 / f64::from(per_round);
+            times[index].push(start.elapsed().as_secs_f64() * 1e6 / f64::from(per_round));
         }
     }
     times

@@ -325,8 +325,7 @@ impl sdk::WorkerPicker for PickerAdapter {
             .ok_or_else(|| sdk::PolicyError::failed("the picker was called without costs"))?;
         let rows = CandidateRows::new(candidates);
         let count = rows.len();
-        self.scored.clear();
-        self.scored.extend(rows.scored(costs));
+        rows.fill_scored(costs, &mut self.scored);
         let with_cache = rows.fill_cache(&mut self.cache);
         let with_load = rows.fill_load(&mut self.load);
         let with_routing = rows.fill_routing(&mut self.routing);

@@ -13,6 +13,8 @@ pub type DpRank = u32;
 #[derive(
     Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq, Hash, PartialOrd, Ord,
 )]
+// A fixed layout (id, then rank): the picker adapter writes rows of it two at a time.
+#[repr(C)]
 pub struct WorkerWithDpRank {
     pub worker_id: WorkerId,
     pub dp_rank: DpRank,
