@@ -48,6 +48,8 @@ use support::*;
 
 const SELECTION: &str = "test-epp-endpoint-selection";
 const SERVED_REPORT: &str = "x-conformance-test-served-endpoint";
+const PICKED_HEADER: &str = "x-test-picked-in-header";
+const PICKED_METADATA: &str = "x-test-picked-in-metadata";
 
 /// A pod: its loopback IP and one engine per rank.
 struct Pod {
@@ -106,6 +108,9 @@ struct Reply {
     engine: String,
     /// `x-conformance-test-served-endpoint`.
     served: Option<String>,
+    /// The pick as Envoy held it in the request header and in the `envoy.lb` metadata
+    /// (`echoing_the_pick`'s response headers).
+    picked: (Option<String>, Option<String>),
     retry_after: Option<String>,
     body: String,
 }
@@ -135,6 +140,7 @@ fn send(base: &str, selection: Option<&str>, n: usize, user: Option<&str>) -> Re
                 status: 0,
                 engine: String::new(),
                 served: None,
+                picked: (None, None),
                 retry_after: None,
                 body: e.to_string(),
             }
@@ -150,6 +156,7 @@ fn send(base: &str, selection: Option<&str>, n: usize, user: Option<&str>) -> Re
         status: response.status(),
         engine: engine.unwrap_or_default(),
         served,
+        picked: (header(PICKED_HEADER), header(PICKED_METADATA)),
         retry_after,
         body: response.into_string().unwrap_or_default(),
     }
@@ -289,6 +296,22 @@ fn reporting_served(config: &str) -> String {
     config.replacen(router, &format!("{}{router}", indent(filter, 18)), 1)
 }
 
+/// `config` (with the route's served-endpoint header) whose route also tells the client
+/// the pick as Envoy held it: the request header and the `envoy.lb` metadata.
+fn echoing_the_pick(config: &str) -> String {
+    let served =
+        "- header: { key: x-gateway-destination-endpoint-served, value: \"%UPSTREAM_HOST%\" }\n";
+    let at = config.find(served).expect("the route reports who served") + served.len();
+    let indent = &config[config[..at - served.len()].rfind('\n').unwrap() + 1..at - served.len()];
+    let echo = format!(
+        "{indent}- header: {{ key: {PICKED_HEADER}, value: \"%REQ(x-gateway-destination-endpoint)%\" }}\n\
+         {indent}- header: {{ key: {PICKED_METADATA}, value: \"%DYNAMIC_METADATA(envoy.lb:x-gateway-destination-endpoint)%\" }}\n"
+    );
+    let mut config = config.to_owned();
+    config.insert_str(at, &echo);
+    config
+}
+
 /// `GatewayDestinationEndpointServed`: each pod pinned, and the response says it served
 /// (`IP:port`, from the `envoy.lb` metadata Envoy reports). Then the protocol's fallback
 /// list: with two pods named, the first refusing connections, Envoy's retry goes down the
@@ -308,7 +331,7 @@ fn the_served_endpoint_is_reported_and_fallbacks_stay_in_the_selection() {
     let (router, _) = picker(dir.path(), port, &pods, &settings);
     let engines: Vec<SocketAddr> = pods.iter().map(|p| address(&p.ranks[0])).collect();
     let listen = free_port();
-    let config = reporting_served(&fallback_config(listen, port, &engines));
+    let config = echoing_the_pick(&reporting_served(&fallback_config(listen, port, &engines)));
     let envoy = Envoy::start_with(dir.path(), listen, &config);
     wait_until_routing(&envoy);
     for (i, pod) in pods.iter().enumerate() {
@@ -319,6 +342,9 @@ fn the_served_endpoint_is_reported_and_fallbacks_stay_in_the_selection() {
             "{reply:?}"
         );
         assert_eq!(reply.served, Some(engines[i].to_string()), "{reply:?}");
+        // One pod named: no fallback outside it, in the header and the metadata alike.
+        let pick = Some(engines[i].to_string());
+        assert_eq!(reply.picked, (pick.clone(), pick), "{reply:?}");
     }
     // Pods 1 and 2 named, pod 1 gone: picked (lowest id named), its fallback pod 2 serves.
     pods[1].ranks[0].kill();
@@ -333,6 +359,12 @@ fn the_served_endpoint_is_reported_and_fallbacks_stay_in_the_selection() {
             "{reply:?}"
         );
         assert_eq!(reply.served, Some(engines[2].to_string()), "{reply:?}");
+        let list = Some(format!("{},{}", engines[1], engines[2]));
+        assert_eq!(
+            reply.picked,
+            (list.clone(), list),
+            "the ordered list: {reply:?}"
+        );
         wait_for_no_bookings(&router.address, Duration::from_secs(10));
     }
     assert_eq!(
