@@ -34,6 +34,13 @@
 //!   `readiness` and `envoy.service.ext_proc.v3.ExternalProcessor` answer SERVING, and
 //!   `conformance/resources/base.yaml` probes `inference-extension`.
 //!
+//! Where switchyard's reading differs: GIE's filter keeps one endpoint per IP (its
+//! de-duplication), so `IP:3000,IP:3002` would keep the first rank only; here both are
+//! kept. The header narrows the gateway's subset hint (as the full picker's filter runs
+//! after it; the lightweight picker lets the header replace it). The header is taken only
+//! with `ext_proc.test_endpoint_selection: true`, as GIE's picker takes it only with its
+//! test plugin configured.
+//!
 //! Envoy comes from `scripts/install-test-tools`, as for tests/envoy.rs.
 
 mod support;
