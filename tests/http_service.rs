@@ -633,3 +633,65 @@ fn refused_registrations_and_add_delete_cycles_leave_no_partition_behind() {
         "resident memory grew from {rss_before} to {rss_after} KiB"
     );
 }
+
+/// A worker removed (`DELETE /v1/workers/ID`: an operator, or a pod that left) while
+/// answers from it stream: they complete, their bookings went with the worker, and their
+/// ends are not logged as lost bookings (a leaving pod's in-flight requests flooded the
+/// log with one warning each).
+#[test]
+fn a_worker_removed_mid_answer_ends_its_requests_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    // 12 tokens at 20 tokens/s: each answer takes ~0.6 s, so they are in flight below.
+    let engine = engine_sim("slow", "127.0.0.1:0", &["--decode-tps", "20"]);
+    let yaml = format!(
+        "workers:\n  - {{model: demo, worker_id: 1, url: \"{}\"}}\n",
+        engine.address
+    );
+    let log = dir.path().join("router.log");
+    let router = Process::start(
+        Command::new(switchyard_bin())
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(write_config(dir.path(), &yaml))
+            .env("RUST_LOG", "warn")
+            .stderr(std::fs::File::create(&log).unwrap()),
+        "switchyard listening on ",
+    );
+    let base = router.address.clone();
+    runtime().block_on(async {
+        let client = support::http_client();
+        let answers: Vec<_> = (0..3)
+            .map(|i| {
+                let (client, base) = (client.clone(), base.clone());
+                tokio::spawn(async move {
+                    let response = client
+                        .post(format!("{base}/v1/chat/completions"))
+                        .json(&json!({"model": "demo", "stream": true, "max_tokens": 12,
+                            "messages": [{"role": "user", "content": format!("in flight {i}")}]}))
+                        .send()
+                        .await
+                        .unwrap();
+                    (response.status().as_u16(), response.text().await.unwrap())
+                })
+            })
+            .collect();
+        let in_flight = || active_requests(&base).iter().sum::<u64>() == 3;
+        eventually(
+            "three answers in flight",
+            std::time::Duration::from_secs(10),
+            in_flight,
+        );
+        let removed = client
+            .delete(format!("{base}/v1/workers/1"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(removed.status().as_u16(), 200);
+        for answer in answers {
+            let (status, body) = answer.await.unwrap();
+            assert_eq!(status, 200, "{body}");
+            assert!(body.contains("[DONE]"), "{body}");
+        }
+    });
+    let log = std::fs::read_to_string(&log).unwrap();
+    assert!(!log.contains("booking already gone"), "{log}");
+}
