@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use support::module_envoy::*;
-use support::real_envoy::{module_config, module_dir, Envoy};
+use support::real_envoy::Envoy;
 use support::*;
 
 /// A chat request for a model no worker serves (404 from the picker's code).
@@ -292,33 +292,33 @@ fn subset_hints_set_in_envoy_bound_the_modules_picks() {
     let engines = engine_sims(3, &[]);
     let engine_refs: Vec<&Process> = engines.iter().collect();
     let config = switchyard_config(dir.path(), &engine_refs, "");
-    let modules = module_dir();
     let addresses = addresses(&engine_refs);
     let with_hint = |subset: &str| {
-        let (port, api) = (free_port(), free_port());
         let filter = format!(
             "                  - name: envoy.filters.http.set_metadata\n                    typed_config:\n                      \"@type\": type.googleapis.com/envoy.extensions.filters.http.set_metadata.v3.Config\n                      metadata:\n                        - metadata_namespace: envoy.lb.subset_hint\n                          value:\n                            x-gateway-destination-endpoint-subset: [\"{subset}\"]\n"
         );
         let anchor = "                  - name: envoy.extensions.filters.http.dynamic_modules\n";
-        let text = module_config(port, &config, api, &addresses);
-        assert!(text.contains(anchor), "docs/envoy.md's filter list changed");
-        let text = text.replacen(anchor, &format!("{filter}{anchor}"), 1);
-        let env = [("ENVOY_DYNAMIC_MODULES_SEARCH_PATH", modules.as_os_str())];
-        Envoy::start_with_env(dir.path(), port, &text, &env)
+        start_module_with(dir.path(), &config, &engine_refs, |text| {
+            assert!(text.contains(anchor), "docs/envoy.md's filter list changed");
+            text.replacen(anchor, &format!("{filter}{anchor}"), 1)
+        })
     };
-    let envoy = with_hint(&addresses[1].to_string());
+    let hinted = with_hint(&addresses[1].to_string());
     let agent = agent();
     for i in 0..12 {
-        let url = format!("{}/v1/chat/completions", envoy.base);
+        let url = format!("{}/v1/chat/completions", hinted.envoy.base);
         let (status, engine, body) = post_json(&agent, &url, &chat(&format!("hinted {i}"), false));
         assert_eq!(status, 200, "{body}");
         assert_eq!(engine, "e1", "request {i} left the subset hint");
     }
     let nowhere = with_hint("192.0.2.1:9");
-    let url = format!("{}/v1/chat/completions", nowhere.base);
+    let url = format!("{}/v1/chat/completions", nowhere.envoy.base);
     let (status, _, body) = post_json(&agent, &url, &chat("no such endpoint", false));
     assert_eq!(status, 503, "{body}");
     assert!(body.contains("subset"), "{body}");
+    for module in [&hinted, &nowhere] {
+        wait_for_no_bookings(&module.api, Duration::from_secs(10));
+    }
 }
 
 /// An engine Envoy cannot reach, before any health probe notices (probes every minute):

@@ -81,18 +81,27 @@ impl Stream {
         }
     }
 
-    /// The upstream host Envoy's router tried last (`ip:port`): at the response headers,
-    /// the one that answered, whatever the route's retries did before.
-    pub fn last_upstream_host_attempted(&self) -> Option<String> {
-        // SAFETY: a hook's filter pointer; the vector has room for every host Envoy
-        // reports, and the bytes are copied before the hook returns.
+    /// The upstream host Envoy's router tried last: at the response headers, the one
+    /// that answered, whatever the route's retries did before. None when no host was
+    /// tried or its address is not `ip:port`.
+    pub fn last_upstream_host_attempted(&self) -> Option<SocketAddr> {
+        // One attempt is the usual case: its buffer lives on the stack.
+        const ON_STACK: usize = 4;
+        // SAFETY: a hook's filter pointer; the buffers have room for every host Envoy
+        // reports, and the bytes are read before the hook returns.
         unsafe {
             let count =
                 abi::envoy_dynamic_module_callback_http_get_upstream_hosts_attempted_size(self.0);
-            if count == 0 {
-                return None;
-            }
-            let mut hosts = vec![Buffer::NULL; count];
+            let mut few = [Buffer::NULL; ON_STACK];
+            let mut many = Vec::new();
+            let hosts: &mut [Buffer] = match count {
+                0 => return None,
+                1..=ON_STACK => &mut few[..count],
+                _ => {
+                    many.resize(count, Buffer::NULL);
+                    &mut many
+                }
+            };
             if !abi::envoy_dynamic_module_callback_http_get_upstream_hosts_attempted(
                 self.0,
                 hosts.as_mut_ptr(),
@@ -100,7 +109,7 @@ impl Stream {
                 return None;
             }
             let last = hosts.iter().rev().find(|h| !h.ptr.is_null())?;
-            Some(String::from_utf8_lossy(last.bytes()).into_owned())
+            std::str::from_utf8(last.bytes()).ok()?.parse().ok()
         }
     }
 

@@ -256,10 +256,10 @@ impl Filter {
         if let Some(pick) = self.pick.as_mut() {
             let served = stream.last_upstream_host_attempted().or_else(|| {
                 let named = stream.header(abi::RESPONSE_HEADER, SERVED_HEADER)?;
-                Some(String::from_utf8_lossy(named).into_owned())
+                std::str::from_utf8(named).ok()?.trim().parse().ok()
             });
-            if let Some(served) = served {
-                pick.served_by(self.config.router(), &served);
+            if let Some(served) = served.filter(|s| *s != pick.endpoint()) {
+                pick.served_by(self.config.router(), &served.to_string());
             }
             pick.answering();
         }
