@@ -32,6 +32,7 @@ use switchyard_policy::startup::{Startup, BUILTIN_DEFAULT};
 use switchyard_policy::{Candidates, CandidatesFrom, InstanceFactory, KeptColumns, SelectError};
 
 mod admission;
+mod bookings;
 mod health;
 mod kv;
 mod membership;
@@ -212,12 +213,6 @@ impl Router {
         result
     }
 
-    /// Load went down (a booking freed, expired or left prefill): a waiting request, if
-    /// any, gets its try.
-    fn capacity_freed(&self) {
-        self.admission.queue.release();
-    }
-
     /// The generation now serving (a selection holds on to the one it started with).
     pub fn generation(&self) -> Arc<Generation> {
         self.generations.serving.read().clone()
@@ -225,28 +220,6 @@ impl Router {
 
     pub fn block_size(&self) -> u32 {
         self.generations.serving.read().config().router.block_size
-    }
-
-    /// Moves a request's booking to the worker that actually served it.
-    pub fn rebook(&self, request_id: &str, to: WorkerId) -> Result<(), RouteError> {
-        if self.membership.state.read().workers.get(to).is_none() {
-            return Err(WorkerError::Unknown(to).into());
-        }
-        self.bookings
-            .book(|load| load.move_booking(request_id, to))?;
-        self.announce(|| BookingChange::Move {
-            id: request_id.to_owned(),
-            worker_id: to.worker_id,
-            dp_rank: to.dp_rank,
-        });
-        self.lifecycles.moved(request_id, to);
-        Ok(())
-    }
-
-    /// Request `request_id` (one side of a disaggregated pair) is paired with `other`
-    /// (`None`: served whole after all): its remaining lifecycle notifications name it.
-    pub fn pair(&self, request_id: &str, other: Option<WorkerId>) {
-        self.lifecycles.paired(request_id, other);
     }
 
     /// Select only: where the request would go; nothing is booked.
@@ -278,27 +251,6 @@ impl Router {
         self.route(request, true, Some(request_id))
     }
 
-    pub fn prefill_complete(&self, request_id: &str) -> Result<(), RouteError> {
-        self.bookings
-            .book(|load| load.prefill_complete(request_id))?;
-        self.announce(|| BookingChange::PrefillComplete {
-            id: request_id.to_owned(),
-        });
-        self.lifecycles.prefill_complete(request_id);
-        self.capacity_freed();
-        Ok(())
-    }
-
-    pub fn free(&self, request_id: &str) -> Result<(), RouteError> {
-        self.bookings.book(|load| load.free(request_id))?;
-        self.announce(|| BookingChange::Free {
-            id: request_id.to_owned(),
-        });
-        self.lifecycles.finished(request_id);
-        self.capacity_freed();
-        Ok(())
-    }
-
     /// Shutdown: delivers the queued lifecycle notifications, drops the retired plugin
     /// state nothing holds any more (waiting up to `limit`), and stops both threads, so
     /// that no plugin code runs while the process exits. Call it off the executor, once
@@ -306,34 +258,6 @@ impl Router {
     pub fn finish_plugin_threads(&self, limit: Duration) {
         self.lifecycles.finish();
         self.retirement.finish(limit);
-    }
-
-    /// Releases reservations older than the configured expiry (the last safety net;
-    /// counted in metrics).
-    pub fn expire(&self) -> usize {
-        let expired_ids = self.bookings.book(|load| load.expire(Instant::now()));
-        let expired = expired_ids.len();
-        for id in expired_ids {
-            self.announce(|| BookingChange::Free { id });
-        }
-        self.metrics.record_expired(expired);
-        if expired > 0 {
-            self.capacity_freed();
-            let load = self.bookings.load.read();
-            self.lifecycles.finish_unbooked(|id| load.is_booked(id));
-        }
-        expired
-    }
-
-    /// (worker, load) of every registered worker, for metrics and tests.
-    pub fn loads(&self) -> Vec<(WorkerId, super::load_accounting::WorkerLoad)> {
-        let state = self.membership.state.read();
-        let load = self.bookings.load.read();
-        state
-            .workers
-            .all()
-            .map(|w| (w.id(), load.load(w.id())))
-            .collect()
     }
 
     /// The candidate columns the next selection of `partition` would be lent (tests
@@ -345,15 +269,10 @@ impl Router {
         Some(lent.columns)
     }
 
-    pub fn active_bookings(&self) -> usize {
-        self.bookings.load.read().active_bookings()
-    }
-
     /// Selects (and with `reserve` books) a worker for `request`. A pick that another
     /// selection filled past a busy threshold before this one could book it is made
     /// again, over the columns that now show that booking, at most `BOOKING_TRIES` times.
-    /// Selects, and books under `request_id` when `reserve` (checked by the caller:
-    /// `validate`).
+    /// The booking's `request_id` was checked by the caller (`validate`).
     fn route(
         &self,
         request: &RouteRequest,
@@ -665,57 +584,6 @@ impl Router {
         self.metrics.record_fallback(&instance.name);
         let picked = by_default(run(BUILTIN_DEFAULT)?.0)?;
         Ok((picked.0, picked.1, notified))
-    }
-
-    /// Books the request's uncached prefill tokens and its decode blocks on `chosen`;
-    /// `false` (nothing booked) when `chosen` is at an `admission.busy` threshold now.
-    fn reserve(
-        &self,
-        request: &RouteRequest,
-        id: &str,
-        chosen: WorkerId,
-        (request_blocks, device_overlap): (u64, u32),
-        busy: Option<&BusyThresholds>,
-    ) -> Result<bool, RouteError> {
-        let block_size = u64::from(self.block_size());
-        let new_blocks = request_blocks.saturating_sub(u64::from(device_overlap));
-        let prefill_tokens = if request.tracks_prefill_tokens {
-            new_blocks * block_size
-        } else {
-            0
-        };
-        let output_blocks = request
-            .expected_output_tokens
-            .unwrap_or(0)
-            .div_ceil(block_size);
-        let decode_blocks = new_blocks + output_blocks;
-        let uncached_tokens = new_blocks * block_size;
-        let booked = self.bookings.book(|load| {
-            let room = busy.is_none_or(|busy| {
-                let now = load.load(chosen);
-                takes_booking(
-                    busy,
-                    now.active_requests,
-                    now.active_prefill_tokens,
-                    now.active_decode_blocks,
-                    uncached_tokens,
-                )
-            });
-            room.then(|| load.reserve(id, chosen, prefill_tokens, decode_blocks))
-                .transpose()
-        })?;
-        if booked.is_none() {
-            return Ok(false);
-        }
-        self.announce(|| BookingChange::Reserve {
-            id: id.to_owned(),
-            worker_id: chosen.worker_id,
-            dp_rank: chosen.dp_rank,
-            prefill_tokens,
-            decode_blocks,
-            prefill_done: false,
-        });
-        Ok(true)
     }
 
     /// Renders Prometheus metrics.
