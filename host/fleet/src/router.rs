@@ -586,6 +586,84 @@ impl Router {
         Ok((picked.0, picked.1, notified))
     }
 
+    /// Load went down (a booking freed, expired or left prefill): a waiting request, if
+    /// any, gets its try.
+    fn capacity_freed(&self) {
+        self.admission.queue.release();
+    }
+
+    pub fn prefill_complete(&self, request_id: &str) -> Result<(), RouteError> {
+        self.bookings
+            .book(|load| load.prefill_complete(request_id))?;
+        self.announce(|| BookingChange::PrefillComplete {
+            id: request_id.to_owned(),
+        });
+        self.lifecycles.prefill_complete(request_id);
+        self.capacity_freed();
+        Ok(())
+    }
+
+    pub fn free(&self, request_id: &str) -> Result<(), RouteError> {
+        self.bookings.book(|load| load.free(request_id))?;
+        self.announce(|| BookingChange::Free {
+            id: request_id.to_owned(),
+        });
+        self.lifecycles.finished(request_id);
+        self.capacity_freed();
+        Ok(())
+    }
+
+    /// Books the request's uncached prefill tokens and its decode blocks on `chosen`;
+    /// `false` (nothing booked) when `chosen` is at an `admission.busy` threshold now.
+    fn reserve(
+        &self,
+        request: &RouteRequest,
+        id: &str,
+        chosen: WorkerId,
+        (request_blocks, device_overlap): (u64, u32),
+        busy: Option<&BusyThresholds>,
+    ) -> Result<bool, RouteError> {
+        let block_size = u64::from(self.block_size());
+        let new_blocks = request_blocks.saturating_sub(u64::from(device_overlap));
+        let prefill_tokens = if request.tracks_prefill_tokens {
+            new_blocks * block_size
+        } else {
+            0
+        };
+        let output_blocks = request
+            .expected_output_tokens
+            .unwrap_or(0)
+            .div_ceil(block_size);
+        let decode_blocks = new_blocks + output_blocks;
+        let uncached_tokens = new_blocks * block_size;
+        let booked = self.bookings.book(|load| {
+            let room = busy.is_none_or(|busy| {
+                let now = load.load(chosen);
+                takes_booking(
+                    busy,
+                    now.active_requests,
+                    now.active_prefill_tokens,
+                    now.active_decode_blocks,
+                    uncached_tokens,
+                )
+            });
+            room.then(|| load.reserve(id, chosen, prefill_tokens, decode_blocks))
+                .transpose()
+        })?;
+        if booked.is_none() {
+            return Ok(false);
+        }
+        self.announce(|| BookingChange::Reserve {
+            id: id.to_owned(),
+            worker_id: chosen.worker_id,
+            dp_rank: chosen.dp_rank,
+            prefill_tokens,
+            decode_blocks,
+            prefill_done: false,
+        });
+        Ok(true)
+    }
+
     /// Renders Prometheus metrics.
     pub fn render_metrics(&self) -> String {
         let loads = self.loads();
