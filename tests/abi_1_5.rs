@@ -152,3 +152,70 @@ fn a_factory_is_handed_the_routers_cost_knobs() {
         );
     }
 }
+
+/// `switchyard serve` of `config`, logging at info into the file `log`.
+fn serve_into(config: &Path, log: &Path) -> Process {
+    let file = std::fs::File::create(log).unwrap();
+    Process::start(
+        std::process::Command::new(switchyard_bin())
+            .args(["serve", "--listen", "127.0.0.1:0", "--config"])
+            .arg(config)
+            .env("RUST_LOG", "info")
+            .stderr(file),
+        "switchyard listening on ",
+    )
+}
+
+/// One worker, a 5-lines-a-second budget, the chatty picker (50 lines a pick) as the
+/// default and the knob policy beside it.
+fn chatty_config(dir: &Path, library: &Path, isolation: &str) -> PathBuf {
+    write_config(
+        dir,
+        &format!(
+            "router: {{plugin_log_lines_per_second: 5}}\n\
+             plugins:\n  - path: {}\n    isolation: {isolation}\n\
+             worker_selection:\n  default: chatty\n  builtin_default: {{prefill_load_scale: 2}}\n\
+             \x20 instances:\n\
+             \x20   - name: chatty\n\
+             \x20     picker: {{type: fixture.chatty, parameters: {{lines_per_pick: 50}}}}\n\
+             \x20   - name: knobs\n      type: fixture.knob-policy\n\
+             workers:\n  - {{model: m, worker_id: 1}}\n",
+            library.display()
+        ),
+    )
+}
+
+#[test]
+fn plugin_lines_reach_the_routers_log_named_and_rate_limited() {
+    let dir = tempfile::tempdir().unwrap();
+    let library = fixture(dir.path(), "chatty_1_5", &repo().join("include"));
+    for isolation in ["none", "process"] {
+        let log = dir.path().join(format!("{isolation}.log"));
+        let router = serve_into(&chatty_config(dir.path(), &library, isolation), &log);
+        let text = || std::fs::read_to_string(&log).unwrap_or_default();
+        // What factories log at creation, named by plugin and type.
+        wait_for("the factories' lines", || {
+            let t = text();
+            t.contains("abi-1-5-fixture/fixture.chatty")
+                && t.contains("created for model m")
+                && t.contains("abi-1-5-fixture/fixture.knob-policy")
+                && t.contains("validated: prefill_load_scale 2, uncached_weight 8")
+        });
+        reserve(&router.address, "r0", None);
+        let picks = |t: &str| t.matches("picking among 1 workers").count();
+        wait_for("the pick's lines", || picks(&text()) > 0);
+        // 50 lines in one call against 5 a second: most are dropped.
+        assert!(
+            picks(&text()) < 50,
+            "{isolation}: not rate-limited:\n{}",
+            text()
+        );
+        // A later line is preceded by one that counts the lines dropped before it.
+        let mut turn = 0;
+        wait_for("the report of the dropped lines", || {
+            turn += 1;
+            reserve(&router.address, &format!("r{turn}"), None);
+            text().contains("log lines of this plugin were dropped")
+        });
+    }
+}

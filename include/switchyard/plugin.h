@@ -36,7 +36,7 @@
  * callback's signature). A plugin compiled against a hand-edited or stale header reports
  * a different value and is refused.
  */
-#define SWITCHYARD_LAYOUT_FINGERPRINT 17348599690630257172ull
+#define SWITCHYARD_LAYOUT_FINGERPRINT 8626989934395076339
 
 /**
  * Fingerprint of the ABI 1.4 layout, which the router keeps accepting from 1.4 plugins.
@@ -266,6 +266,31 @@
 #define SWITCHYARD_NO_WORKER UINT64_MAX
 
 /**
+ * Log level (ABI 1.5): something failed.
+ */
+#define SWITCHYARD_LOG_ERROR 1
+
+/**
+ * Log level (ABI 1.5): something is wrong but handled.
+ */
+#define SWITCHYARD_LOG_WARN 2
+
+/**
+ * Log level (ABI 1.5): what an operator wants to know.
+ */
+#define SWITCHYARD_LOG_INFO 3
+
+/**
+ * Log level (ABI 1.5): what a plugin's developer wants to know.
+ */
+#define SWITCHYARD_LOG_DEBUG 4
+
+/**
+ * Log level (ABI 1.5): every detail.
+ */
+#define SWITCHYARD_LOG_TRACE 5
+
+/**
  * A borrowed UTF-8 string: `len` bytes at `ptr`, not NUL-terminated.
  * `ptr == NULL` means absent (as opposed to empty). Valid only as long as the struct or
  * call that handed it out says.
@@ -322,6 +347,36 @@ typedef struct switchyard_router_settings {
 } switchyard_router_settings;
 
 /**
+ * The router's log, as handed to one factory or instance (ABI 1.5). Host-owned. Lines
+ * go to the router's log with the plugin's name and type; each logger is rate-limited
+ * (`router.plugin_log_lines_per_second`): lines past the limit are dropped, counted, and
+ * their number reported in one line.
+ */
+typedef struct switchyard_logger {
+  /**
+   * `sizeof(switchyard_logger)` as the host was compiled.
+   */
+  uint32_t struct_size;
+  /**
+   * The most detailed level the router's log keeps (`SWITCHYARD_LOG_*`), fixed when
+   * the logger was made: a line of a larger number is dropped, so skip formatting it.
+   */
+  uint32_t max_level;
+  /**
+   * Host-private; pass the logger pointer back to the callback.
+   */
+  const void *host_data;
+  /**
+   * Logs `message` (UTF-8, not NUL-terminated; cut at 4 KiB) at `level`. OK also when
+   * the line was filtered or dropped by the rate limit; INVALID_ARGUMENT for a level
+   * out of range. Never blocks on I/O.
+   */
+  int32_t (*callback_log)(const struct switchyard_logger *logger,
+                          uint32_t level,
+                          struct switchyard_str message);
+} switchyard_logger;
+
+/**
  * Parameters of a component or policy, as given in the config. Host-owned, valid for the
  * call it is passed to; strings it hands out are valid as long as the params are.
  */
@@ -374,6 +429,13 @@ typedef struct switchyard_params {
    * router): read it with `switchyard_params_router`.
    */
   const struct switchyard_router_settings *router;
+  /**
+   * ABI 1.5: the router's log for what this call creates (`on_validate`'s factory,
+   * `on_create`'s instance): valid until that factory or instance is destroyed, usable
+   * from any thread. NULL when nothing is created (and past `struct_size` in an older
+   * router): read it with `switchyard_params_logger`.
+   */
+  const struct switchyard_logger *logger;
 } switchyard_params;
 
 /**
@@ -1237,6 +1299,46 @@ static inline const switchyard_router_settings *switchyard_params_router(const s
         return NULL;
     }
     return params->router;
+}
+
+/* The router's log for what this call creates (ABI 1.5): `on_validate`'s factory,
+ * `on_create`'s instance. Keep it with them; it is valid until they are destroyed, from
+ * any thread. NULL in a router older than 1.5. */
+static inline const switchyard_logger *switchyard_params_logger(const switchyard_params *params) {
+    if (params == NULL
+        || params->struct_size < offsetof(switchyard_params, logger) + sizeof(void *)
+        || params->logger == NULL || params->logger->callback_log == NULL) {
+        return NULL;
+    }
+    return params->logger;
+}
+
+/* Whether `logger` keeps lines of `level` (SWITCHYARD_LOG_*): skip formatting otherwise. */
+static inline int switchyard_log_enabled(const switchyard_logger *logger, uint32_t level) {
+    return logger != NULL && logger->callback_log != NULL && level <= logger->max_level;
+}
+
+/* Logs a printf-style line (cut at 1 KiB) at `level` into the router's log, which names
+ * the plugin and its type; rate-limited per logger. A NULL logger logs nothing. */
+static inline void switchyard_log(const switchyard_logger *logger, uint32_t level, const char *format, ...)
+#if defined(__GNUC__) || defined(__clang__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+static inline void switchyard_log(const switchyard_logger *logger, uint32_t level, const char *format, ...) {
+    if (!switchyard_log_enabled(logger, level)) {
+        return;
+    }
+    char line[1024];
+    va_list args;
+    va_start(args, format);
+    int len = vsnprintf(line, sizeof(line), format, args);
+    va_end(args);
+    if (len < 0) {
+        return;
+    }
+    switchyard_str message = { line, (size_t)len < sizeof(line) ? (size_t)len : sizeof(line) - 1 };
+    logger->callback_log(logger, level, message);
 }
 
 /* The worker the request's session is bound to (ABI 1.5, `router.session_affinity`):

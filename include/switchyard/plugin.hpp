@@ -78,12 +78,37 @@ inline std::string_view view(switchyard_str s) noexcept {
 inline switchyard_str abi(std::string_view s) noexcept { return switchyard_str{s.data(), s.size()}; }
 }  // namespace detail
 
+// The router's log (ABI 1.5) for one factory or instance: lines name the plugin and its
+// type, rate-limited per logger. Copy it into the object the call creates (it is valid
+// until that object is destroyed); a default-constructed one logs nothing.
+class Logger {
+public:
+    Logger() noexcept = default;
+    explicit Logger(const switchyard_logger *raw) noexcept : raw_(raw) {}
+    bool enabled(uint32_t level) const noexcept { return switchyard_log_enabled(raw_, level); }
+    void log(uint32_t level, std::string_view message) const noexcept {
+        if (enabled(level)) raw_->callback_log(raw_, level, detail::abi(message));
+    }
+    void error(std::string_view message) const noexcept { log(SWITCHYARD_LOG_ERROR, message); }
+    void warn(std::string_view message) const noexcept { log(SWITCHYARD_LOG_WARN, message); }
+    void info(std::string_view message) const noexcept { log(SWITCHYARD_LOG_INFO, message); }
+    void debug(std::string_view message) const noexcept { log(SWITCHYARD_LOG_DEBUG, message); }
+    void trace(std::string_view message) const noexcept { log(SWITCHYARD_LOG_TRACE, message); }
+
+private:
+    const switchyard_logger *raw_ = nullptr;
+};
+
 // Parameters of a component or policy. Borrowed: valid during create/validate only.
 class Params {
 public:
     explicit Params(const switchyard_params *raw) noexcept : raw_(raw) {}
 
     std::string_view json() const noexcept { return detail::view(raw_->json); }
+
+    // The router's log for the object this call creates (ABI 1.5); logs nothing in an
+    // older router.
+    Logger logger() const noexcept { return Logger(switchyard_params_logger(raw_)); }
 
     // The router's built-in cost-model knobs (ABI 1.5; docs/default-policy.md), read-only;
     // empty in an older router or when the caller has none.

@@ -37,7 +37,7 @@ pub const SWITCHYARD_SDK_REVISION: &str = env!("CARGO_PKG_VERSION");
 /// Fingerprint of this minor's layout (every struct's fields, sizes and alignments, every
 /// callback's signature). A plugin compiled against a hand-edited or stale header reports
 /// a different value and is refused.
-pub const SWITCHYARD_LAYOUT_FINGERPRINT: u64 = 0xf0c2_9b80_7677_da14;
+pub const SWITCHYARD_LAYOUT_FINGERPRINT: u64 = 0x77b9_39a3_387d_2ef3;
 /// Fingerprint of the ABI 1.4 layout, which the router keeps accepting from 1.4 plugins.
 pub const SWITCHYARD_LAYOUT_FINGERPRINT_1_4: u64 = 0xcc03_2e84_ca1d_491f;
 /// Fingerprint of the ABI 1.3 layout, which the router keeps accepting from 1.3 plugins.
@@ -533,6 +533,48 @@ pub struct switchyard_params {
     /// as these params; NULL when the caller has none (and past `struct_size` in an older
     /// router): read it with `switchyard_params_router`.
     pub router: *const switchyard_router_settings,
+    /// ABI 1.5: the router's log for what this call creates (`on_validate`'s factory,
+    /// `on_create`'s instance): valid until that factory or instance is destroyed, usable
+    /// from any thread. NULL when nothing is created (and past `struct_size` in an older
+    /// router): read it with `switchyard_params_logger`.
+    pub logger: *const switchyard_logger,
+}
+
+/// Log level (ABI 1.5): something failed.
+pub const SWITCHYARD_LOG_ERROR: u32 = 1;
+/// Log level (ABI 1.5): something is wrong but handled.
+pub const SWITCHYARD_LOG_WARN: u32 = 2;
+/// Log level (ABI 1.5): what an operator wants to know.
+pub const SWITCHYARD_LOG_INFO: u32 = 3;
+/// Log level (ABI 1.5): what a plugin's developer wants to know.
+pub const SWITCHYARD_LOG_DEBUG: u32 = 4;
+/// Log level (ABI 1.5): every detail.
+pub const SWITCHYARD_LOG_TRACE: u32 = 5;
+
+/// The router's log, as handed to one factory or instance (ABI 1.5). Host-owned. Lines
+/// go to the router's log with the plugin's name and type; each logger is rate-limited
+/// (`router.plugin_log_lines_per_second`): lines past the limit are dropped, counted, and
+/// their number reported in one line.
+#[repr(C)]
+#[cfg_attr(feature = "layout", derive(StableAbi))]
+pub struct switchyard_logger {
+    /// `sizeof(switchyard_logger)` as the host was compiled.
+    pub struct_size: u32,
+    /// The most detailed level the router's log keeps (`SWITCHYARD_LOG_*`), fixed when
+    /// the logger was made: a line of a larger number is dropped, so skip formatting it.
+    pub max_level: u32,
+    /// Host-private; pass the logger pointer back to the callback.
+    pub host_data: *const c_void,
+    /// Logs `message` (UTF-8, not NUL-terminated; cut at 4 KiB) at `level`. OK also when
+    /// the line was filtered or dropped by the rate limit; INVALID_ARGUMENT for a level
+    /// out of range. Never blocks on I/O.
+    pub callback_log: Option<
+        unsafe extern "C" fn(
+            logger: *const switchyard_logger,
+            level: u32,
+            message: switchyard_str,
+        ) -> i32,
+    >,
 }
 
 /// The router's own cost-model knobs (ABI 1.5): `worker_selection.builtin_default` with

@@ -60,7 +60,7 @@ fn describe(layout: &'static TypeLayout, out: &mut String) {
 
 /// The canonical description of every ABI v1 struct, one per line.
 pub fn layout_description() -> String {
-    let roots: [&'static TypeLayout; 18] = [
+    let roots: [&'static TypeLayout; 19] = [
         switchyard_str::LAYOUT,
         switchyard_error::LAYOUT,
         switchyard_partition::LAYOUT,
@@ -74,6 +74,7 @@ pub fn layout_description() -> String {
         switchyard_admission::LAYOUT,
         switchyard_params::LAYOUT,
         switchyard_router_settings::LAYOUT,
+        switchyard_logger::LAYOUT,
         switchyard_component_def::LAYOUT,
         switchyard_policy_builder::LAYOUT,
         switchyard_policy_def::LAYOUT,

@@ -738,6 +738,9 @@ pub struct RouterSettings {
     pub kv_events: KvEventLimits,
     /// Sessions bound to the worker their last request went to (off by default).
     pub session_affinity: SessionAffinity,
+    /// Log lines a second each plugin factory or instance may log (ABI 1.5); more are
+    /// dropped, counted and reported in one line. 0: plugins' lines are dropped.
+    pub plugin_log_lines_per_second: u32,
 }
 
 impl Default for RouterSettings {
@@ -754,6 +757,7 @@ impl Default for RouterSettings {
             worker_networks: Vec::new(),
             kv_events: KvEventLimits::default(),
             session_affinity: SessionAffinity::default(),
+            plugin_log_lines_per_second: 20,
         }
     }
 }

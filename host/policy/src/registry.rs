@@ -168,7 +168,7 @@ impl PolicyType {
                 Ok(PolicyFactory::Isolated {
                     name: self.name.clone(),
                     process: process.clone(),
-                    params: params.clone(),
+                    params: Box::new(params.clone()),
                     components: registry.components.clone(),
                 })
             }
@@ -191,7 +191,8 @@ pub enum PolicyFactory {
     Isolated {
         name: String,
         process: Arc<IsolatedProcess>,
-        params: OwnedParams,
+        /// Boxed: the other variants are much smaller.
+        params: Box<OwnedParams>,
         components: Arc<ComponentTable>,
     },
 }

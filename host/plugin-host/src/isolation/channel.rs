@@ -277,6 +277,7 @@ impl Channel {
             Some(deadline),
         );
         self.finished(instance.name, callback, done, seq)?;
+        call.read_log_lines();
         call.read_status()?;
         match answer {
             Answer::Keep(keep) => call.read_keep(keep),

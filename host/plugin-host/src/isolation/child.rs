@@ -27,6 +27,10 @@ pub const CONTROL_FD: i32 = 3;
 pub const SPIN_ENV: &str = "SWITCHYARD_ISOLATION_SPIN_US";
 /// Set to `1` when the child must filter its system calls (`isolation.seccomp`).
 pub const SECCOMP_ENV: &str = "SWITCHYARD_ISOLATION_SECCOMP";
+/// Plugin log lines a second per logger (`router.plugin_log_lines_per_second`).
+pub const LOG_RATE_ENV: &str = "SWITCHYARD_PLUGIN_LOG_RATE";
+/// The most detailed plugin log level the router keeps (`SWITCHYARD_LOG_*`).
+pub const LOG_LEVEL_ENV: &str = "SWITCHYARD_PLUGIN_LOG_LEVEL";
 
 type Instances = Arc<Mutex<HashMap<u32, Arc<Mutex<ComponentInstance>>>>>;
 
@@ -123,6 +127,13 @@ pub fn run() -> i32 {
             return 4;
         }
     }
+    let log_env = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u32>().ok());
+    if let Some(rate) = log_env(LOG_RATE_ENV) {
+        plugin::logger::set_lines_per_second(rate);
+    }
+    plugin::logger::forward_to_parent(
+        log_env(LOG_LEVEL_ENV).unwrap_or(switchyard_plugin_sdk::abi::SWITCHYARD_LOG_INFO),
+    );
     let spin = std::env::var(SPIN_ENV)
         .ok()
         .and_then(|v| v.parse().ok())
@@ -144,10 +155,29 @@ pub fn run() -> i32 {
         let Some(reply) = child.handle(request, fd) else {
             continue;
         };
-        if control.send(&reply, None).is_err() {
+        if send_log_lines(&control)
+            .and_then(|()| control.send(&reply, None))
+            .is_err()
+        {
             return 0;
         }
     }
+}
+
+/// The plugin log lines queued so far, ahead of an answer (at most 256 KiB of them: the
+/// rest go with the next answer or call).
+fn send_log_lines(control: &Connection) -> std::io::Result<()> {
+    let mut room = 256 * 1024usize;
+    let lines = plugin::logger::drain_queued(|line| {
+        let need = 6 * (line.origin.len() + line.message.len()) + 64;
+        let fits = need <= room;
+        room = room.saturating_sub(need);
+        fits
+    });
+    if lines.is_empty() {
+        return Ok(());
+    }
+    control.send(&Reply::Log { lines }, None)
 }
 
 fn failed(e: &CallError) -> Reply {

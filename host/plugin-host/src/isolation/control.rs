@@ -126,6 +126,11 @@ pub enum Reply {
         status: i32,
         message: String,
     },
+    /// Plugin log lines (ABI 1.5) the child queued, sent before its answer; the router
+    /// logs them and reads on.
+    Log {
+        lines: Vec<crate::plugin::LogLine>,
+    },
 }
 
 /// A partition as it crosses.

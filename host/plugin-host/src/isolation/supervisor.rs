@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-use super::child::{CONTROL_FD, SECCOMP_ENV, SPIN_ENV, SUBCOMMAND};
+use super::child::{CONTROL_FD, LOG_LEVEL_ENV, LOG_RATE_ENV, SECCOMP_ENV, SPIN_ENV, SUBCOMMAND};
 use super::control::{ComponentInfo, Connection, Reply, Request};
 use super::settings::IsolationSettings;
 use crate::plugin::{CallError, LoadError, LoadedPlugin, PluginImage, PluginSpec, Status};
@@ -132,6 +132,14 @@ impl IsolatedProcess {
             .arg(SUBCOMMAND)
             .env(SPIN_ENV, self.settings.spin_us.to_string())
             .env(SECCOMP_ENV, if self.settings.seccomp { "1" } else { "0" })
+            .env(
+                LOG_RATE_ENV,
+                crate::plugin::logger::lines_per_second().to_string(),
+            )
+            .env(
+                LOG_LEVEL_ENV,
+                crate::plugin::logger::router_max_level().to_string(),
+            )
             .stdin(Stdio::null());
         super::child::name_parent(&mut command);
         // SAFETY: only async-signal-safe calls between fork and exec: dup2, fcntl,
@@ -215,9 +223,15 @@ impl IsolatedProcess {
             _ => return Err(self.down_error()),
         };
         *self.control_phase.lock() = Some(request.describe());
-        let answer = connection
-            .send(request, fd)
-            .and_then(|()| connection.receive::<Reply>());
+        let answer = connection.send(request, fd).and_then(|()| loop {
+            // Log lines the child queued come first; the answer follows them.
+            match connection.receive::<Reply>() {
+                Ok((Reply::Log { lines }, _)) => {
+                    lines.into_iter().for_each(crate::plugin::LogLine::emit)
+                }
+                other => break other,
+            }
+        });
         let answer = match answer {
             Ok((reply, _)) => Ok(reply),
             Err(e) => {

@@ -3,6 +3,7 @@
 
 use std::ffi::c_void;
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use switchyard_plugin_sdk::abi::*;
@@ -12,6 +13,7 @@ use super::abi_checks::{inputs_of_minor, read_def};
 use super::columns::Columns;
 use super::error_buffer::{CallError, ErrorBuffer};
 use super::load_error::LoadError;
+use super::logger::PluginLogger;
 use super::params::OwnedParams;
 use super::partition::PartitionKey;
 use super::request::AbiRequest;
@@ -170,6 +172,8 @@ pub struct ComponentDef {
     call: KindCallback,
     inputs: WorkerInputs,
     kind: ComponentKind,
+    /// `plugin/type`, as its log lines name it.
+    origin: Arc<str>,
 }
 
 type FilterFn = unsafe extern "C" fn(
@@ -303,6 +307,7 @@ impl ComponentDef {
             ));
         }
         let inputs = WorkerInputs::from_bits(def.inputs);
+        let origin = Arc::from(name.as_str());
         Ok((
             name,
             ComponentDef {
@@ -310,6 +315,7 @@ impl ComponentDef {
                 call,
                 inputs,
                 kind,
+                origin,
             },
         ))
     }
@@ -328,7 +334,8 @@ impl ComponentDef {
         };
         let mut instance: *mut c_void = std::ptr::null_mut();
         let mut error = ErrorBuffer::new();
-        let code = params.with_abi(|p| {
+        let logger = PluginLogger::new(&self.origin);
+        let code = params.with_abi_logged(Some(&logger), |p| {
             partition.with_abi(|part| {
                 // SAFETY: `user_data` is the plugin's for this def; params, partition and
                 // the error buffer live for the call; `instance` is a writable slot.
@@ -336,7 +343,9 @@ impl ComponentDef {
             })
         });
         error.check(code)?;
-        Ok(self.adopt(instance))
+        let mut adopted = self.adopt(instance);
+        adopted.logger = Some(logger);
+        Ok(adopted)
     }
 
     /// Takes ownership of an instance the plugin created for this def.
@@ -344,7 +353,14 @@ impl ComponentDef {
         ComponentInstance {
             def: self.clone(),
             instance,
+            logger: None,
         }
+    }
+
+    /// The def as registered by `plugin` (its log lines name it).
+    pub(super) fn registered_by(mut self, plugin: &str) -> Self {
+        self.origin = Arc::from(format!("{plugin}/{}", self.origin).as_str());
+        self
     }
 }
 
@@ -352,6 +368,8 @@ impl ComponentDef {
 pub struct ComponentInstance {
     def: ComponentDef,
     instance: *mut c_void,
+    /// The logger `on_create` was handed (ABI 1.5): dropped after `on_destroy`.
+    logger: Option<PluginLogger>,
 }
 
 // SAFETY: an instance is only ever called by one thread at a time (its policy is behind a

@@ -13,6 +13,7 @@
 //!   crosses on each
 //!   call, in host form, and the ABI views made from it.
 //! - [`shared_call`]: one call of an isolated plugin, laid out in shared memory.
+//! - [`logger`]: plugin logging (ABI 1.5), rate-limited per factory or instance.
 //! - [`error_buffer`]: the buffer plugins write messages into, `CallError`, and the panic
 //!   guard of every host callback.
 //!
@@ -33,6 +34,7 @@ pub mod image;
 pub mod labels;
 pub mod library;
 pub mod load_error;
+pub mod logger;
 pub mod manifest;
 pub mod params;
 pub mod partition;
@@ -53,6 +55,7 @@ pub use image::PluginImage;
 pub use labels::Labels;
 pub use library::{load, LoadedLibrary, LoadedPlugin, PluginSpec};
 pub use load_error::LoadError;
+pub use logger::{LogLine, PluginLogger};
 pub use manifest::Manifest;
 pub use params::OwnedParams;
 pub use partition::PartitionKey;

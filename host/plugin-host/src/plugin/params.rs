@@ -8,6 +8,7 @@ use switchyard_plugin_sdk::abi::*;
 use switchyard_plugin_sdk::{str_from_abi, str_to_abi, Params, RouterSettings, Status};
 
 use super::error_buffer::host_guard;
+use super::logger::PluginLogger;
 
 /// Parameters owned by the host for as long as any instance may be (re)built from them.
 #[derive(Clone, Debug, Default)]
@@ -44,6 +45,15 @@ impl OwnedParams {
 
     /// Runs `f` with an ABI view of these parameters, valid for the call.
     pub(super) fn with_abi<R>(&self, f: impl FnOnce(&switchyard_params) -> R) -> R {
+        self.with_abi_logged(None, f)
+    }
+
+    /// `with_abi`, handing `logger` (ABI 1.5) to what the call creates.
+    pub(super) fn with_abi_logged<R>(
+        &self,
+        logger: Option<&PluginLogger>,
+        f: impl FnOnce(&switchyard_params) -> R,
+    ) -> R {
         let router = self.router.as_ref().map(RouterSettings::to_abi);
         let raw = switchyard_params {
             struct_size: std::mem::size_of::<switchyard_params>() as u32,
@@ -55,6 +65,7 @@ impl OwnedParams {
             callback_key_count: Some(key_count),
             callback_key_at: Some(key_at),
             router: router.as_ref().map_or(ptr::null(), ptr::from_ref),
+            logger: logger.map_or(ptr::null(), PluginLogger::abi),
         };
         f(&raw)
     }

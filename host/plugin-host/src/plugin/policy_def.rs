@@ -14,6 +14,7 @@ use super::call_window::CallWindow;
 use super::component::{ComponentDef, ComponentInstance, ComponentKind};
 use super::error_buffer::{host_guard, CallError, ErrorBuffer};
 use super::load_error::LoadError;
+use super::logger::PluginLogger;
 use super::params::OwnedParams;
 use super::partition::PartitionKey;
 
@@ -42,6 +43,8 @@ pub struct PolicyDef {
     on_destroy_factory: Option<unsafe extern "C" fn(*mut c_void)>,
     abi_minor: u16,
     path: PathBuf,
+    /// `plugin/type`, as its log lines name it.
+    origin: String,
 }
 
 // SAFETY: the def holds function pointers and a `user_data` the plugin promises valid for
@@ -71,6 +74,7 @@ impl PolicyDef {
                 problem: "a policy must set `on_validate` and `on_build`".into(),
             });
         };
+        let type_name = name.clone();
         Ok((
             name,
             PolicyDef {
@@ -80,8 +84,15 @@ impl PolicyDef {
                 on_destroy_factory: def.on_destroy_factory,
                 abi_minor,
                 path: path.to_owned(),
+                origin: type_name,
             },
         ))
+    }
+
+    /// The def as registered by `plugin` (its log lines name it).
+    pub(super) fn registered_by(mut self, plugin: &str) -> Self {
+        self.origin = format!("{plugin}/{}", self.origin);
+        self
     }
 
     /// Validates an instance's parameters once (`on_validate`); the factory then builds
@@ -93,7 +104,8 @@ impl PolicyDef {
         let on_validate = self.on_validate;
         let mut factory: *mut c_void = std::ptr::null_mut();
         let mut error = ErrorBuffer::new();
-        let code = params.with_abi(|p| {
+        let logger = PluginLogger::new(&self.origin);
+        let code = params.with_abi_logged(Some(&logger), |p| {
             // SAFETY: `user_data` is the plugin's for this def; the params and the error
             // buffer live for the call; `factory` is a writable slot.
             unsafe { on_validate(self.user_data, p, &mut factory, &error.as_abi()) }
@@ -102,6 +114,7 @@ impl PolicyDef {
         Ok(PluginPolicyFactory {
             def: self.clone(),
             factory: Mutex::new(FactoryHandle(factory)),
+            _logger: logger,
         })
     }
 }
@@ -114,6 +127,8 @@ unsafe impl Send for FactoryHandle {}
 pub struct PluginPolicyFactory {
     def: Arc<PolicyDef>,
     factory: Mutex<FactoryHandle>,
+    /// The logger `on_validate` was handed (ABI 1.5): dropped after `on_destroy_factory`.
+    _logger: PluginLogger,
 }
 
 /// A component a plugin policy added while building one partition.

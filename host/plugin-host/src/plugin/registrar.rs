@@ -158,7 +158,8 @@ unsafe extern "C" fn register_component(
         let minor = context.plugin.abi_minor;
         // SAFETY: the plugin hands over a def of its declared size.
         let result = unsafe { ComponentDef::read(context.path, minor, def, true) }
-            .and_then(|(name, def)| Ok((context.check_name(def.kind().as_str(), name)?, def)));
+            .and_then(|(name, def)| Ok((context.check_name(def.kind().as_str(), name)?, def)))
+            .map(|(name, def)| (name, def.registered_by(&context.plugin.name)));
         match result {
             Ok((name, def)) => {
                 context.registered.names.push(name.clone());
@@ -186,7 +187,8 @@ unsafe extern "C" fn register_policy(
         // SAFETY: the plugin hands over a def of its declared size.
         // `read` refuses a def without `on_validate` or `on_build`.
         let result = unsafe { PolicyDef::read(path, context.plugin.abi_minor, def) }
-            .and_then(|(name, def)| Ok((context.check_name("policy", name)?, def)));
+            .and_then(|(name, def)| Ok((context.check_name("policy", name)?, def)))
+            .map(|(name, def)| (name, def.registered_by(&context.plugin.name)));
         match result {
             Ok((name, def)) => {
                 context.registered.names.push(name.clone());

@@ -190,6 +190,10 @@ pub fn start(source: ConfigSource) -> Result<Startup, Vec<StartupError>> {
 }
 
 fn start_from(source: ConfigSource, images: &Images) -> Result<Startup, Vec<StartupError>> {
+    // Before any plugin loads: its loggers, and isolated processes, take the bound.
+    switchyard_plugin_host::plugin::logger::set_lines_per_second(
+        source.config.router.plugin_log_lines_per_second,
+    );
     let mut errors: Vec<StartupError> = Vec::new();
     let registry = load_plugins(&source, images, &mut errors);
     assemble(source, registry, errors)

@@ -34,6 +34,7 @@ impl SharedCall {
             Ok(()) => self.fields().status = Status::Ok.code(),
             Err(failure) => self.answer_error(&failure),
         }
+        self.write_log_lines();
     }
 
     fn run_admit(

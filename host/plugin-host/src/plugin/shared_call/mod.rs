@@ -28,6 +28,7 @@ use super::labels::Labels;
 use super::request::{AbiRequest, RequestAttributes};
 
 mod child;
+mod log_area;
 mod strings;
 
 use strings::{decode_attributes, encode_attributes, Reader};
@@ -149,6 +150,9 @@ struct CallFields {
     error: [u8; ERROR_BYTES],
     strings: [u8; STRING_BYTES],
     admission: AdmissionAnswer,
+    /// Plugin log lines the child had queued (ABI 1.5), as JSON; `log_len` bytes.
+    log_len: u32,
+    log: [u8; log_area::LOG_BYTES],
 }
 
 /// An admitter's answer, as plain numbers and bytes (`AdmissionFields`, crossed).
