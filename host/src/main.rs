@@ -406,6 +406,10 @@ fn check_token_file(source: &switchyard::config::ConfigSource) -> Option<String>
 fn plugin_test(args: &switchyard::tools::conformance::TestArgs) -> ExitCode {
     match switchyard::tools::conformance::run(args) {
         Ok(reports) => {
+            if let Some(warning) = switchyard::tools::conformance::optimization_warning(&args.file)
+            {
+                eprintln!("warning: {warning}");
+            }
             if args.json {
                 println!(
                     "{}",

@@ -163,13 +163,25 @@ pub fn broken_plugin(dir: &Path, name: &str, defines: &[&str]) -> PathBuf {
     )
 }
 
-/// Compiles the C plugin `source` against the headers in `include` into `dir/name.so`.
+/// Compiles the C plugin `source` against the headers in `include` into `dir/name.so`
+/// (no optimization flag: the compiler's default, `-O0`).
 pub fn compile_c(
     dir: &Path,
     name: &str,
     source: &Path,
     include: &Path,
     defines: &[&str],
+) -> PathBuf {
+    compile_c_with(dir, name, (source, include), defines, &[])
+}
+
+/// `compile_c` with more compiler `flags` (`-O2`).
+pub fn compile_c_with(
+    dir: &Path,
+    name: &str,
+    (source, include): (&Path, &Path),
+    defines: &[&str],
+    flags: &[&str],
 ) -> PathBuf {
     let out = dir.join(format!("{name}.so"));
     let status = Command::new("cc")
@@ -188,6 +200,7 @@ pub fn compile_c(
         .arg("-I")
         .arg(include)
         .args(defines.iter().map(|d| format!("-D{d}")))
+        .args(flags)
         .arg(source)
         .arg("-o")
         .arg(&out)

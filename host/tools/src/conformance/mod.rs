@@ -37,6 +37,7 @@ use crate::policy::{
 mod checks;
 mod error;
 mod inputs;
+pub mod optimization;
 use checks::{test_admitter, test_component, test_policy, unknown_parameters_refused};
 use inputs::{
     conformance_request, engine_reports, labels, lifecycle_script, owned, params_hint,
@@ -322,6 +323,25 @@ fn test_type(
         });
     }
     Ok(report)
+}
+
+/// What to say when `file` looks built without optimization (`optimization.rs`): its
+/// calls may cost ten times an optimized build's, so its timings mislead.
+pub fn optimization_warning(file: &std::path::Path) -> Option<String> {
+    // A library larger than this is not read again for a warning.
+    const MAX_BYTES: u64 = 1 << 30;
+    if std::fs::metadata(file).ok()?.len() > MAX_BYTES {
+        return None;
+    }
+    let spills = optimization::argument_spills(&std::fs::read(file).ok()?)?;
+    spills.unoptimized().then(|| {
+        format!(
+            "{} looks built without optimization: {} of its {} functions store their arguments to the stack on entry, as -O0 and debug builds do, so each call may cost several times an optimized build's; build it optimized (-O2; CMake: -DCMAKE_BUILD_TYPE=Release; Cargo: --release)",
+            file.display(),
+            spills.spilling,
+            spills.functions
+        )
+    })
 }
 
 /// The report as a table.
