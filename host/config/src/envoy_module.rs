@@ -113,3 +113,52 @@ fn is_header_name(name: &str) -> bool {
             .bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(json: &str) -> Result<EnvoyModuleSettings, EnvoyModuleError> {
+        EnvoyModuleSettings::parse(json.as_bytes())
+    }
+
+    #[test]
+    fn headers_only_reads_the_model_from_its_header() {
+        let body = settings(r#"{"config": "s.yaml"}"#).unwrap();
+        assert_eq!(body.model_header(), None);
+        let default = settings(r#"{"config": "s.yaml", "headers_only": true}"#).unwrap();
+        assert_eq!(default.model_header(), Some(DEFAULT_MODEL_HEADER));
+        let named =
+            settings(r#"{"config": "s.yaml", "headers_only": true, "model_header": "x-model"}"#);
+        assert_eq!(named.unwrap().model_header(), Some("x-model"));
+        let unused = settings(r#"{"config": "s.yaml", "model_header": "x-model"}"#);
+        assert!(matches!(unused, Err(EnvoyModuleError::ModelHeaderUnused)));
+        let upper =
+            settings(r#"{"config": "s.yaml", "headers_only": true, "model_header": "X-Model"}"#);
+        assert!(matches!(upper, Err(EnvoyModuleError::ModelHeader(_))));
+    }
+
+    #[test]
+    fn headers_only_is_refused_for_a_config_that_routes_on_the_prompt() {
+        let source = |yaml: &str| {
+            crate::ConfigSource::parse(yaml.to_owned(), "s.yaml".into(), ".".into()).unwrap()
+        };
+        let headers_only = settings(r#"{"config": "s.yaml", "headers_only": true}"#).unwrap();
+        let workers = "workers:\n  - {model: demo, worker_id: 1, url: 'http://127.0.0.1:8000'}\n";
+        let off = source(&format!("models:\n  demo: {{kv_tracking: off}}\n{workers}"));
+        assert!(headers_only.check_config(&off).is_ok());
+        let predicted = source(&format!(
+            "models:\n  demo: {{kv_tracking: predicted}}\n{workers}"
+        ));
+        let error = headers_only
+            .check_config(&predicted)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            error.starts_with("s.yaml: ") && error.contains("models.demo.kv_tracking: predicted"),
+            "{error}"
+        );
+        let reads_body = settings(r#"{"config": "s.yaml"}"#).unwrap();
+        assert!(reads_body.check_config(&predicted).is_ok());
+    }
+}
