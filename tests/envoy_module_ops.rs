@@ -4,7 +4,8 @@
 //! plugins of each language (Rust, C, C++) routing inside Envoy, with their selections in
 //! the module's metrics; a reload under load (`POST /v1/admin/reload` on the module's
 //! API) that fails no request and whose new generation routes; two Envoys, each with the
-//! module, sharing bookings over NATS. Every test ends with no booking left.
+//! module, sharing bookings over NATS; a headers-only filter booking a request before its
+//! body is sent. Every test ends with no booking left.
 
 mod support;
 
