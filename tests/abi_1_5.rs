@@ -219,3 +219,41 @@ fn plugin_lines_reach_the_routers_log_named_and_rate_limited() {
         });
     }
 }
+
+/// The Rust fixture's `panicky.traced` scorer (plain `tracing` macros) over two workers.
+fn traced_config(dir: &Path, isolation: &str) -> PathBuf {
+    write_config(
+        dir,
+        &format!(
+            "plugins:\n  - path: {}\n    isolation: {isolation}\n\
+             worker_selection:\n  default: traced\n  instances:\n\
+             \x20   - name: traced\n      scorers: [{{type: panicky.traced}}]\n\
+             \x20     picker: {{type: builtin.lowest-cost}}\n\
+             workers:\n  - {{model: m, worker_id: 1}}\n  - {{model: m, worker_id: 2}}\n",
+            rust_plugin("panicky").display()
+        ),
+    )
+}
+
+#[test]
+fn a_rust_plugins_tracing_events_reach_the_routers_log() {
+    let dir = tempfile::tempdir().unwrap();
+    for isolation in ["none", "process"] {
+        let log = dir.path().join(format!("traced-{isolation}.log"));
+        let router = serve_into(&traced_config(dir.path(), isolation), &log);
+        let text = || std::fs::read_to_string(&log).unwrap_or_default();
+        wait_for("the creation's line", || {
+            text().contains("panicky/panicky.traced") && text().contains("created for model m")
+        });
+        reserve(&router.address, "r", None);
+        wait_for("the scorer's lines", || {
+            let t = text();
+            t.contains("scored worker 1 blocks=2") && t.contains("scored worker 2 blocks=2")
+        });
+        assert!(
+            !text().contains("a detail the router's log does not keep"),
+            "{isolation}: a trace line passed the router's info level:\n{}",
+            text()
+        );
+    }
+}

@@ -242,6 +242,11 @@
 #define SWITCHYARD_TRIGGER_OTHER 3
 
 /**
+ * `switchyard_outcome.paired_worker_id` when there is no pair (ABI 1.4).
+ */
+#define SWITCHYARD_NO_WORKER UINT64_MAX
+
+/**
  * Session affinity (ABI 1.5): the request's session is bound to no worker (no session,
  * `router.session_affinity` off, or its binding expired).
  */
@@ -259,11 +264,6 @@
  * candidate.
  */
 #define SWITCHYARD_AFFINITY_HARD 2
-
-/**
- * `switchyard_outcome.paired_worker_id` when there is no pair (ABI 1.4).
- */
-#define SWITCHYARD_NO_WORKER UINT64_MAX
 
 /**
  * Log level (ABI 1.5): something failed.

@@ -13,6 +13,9 @@
 //! - [`builtins`]: the router's own least-busy components (a device-overlap filter, an
 //!   active-requests scorer, a deterministic lowest-cost picker), for plugins to reuse.
 //!
+//! - [`log`] (ABI 1.5): the router's log; `tracing` events inside the router's calls reach
+//!   it, named by plugin and type.
+//!
 //! A Rust plugin goes through exactly the same C ABI as a C or C++ plugin.
 #![deny(unsafe_op_in_unsafe_fn)]
 #![warn(clippy::undocumented_unsafe_blocks)]
@@ -24,6 +27,7 @@ mod component;
 pub mod export;
 #[cfg(feature = "layout")]
 pub mod layout;
+pub mod log;
 mod lowest_cost;
 pub mod manifest;
 mod params;
@@ -37,6 +41,7 @@ pub use component::{
     WorkerScorer,
 };
 pub use export::{write_error, Registrar};
+pub use log::{LogLevel, Logger};
 pub use params::{Params, RouterSettings};
 pub use status::Status;
 pub use threshold::keep_at_least;

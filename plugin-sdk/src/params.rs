@@ -72,6 +72,19 @@ impl<'a> Params<'a> {
         )
     }
 
+    /// The router's log for what this call creates (ABI 1.5): the factory `on_validate`
+    /// makes or the instance `on_create` makes; `None` from an older router. Keep it to
+    /// log outside the router's calls; inside them `tracing` events reach it anyway.
+    pub fn logger(&self) -> Option<crate::Logger> {
+        let end = core::mem::offset_of!(switchyard_params, logger) + core::mem::size_of::<usize>();
+        if (self.raw.struct_size as usize) < end {
+            return None;
+        }
+        // SAFETY: the host's logger is NULL or valid until what this call creates is
+        // destroyed.
+        unsafe { crate::Logger::from_abi(self.raw.logger) }
+    }
+
     /// The parameters object as JSON text.
     pub fn json(&self) -> &'a str {
         // SAFETY: the host's JSON text lives as long as the params (`from_abi`).

@@ -10,6 +10,7 @@ use crate::admission::{Admission, RequestAdmitter, Saturation};
 use crate::component::{
     Lifecycle, Notifications, WorkerFilter, WorkerInputs, WorkerPicker, WorkerScorer,
 };
+use crate::log::{Entered, Logger};
 use crate::params::Params;
 use crate::view::{Outcome, Partition, WorkerCandidates, WorkerSelectionContext};
 use crate::PolicyError;
@@ -18,6 +19,8 @@ use crate::PolicyError;
 pub(super) struct Slot<C> {
     component: C,
     poisoned: bool,
+    /// The router's log for this instance (ABI 1.5): `tracing` events in its calls go there.
+    logger: Option<Logger>,
 }
 
 /// Creates a component of one kind from params and a partition.
@@ -108,6 +111,7 @@ unsafe extern "C" fn on_admit(
 ) -> i32 {
     // SAFETY: the host calls on_admit only with instances this def created.
     let slot = unsafe { slot::<AdmitterSlot>(instance) };
+    let _log = Entered::new(slot.logger);
     guard(
         error,
         Some(&mut slot.poisoned),
@@ -177,6 +181,7 @@ unsafe fn lifecycle_call<C: Kind>(
 ) -> i32 {
     // SAFETY: per this function's contract.
     let slot = unsafe { slot::<C>(instance) };
+    let _log = Entered::new(slot.logger);
     guard(
         error,
         Some(&mut slot.poisoned),
@@ -239,10 +244,11 @@ unsafe extern "C" fn on_finished<C: Kind>(
     }
 }
 
-pub(super) fn into_instance<C: Kind>(component: C) -> *mut c_void {
+pub(super) fn into_instance<C: Kind>(component: C, logger: Option<Logger>) -> *mut c_void {
     Box::into_raw(Box::new(Slot {
         component,
         poisoned: false,
+        logger,
     }))
     .cast()
 }
@@ -271,9 +277,11 @@ pub(super) unsafe extern "C" fn on_create<C: Kind>(
         // SAFETY: the host's params and partition are valid for the call.
         let (params, partition) =
             unsafe { (Params::from_abi(&*params), Partition::from_abi(&*partition)) };
+        let logger = params.logger();
+        let _log = Entered::new(logger);
         let component = create(&params, &partition)?;
         // SAFETY: the host passes a writable out-pointer.
-        unsafe { *out_instance = into_instance(component) };
+        unsafe { *out_instance = into_instance(component, logger) };
         Ok(())
     })
 }
@@ -285,7 +293,9 @@ unsafe extern "C" fn on_destroy<C: Kind>(instance: *mut c_void) {
         // A panicking Drop must not unwind into the host.
         let _ = catch_unwind(AssertUnwindSafe(|| {
             // SAFETY: the instance was boxed by `into_instance::<C>`; this is its last use.
-            drop(unsafe { Box::from_raw(instance.cast::<Slot<C>>()) })
+            let slot = unsafe { Box::from_raw(instance.cast::<Slot<C>>()) };
+            let _log = Entered::new(slot.logger);
+            drop(slot);
         }));
     }
 }
@@ -301,6 +311,7 @@ unsafe extern "C" fn on_filter(
 ) -> i32 {
     // SAFETY: the host calls on_filter only with instances this def created.
     let slot = unsafe { slot::<Box<dyn WorkerFilter>>(instance) };
+    let _log = Entered::new(slot.logger);
     guard(
         error,
         Some(&mut slot.poisoned),
@@ -332,6 +343,7 @@ unsafe extern "C" fn on_score(
 ) -> i32 {
     // SAFETY: the host calls on_score only with instances this def created.
     let slot = unsafe { slot::<Box<dyn WorkerScorer>>(instance) };
+    let _log = Entered::new(slot.logger);
     guard(
         error,
         Some(&mut slot.poisoned),
@@ -362,6 +374,7 @@ unsafe extern "C" fn on_pick(
 ) -> i32 {
     // SAFETY: the host calls on_pick only with instances this def created.
     let slot = unsafe { slot::<Box<dyn WorkerPicker>>(instance) };
+    let _log = Entered::new(slot.logger);
     guard(
         error,
         Some(&mut slot.poisoned),

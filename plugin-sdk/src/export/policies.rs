@@ -9,6 +9,7 @@ use super::boundary::{guard, read_error};
 use super::components::{component_def, into_instance, Kind};
 use crate::abi::*;
 use crate::component::PolicyParts;
+use crate::log::{Entered, Logger};
 use crate::params::Params;
 use crate::view::Partition;
 use crate::PolicyError;
@@ -21,6 +22,8 @@ pub(super) type BuildFn = dyn FnMut(&Partition<'_>) -> Result<PolicyParts, Polic
 struct Factory {
     type_name: String,
     build: Box<BuildFn>,
+    /// The router's log for this factory (ABI 1.5), and for the components it builds.
+    logger: Option<Logger>,
 }
 
 /// # Safety
@@ -35,10 +38,14 @@ pub(super) unsafe extern "C" fn on_validate(
         // SAFETY: user_data is the leaked pair `Registrar::policy` registered.
         let (validate, type_name) = unsafe { &*user_data.cast::<(Box<ValidateFn>, String)>() };
         // SAFETY: the host's params are valid for the call.
-        let build = validate(unsafe { &Params::from_abi(&*params) })?;
+        let params = unsafe { Params::from_abi(&*params) };
+        let logger = params.logger();
+        let _log = Entered::new(logger);
+        let build = validate(&params)?;
         let factory = Box::new(Factory {
             type_name: type_name.clone(),
             build,
+            logger,
         });
         // SAFETY: the host passes a writable out-pointer.
         unsafe { *out_factory = Box::into_raw(factory).cast() };
@@ -52,13 +59,15 @@ pub(super) unsafe extern "C" fn on_destroy_factory(factory: *mut c_void) {
     if !factory.is_null() {
         let _ = catch_unwind(AssertUnwindSafe(|| {
             // SAFETY: the factory was boxed by `on_validate`; this is its last use.
-            drop(unsafe { Box::from_raw(factory.cast::<Factory>()) })
+            let factory = unsafe { Box::from_raw(factory.cast::<Factory>()) };
+            let _log = Entered::new(factory.logger);
+            drop(factory);
         }));
     }
 }
 
 fn add_part<C: Kind>(
-    builder: &switchyard_policy_builder,
+    (builder, logger): (&switchyard_policy_builder, Option<Logger>),
     name: String,
     mut component: C,
     weight: f64,
@@ -78,7 +87,15 @@ fn add_part<C: Kind>(
         .ok_or_else(|| PolicyError::failed("the host's builder has no add_component callback"))?;
     // SAFETY: `builder` and `error` are the host's for this on_build call; the def and the
     // instance are ours to hand over.
-    let status = unsafe { add(builder, &def, into_instance(component), weight, error) };
+    let status = unsafe {
+        add(
+            builder,
+            &def,
+            into_instance(component, logger),
+            weight,
+            error,
+        )
+    };
     if status == SWITCHYARD_STATUS_OK {
         Ok(())
     } else {
@@ -101,7 +118,9 @@ pub(super) unsafe extern "C" fn on_build(
         let factory = unsafe { &mut *factory.cast::<Factory>() };
         // SAFETY: builder and partition are the host's, valid for the call.
         let (builder, partition) = unsafe { (&*builder, Partition::from_abi(&*partition)) };
+        let _log = Entered::new(factory.logger);
         let parts = (factory.build)(&partition)?;
+        let builder = (builder, factory.logger);
         let name = &factory.type_name;
         for (i, filter) in parts.filters.into_iter().enumerate() {
             add_part(builder, format!("{name}/filter.{i}"), filter, 1.0, error)?;
