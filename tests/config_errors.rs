@@ -142,7 +142,7 @@ fn default_names_an_instance_or_the_builtin() {
         "{error}"
     );
     let startup = start_yaml(dir.path(), "worker_selection:\n  default: default\n").unwrap();
-    assert_eq!(startup.default_instance, "default");
+    assert_eq!(startup.default_instance(), "default");
 }
 
 #[test]

@@ -117,7 +117,8 @@ fn bench_selection(c: &mut Criterion, startup: &Startup) {
 
 fn router_with(size: usize, instance: &str) -> (Router, RouteRequest) {
     let mut startup = startup();
-    startup.default_instance = instance.to_owned();
+    // What routing reads (a request names no instance).
+    startup.role_defaults = switchyard::startup::RoleDefaults::all(instance);
     let router = Router::new(startup).unwrap();
     let mut rng = rand::rngs::StdRng::seed_from_u64(9);
     let chain: Vec<u64> = (0..REQUEST_BLOCKS).map(|i| 1_000 + i).collect();

@@ -118,7 +118,7 @@ pub fn check_summary(startup: &Startup) -> String {
         out,
         "instances ({}), default: {}{}",
         startup.instances.len(),
-        startup.default_instance,
+        startup.default_instance(),
         role_defaults(startup)
     );
     for instance in &startup.instances {

@@ -132,9 +132,8 @@ pub struct Startup {
     pub registry: Registry,
     /// The built-in `default` instance first, then the config's, in order.
     pub instances: Vec<Arc<InstanceFactory>>,
-    /// The instance of aggregated requests that name none (`role_defaults`' own).
-    pub default_instance: String,
-    /// The instance of each role's requests that name none (`roles.rs`).
+    /// The instance of each role's requests that name none (`roles.rs`): what routing
+    /// reads, so a host that changes the defaults sets these.
     pub role_defaults: RoleDefaults,
     /// The config's API keys (`auth:`), read with it: a reload rotates them.
     pub keyring: Arc<Keyring>,
@@ -162,6 +161,11 @@ impl Startup {
     /// The instance a request to `role`'s workers gets when it names none.
     pub fn default_for(&self, role: WorkerType) -> &str {
         self.role_defaults.get(role)
+    }
+
+    /// The instance of aggregated requests that name none.
+    pub fn default_instance(&self) -> &str {
+        self.default_for(WorkerType::Select)
     }
 }
 
@@ -268,7 +272,6 @@ fn assemble(
         errors.extend(e.into_iter().map(StartupError::from));
         RoleDefaults::default()
     });
-    let default_instance = role_defaults.get(WorkerType::Select).to_owned();
     let admitters = configured_admitters(&source, &registry, &mut errors);
     let keyring = Keyring::load(&source).unwrap_or_else(|e| {
         errors.extend(e.into_iter().map(StartupError::from));
@@ -280,7 +283,6 @@ fn assemble(
             source,
             registry,
             instances,
-            default_instance,
             role_defaults,
             keyring: Arc::new(keyring),
             admitters,

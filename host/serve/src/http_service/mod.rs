@@ -454,7 +454,7 @@ async fn policies(State(router): Shared) -> Json<serde_json::Value> {
     let plugins: Vec<_> = registry.plugins().iter().map(|p| json!(p)).collect();
     Json(json!({
         "generation": generation_json(&generation),
-        "default": startup.default_instance,
+        "default": startup.default_instance(),
         "defaults": switchyard_plugin_sdk::WorkerType::ALL.iter().map(|&r| (switchyard_policy::instances::role_word(r).to_owned(), json!(startup.default_for(r)))).collect::<serde_json::Map<_, _>>(),
         "instances": instances,
         "policy_types": policies,
