@@ -257,3 +257,46 @@ fn a_rust_plugins_tracing_events_reach_the_routers_log() {
         );
     }
 }
+
+#[test]
+fn the_cpp_layer_reads_the_binding_the_knobs_and_logs() {
+    let dir = tempfile::tempdir().unwrap();
+    let library = dir.path().join("libabi_1_5_cpp.so");
+    run(std::process::Command::new("c++")
+        .args([
+            "-std=c++17",
+            "-shared",
+            "-fPIC",
+            "-Wall",
+            "-Wextra",
+            "-Werror",
+            "-I",
+        ])
+        .arg(repo().join("include"))
+        .arg(repo().join("tests/fixtures/abi_1_5_plugin.cpp"))
+        .arg("-o")
+        .arg(&library));
+    let config = write_config(
+        dir.path(),
+        &format!(
+            "router: {{session_affinity: {{mode: hard}}}}\n\
+             plugins:\n  - path: {}\n\
+             worker_selection:\n  default: follow\n  builtin_default: {{prefill_load_scale: 1.5}}\n\
+             \x20 instances:\n    - name: follow\n      picker: {{type: cppfix.follow}}\n\
+             workers:\n  - {{model: m, worker_id: 1}}\n  - {{model: m, worker_id: 2}}\n",
+            library.display()
+        ),
+    );
+    let log = dir.path().join("cpp.log");
+    let router = serve_into(&config, &log);
+    let text = || std::fs::read_to_string(&log).unwrap_or_default();
+    wait_for("the constructor's line", || {
+        text().contains("abi-1-5-cpp/cppfix.follow")
+            && text().contains("created for model m: prefill_load_scale 1.500000")
+    });
+    let first = reserve(&router.address, "r1", Some("s"));
+    assert_eq!(reserve(&router.address, "r2", Some("s")), first);
+    wait_for("the pick's line about the binding", || {
+        text().contains(&format!("request bound to worker {first} (hard)"))
+    });
+}
