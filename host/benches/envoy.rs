@@ -10,7 +10,9 @@
 //! `make bench-envoy` (Envoy from `scripts/install-test-tools`). Loopback only; every process
 //! it starts is killed when it ends. SWITCHYARD_BENCH_SECS sets each cell's duration (2).
 //! With `SWITCHYARD_PROFILE_SECS=N` it prints the lean picker's router PID and holds 8
-//! clients through it for N seconds instead, for `scripts/flamegraph`.
+//! clients through it for N seconds instead, for `scripts/flamegraph`
+//! (`SWITCHYARD_PROFILE_PATH=module`: Envoy with the module, its PID;
+//! `SWITCHYARD_PROFILE_CLIENTS=N`: another concurrency).
 
 #[path = "common/load.rs"]
 mod load;
@@ -300,10 +302,19 @@ fn main() {
     });
     if let Some(seconds) = profile_seconds() {
         // A steady load for a profiler (scripts/flamegraph) to sample: nothing else.
-        let (_, envoy, pid) = &paths.pickers[1];
-        println!("router pid {pid}: lean picker, 8 non-streamed clients for {seconds} s");
+        // `SWITCHYARD_PROFILE_PATH` names another path (`module`: Envoy's own PID),
+        // `SWITCHYARD_PROFILE_CLIENTS` the concurrency.
+        let name = std::env::var("SWITCHYARD_PROFILE_PATH").unwrap_or("picker, lean".into());
+        let clients = std::env::var("SWITCHYARD_PROFILE_CLIENTS")
+            .ok()
+            .and_then(|c| c.parse().ok())
+            .unwrap_or(8);
+        let Some((_, envoy, pid)) = paths.pickers.iter().find(|(n, ..)| *n == name) else {
+            panic!("SWITCHYARD_PROFILE_PATH={name}: no such path");
+        };
+        println!("pid {pid}: {name}, {clients} non-streamed clients for {seconds} s");
         let duration = Duration::from_secs(seconds);
-        runtime.block_on(load(&envoy.base, false, 8, duration));
+        runtime.block_on(load(&envoy.base, false, clients, duration));
         return;
     }
     println!("\nReal Envoy 1.40: round robin vs. switchyard's endpoint picker (ext_proc; `lean`: the response path's body and trailers not sent, docs/envoy.md; the picker on 1 thread unless said) and switchyard as Envoy's dynamic module (`module`: its router CPU is Envoy's), 4 engine-sim engines, 2-token chat completions, {seconds} s per cell, {ROUNDS} interleaved rounds");
