@@ -7,7 +7,6 @@ mod support;
 
 use std::path::{Path, PathBuf};
 
-use serde_json::{json, Value};
 use support::*;
 
 /// tests/fixtures/abi_1_5_plugin.c built against the headers in `include`.
@@ -37,18 +36,6 @@ fn follow_config(dir: &Path, library: &Path, isolation: &str) -> PathBuf {
     )
 }
 
-/// Reserves request `id` (of `session` when given); the worker it was booked on.
-fn reserve(base: &str, id: &str, session: Option<&str>) -> u64 {
-    let mut body = json!({"model": "m", "block_hashes": [7, 8], "request_id": id});
-    if let Some(session) = session {
-        body["session"] = json!({"session_id": session});
-    }
-    let (status, _, text) = post_json(&ureq::Agent::new(), &format!("{base}/v1/reserve"), &body);
-    assert_eq!(status, 200, "{text}");
-    let decision: Value = serde_json::from_str(&text).unwrap();
-    decision["worker_id"].as_u64().unwrap()
-}
-
 #[test]
 fn a_policy_reading_affinity_target_keeps_the_session_past_the_soft_threshold() {
     let dir = tempfile::tempdir().unwrap();
@@ -57,12 +44,12 @@ fn a_policy_reading_affinity_target_keeps_the_session_past_the_soft_threshold() 
         let router = serve(&follow_config(dir.path(), &library, isolation));
         let base = &router.address;
         assert_eq!(
-            reserve(base, "r1", Some("s")),
+            reserve_in_session(base, "r1", Some("s")),
             1,
             "{isolation}: least busy, ties low"
         );
         assert_eq!(
-            reserve(base, "r2", Some("s")),
+            reserve_in_session(base, "r2", Some("s")),
             1,
             "{isolation}: the router's pin"
         );
@@ -70,17 +57,17 @@ fn a_policy_reading_affinity_target_keeps_the_session_past_the_soft_threshold() 
         // picker would move the session, tests/sessions.rs); the policy, offered the soft
         // binding, keeps it there.
         assert_eq!(
-            reserve(base, "r3", Some("s")),
+            reserve_in_session(base, "r3", Some("s")),
             1,
             "{isolation}: the policy follows affinity_target"
         );
         assert_eq!(
-            reserve(base, "r4", None),
+            reserve_in_session(base, "r4", None),
             2,
             "{isolation}: no session: least busy"
         );
         assert_eq!(
-            reserve(base, "r5", Some("t")),
+            reserve_in_session(base, "r5", Some("t")),
             2,
             "{isolation}: a new session"
         );
@@ -108,10 +95,18 @@ fn a_plugin_built_against_the_frozen_1_4_header_loads_and_routes_unchanged() {
     );
     let router = serve(&config);
     let base = &router.address;
-    assert_eq!(reserve(base, "r1", Some("s")), 1);
-    assert_eq!(reserve(base, "r2", Some("s")), 1, "the router's pin");
+    assert_eq!(reserve_in_session(base, "r1", Some("s")), 1);
+    assert_eq!(
+        reserve_in_session(base, "r2", Some("s")),
+        1,
+        "the router's pin"
+    );
     // A 1.4 plugin reads no binding: past the threshold it picks by load.
-    assert_eq!(reserve(base, "r3", Some("s")), 2, "routed by load");
+    assert_eq!(
+        reserve_in_session(base, "r3", Some("s")),
+        2,
+        "routed by load"
+    );
 }
 
 /// Workers 1, 3 and 8, the router's cost knobs `knobs` (`builtin_default`), and the
@@ -138,7 +133,7 @@ fn a_factory_is_handed_the_routers_cost_knobs() {
         // The defaults: prefill_load_scale 1 x uncached_weight 8.
         let router = serve(&knob_config(dir.path(), &library, isolation, "{}"));
         assert_eq!(
-            reserve(&router.address, "a", None),
+            reserve_in_session(&router.address, "a", None),
             8,
             "{isolation}: defaults"
         );
@@ -146,7 +141,7 @@ fn a_factory_is_handed_the_routers_cost_knobs() {
         let knobs = "{prefill_load_scale: 1.5, uncached_weight: 2}";
         let router = serve(&knob_config(dir.path(), &library, isolation, knobs));
         assert_eq!(
-            reserve(&router.address, "b", None),
+            reserve_in_session(&router.address, "b", None),
             3,
             "{isolation}: configured"
         );
@@ -201,7 +196,7 @@ fn plugin_lines_reach_the_routers_log_named_and_rate_limited() {
                 && t.contains("abi-1-5-fixture/fixture.knob-policy")
                 && t.contains("validated: prefill_load_scale 2, uncached_weight 8")
         });
-        reserve(&router.address, "r0", None);
+        reserve_in_session(&router.address, "r0", None);
         let picks = |t: &str| t.matches("picking among 1 workers").count();
         wait_for("the pick's lines", || picks(&text()) > 0);
         // 50 lines in one call against 5 a second: most are dropped.
@@ -214,7 +209,7 @@ fn plugin_lines_reach_the_routers_log_named_and_rate_limited() {
         let mut turn = 0;
         wait_for("the report of the dropped lines", || {
             turn += 1;
-            reserve(&router.address, &format!("r{turn}"), None);
+            reserve_in_session(&router.address, &format!("r{turn}"), None);
             text().contains("log lines of this plugin were dropped")
         });
     }
@@ -245,7 +240,7 @@ fn a_rust_plugins_tracing_events_reach_the_routers_log() {
         wait_for("the creation's line", || {
             text().contains("panicky/panicky.traced") && text().contains("created for model m")
         });
-        reserve(&router.address, "r", None);
+        reserve_in_session(&router.address, "r", None);
         wait_for("the scorer's lines", || {
             let t = text();
             t.contains("scored worker 1 blocks=2") && t.contains("scored worker 2 blocks=2")
@@ -294,8 +289,8 @@ fn the_cpp_layer_reads_the_binding_the_knobs_and_logs() {
         text().contains("abi-1-5-cpp/cppfix.follow")
             && text().contains("created for model m: prefill_load_scale 1.500000")
     });
-    let first = reserve(&router.address, "r1", Some("s"));
-    assert_eq!(reserve(&router.address, "r2", Some("s")), first);
+    let first = reserve_in_session(&router.address, "r1", Some("s"));
+    assert_eq!(reserve_in_session(&router.address, "r2", Some("s")), first);
     wait_for("the pick's line about the binding", || {
         text().contains(&format!("request bound to worker {first} (hard)"))
     });

@@ -6,8 +6,8 @@
 
 mod support;
 
-use serde_json::{json, Value};
-use support::{engine_sim, post_json, write_config};
+use serde_json::json;
+use support::{engine_sim, post_json, reserve_in_session, write_config};
 
 /// A router over two workers (no engines: `/v1/reserve` only) with `affinity`.
 fn router(dir: &std::path::Path, affinity: &str) -> support::Process {
@@ -20,31 +20,27 @@ fn router(dir: &std::path::Path, affinity: &str) -> support::Process {
     ))
 }
 
-/// Reserves request `id` of `session` (none: no session); the worker it was booked on.
-fn reserve(base: &str, id: &str, session: Option<&str>) -> u64 {
-    let mut body = json!({"model": "m", "block_hashes": [7, 8], "request_id": id});
-    if let Some(session) = session {
-        body["session"] = json!({"session_id": session});
-    }
-    let (status, _, text) = post_json(&ureq::Agent::new(), &format!("{base}/v1/reserve"), &body);
-    assert_eq!(status, 200, "{text}");
-    let decision: Value = serde_json::from_str(&text).unwrap();
-    decision["worker_id"].as_u64().unwrap()
-}
-
 #[test]
 fn a_soft_session_returns_under_the_threshold_and_moves_over_it() {
     let dir = tempfile::tempdir().unwrap();
     let router = router(dir.path(), "{mode: soft, soft_max_active_requests: 2}");
     let base = &router.address;
-    let first = reserve(base, "r1", Some("s"));
+    let first = reserve_in_session(base, "r1", Some("s"));
     let other = 3 - first;
     // The least busy worker would be the other one: the session keeps to its own.
-    assert_eq!(reserve(base, "r2", Some("s")), first, "under the threshold");
-    // Its worker has 2 active requests now: the session moves, and is bound there.
-    assert_eq!(reserve(base, "r3", Some("s")), other, "over the threshold");
     assert_eq!(
-        reserve(base, "r4", Some("s")),
+        reserve_in_session(base, "r2", Some("s")),
+        first,
+        "under the threshold"
+    );
+    // Its worker has 2 active requests now: the session moves, and is bound there.
+    assert_eq!(
+        reserve_in_session(base, "r3", Some("s")),
+        other,
+        "over the threshold"
+    );
+    assert_eq!(
+        reserve_in_session(base, "r4", Some("s")),
         other,
         "bound to where it went"
     );
@@ -54,7 +50,7 @@ fn a_soft_session_returns_under_the_threshold_and_moves_over_it() {
         assert!(answer.is_ok(), "{answer:?}");
     }
     assert_eq!(
-        reserve(base, "r5", Some("t")),
+        reserve_in_session(base, "r5", Some("t")),
         first,
         "a new session: least busy"
     );
@@ -65,10 +61,10 @@ fn a_hard_session_returns_whatever_the_load_and_a_final_request_unbinds_it() {
     let dir = tempfile::tempdir().unwrap();
     let router = router(dir.path(), "{mode: hard}");
     let base = &router.address;
-    let first = reserve(base, "r1", Some("s"));
+    let first = reserve_in_session(base, "r1", Some("s"));
     for turn in 2..6 {
         assert_eq!(
-            reserve(base, &format!("r{turn}"), Some("s")),
+            reserve_in_session(base, &format!("r{turn}"), Some("s")),
             first,
             "turn {turn}"
         );
@@ -79,7 +75,7 @@ fn a_hard_session_returns_whatever_the_load_and_a_final_request_unbinds_it() {
     let (status, _, text) = post_json(&ureq::Agent::new(), &format!("{base}/v1/reserve"), &body);
     assert_eq!(status, 200, "{text}");
     assert_eq!(
-        reserve(base, "after", Some("s")),
+        reserve_in_session(base, "after", Some("s")),
         3 - first,
         "the least busy now"
     );

@@ -532,3 +532,16 @@ pub fn metric(base: &str, name: &str) -> f64 {
 pub fn wait_for(what: &str, done: impl FnMut() -> bool) {
     eventually(what, std::time::Duration::from_secs(30), done);
 }
+
+/// `POST /v1/reserve` of request `id` (model `m`, two block hashes) in `session` (none: no
+/// session); the worker it was booked on.
+pub fn reserve_in_session(base: &str, id: &str, session: Option<&str>) -> u64 {
+    let mut body = serde_json::json!({"model": "m", "block_hashes": [7, 8], "request_id": id});
+    if let Some(session) = session {
+        body["session"] = serde_json::json!({"session_id": session});
+    }
+    let (status, _, text) = post_json(&ureq::Agent::new(), &format!("{base}/v1/reserve"), &body);
+    assert_eq!(status, 200, "{text}");
+    let decision: serde_json::Value = serde_json::from_str(&text).unwrap();
+    decision["worker_id"].as_u64().unwrap()
+}
