@@ -11,7 +11,7 @@
 //! it starts is killed when it ends. SWITCHYARD_BENCH_SECS sets each cell's duration (2).
 //! With `SWITCHYARD_PROFILE_SECS=N` it prints the lean picker's router PID and holds 8
 //! clients through it for N seconds instead, for `scripts/flamegraph`
-//! (`SWITCHYARD_PROFILE_PATH=module`: Envoy with the module, its PID;
+//! (`SWITCHYARD_PROFILE_PATH=module`: Envoy with the module, its PID; `round robin`;
 //! `SWITCHYARD_PROFILE_CLIENTS=N`: another concurrency).
 
 #[path = "common/load.rs"]
@@ -309,12 +309,25 @@ fn main() {
             .ok()
             .and_then(|c| c.parse().ok())
             .unwrap_or(8);
-        let Some((_, envoy, pid)) = paths.pickers.iter().find(|(n, ..)| *n == name) else {
+        let rr_pid = paths.round_robin.pid();
+        let found = if name == "round robin" {
+            Some((&paths.round_robin, &rr_pid))
+        } else {
+            let picked = paths.pickers.iter().find(|(n, ..)| *n == name);
+            picked.map(|(_, envoy, pid)| (envoy, pid))
+        };
+        let Some((envoy, pid)) = found else {
             panic!("SWITCHYARD_PROFILE_PATH={name}: no such path");
         };
         println!("pid {pid}: {name}, {clients} non-streamed clients for {seconds} s");
         let duration = Duration::from_secs(seconds);
-        runtime.block_on(load(&envoy.base, false, clients, duration));
+        let before = cpu_seconds(pid);
+        let cell = runtime.block_on(load(&envoy.base, false, clients, duration));
+        let per_request = (cpu_seconds(pid) - before) * 1e6 / cell.requests.max(1) as f64;
+        println!(
+            "{} requests ({} failed), {per_request:.0} us of pid {pid}'s CPU per request",
+            cell.requests, cell.failures
+        );
         return;
     }
     println!("\nReal Envoy 1.40: round robin vs. switchyard's endpoint picker (ext_proc; `lean`: the response path's body and trailers not sent, docs/envoy.md; the picker on 1 thread unless said) and switchyard as Envoy's dynamic module (`module`: its router CPU is Envoy's), 4 engine-sim engines, 2-token chat completions, {seconds} s per cell, {ROUNDS} interleaved rounds");
