@@ -240,6 +240,37 @@ fn module_envoy(dir: &std::path::Path, config: &std::path::Path, addresses: &[St
     )
 }
 
+/// A steady load for a profiler (scripts/flamegraph) to sample, nothing else: the lean
+/// picker, or the path `SWITCHYARD_PROFILE_PATH` names (`module`: Envoy's own PID; `round
+/// robin`), at `SWITCHYARD_PROFILE_CLIENTS` clients (8); then the requests served and the
+/// profiled process's CPU per request.
+fn profile(runtime: &tokio::runtime::Runtime, paths: &Paths, seconds: u64) {
+    let name = std::env::var("SWITCHYARD_PROFILE_PATH").unwrap_or("picker, lean".into());
+    let clients = std::env::var("SWITCHYARD_PROFILE_CLIENTS")
+        .ok()
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(8);
+    let rr_pid = paths.round_robin.pid();
+    let found = if name == "round robin" {
+        Some((&paths.round_robin, &rr_pid))
+    } else {
+        let picked = paths.pickers.iter().find(|(n, ..)| *n == name);
+        picked.map(|(_, envoy, pid)| (envoy, pid))
+    };
+    let Some((envoy, pid)) = found else {
+        panic!("SWITCHYARD_PROFILE_PATH={name}: no such path");
+    };
+    println!("pid {pid}: {name}, {clients} non-streamed clients for {seconds} s");
+    let duration = Duration::from_secs(seconds);
+    let before = cpu_seconds(pid);
+    let cell = runtime.block_on(load(&envoy.base, false, clients, duration));
+    let per_request = (cpu_seconds(pid) - before) * 1e6 / cell.requests.max(1) as f64;
+    println!(
+        "{} requests ({} failed), {per_request:.0} us of pid {pid}'s CPU per request",
+        cell.requests, cell.failures
+    );
+}
+
 fn main() {
     if std::env::args().any(|a| a == "--list") {
         println!("envoy: bench");
@@ -301,33 +332,7 @@ fn main() {
         }
     });
     if let Some(seconds) = profile_seconds() {
-        // A steady load for a profiler (scripts/flamegraph) to sample: nothing else.
-        // `SWITCHYARD_PROFILE_PATH` names another path (`module`: Envoy's own PID),
-        // `SWITCHYARD_PROFILE_CLIENTS` the concurrency.
-        let name = std::env::var("SWITCHYARD_PROFILE_PATH").unwrap_or("picker, lean".into());
-        let clients = std::env::var("SWITCHYARD_PROFILE_CLIENTS")
-            .ok()
-            .and_then(|c| c.parse().ok())
-            .unwrap_or(8);
-        let rr_pid = paths.round_robin.pid();
-        let found = if name == "round robin" {
-            Some((&paths.round_robin, &rr_pid))
-        } else {
-            let picked = paths.pickers.iter().find(|(n, ..)| *n == name);
-            picked.map(|(_, envoy, pid)| (envoy, pid))
-        };
-        let Some((envoy, pid)) = found else {
-            panic!("SWITCHYARD_PROFILE_PATH={name}: no such path");
-        };
-        println!("pid {pid}: {name}, {clients} non-streamed clients for {seconds} s");
-        let duration = Duration::from_secs(seconds);
-        let before = cpu_seconds(pid);
-        let cell = runtime.block_on(load(&envoy.base, false, clients, duration));
-        let per_request = (cpu_seconds(pid) - before) * 1e6 / cell.requests.max(1) as f64;
-        println!(
-            "{} requests ({} failed), {per_request:.0} us of pid {pid}'s CPU per request",
-            cell.requests, cell.failures
-        );
+        profile(&runtime, &paths, seconds);
         return;
     }
     println!("\nReal Envoy 1.40: round robin vs. switchyard's endpoint picker (ext_proc; `lean`: the response path's body and trailers not sent, docs/envoy.md; the picker on 1 thread unless said) and switchyard as Envoy's dynamic module (`module`: its router CPU is Envoy's), 4 engine-sim engines, 2-token chat completions, {seconds} s per cell, {ROUNDS} interleaved rounds");
