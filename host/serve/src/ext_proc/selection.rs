@@ -9,6 +9,8 @@
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 
+use rustc_hash::FxHashSet;
+
 use envoy_types::pb::envoy::config::core::v3::Metadata;
 use envoy_types::pb::google::protobuf::value::Kind;
 
@@ -23,10 +25,11 @@ pub const SERVED_REPORT: &str = "x-conformance-test-served-endpoint";
 /// The endpoints one request's header names.
 #[derive(Clone, Debug)]
 pub struct TestSelection {
-    /// Entries without a port: every endpoint at the address.
-    hosts: Vec<IpAddr>,
+    /// Entries without a port: every endpoint at the address. Sets: each candidate is
+    /// looked up once, so a long header costs time linear in its length.
+    hosts: FxHashSet<IpAddr>,
     /// Entries with a port: that endpoint only.
-    endpoints: Vec<SocketAddr>,
+    endpoints: FxHashSet<SocketAddr>,
     /// The header as sent, for the refusal that says nothing matched.
     raw: String,
 }
@@ -37,17 +40,17 @@ impl TestSelection {
     /// an address names no endpoint, as in GIE's filter.
     pub fn parse(value: &str) -> Option<TestSelection> {
         let mut selection = TestSelection {
-            hosts: Vec::new(),
-            endpoints: Vec::new(),
+            hosts: FxHashSet::default(),
+            endpoints: FxHashSet::default(),
             raw: value.trim().to_owned(),
         };
         let mut named = false;
         for entry in value.split(',').map(str::trim).filter(|e| !e.is_empty()) {
             named = true;
             if let Ok(endpoint) = entry.parse::<SocketAddr>() {
-                selection.endpoints.push(endpoint);
+                selection.endpoints.insert(endpoint);
             } else if let Ok(host) = entry.trim_matches(['[', ']']).parse::<IpAddr>() {
-                selection.hosts.push(host);
+                selection.hosts.insert(host);
             }
         }
         named.then_some(selection)
