@@ -8,7 +8,12 @@
 //! generator included, so the ratios mean more than the absolute figures.
 //!
 //! `make bench-envoy` (Envoy from `scripts/install-test-tools`). Loopback only; every process
-//! it starts is killed when it ends. SWITCHYARD_BENCH_SECS sets each cell's duration (2).
+//! it starts is killed when it ends. SWITCHYARD_BENCH_SECS sets each cell's duration (2),
+//! SWITCHYARD_BENCH_ROUNDS the interleaved rounds (3), and SWITCHYARD_BENCH_PATHS the
+//! paths beside round robin (`picker,lean,lean2,module`, all by default): on two noisy
+//! cores one path against round robin in longer cells and more rounds is the steadier
+//! ratio. The ratio column is over all rounds; `rounds` gives the lowest and highest
+//! ratio of a single round, the noise the figure carries.
 //! With `SWITCHYARD_PROFILE_SECS=N` it prints the lean picker's router PID and holds 8
 //! clients through it for N seconds instead, for `scripts/flamegraph`
 //! (`SWITCHYARD_PROFILE_PATH=module`: Envoy with the module, its PID; `round robin`;
@@ -89,12 +94,12 @@ fn print_row(
     concurrency: usize,
     cells: &mut [&mut Cell; 2],
     seconds: f64,
-    cpu: Cpu,
+    (cpu, rounds): (Cpu, (f64, f64)),
 ) {
     for cell in cells.iter_mut() {
         cell.latencies_us.sort_unstable();
     }
-    let rate = |c: &Cell| c.requests as f64 / (ROUNDS as f64 * seconds);
+    let rate = |c: &Cell| c.requests as f64 / seconds;
     let (rr, picked) = (&*cells[0], &*cells[1]);
     let (p50, p99) = (
         (
@@ -107,10 +112,12 @@ fn print_row(
         ),
     );
     println!(
-        "| {path} | {stream} | {concurrency} | {:.0} | {:.0} | {:.2} | {:.2} / {:.2} | {:+.2} | {:.2} / {:.2} | {:+.2} | {:.0} | {:.0} / {:.0} | {:.0} / {:.0} | {} / {} |",
+        "| {path} | {stream} | {concurrency} | {:.0} | {:.0} | {:.2} | {:.2}-{:.2} | {:.2} / {:.2} | {:+.2} | {:.2} / {:.2} | {:+.2} | {:.0} | {:.0} / {:.0} | {:.0} / {:.0} | {} / {} |",
         rate(rr),
         rate(picked),
         rate(picked) / rate(rr),
+        rounds.0,
+        rounds.1,
         p50.0,
         p50.1,
         p50.1 - p50.0,
@@ -138,8 +145,21 @@ struct Cpu {
     machine_picked: f64,
 }
 
-/// Interleaved rounds per cell.
-const ROUNDS: usize = 3;
+/// Interleaved rounds per cell (`SWITCHYARD_BENCH_ROUNDS`, 3).
+fn rounds() -> usize {
+    std::env::var("SWITCHYARD_BENCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .filter(|&r| r > 0)
+        .unwrap_or(3)
+}
+
+/// Whether `SWITCHYARD_BENCH_PATHS` (comma-separated keys; all when unset) asks for `key`.
+fn wanted(key: &str) -> bool {
+    std::env::var("SWITCHYARD_BENCH_PATHS")
+        .map(|paths| paths.split(',').any(|p| p.trim() == key))
+        .unwrap_or(true)
+}
 
 /// The ways a request can go: Envoy's round robin, then each picker (its name, its
 /// Envoy, its router's PID).
@@ -177,19 +197,24 @@ fn run_cells(
     let mut round_robin = Cell::default();
     let (mut round_robin_cpu, mut round_robin_machine) = (0.0, 0.0);
     let mut picked: Vec<(Cell, Cpu)> = paths.pickers.iter().map(|_| Default::default()).collect();
+    // Per picker, its lowest and highest ratio to the same round's round robin.
+    let mut spread = vec![(f64::INFINITY, 0.0f64); paths.pickers.len()];
+    let rounds = rounds();
     let rr_pid = paths.round_robin.pid();
     let add = |into: &mut Cell, cell: Cell| {
         into.requests += cell.requests;
         into.failures += cell.failures;
         into.latencies_us.extend(cell.latencies_us);
     };
-    for _round in 0..ROUNDS {
+    for _round in 0..rounds {
         let before = (cpu_seconds(&rr_pid), machine_cpu_seconds());
         let cell = runtime.block_on(load(&paths.round_robin.base, stream, concurrency, duration));
+        let rr_requests = cell.requests.max(1) as f64;
         round_robin_cpu += cpu_seconds(&rr_pid) - before.0;
         round_robin_machine += machine_cpu_seconds() - before.1;
         add(&mut round_robin, cell);
-        for ((_, envoy, pid), (into, cpu)) in paths.pickers.iter().zip(&mut picked) {
+        let each = paths.pickers.iter().zip(&mut picked).zip(&mut spread);
+        for (((_, envoy, pid), (into, cpu)), (low, high)) in each {
             // Each process's CPU during its own cells (it idles during the others').
             let envoy_pid = envoy.pid();
             let before = (
@@ -201,10 +226,13 @@ fn run_cells(
             cpu.router += cpu_seconds(pid) - before.0;
             cpu.envoy_picked += cpu_seconds(&envoy_pid) - before.1;
             cpu.machine_picked += machine_cpu_seconds() - before.2;
+            let ratio = cell.requests as f64 / rr_requests;
+            (*low, *high) = (low.min(ratio), high.max(ratio));
             add(into, cell);
         }
     }
-    for ((name, ..), (cell, cpu)) in paths.pickers.iter().zip(&mut picked) {
+    let rows = paths.pickers.iter().zip(&mut picked).zip(spread);
+    for (((name, ..), (cell, cpu)), spread) in rows {
         let mut rr = Cell {
             requests: round_robin.requests,
             failures: round_robin.failures,
@@ -215,12 +243,15 @@ fn run_cells(
             stream,
             concurrency,
             &mut [&mut rr, cell],
-            seconds,
-            Cpu {
-                envoy_round_robin: round_robin_cpu,
-                machine_round_robin: round_robin_machine,
-                ..*cpu
-            },
+            seconds * rounds as f64,
+            (
+                Cpu {
+                    envoy_round_robin: round_robin_cpu,
+                    machine_round_robin: round_robin_machine,
+                    ..*cpu
+                },
+                spread,
+            ),
         );
     }
 }
@@ -271,6 +302,47 @@ fn profile(runtime: &tokio::runtime::Runtime, paths: &Paths, seconds: u64) {
     );
 }
 
+/// An Envoy config through a picker: Envoy's port, then the picker's.
+type EnvoyConfig = fn(u16, u16) -> String;
+
+/// The paths `SWITCHYARD_BENCH_PATHS` asks for, each with its Envoy and the PID whose
+/// CPU is the router's; with the routers' processes (killed when dropped).
+fn start_pickers(
+    dir: &std::path::Path,
+    (config, two_threads): (&std::path::Path, &std::path::Path),
+    addresses: &[String],
+) -> (Vec<process::Process>, Vec<(&'static str, Envoy, String)>) {
+    let (mut routers, mut pickers) = (Vec::new(), Vec::new());
+    let ext_proc: [(&str, &'static str, &std::path::Path, EnvoyConfig); 3] = [
+        ("picker", "picker", config, envoy_config),
+        ("lean", "picker, lean", config, lean_envoy_config),
+        (
+            "lean2",
+            "picker, lean, 2 threads",
+            two_threads,
+            lean_envoy_config,
+        ),
+    ];
+    for (key, name, config, envoy) in ext_proc {
+        if wanted(key) {
+            let (router, through, pid) = picker(dir, config, envoy);
+            routers.push(router);
+            pickers.push((name, through, pid));
+        }
+    }
+    if wanted("module") {
+        let module = module_envoy(dir, config, addresses);
+        let pid = module.pid();
+        // The router runs inside Envoy: its CPU is Envoy's.
+        pickers.push(("module", module, pid));
+    }
+    assert!(
+        !pickers.is_empty(),
+        "SWITCHYARD_BENCH_PATHS names none of picker, lean, lean2, module"
+    );
+    (routers, pickers)
+}
+
 fn main() {
     if std::env::args().any(|a| a == "--list") {
         println!("envoy: bench");
@@ -298,11 +370,7 @@ fn main() {
         format!("models:\n  demo: {{kv_tracking: predicted}}\next_proc: {{listen: \"127.0.0.1:0\", threads: 2}}\nworkers:\n{workers}"),
     )
     .unwrap();
-    let (_full_router, full, full_pid) = picker(dir.path(), &config, envoy_config);
-    let (_lean_router, lean, lean_pid) = picker(dir.path(), &config, lean_envoy_config);
-    let (_lean2_router, lean2, lean2_pid) = picker(dir.path(), &two_threads, lean_envoy_config);
-    let module = module_envoy(dir.path(), &config, &addresses);
-    let module_pid = module.pid();
+    let (_routers, pickers) = start_pickers(dir.path(), (&config, &two_threads), &addresses);
     let rr_port = free_port();
     let paths = Paths {
         round_robin: Envoy::start_with(
@@ -310,13 +378,7 @@ fn main() {
             rr_port,
             &round_robin_config(rr_port, &addresses),
         ),
-        pickers: vec![
-            ("picker", full, full_pid),
-            ("picker, lean", lean, lean_pid),
-            ("picker, lean, 2 threads", lean2, lean2_pid),
-            // The router runs inside Envoy: its CPU is Envoy's.
-            ("module", module, module_pid),
-        ],
+        pickers,
     };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -335,9 +397,9 @@ fn main() {
         profile(&runtime, &paths, seconds);
         return;
     }
-    println!("\nReal Envoy 1.40: round robin vs. switchyard's endpoint picker (ext_proc; `lean`: the response path's body and trailers not sent, docs/envoy.md; the picker on 1 thread unless said) and switchyard as Envoy's dynamic module (`module`: its router CPU is Envoy's), 4 engine-sim engines, 2-token chat completions, {seconds} s per cell, {ROUNDS} interleaved rounds");
-    println!("| path | streamed | concurrency | round robin req/s | picker req/s | ratio | p50 rr / picker (ms) | added p50 (ms) | p99 rr / picker (ms) | added p99 (ms) | router CPU per request (us) | Envoy CPU per request rr / picker (us) | machine CPU per request rr / picker (us) | failures |");
-    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    println!("\nReal Envoy 1.40: round robin vs. switchyard's endpoint picker (ext_proc; `lean`: the response path's body and trailers not sent, docs/envoy.md; the picker on 1 thread unless said) and switchyard as Envoy's dynamic module (`module`: its router CPU is Envoy's), 4 engine-sim engines, 2-token chat completions, {seconds} s per cell, {} interleaved rounds", rounds());
+    println!("| path | streamed | concurrency | round robin req/s | picker req/s | ratio | rounds | p50 rr / picker (ms) | added p50 (ms) | p99 rr / picker (ms) | added p99 (ms) | router CPU per request (us) | Envoy CPU per request rr / picker (us) | machine CPU per request rr / picker (us) | failures |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for stream in [false, true] {
         for concurrency in [1usize, 8, 32] {
             run_cells(&runtime, &paths, stream, concurrency, seconds);

@@ -9,7 +9,7 @@
 //!
 //! Last, the compaction pass (what a filter that drops rows costs per column) timed with
 //! its output at each place modulo 4 KiB relative to its input, to check it for the 4K
-//! aliasing found in the request columns (`request_columns.rs`, `fill`).
+//! aliasing found in the request columns (`columns.rs`, `fill`).
 //!
 //! Run: `make bench` (builds the plugins, then `cargo bench -p switchyard --bench selection`).
 //! After criterion's timings it prints plugin / built-in ratios measured side by side:
@@ -27,7 +27,7 @@ use switchyard::fleet::router::{RouteRequest, Router};
 use switchyard::fleet::workers::WorkerSpec;
 use switchyard::plugin::PartitionKey;
 use switchyard::plugin::PromptBlocks;
-use switchyard::policy::compaction::KeepBits;
+use switchyard::policy::columns::KeepBits;
 use switchyard::policy::{CandidatesFrom, RowExtras, Selector};
 use switchyard::startup::{start, Startup};
 use switchyard_plugin_sdk::{WorkerId, WorkerType};

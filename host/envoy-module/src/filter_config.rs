@@ -125,7 +125,7 @@ async fn serve_api(
     listen: SocketAddr,
 ) -> std::io::Result<()> {
     let config = router.generation().config().http.clone();
-    let limits = switchyard_serve::request_body::BodyLimits {
+    let limits = switchyard_serve::guards::BodyLimits {
         max_bytes: config.max_body_bytes,
         read_timeout: Duration::from_secs(config.body_read_timeout_secs),
     };

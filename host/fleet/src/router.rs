@@ -40,7 +40,7 @@ mod owners;
 mod reload;
 mod replicas;
 mod session_pin;
-pub use admission::Refused;
+pub use admission::{is_saturated, Place, Refused, Waited};
 pub use health::HealthFailure;
 pub use owners::Admission;
 use owners::{Bookings, Generations, KvState, Membership};

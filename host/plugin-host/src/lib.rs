@@ -5,7 +5,6 @@
 //!   registrar, builder and params callbacks, component and policy handles, the one
 //!   call path of every component instance (`plugin::component_call`: built in, plugin in
 //!   this process, isolated plugin), and the layout of an isolated call in shared memory.
-//! - [`stage_component`]: a pipeline stage's component, any of the three, held by value.
 //! - [`isolation`]: plugins run in supervised child processes (`isolation: process`).
 //! - [`file_gate`]: the one way any file the config names is opened and read (regular,
 //!   bounded in size, read in bounded steps); the lowest crate, so every layer reaches it.
@@ -17,4 +16,3 @@
 pub mod file_gate;
 pub mod isolation;
 pub mod plugin;
-pub mod stage_component;

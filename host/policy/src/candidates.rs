@@ -11,8 +11,7 @@ use std::sync::Arc;
 
 use switchyard_plugin_sdk::{CandidateCache, CandidateLoad, WorkerId, WorkerInputs};
 
-use super::compaction::KeepBits;
-use super::request_columns::RequestColumns;
+use super::columns::{KeepBits, RequestColumns};
 use switchyard_plugin_host::plugin::{Columns, EngineReport, Labels};
 
 /// The request-independent columns of a set of workers, index-aligned.

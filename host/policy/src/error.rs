@@ -1,7 +1,10 @@
-//! Why a policy instance could not be built: typed from the plugin's refusal up to
-//! `Policy::new`, so callers (and tests) match on what happened, not on message text.
+//! Why a policy instance could not be built (typed from the plugin's refusal up to
+//! `Policy::new`) and why a selection failed, so callers (and tests) match on what
+//! happened, not on message text.
 
-use switchyard_plugin_sdk::{PolicyError, Status};
+use std::sync::Arc;
+
+use switchyard_plugin_sdk::{PolicyError, Status, WorkerId};
 
 use switchyard_plugin_host::plugin::CallError;
 
@@ -88,5 +91,54 @@ impl BuildError {
             | BuildError::Create { refusal, .. } => Some(refusal),
             _ => None,
         }
+    }
+}
+
+/// Why a selection failed. Every variant names the component at fault, if any.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum SelectError {
+    #[error("no eligible worker in the partition")]
+    NoCandidates,
+    #[error("filter `{component}` rejected every worker")]
+    AllFiltered { component: Arc<str> },
+    #[error("{kind} `{component}` failed ({}): {message}", status.name())]
+    ComponentFailed {
+        component: Arc<str>,
+        kind: &'static str,
+        status: Status,
+        message: String,
+    },
+    #[error("scorer `{component}` gave a non-finite {what} {value} for worker {} (dp_rank {}); scorers must return finite costs", worker.worker_id, worker.dp_rank)]
+    NonFiniteCost {
+        component: Arc<str>,
+        what: &'static str,
+        value: f64,
+        worker: WorkerId,
+    },
+    #[error("picker `{component}` returned row {row}, but there are {count} candidates")]
+    RowOutOfRange {
+        component: Arc<str>,
+        row: usize,
+        count: usize,
+    },
+}
+
+impl SelectError {
+    /// The component at fault, if a component is.
+    pub fn component(&self) -> Option<&str> {
+        match self {
+            SelectError::NoCandidates => None,
+            SelectError::AllFiltered { component }
+            | SelectError::ComponentFailed { component, .. }
+            | SelectError::NonFiniteCost { component, .. }
+            | SelectError::RowOutOfRange { component, .. } => Some(component),
+        }
+    }
+    /// True when the request simply had nowhere to go (not a plugin fault).
+    pub fn is_no_worker(&self) -> bool {
+        matches!(
+            self,
+            SelectError::NoCandidates | SelectError::AllFiltered { .. }
+        )
     }
 }

@@ -6,7 +6,7 @@ pub mod admitters;
 pub mod builtin;
 pub mod busy;
 pub mod candidates;
-pub mod compaction;
+pub mod columns;
 pub mod engine_signals;
 pub mod error;
 pub mod histogram;
@@ -14,15 +14,13 @@ pub mod instances;
 pub mod pipeline;
 pub mod rate_limits;
 pub mod registry;
-mod request_columns;
 pub mod startup;
 
 pub use admitters::{AdmitterUse, Admitters, Rejection};
 pub use candidates::{CandidateRow, Candidates, KeptColumns};
-pub use error::{BuildError, Refusal};
+pub use error::{BuildError, Refusal, SelectError};
 pub use instances::{CallBudget, ComponentUse, InstanceFactory, InstanceKind};
 pub use pipeline::{
-    CandidatesFrom, Policy, RawOutput, RowExtras, SelectError, SelectTrace, Selector, Stage,
-    StageStats,
+    CandidatesFrom, Policy, RawOutput, RowExtras, SelectTrace, Selector, Stage, StageStats,
 };
 pub use registry::{ComponentType, Origin, PolicyFactory, PolicyType, Registry};

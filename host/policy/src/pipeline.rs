@@ -11,14 +11,13 @@ use switchyard_plugin_sdk::{Admission, Saturation, Status, WorkerId, WorkerInput
 
 use super::candidates::{CandidateRow, Candidates, KeptColumns};
 use super::error::BuildError;
+use super::error::SelectError;
 use super::histogram::{LatencyHistogram, Stopwatch};
-use switchyard_plugin_host::isolation::share_channels;
-use switchyard_plugin_host::plugin::Component;
+use switchyard_plugin_host::isolation::{share_channels, RemoteInstance};
 use switchyard_plugin_host::plugin::{
-    AbiRequest, CallError, ComponentKind, EngineReport, ErrorBuffer, Labels, Lifecycle, Outcome,
-    PromptBlocks, RouteRequest,
+    AbiRequest, BuiltinInstance, CallError, Columns, Component, ComponentInstance, ComponentKind,
+    EngineReport, ErrorBuffer, Labels, Lifecycle, Outcome, PromptBlocks, RouteRequest,
 };
-use switchyard_plugin_host::stage_component::StageComponent;
 
 /// Per-stage counters. Only the thread running the stage writes them (its selector's
 /// lock orders the writers), so plain loads and stores suffice, no atomic
@@ -188,52 +187,105 @@ impl Stage {
     }
 }
 
-/// Why a selection failed. Every variant names the component at fault, if any.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum SelectError {
-    #[error("no eligible worker in the partition")]
-    NoCandidates,
-    #[error("filter `{component}` rejected every worker")]
-    AllFiltered { component: Arc<str> },
-    #[error("{kind} `{component}` failed ({}): {message}", status.name())]
-    ComponentFailed {
-        component: Arc<str>,
-        kind: &'static str,
-        status: Status,
-        message: String,
-    },
-    #[error("scorer `{component}` gave a non-finite {what} {value} for worker {} (dp_rank {}); scorers must return finite costs", worker.worker_id, worker.dp_rank)]
-    NonFiniteCost {
-        component: Arc<str>,
-        what: &'static str,
-        value: f64,
-        worker: WorkerId,
-    },
-    #[error("picker `{component}` returned row {row}, but there are {count} candidates")]
-    RowOutOfRange {
-        component: Arc<str>,
-        row: usize,
-        count: usize,
-    },
+/// A component as a stage holds it: one of the three implementations of [`Component`],
+/// by value, so the stage loop's calls dispatch statically (a built-in's call inlines
+/// into it) while the pipeline still sees only the trait.
+pub enum StageComponent {
+    Builtin(BuiltinInstance),
+    Plugin(ComponentInstance),
+    Isolated(RemoteInstance),
 }
 
-impl SelectError {
-    /// The component at fault, if a component is.
-    pub fn component(&self) -> Option<&str> {
+impl From<BuiltinInstance> for StageComponent {
+    fn from(c: BuiltinInstance) -> Self {
+        Self::Builtin(c)
+    }
+}
+
+impl From<ComponentInstance> for StageComponent {
+    fn from(c: ComponentInstance) -> Self {
+        Self::Plugin(c)
+    }
+}
+
+impl From<RemoteInstance> for StageComponent {
+    fn from(c: RemoteInstance) -> Self {
+        Self::Isolated(c)
+    }
+}
+
+impl StageComponent {
+    /// The isolated instance, if this one runs in another process.
+    pub fn isolated(&mut self) -> Option<&mut RemoteInstance> {
         match self {
-            SelectError::NoCandidates => None,
-            SelectError::AllFiltered { component }
-            | SelectError::ComponentFailed { component, .. }
-            | SelectError::NonFiniteCost { component, .. }
-            | SelectError::RowOutOfRange { component, .. } => Some(component),
+            Self::Isolated(c) => Some(c),
+            _ => None,
         }
     }
-    /// True when the request simply had nowhere to go (not a plugin fault).
-    pub fn is_no_worker(&self) -> bool {
-        matches!(
-            self,
-            SelectError::NoCandidates | SelectError::AllFiltered { .. }
-        )
+}
+
+macro_rules! each {
+    ($self:ident, $c:ident => $call:expr) => {
+        match $self {
+            StageComponent::Builtin($c) => $call,
+            StageComponent::Plugin($c) => $call,
+            StageComponent::Isolated($c) => $call,
+        }
+    };
+}
+
+impl Component for StageComponent {
+    fn kind(&self) -> ComponentKind {
+        each!(self, c => c.kind())
+    }
+    #[inline]
+    fn filter(
+        &mut self,
+        request: &AbiRequest<'_>,
+        columns: &Columns<'_>,
+        keep: &mut [u8],
+        error: &mut ErrorBuffer,
+    ) -> Result<(), CallError> {
+        each!(self, c => c.filter(request, columns, keep, error))
+    }
+    #[inline]
+    fn score(
+        &mut self,
+        request: &AbiRequest<'_>,
+        columns: &Columns<'_>,
+        costs: &mut [f64],
+        error: &mut ErrorBuffer,
+    ) -> Result<(), CallError> {
+        each!(self, c => c.score(request, columns, costs, error))
+    }
+    #[inline]
+    fn pick(
+        &mut self,
+        request: &AbiRequest<'_>,
+        columns: &Columns<'_>,
+        error: &mut ErrorBuffer,
+    ) -> Result<usize, CallError> {
+        each!(self, c => c.pick(request, columns, error))
+    }
+    fn admit(
+        &mut self,
+        request: &AbiRequest<'_>,
+        saturation: &Saturation,
+        error: &mut ErrorBuffer,
+    ) -> Result<Admission, CallError> {
+        each!(self, c => c.admit(request, saturation, error))
+    }
+    fn notified(&self) -> bool {
+        each!(self, c => c.notified())
+    }
+    fn notify(
+        &mut self,
+        event: Lifecycle,
+        request: Option<&AbiRequest<'_>>,
+        outcome: &Outcome,
+        error: &mut ErrorBuffer,
+    ) -> Result<(), CallError> {
+        each!(self, c => c.notify(event, request, outcome, error))
     }
 }
 

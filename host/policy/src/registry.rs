@@ -10,6 +10,7 @@ use switchyard_plugin_sdk::{Params, Partition, PolicyError, PolicyParts, WorkerI
 
 use super::error::{BuildError, Refusal};
 use super::pipeline::Stage;
+use crate::pipeline::StageComponent;
 use switchyard_config::IsolationSettings;
 use switchyard_plugin_host::isolation::{self, BuiltPart, IsolatedProcess};
 use switchyard_plugin_host::plugin::{
@@ -17,7 +18,6 @@ use switchyard_plugin_host::plugin::{
     PartitionKey, PluginImage, PluginSpec, PolicyDef, Status,
 };
 use switchyard_plugin_host::plugin::{Builtin, Component};
-use switchyard_plugin_host::stage_component::StageComponent;
 
 /// Every registered component type by name; shared with the plugin policies that compose
 /// them (`callback_add_registered`).

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use switchyard_config::auth::{Grant, InstanceChoice};
 
-/// The caller of one request (a request extension set by `auth::authorize`).
+/// The caller of one request (a request extension set by `guards::authorize`).
 #[derive(Clone, Debug)]
 pub struct Caller {
     /// The verified key's grant; None when no keys are configured (or the route is open).

@@ -51,8 +51,8 @@ impl Described {
     }
 
     /// Where the request waits while every worker of `partition` is busy.
-    pub fn place(&self, partition: PartitionKey) -> crate::admission::Place<'_> {
-        crate::admission::Place {
+    pub fn place(&self, partition: PartitionKey) -> switchyard_fleet::router::Place<'_> {
+        switchyard_fleet::router::Place {
             partition,
             priority: self.priority,
             tenant: self

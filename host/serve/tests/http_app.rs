@@ -15,8 +15,8 @@ use switchyard_config::ConfigSource;
 use switchyard_fleet::router::Router;
 use switchyard_policy::startup::start;
 use switchyard_serve::frontend::Frontend;
+use switchyard_serve::guards::BodyLimits;
 use switchyard_serve::http_service::app;
-use switchyard_serve::request_body::BodyLimits;
 use tower::ServiceExt;
 
 const CONFIG: &str = "workers:\n  - {model: demo, worker_id: 1}\n  - {model: demo, worker_id: 2}\n";

@@ -10,13 +10,13 @@ use switchyard_plugin_sdk::abi::*;
 use switchyard_plugin_sdk::{Admission, Placement, Saturation, Status, WorkerId, WorkerInputs};
 
 use super::abi_checks::{inputs_of_minor, read_def};
-use super::columns::Columns;
 use super::error_buffer::{CallError, ErrorBuffer};
+use super::inputs::AbiRequest;
+use super::inputs::Columns;
 use super::load_error::LoadError;
 use super::logger::PluginLogger;
 use super::params::OwnedParams;
 use super::partition::PartitionKey;
-use super::request::AbiRequest;
 use crate::plugin::Component;
 
 /// What a component does in the pipeline.

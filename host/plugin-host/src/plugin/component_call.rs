@@ -9,8 +9,8 @@
 //!   memory (`isolation/remote.rs`).
 //!
 //! The pipeline calls a stage only through this trait; it holds each stage's component
-//! as a `stage_component::StageComponent`, the three by value, so the calls dispatch
-//! statically.
+//! as a `pipeline::StageComponent` (policy crate), the three by value, so the calls
+//! dispatch statically.
 
 use std::ptr;
 
@@ -19,7 +19,7 @@ use switchyard_plugin_sdk::{
     WorkerPicker, WorkerScorer,
 };
 
-use crate::plugin::columns::{with_context, with_views};
+use crate::plugin::inputs::{with_context, with_views};
 use crate::plugin::{
     AbiRequest, CallError, Columns, ComponentKind, ErrorBuffer, Lifecycle, Outcome,
 };

@@ -7,11 +7,13 @@
 //!   symbol; [`load_error`] has one variant per check.
 //! - [`manifest`]: the static manifest, read from the file without loading it.
 //! - [`registrar`]: the host side of `on_register`.
+//! - [`component_call`]: the one way any component instance is called (built in, plugin
+//!   in this process, isolated plugin).
 //! - [`component`]: component defs and the live instance handle the pipeline calls.
 //! - [`policy_def`]: policy defs, their validated factories and the builder.
-//! - [`params`], [`partition`], [`request`], [`columns`], [`labels`], [`engine`]: what
-//!   crosses on each
-//!   call, in host form, and the ABI views made from it.
+//! - [`params`], [`partition`], [`inputs`] (the request and the candidate columns),
+//!   [`labels`], [`engine`]: what crosses on each call, in host form, and the ABI views
+//!   made from it.
 //! - [`shared_call`]: one call of an isolated plugin, laid out in shared memory.
 //! - [`logger`]: plugin logging (ABI 1.5), rate-limited per factory or instance.
 //! - [`error_buffer`]: the buffer plugins write messages into, `CallError`, and the panic
@@ -24,13 +26,13 @@
 
 pub mod abi_checks;
 mod call_window;
-pub mod columns;
 pub mod component;
 pub mod component_call;
 pub mod elf_check;
 pub mod engine;
 pub mod error_buffer;
 pub mod image;
+pub mod inputs;
 pub mod labels;
 pub mod library;
 pub mod load_error;
@@ -40,11 +42,9 @@ pub mod params;
 pub mod partition;
 pub mod policy_def;
 pub mod registrar;
-pub mod request;
 pub mod shared_call;
 
 pub use abi_checks::{PluginInfo, RevisionRule, HOST_ABI_MINOR};
-pub use columns::Columns;
 pub use component::{
     AdmissionFields, ComponentDef, ComponentInstance, ComponentKind, Lifecycle, Outcome,
 };
@@ -52,6 +52,10 @@ pub use component_call::{Builtin, BuiltinInstance, Component};
 pub use engine::{EngineReading, EngineReport, EngineSample};
 pub use error_buffer::{CallError, ErrorBuffer};
 pub use image::PluginImage;
+pub use inputs::Columns;
+pub use inputs::{
+    AbiRequest, InputTriggerName, PromptBlocks, RequestAttributes, RouteRequest, SessionInfo,
+};
 pub use labels::Labels;
 pub use library::{load, LoadedLibrary, LoadedPlugin, PluginSpec};
 pub use load_error::LoadError;
@@ -61,7 +65,4 @@ pub use params::OwnedParams;
 pub use partition::PartitionKey;
 pub use policy_def::{Built, BuiltComponent, PluginPolicyFactory, PolicyDef};
 pub use registrar::Registered;
-pub use request::{
-    AbiRequest, InputTriggerName, PromptBlocks, RequestAttributes, RouteRequest, SessionInfo,
-};
 pub use switchyard_plugin_sdk::Status;

@@ -55,8 +55,8 @@ use tonic::{Status, Streaming};
 
 use super::frontend::prompt::Endpoint;
 use super::frontend::{Frontend, Lease, OpenAiError, INSTANCE_HEADER};
-use crate::auth;
 use crate::caller::Caller;
+use crate::guards;
 use crate::listener::Listener;
 use crate::request_attributes;
 use switchyard_config::auth::Audience;
@@ -221,7 +221,7 @@ impl ExternalProcessor for Service {
             .and_then(|v| v.split_once(' '))
             .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
             .map(|(_, token)| token.trim());
-        let grant = auth::check(&keyring, Audience::Client, token).map_err(|denied| {
+        let grant = guards::check(&keyring, Audience::Client, token).map_err(|denied| {
             let message = format!("{denied}; Envoy sends it with grpc_service.initial_metadata");
             match denied.status() {
                 axum::http::StatusCode::FORBIDDEN => Status::permission_denied(message),
@@ -733,33 +733,33 @@ async fn pick(
     let router = picker.frontend.router().clone();
     let waited = match place {
         // Not busy: the first try's answer is the answer.
-        None => first.map_err(crate::admission::Waited::Failed),
+        None => first.map_err(switchyard_fleet::router::Waited::Failed),
         Some(place) => {
-            crate::admission::queued(
-                &router,
-                crate::admission::Place {
-                    partition: place.partition,
-                    priority: place.priority,
-                    tenant: place.tenant.as_deref(),
-                    max_wait: place.max_wait,
-                },
-                first,
-                |e| matches!(e, Attempt::Busy(_)),
-                attempt,
-            )
-            .await
+            router
+                .queued(
+                    switchyard_fleet::router::Place {
+                        partition: place.partition,
+                        priority: place.priority,
+                        tenant: place.tenant.as_deref(),
+                        max_wait: place.max_wait,
+                    },
+                    first,
+                    |e| matches!(e, Attempt::Busy(_)),
+                    attempt,
+                )
+                .await
         }
     };
     match waited {
         Ok(booked) => Ok(booked),
-        Err(crate::admission::Waited::Failed(Attempt::Failed(error))) => Err(error),
-        Err(crate::admission::Waited::Failed(Attempt::Busy(_))) => Err(OpenAiError::new(
+        Err(switchyard_fleet::router::Waited::Failed(Attempt::Failed(error))) => Err(error),
+        Err(switchyard_fleet::router::Waited::Failed(Attempt::Busy(_))) => Err(OpenAiError::new(
             axum::http::StatusCode::SERVICE_UNAVAILABLE,
             "server_error",
             "every worker is busy (admission.busy)",
         )
         .with_code("overloaded")),
-        Err(crate::admission::Waited::Refused(refusal)) => {
+        Err(switchyard_fleet::router::Waited::Refused(refusal)) => {
             Err(crate::frontend::refusal_error(&refusal))
         }
     }

@@ -119,21 +119,22 @@ impl Frontend {
     ) -> Result<Side, OpenAiError> {
         let first = self.try_side(pair, role, paired).await;
         let partition = PartitionKey::new(pair.request.prompt.model.clone(), role);
-        let waited = crate::admission::queued(
-            &self.router,
-            pair.request.described.place(partition),
-            first,
-            |e: &SideError| matches!(e, SideError::Route(RouteError::Saturated(_))),
-            || self.try_side(pair, role, paired),
-        )
-        .await;
+        let waited = self
+            .router
+            .queued(
+                pair.request.described.place(partition),
+                first,
+                |e: &SideError| matches!(e, SideError::Route(RouteError::Saturated(_))),
+                || self.try_side(pair, role, paired),
+            )
+            .await;
         waited.map_err(|waited| match waited {
-            crate::admission::Waited::Refused(refusal) => {
+            switchyard_fleet::router::Waited::Refused(refusal) => {
                 self.router.metrics.record_shed();
                 super::refusal_error(&refusal)
             }
-            crate::admission::Waited::Failed(SideError::Route(e)) => e.into(),
-            crate::admission::Waited::Failed(SideError::Other(e)) => e,
+            switchyard_fleet::router::Waited::Failed(SideError::Route(e)) => e.into(),
+            switchyard_fleet::router::Waited::Failed(SideError::Other(e)) => e,
         })
     }
 

@@ -351,21 +351,17 @@ impl Frontend {
                 })
             }
         };
-        let waited = crate::admission::queued(
-            &self.router,
-            place,
-            first,
-            crate::admission::is_saturated,
-            retry,
-        )
-        .await;
+        let waited = self
+            .router
+            .queued(place, first, switchyard_fleet::router::is_saturated, retry)
+            .await;
         match waited {
             Ok(selected) => Ok(selected),
-            Err(crate::admission::Waited::Refused(refusal)) => {
+            Err(switchyard_fleet::router::Waited::Refused(refusal)) => {
                 self.router.metrics.record_shed();
                 Err(refusal_response(&refusal))
             }
-            Err(crate::admission::Waited::Failed(error)) => {
+            Err(switchyard_fleet::router::Waited::Failed(error)) => {
                 Err(OpenAiError::from(error).into_response())
             }
         }

@@ -25,10 +25,10 @@ use crate::caller::Caller;
 use crate::errors::refusal;
 use crate::ext_proc::{self, EndpointPicker};
 use crate::frontend::{self, Frontend};
+use crate::guards::BodyLimits;
 use crate::listener::{ConnectionTable, Limits, Listener};
 use crate::off_executor;
 use crate::request_attributes;
-use crate::request_body::BodyLimits;
 use switchyard_config::ExtProcSettings;
 use switchyard_engines::tls::ListenerTls;
 use switchyard_engines::tls::ServerTls;
@@ -183,7 +183,7 @@ async fn decide_waiting(
     if !wait {
         return Ok(Json(first?).into_response());
     }
-    let place = crate::admission::Place {
+    let place = switchyard_fleet::router::Place {
         partition: PartitionKey::new(request.model.clone(), request.worker_type),
         priority: request.strict_priority,
         tenant: placement.tenant.as_deref().or(request
@@ -192,18 +192,18 @@ async fn decide_waiting(
             .and_then(|a| a.tenant.as_deref())),
         max_wait: placement.max_wait_ms.map(std::time::Duration::from_millis),
     };
-    match crate::admission::queued(
-        &router,
-        place,
-        first,
-        crate::admission::is_saturated,
-        attempt,
-    )
-    .await
+    match router
+        .queued(
+            place,
+            first,
+            switchyard_fleet::router::is_saturated,
+            attempt,
+        )
+        .await
     {
         Ok(decision) => Ok(Json(decision).into_response()),
-        Err(crate::admission::Waited::Failed(error)) => Err(error.into()),
-        Err(crate::admission::Waited::Refused(refusal)) => {
+        Err(switchyard_fleet::router::Waited::Failed(error)) => Err(error.into()),
+        Err(switchyard_fleet::router::Waited::Refused(refusal)) => {
             let status = match refusal {
                 switchyard_fleet::admission::QueueRefusal::Full { .. }
                 | switchyard_fleet::admission::QueueRefusal::Evicted => {
@@ -586,12 +586,12 @@ pub fn app(router: Arc<Router>, frontend: Arc<Frontend>, body: BodyLimits) -> Ht
         .layer(axum::middleware::from_fn(crate::errors::json_error_bodies))
         .layer(axum::middleware::from_fn_with_state(
             body,
-            crate::request_body::buffered,
+            crate::guards::buffered,
         ))
         // The credentials check runs first: no body of an unauthenticated client is read.
         .layer(axum::middleware::from_fn_with_state(
             router,
-            crate::auth::authorize,
+            crate::guards::authorize,
         ))
         // `buffered` enforces `http.max_body_bytes`; axum's own 2 MB default would cut it.
         .layer(DefaultBodyLimit::disable())

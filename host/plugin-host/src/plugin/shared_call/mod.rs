@@ -18,14 +18,14 @@ use std::sync::Arc;
 use switchyard_plugin_sdk::abi::*;
 use switchyard_plugin_sdk::{Admission, Saturation, Status, WorkerInputs};
 
-use super::columns::Columns;
 use super::component::{
     AdmissionFields, ComponentInstance, ComponentKind, Lifecycle, Outcome, MAX_TENANT_BYTES,
 };
 use super::engine::{EngineReading, EngineReport, EngineSample};
 use super::error_buffer::{CallError, ErrorBuffer};
+use super::inputs::Columns;
+use super::inputs::{AbiRequest, RequestAttributes};
 use super::labels::Labels;
-use super::request::{AbiRequest, RequestAttributes};
 
 mod child;
 mod log_area;
