@@ -31,6 +31,9 @@ pub struct Workers {
     by_id: HashMap<WorkerId, WorkerSpec>,
     /// Each worker's labels as components read them (LABELS), made once per add.
     labels: HashMap<WorkerId, Arc<Labels>>,
+    /// Each worker's `ip:port` as a gateway sends to it, parsed once per add (a picker
+    /// reads them on every request).
+    endpoints: Vec<(WorkerId, std::net::SocketAddr)>,
     /// Each worker's engine report (ENGINE), written by the metrics scraper (workers with
     /// a `url`) or a simulation.
     engine: HashMap<WorkerId, Arc<EngineReport>>,
@@ -56,6 +59,9 @@ impl Workers {
         members.push(id);
         self.changed.push((spec.partition(), true));
         self.labels.insert(id, Labels::new(&spec.labels));
+        if let Some(endpoint) = spec.endpoint() {
+            self.endpoints.push((id, endpoint));
+        }
         // Every worker has a cell of its own: the scraper fills those with a `url`, and a
         // simulation (replay) any.
         self.engine.insert(id, EngineReport::new());
@@ -66,6 +72,7 @@ impl Workers {
     pub fn remove(&mut self, id: WorkerId) -> Result<WorkerSpec, WorkerError> {
         let spec = self.by_id.remove(&id).ok_or(WorkerError::Unknown(id))?;
         self.labels.remove(&id);
+        self.endpoints.retain(|(w, _)| *w != id);
         self.engine.remove(&id);
         if let Some(members) = self.partitions.get_mut(&spec.partition()) {
             members.retain(|w| *w != id);
@@ -168,6 +175,11 @@ impl Workers {
 
     pub fn all(&self) -> impl Iterator<Item = &WorkerSpec> {
         self.by_id.values()
+    }
+
+    /// The workers with an `ip:port` endpoint, and it, in the order they were added.
+    pub fn endpoints(&self) -> &[(WorkerId, std::net::SocketAddr)] {
+        &self.endpoints
     }
 
     pub fn len(&self) -> usize {

@@ -70,13 +70,7 @@ impl Router {
     /// Every worker a gateway can send to (it has an `address`, or a `url` with an IP
     /// host), with that endpoint.
     pub fn endpoints(&self) -> Vec<(WorkerId, std::net::SocketAddr)> {
-        self.membership
-            .state
-            .read()
-            .workers
-            .all()
-            .filter_map(|spec| Some((spec.id(), spec.endpoint()?)))
-            .collect()
+        self.membership.state.read().workers.endpoints().to_vec()
     }
 
     /// Removes a worker, its cached blocks and its bookings.

@@ -6,7 +6,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Instant;
+use switchyard_policy::histogram::Stopwatch;
 
 use switchyard_fleet::router::Router;
 use switchyard_plugin_sdk::WorkerId;
@@ -133,7 +133,7 @@ pub fn decide_now(picker: &EndpointPicker, caller: &Caller, asked: &Asked, body:
     {
         return Now::Later;
     }
-    let started = Instant::now();
+    let started = Stopwatch::start();
     let mut busy = None;
     match decide(picker, caller, asked.0.clone(), body, &mut busy) {
         Err(_) if busy.is_some() => Now::Later,
@@ -149,7 +149,7 @@ pub async fn pick(
     asked: Asked,
     body: Arc<Vec<u8>>,
 ) -> Result<Pick, OpenAiError> {
-    let started = Instant::now();
+    let started = Stopwatch::start();
     let decided = super::pick(picker.clone(), caller, asked.0, body).await;
     recorded(&picker, started, decided)
 }
@@ -158,7 +158,7 @@ pub async fn pick(
 /// `..._refusals_total`, `..._decision_seconds`).
 fn recorded(
     picker: &EndpointPicker,
-    started: Instant,
+    started: Stopwatch,
     decided: Result<Booked, OpenAiError>,
 ) -> Result<Pick, OpenAiError> {
     let metrics = &picker.router().metrics;

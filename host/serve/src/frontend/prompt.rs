@@ -10,6 +10,7 @@
 //! needs; block counts are approximate, and hashes do not match an engine's own (so this
 //! mode pairs with `kv_tracking: predicted`, not with engine KV events).
 
+use serde_json::value::RawValue;
 use serde_json::Value;
 
 use super::tokenizer::ModelTokenizer;
@@ -64,6 +65,65 @@ pub struct Prompt {
     pub user: Option<String>,
 }
 
+/// A field's value (`null` is a value; a missing field is `None`).
+fn value(field: Given<'_>) -> Option<Value> {
+    // The text is one JSON value that `Fields::read` checked: it parses again.
+    field.0.and_then(|raw| serde_json::from_str(raw.get()).ok())
+}
+
+/// The fields of a request body that routing reads, each still its JSON text: the body's
+/// other fields are skipped without being built into a map (the frontend and the
+/// picker parse every request's body, and most of a body is what the engine reads).
+#[derive(serde::Deserialize)]
+struct Fields<'a> {
+    #[serde(default, borrow)]
+    model: Given<'a>,
+    #[serde(default, borrow)]
+    stream: Given<'a>,
+    #[serde(default, borrow)]
+    messages: Given<'a>,
+    #[serde(default, borrow)]
+    prompt: Given<'a>,
+    #[serde(default, borrow)]
+    max_completion_tokens: Given<'a>,
+    #[serde(default, borrow)]
+    max_tokens: Given<'a>,
+    #[serde(default, borrow)]
+    user: Given<'a>,
+}
+
+/// A field's JSON text when the body has the field, `null` included (an `Option` would
+/// read `null` as absent).
+#[derive(Clone, Copy, Default)]
+struct Given<'a>(Option<&'a RawValue>);
+
+impl<'de: 'a, 'a> serde::Deserialize<'de> for Given<'a> {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        <&'a RawValue>::deserialize(deserializer).map(|raw| Given(Some(raw)))
+    }
+}
+
+impl<'a> Fields<'a> {
+    /// The fields of `body`, which must be one JSON object (a field given twice is
+    /// refused, where a map would keep either).
+    fn read(body: &'a [u8]) -> Result<Self, InvalidRequest> {
+        let not_json = |e: serde_json::Error| InvalidRequest {
+            param: None,
+            message: format!("the body is not valid JSON: {e}"),
+        };
+        // A struct also reads from a JSON list (its fields in order): only an object is a
+        // request body. Anything else is either not JSON or not an object.
+        if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+            serde_json::from_slice::<serde::de::IgnoredAny>(body).map_err(not_json)?;
+            return Err(InvalidRequest {
+                param: None,
+                message: "the body must be a JSON object".into(),
+            });
+        }
+        serde_json::from_slice(body).map_err(not_json)
+    }
+}
+
 /// Parses an OpenAI request body for `endpoint`; `block_size` is the router's;
 /// `tokenizer_of` gives a model's tokenizer, if it has one.
 pub fn parse<'t>(
@@ -72,57 +132,52 @@ pub fn parse<'t>(
     block_size: u32,
     tokenizer_of: impl FnOnce(&str) -> Option<&'t ModelTokenizer>,
 ) -> Result<Prompt, InvalidRequest> {
-    let value: Value = serde_json::from_slice(body).map_err(|e| InvalidRequest {
-        param: None,
-        message: format!("the body is not valid JSON: {e}"),
-    })?;
-    let object = value.as_object().ok_or_else(|| InvalidRequest {
-        param: None,
-        message: "the body must be a JSON object".into(),
-    })?;
-    let model = match object.get("model") {
-        Some(Value::String(model)) if !model.is_empty() => model.clone(),
+    let fields = Fields::read(body)?;
+    let model = match value(fields.model) {
+        Some(Value::String(model)) if !model.is_empty() => model,
         Some(_) => return Err(invalid("model", "`model` must be a non-empty string")),
         None => return Err(invalid("model", "`model` is required")),
     };
-    let stream = match object.get("stream") {
+    let stream = match value(fields.stream) {
         None | Some(Value::Null) => false,
-        Some(Value::Bool(stream)) => *stream,
+        Some(Value::Bool(stream)) => stream,
         Some(_) => return Err(invalid("stream", "`stream` must be a boolean")),
     };
     let tokenizer = tokenizer_of(&model);
     let mut tokens = Vec::new();
     match endpoint {
         Endpoint::ChatCompletions => {
-            chat_tokens(object.get("messages"), &mut tokens)?;
-            if let Some(tokenizer) = tokenizer {
+            let messages = value(fields.messages);
+            chat_tokens(messages.as_ref(), &mut tokens)?;
+            if let (Some(tokenizer), Some(messages)) = (tokenizer, &messages) {
                 tokens = tokenizer
-                    .chat_tokens(&object["messages"])
+                    .chat_tokens(messages)
                     .map_err(|e| invalid("messages", format!("model `{model}`: {e}")))?;
             }
         }
-        Endpoint::Completions => match (tokenizer, object.get("prompt")) {
+        Endpoint::Completions => match (tokenizer, value(fields.prompt)) {
             (Some(tokenizer), Some(Value::String(text))) => {
                 tokens = tokenizer
-                    .prompt_tokens(text)
+                    .prompt_tokens(&text)
                     .map_err(|e| invalid("prompt", format!("model `{model}`: {e}")))?;
             }
-            (_, prompt) => completion_tokens(prompt, &mut tokens)?,
+            (_, prompt) => completion_tokens(prompt.as_ref(), &mut tokens)?,
         },
     }
-    let expected_output_tokens = match object
-        .get("max_completion_tokens")
-        .or_else(|| object.get("max_tokens"))
-    {
+    let expected_output_tokens = match value(if fields.max_completion_tokens.0.is_some() {
+        fields.max_completion_tokens
+    } else {
+        fields.max_tokens
+    }) {
         None | Some(Value::Null) => None,
         Some(v) => Some(
             v.as_u64()
                 .ok_or_else(|| invalid("max_tokens", "`max_tokens` must be a whole number >= 0"))?,
         ),
     };
-    let user = match object.get("user") {
+    let user = match value(fields.user) {
         None | Some(Value::Null) => None,
-        Some(Value::String(user)) => Some(user.clone()),
+        Some(Value::String(user)) => Some(user),
         Some(_) => return Err(invalid("user", "`user` must be a string")),
     };
     let mut block_hashes = Vec::new();
@@ -259,6 +314,41 @@ mod tests {
         assert_eq!(long.expected_output_tokens, Some(7));
         // "system\n" + 200 + "\n": 208 bytes, 52 pseudo-tokens, 13 blocks of 4.
         assert_eq!(short.request_blocks, 13);
+    }
+
+    /// The body's fields are read without a map of the body: a list is still no body (a
+    /// struct would read one positionally), `null` is still a value, a field given twice
+    /// is refused, and the fields routing does not read are skipped, however nested.
+    #[test]
+    fn the_body_is_one_object_read_field_by_field() {
+        let message = |body: &str| chat(body).unwrap_err().message;
+        assert_eq!(
+            message(r#"["m", [{"role": "user"}]]"#),
+            "the body must be a JSON object"
+        );
+        assert_eq!(message(r#""m""#), "the body must be a JSON object");
+        assert_eq!(
+            message(r#"{"model": null, "messages": [{"role": "user"}]}"#),
+            "`model` must be a non-empty string"
+        );
+        assert_eq!(
+            message(r#"{"model": "m", "messages": null}"#),
+            "`messages` must be a list of messages"
+        );
+        assert!(
+            message(r#"{"model": "a", "model": "b", "messages": [{"role": "user"}]}"#)
+                .contains("duplicate field `model`"),
+            "a field given twice is refused"
+        );
+        let skipped = chat(
+            r#" {"tools": [{"a": {"b": [1, 2, {"c": null}]}}], "model": "m", "n": 1,
+                "messages": [{"role": "user", "content": "hi"}], "max_tokens": null} "#,
+        )
+        .unwrap();
+        assert_eq!(skipped.model, "m");
+        assert_eq!(skipped.expected_output_tokens, None);
+        let plain = chat(r#"{"model": "m", "messages": [{"role": "user", "content": "hi"}]}"#);
+        assert_eq!(skipped.block_hashes, plain.unwrap().block_hashes);
     }
 
     #[test]
