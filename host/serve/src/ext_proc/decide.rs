@@ -271,6 +271,17 @@ fn parsed_and_admitted(
     Ok((prompt, described, request_id))
 }
 
+/// A request parsed, allowed for its caller, described and admitted: made once, however
+/// many tries its selection takes (a queued request tries again as capacity frees).
+pub(super) struct Prepared {
+    prompt: prompt::Prompt,
+    described: crate::request_attributes::Described,
+    request_id: String,
+    instance: Option<String>,
+    subset: Option<Vec<String>>,
+    selection: Option<TestSelection>,
+}
+
 /// Parses the body and selects and books a worker among the eligible endpoints
 /// (blocking: tokenizers and plugin code run here).
 pub(super) fn decide(
@@ -280,6 +291,17 @@ pub(super) fn decide(
     body: &[u8],
     busy: &mut Option<BusyPlace>,
 ) -> Result<Booked, OpenAiError> {
+    book(picker, &prepare(picker, caller, wanted, body)?, busy)
+}
+
+/// The request of `body` as `wanted` asks for it, prepared for its tries (blocking:
+/// tokenizers and admitters run here).
+pub(super) fn prepare(
+    picker: &EndpointPicker,
+    caller: &Caller,
+    wanted: Wanted,
+    body: &[u8],
+) -> Result<Prepared, OpenAiError> {
     let Wanted {
         endpoint,
         instance,
@@ -296,10 +318,35 @@ pub(super) fn decide(
         &admitted,
         body,
     )?;
+    Ok(Prepared {
+        prompt,
+        described,
+        request_id,
+        instance,
+        subset,
+        selection,
+    })
+}
+
+/// One try: selects and books a worker for `prepared` among the endpoints eligible now
+/// (blocking: plugin code runs here).
+pub(super) fn book(
+    picker: &EndpointPicker,
+    prepared: &Prepared,
+    busy: &mut Option<BusyPlace>,
+) -> Result<Booked, OpenAiError> {
+    let Prepared {
+        prompt,
+        described,
+        request_id,
+        instance,
+        subset,
+        selection,
+    } = prepared;
     let frontend = &picker.frontend;
     let router = frontend.router();
     let eligible = eligible_within_limits(picker, subset.as_deref(), selection.as_ref())?;
-    let mut request = frontend.route_request(&prompt, &described, instance);
+    let mut request = frontend.route_request(prompt, described, instance.clone());
     request.request_id = Some(request_id.clone());
     request.only = Some(Arc::new(eligible.iter().map(|(id, _)| *id).collect()));
     // A disaggregated model: the destination is a decode worker, and its prefill worker
@@ -309,15 +356,15 @@ pub(super) fn decide(
         Some(book_prefill(
             router,
             &mut request,
-            &described,
+            described,
             &eligible,
             busy,
         )?)
     } else {
         None
     };
-    let decision = booked_or_busy(router, &request, &described, busy)?;
-    let lease = Lease::new(router.clone(), request_id);
+    let decision = booked_or_busy(router, &request, described, busy)?;
+    let lease = Lease::new(router.clone(), request_id.clone());
     let worker = WorkerId {
         worker_id: decision.worker_id,
         dp_rank: decision.dp_rank,
@@ -340,7 +387,7 @@ pub(super) fn decide(
         worker,
         endpoint,
         fallbacks,
-        model: prompt.model,
+        model: prompt.model.clone(),
         prefilled: false,
         prefill,
     })

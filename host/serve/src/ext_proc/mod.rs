@@ -30,7 +30,7 @@ pub mod embedded;
 pub mod messages;
 mod selection;
 
-use decide::{decide, eligible, no_endpoint, selected, Attempt, Wanted};
+use decide::{eligible, no_endpoint, selected, Attempt, BusyPlace, Wanted};
 use selection::TestSelection;
 
 use std::collections::{HashMap, VecDeque};
@@ -684,48 +684,40 @@ impl Booked {
 
 /// Parsing (tokenizing) and selecting (plugin code) run off the executor
 /// (`off_executor`); a request that finds every worker busy waits its turn
-/// (`admission:`) while Envoy holds the stream open.
+/// (`admission:`) while Envoy holds the stream open. It is parsed, described and
+/// admitted once, at its first try; each later try selects again.
 async fn pick(
     picker: Arc<EndpointPicker>,
     caller: Caller,
     wanted: Wanted,
     request_body: Arc<Vec<u8>>,
 ) -> Result<Booked, OpenAiError> {
-    // Parsing (tokenizing) and selecting (plugin code) run off the executor
-    // (`off_executor`); a request that finds every worker busy waits its turn
-    // (`admission:`) while Envoy holds the stream open.
-    let attempt = || {
-        let (picker, caller, wanted, body) = (
-            picker.clone(),
-            caller.clone(),
-            wanted.clone(),
-            request_body.clone(),
-        );
-        async move {
-            let inline = picker
-                .frontend
-                .inline_ok(body.len(), wanted.instance.as_deref());
-            crate::off_executor::run(inline, move || {
-                let mut busy = None;
-                match decide(&picker, &caller, wanted, &body, &mut busy) {
-                    Ok(booked) => Ok(booked),
-                    Err(error) => Err(match busy {
-                        Some(place) => Attempt::Busy(place),
-                        None => Attempt::Failed(error),
-                    }),
-                }
-            })
-            .await
-            .unwrap_or_else(|e| {
-                Err(Attempt::Failed(OpenAiError::new(
-                    axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-                    "server_error",
-                    format!("the pick did not finish: {e}"),
-                )))
-            })
+    let inline = picker
+        .frontend
+        .inline_ok(request_body.len(), wanted.instance.as_deref());
+    let first = off_executor(inline, {
+        let picker = picker.clone();
+        move || {
+            let prepared = decide::prepare(&picker, &caller, wanted, &request_body);
+            let prepared = Arc::new(prepared.map_err(Attempt::Failed)?);
+            let mut busy = None;
+            let booked = decide::book(&picker, &prepared, &mut busy);
+            Ok((prepared, attempted(booked, busy)))
         }
+    })
+    .await;
+    let (prepared, first) = match first {
+        Ok((prepared, first)) => (prepared, first),
+        Err(attempt) => return Err(failed(attempt)),
     };
-    let first = attempt().await;
+    let attempt = || {
+        let (picker, prepared) = (picker.clone(), prepared.clone());
+        off_executor(inline, move || {
+            let mut busy = None;
+            let booked = decide::book(&picker, &prepared, &mut busy);
+            attempted(booked, busy)
+        })
+    };
     let place = match &first {
         Err(Attempt::Busy(place)) => Some(place.clone()),
         _ => None,
@@ -752,15 +744,50 @@ async fn pick(
     };
     match waited {
         Ok(booked) => Ok(booked),
-        Err(switchyard_fleet::router::Waited::Failed(Attempt::Failed(error))) => Err(error),
-        Err(switchyard_fleet::router::Waited::Failed(Attempt::Busy(_))) => Err(OpenAiError::new(
-            axum::http::StatusCode::SERVICE_UNAVAILABLE,
-            "server_error",
-            "every worker is busy (admission.busy)",
-        )
-        .with_code("overloaded")),
+        Err(switchyard_fleet::router::Waited::Failed(attempt)) => Err(failed(attempt)),
         Err(switchyard_fleet::router::Waited::Refused(refusal)) => {
             Err(crate::frontend::refusal_error(&refusal))
         }
     }
+}
+
+/// What the client of a request whose try failed is told.
+fn failed(attempt: Attempt) -> OpenAiError {
+    match attempt {
+        Attempt::Failed(error) => error,
+        Attempt::Busy(_) => OpenAiError::new(
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "server_error",
+            "every worker is busy (admission.busy)",
+        )
+        .with_code("overloaded"),
+    }
+}
+
+/// A try's answer as the queue reads it: busy (it waits its turn) or failed.
+fn attempted(
+    booked: Result<Booked, OpenAiError>,
+    busy: Option<BusyPlace>,
+) -> Result<Booked, Attempt> {
+    booked.map_err(|error| match busy {
+        Some(place) => Attempt::Busy(place),
+        None => Attempt::Failed(error),
+    })
+}
+
+/// `work` off the executor (`off_executor`), or inline when it runs no plugin code; work
+/// that did not finish is a failed try.
+async fn off_executor<T: Send + 'static>(
+    inline: bool,
+    work: impl FnOnce() -> Result<T, Attempt> + Send + 'static,
+) -> Result<T, Attempt> {
+    crate::off_executor::run(inline, work)
+        .await
+        .unwrap_or_else(|e| {
+            Err(Attempt::Failed(OpenAiError::new(
+                axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                "server_error",
+                format!("the pick did not finish: {e}"),
+            )))
+        })
 }
