@@ -96,6 +96,12 @@ impl EnvoyModuleSettings {
         for worker in config.workers.iter().filter(|w| w.kv_events.is_some()) {
             reads.push(format!("worker {}'s kv_events", worker.worker_id));
         }
+        // Pods found on Kubernetes publish KV events too when discovery says where.
+        if let Some(discovery) = &config.discovery {
+            if discovery.kubernetes.kv_events.is_some() {
+                reads.push("discovery.kubernetes.kv_events".to_owned());
+            }
+        }
         if reads.is_empty() {
             return Ok(());
         }
@@ -160,5 +166,16 @@ mod tests {
         );
         let reads_body = settings(r#"{"config": "s.yaml"}"#).unwrap();
         assert!(reads_body.check_config(&predicted).is_ok());
+        let discovered = |kv_events: &str| {
+            source(&format!(
+                "models:\n  demo: {{kv_tracking: off}}\ndiscovery:\n  kubernetes: {{pool: sims, model: demo{kv_events}}}\n"
+            ))
+        };
+        assert!(headers_only.check_config(&discovered("")).is_ok());
+        let error = headers_only
+            .check_config(&discovered(", kv_events: {port: 5557}"))
+            .unwrap_err()
+            .to_string();
+        assert!(error.contains("discovery.kubernetes.kv_events"), "{error}");
     }
 }
