@@ -65,10 +65,15 @@ pub struct Prompt {
     pub user: Option<String>,
 }
 
-/// A field's value (`null` is a value; a missing field is `None`).
-fn value(field: Given<'_>) -> Option<Value> {
-    // The text is one JSON value that `Fields::read` checked: it parses again.
-    field.0.and_then(|raw| serde_json::from_str(raw.get()).ok())
+/// A field's value (`null` is a value; a missing field is `None`); a value nested past
+/// serde_json's recursion limit is refused, naming the field.
+fn value(field: Given<'_>, param: &'static str) -> Result<Option<Value>, InvalidRequest> {
+    let Some(raw) = field.0 else {
+        return Ok(None);
+    };
+    serde_json::from_str(raw.get())
+        .map(Some)
+        .map_err(|e| invalid(param, format!("`{param}` cannot be read: {e}")))
 }
 
 /// The fields of a request body that routing reads, each still its JSON text: the body's
@@ -133,12 +138,12 @@ pub fn parse<'t>(
     tokenizer_of: impl FnOnce(&str) -> Option<&'t ModelTokenizer>,
 ) -> Result<Prompt, InvalidRequest> {
     let fields = Fields::read(body)?;
-    let model = match value(fields.model) {
+    let model = match value(fields.model, "model")? {
         Some(Value::String(model)) if !model.is_empty() => model,
         Some(_) => return Err(invalid("model", "`model` must be a non-empty string")),
         None => return Err(invalid("model", "`model` is required")),
     };
-    let stream = match value(fields.stream) {
+    let stream = match value(fields.stream, "stream")? {
         None | Some(Value::Null) => false,
         Some(Value::Bool(stream)) => stream,
         Some(_) => return Err(invalid("stream", "`stream` must be a boolean")),
@@ -147,7 +152,7 @@ pub fn parse<'t>(
     let mut tokens = Vec::new();
     match endpoint {
         Endpoint::ChatCompletions => {
-            let messages = value(fields.messages);
+            let messages = value(fields.messages, "messages")?;
             chat_tokens(messages.as_ref(), &mut tokens)?;
             if let (Some(tokenizer), Some(messages)) = (tokenizer, &messages) {
                 tokens = tokenizer
@@ -155,7 +160,7 @@ pub fn parse<'t>(
                     .map_err(|e| invalid("messages", format!("model `{model}`: {e}")))?;
             }
         }
-        Endpoint::Completions => match (tokenizer, value(fields.prompt)) {
+        Endpoint::Completions => match (tokenizer, value(fields.prompt, "prompt")?) {
             (Some(tokenizer), Some(Value::String(text))) => {
                 tokens = tokenizer
                     .prompt_tokens(&text)
@@ -164,18 +169,18 @@ pub fn parse<'t>(
             (_, prompt) => completion_tokens(prompt.as_ref(), &mut tokens)?,
         },
     }
-    let expected_output_tokens = match value(if fields.max_completion_tokens.0.is_some() {
-        fields.max_completion_tokens
-    } else {
-        fields.max_tokens
-    }) {
+    let max_tokens = match fields.max_completion_tokens.0 {
+        Some(_) => value(fields.max_completion_tokens, "max_completion_tokens")?,
+        None => value(fields.max_tokens, "max_tokens")?,
+    };
+    let expected_output_tokens = match max_tokens {
         None | Some(Value::Null) => None,
         Some(v) => Some(
             v.as_u64()
                 .ok_or_else(|| invalid("max_tokens", "`max_tokens` must be a whole number >= 0"))?,
         ),
     };
-    let user = match value(fields.user) {
+    let user = match value(fields.user, "user")? {
         None | Some(Value::Null) => None,
         Some(Value::String(user)) => Some(user),
         Some(_) => return Err(invalid("user", "`user` must be a string")),
@@ -349,6 +354,37 @@ mod tests {
         assert_eq!(skipped.expected_output_tokens, None);
         let plain = chat(r#"{"model": "m", "messages": [{"role": "user", "content": "hi"}]}"#);
         assert_eq!(skipped.block_hashes, plain.unwrap().block_hashes);
+    }
+
+    /// Hostile nesting: in a field routing reads, refused at serde_json's recursion limit
+    /// and named; in a field it skips, skipped in time linear in its length (serde_json
+    /// skips without recursing; the engine judges it); never a deep stack.
+    #[test]
+    fn deep_nesting_is_refused_where_it_is_read() {
+        let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
+        let read = [
+            (
+                "model",
+                format!(r#"{{"model": {deep}, "messages": [{{"role": "user"}}]}}"#),
+            ),
+            (
+                "messages",
+                format!(r#"{{"model": "m", "messages": [{{"role": "user", "content": {deep}}}]}}"#),
+            ),
+        ];
+        for (param, body) in read {
+            let error = chat(&body).unwrap_err();
+            assert_eq!(error.param, Some(param));
+            assert!(
+                error.message.contains("recursion limit"),
+                "{}",
+                error.message
+            );
+        }
+        let error = chat(&deep).unwrap_err();
+        assert_eq!(error.message, "the body must be a JSON object");
+        let skipped = format!(r#"{{"x": {deep}, "model": "m", "messages": [{{"role": "user"}}]}}"#);
+        assert_eq!(chat(&skipped).unwrap().model, "m");
     }
 
     #[test]
