@@ -13,7 +13,8 @@
 //! paths beside round robin (`picker,lean,lean2,module`, all by default): on two noisy
 //! cores one path against round robin in longer cells and more rounds is the steadier
 //! ratio. The ratio column is over all rounds; `rounds` gives the lowest and highest
-//! ratio of a single round, the noise the figure carries.
+//! ratio of a single round, the noise the figure carries. Every Envoy runs one worker
+//! thread unless `SWITCHYARD_ENVOY_WORKERS` says otherwise.
 //! With `SWITCHYARD_PROFILE_SECS=N` it prints the lean picker's router PID and holds 8
 //! clients through it for N seconds instead, for `scripts/flamegraph`
 //! (`SWITCHYARD_PROFILE_PATH=module`: Envoy with the module, its PID; `round robin`;

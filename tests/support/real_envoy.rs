@@ -153,6 +153,9 @@ impl Envoy {
     ) -> Envoy {
         let config = dir.join(format!("envoy-{port}.yaml"));
         std::fs::write(&config, config_text).unwrap();
+        // One worker thread unless SWITCHYARD_ENVOY_WORKERS says otherwise (the Envoy
+        // bench measures Envoy's default too: one worker per core).
+        let workers = std::env::var("SWITCHYARD_ENVOY_WORKERS").unwrap_or_else(|_| "1".into());
         let mut child = Command::new(envoy_bin())
             .envs(env.iter().copied())
             .arg("-c")
@@ -162,7 +165,7 @@ impl Envoy {
                 "-l",
                 "warning",
                 "--concurrency",
-                "1",
+                &workers,
             ])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
