@@ -7,7 +7,8 @@
 //!
 //! Covered: chat and completions, streamed and not; clients hanging up mid-stream; prefix
 //! affinity; a refusal as Envoy's local reply; the same decisions as the ext_proc picker
-//! on the same request sequence; an isolated plugin aborting under load; subset hints; an
+//! on the same request sequence; an isolated plugin aborting under load; the body limit
+//! (413); subset hints; an
 //! engine Envoy cannot reach; Envoy's retries moving the booking to the engine that
 //! served; no booking left after any of it. Operations (plugins of each language, reload,
 //! replicas, headers-only) are in tests/envoy_module_ops.rs.
@@ -289,6 +290,29 @@ fn an_isolated_plugin_that_aborts_under_load_leaves_envoy_serving() {
 /// A subset hint from the gateway: a `set_metadata` filter ahead of the module writes
 /// `envoy.lb.subset_hint` (as tests/envoy.rs does ahead of ext_proc), every pick stays
 /// inside it, and a hint naming no worker is answered 503.
+/// The module's body limit (`ext_proc.max_body_bytes`): a body under it is routed; one
+/// over it is the module's 413, naming the setting, whether it arrives in one piece or
+/// in many; nothing stays booked.
+#[test]
+fn a_body_over_the_modules_limit_is_answered_413() {
+    let dir = tempfile::tempdir().unwrap();
+    let engines = engine_sims(2, &[]);
+    let engine_refs: Vec<&Process> = engines.iter().collect();
+    let limit = "ext_proc: {listen: \"127.0.0.1:0\", max_body_bytes: 4096}\n";
+    let config = switchyard_config(dir.path(), &engine_refs, limit);
+    let module = start_module(dir.path(), &config, &engine_refs);
+    let agent = agent();
+    let url = format!("{}/v1/chat/completions", module.envoy.base);
+    let (status, _, body) = post_json(&agent, &url, &chat(&"x".repeat(3_000), false));
+    assert_eq!(status, 200, "{body}");
+    for size in [5_000, 300_000] {
+        let (status, _, body) = post_json(&agent, &url, &chat(&"x".repeat(size), false));
+        assert_eq!(status, 413, "{size} bytes: {body}");
+        assert!(body.contains("ext_proc.max_body_bytes"), "{body}");
+    }
+    wait_for_no_bookings(&module.api, Duration::from_secs(10));
+}
+
 #[test]
 fn subset_hints_set_in_envoy_bound_the_modules_picks() {
     let dir = tempfile::tempdir().unwrap();

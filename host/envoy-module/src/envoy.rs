@@ -125,10 +125,9 @@ impl Stream {
         }
     }
 
-    /// Sends the request to `endpoint` among the routed cluster's hosts (strict: a host
+    /// Sends the request to `host` (`ip:port`) among the routed cluster's hosts (strict: a host
     /// the cluster lacks is Envoy's 503, never another engine). False if Envoy refused.
-    pub fn override_host(&self, endpoint: SocketAddr) -> bool {
-        let host = endpoint.to_string();
+    pub fn override_host(&self, host: &str) -> bool {
         // SAFETY: a hook's filter pointer; Envoy copies the host.
         unsafe {
             abi::envoy_dynamic_module_callback_http_set_upstream_override_host(

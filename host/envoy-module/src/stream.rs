@@ -88,8 +88,9 @@ impl Filter {
         // No body (GET /v1/models and the like): any eligible endpoint, nothing booked.
         match embedded::any_endpoint(&self.config.picker, subset.as_deref()) {
             Some(endpoint) => {
-                stream.override_host(endpoint);
-                stream.set_request_header(DESTINATION_HEADER, &endpoint.to_string());
+                let endpoint = endpoint.to_string();
+                stream.override_host(&endpoint);
+                stream.set_request_header(DESTINATION_HEADER, &endpoint);
                 abi::HEADERS_CONTINUE
             }
             None => self.refuse(
@@ -132,19 +133,29 @@ impl Filter {
             return abi::BODY_CONTINUE; // decided (or refused) already
         };
         let limit = self.config.picker.max_body_bytes();
-        if stream.request_body_size() > limit {
+        let too_large = || {
             let error = OpenAiError::new(
                 axum::http::StatusCode::PAYLOAD_TOO_LARGE,
                 "invalid_request_error",
                 format!("the request body is over the switchyard module's limit of {limit} bytes (ext_proc.max_body_bytes)"),
             );
-            return self.refuse(stream, error, abi::BODY_STOP_NO_BUFFER);
-        }
+            (error, abi::BODY_STOP_NO_BUFFER)
+        };
         if !end_of_stream {
+            if stream.request_body_size() > limit {
+                let (error, status) = too_large();
+                return self.refuse(stream, error, status);
+            }
             self.asked = Some(asked);
             return abi::BODY_STOP_AND_BUFFER;
         }
-        self.decide(stream, asked, stream.request_body())
+        // The whole body is here (one chunk, usually): its length is what is read.
+        let body = stream.request_body();
+        if body.len() > limit {
+            let (error, status) = too_large();
+            return self.refuse(stream, error, status);
+        }
+        self.decide(stream, asked, body)
     }
 
     /// A request with trailers: its body ended before them, and the pick is made now.
@@ -227,10 +238,16 @@ impl Filter {
     /// override-host load balancer, down the policy's list), and `response_headers`
     /// moves the booking there.
     fn route(&mut self, stream: Stream, pick: Pick) {
-        if !stream.override_host(pick.endpoint()) {
-            tracing::warn!(endpoint = %pick.endpoint(), "switchyard (Envoy module): Envoy refused the override host");
+        // The destination starts with the endpoint: one string for both.
+        let destination = pick.destination();
+        let endpoint = destination.split(',').next().unwrap_or(&destination);
+        if !stream.override_host(endpoint) {
+            tracing::warn!(
+                endpoint,
+                "switchyard (Envoy module): Envoy refused the override host"
+            );
         }
-        stream.set_request_header(DESTINATION_HEADER, &pick.destination());
+        stream.set_request_header(DESTINATION_HEADER, &destination);
         if let Some(prefiller) = pick.prefiller() {
             stream.set_request_header(PREFILLER_HEADER, &prefiller.to_string());
         }

@@ -117,6 +117,11 @@ impl Router {
         models.into_iter().collect()
     }
 
+    /// How many workers the router has (healthy or not).
+    pub fn worker_count(&self) -> usize {
+        self.membership.state.read().workers.len()
+    }
+
     pub fn workers(&self) -> Vec<WorkerSpec> {
         self.membership
             .state

@@ -348,7 +348,11 @@ pub(super) fn book(
     let eligible = eligible_within_limits(picker, subset.as_deref(), selection.as_ref())?;
     let mut request = frontend.route_request(prompt, described, instance.clone());
     request.request_id = Some(request_id.clone());
-    request.only = Some(Arc::new(eligible.iter().map(|(id, _)| *id).collect()));
+    // With every worker eligible (no hint, selection, limit or missing address left one
+    // out) there is nothing to narrow, and no set to build per request.
+    if eligible.len() < router.worker_count() {
+        request.only = Some(Arc::new(eligible.iter().map(|(id, _)| *id).collect()));
+    }
     // A disaggregated model: the destination is a decode worker, and its prefill worker
     // is selected (and booked) in its own partition.
     let disaggregated = frontend.disaggregation(&prompt.model) != Disaggregation::Off;
