@@ -253,12 +253,22 @@ fn engine_reported_load_routes_around_traffic_that_bypasses_the_router() {
         || pick("engine") == 2,
     );
     assert_eq!(pick("booked"), 1, "bookings alone see nothing on engine-a");
-    let workers: Value = agent
-        .get(&format!("{}/v1/workers", router.address))
-        .call()
-        .unwrap()
-        .into_json()
-        .unwrap();
+    let workers = || -> Value {
+        agent
+            .get(&format!("{}/v1/workers", router.address))
+            .call()
+            .unwrap()
+            .into_json()
+            .unwrap()
+    };
+    // The engine admits arrivals at its next step: a scrape in between counts some of
+    // the six as waiting, so the sample is waited for, not assumed.
+    eventually(
+        "engine-a's sample shows the six running",
+        Duration::from_secs(10),
+        || workers()[0]["engine"]["running_requests"] == 6.0,
+    );
+    let workers = workers();
     let engine = &workers[0]["engine"];
     assert_eq!(engine["state"], "fresh", "{workers}");
     assert_eq!(engine["running_requests"], 6.0, "{workers}");
