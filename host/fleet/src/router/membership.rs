@@ -70,7 +70,14 @@ impl Router {
     /// Every worker a gateway can send to (it has an `address`, or a `url` with an IP
     /// host), with that endpoint.
     pub fn endpoints(&self) -> Vec<(WorkerId, std::net::SocketAddr)> {
-        self.membership.state.read().workers.endpoints().to_vec()
+        self.endpoints_and_workers().0
+    }
+
+    /// `endpoints`, and how many workers there are (with an endpoint or not), read at
+    /// once: a picker learns whether every worker is among them.
+    pub fn endpoints_and_workers(&self) -> (Vec<(WorkerId, std::net::SocketAddr)>, usize) {
+        let state = self.membership.state.read();
+        (state.workers.endpoints().to_vec(), state.workers.len())
     }
 
     /// Removes a worker, its cached blocks and its bookings.
@@ -115,11 +122,6 @@ impl Router {
         let models: std::collections::BTreeSet<_> =
             state.workers.all().map(|w| w.model.clone()).collect();
         models.into_iter().collect()
-    }
-
-    /// How many workers the router has (healthy or not).
-    pub fn worker_count(&self) -> usize {
-        self.membership.state.read().workers.len()
     }
 
     pub fn workers(&self) -> Vec<WorkerSpec> {

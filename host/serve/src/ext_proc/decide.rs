@@ -23,13 +23,22 @@ use crate::request_attributes;
 
 /// The workers a gateway can send to, within `subset` (`ip:port` strings) when given.
 pub(super) fn eligible(router: &Router, subset: Option<&[String]>) -> Vec<(WorkerId, SocketAddr)> {
-    let subset: Option<FxHashSet<SocketAddr>> =
-        subset.map(|s| s.iter().filter_map(|e| e.parse().ok()).collect());
-    router
-        .endpoints()
-        .into_iter()
-        .filter(|(_, endpoint)| subset.as_ref().is_none_or(|s| s.contains(endpoint)))
-        .collect()
+    eligible_of_all(router, subset).0
+}
+
+/// `eligible`, and whether it is every worker of the router (none without an endpoint,
+/// none outside the subset).
+fn eligible_of_all(
+    router: &Router,
+    subset: Option<&[String]>,
+) -> (Vec<(WorkerId, SocketAddr)>, bool) {
+    let (mut endpoints, workers) = router.endpoints_and_workers();
+    if let Some(subset) = subset {
+        let subset: FxHashSet<SocketAddr> = subset.iter().filter_map(|e| e.parse().ok()).collect();
+        endpoints.retain(|(_, endpoint)| subset.contains(endpoint));
+    }
+    let all = endpoints.len() == workers;
+    (endpoints, all)
 }
 
 /// `eligible` kept to the endpoints of the request's `test-epp-endpoint-selection`
@@ -164,14 +173,16 @@ fn endpoint_of(
 }
 
 /// The endpoints the request may go to: within the gateway's subset hint, then the
-/// request's test selection, and under `ext_proc.max_requests_per_worker`.
+/// request's test selection, and under `ext_proc.max_requests_per_worker`; and whether
+/// that is every worker of the router (nothing to narrow the selection to).
 fn eligible_within_limits(
     picker: &EndpointPicker,
     subset: Option<&[String]>,
     selection: Option<&TestSelection>,
-) -> Result<Vec<(WorkerId, SocketAddr)>, OpenAiError> {
+) -> Result<(Vec<(WorkerId, SocketAddr)>, bool), OpenAiError> {
     let router = picker.frontend.router();
-    let eligible = eligible(router, subset);
+    let (eligible, all) = eligible_of_all(router, subset);
+    let offered = eligible.len();
     if subset.is_some() && eligible.is_empty() {
         return Err(no_endpoint(
             "none of the endpoints in the gateway's subset hint is a switchyard worker",
@@ -194,7 +205,8 @@ fn eligible_within_limits(
             ));
         }
     }
-    Ok(eligible)
+    let all = all && eligible.len() == offered;
+    Ok((eligible, all))
 }
 
 /// Selects and books the prefill worker of a disaggregated request in its own partition;
@@ -345,12 +357,12 @@ pub(super) fn book(
     } = prepared;
     let frontend = &picker.frontend;
     let router = frontend.router();
-    let eligible = eligible_within_limits(picker, subset.as_deref(), selection.as_ref())?;
+    let (eligible, all) = eligible_within_limits(picker, subset.as_deref(), selection.as_ref())?;
     let mut request = frontend.route_request(prompt, described, instance.clone());
     request.request_id = Some(request_id.clone());
     // With every worker eligible (no hint, selection, limit or missing address left one
     // out) there is nothing to narrow, and no set to build per request.
-    if eligible.len() < router.worker_count() {
+    if !all {
         request.only = Some(Arc::new(eligible.iter().map(|(id, _)| *id).collect()));
     }
     // A disaggregated model: the destination is a decode worker, and its prefill worker
