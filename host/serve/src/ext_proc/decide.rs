@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use rustc_hash::FxHashSet;
 use switchyard_config::Disaggregation;
-use switchyard_fleet::router::{RouteError, Router};
+use switchyard_fleet::router::{RouteError, RouteRequest, Router};
 use switchyard_plugin_host::plugin::PartitionKey;
 use switchyard_plugin_sdk::WorkerId;
 use switchyard_plugin_sdk::WorkerType;
@@ -97,7 +97,7 @@ pub(super) struct Wanted {
 /// says where it waits (that partition: a disaggregated side waits in its own).
 fn booked_or_busy(
     router: &Router,
-    request: &switchyard_fleet::router::RouteRequest,
+    request: &RouteRequest,
     described: &request_attributes::Described,
     busy: &mut Option<BusyPlace>,
 ) -> Result<switchyard_fleet::router::RouteDecision, OpenAiError> {
@@ -122,7 +122,7 @@ fn booked_or_busy(
 /// nothing). Fewer when the eligible workers run out or the policy finds none.
 fn fallbacks(
     router: &Router,
-    request: &switchyard_fleet::router::RouteRequest,
+    request: &RouteRequest,
     eligible: &[(WorkerId, SocketAddr)],
     picked: WorkerId,
     count: u8,
@@ -213,7 +213,7 @@ fn eligible_within_limits(
 /// `request` becomes the decode half, paired with it.
 fn book_prefill(
     router: &Arc<Router>,
-    request: &mut switchyard_fleet::router::RouteRequest,
+    request: &mut RouteRequest,
     described: &crate::request_attributes::Described,
     eligible: &[(WorkerId, SocketAddr)],
     busy: &mut Option<BusyPlace>,
@@ -236,7 +236,8 @@ fn book_prefill(
 }
 
 /// The request parsed, allowed for the caller, described (`request_attributes:`) and
-/// admitted (once per request, not per try of a queued one); its request id.
+/// admitted (once per request, not per try of a queued one); what the router is asked
+/// for it, under its request id, shared by its admission and every try.
 fn parsed_and_admitted(
     picker: &EndpointPicker,
     caller: &Caller,
@@ -244,7 +245,7 @@ fn parsed_and_admitted(
     kept: Vec<(String, String)>,
     admitted: &std::sync::OnceLock<switchyard_plugin_sdk::Placement>,
     body: &[u8],
-) -> Result<(prompt::Prompt, crate::request_attributes::Described, String), OpenAiError> {
+) -> Result<(prompt::Prompt, crate::request_attributes::Described, RouteRequest), OpenAiError> {
     let frontend = &picker.frontend;
     let router = frontend.router();
     let mut prompt = prompt::parse(endpoint, body, router.block_size(), |model| {
@@ -268,11 +269,13 @@ fn parsed_and_admitted(
     )?;
     // From here on the prompt's model is the partition's (an adapter's base).
     prompt.model.clone_from(&described.partition_model);
+    let mut request = frontend.route_request(&prompt, &described, instance.map(str::to_owned));
+    request.request_id = Some(request_id);
     let placement = match admitted.get() {
         Some(placement) => placement.clone(),
         None => {
             let placement = router.admit(
-                &frontend.route_request(&prompt, &described, None),
+                &request,
                 prompt.block_hashes.len() as u64,
                 prompt.tokens.len() as u64,
             )?;
@@ -280,7 +283,8 @@ fn parsed_and_admitted(
         }
     };
     described.admitted(placement);
-    Ok((prompt, described, request_id))
+    request.strict_priority = described.priority;
+    Ok((prompt, described, request))
 }
 
 /// A request parsed, allowed for its caller, described and admitted: made once, however
@@ -288,8 +292,7 @@ fn parsed_and_admitted(
 pub(super) struct Prepared {
     prompt: prompt::Prompt,
     described: crate::request_attributes::Described,
-    request_id: String,
-    instance: Option<String>,
+    request: RouteRequest,
     subset: Option<Vec<String>>,
     selection: Option<TestSelection>,
 }
@@ -322,7 +325,7 @@ pub(super) fn prepare(
         kept,
         admitted,
     } = wanted;
-    let (prompt, described, request_id) = parsed_and_admitted(
+    let (prompt, described, request) = parsed_and_admitted(
         picker,
         caller,
         (endpoint, instance.as_deref()),
@@ -333,8 +336,7 @@ pub(super) fn prepare(
     Ok(Prepared {
         prompt,
         described,
-        request_id,
-        instance,
+        request,
         subset,
         selection,
     })
@@ -350,28 +352,28 @@ pub(super) fn book(
     let Prepared {
         prompt,
         described,
-        request_id,
-        instance,
+        request,
         subset,
         selection,
     } = prepared;
     let frontend = &picker.frontend;
     let router = frontend.router();
     let (eligible, all) = eligible_within_limits(picker, subset.as_deref(), selection.as_ref())?;
-    let mut request = frontend.route_request(prompt, described, instance.clone());
-    request.request_id = Some(request_id.clone());
-    // With every worker eligible (no hint, selection, limit or missing address left one
-    // out) there is nothing to narrow, and no set to build per request.
-    if !all {
-        request.only = Some(Arc::new(eligible.iter().map(|(id, _)| *id).collect()));
-    }
     // A disaggregated model: the destination is a decode worker, and its prefill worker
     // is selected (and booked) in its own partition.
     let disaggregated = frontend.disaggregation(&prompt.model) != Disaggregation::Off;
+    // The prepared request as it is, unless this try narrows it (to the endpoints
+    // eligible now) or pairs it: with every worker eligible (no hint, selection, limit
+    // or missing address left one out) there is nothing to copy or build per try.
+    let request_id = request.request_id.clone().unwrap_or_default();
+    let mut request = std::borrow::Cow::Borrowed(request);
+    if !all {
+        request.to_mut().only = Some(Arc::new(eligible.iter().map(|(id, _)| *id).collect()));
+    }
     let prefill = if disaggregated {
         Some(book_prefill(
             router,
-            &mut request,
+            request.to_mut(),
             described,
             &eligible,
             busy,
@@ -380,7 +382,7 @@ pub(super) fn book(
         None
     };
     let decision = booked_or_busy(router, &request, described, busy)?;
-    let lease = Lease::new(router.clone(), request_id.clone());
+    let lease = Lease::new(router.clone(), request_id);
     let worker = WorkerId {
         worker_id: decision.worker_id,
         dp_rank: decision.dp_rank,
