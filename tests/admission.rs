@@ -338,7 +338,7 @@ fn a_tenant_over_its_rate_gets_429_and_others_do_not() {
 #[test]
 fn the_prefill_threshold_counts_the_request_uncached_tokens() {
     use std::collections::HashSet;
-    use switchyard::fleet::router::{RouteError, RouteRequest, Router};
+    use switchyard::fleet::router::{RouteError, RouteRequest, Router, Saturated};
     use switchyard_plugin_sdk::WorkerId;
     let dir = tempfile::tempdir().unwrap();
     // Blocks of 16 tokens; at most 64 prefill tokens booked per worker.
@@ -372,7 +372,10 @@ fn the_prefill_threshold_counts_the_request_uncached_tokens() {
     // 9 uncached blocks fit neither: the request waits.
     let cold = request("y", (301..=309).collect(), None);
     assert!(
-        matches!(router.select(&cold), Err(RouteError::Saturated(_))),
+        matches!(
+            router.select(&cold),
+            Err(RouteError::Saturated(Saturated::EveryCandidate { ref model })) if model == "m"
+        ),
         "{:?}",
         router.select(&cold)
     );
@@ -385,7 +388,7 @@ fn the_prefill_threshold_counts_the_request_uncached_tokens() {
 /// find a worker queues behind it instead; one of the waiter's own priority may book.
 #[test]
 fn no_request_books_while_a_higher_priority_one_waits() {
-    use switchyard::fleet::router::{RouteError, RouteRequest, Router};
+    use switchyard::fleet::router::{RouteError, RouteRequest, Router, Saturated};
     use switchyard::plugin::PartitionKey;
     use switchyard_plugin_sdk::WorkerType;
     let dir = tempfile::tempdir().unwrap();
@@ -406,7 +409,17 @@ fn no_request_books_while_a_higher_priority_one_waits() {
         .enqueue(&partition, 10, "", 1, 16, None)
         .unwrap();
     let low = router.select_and_reserve(&request("low", 0));
-    assert!(matches!(low, Err(RouteError::Saturated(_))), "{low:?}");
+    assert!(
+        matches!(
+            low,
+            Err(RouteError::Saturated(Saturated::Behind {
+                ahead: 1,
+                priority: 0,
+                ..
+            }))
+        ),
+        "{low:?}"
+    );
     assert!(
         router.select(&request("dry", 0)).is_ok(),
         "a dry run is not held back"

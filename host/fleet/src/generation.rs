@@ -85,13 +85,12 @@ impl Generation {
     }
 
     /// The configured instance names, comma-separated (for messages).
-    pub fn instance_names(&self) -> String {
+    pub fn instance_names(&self) -> Vec<String> {
         self.startup
             .instances
             .iter()
-            .map(|i| i.name.as_str())
-            .collect::<Vec<_>>()
-            .join(", ")
+            .map(|i| i.name.clone())
+            .collect()
     }
 
     pub fn has_partition(&self, partition: &PartitionKey) -> bool {

@@ -49,7 +49,7 @@ use session_pin::Pin;
 
 mod request;
 use request::{prompt_blocks, validate};
-pub use request::{RouteDecision, RouteError, RouteRequest};
+pub use request::{BadRequest, NoWorker, RouteDecision, RouteError, RouteRequest, Saturated};
 
 /// Selections a request makes at most when its picks keep filling up before they are
 /// booked (each later one sees the bookings that filled the earlier picks).
@@ -243,9 +243,7 @@ impl Router {
         request_id: &str,
     ) -> Result<RouteDecision, RouteError> {
         if request_id.is_empty() {
-            return Err(RouteError::BadRequest(
-                "`request_id` must not be empty".into(),
-            ));
+            return Err(BadRequest::EmptyRequestId.into());
         }
         validate(request, false)?;
         self.route(request, true, Some(request_id))
@@ -284,10 +282,11 @@ impl Router {
                 return Ok(decision);
             }
         }
-        Err(RouteError::Saturated(format!(
-            "model `{}`: each of {BOOKING_TRIES} picks was filled to an admission.busy threshold by other requests before it could be booked",
-            request.model
-        )))
+        Err(Saturated::FilledFirst {
+            model: request.model.clone(),
+            tries: BOOKING_TRIES,
+        }
+        .into())
     }
 
     /// One selection (and booking); `None` when the pick filled up meanwhile.
@@ -316,10 +315,12 @@ impl Router {
                 .queue
                 .waiting_above(&partition, request.strict_priority);
             if ahead > 0 {
-                return Err(RouteError::Saturated(format!(
-                    "{ahead} requests of model `{}` above priority {} wait for a worker; this one waits behind them",
-                    request.model, request.strict_priority
-                )));
+                return Err(Saturated::Behind {
+                    ahead,
+                    model: request.model.clone(),
+                    priority: request.strict_priority,
+                }
+                .into());
             }
         }
 
@@ -398,22 +399,14 @@ impl Router {
         let lent = self.bookings.columns.lock().lend(query.partition, &kv);
         let Some(lent) = lent.filter(|lent| !lent.columns.is_empty()) else {
             members_of(&state, query.request, query.partition)?;
-            return Err(RouteError::NoWorker(format!(
-                "partition {} has no candidates yet; retry",
-                query.partition
-            )));
+            return Err(NoWorker::NoCandidatesYet(query.partition.clone()).into());
         };
         // Every partition with members has its policies in the current generation; an
         // older one (a reload happened meanwhile) may lack a partition added since.
         let slot = generation
             .selector(query.partition, name)
             .or_else(|| self.generation().selector(query.partition, name))
-            .ok_or_else(|| {
-                RouteError::NoWorker(format!(
-                    "partition {} has no policies yet; retry",
-                    query.partition
-                ))
-            })?;
+            .ok_or_else(|| NoWorker::NoPoliciesYet(query.partition.clone()))?;
         let busy = generation.config().admission.as_ref().map(|a| &a.busy);
         let busy = busy.filter(|b| b.any());
         // One byte per candidate, 1 where the worker may take the request: under every
@@ -450,10 +443,10 @@ impl Router {
         if let Some(only) = &query.request.only {
             let columns = candidates.columns(None);
             if !mark_only(only, &columns, &mut scratch.allowed, busy.is_some()) {
-                return Err(RouteError::NoWorker(format!(
-                    "model `{}`: none of the endpoints the request may use is an eligible worker",
-                    query.request.model
-                )));
+                return Err(NoWorker::NoneAllowed {
+                    model: query.request.model.clone(),
+                }
+                .into());
             }
         }
         let narrowed = query.request.only.is_some() || busy.is_some();
@@ -468,10 +461,10 @@ impl Router {
                 .map(|&a| usize::from(a))
                 .sum::<usize>();
             if kept == 0 {
-                return Err(RouteError::Saturated(format!(
-                    "every candidate of model `{}` is at an admission.busy threshold",
-                    query.request.model
-                )));
+                return Err(Saturated::EveryCandidate {
+                    model: query.request.model.clone(),
+                }
+                .into());
             }
             // Nothing left out: the lent columns serve as they are.
             if kept < scratch.allowed.len() {
@@ -567,7 +560,7 @@ impl Router {
         self.metrics
             .record_error(&instance.name, error.component().unwrap_or("-"));
         if error.is_no_worker() {
-            return Err(RouteError::NoWorker(error.to_string()));
+            return Err(NoWorker::Policy(error).into());
         }
         tracing::warn!(
             instance = %instance.name,
@@ -705,13 +698,12 @@ fn instance_for<'g>(
             known: generation.instance_names(),
         })?;
     if !instance.serves(request.worker_type) {
-        let role = role_word(request.worker_type);
-        return Err(RouteError::NoWorker(format!(
-            "instance `{}` serves {} workers (its worker_types), not {role} ones: route {role} requests with an instance that serves them (worker_selection.{})",
-            instance.name,
-            instance.roles(),
-            switchyard_config::WorkerSelection::role_key(request.worker_type)
-        )));
+        return Err(NoWorker::WrongRole {
+            instance: instance.name.clone(),
+            serves: instance.serves.clone(),
+            wanted: request.worker_type,
+        }
+        .into());
     }
     Ok(instance)
 }
@@ -735,17 +727,17 @@ fn members_of<'s>(
     let members = state.workers.members(partition);
     match members {
         members if !members.is_empty() => Ok(members),
-        _ if state.workers.unhealthy_in(partition) > 0 => Err(RouteError::NoWorker(format!(
-            "model `{}`: every {} worker is unhealthy ({} out of the candidates)",
-            request.model,
-            request.worker_type.as_str(),
-            state.workers.unhealthy_in(partition)
-        ))),
-        _ if state.workers.has_model(&request.model) => Err(RouteError::NoWorker(format!(
-            "model `{}` has no {} workers",
-            request.model,
-            request.worker_type.as_str()
-        ))),
+        _ if state.workers.unhealthy_in(partition) > 0 => Err(NoWorker::AllUnhealthy {
+            model: request.model.clone(),
+            worker_type: request.worker_type,
+            unhealthy: state.workers.unhealthy_in(partition),
+        }
+        .into()),
+        _ if state.workers.has_model(&request.model) => Err(NoWorker::NoneOfType {
+            model: request.model.clone(),
+            worker_type: request.worker_type,
+        }
+        .into()),
         _ => Err(RouteError::UnknownModel(request.model.clone())),
     }
 }

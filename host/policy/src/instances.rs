@@ -58,11 +58,7 @@ impl InstanceFactory {
 
     /// The roles it serves, as the config spells them (`prefill, decode`).
     pub fn roles(&self) -> String {
-        self.serves
-            .iter()
-            .map(|&r| role_word(r))
-            .collect::<Vec<_>>()
-            .join(", ")
+        role_words(&self.serves)
     }
 
     /// Builds this instance's policy for `partition`.
@@ -127,4 +123,13 @@ pub fn role_word(role: WorkerType) -> &'static str {
         WorkerType::Select => "aggregated",
         other => other.as_str(),
     }
+}
+
+/// `roles` as a config names them, in a list: "aggregated, prefill".
+pub fn role_words(roles: &[WorkerType]) -> String {
+    roles
+        .iter()
+        .map(|&r| role_word(r))
+        .collect::<Vec<_>>()
+        .join(", ")
 }

@@ -51,10 +51,10 @@ impl Pin {
         let free = !narrowed || allowed.get(row) == Some(&1);
         match self.mode {
             AffinityMode::Hard if !free => {
-                return Err(RouteError::Saturated(format!(
-                    "the session's worker {} is at an admission.busy threshold (session_affinity: hard); the request waits for it",
-                    self.worker.worker_id
-                )))
+                return Err(Saturated::SessionWorker {
+                    worker_id: self.worker.worker_id,
+                }
+                .into())
             }
             AffinityMode::Soft
                 if !free

@@ -17,6 +17,7 @@ use switchyard_plugin_sdk::WorkerType;
 use super::selection::{TestSelection, HEADER};
 use super::{Booked, EndpointPicker};
 use crate::caller::Caller;
+use crate::frontend::no_endpoint;
 use crate::frontend::prompt::{self, Endpoint};
 use crate::frontend::{Lease, OpenAiError};
 use crate::request_attributes;
@@ -57,10 +58,6 @@ pub(super) fn selected(
         )));
     }
     Ok(eligible)
-}
-
-pub(super) fn no_endpoint(message: impl Into<String>) -> OpenAiError {
-    OpenAiError::from(RouteError::NoWorker(message.into()))
 }
 
 /// A pick that found every worker busy, and where the request waits.
@@ -245,7 +242,14 @@ fn parsed_and_admitted(
     kept: Vec<(String, String)>,
     admitted: &std::sync::OnceLock<switchyard_plugin_sdk::Placement>,
     body: &[u8],
-) -> Result<(prompt::Prompt, crate::request_attributes::Described, RouteRequest), OpenAiError> {
+) -> Result<
+    (
+        prompt::Prompt,
+        crate::request_attributes::Described,
+        RouteRequest,
+    ),
+    OpenAiError,
+> {
     let frontend = &picker.frontend;
     let router = frontend.router();
     let mut prompt = prompt::parse(endpoint, body, router.block_size(), |model| {

@@ -30,7 +30,8 @@ pub mod embedded;
 pub mod messages;
 mod selection;
 
-use decide::{eligible, no_endpoint, selected, Attempt, BusyPlace, Wanted};
+use crate::frontend::no_endpoint;
+use decide::{eligible, selected, Attempt, BusyPlace, Wanted};
 use selection::TestSelection;
 
 use std::collections::{HashMap, VecDeque};

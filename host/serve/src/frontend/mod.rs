@@ -72,7 +72,7 @@ pub(crate) struct Upstream {
 pub const INSTANCE_HEADER: &str = "x-switchyard-instance";
 
 mod openai_error;
-pub use openai_error::{forbidden, refusal_error, refusal_response, OpenAiError};
+pub use openai_error::{forbidden, no_endpoint, refusal_error, refusal_response, OpenAiError};
 
 /// Loads the tokenizer of every model that names one; each error names the config file
 /// and line, then the tokenizer file and what is wrong.
@@ -345,9 +345,10 @@ impl Frontend {
                 })
                 .await;
                 selected.unwrap_or_else(|e| {
-                    Err(RouteError::BadRequest(format!(
-                        "the request's selection did not finish: {e}"
-                    )))
+                    Err(RouteError::Unfinished {
+                        what: "request's selection",
+                        why: e.to_string(),
+                    })
                 })
             }
         };

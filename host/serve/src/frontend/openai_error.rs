@@ -139,9 +139,10 @@ impl From<RouteError> for OpenAiError {
                 "server_error",
                 Some("overloaded"),
             ),
-            RouteError::PolicyFailed { .. } | RouteError::Accounting(_) | RouteError::Worker(_) => {
-                (StatusCode::INTERNAL_SERVER_ERROR, "server_error", None)
-            }
+            RouteError::PolicyFailed { .. }
+            | RouteError::Unfinished { .. }
+            | RouteError::Accounting(_)
+            | RouteError::Worker(_) => (StatusCode::INTERNAL_SERVER_ERROR, "server_error", None),
         };
         OpenAiError {
             status,
@@ -152,6 +153,18 @@ impl From<RouteError> for OpenAiError {
             retry_after: None,
         }
     }
+}
+
+/// A 503 for a request no endpoint can take, in the shape `RouteError::NoWorker` has:
+/// for what the host that received the request knows and the router does not (a
+/// gateway's subset hint, an endpoint it cannot reach).
+pub fn no_endpoint(why: impl std::fmt::Display) -> OpenAiError {
+    OpenAiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "server_error",
+        format!("no eligible worker: {why}"),
+    )
+    .with_code("no_healthy_worker")
 }
 
 /// A 403 for what a caller may not route with, in OpenAI's shape.

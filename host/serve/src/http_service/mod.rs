@@ -82,7 +82,9 @@ impl From<RouteError> for ApiError {
             RouteError::Worker(WorkerError::AlreadyRegistered(..))
             | RouteError::Accounting(AccountingError::AlreadyReserved(_)) => StatusCode::CONFLICT,
             RouteError::NoWorker(_) | RouteError::Saturated(_) => StatusCode::SERVICE_UNAVAILABLE,
-            RouteError::PolicyFailed { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+            RouteError::PolicyFailed { .. } | RouteError::Unfinished { .. } => {
+                StatusCode::INTERNAL_SERVER_ERROR
+            }
         };
         let mut body = json!({ "error": error.to_string() });
         if let RouteError::PolicyFailed { instance, error } = &error {
@@ -173,9 +175,10 @@ async fn decide_waiting(
             off_executor::run(inline, move || decide(&router, &request))
                 .await
                 .unwrap_or_else(|e| {
-                    Err(RouteError::BadRequest(format!(
-                        "the selection did not finish: {e}"
-                    )))
+                    Err(RouteError::Unfinished {
+                        what: "selection",
+                        why: e.to_string(),
+                    })
                 })
         }
     };
@@ -253,7 +256,11 @@ async fn reserve(
         Ok(Ok(placement)) => placement,
         Ok(Err(refused)) => return Ok(refused_response(refused)),
         Err(e) => {
-            return Err(RouteError::BadRequest(format!("the admission did not finish: {e}")).into())
+            return Err(RouteError::Unfinished {
+                what: "admission",
+                why: e.to_string(),
+            }
+            .into())
         }
     };
     let mut request = Arc::unwrap_or_clone(request);
@@ -313,7 +320,7 @@ async fn add_worker(State(router): Shared, body: Bytes) -> Result<Response, ApiE
     off_executor(router.clone(), move |r| r.add_worker(added)).await?;
     router
         .subscribe_kv_events(std::slice::from_ref(&spec))
-        .map_err(|e| ApiError::from(RouteError::BadRequest(format!("kv_events: {e}"))))?;
+        .map_err(|e| ApiError::bad_request(format!("kv_events: {e}")))?;
     Ok((StatusCode::CREATED, Json(spec)).into_response())
 }
 
