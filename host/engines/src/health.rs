@@ -36,7 +36,7 @@ pub async fn probe_forever(router: Arc<Router>, clients: EngineClients) {
                 }
                 let outcome = match answer {
                     Ok(r) if r.status().is_success() => Ok(()),
-                    Ok(r) => Err(HealthFailure::Status(r.status().to_string())),
+                    Ok(r) => Err(HealthFailure::Status(r.status().as_u16())),
                     Err(e) => Err(HealthFailure::NoAnswer(crate::upstream::describe(&e))),
                 };
                 router.record_probe(worker, outcome);

@@ -8,7 +8,7 @@ use super::*;
 pub enum HealthFailure {
     /// The engine's `GET /health` answered a status that is not success.
     #[error("GET /health answered {0}")]
-    Status(String),
+    Status(u16),
     /// The engine's `GET /health` got no answer (the HTTP client's account of why).
     #[error("{0}")]
     NoAnswer(String),
