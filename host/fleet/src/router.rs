@@ -225,13 +225,13 @@ impl Router {
     /// Select only: where the request would go; nothing is booked.
     pub fn select(&self, request: &RouteRequest) -> Result<RouteDecision, RouteError> {
         let request_id = validate(request, false)?;
-        self.route(request, false, request_id.as_deref())
+        self.route(request, false, request_id)
     }
 
     /// Select and book the request's load on the chosen worker, under its `request_id`.
     pub fn select_and_reserve(&self, request: &RouteRequest) -> Result<RouteDecision, RouteError> {
         let request_id = validate(request, true)?;
-        self.route(request, true, request_id.as_deref())
+        self.route(request, true, request_id)
     }
 
     /// Select and book under `request_id`, the booking's id, not the request's: a host

@@ -133,11 +133,11 @@ pub enum Saturated {
 pub(super) fn validate(
     request: &RouteRequest,
     reserve: bool,
-) -> Result<Option<String>, RouteError> {
-    let request_id = match (&request.request_id, reserve) {
-        (Some(id), _) if id.is_empty() => return Err(BadRequest::EmptyRequestId.into()),
+) -> Result<Option<&str>, RouteError> {
+    let request_id = match (request.request_id.as_deref(), reserve) {
+        (Some(""), _) => return Err(BadRequest::EmptyRequestId.into()),
         (None, true) => return Err(BadRequest::NoRequestId.into()),
-        (id, _) => id.clone(),
+        (id, _) => id,
     };
     if let Some(t) = request.router_temperature {
         if !t.is_finite() || t < 0.0 {
