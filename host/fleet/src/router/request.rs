@@ -130,10 +130,7 @@ pub enum Saturated {
 }
 
 /// Checks what serde cannot; returns the request id (required to reserve).
-pub(super) fn validate(
-    request: &RouteRequest,
-    reserve: bool,
-) -> Result<Option<&str>, RouteError> {
+pub(super) fn validate(request: &RouteRequest, reserve: bool) -> Result<Option<&str>, RouteError> {
     let request_id = match (request.request_id.as_deref(), reserve) {
         (Some(""), _) => return Err(BadRequest::EmptyRequestId.into()),
         (None, true) => return Err(BadRequest::NoRequestId.into()),
