@@ -145,6 +145,8 @@ mod tests {
         let item = Arc::new(Probe(dropped_on.clone()));
         let holder = item.clone();
         retirement.retire(Box::new(item));
+        // A wait for something not to happen: no state shows that the thread looked and
+        // kept the item, so give it three of its polls to get it wrong.
         std::thread::sleep(POLL * 3);
         assert!(dropped_on.lock().is_none(), "dropped while still held");
         drop(holder);
