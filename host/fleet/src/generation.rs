@@ -84,7 +84,7 @@ impl Generation {
         self.startup.instance(name)
     }
 
-    /// The configured instance names, comma-separated (for messages).
+    /// The configured instance names, in the config's order (for messages).
     pub fn instance_names(&self) -> Vec<String> {
         self.startup
             .instances
