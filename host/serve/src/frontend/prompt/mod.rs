@@ -10,8 +10,11 @@
 //! needs; block counts are approximate, and hashes do not match an engine's own (so this
 //! mode pairs with `kv_tracking: predicted`, not with engine KV events).
 
+mod shapes;
+
 use serde_json::value::RawValue;
 use serde_json::Value;
+use shapes::{Content, Message, Messages, Scalar};
 
 use super::tokenizer::ModelTokenizer;
 use switchyard_fleet::kv_index::hash_tokens;
@@ -65,9 +68,13 @@ pub struct Prompt {
     pub user: Option<String>,
 }
 
-/// A field's value (`null` is a value; a missing field is `None`); a value nested past
-/// serde_json's recursion limit is refused, naming the field.
-fn value(field: Given<'_>, param: &'static str) -> Result<Option<Value>, InvalidRequest> {
+/// A field's value as `T` (a `Value`, or one of the borrowed `shapes`): `null` is a
+/// value, a missing field is `None`; a value nested past serde_json's recursion limit is
+/// refused, naming the field.
+fn value<'a, T: serde::Deserialize<'a>>(
+    field: Given<'a>,
+    param: &'static str,
+) -> Result<Option<T>, InvalidRequest> {
     let Some(raw) = field.0 else {
         return Ok(None);
     };
@@ -138,28 +145,31 @@ pub fn parse<'t>(
     tokenizer_of: impl FnOnce(&str) -> Option<&'t ModelTokenizer>,
 ) -> Result<Prompt, InvalidRequest> {
     let fields = Fields::read(body)?;
-    let model = match value(fields.model, "model")? {
-        Some(Value::String(model)) if !model.is_empty() => model,
+    let model = match value::<Scalar>(fields.model, "model")? {
+        Some(Scalar::Str(model)) if !model.is_empty() => model.into_owned(),
         Some(_) => return Err(invalid("model", "`model` must be a non-empty string")),
         None => return Err(invalid("model", "`model` is required")),
     };
-    let stream = match value(fields.stream, "stream")? {
-        None | Some(Value::Null) => false,
-        Some(Value::Bool(stream)) => stream,
+    let stream = match value::<Scalar>(fields.stream, "stream")? {
+        None | Some(Scalar::Null) => false,
+        Some(Scalar::Bool(stream)) => stream,
         Some(_) => return Err(invalid("stream", "`stream` must be a boolean")),
     };
     let tokenizer = tokenizer_of(&model);
     let mut tokens = Vec::new();
     match endpoint {
-        Endpoint::ChatCompletions => {
-            let messages = value(fields.messages, "messages")?;
-            chat_tokens(messages.as_ref(), &mut tokens)?;
-            if let (Some(tokenizer), Some(messages)) = (tokenizer, &messages) {
+        // The messages are checked (and pseudo-tokenized) from their borrowed shapes; a
+        // tokenizer's template reads them as JSON values.
+        Endpoint::ChatCompletions => match tokenizer {
+            None => chat_tokens(value(fields.messages, "messages")?, &mut tokens)?,
+            Some(tokenizer) => {
+                chat_tokens(value(fields.messages, "messages")?, &mut Vec::new())?;
+                let messages: Value = value(fields.messages, "messages")?.unwrap_or_default();
                 tokens = tokenizer
-                    .chat_tokens(messages)
+                    .chat_tokens(&messages)
                     .map_err(|e| invalid("messages", format!("model `{model}`: {e}")))?;
             }
-        }
+        },
         Endpoint::Completions => match (tokenizer, value(fields.prompt, "prompt")?) {
             (Some(tokenizer), Some(Value::String(text))) => {
                 tokens = tokenizer
@@ -170,19 +180,22 @@ pub fn parse<'t>(
         },
     }
     let max_tokens = match fields.max_completion_tokens.0 {
-        Some(_) => value(fields.max_completion_tokens, "max_completion_tokens")?,
-        None => value(fields.max_tokens, "max_tokens")?,
+        Some(_) => value::<Scalar>(fields.max_completion_tokens, "max_completion_tokens")?,
+        None => value::<Scalar>(fields.max_tokens, "max_tokens")?,
     };
     let expected_output_tokens = match max_tokens {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(
-            v.as_u64()
-                .ok_or_else(|| invalid("max_tokens", "`max_tokens` must be a whole number >= 0"))?,
-        ),
+        None | Some(Scalar::Null) => None,
+        Some(Scalar::Whole(tokens)) => Some(tokens),
+        Some(_) => {
+            return Err(invalid(
+                "max_tokens",
+                "`max_tokens` must be a whole number >= 0",
+            ))
+        }
     };
-    let user = match value(fields.user, "user")? {
-        None | Some(Value::Null) => None,
-        Some(Value::String(user)) => Some(user),
+    let user = match value::<Scalar>(fields.user, "user")? {
+        None | Some(Scalar::Null) => None,
+        Some(Scalar::Str(user)) => Some(user.into_owned()),
         Some(_) => return Err(invalid("user", "`user` must be a string")),
     };
     let mut block_hashes = Vec::new();
@@ -210,32 +223,38 @@ fn push_text(text: &str, tokens: &mut Vec<u32>) {
 /// Renders `messages` as `role\ncontent\n` per message (text parts of multi-part content
 /// in order) into pseudo-tokens. Each message starts a new token, so a conversation that
 /// grows by messages keeps the hashes of its earlier blocks.
-fn chat_tokens(messages: Option<&Value>, tokens: &mut Vec<u32>) -> Result<(), InvalidRequest> {
+fn chat_tokens(messages: Option<Messages>, tokens: &mut Vec<u32>) -> Result<(), InvalidRequest> {
     let messages = match messages {
-        Some(Value::Array(messages)) if !messages.is_empty() => messages,
-        Some(Value::Array(_)) => return Err(invalid("messages", "`messages` must not be empty")),
-        Some(_) => return Err(invalid("messages", "`messages` must be a list of messages")),
+        Some(Messages::List(messages)) if !messages.is_empty() => messages,
+        Some(Messages::List(_)) => return Err(invalid("messages", "`messages` must not be empty")),
+        Some(Messages::NotList) => {
+            return Err(invalid("messages", "`messages` must be a list of messages"))
+        }
         None => return Err(invalid("messages", "`messages` is required")),
     };
+    // One buffer for every message's text: a message's tokens start at its own first byte.
+    let mut text = String::with_capacity(64);
     for (i, message) in messages.iter().enumerate() {
-        let role = message
-            .get("role")
-            .and_then(Value::as_str)
-            .ok_or_else(|| invalid("messages", format!("messages[{i}] needs a string `role`")))?;
-        let mut text = String::with_capacity(64);
+        let (role, content) = match message {
+            Message::Object {
+                role: Some(Scalar::Str(role)),
+                content,
+            } => (role, content),
+            _ => {
+                return Err(invalid(
+                    "messages",
+                    format!("messages[{i}] needs a string `role`"),
+                ))
+            }
+        };
+        text.clear();
         text.push_str(role);
         text.push('\n');
-        match message.get("content") {
-            None | Some(Value::Null) => {}
-            Some(Value::String(content)) => text.push_str(content),
-            Some(Value::Array(parts)) => {
-                for part in parts {
-                    if let Some(part_text) = part.get("text").and_then(Value::as_str) {
-                        text.push_str(part_text);
-                    }
-                }
-            }
-            Some(_) => {
+        match content {
+            Content::None => {}
+            Content::Text(content) => text.push_str(content),
+            Content::Parts(parts) => parts.iter().for_each(|part| text.push_str(part)),
+            Content::Other => {
                 return Err(invalid(
                     "messages",
                     format!("messages[{i}].content must be a string or a list of parts"),
@@ -354,6 +373,53 @@ mod tests {
         assert_eq!(skipped.expected_output_tokens, None);
         let plain = chat(r#"{"model": "m", "messages": [{"role": "user", "content": "hi"}]}"#);
         assert_eq!(skipped.block_hashes, plain.unwrap().block_hashes);
+    }
+
+    /// The messages' borrowed shapes read what a JSON value of them holds: escapes
+    /// decoded, the text parts in order (a part without a string `text` adds nothing), the
+    /// last of a key given twice, and a bad message or content named by its index.
+    #[test]
+    fn messages_are_read_as_their_text() {
+        let tokens_of = |text: &str| {
+            let mut tokens = Vec::new();
+            push_text(text, &mut tokens);
+            tokens
+        };
+        let read = |messages: &str| {
+            chat(&format!(r#"{{"model": "m", "messages": {messages}}}"#)).map(|p| p.tokens)
+        };
+        let cases = [
+            (
+                r#"[{"role": "user", "content": "a\"b\u00e9"}]"#,
+                "user\na\"b\u{e9}\n",
+            ),
+            (
+                r#"[{"role": "user", "content": [{"type": "text", "text": "x"},
+                    {"type": "image_url", "image_url": {"url": "u"}}, {"text": 5}, "s",
+                    {"text": "y", "text": "z"}]}]"#,
+                "user\nxz\n",
+            ),
+            (
+                r#"[{"role": "system", "role": "user", "content": null, "name": [1, {}]}]"#,
+                "user\n\n",
+            ),
+        ];
+        for (messages, text) in cases {
+            assert_eq!(read(messages).unwrap(), tokens_of(text), "{messages}");
+        }
+        let message = |messages: &str| read(messages).unwrap_err().message;
+        assert_eq!(
+            message(r#"[{"role": "user"}, "hi"]"#),
+            "messages[1] needs a string `role`"
+        );
+        assert_eq!(
+            message(r#"[{"role": 7}]"#),
+            "messages[0] needs a string `role`"
+        );
+        assert_eq!(
+            message(r#"[{"role": "user", "content": {"text": "x"}}]"#),
+            "messages[0].content must be a string or a list of parts"
+        );
     }
 
     /// Hostile nesting: in a field routing reads, refused at serde_json's recursion limit
