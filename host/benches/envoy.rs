@@ -29,6 +29,9 @@ mod real_envoy;
 // Its waits, as the tests' support module gives them to it.
 #[path = "../../tests/support/eventually.rs"]
 mod eventually;
+// The cargo it builds the Envoy module with.
+#[path = "../../tests/support/nested_cargo.rs"]
+mod nested_cargo;
 
 use std::time::Duration;
 

@@ -4,9 +4,11 @@
 
 pub mod envoy;
 mod eventually;
+mod nested_cargo;
 // Each test file uses some of them.
 #[allow(unused_imports)]
 pub use eventually::{eventually, eventually_async, eventually_ok, eventually_ok_async};
+pub use nested_cargo::nested_cargo;
 pub mod kubernetes;
 pub mod llama;
 pub mod load;
@@ -330,7 +332,7 @@ pub fn run(command: &mut Command) -> String {
 /// that build plugins outside the workspace; returns that target folder's debug/.
 pub fn build_plugin_crate(krate: &Path) -> PathBuf {
     let target = repo().join("target/rebuild-test");
-    run(Command::new(env!("CARGO"))
+    run(nested_cargo()
         .args(["build", "--quiet", "--manifest-path"])
         .arg(krate.join("Cargo.toml"))
         .env("CARGO_TARGET_DIR", &target));

@@ -258,20 +258,23 @@ pub fn fallback_config(listen: u16, picker: u16, engines: &[std::net::SocketAddr
 
 /// Builds `libswitchyard_envoy.so` (host/envoy-module) in this binary's profile (cargo
 /// serializes it with any other build) and returns its folder, Envoy's
-/// `ENVOY_DYNAMIC_MODULES_SEARCH_PATH`.
+/// `ENVOY_DYNAMIC_MODULES_SEARCH_PATH`. It builds the workspace, as `make test` and
+/// `make build` have just done (so it costs nothing there): `-p switchyard-envoy` alone
+/// would resolve other features, relinking the module here and again at the next
+/// workspace build.
 pub fn module_dir() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().unwrap().parent().unwrap().to_owned();
-    let mut build = Command::new(env!("CARGO"));
-    build.args(["build", "--quiet", "-p", "switchyard-envoy"]);
+    let mut build = super::nested_cargo::nested_cargo();
+    build.args(["build", "--quiet", "--workspace"]);
     if dir.ends_with("release") {
         build.arg("--release");
     }
     let status = build.status().expect("cargo runs");
-    assert!(status.success(), "cargo build -p switchyard-envoy failed");
+    assert!(status.success(), "cargo build --workspace failed");
     assert!(
         dir.join("libswitchyard_envoy.so").exists(),
-        "cargo build -p switchyard-envoy wrote no {}/libswitchyard_envoy.so",
+        "cargo build --workspace wrote no {}/libswitchyard_envoy.so",
         dir.display()
     );
     dir
