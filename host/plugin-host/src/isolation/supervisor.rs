@@ -338,25 +338,31 @@ impl IsolatedProcess {
         let mut current = self.current.lock();
         let status = current.as_mut()?.process.try_wait().ok()??;
         *current = None;
-        drop(current);
-        self.up.store(false, Ordering::SeqCst);
         let (cause, label) = match self.kill_reason.lock().take() {
             Some((label, why)) => (format!("was killed by the router: {why}"), label.to_owned()),
             None => (super::describe_exit(status, false), exit_label(status)),
         };
+        // What it was doing and how it ended are recorded before the process is marked
+        // down, under `current`: a request that sees it down returns at once, and its
+        // caller (the probe's `death`) must find the death, not a process that is
+        // neither up nor dead. Marked down first, a preempted reaper once let `check`
+        // take a library that had crashed its probe for a good one, and load it.
         let phase = self.in_flight();
+        let libraries = self.library_paths();
         *self.last_exit.lock() = format!("the process {cause}{phase}");
         *self.last_death.lock() = Some((
             cause.clone(),
             phase.trim_start_matches(" while ").to_owned(),
         ));
+        self.up.store(false, Ordering::SeqCst);
+        drop(current);
         *self.exits.lock().entry(label).or_default() += 1;
         for channel in live(&self.channels) {
             channel.break_off();
         }
         tracing::error!(
             process = %self.name,
-            libraries = %self.library_paths(),
+            libraries = %libraries,
             pid = self.pid.load(Ordering::Relaxed),
             cause = %cause,
             phase = %phase.trim_start_matches(" while "),
