@@ -339,6 +339,20 @@ mod shapes {
         };
     }
 
+    /// A shape read from any JSON value by its visitor (declared here, a unit struct):
+    /// every shape reads whatever the body holds and says what it found.
+    macro_rules! read_by {
+        ($shape:ty, $visitor:ident) => {
+            impl<'de> Deserialize<'de> for $shape {
+                fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                    deserializer.deserialize_any($visitor)
+                }
+            }
+
+            struct $visitor;
+        };
+    }
+
     /// A JSON value routing reads as a scalar.
     #[derive(Debug, PartialEq)]
     pub(super) enum Scalar<'a> {
@@ -383,13 +397,7 @@ mod shapes {
     /// any depth, which is right only for the fields routing does not read).
     struct Checked;
 
-    impl<'de> Deserialize<'de> for Checked {
-        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-            deserializer.deserialize_any(CheckedVisitor)
-        }
-    }
-
-    struct CheckedVisitor;
+    read_by!(Checked, CheckedVisitor);
 
     impl<'de> Visitor<'de> for CheckedVisitor {
         type Value = Checked;
@@ -408,13 +416,7 @@ mod shapes {
         }
     }
 
-    impl<'de> Deserialize<'de> for Scalar<'de> {
-        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-            deserializer.deserialize_any(ScalarVisitor)
-        }
-    }
-
-    struct ScalarVisitor;
+    read_by!(Scalar<'de>, ScalarVisitor);
 
     impl<'de> Visitor<'de> for ScalarVisitor {
         type Value = Scalar<'de>;
@@ -454,13 +456,7 @@ mod shapes {
         }
     }
 
-    impl<'de> Deserialize<'de> for Messages<'de> {
-        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-            deserializer.deserialize_any(MessagesVisitor)
-        }
-    }
-
-    struct MessagesVisitor;
+    read_by!(Messages<'de>, MessagesVisitor);
 
     impl<'de> Visitor<'de> for MessagesVisitor {
         type Value = Messages<'de>;
@@ -511,13 +507,7 @@ mod shapes {
         }
     }
 
-    impl<'de> Deserialize<'de> for Message<'de> {
-        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-            deserializer.deserialize_any(MessageVisitor)
-        }
-    }
-
-    struct MessageVisitor;
+    read_by!(Message<'de>, MessageVisitor);
 
     impl<'de> Visitor<'de> for MessageVisitor {
         type Value = Message<'de>;
@@ -545,13 +535,7 @@ mod shapes {
         scalars_are!(Message::NotObject; visit_bool(bool), visit_i64(i64), visit_u64(u64), visit_f64(f64), visit_str(&str), visit_unit());
     }
 
-    impl<'de> Deserialize<'de> for Content<'de> {
-        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-            deserializer.deserialize_any(ContentVisitor)
-        }
-    }
-
-    struct ContentVisitor;
+    read_by!(Content<'de>, ContentVisitor);
 
     impl<'de> Visitor<'de> for ContentVisitor {
         type Value = Content<'de>;
@@ -588,13 +572,7 @@ mod shapes {
     /// One part of a message's content: its `text`, when it is an object with a string one.
     struct Part<'a>(Option<Cow<'a, str>>);
 
-    impl<'de> Deserialize<'de> for Part<'de> {
-        fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-            deserializer.deserialize_any(PartVisitor)
-        }
-    }
-
-    struct PartVisitor;
+    read_by!(Part<'de>, PartVisitor);
 
     impl<'de> Visitor<'de> for PartVisitor {
         type Value = Part<'de>;
