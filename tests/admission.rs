@@ -239,13 +239,12 @@ fn envoy_streams_wait_in_the_queue_and_a_full_queue_answers_429() {
     wait_for("Envoy routes through the picker", || {
         new_agent().post(&url).send_json(chat("ready?", 1)).is_ok()
     });
-    let threads: Vec<_> = (0..4)
+    let threads: Vec<_> = (0..4u32)
         .map(|i| {
             let url = url.clone();
             std::thread::spawn(move || {
-                // pacing: the clients arrive 20 ms apart, as clients do; no outcome
-                // depends on the order (the assertions below count answers).
-                std::thread::sleep(Duration::from_millis(20 * i));
+                // No outcome depends on the order: the assertions below count answers.
+                pacing::arrive(i, Duration::from_millis(20));
                 match new_agent().post(&url).send_json(chat(&format!("e{i}"), 30)) {
                     Ok(r) => r.status(),
                     Err(ureq::Error::Status(code, r)) => {

@@ -22,12 +22,13 @@ mod support;
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::json;
 use support::load::*;
+use support::pacing::Stop;
 use support::*;
 
 /// The C and C++ example plugins, by library name.
@@ -217,15 +218,10 @@ impl ApiCounts {
 
 /// `/v1/select` over every instance (sessions for the sticky ones, a zone header for the
 /// label filters), and `/v1/reserve` + `DELETE /v1/requests/{id}`, until `stop`.
-fn select_and_reserve_until_stopped(
-    base: &str,
-    client: u64,
-    stop: &AtomicBool,
-    counts: &ApiCounts,
-) {
+fn select_and_reserve_until_stopped(base: &str, client: u64, stop: &Stop, counts: &ApiCounts) {
     let agent = agent();
     let mut n = 0u64;
-    while !stop.load(Ordering::Relaxed) {
+    while !stop.stopped() {
         n += 1;
         let instance = INSTANCE_NAMES[(n % INSTANCE_NAMES.len() as u64) as usize];
         let hashes: Vec<u64> = (0..(n % 16)).map(|i| (n % 7) << 32 | i).collect();
@@ -258,10 +254,10 @@ fn select_and_reserve_until_stopped(
 
 /// Workers added and removed through the API (a partition of their own, built and
 /// dropped each time), and KV events for the KV-only worker, until `stop`.
-fn membership_until_stopped(base: &str, stop: &AtomicBool, counts: &ApiCounts) {
+fn membership_until_stopped(base: &str, stop: &Stop, counts: &ApiCounts) {
     let agent = agent();
     let mut n = 0u64;
-    while !stop.load(Ordering::Relaxed) {
+    loop {
         n += 1;
         let id = 100 + n % 4;
         let worker = json!({"model": format!("scratch-{}", n % 3), "worker_id": id});
@@ -287,8 +283,9 @@ fn membership_until_stopped(base: &str, stop: &AtomicBool, counts: &ApiCounts) {
         );
         let removed = call(&agent, "DELETE", &format!("{base}/v1/workers/{id}"), None);
         counts.record("remove worker", removed);
-        // pacing: the churn's rate, not a wait for anything.
-        std::thread::sleep(Duration::from_millis(20));
+        if stop.pause(Duration::from_millis(20)) {
+            break;
+        }
     }
 }
 
@@ -297,13 +294,11 @@ fn reload_until_stopped(
     base: &str,
     config: &Path,
     yaml: &dyn Fn(u64) -> String,
-    stop: &AtomicBool,
+    stop: &Stop,
 ) -> u64 {
     let agent = agent();
     let mut round = 0;
-    while !stop.load(Ordering::Relaxed) {
-        // pacing: a reload every 3 s is the load; nothing is awaited.
-        std::thread::sleep(Duration::from_secs(3));
+    while !stop.pause(Duration::from_secs(3)) {
         round += 1;
         std::fs::write(config, yaml(round)).unwrap();
         let (status, text) = call(&agent, "POST", &format!("{base}/v1/admin/reload"), None)
@@ -314,12 +309,12 @@ fn reload_until_stopped(
 }
 
 /// Connection floods: 600 idle and slowloris connections held for 2 s, every 10 s.
-fn flood_until_stopped(base: &str, stop: &AtomicBool) {
+fn flood_until_stopped(base: &str, stop: &Stop) {
     let address = base.trim_start_matches("http://");
     let (host, port) = address.rsplit_once(':').unwrap();
     let script = repo().join("tests/support/flood.py");
     let mut mode = "idle";
-    while !stop.load(Ordering::Relaxed) {
+    loop {
         let status = Command::new("python3")
             .arg(&script)
             .args([host, port, "1", "1", "600", "2", mode])
@@ -328,12 +323,8 @@ fn flood_until_stopped(base: &str, stop: &AtomicBool) {
             .expect("python3 runs");
         assert!(status.success(), "the flood script failed: {status}");
         mode = if mode == "idle" { "slowloris" } else { "idle" };
-        for _ in 0..80 {
-            if stop.load(Ordering::Relaxed) {
-                return;
-            }
-            // pacing: 8 s between floods (checked for `stop` every 100 ms).
-            std::thread::sleep(Duration::from_millis(100));
+        if stop.pause(Duration::from_secs(8)) {
+            break;
         }
     }
 }
@@ -354,14 +345,25 @@ fn still_running(router: &mut Process, when: &str) {
     }
 }
 
+/// `length` of the run: the router must still be serving at its end (checked first: its
+/// death is what fails the load), and no load thread may have failed meanwhile.
+fn run_phase(stop: &Stop, router: &mut Process, length: Duration, when: &str) {
+    let stopped_early = stop.pause(length);
+    still_running(router, when);
+    assert!(
+        !stopped_early,
+        "a load thread failed {when} (its panic is printed above)"
+    );
+}
+
 /// SIGTERM with chat clients still sending; the exit status (at most 60 s later).
 fn terminate_under_load(router: &mut Process, base: &str) -> std::process::ExitStatus {
-    let stop = Arc::new(AtomicBool::new(false));
+    let stop = Stop::new();
     let counts = Arc::new(Counts::default());
     let clients: Vec<_> = (0..4u64)
         .map(|client| {
-            let (base, stop, counts) = (base.to_owned(), stop.clone(), counts.clone());
-            std::thread::spawn(move || chat_until_stopped(&base, client, &stop, &counts))
+            let (base, counts) = (base.to_owned(), counts.clone());
+            stop.spawn(move |stop| chat_until_stopped(&base, client, stop, &counts))
         })
         .collect();
     // Under load: SIGTERM lands while the clients keep sending.
@@ -375,7 +377,7 @@ fn terminate_under_load(router: &mut Process, base: &str) -> std::process::ExitS
         Duration::from_secs(60),
         || router.child.try_wait().unwrap().ok_or("still running"),
     );
-    stop.store(true, Ordering::Relaxed);
+    stop.stop();
     for client in clients {
         client.join().unwrap();
     }
@@ -385,31 +387,25 @@ fn terminate_under_load(router: &mut Process, base: &str) -> std::process::ExitS
 /// Starts every load thread of the run against `base`; they end at `stop`.
 fn start_load(
     base: &str,
-    stop: &Arc<AtomicBool>,
+    stop: &Stop,
     chats: &Arc<Counts>,
     api: &Arc<ApiCounts>,
 ) -> Vec<std::thread::JoinHandle<()>> {
     let mut threads = Vec::new();
     for client in 0..4u64 {
-        let (base, stop, chats) = (base.to_owned(), stop.clone(), chats.clone());
-        threads.push(std::thread::spawn(move || {
-            chat_until_stopped(&base, client, &stop, &chats)
-        }));
+        let (base, chats) = (base.to_owned(), chats.clone());
+        threads.push(stop.spawn(move |stop| chat_until_stopped(&base, client, stop, &chats)));
     }
     for client in 0..2u64 {
-        let (base, stop, api) = (base.to_owned(), stop.clone(), api.clone());
-        threads.push(std::thread::spawn(move || {
-            select_and_reserve_until_stopped(&base, client, &stop, &api)
-        }));
+        let (base, api) = (base.to_owned(), api.clone());
+        threads.push(
+            stop.spawn(move |stop| select_and_reserve_until_stopped(&base, client, stop, &api)),
+        );
     }
-    let (base_m, stop_m, api_m) = (base.to_owned(), stop.clone(), api.clone());
-    threads.push(std::thread::spawn(move || {
-        membership_until_stopped(&base_m, &stop_m, &api_m)
-    }));
-    let (base_f, stop_f) = (base.to_owned(), stop.clone());
-    threads.push(std::thread::spawn(move || {
-        flood_until_stopped(&base_f, &stop_f)
-    }));
+    let (base_m, api_m) = (base.to_owned(), api.clone());
+    threads.push(stop.spawn(move |stop| membership_until_stopped(&base_m, stop, &api_m)));
+    let base_f = base.to_owned();
+    threads.push(stop.spawn(move |stop| flood_until_stopped(&base_f, stop)));
     threads
 }
 
@@ -467,29 +463,26 @@ fn chaos_with_every_example_plugin_never_kills_the_router() {
     let config = write_config(dir.path(), &yaml(0));
     let mut router = serve_chaos(&config, sanitized);
     let base = router.address.clone();
-    let stop = Arc::new(AtomicBool::new(false));
+    let stop = Stop::new();
     let (chats, api) = (Arc::new(Counts::default()), Arc::new(ApiCounts::default()));
     let mut threads = start_load(&base, &stop, &chats, &api);
     {
-        let (stop, engines) = (stop.clone(), engines.clone());
-        threads.push(std::thread::spawn(move || {
-            restart_engines_until_stopped(&engines, start_engine, &stop)
-        }));
+        let engines = engines.clone();
+        threads.push(
+            stop.spawn(move |stop| restart_engines_until_stopped(&engines, start_engine, stop)),
+        );
     }
     let reloads = {
-        let (base, stop, config) = (base.clone(), stop.clone(), config.clone());
-        std::thread::spawn(move || reload_until_stopped(&base, &config, &yaml, &stop))
+        let (base, config) = (base.clone(), config.clone());
+        stop.spawn(move |stop| reload_until_stopped(&base, &config, &yaml, stop))
     };
     let warm_up = Duration::from_secs((seconds / 4).max(10));
-    // pacing: the chaos runs for its duration; these sleeps are the run, not waits.
-    std::thread::sleep(warm_up);
-    still_running(&mut router, "during warm-up");
+    run_phase(&stop, &mut router, warm_up, "during warm-up");
     let (series_warm, rss_warm) = (lasting_series(&base), resident_kib(router.pid()));
-    // pacing: the rest of the run.
-    std::thread::sleep(Duration::from_secs(seconds).saturating_sub(warm_up));
-    still_running(&mut router, "under the load");
+    let rest = Duration::from_secs(seconds).saturating_sub(warm_up);
+    run_phase(&stop, &mut router, rest, "under the load");
     let (series_end, rss_end) = (lasting_series(&base), resident_kib(router.pid()));
-    stop.store(true, Ordering::Relaxed);
+    stop.stop();
     for thread in threads {
         thread.join().unwrap();
     }

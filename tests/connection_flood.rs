@@ -67,8 +67,8 @@ fn probe_until(
             latencies.push(took);
         }
         *max_fds = (*max_fds).max(open_descriptors(pid));
-        // pacing: the probes are a client's steady trickle, not a wait for anything.
-        std::thread::sleep(every);
+        // The probes are a client's steady trickle.
+        pacing::pace(every);
     }
     latencies.sort();
     latencies

@@ -8,6 +8,7 @@ mod support;
 use std::sync::Arc;
 
 use rand::{Rng, SeedableRng};
+use support::pacing::Stop;
 use support::*;
 use switchyard::fleet::router::{RouteRequest, Router};
 use switchyard::fleet::workers::WorkerSpec;
@@ -105,10 +106,10 @@ fn interleaved_reservations_return_every_count_to_zero() {
 }
 
 /// Workers marked unhealthy, probed healthy, added and removed at random until `stop`.
-fn churn_until_stopped(router: &Router, stop: &std::sync::atomic::AtomicBool) {
+fn churn_until_stopped(router: &Router, stop: &Stop) {
     let mut rng = rand::rngs::StdRng::seed_from_u64(99);
     let mut next = 16;
-    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+    loop {
         let id = WorkerId {
             worker_id: rng.gen_range(0..next),
             dp_rank: 0,
@@ -124,8 +125,10 @@ fn churn_until_stopped(router: &Router, stop: &std::sync::atomic::AtomicBool) {
                 let _ = router.remove_worker(id);
             }
         }
-        // pacing: the churn's rate against the selecting threads, not a wait.
-        std::thread::sleep(std::time::Duration::from_micros(200));
+        // The churn's rate against the selecting threads.
+        if stop.pause(std::time::Duration::from_micros(200)) {
+            break;
+        }
     }
 }
 
@@ -177,7 +180,7 @@ fn kept_candidate_columns_follow_bookings_health_and_membership() {
     let dir = tempfile::tempdir().unwrap();
     let router = router_with(dir.path(), 16);
     let partition = PartitionKey::new("m", WorkerType::Select);
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = Stop::new();
     let bookers: Vec<_> = (0..3u64)
         .map(|t| {
             let router = router.clone();
@@ -206,14 +209,14 @@ fn kept_candidate_columns_follow_bookings_health_and_membership() {
         })
         .collect();
     let churn = {
-        let (router, stop) = (router.clone(), stop.clone());
-        std::thread::spawn(move || churn_until_stopped(&router, &stop))
+        let router = router.clone();
+        stop.spawn(move |stop| churn_until_stopped(&router, stop))
     };
     let open: Vec<String> = bookers
         .into_iter()
         .flat_map(|t| t.join().unwrap())
         .collect();
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    stop.stop();
     churn.join().unwrap();
 
     let check = || columns_match_loads(&router, &partition);

@@ -260,9 +260,8 @@ fn three_replicas_behind_a_real_envoy_share_load_and_survive_one_killed() {
     for i in 0..8 {
         let (url, agent, body) = (url.clone(), agent.clone(), long(i));
         streams.push(std::thread::spawn(move || post_json(&agent, &url, &body)));
-        // pacing: the streams start 50 ms apart, as clients' do; the counts below are
-        // awaited, not this.
-        std::thread::sleep(Duration::from_millis(50));
+        // The streams start 50 ms apart, as clients' do; the counts below are awaited.
+        pacing::pace(Duration::from_millis(50));
     }
     // Every replica counts all eight, whichever picked them.
     for replica in &replicas {
@@ -348,9 +347,8 @@ fn three_frontend_replicas_spread_by_a_client_share_load_and_survive_one_killed(
             let (status, _, body) = post_json(&agent, &url, &body);
             (status, body)
         }));
-        // pacing: the streams start 50 ms apart, as clients' do; the counts below are
-        // awaited, not this.
-        std::thread::sleep(Duration::from_millis(50));
+        // The streams start 50 ms apart, as clients' do; the counts below are awaited.
+        pacing::pace(Duration::from_millis(50));
     }
     for replica in &replicas {
         eventually(

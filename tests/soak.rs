@@ -13,12 +13,13 @@
 
 mod support;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde_json::json;
 use support::load::*;
+use support::pacing::Stop;
 use support::*;
 
 #[test]
@@ -56,13 +57,13 @@ fn clearing_and_removing_workers_of_400k_blocks_keeps_serving() {
             .unwrap()
     };
     assert_eq!(blocks(&agent), (3 * BLOCKS) as f64);
-    let stop = Arc::new(AtomicBool::new(false));
-    let healthz = probe(format!("{base}/healthz"), None, stop.clone());
+    let stop = Stop::new();
+    let healthz = probe(format!("{base}/healthz"), None, &stop);
     let prompt: Vec<u64> = (0..64).map(|i| 3 << 40 | (i + 1)).collect();
     let select = probe(
         format!("{base}/v1/select"),
         Some(json!({"model": "m", "block_hashes": prompt})),
-        stop.clone(),
+        &stop,
     );
     // The clear and the DELETE happen while the probes run: wait until selections count.
     eventually("the probes run", Duration::from_secs(10), || {
@@ -90,9 +91,9 @@ fn clearing_and_removing_workers_of_400k_blocks_keeps_serving() {
         200
     );
     let deleted = started.elapsed();
-    // pacing: the probes go on 300 ms past the DELETE (the window they measure).
-    std::thread::sleep(Duration::from_millis(300));
-    stop.store(true, Ordering::Relaxed);
+    // The probes go on 300 ms past the DELETE: the window they measure.
+    stop.run_for(Duration::from_millis(300));
+    stop.stop();
     let (healthz, healthz_failed) = healthz.join().unwrap();
     let (select, select_failed) = select.join().unwrap();
     eprintln!("clear of {BLOCKS} blocks: {cleared:?}; DELETE of a worker of {BLOCKS}: {deleted:?}");
@@ -112,11 +113,11 @@ fn churn_until_stopped(
     base: &str,
     config: &std::path::Path,
     yaml: &dyn Fn(u32) -> String,
-    stop: &AtomicBool,
+    stop: &Stop,
 ) {
     let agent = agent();
     let mut n = 0u64;
-    while !stop.load(Ordering::Relaxed) {
+    loop {
         n += 1;
         if n.is_multiple_of(40) {
             std::fs::write(config, yaml(1 + (n / 40 % 3) as u32)).unwrap();
@@ -144,8 +145,9 @@ fn churn_until_stopped(
                 .0,
             200
         );
-        // pacing: the churn's rate, not a wait for anything.
-        std::thread::sleep(Duration::from_millis(50));
+        if stop.pause(Duration::from_millis(50)) {
+            break;
+        }
     }
 }
 
@@ -213,39 +215,34 @@ fn soak_with_faults_answers_everything_and_stays_flat() {
     let config = write_config(dir.path(), &yaml(1));
     let router = serve(&config);
     let base = router.address.clone();
-    let stop = Arc::new(AtomicBool::new(false));
+    let stop = Stop::new();
     let counts = Arc::new(Counts::default());
     let mut threads = Vec::new();
     // Clients: streamed and not; one request in four hangs up after its first bytes.
     for client in 0..6u64 {
-        let (base, stop, counts) = (base.clone(), stop.clone(), counts.clone());
-        threads.push(std::thread::spawn(move || {
-            chat_until_stopped(&base, client, &stop, &counts)
-        }));
+        let (base, counts) = (base.clone(), counts.clone());
+        threads.push(stop.spawn(move |stop| chat_until_stopped(&base, client, stop, &counts)));
     }
     // Engines killed and restarted on their port, one every 3 s.
     {
-        let (stop, engines) = (stop.clone(), engines.clone());
-        threads.push(std::thread::spawn(move || {
-            restart_engines_until_stopped(&engines, start_engine, &stop)
-        }));
+        let engines = engines.clone();
+        threads.push(
+            stop.spawn(move |stop| restart_engines_until_stopped(&engines, start_engine, stop)),
+        );
     }
     // Reloads, duplicate registrations, a KV-event flood with clears.
     {
-        let (base, stop, config) = (base.clone(), stop.clone(), config.clone());
-        threads.push(std::thread::spawn(move || {
-            churn_until_stopped(&base, &config, &yaml, &stop)
-        }));
+        let (base, config) = (base.clone(), config.clone());
+        threads.push(stop.spawn(move |stop| churn_until_stopped(&base, &config, &yaml, stop)));
     }
-    let healthz = probe(format!("{base}/healthz"), None, stop.clone());
+    let healthz = probe(format!("{base}/healthz"), None, &stop);
     let size = || series(&base);
     let warm_up = Duration::from_secs((seconds / 4).max(5));
-    // pacing: the soak runs for its duration; these sleeps are the run, not waits.
-    std::thread::sleep(warm_up);
+    stop.run_for(warm_up);
     let (series_warm, rss_warm) = (size(), resident_kib(router.pid()));
-    std::thread::sleep(Duration::from_secs(seconds).saturating_sub(warm_up));
+    stop.run_for(Duration::from_secs(seconds).saturating_sub(warm_up));
     let (series_end, rss_end) = (size(), resident_kib(router.pid()));
-    stop.store(true, Ordering::Relaxed);
+    stop.stop();
     for thread in threads {
         thread.join().unwrap();
     }

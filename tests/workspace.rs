@@ -1,7 +1,8 @@
 //! The repository's own rules, checked on its files where cargo cannot: every
 //! integration test file runs, each layer crate has tests of its own, the host's layer
 //! crates depend only downwards in the documented order, only the plugin boundary
-//! implements `extern "C"` functions, and no source file is over 800 lines.
+//! implements `extern "C"` functions, no source file is over 800 lines, and tests sleep only
+//! in their pacing and polling helpers.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -365,5 +366,44 @@ fn no_code_reaches_through_the_config_source() {
     assert!(
         reaching.is_empty(),
         "use startup.config() (or generation.config()) instead of startup.source.config in: {reaching:?}"
+    );
+}
+
+/// Tests wait for what they can observe (`support::eventually` polls it); the load's own
+/// clock (a churn's rate, a soak's length) is `support::pacing`'s. A sleep anywhere else
+/// in the integration tests is a fixed wait for something that could have been observed.
+#[test]
+fn integration_tests_sleep_only_in_the_pacing_and_polling_helpers() {
+    let mut files = Vec::new();
+    rust_files(&repo().join("tests"), &mut files);
+    for crate_dir in std::fs::read_dir(repo().join("host")).unwrap() {
+        let tests = crate_dir.unwrap().path().join("tests");
+        if tests.is_dir() {
+            rust_files(&tests, &mut files);
+        }
+    }
+    let allowed = [
+        repo().join("tests/support/pacing.rs"),
+        repo().join("tests/support/eventually.rs"),
+        repo().join("tests/workspace.rs"),
+    ];
+    // A fixture is a plugin under test: its sleeps are its behaviour (a slow scorer).
+    let fixtures = repo().join("tests/fixtures");
+    let sleeping: Vec<String> = files
+        .iter()
+        .filter(|f| !allowed.contains(f) && !f.starts_with(&fixtures))
+        .filter(|f| {
+            let code = code(f);
+            code.contains("thread::sleep") || code.contains("time::sleep")
+        })
+        .map(|f| f.display().to_string())
+        .collect();
+    assert!(
+        files.len() > 50,
+        "the search found too few files to mean anything"
+    );
+    assert!(
+        sleeping.is_empty(),
+        "wait with support::eventually (or pace load with support::pacing) instead of sleeping in: {sleeping:?}"
     );
 }

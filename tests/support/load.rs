@@ -2,12 +2,13 @@
 //! stream and hang up, engines killed and restarted, probes, and what they count.
 
 use std::io::Read;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use super::pacing::Stop;
 use super::Process;
 
 /// Resident memory of process `pid`, in KiB.
@@ -65,20 +66,21 @@ pub fn summary(mut micros: Vec<u64>) -> String {
 pub fn probe(
     url: String,
     body: Option<Value>,
-    stop: Arc<AtomicBool>,
+    stop: &Stop,
 ) -> std::thread::JoinHandle<(Vec<u64>, u64)> {
-    std::thread::spawn(move || {
+    stop.spawn(move |stop| {
         let agent = agent();
         let (mut latencies, mut failed) = (Vec::new(), 0);
-        while !stop.load(Ordering::Relaxed) {
+        loop {
             let started = Instant::now();
             let method = if body.is_some() { "POST" } else { "GET" };
             match call(&agent, method, &url, body.as_ref()) {
                 Ok((200, _)) => latencies.push(started.elapsed().as_micros() as u64),
                 _ => failed += 1,
             }
-            // pacing: a probe every 10 ms is the client's rate, not a wait.
-            std::thread::sleep(Duration::from_millis(10));
+            if stop.pause(Duration::from_millis(10)) {
+                break;
+            }
         }
         (latencies, failed)
     })
@@ -108,10 +110,10 @@ impl Counts {
 /// A client of model `demo` until `stop`: streamed and not; one request in four hangs up
 /// after its first bytes. Every answer is counted by its kind; an error must be
 /// OpenAI-shaped.
-pub fn chat_until_stopped(base: &str, client: u64, stop: &AtomicBool, counts: &Counts) {
+pub fn chat_until_stopped(base: &str, client: u64, stop: &Stop, counts: &Counts) {
     let agent = agent();
     let mut n = 0u64;
-    while !stop.load(Ordering::Relaxed) {
+    while !stop.stopped() {
         n += 1;
         let stream = n.is_multiple_of(2);
         let body = json!({"model": "demo", "stream": stream, "max_tokens": 8,
@@ -152,18 +154,17 @@ pub fn chat_until_stopped(base: &str, client: u64, stop: &AtomicBool, counts: &C
 pub fn restart_engines_until_stopped(
     engines: &Mutex<Vec<Process>>,
     start_engine: impl Fn(usize) -> Process,
-    stop: &AtomicBool,
+    stop: &Stop,
 ) {
     let count = engines.lock().unwrap().len();
     for victim in (0..count).cycle() {
-        // pacing: a kill every 3 s, and 0.7 s down, are the chaos itself, not waits.
-        std::thread::sleep(Duration::from_secs(3));
-        if stop.load(Ordering::Relaxed) {
+        if stop.pause(Duration::from_secs(3)) {
             break;
         }
         engines.lock().unwrap()[victim].kill();
-        // pacing: the engine stays down 0.7 s (the outage is the load).
-        std::thread::sleep(Duration::from_millis(700));
+        // Down 0.7 s, or less when the run ends: restarted either way, so that the
+        // run's last checks find every engine up.
+        stop.pause(Duration::from_millis(700));
         engines.lock().unwrap()[victim] = start_engine(victim);
     }
 }

@@ -14,6 +14,7 @@ pub mod llama;
 pub mod load;
 pub mod module_envoy;
 pub mod nats;
+pub mod pacing;
 pub mod real_envoy;
 pub mod server;
 
