@@ -2,7 +2,7 @@
 //! Envoy 1.40 loading `libswitchyard_envoy.so` with docs/envoy.md's config, in front of
 //! `engine-sim` engines (tests/support/module_envoy.rs). Covered: the example policy
 //! plugins of each language (Rust, C, C++) routing inside Envoy, with their selections in
-//! the module's metrics; a reload under load (`POST /v1/admin/reload` on the module's
+//! the module's metrics and its decisions in Envoy's own stats; a reload under load (`POST /v1/admin/reload` on the module's
 //! API) that fails no request and whose new generation routes; two Envoys, each with the
 //! module, sharing bookings over NATS; a headers-only filter booking a request before its
 //! body is sent. Every test ends with no booking left.
@@ -39,7 +39,11 @@ fn plugins_of_each_language_route_inside_envoy_and_count_in_the_modules_metrics(
     let engines = engine_sims(2, &[]);
     let engine_refs: Vec<&Process> = engines.iter().collect();
     let config = switchyard_config(dir.path(), &engine_refs, &plugins_of_each_language());
-    let module = start_module(dir.path(), &config, &engine_refs);
+    // Envoy's admin interface, to read the module's decisions in Envoy's own stats.
+    let admin = free_port();
+    let module = start_module_with(dir.path(), &config, &engine_refs, |text| {
+        format!("admin:\n  address:\n    socket_address: {{ address: 127.0.0.1, port_value: {admin} }}\n{text}")
+    });
     let url = format!("{}/v1/chat/completions", module.envoy.base);
     let agent = agent();
     for instance in ["rust", "c", "cpp"] {
@@ -70,7 +74,69 @@ fn plugins_of_each_language_route_inside_envoy_and_count_in_the_modules_metrics(
         );
     }
     assert!(metric(&module.api, "switchyard_ext_proc_picks_total") >= 12.0);
+    // An instance nobody configured: the module answers it (404) itself.
+    let refused = agent
+        .post(&url)
+        .set("x-switchyard-instance", "nope")
+        .send_json(chat("nope", false));
+    assert!(
+        matches!(refused, Err(ureq::Error::Status(404, _))),
+        "{refused:?}"
+    );
     wait_for_no_bookings(&module.api, Duration::from_secs(10));
+    envoy_stats_count_the_decisions(&format!("http://127.0.0.1:{admin}"), &module.api);
+}
+
+/// Envoy's own stats (its admin `/stats`) count the module's picks and refusals as the
+/// module's metrics do, and hold each pick's decision time (histograms reach the stats
+/// at Envoy's stats flush, every 5 s).
+fn envoy_stats_count_the_decisions(admin: &str, api: &str) {
+    let text = ureq::get(&format!("{admin}/stats?filter=switchyard"))
+        .call()
+        .unwrap()
+        .into_string()
+        .unwrap();
+    let stat = |name: &str| -> Option<f64> {
+        text.lines()
+            .find_map(|l| {
+                l.strip_prefix("dynamicmodulescustom.switchyard.")?
+                    .strip_prefix(name)?
+                    .strip_prefix(": ")
+            })
+            .and_then(|v| v.trim().parse().ok())
+    };
+    let picks = metric(api, "switchyard_ext_proc_picks_total");
+    let refusals = metric(api, "switchyard_ext_proc_refusals_total");
+    assert_eq!(
+        [stat("picks"), stat("refusals"), stat("rebooks")],
+        [Some(picks), Some(refusals), Some(0.0)],
+        "Envoy's picks, refusals and rebooks against the module's metrics; Envoy's stats:\n{text}"
+    );
+    assert_eq!(refusals, 1.0);
+    let decisions = |agent: &ureq::Agent| -> Result<f64, String> {
+        let text = agent
+            .get(&format!("{admin}/stats/prometheus"))
+            .call()
+            .map_err(|e| e.to_string())?
+            .into_string()
+            .map_err(|e| e.to_string())?;
+        let count = text
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix("envoy_dynamicmodulescustom_switchyard_decision_us_count{} ")
+            })
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .ok_or_else(|| format!("no decision_us count yet in:\n{text}"))?;
+        (count == picks)
+            .then_some(count)
+            .ok_or_else(|| format!("{count} decisions timed of {picks} picks"))
+    };
+    let agent = agent();
+    eventually_ok(
+        "Envoy's stats flush the decision times",
+        Duration::from_secs(20),
+        || decisions(&agent),
+    );
 }
 
 /// A policy instance named `name` (the built-in cost), the config's default.

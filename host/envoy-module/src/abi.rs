@@ -13,6 +13,11 @@
 //! the filter alone; the list takes the filter and an array of buffers, which it fills
 //! with each attempted host's address string and answers true.
 //!
+//! The metrics callbacks are the label-aware ones (a counter's or histogram's label names at
+//! its definition, the values at each add; this module uses none): their register use in
+//! the 1.40.0 binary (`objdump -d`) matches that header, and Envoy answers `Frozen` (3)
+//! to a definition made after the filter config's `config_new` hook.
+//!
 //! Envoy binds these lazily (`RTLD_LAZY`): a callback that does not exist fails at its
 //! first call, not at load. The hooks Envoy requires are resolved when a filter config
 //! loads, and a missing one rejects the config.
@@ -117,6 +122,10 @@ pub const TRAILERS_CONTINUE: u32 = 0;
 pub const TRAILERS_STOP_ITERATION: u32 = 1;
 /// `envoy_dynamic_module_type_on_http_filter_local_reply_status_Continue`.
 pub const LOCAL_REPLY_CONTINUE: u32 = 0;
+
+/// `envoy_dynamic_module_type_metrics_result`: `Success`; the others (`MetricNotFound`,
+/// `InvalidLabels`, `Frozen`) are failures the module reports by their number.
+pub const METRICS_SUCCESS: u32 = 0;
 
 extern "C" {
     pub fn envoy_dynamic_module_callback_http_get_header(
@@ -228,4 +237,41 @@ extern "C" {
     );
 
     pub fn envoy_dynamic_module_callback_http_filter_scheduler_delete(scheduler: SchedulerPtr);
+
+    /// A counter in Envoy's stats (`label_names` none here), defined while the filter
+    /// config is made (later, Envoy answers `METRICS_FROZEN`); its id in `id`.
+    pub fn envoy_dynamic_module_callback_http_filter_config_define_counter(
+        config: ConfigEnvoyPtr,
+        name: Buffer,
+        label_names: *const Buffer,
+        label_names_length: usize,
+        id: *mut usize,
+    ) -> u32;
+
+    /// A histogram in Envoy's stats, as `..._define_counter`.
+    pub fn envoy_dynamic_module_callback_http_filter_config_define_histogram(
+        config: ConfigEnvoyPtr,
+        name: Buffer,
+        label_names: *const Buffer,
+        label_names_length: usize,
+        id: *mut usize,
+    ) -> u32;
+
+    /// Adds `value` to counter `id` of the stream's filter config.
+    pub fn envoy_dynamic_module_callback_http_filter_increment_counter(
+        filter: FilterEnvoyPtr,
+        id: usize,
+        label_values: *const Buffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> u32;
+
+    /// Records `value` in histogram `id` of the stream's filter config.
+    pub fn envoy_dynamic_module_callback_http_filter_record_histogram_value(
+        filter: FilterEnvoyPtr,
+        id: usize,
+        label_values: *const Buffer,
+        label_values_length: usize,
+        value: u64,
+    ) -> u32;
 }

@@ -12,6 +12,8 @@ use switchyard_fleet::router::Router;
 use switchyard_serve::ext_proc::EndpointPicker;
 use switchyard_serve::frontend::Frontend;
 
+use crate::stats::EnvoyStats;
+
 /// Why a filter config was refused; Envoy logs it and rejects the config.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -32,6 +34,8 @@ pub struct FilterConfig {
     pub model_header: Option<String>,
     /// The module's own threads; dropped (stopped) first when the config goes.
     pub runtime: Option<tokio::runtime::Runtime>,
+    /// The module's decisions in Envoy's stats (`None` if Envoy refused to define them).
+    pub stats: Option<EnvoyStats>,
 }
 
 impl FilterConfig {
@@ -78,6 +82,7 @@ impl FilterConfig {
             picker,
             model_header: settings.model_header().map(str::to_owned),
             runtime: Some(runtime),
+            stats: None,
         })
     }
 

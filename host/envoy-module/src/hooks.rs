@@ -14,6 +14,7 @@ use std::sync::Arc;
 use crate::abi::{self, Buffer, ConfigEnvoyPtr, FilterEnvoyPtr};
 use crate::envoy::Stream;
 use crate::filter_config::FilterConfig;
+use crate::stats::EnvoyStats;
 use crate::stream::Filter;
 
 /// Runs a hook's body; a panic is logged and `fallback` answers instead.
@@ -65,7 +66,7 @@ pub extern "C" fn envoy_dynamic_module_on_program_init() -> *const c_char {
 /// Envoy's buffers are valid for the call.
 #[no_mangle]
 pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
-    _config_envoy: ConfigEnvoyPtr,
+    config_envoy: ConfigEnvoyPtr,
     _name: Buffer,
     config: Buffer,
 ) -> *const c_void {
@@ -73,7 +74,13 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_config_new(
     let text = unsafe { config.bytes() };
     guarded("http_filter_config_new", std::ptr::null(), || {
         match FilterConfig::load(text) {
-            Ok(config) => Arc::into_raw(Arc::new(config)).cast(),
+            Ok(mut config) => {
+                // Envoy's stats are made now or never; the decisions go on without them.
+                config.stats = EnvoyStats::define(config_envoy)
+                    .map_err(|error| tracing::warn!(%error, "switchyard (Envoy module): no Envoy stats for this filter config (switchyard's /metrics has them)"))
+                    .ok();
+                Arc::into_raw(Arc::new(config)).cast()
+            }
             Err(error) => {
                 // Envoy says only that the module refused; the reason goes to its stderr.
                 eprintln!("error: {error}");
@@ -274,7 +281,7 @@ pub extern "C" fn envoy_dynamic_module_on_http_filter_config_scheduled(
 /// Envoy's filter and the module's, of a live stream; `details` valid for the call.
 #[no_mangle]
 pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_local_reply(
-    _envoy: FilterEnvoyPtr,
+    envoy: FilterEnvoyPtr,
     module: *const c_void,
     _response_code: u32,
     details: Buffer,
@@ -282,7 +289,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_local_reply(
 ) -> u32 {
     guarded("http_filter_local_reply", (), || {
         // SAFETY: the caller's promise.
-        unsafe { filter(module) }.local_reply(unsafe { details.bytes() });
+        unsafe { filter(module) }.local_reply(Stream(envoy), unsafe { details.bytes() });
     });
     abi::LOCAL_REPLY_CONTINUE
 }

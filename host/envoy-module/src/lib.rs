@@ -9,12 +9,14 @@
 //! - `hooks.rs`: the hooks Envoy calls, each guarded against panics;
 //! - `filter_config.rs`: one router per filter config, and the module's threads;
 //! - `stream.rs`: one stream's request, decision, booking and end;
-//! - `envoy.rs`: the callbacks of one stream, as safe calls.
+//! - `envoy.rs`: the callbacks of one stream, as safe calls;
+//! - `stats.rs`: the module's decisions in Envoy's own stats.
 
 pub mod abi;
 pub mod envoy;
 pub mod filter_config;
 pub mod hooks;
+pub mod stats;
 pub mod stream;
 
 /// Once per process, when Envoy loads the module: logs to stderr (`RUST_LOG`, `info` by

@@ -6,6 +6,7 @@
 //! stream either way, and dropping the pick frees it).
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use parking_lot::Mutex;
 use switchyard_serve::caller::Caller;
@@ -38,7 +39,8 @@ pub struct Filter {
     config: Arc<FilterConfig>,
     asked: Option<Asked>,
     pick: Option<Pick>,
-    pending: Option<(Pending, Arc<Scheduler>)>,
+    /// The decision on the module's runtime, and when it began.
+    pending: Option<(Pending, Arc<Scheduler>, Instant)>,
 }
 
 impl Filter {
@@ -176,22 +178,30 @@ impl Filter {
     /// the module's runtime. A body hook's status. Who may choose an instance is the
     /// serving generation's (`auth.choose_instance`, which a reload changes).
     fn decide(&mut self, stream: Stream, asked: Asked, body: Vec<u8>) -> u32 {
+        let started = Instant::now();
         let picker = &self.config.picker;
         let caller = picker.proxy_caller();
         match embedded::decide_now(picker, &caller, &asked, &body) {
             Now::Decided(Ok(pick)) => {
-                self.route(stream, pick);
+                self.route(stream, pick, started);
                 abi::BODY_CONTINUE
             }
             Now::Decided(Err(error)) => self.refuse(stream, error, abi::BODY_STOP_NO_BUFFER),
-            Now::Later => self.decide_later(stream, caller, asked, body),
+            Now::Later => self.decide_later(stream, caller, asked, body, started),
         }
     }
 
     /// Plugin code, a tokenizer or the admission queue: decided on the module's runtime
     /// (never on Envoy's worker thread, never on the executor's threads), and the stream
     /// resumes on its worker thread (`scheduled`).
-    fn decide_later(&mut self, stream: Stream, caller: Caller, asked: Asked, body: Vec<u8>) -> u32 {
+    fn decide_later(
+        &mut self,
+        stream: Stream,
+        caller: Caller,
+        asked: Asked,
+        body: Vec<u8>,
+        started: Instant,
+    ) -> u32 {
         let (Some(runtime), Some(scheduler)) =
             (self.config.runtime.as_ref(), Scheduler::new(stream))
         else {
@@ -204,7 +214,7 @@ impl Filter {
         };
         let pending: Pending = Arc::default();
         let scheduler = Arc::new(scheduler);
-        self.pending = Some((pending.clone(), scheduler.clone()));
+        self.pending = Some((pending.clone(), scheduler.clone(), started));
         let picker = self.config.picker.clone();
         runtime.spawn(async move {
             let decided = embedded::pick(picker, caller, asked, Arc::new(body)).await;
@@ -216,13 +226,13 @@ impl Filter {
 
     /// The decision made on the module's runtime arrived on the worker thread.
     pub fn scheduled(&mut self, stream: Stream) {
-        let Some((pending, _scheduler)) = self.pending.take() else {
+        let Some((pending, _scheduler, started)) = self.pending.take() else {
             return;
         };
         let decided = pending.lock().take();
         match decided {
             Some(Ok(pick)) => {
-                self.route(stream, pick);
+                self.route(stream, pick, started);
                 stream.continue_decoding();
             }
             Some(Err(error)) => {
@@ -237,7 +247,7 @@ impl Filter {
     /// balancer sends them (with the fallbacks in the destination header and the
     /// override-host load balancer, down the policy's list), and `response_headers`
     /// moves the booking there.
-    fn route(&mut self, stream: Stream, pick: Pick) {
+    fn route(&mut self, stream: Stream, pick: Pick, started: Instant) {
         // The destination starts with the endpoint: one string for both.
         let destination = pick.destination();
         let endpoint = destination.split(',').next().unwrap_or(&destination);
@@ -252,11 +262,18 @@ impl Filter {
             stream.set_request_header(PREFILLER_HEADER, &prefiller.to_string());
         }
         self.pick = Some(pick);
+        if let Some(stats) = &self.config.stats {
+            stats.picked(stream);
+            stats.decided(stream, started.elapsed());
+        }
     }
 
     /// Answers the request itself (an OpenAI-style JSON error); `status` is the hook's.
     fn refuse(&mut self, stream: Stream, error: OpenAiError, status: u32) -> u32 {
         self.asked = None;
+        if let Some(stats) = &self.config.stats {
+            stats.refused(stream);
+        }
         let body = error.body().to_string();
         stream.reply(
             error.status().as_u16(),
@@ -277,6 +294,9 @@ impl Filter {
             });
             if let Some(served) = served.filter(|s| *s != pick.endpoint()) {
                 pick.served_by(self.config.router(), &served.to_string());
+                if let Some(stats) = &self.config.stats {
+                    stats.rebooked(stream);
+                }
             }
             pick.answering();
         }
@@ -286,10 +306,13 @@ impl Filter {
     /// Envoy answers the request itself: when its router could not reach the picked
     /// engine (`upstream_reset_before_response_started`, `UF`/`UR` in its access log), the
     /// worker leaves the candidates for a cool-down, before any health probe notices.
-    pub fn local_reply(&mut self, details: &[u8]) {
+    pub fn local_reply(&mut self, stream: Stream, details: &[u8]) {
         const UPSTREAM_FAILURE: &[u8] = b"upstream_reset_before_response_started";
         if let (Some(pick), true) = (self.pick.as_ref(), details.starts_with(UPSTREAM_FAILURE)) {
             pick.engine_failed(&self.config.picker);
+            if let Some(stats) = &self.config.stats {
+                stats.engine_failed(stream);
+            }
         }
     }
 

@@ -1,0 +1,122 @@
+//! The module's decisions in Envoy's own stats, beside switchyard's `/metrics` (which
+//! has them all, on the module's `listen`): what an operator who scrapes Envoy sees
+//! without a second endpoint. Envoy 1.40 keeps them under its custom-stats namespace:
+//! `/stats` prints `dynamicmodulescustom.switchyard.picks: 12`, `/stats/prometheus`
+//! `envoy_dynamicmodulescustom_switchyard_picks{} 12`.
+//!
+//! Envoy makes a filter config's stats only while that config is being made; each
+//! stream then adds to them through its own filter, on its worker thread.
+
+use std::time::Duration;
+
+use crate::abi::{self, Buffer, ConfigEnvoyPtr};
+use crate::envoy::Stream;
+
+/// The ids Envoy gave the module's stats of one filter config.
+pub struct EnvoyStats {
+    /// `switchyard.picks`: requests the module sent to an endpoint it picked.
+    picks: usize,
+    /// `switchyard.refusals`: requests the module answered itself (admission, a bad
+    /// request, no endpoint).
+    refusals: usize,
+    /// `switchyard.rebooks`: bookings moved to the endpoint that served after Envoy's
+    /// retries.
+    rebooks: usize,
+    /// `switchyard.engine_failures`: picked engines Envoy could not reach.
+    engine_failures: usize,
+    /// `switchyard.decision_us`: how long each decision took, in microseconds.
+    decision_us: usize,
+}
+
+impl EnvoyStats {
+    /// Defines the stats in the filter config Envoy is making (call from
+    /// `on_http_filter_config_new`); why not, when Envoy refuses one.
+    pub fn define(config: ConfigEnvoyPtr) -> Result<EnvoyStats, String> {
+        let counter = |name: &str| {
+            define(
+                config,
+                name,
+                abi::envoy_dynamic_module_callback_http_filter_config_define_counter,
+            )
+        };
+        Ok(EnvoyStats {
+            picks: counter("switchyard.picks")?,
+            refusals: counter("switchyard.refusals")?,
+            rebooks: counter("switchyard.rebooks")?,
+            engine_failures: counter("switchyard.engine_failures")?,
+            decision_us: define(
+                config,
+                "switchyard.decision_us",
+                abi::envoy_dynamic_module_callback_http_filter_config_define_histogram,
+            )?,
+        })
+    }
+
+    pub fn picked(&self, stream: Stream) {
+        add(stream, self.picks);
+    }
+
+    pub fn refused(&self, stream: Stream) {
+        add(stream, self.refusals);
+    }
+
+    pub fn rebooked(&self, stream: Stream) {
+        add(stream, self.rebooks);
+    }
+
+    pub fn engine_failed(&self, stream: Stream) {
+        add(stream, self.engine_failures);
+    }
+
+    pub fn decided(&self, stream: Stream, took: Duration) {
+        let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        // SAFETY: a hook's filter pointer and an id of its config; no labels.
+        unsafe {
+            abi::envoy_dynamic_module_callback_http_filter_record_histogram_value(
+                stream.0,
+                self.decision_us,
+                std::ptr::null(),
+                0,
+                micros,
+            );
+        }
+    }
+}
+
+type Define = unsafe extern "C" fn(ConfigEnvoyPtr, Buffer, *const Buffer, usize, *mut usize) -> u32;
+
+fn define(config: ConfigEnvoyPtr, name: &str, define: Define) -> Result<usize, String> {
+    let mut id = 0;
+    // SAFETY: the config pointer of the `config_new` hook running; the name outlives the
+    // call; no labels; `id` is written.
+    let result = unsafe {
+        define(
+            config,
+            Buffer::of(name.as_bytes()),
+            std::ptr::null(),
+            0,
+            &mut id,
+        )
+    };
+    if result == abi::METRICS_SUCCESS {
+        Ok(id)
+    } else {
+        Err(format!(
+            "Envoy refused to define `{name}` (metrics result {result})"
+        ))
+    }
+}
+
+fn add(stream: Stream, id: usize) {
+    // SAFETY: a hook's filter pointer and an id of its config; no labels. A failure (an
+    // id Envoy does not know) costs the count, nothing else.
+    unsafe {
+        abi::envoy_dynamic_module_callback_http_filter_increment_counter(
+            stream.0,
+            id,
+            std::ptr::null(),
+            0,
+            1,
+        );
+    }
+}
