@@ -24,7 +24,8 @@ pub struct EnvoyStats {
     rebooks: usize,
     /// `switchyard.engine_failures`: picked engines Envoy could not reach.
     engine_failures: usize,
-    /// `switchyard.decision_us`: how long each decision took, in microseconds.
+    /// `switchyard.decision_us`: how long each pick's decision took, in microseconds
+    /// (the time `switchyard_ext_proc_decision_seconds` records).
     decision_us: usize,
 }
 
@@ -52,8 +53,20 @@ impl EnvoyStats {
         })
     }
 
-    pub fn picked(&self, stream: Stream) {
+    /// A pick, and how long its decision took.
+    pub fn picked(&self, stream: Stream, took: Duration) {
         add(stream, self.picks);
+        let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
+        // SAFETY: a hook's filter pointer and an id of its config; no labels.
+        unsafe {
+            abi::envoy_dynamic_module_callback_http_filter_record_histogram_value(
+                stream.0,
+                self.decision_us,
+                std::ptr::null(),
+                0,
+                micros,
+            );
+        }
     }
 
     pub fn refused(&self, stream: Stream) {
@@ -66,20 +79,6 @@ impl EnvoyStats {
 
     pub fn engine_failed(&self, stream: Stream) {
         add(stream, self.engine_failures);
-    }
-
-    pub fn decided(&self, stream: Stream, took: Duration) {
-        let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
-        // SAFETY: a hook's filter pointer and an id of its config; no labels.
-        unsafe {
-            abi::envoy_dynamic_module_callback_http_filter_record_histogram_value(
-                stream.0,
-                self.decision_us,
-                std::ptr::null(),
-                0,
-                micros,
-            );
-        }
     }
 }
 

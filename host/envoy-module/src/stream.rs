@@ -6,7 +6,6 @@
 //! stream either way, and dropping the pick frees it).
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use parking_lot::Mutex;
 use switchyard_serve::caller::Caller;
@@ -39,8 +38,7 @@ pub struct Filter {
     config: Arc<FilterConfig>,
     asked: Option<Asked>,
     pick: Option<Pick>,
-    /// The decision on the module's runtime, and when it began.
-    pending: Option<(Pending, Arc<Scheduler>, Instant)>,
+    pending: Option<(Pending, Arc<Scheduler>)>,
 }
 
 impl Filter {
@@ -178,30 +176,22 @@ impl Filter {
     /// the module's runtime. A body hook's status. Who may choose an instance is the
     /// serving generation's (`auth.choose_instance`, which a reload changes).
     fn decide(&mut self, stream: Stream, asked: Asked, body: Vec<u8>) -> u32 {
-        let started = Instant::now();
         let picker = &self.config.picker;
         let caller = picker.proxy_caller();
         match embedded::decide_now(picker, &caller, &asked, &body) {
             Now::Decided(Ok(pick)) => {
-                self.route(stream, pick, started);
+                self.route(stream, pick);
                 abi::BODY_CONTINUE
             }
             Now::Decided(Err(error)) => self.refuse(stream, error, abi::BODY_STOP_NO_BUFFER),
-            Now::Later => self.decide_later(stream, caller, asked, body, started),
+            Now::Later => self.decide_later(stream, caller, asked, body),
         }
     }
 
     /// Plugin code, a tokenizer or the admission queue: decided on the module's runtime
     /// (never on Envoy's worker thread, never on the executor's threads), and the stream
     /// resumes on its worker thread (`scheduled`).
-    fn decide_later(
-        &mut self,
-        stream: Stream,
-        caller: Caller,
-        asked: Asked,
-        body: Vec<u8>,
-        started: Instant,
-    ) -> u32 {
+    fn decide_later(&mut self, stream: Stream, caller: Caller, asked: Asked, body: Vec<u8>) -> u32 {
         let (Some(runtime), Some(scheduler)) =
             (self.config.runtime.as_ref(), Scheduler::new(stream))
         else {
@@ -214,7 +204,7 @@ impl Filter {
         };
         let pending: Pending = Arc::default();
         let scheduler = Arc::new(scheduler);
-        self.pending = Some((pending.clone(), scheduler.clone(), started));
+        self.pending = Some((pending.clone(), scheduler.clone()));
         let picker = self.config.picker.clone();
         runtime.spawn(async move {
             let decided = embedded::pick(picker, caller, asked, Arc::new(body)).await;
@@ -226,13 +216,13 @@ impl Filter {
 
     /// The decision made on the module's runtime arrived on the worker thread.
     pub fn scheduled(&mut self, stream: Stream) {
-        let Some((pending, _scheduler, started)) = self.pending.take() else {
+        let Some((pending, _scheduler)) = self.pending.take() else {
             return;
         };
         let decided = pending.lock().take();
         match decided {
             Some(Ok(pick)) => {
-                self.route(stream, pick, started);
+                self.route(stream, pick);
                 stream.continue_decoding();
             }
             Some(Err(error)) => {
@@ -247,7 +237,7 @@ impl Filter {
     /// balancer sends them (with the fallbacks in the destination header and the
     /// override-host load balancer, down the policy's list), and `response_headers`
     /// moves the booking there.
-    fn route(&mut self, stream: Stream, pick: Pick, started: Instant) {
+    fn route(&mut self, stream: Stream, pick: Pick) {
         // The destination starts with the endpoint: one string for both.
         let destination = pick.destination();
         let endpoint = destination.split(',').next().unwrap_or(&destination);
@@ -261,11 +251,10 @@ impl Filter {
         if let Some(prefiller) = pick.prefiller() {
             stream.set_request_header(PREFILLER_HEADER, &prefiller.to_string());
         }
-        self.pick = Some(pick);
         if let Some(stats) = &self.config.stats {
-            stats.picked(stream);
-            stats.decided(stream, started.elapsed());
+            stats.picked(stream, pick.decided_in());
         }
+        self.pick = Some(pick);
     }
 
     /// Answers the request itself (an OpenAI-style JSON error); `status` is the hook's.

@@ -6,6 +6,8 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
+
 use switchyard_policy::histogram::Stopwatch;
 
 use switchyard_fleet::router::Router;
@@ -69,9 +71,14 @@ pub fn headers_only_body(model: &str) -> Vec<u8> {
 }
 
 /// A request's booking and where it goes; the booking is freed when this is dropped.
-pub struct Pick(Booked);
+pub struct Pick(Booked, Duration);
 
 impl Pick {
+    /// How long the decision took: what `switchyard_ext_proc_decision_seconds` recorded.
+    pub fn decided_in(&self) -> Duration {
+        self.1
+    }
+
     /// The chosen worker's endpoint.
     pub fn endpoint(&self) -> SocketAddr {
         self.0.endpoint
@@ -162,11 +169,17 @@ fn recorded(
     decided: Result<Booked, OpenAiError>,
 ) -> Result<Pick, OpenAiError> {
     let metrics = &picker.router().metrics;
-    match &decided {
-        Ok(_) => metrics.record_ext_proc_pick(started.elapsed()),
-        Err(_) => metrics.record_ext_proc_refusal(),
+    match decided {
+        Ok(booked) => {
+            let took = started.elapsed();
+            metrics.record_ext_proc_pick(took);
+            Ok(Pick(booked, took))
+        }
+        Err(error) => {
+            metrics.record_ext_proc_refusal();
+            Err(error)
+        }
     }
-    decided.map(Pick)
 }
 
 /// Any eligible endpoint, for a request without a body (`GET /v1/models`): nothing is
