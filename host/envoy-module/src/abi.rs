@@ -127,6 +127,10 @@ pub const LOCAL_REPLY_CONTINUE: u32 = 0;
 /// `InvalidLabels`, `Frozen`) are failures the module reports by their number.
 pub const METRICS_SUCCESS: u32 = 0;
 
+/// `..._define_counter` and `..._define_histogram` (the same parameters).
+pub type DefineMetric =
+    unsafe extern "C" fn(ConfigEnvoyPtr, Buffer, *const Buffer, usize, *mut usize) -> u32;
+
 extern "C" {
     pub fn envoy_dynamic_module_callback_http_get_header(
         filter: FilterEnvoyPtr,

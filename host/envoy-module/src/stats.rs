@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use crate::abi::{self, Buffer, ConfigEnvoyPtr};
+use crate::abi::{self, Buffer, ConfigEnvoyPtr, DefineMetric};
 use crate::envoy::Stream;
 
 /// The ids Envoy gave the module's stats of one filter config.
@@ -82,9 +82,7 @@ impl EnvoyStats {
     }
 }
 
-type Define = unsafe extern "C" fn(ConfigEnvoyPtr, Buffer, *const Buffer, usize, *mut usize) -> u32;
-
-fn define(config: ConfigEnvoyPtr, name: &str, define: Define) -> Result<usize, String> {
+fn define(config: ConfigEnvoyPtr, name: &str, define: DefineMetric) -> Result<usize, String> {
     let mut id = 0;
     // SAFETY: the config pointer of the `config_new` hook running; the name outlives the
     // call; no labels; `id` is written.
