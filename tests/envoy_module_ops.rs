@@ -39,10 +39,11 @@ fn plugins_of_each_language_route_inside_envoy_and_count_in_the_modules_metrics(
     let engines = engine_sims(2, &[]);
     let engine_refs: Vec<&Process> = engines.iter().collect();
     let config = switchyard_config(dir.path(), &engine_refs, &plugins_of_each_language());
-    // Envoy's admin interface, to read the module's decisions in Envoy's own stats.
+    // Envoy's admin interface, to read the module's decisions in Envoy's own stats, which
+    // it flushes every second (histograms reach the admin at a flush; 5 s by default).
     let admin = free_port();
     let module = start_module_with(dir.path(), &config, &engine_refs, |text| {
-        format!("admin:\n  address:\n    socket_address: {{ address: 127.0.0.1, port_value: {admin} }}\n{text}")
+        format!("stats_flush_interval: 1s\nadmin:\n  address:\n    socket_address: {{ address: 127.0.0.1, port_value: {admin} }}\n{text}")
     });
     let url = format!("{}/v1/chat/completions", module.envoy.base);
     let agent = agent();
@@ -88,8 +89,8 @@ fn plugins_of_each_language_route_inside_envoy_and_count_in_the_modules_metrics(
 }
 
 /// Envoy's own stats (its admin `/stats`) count the module's picks and refusals as the
-/// module's metrics do, and hold each pick's decision time (histograms reach the stats
-/// at Envoy's stats flush, every 5 s).
+/// module's metrics do, and hold each pick's decision time (at Envoy's next stats
+/// flush).
 fn envoy_stats_count_the_decisions(admin: &str, api: &str) {
     let text = ureq::get(&format!("{admin}/stats?filter=switchyard"))
         .call()
