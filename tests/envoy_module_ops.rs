@@ -2,10 +2,11 @@
 //! Envoy 1.40 loading `libswitchyard_envoy.so` with docs/envoy.md's config, in front of
 //! `engine-sim` engines (tests/support/module_envoy.rs). Covered: the example policy
 //! plugins of each language (Rust, C, C++) routing inside Envoy, with their selections in
-//! the module's metrics and its decisions in Envoy's own stats; a reload under load (`POST /v1/admin/reload` on the module's
-//! API) that fails no request and whose new generation routes; two Envoys, each with the
-//! module, sharing bookings over NATS; a headers-only filter booking a request before its
-//! body is sent. Every test ends with no booking left.
+//! the module's metrics and its decisions in Envoy's own stats; a reload under load
+//! (`POST /v1/admin/reload` on the module's API) that fails no request and whose new
+//! generation routes; two Envoys, each with the module, sharing bookings over NATS; a
+//! headers-only filter booking a request before its body is sent. Every test ends with no
+//! booking left.
 
 mod support;
 

@@ -131,6 +131,10 @@ pub const METRICS_SUCCESS: u32 = 0;
 pub type DefineMetric =
     unsafe extern "C" fn(ConfigEnvoyPtr, Buffer, *const Buffer, usize, *mut usize) -> u32;
 
+/// `..._increment_counter` and `..._record_histogram_value` (the same parameters).
+pub type AddToMetric =
+    unsafe extern "C" fn(FilterEnvoyPtr, usize, *const Buffer, usize, u64) -> u32;
+
 extern "C" {
     pub fn envoy_dynamic_module_callback_http_get_header(
         filter: FilterEnvoyPtr,
@@ -243,7 +247,7 @@ extern "C" {
     pub fn envoy_dynamic_module_callback_http_filter_scheduler_delete(scheduler: SchedulerPtr);
 
     /// A counter in Envoy's stats (`label_names` none here), defined while the filter
-    /// config is made (later, Envoy answers `METRICS_FROZEN`); its id in `id`.
+    /// config is made (later, Envoy answers `Frozen`, 3); its id in `id`.
     pub fn envoy_dynamic_module_callback_http_filter_config_define_counter(
         config: ConfigEnvoyPtr,
         name: Buffer,

@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use crate::abi::{self, Buffer, ConfigEnvoyPtr, DefineMetric};
+use crate::abi::{self, AddToMetric, Buffer, ConfigEnvoyPtr, DefineMetric};
 use crate::envoy::Stream;
 
 /// The ids Envoy gave the module's stats of one filter config.
@@ -57,16 +57,12 @@ impl EnvoyStats {
     pub fn picked(&self, stream: Stream, took: Duration) {
         add(stream, self.picks);
         let micros = u64::try_from(took.as_micros()).unwrap_or(u64::MAX);
-        // SAFETY: a hook's filter pointer and an id of its config; no labels.
-        unsafe {
-            abi::envoy_dynamic_module_callback_http_filter_record_histogram_value(
-                stream.0,
-                self.decision_us,
-                std::ptr::null(),
-                0,
-                micros,
-            );
-        }
+        add_to(
+            stream,
+            abi::envoy_dynamic_module_callback_http_filter_record_histogram_value,
+            self.decision_us,
+            micros,
+        );
     }
 
     pub fn refused(&self, stream: Stream) {
@@ -105,15 +101,19 @@ fn define(config: ConfigEnvoyPtr, name: &str, define: DefineMetric) -> Result<us
 }
 
 fn add(stream: Stream, id: usize) {
+    add_to(
+        stream,
+        abi::envoy_dynamic_module_callback_http_filter_increment_counter,
+        id,
+        1,
+    );
+}
+
+/// `value` added to (a counter) or recorded in (a histogram) metric `id`.
+fn add_to(stream: Stream, callback: AddToMetric, id: usize, value: u64) {
     // SAFETY: a hook's filter pointer and an id of its config; no labels. A failure (an
-    // id Envoy does not know) costs the count, nothing else.
+    // id Envoy does not know) costs the value, nothing else.
     unsafe {
-        abi::envoy_dynamic_module_callback_http_filter_increment_counter(
-            stream.0,
-            id,
-            std::ptr::null(),
-            0,
-            1,
-        );
+        callback(stream.0, id, std::ptr::null(), 0, value);
     }
 }
