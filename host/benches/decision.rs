@@ -8,14 +8,20 @@
 //! Envoy, the loopback or the engines, so a change to the per-request path can be
 //! measured in seconds.
 //!
+//! Two more figures, in the same rounds: the decision made on two threads at once (as
+//! Envoy's two workers make them: what the router's shared state costs them), and made
+//! with the caches cold (as between Envoy's requests: what the decision touches).
+//!
 //! `make bench-decision` (or `cargo bench -p switchyard --bench decision`). No network: the workers' addresses are
 //! never dialled. With `SWITCHYARD_PROFILE_SECS=N` it makes whole decisions for N seconds
-//! instead, for `perf record` of this process.
+//! instead, for `perf record` of this process (`SWITCHYARD_PROFILE_THREADS=2` on two
+//! threads, `SWITCHYARD_PROFILE_COLD=1` cold), and prints how many it made.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use switchyard::fleet::router::Router;
+use switchyard::fleet::router::{RouteRequest, Router};
+use switchyard::serve::caller::Caller;
 use switchyard::serve::ext_proc::embedded::{self, Asked, Now};
 use switchyard::serve::ext_proc::EndpointPicker;
 use switchyard::serve::frontend::prompt::Endpoint;
@@ -23,6 +29,14 @@ use switchyard::serve::frontend::Frontend;
 
 /// Decisions per timed round.
 const BATCH: u64 = 20_000;
+/// What a cold decision's thread reads first: four times this machine's per-core L2
+/// cache (2 MiB), so the router's code and data come from memory or the shared L3.
+fn eviction_buffer() -> Vec<u64> {
+    (0..(8u64 << 20) / 8).collect()
+}
+
+/// Cold decisions per timed round (each after its eviction).
+const COLD: usize = 2_000;
 /// Interleaved rounds.
 const ROUNDS: usize = 15;
 
@@ -70,28 +84,72 @@ fn decisions(picker: &EndpointPicker, bodies: &[Vec<u8>]) -> f64 {
     let caller = picker.proxy_caller();
     let started = Instant::now();
     for body in bodies {
-        let asked = Asked::new(Endpoint::ChatCompletions, None, None, Vec::new());
-        match embedded::decide_now(picker, &caller, &asked, body) {
-            Now::Decided(Ok(mut pick)) => pick.answering(),
-            Now::Decided(Err(error)) => panic!("the decision failed: {}", error.body()),
-            Now::Later => panic!("the decision was not made inline"),
-        }
+        decision(picker, &caller, body);
     }
     started.elapsed().as_nanos() as f64 / bodies.len() as f64
 }
 
 /// `BATCH` selections and bookings of one request built once, each freed before the
 /// next; nanoseconds per selection.
-fn selections(router: &Router, request: &switchyard::fleet::router::RouteRequest) -> f64 {
+fn selections(router: &Router, request: &RouteRequest) -> f64 {
     let started = Instant::now();
     for n in 0..BATCH {
-        let id = format!("bench-{n}");
-        router
-            .reserve_as(request, &id)
-            .expect("selected and booked");
-        router.free(&id).expect("freed");
+        selection(router, request, &format!("bench-{n}"));
     }
     started.elapsed().as_nanos() as f64 / BATCH as f64
+}
+
+/// `COLD` runs of `work` with the caches cold, as in a proxy whose own work between two
+/// decisions evicts the router's code and data: before each run the thread reads `evict`
+/// (`eviction_buffer`, one word per cache line), untimed; nanoseconds per run. In Envoy
+/// the decision costs about this (docs/BENCHMARKS.md), not the warm loop's figure: what
+/// it touches counts as much as what it computes.
+fn cold(evict: &[u64], mut work: impl FnMut(usize)) -> f64 {
+    let mut took = Duration::ZERO;
+    let mut sum = 0u64;
+    for n in 0..COLD {
+        for line in evict.iter().step_by(8) {
+            sum = sum.wrapping_add(*line);
+        }
+        let started = Instant::now();
+        work(n);
+        took += started.elapsed();
+    }
+    std::hint::black_box(sum);
+    took.as_nanos() as f64 / COLD as f64
+}
+
+/// One whole decision of `body`, freed before it returns.
+fn decision(picker: &EndpointPicker, caller: &Caller, body: &[u8]) {
+    let asked = Asked::new(Endpoint::ChatCompletions, None, None, Vec::new());
+    match embedded::decide_now(picker, caller, &asked, body) {
+        Now::Decided(Ok(mut pick)) => pick.answering(),
+        Now::Decided(Err(error)) => panic!("the decision failed: {}", error.body()),
+        Now::Later => panic!("the decision was not made inline"),
+    }
+}
+
+/// One selection and booking of `request` under `id`, freed before it returns.
+fn selection(router: &Router, request: &RouteRequest, id: &str) {
+    router.reserve_as(request, id).expect("selected and booked");
+    router.free(id).expect("freed");
+}
+
+/// `decisions` on two threads at once, as Envoy's two workers make them on this 2-core
+/// machine: nanoseconds per decision on each thread (the mean of the two). Above the one
+/// thread's figure by what the threads' shared state (locks, counters, maps) costs them.
+fn decisions_on_two_threads(picker: &EndpointPicker, bodies: &[Vec<u8>]) -> f64 {
+    let start = std::sync::Barrier::new(2);
+    let (first, second) = std::thread::scope(|scope| {
+        let run = || {
+            start.wait();
+            decisions(picker, bodies)
+        };
+        let first = scope.spawn(run);
+        let second = scope.spawn(run);
+        (first.join().unwrap(), second.join().unwrap())
+    });
+    (first + second) / 2.0
 }
 
 fn median(mut values: Vec<f64>) -> f64 {
@@ -116,9 +174,26 @@ fn main() {
             std::process::id()
         );
         let until = Instant::now() + Duration::from_secs(seconds);
+        // `SWITCHYARD_PROFILE_THREADS=2`: two threads deciding at once.
+        let two = std::env::var("SWITCHYARD_PROFILE_THREADS").is_ok_and(|t| t == "2");
+        let cold = std::env::var("SWITCHYARD_PROFILE_COLD").is_ok();
+        let evict = eviction_buffer();
+        let mut made = 0;
         while Instant::now() < until {
-            decisions(&picker, &bodies);
+            made += if cold {
+                let caller = picker.proxy_caller();
+                self::cold(&evict, |n| decision(&picker, &caller, &bodies[n]));
+                COLD
+            } else if two {
+                decisions_on_two_threads(&picker, &bodies);
+                2 * bodies.len()
+            } else {
+                decisions(&picker, &bodies);
+                bodies.len()
+            };
         }
+        // Per-decision counts (`perf stat` of allocations, cache misses) divide by this.
+        println!("{made} whole decisions made");
         return;
     }
     let router = picker.router();
@@ -140,17 +215,30 @@ fn main() {
     .unwrap();
     let request = frontend.route_request(&prompt, &described, None);
     decisions(&picker, &bodies); // warm: buffers grown, the KV index holding its blocks
-    let (mut whole, mut alone) = (Vec::new(), Vec::new());
+    let (mut whole, mut alone, mut two) = (Vec::new(), Vec::new(), Vec::new());
+    let evict = eviction_buffer();
+    let (mut cold_whole, mut cold_alone) = (Vec::new(), Vec::new());
+    let caller = picker.proxy_caller();
+    let ids: Vec<String> = (0..COLD).map(|n| format!("bench-{n}")).collect();
     for _ in 0..ROUNDS {
+        cold_whole.push(cold(&evict, |n| decision(&picker, &caller, &bodies[n])));
+        cold_alone.push(cold(&evict, |n| selection(router, &request, &ids[n])));
         whole.push(decisions(&picker, &bodies));
         alone.push(selections(router, &request));
+        two.push(decisions_on_two_threads(&picker, &bodies));
     }
-    let (whole, alone) = (median(whole), median(alone));
+    let (whole, alone, two) = (median(whole), median(alone), median(two));
+    let (cold_whole, cold_alone) = (median(cold_whole), median(cold_alone));
     println!("\nOne request's decision in process (4 workers, predicted KV tracking; median of {ROUNDS} interleaved rounds of {BATCH}):");
     println!("| path | ns per request |");
     println!("|---|---:|");
     println!("| whole decision, as the Envoy module makes it (parse, describe, admit, select, book, predict, free) | {whole:.0} |");
     println!("| selection and booking alone (`reserve_as`, `free`) | {alone:.0} |");
     println!("| ratio, whole / selection | {:.2} |", whole / alone);
+    println!("| whole decision, two threads deciding at once (each thread's time) | {two:.0} |");
+    println!("| ratio, two threads / one | {:.2} |", two / whole);
+    println!("| whole decision, caches cold (8 MiB read before each, untimed) | {cold_whole:.0} |");
+    println!("| selection and booking alone, caches cold | {cold_alone:.0} |");
+    println!("| ratio, whole decision cold / warm | {:.2} |", cold_whole / whole);
     assert_eq!(router.active_bookings(), 0, "every booking was freed");
 }
