@@ -157,6 +157,36 @@ fn median(mut values: Vec<f64>) -> f64 {
     values[values.len() / 2]
 }
 
+/// `SWITCHYARD_PROFILE_SECS`: whole decisions for `seconds`, for a profiler; then how
+/// many were made.
+fn profile(picker: &EndpointPicker, bodies: &[Vec<u8>], seconds: u64) {
+    println!(
+        "pid {}: whole decisions for {seconds} s",
+        std::process::id()
+    );
+    let until = Instant::now() + Duration::from_secs(seconds);
+    // `SWITCHYARD_PROFILE_THREADS=2`: two threads deciding at once.
+    let two = std::env::var("SWITCHYARD_PROFILE_THREADS").is_ok_and(|t| t == "2");
+    let cold = std::env::var("SWITCHYARD_PROFILE_COLD").is_ok();
+    let evict = eviction_buffer();
+    let mut made = 0;
+    while Instant::now() < until {
+        made += if cold {
+            let caller = picker.proxy_caller();
+            self::cold(&evict, |n| decision(picker, &caller, &bodies[n]));
+            COLD
+        } else if two {
+            decisions_on_two_threads(picker, bodies);
+            2 * bodies.len()
+        } else {
+            decisions(picker, bodies);
+            bodies.len()
+        };
+    }
+    // Per-decision counts (`perf stat` of allocations, cache misses) divide by this.
+    println!("{made} whole decisions made");
+}
+
 fn main() {
     if std::env::args().any(|a| a == "--list") {
         println!("decision: bench");
@@ -169,31 +199,7 @@ fn main() {
         .ok()
         .and_then(|s| s.parse::<u64>().ok())
     {
-        println!(
-            "pid {}: whole decisions for {seconds} s",
-            std::process::id()
-        );
-        let until = Instant::now() + Duration::from_secs(seconds);
-        // `SWITCHYARD_PROFILE_THREADS=2`: two threads deciding at once.
-        let two = std::env::var("SWITCHYARD_PROFILE_THREADS").is_ok_and(|t| t == "2");
-        let cold = std::env::var("SWITCHYARD_PROFILE_COLD").is_ok();
-        let evict = eviction_buffer();
-        let mut made = 0;
-        while Instant::now() < until {
-            made += if cold {
-                let caller = picker.proxy_caller();
-                self::cold(&evict, |n| decision(&picker, &caller, &bodies[n]));
-                COLD
-            } else if two {
-                decisions_on_two_threads(&picker, &bodies);
-                2 * bodies.len()
-            } else {
-                decisions(&picker, &bodies);
-                bodies.len()
-            };
-        }
-        // Per-decision counts (`perf stat` of allocations, cache misses) divide by this.
-        println!("{made} whole decisions made");
+        profile(&picker, &bodies, seconds);
         return;
     }
     let router = picker.router();
@@ -239,6 +245,9 @@ fn main() {
     println!("| ratio, two threads / one | {:.2} |", two / whole);
     println!("| whole decision, caches cold (8 MiB read before each, untimed) | {cold_whole:.0} |");
     println!("| selection and booking alone, caches cold | {cold_alone:.0} |");
-    println!("| ratio, whole decision cold / warm | {:.2} |", cold_whole / whole);
+    println!(
+        "| ratio, whole decision cold / warm | {:.2} |",
+        cold_whole / whole
+    );
     assert_eq!(router.active_bookings(), 0, "every booking was freed");
 }
