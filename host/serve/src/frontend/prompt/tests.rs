@@ -226,3 +226,64 @@ fn a_tokenizer_gives_the_engines_tokens() {
         error.message
     );
 }
+
+/// What a reader of the body's fields found, comparable: each scalar, the prompt's text,
+/// and the messages as the pseudo-tokens they render to (or the error they give).
+fn found(shapes: Shapes) -> String {
+    let mut tokens = Vec::new();
+    let messages = chat_tokens(shapes.messages, &mut tokens).map(|()| tokens);
+    format!(
+        "{:?} {:?} {:?} {:?} {:?} {:?} {:?}",
+        shapes.model,
+        shapes.stream,
+        shapes.prompt.map(RawValue::get),
+        shapes.max_completion_tokens,
+        shapes.max_tokens,
+        shapes.user,
+        messages.map_err(|e| e.message),
+    )
+}
+
+/// The one pass every request takes and the field-by-field reading (which names a field
+/// at fault) find the same in the same bodies, and refuse the same ones; a field nested
+/// just past what the one pass allows is read field by field.
+#[test]
+fn the_one_pass_and_the_field_by_field_reading_agree() {
+    let nested = |depth: usize| format!("{}1{}", "[".repeat(depth), "]".repeat(depth));
+    let bodies = [
+        r#"{"model":"demo","stream":false,"max_tokens":2,"messages":[{"role":"user","content":"hi"}]}"#.to_owned(),
+        r#"{"mod\u0065l":"d\u00e9mo","stream":null,"user":"ann","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"text":"b"},7]}]}"#.to_owned(),
+        r#"{"model":"m","max_completion_tokens":5,"max_tokens":9,"messages":[{"content":"x"},"no",{"role":"r","role":"s"}]}"#.to_owned(),
+        r#"{"model":"m","prompt":["a"],"x":{"deep":[1,2,{"y":null}]},"stream":true}"#.to_owned(),
+        r#"{"model":1.5,"stream":"yes","messages":{},"user":[],"max_tokens":-1}"#.to_owned(),
+        r#"{"model":"m","model":"n"}"#.to_owned(),
+        r#"{"model":"m","messages":[{"role":"user","content":"x"}]"#.to_owned(),
+        format!(r#"{{"model":"m","stream":{}}}"#, nested(127)),
+        format!(r#"{{"model":"m","user":{}}}"#, nested(128)),
+        format!(r#"{{"model":"m","skipped":{}}}"#, nested(5_000)),
+        "{}".to_owned(),
+    ];
+    for body in &bodies {
+        let one_pass = Shapes::read(body.as_bytes()).map(found);
+        let by_field = Fields::read(body.as_bytes())
+            .and_then(Fields::shapes)
+            .map(found);
+        match (one_pass, by_field) {
+            (Ok(once), Ok(by_field)) => assert_eq!(once, by_field, "{body}"),
+            (Err(once), Err(by_field)) => {
+                assert_eq!(
+                    (once.param, once.message),
+                    (by_field.param, by_field.message)
+                )
+            }
+            (once, by_field) => panic!(
+                "{body}: the one pass gave {:?}, the field by field reading {:?}",
+                once.map_err(|e| e.message),
+                by_field.map_err(|e| e.message)
+            ),
+        }
+    }
+    // The one pass alone (no fallback) reads the common body.
+    let common: Result<Shapes, _> = serde_json::from_slice(bodies[0].as_bytes());
+    assert!(common.is_ok());
+}
