@@ -4,7 +4,7 @@
 //! it ends. Workers, bookings and the KV index are the router's, not a generation's: they
 //! outlive reloads.
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::sync::Arc;
 use std::time::SystemTime;
 
@@ -27,8 +27,10 @@ pub struct SelectorSlot {
     pub selector: Mutex<Selector>,
 }
 
-/// Per-partition policies: one selector per instance.
-type Selectors = HashMap<String, Arc<SelectorSlot>>;
+/// Per-partition policies: one selector per instance. (Its keys, and the partitions',
+/// come from the config and the fleet, and every request looks one up: the fast hash
+/// `kept_columns` uses for the same keys, not SipHash.)
+type Selectors = FxHashMap<String, Arc<SelectorSlot>>;
 
 /// Fields drop in declaration order: a partition's policies and admitters (`on_destroy`)
 /// before the instance factories of `startup` that built them (`on_destroy_factory`), and
@@ -37,9 +39,9 @@ pub struct Generation {
     /// 1 at startup, then one more per successful reload.
     pub number: u64,
     pub loaded_at: SystemTime,
-    partitions: RwLock<HashMap<PartitionKey, Selectors>>,
+    partitions: RwLock<FxHashMap<PartitionKey, Selectors>>,
     /// Per partition, its `admission.admitters` (absent when the config lists none).
-    admitters: RwLock<HashMap<PartitionKey, Arc<Mutex<Admitters>>>>,
+    admitters: RwLock<FxHashMap<PartitionKey, Arc<Mutex<Admitters>>>>,
     /// Every stage of every selector, for metrics to read without their locks.
     stages: RwLock<Vec<StageMetrics>>,
     pub startup: Startup,
@@ -69,8 +71,8 @@ impl Generation {
             number,
             loaded_at: SystemTime::now(),
             startup,
-            partitions: RwLock::new(HashMap::new()),
-            admitters: RwLock::new(HashMap::new()),
+            partitions: RwLock::new(FxHashMap::default()),
+            admitters: RwLock::new(FxHashMap::default()),
             stages: RwLock::new(Vec::new()),
         }
     }
@@ -110,7 +112,7 @@ impl Generation {
     /// Builds one policy per instance for `partition` (plugin code runs: no lock is held)
     /// and adds them.
     pub fn build_partition(&self, partition: &PartitionKey) -> Result<(), PartitionError> {
-        let mut selectors = Selectors::new();
+        let mut selectors = Selectors::default();
         let mut stages = Vec::new();
         for instance in &self.startup.instances {
             if !instance.serves(partition.worker_type) {
