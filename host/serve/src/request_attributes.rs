@@ -108,6 +108,7 @@ pub fn kept_headers<'h>(
     Ok(kept)
 }
 
+#[cold]
 fn bad_header(name: &str, what: String) -> BadHeader {
     BadHeader {
         name: name.to_owned(),

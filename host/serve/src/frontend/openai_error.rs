@@ -24,6 +24,7 @@ impl From<request_attributes::BadHeader> for OpenAiError {
 }
 
 impl OpenAiError {
+    #[cold]
     pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> Self {
         OpenAiError {
             status,
@@ -158,6 +159,7 @@ impl From<RouteError> for OpenAiError {
 /// A 503 for a request no endpoint can take, in the shape `RouteError::NoWorker` has:
 /// for what the host that received the request knows and the router does not (a
 /// gateway's subset hint, an endpoint it cannot reach).
+#[cold]
 pub fn no_endpoint(why: impl std::fmt::Display) -> OpenAiError {
     OpenAiError::new(
         StatusCode::SERVICE_UNAVAILABLE,
@@ -168,6 +170,7 @@ pub fn no_endpoint(why: impl std::fmt::Display) -> OpenAiError {
 }
 
 /// A 403 for what a caller may not route with, in OpenAI's shape.
+#[cold]
 pub fn forbidden(why: crate::caller::Forbidden) -> OpenAiError {
     OpenAiError::new(
         StatusCode::FORBIDDEN,

@@ -43,6 +43,7 @@ pub struct InvalidRequest {
     pub message: String,
 }
 
+#[cold]
 fn invalid(param: &'static str, message: impl Into<String>) -> InvalidRequest {
     InvalidRequest {
         param: Some(param),
