@@ -145,15 +145,21 @@ pub enum AccountingError {
     WorkerLeft(String),
 }
 
+/// A map by request id (or replica id): ids a client (`x-request-id`) or a replica on the
+/// bus chooses, so their hash is keyed at random per process. An unkeyed hash (FxHash)
+/// lets crafted ids collide and turns each booking's insert and free into a scan of
+/// every colliding booking.
+type ById<V> = std::collections::HashMap<String, V, ahash::RandomState>;
+
 pub struct LoadAccounting {
     workers: FxHashMap<WorkerId, WorkerLoad>,
-    bookings: FxHashMap<String, Booking>,
+    bookings: ById<Booking>,
     /// Other replicas' bookings, by replica, then request id.
-    remote: FxHashMap<String, FxHashMap<String, Booking>>,
+    remote: ById<ById<Booking>>,
     /// Bookings dropped with their worker (`remove_worker`), by request id, with when they
     /// were made: their requests still end (and free) later, which is then expected, not
     /// a lost booking. Bounded as the bookings were; `expire` forgets them.
-    left: FxHashMap<String, Instant>,
+    left: ById<Instant>,
     expiry: Duration,
     /// Workers whose load changed since `for_each_changed` (repeats possible).
     changed: Vec<WorkerId>,
@@ -163,9 +169,9 @@ impl LoadAccounting {
     pub fn new(expiry: Duration) -> Self {
         LoadAccounting {
             workers: FxHashMap::default(),
-            bookings: FxHashMap::default(),
-            remote: FxHashMap::default(),
-            left: FxHashMap::default(),
+            bookings: ById::default(),
+            remote: ById::default(),
+            left: ById::default(),
             expiry,
             changed: Vec::new(),
         }
@@ -414,7 +420,7 @@ impl LoadAccounting {
 
     /// Other replicas' bookings held now.
     pub fn remote_bookings(&self) -> usize {
-        self.remote.values().map(FxHashMap::len).sum()
+        self.remote.values().map(ById::len).sum()
     }
 
     /// Calls `f` with each worker whose load changed since the last call, and its load
