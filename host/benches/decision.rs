@@ -16,6 +16,8 @@
 //! never dialled. With `SWITCHYARD_PROFILE_SECS=N` it makes whole decisions for N seconds
 //! instead, for `perf record` of this process (`SWITCHYARD_PROFILE_THREADS=2` on two
 //! threads, `SWITCHYARD_PROFILE_COLD=1` cold), and prints how many it made.
+//! `SWITCHYARD_DECISION_WORKERS=N` sets the fleet's size (4, as in the Envoy bench, unless
+//! set).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -40,13 +42,20 @@ const COLD: usize = 2_000;
 /// Interleaved rounds.
 const ROUNDS: usize = 15;
 
-/// The Envoy bench's config: four workers of model `demo` with predicted KV tracking.
+/// The Envoy bench's config: four workers of model `demo` with predicted KV tracking
+/// (`SWITCHYARD_DECISION_WORKERS` of them when set).
 fn picker(dir: &std::path::Path) -> (tokio::runtime::Runtime, Arc<Frontend>, Arc<EndpointPicker>) {
-    let workers: String = (1..=4)
+    let count: u32 = std::env::var("SWITCHYARD_DECISION_WORKERS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(4);
+    let workers: String = (1..=count)
         .map(|i| {
             format!(
-                "  - {{model: demo, worker_id: {i}, address: \"127.0.0.1:{}\"}}\n",
-                9000 + i
+                "  - {{model: demo, worker_id: {i}, address: \"127.0.{}.{}:{}\"}}\n",
+                i / 250,
+                1 + i % 250,
+                9000 + i % 50_000
             )
         })
         .collect();

@@ -34,6 +34,9 @@ pub struct Workers {
     /// Each worker's `ip:port` as a gateway sends to it, parsed once per add (a picker
     /// reads them on every request).
     endpoints: Vec<(WorkerId, std::net::SocketAddr)>,
+    /// The same endpoints by worker: a pick's own endpoint, found without a copy of the
+    /// list (a fleet of thousands is not copied per request).
+    endpoint_of: rustc_hash::FxHashMap<WorkerId, std::net::SocketAddr>,
     /// Each worker's engine report (ENGINE), written by the metrics scraper (workers with
     /// a `url`) or a simulation.
     engine: HashMap<WorkerId, Arc<EngineReport>>,
@@ -61,6 +64,7 @@ impl Workers {
         self.labels.insert(id, Labels::new(&spec.labels));
         if let Some(endpoint) = spec.endpoint() {
             self.endpoints.push((id, endpoint));
+            self.endpoint_of.insert(id, endpoint);
         }
         // Every worker has a cell of its own: the scraper fills those with a `url`, and a
         // simulation (replay) any.
@@ -73,6 +77,7 @@ impl Workers {
         let spec = self.by_id.remove(&id).ok_or(WorkerError::Unknown(id))?;
         self.labels.remove(&id);
         self.endpoints.retain(|(w, _)| *w != id);
+        self.endpoint_of.remove(&id);
         self.engine.remove(&id);
         if let Some(members) = self.partitions.get_mut(&spec.partition()) {
             members.retain(|w| *w != id);
@@ -180,6 +185,11 @@ impl Workers {
     /// The workers with an `ip:port` endpoint, and it, in the order they were added.
     pub fn endpoints(&self) -> &[(WorkerId, std::net::SocketAddr)] {
         &self.endpoints
+    }
+
+    /// `id`'s endpoint, when it has one.
+    pub fn endpoint(&self, id: WorkerId) -> Option<std::net::SocketAddr> {
+        self.endpoint_of.get(&id).copied()
     }
 
     pub fn len(&self) -> usize {

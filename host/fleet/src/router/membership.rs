@@ -80,6 +80,17 @@ impl Router {
         (state.workers.endpoints().to_vec(), state.workers.len())
     }
 
+    /// Whether every worker has an endpoint (`endpoints` lists them all).
+    pub fn every_worker_has_an_endpoint(&self) -> bool {
+        let state = self.membership.state.read();
+        state.workers.endpoints().len() == state.workers.len()
+    }
+
+    /// `id`'s endpoint, when it has one (one lookup, not the list).
+    pub fn endpoint_of(&self, id: WorkerId) -> Option<std::net::SocketAddr> {
+        self.membership.state.read().workers.endpoint(id)
+    }
+
     /// Removes a worker, its cached blocks and its bookings.
     /// A partition left without workers is dropped with its policies and metric series
     /// (built again if a worker of it comes back).

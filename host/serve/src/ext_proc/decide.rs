@@ -60,6 +60,52 @@ pub(super) fn selected(
     Ok(eligible)
 }
 
+/// The endpoints one try may pick among.
+pub(super) enum Eligible {
+    /// Every worker of the router, each with an endpoint: nothing narrows the selection,
+    /// and nothing is listed per request (a fleet of thousands is not copied per pick).
+    Every,
+    /// These: the fleet narrowed by a subset hint, a test selection, a per-worker limit
+    /// or a worker without an endpoint; `all` when it left none out after all.
+    Listed {
+        endpoints: Vec<(WorkerId, SocketAddr)>,
+        all: bool,
+    },
+}
+
+impl Eligible {
+    /// The endpoint the gateway reaches `worker` at.
+    fn endpoint(&self, router: &Router, worker: WorkerId) -> Result<SocketAddr, OpenAiError> {
+        let found = match self {
+            Eligible::Every => router.endpoint_of(worker),
+            Eligible::Listed { endpoints, .. } => endpoints
+                .iter()
+                .find(|(id, _)| *id == worker)
+                .map(|(_, endpoint)| *endpoint),
+        };
+        found.ok_or_else(|| no_endpoint(format!("worker {} has no endpoint", worker.worker_id)))
+    }
+
+    /// The workers the selection is narrowed to: none when it is every worker.
+    fn only(&self) -> Option<FxHashSet<WorkerId>> {
+        match self {
+            Eligible::Listed {
+                endpoints,
+                all: false,
+            } => Some(endpoints.iter().map(|(id, _)| *id).collect()),
+            _ => None,
+        }
+    }
+
+    /// The eligible workers' ids, listed (for the fallbacks, which the default leaves off).
+    fn ids(&self, router: &Router) -> Vec<WorkerId> {
+        match self {
+            Eligible::Every => router.endpoints().into_iter().map(|(id, _)| id).collect(),
+            Eligible::Listed { endpoints, .. } => endpoints.iter().map(|(id, _)| *id).collect(),
+        }
+    }
+}
+
 /// A pick that found every worker busy, and where the request waits.
 pub(super) enum Attempt {
     Busy(BusyPlace),
@@ -120,7 +166,7 @@ fn booked_or_busy(
 fn fallbacks(
     router: &Router,
     request: &RouteRequest,
-    eligible: &[(WorkerId, SocketAddr)],
+    eligible: &Eligible,
     picked: WorkerId,
     count: u8,
 ) -> Vec<SocketAddr> {
@@ -128,9 +174,9 @@ fn fallbacks(
         // The default: nothing to allocate or copy on the pick's path.
         return Vec::new();
     }
-    let mut left: rustc_hash::FxHashSet<WorkerId> = eligible
-        .iter()
-        .map(|(id, _)| *id)
+    let mut left: FxHashSet<WorkerId> = eligible
+        .ids(router)
+        .into_iter()
         .filter(|id| *id != picked)
         .collect();
     let mut probe = request.clone();
@@ -150,23 +196,11 @@ fn fallbacks(
         if !left.remove(&next) {
             break;
         }
-        if let Ok(endpoint) = endpoint_of(eligible, next) {
+        if let Ok(endpoint) = eligible.endpoint(router, next) {
             found.push(endpoint);
         }
     }
     found
-}
-
-/// The endpoint the gateway reaches `worker` at.
-fn endpoint_of(
-    eligible: &[(WorkerId, SocketAddr)],
-    worker: WorkerId,
-) -> Result<SocketAddr, OpenAiError> {
-    eligible
-        .iter()
-        .find(|(id, _)| *id == worker)
-        .map(|(_, endpoint)| *endpoint)
-        .ok_or_else(|| no_endpoint(format!("worker {} has no endpoint", worker.worker_id)))
 }
 
 /// The endpoints the request may go to: within the gateway's subset hint, then the
@@ -176,8 +210,13 @@ fn eligible_within_limits(
     picker: &EndpointPicker,
     subset: Option<&[String]>,
     selection: Option<&TestSelection>,
-) -> Result<(Vec<(WorkerId, SocketAddr)>, bool), OpenAiError> {
+) -> Result<Eligible, OpenAiError> {
     let router = picker.frontend.router();
+    let narrowed =
+        subset.is_some() || selection.is_some() || picker.max_requests_per_worker.is_some();
+    if !narrowed && router.every_worker_has_an_endpoint() {
+        return Ok(Eligible::Every);
+    }
     let (eligible, all) = eligible_of_all(router, subset);
     let offered = eligible.len();
     if subset.is_some() && eligible.is_empty() {
@@ -203,7 +242,10 @@ fn eligible_within_limits(
         }
     }
     let all = all && eligible.len() == offered;
-    Ok((eligible, all))
+    Ok(Eligible::Listed {
+        endpoints: eligible,
+        all,
+    })
 }
 
 /// Selects and books the prefill worker of a disaggregated request in its own partition;
@@ -212,7 +254,7 @@ fn book_prefill(
     router: &Arc<Router>,
     request: &mut RouteRequest,
     described: &crate::request_attributes::Described,
-    eligible: &[(WorkerId, SocketAddr)],
+    eligible: &Eligible,
     busy: &mut Option<BusyPlace>,
 ) -> Result<(Lease, SocketAddr, WorkerId), OpenAiError> {
     let request_id = request.request_id.clone().unwrap_or_default();
@@ -226,7 +268,7 @@ fn book_prefill(
         worker_id: chosen.worker_id,
         dp_rank: chosen.dp_rank,
     };
-    let at = endpoint_of(eligible, worker)?;
+    let at = eligible.endpoint(router, worker)?;
     request.worker_type = WorkerType::Decode;
     request.paired = Some(worker);
     Ok((lease, at, worker))
@@ -362,7 +404,7 @@ pub(super) fn book(
     } = prepared;
     let frontend = &picker.frontend;
     let router = frontend.router();
-    let (eligible, all) = eligible_within_limits(picker, subset.as_deref(), selection.as_ref())?;
+    let eligible = eligible_within_limits(picker, subset.as_deref(), selection.as_ref())?;
     // A disaggregated model: the destination is a decode worker, and its prefill worker
     // is selected (and booked) in its own partition.
     let disaggregated = frontend.disaggregation(&prompt.model) != Disaggregation::Off;
@@ -371,8 +413,8 @@ pub(super) fn book(
     // or missing address left one out) there is nothing to copy or build per try.
     let request_id = request.request_id.clone().unwrap_or_default();
     let mut request = std::borrow::Cow::Borrowed(request);
-    if !all {
-        request.to_mut().only = Some(Arc::new(eligible.iter().map(|(id, _)| *id).collect()));
+    if let Some(only) = eligible.only() {
+        request.to_mut().only = Some(Arc::new(only));
     }
     let prefill = if disaggregated {
         Some(book_prefill(
@@ -391,7 +433,7 @@ pub(super) fn book(
         worker_id: decision.worker_id,
         dp_rank: decision.dp_rank,
     };
-    let endpoint = endpoint_of(&eligible, worker)?;
+    let endpoint = eligible.endpoint(router, worker)?;
     router.predict_cached(&prompt.model, worker, &prompt.block_hashes);
     let fallbacks = fallbacks(
         router,
