@@ -74,6 +74,7 @@ fn picks(router: &Process) -> f64 {
 
 #[test]
 fn chat_and_completions_streamed_or_not_hang_ups_and_prefix_affinity_through_envoy() {
+    let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let engines: Vec<Process> = (0..3)
         .map(|i| engine_sim(&format!("e{i}"), "127.0.0.1:0", &[]))
@@ -157,6 +158,7 @@ fn chat_and_completions_streamed_or_not_hang_ups_and_prefix_affinity_through_env
 
 #[test]
 fn a_killed_engine_is_avoided_and_a_drained_picker_loses_no_accepted_request() {
+    let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let mut engines: Vec<Process> = (0..3)
         .map(|i| engine_sim(&format!("e{i}"), "127.0.0.1:0", &["--decode-tps", "100"]))
@@ -254,6 +256,7 @@ fn agent_for_thread() -> ureq::Agent {
 /// Envoy relays; once the engine is free, requests go through again.
 #[test]
 fn shedding_reaches_the_client_through_envoy_as_429() {
+    let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let engine = engine_sim("slow", "127.0.0.1:0", &["--decode-tps", "20"]);
     let port = free_port();
@@ -304,6 +307,7 @@ fn shedding_reaches_the_client_through_envoy_as_429() {
 /// and every pick stays inside it; a hint naming no worker is answered 503.
 #[test]
 fn subset_hints_set_in_envoy_bound_the_picks() {
+    let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let engines: Vec<Process> = (0..3)
         .map(|i| engine_sim(&format!("e{i}"), "127.0.0.1:0", &[]))
@@ -357,6 +361,7 @@ fn subset_hints_set_in_envoy_bound_the_picks() {
 /// path, the picker marks the worker unhealthy, and the next requests go elsewhere.
 #[test]
 fn an_upstream_failure_envoy_reports_takes_the_worker_out() {
+    let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let mut engines: Vec<Process> = (0..3)
         .map(|i| engine_sim(&format!("e{i}"), "127.0.0.1:0", &[]))
@@ -413,6 +418,7 @@ fn an_upstream_failure_envoy_reports_takes_the_worker_out() {
 /// the booking follows it (the served-endpoint header the route adds).
 #[test]
 fn fallback_endpoints_carry_a_request_past_a_refusing_engine() {
+    let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let mut first = engine_sim("e-first", "127.0.0.1:0", &[]);
     let live = engine_sim("e-live", "127.0.0.1:0", &[]);
@@ -474,6 +480,7 @@ fn fallback_endpoints_carry_a_request_past_a_refusing_engine() {
 /// leaves no booking (Envoy closes the stream when the HTTP stream ends).
 #[test]
 fn the_lean_response_path_routes_and_frees_bookings_when_envoy_closes_the_stream() {
+    let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let engines: Vec<Process> = (0..2)
         .map(|i| engine_sim(&format!("e{i}"), "127.0.0.1:0", &[]))

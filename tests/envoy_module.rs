@@ -43,6 +43,7 @@ fn hang_up(agent: &ureq::Agent, url: &str, count: usize) {
 
 #[test]
 fn chat_and_completions_streamed_or_not_hang_ups_and_prefix_affinity_through_the_module() {
+    let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let engines = engine_sims(3, &[]);
     let engine_refs: Vec<&Process> = engines.iter().collect();
@@ -150,6 +151,7 @@ fn request_sequence() -> Vec<Value> {
 
 #[test]
 fn the_module_decides_as_the_ext_proc_picker_on_the_same_requests() {
+    let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let sequence = request_sequence();
     // Each router gets fresh engines of the same names: what an engine reports (its
@@ -234,6 +236,7 @@ fn isolated_config(dir: &Path, engines: &[&Process], flag: &Path) -> PathBuf {
 
 #[test]
 fn an_isolated_plugin_that_aborts_under_load_leaves_envoy_serving() {
+    let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let engines = engine_sims(2, &[]);
     let engine_refs: Vec<&Process> = engines.iter().collect();
@@ -294,6 +297,7 @@ fn an_isolated_plugin_that_aborts_under_load_leaves_envoy_serving() {
 /// in many; nothing stays booked.
 #[test]
 fn a_body_over_the_modules_limit_is_answered_413() {
+    let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let engines = engine_sims(2, &[]);
     let engine_refs: Vec<&Process> = engines.iter().collect();
@@ -314,6 +318,7 @@ fn a_body_over_the_modules_limit_is_answered_413() {
 
 #[test]
 fn subset_hints_set_in_envoy_bound_the_modules_picks() {
+    let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let engines = engine_sims(3, &[]);
     let engine_refs: Vec<&Process> = engines.iter().collect();
@@ -352,6 +357,7 @@ fn subset_hints_set_in_envoy_bound_the_modules_picks() {
 /// takes the worker out, so at most one request fails.
 #[test]
 fn an_upstream_failure_envoy_reports_takes_the_worker_out_of_the_modules_picks() {
+    let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let mut engines = engine_sims(3, &[]);
     let engine_refs: Vec<&Process> = engines.iter().collect();
@@ -437,6 +443,7 @@ fn with_retries(text: String) -> String {
 /// the ABI), so the next pick sees the served engine's load.
 #[test]
 fn after_envoy_retries_onto_another_engine_the_booking_is_on_the_one_that_served() {
+    let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let mut engines = engine_sims(2, &["--decode-tps", "25"]);
     let engine_refs: Vec<&Process> = engines.iter().collect();

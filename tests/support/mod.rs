@@ -431,6 +431,15 @@ impl Drop for Process {
     }
 }
 
+/// Held by each test of a file whose tests kill engines and count on them staying dead:
+/// the file's tests then run one at a time. Run side by side, another test's server can
+/// bind a killed engine's freed port (tokio's listeners set SO_REUSEADDR), the TCP health
+/// probe of an address-only worker then finds it, and the request goes to that server.
+pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Waits (up to `limit`) until no worker of the router at `base` has a booking; fails
 /// with the workers as last read when some remain.
 pub fn wait_for_no_bookings(base: &str, limit: std::time::Duration) {
