@@ -209,6 +209,7 @@ fn only_reaches(envoy: &Envoy, selection: &str, allowed: &[String]) {
 /// `GatewayFollowingEPPRouting`: each pod pinned alone, then one, two and all three named.
 #[test]
 fn header_selection_keeps_traffic_on_the_named_pods() {
+    let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let pods = pods(3, 1);
     let port = free_port();
@@ -246,6 +247,7 @@ fn header_selection_keeps_traffic_on_the_named_pods() {
 /// names every rank of a pod, `IP:port` the one.
 #[test]
 fn header_selection_with_data_parallel_ranks() {
+    let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let pods = pods(3, 2);
     let port = free_port();
@@ -325,6 +327,7 @@ fn echoing_the_pick(config: &str) -> String {
 /// list to the second, which the report and the booking follow.
 #[test]
 fn the_served_endpoint_is_reported_and_fallbacks_stay_in_the_selection() {
+    let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let mut pods = pods(3, 1);
     let port = free_port();
@@ -414,6 +417,7 @@ fn fail_open_config(listen: u16, picker: u16, engines: &[SocketAddr]) -> String 
 /// config) refuses.
 #[test]
 fn fail_open_serves_without_the_picker_and_fail_closed_does_not() {
+    let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let pods = pods(2, 1);
     let port = free_port();
@@ -468,6 +472,7 @@ fn fail_open_serves_without_the_picker_and_fail_closed_does_not() {
 /// is 429 with `retry-after`.
 #[test]
 fn no_named_endpoint_is_503_and_an_admission_refusal_429() {
+    let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let pods = pods(2, 1);
     let port = free_port();
@@ -515,6 +520,7 @@ fn no_named_endpoint_is_503_and_an_admission_refusal_429() {
 /// asks.
 #[test]
 fn grpc_health_answers_serving_for_every_service_gie_probes() {
+    let _one = one_at_a_time();
     use tonic_health::pb::health_check_response::ServingStatus;
     use tonic_health::pb::health_client::HealthClient;
     use tonic_health::pb::HealthCheckRequest;
@@ -549,6 +555,7 @@ fn grpc_health_answers_serving_for_every_service_gie_probes() {
 /// policy's choice (worker 1, pod 0) stands against a header naming pod 2.
 #[test]
 fn without_the_setting_the_header_chooses_nothing() {
+    let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let pods = pods(3, 1);
     let port = free_port();
@@ -580,6 +587,7 @@ fn without_the_setting_the_header_chooses_nothing() {
 /// does.
 #[test]
 fn the_setting_takes_true_or_false_and_names_its_line() {
+    let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     for (value, got) in [
         ("yes", "(got \"yes\")"),
