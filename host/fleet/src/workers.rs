@@ -31,12 +31,10 @@ pub struct Workers {
     by_id: HashMap<WorkerId, WorkerSpec>,
     /// Each worker's labels as components read them (LABELS), made once per add.
     labels: HashMap<WorkerId, Arc<Labels>>,
-    /// Each worker's `ip:port` as a gateway sends to it, parsed once per add (a picker
-    /// reads them on every request).
-    endpoints: Vec<(WorkerId, std::net::SocketAddr)>,
-    /// The same endpoints by worker: a pick's own endpoint, found without a copy of the
-    /// list (a fleet of thousands is not copied per request).
-    endpoint_of: rustc_hash::FxHashMap<WorkerId, std::net::SocketAddr>,
+    /// Each worker's `ip:port` as a gateway sends to it, parsed once per add: a picker
+    /// looks up its pick's on every request (a fleet of thousands is not copied per
+    /// request).
+    endpoints: rustc_hash::FxHashMap<WorkerId, std::net::SocketAddr>,
     /// Each worker's engine report (ENGINE), written by the metrics scraper (workers with
     /// a `url`) or a simulation.
     engine: HashMap<WorkerId, Arc<EngineReport>>,
@@ -63,8 +61,7 @@ impl Workers {
         self.changed.push((spec.partition(), true));
         self.labels.insert(id, Labels::new(&spec.labels));
         if let Some(endpoint) = spec.endpoint() {
-            self.endpoints.push((id, endpoint));
-            self.endpoint_of.insert(id, endpoint);
+            self.endpoints.insert(id, endpoint);
         }
         // Every worker has a cell of its own: the scraper fills those with a `url`, and a
         // simulation (replay) any.
@@ -76,8 +73,7 @@ impl Workers {
     pub fn remove(&mut self, id: WorkerId) -> Result<WorkerSpec, WorkerError> {
         let spec = self.by_id.remove(&id).ok_or(WorkerError::Unknown(id))?;
         self.labels.remove(&id);
-        self.endpoints.retain(|(w, _)| *w != id);
-        self.endpoint_of.remove(&id);
+        self.endpoints.remove(&id);
         self.engine.remove(&id);
         if let Some(members) = self.partitions.get_mut(&spec.partition()) {
             members.retain(|w| *w != id);
@@ -182,14 +178,16 @@ impl Workers {
         self.by_id.values()
     }
 
-    /// The workers with an `ip:port` endpoint, and it, in the order they were added.
-    pub fn endpoints(&self) -> &[(WorkerId, std::net::SocketAddr)] {
-        &self.endpoints
+    /// The workers with an `ip:port` endpoint, and it (in no particular order).
+    pub fn endpoints(
+        &self,
+    ) -> impl ExactSizeIterator<Item = (WorkerId, std::net::SocketAddr)> + '_ {
+        self.endpoints.iter().map(|(id, endpoint)| (*id, *endpoint))
     }
 
     /// `id`'s endpoint, when it has one.
     pub fn endpoint(&self, id: WorkerId) -> Option<std::net::SocketAddr> {
-        self.endpoint_of.get(&id).copied()
+        self.endpoints.get(&id).copied()
     }
 
     pub fn len(&self) -> usize {

@@ -77,13 +77,14 @@ impl Router {
     /// once: a picker learns whether every worker is among them.
     pub fn endpoints_and_workers(&self) -> (Vec<(WorkerId, std::net::SocketAddr)>, usize) {
         let state = self.membership.state.read();
-        (state.workers.endpoints().to_vec(), state.workers.len())
+        (state.workers.endpoints().collect(), state.workers.len())
     }
 
     /// Whether every worker has an endpoint (`endpoints` lists them all).
     pub fn every_worker_has_an_endpoint(&self) -> bool {
         let state = self.membership.state.read();
-        state.workers.endpoints().len() == state.workers.len()
+        let every = state.workers.endpoints().len() == state.workers.len();
+        every
     }
 
     /// `id`'s endpoint, when it has one (one lookup, not the list).
