@@ -67,16 +67,19 @@ struct State {
 fn lock_spinning(
     selector: &Mutex<switchyard_policy::pipeline::Selector>,
 ) -> parking_lot::MutexGuard<'_, switchyard_policy::pipeline::Selector> {
+    if let Some(guard) = selector.try_lock() {
+        return guard; // the usual case: no clock read
+    }
     let started = Instant::now();
     loop {
+        for _ in 0..64 {
+            std::hint::spin_loop();
+        }
         if let Some(guard) = selector.try_lock() {
             return guard;
         }
         if started.elapsed() > SELECTOR_SPIN {
             return selector.lock();
-        }
-        for _ in 0..64 {
-            std::hint::spin_loop();
         }
     }
 }
