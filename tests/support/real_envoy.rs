@@ -261,8 +261,18 @@ pub fn fallback_config(listen: u16, picker: u16, engines: &[std::net::SocketAddr
 /// `ENVOY_DYNAMIC_MODULES_SEARCH_PATH`. It builds the workspace, as `make test` and
 /// `make build` have just done (so it costs nothing there): `-p switchyard-envoy` alone
 /// would resolve other features, relinking the module here and again at the next
-/// workspace build.
+/// workspace build. `SWITCHYARD_ENVOY_MODULE_DIR` names the folder of a module built
+/// otherwise instead (`make envoy-module-pgo`'s), which is then taken as it is.
 pub fn module_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("SWITCHYARD_ENVOY_MODULE_DIR") {
+        let dir = PathBuf::from(dir);
+        assert!(
+            dir.join("libswitchyard_envoy.so").exists(),
+            "SWITCHYARD_ENVOY_MODULE_DIR={} holds no libswitchyard_envoy.so",
+            dir.display()
+        );
+        return dir;
+    }
     let exe = std::env::current_exe().unwrap();
     let dir = exe.parent().unwrap().parent().unwrap().to_owned();
     let mut build = super::nested_cargo::nested_cargo();

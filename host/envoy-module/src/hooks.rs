@@ -15,7 +15,7 @@ use crate::abi::{self, Buffer, ConfigEnvoyPtr, FilterEnvoyPtr};
 use crate::envoy::Stream;
 use crate::filter_config::FilterConfig;
 use crate::stats::EnvoyStats;
-use crate::stream::Filter;
+use crate::stream::{ConfigRef, Filter};
 
 /// Runs a hook's body; a panic is logged and `fallback` answers instead.
 fn guarded<T>(hook: &str, fallback: T, body: impl FnOnce() -> T) -> T {
@@ -110,12 +110,13 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_new(
     _filter_envoy: FilterEnvoyPtr,
 ) -> *const c_void {
     guarded("http_filter_new", std::ptr::null(), || {
-        let config = config.cast::<FilterConfig>();
-        // SAFETY: a live Arc's pointer; this stream's filter holds a count of its own.
-        let config = unsafe {
-            Arc::increment_strong_count(config);
-            Arc::from_raw(config)
+        let Some(config) = std::ptr::NonNull::new(config.cast_mut().cast::<FilterConfig>())
+        else {
+            return std::ptr::null();
         };
+        // SAFETY: the pointer config_new made (Arc::into_raw), and this filter is one of
+        // that config's: Envoy destroys the config after it.
+        let config = unsafe { ConfigRef::new(config) };
         Box::into_raw(Box::new(Filter::new(config)))
             .cast_const()
             .cast()

@@ -33,16 +33,40 @@ const SUBSET_KEY: &str = "x-gateway-destination-endpoint-subset";
 /// A decision made on the module's runtime, waiting for the stream's worker thread.
 type Pending = Arc<Mutex<Option<Result<Pick, OpenAiError>>>>;
 
+/// The filter config a stream's filter was made under, borrowed without a count of its
+/// own: Envoy holds its config in every filter of it (a shared pointer) and calls
+/// `on_http_filter_config_destroy` only after the last one is gone. A count per stream
+/// would be two atomic writes per request to a line all of Envoy's workers write.
+pub struct ConfigRef(std::ptr::NonNull<FilterConfig>);
+
+impl ConfigRef {
+    /// # Safety
+    /// `config` is the pointer `on_http_filter_config_new` returned, and the filter that
+    /// holds this is one of the config's (Envoy destroys the config after it).
+    pub unsafe fn new(config: std::ptr::NonNull<FilterConfig>) -> ConfigRef {
+        ConfigRef(config)
+    }
+}
+
+impl std::ops::Deref for ConfigRef {
+    type Target = FilterConfig;
+
+    fn deref(&self) -> &FilterConfig {
+        // SAFETY: `new`'s promise: the config outlives every filter of it.
+        unsafe { self.0.as_ref() }
+    }
+}
+
 /// The module's filter of one stream.
 pub struct Filter {
-    config: Arc<FilterConfig>,
+    config: ConfigRef,
     asked: Option<Asked>,
     pick: Option<Pick>,
     pending: Option<(Pending, Arc<Scheduler>)>,
 }
 
 impl Filter {
-    pub fn new(config: Arc<FilterConfig>) -> Filter {
+    pub fn new(config: ConfigRef) -> Filter {
         Filter {
             config,
             asked: None,
@@ -75,7 +99,8 @@ impl Filter {
             Err(error) => return self.refuse(stream, error.into(), abi::HEADERS_STOP_ITERATION),
         };
         let subset = stream.metadata_strings(SUBSET_NAMESPACE, SUBSET_KEY);
-        let config = self.config.clone();
+        // SAFETY: as `self.config`'s (borrowed apart from `self`, which deciding changes).
+        let config = unsafe { ConfigRef::new(self.config.0) };
         if let (false, Some(header)) = (end_of_stream, config.model_header.as_deref()) {
             let asked = Asked::new(Endpoint::Completions, instance, subset, kept);
             return self.decide_at_headers(stream, header, asked);

@@ -300,11 +300,15 @@ fn parsed_and_admitted(
     caller
         .check_route(&prompt.model, instance)
         .map_err(crate::frontend::forbidden)?;
-    let request_id = format!(
-        "{}-{}",
-        picker.id_prefix,
-        picker.next_request.fetch_add(1, Ordering::Relaxed)
-    );
+    let request_id = {
+        let mut digits = itoa::Buffer::new();
+        let number = digits.format(picker.next_request.fetch_add(1, Ordering::Relaxed));
+        let mut id = String::with_capacity(picker.id_prefix.len() + 1 + number.len());
+        id.push_str(&picker.id_prefix);
+        id.push('-');
+        id.push_str(number);
+        id
+    };
     let mut described = request_attributes::describe(
         &router.generation().config().request_attributes,
         kept,

@@ -90,12 +90,7 @@ impl Pick {
 
     /// The destination header's value: the endpoint, then the fallbacks, comma-joined.
     pub fn destination(&self) -> String {
-        let mut destination = self.0.endpoint.to_string();
-        for fallback in &self.0.fallbacks {
-            destination.push(',');
-            destination.push_str(&fallback.to_string());
-        }
-        destination
+        self.0.destination()
     }
 
     /// A disaggregated model's prefill worker (`x-prefiller-host-port`).

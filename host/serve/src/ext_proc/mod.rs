@@ -252,6 +252,26 @@ impl ExternalProcessor for Service {
 }
 
 /// What a request booked: the lease (freed when dropped) and where it went.
+/// Writes `endpoint` as `ip:port` (`[ip]:port` for IPv6) onto `out`, as its `Display`
+/// does: an IPv4 endpoint without `core::fmt`, whose code is the largest a decision would
+/// otherwise run, per endpoint named.
+fn push_endpoint(out: &mut String, endpoint: SocketAddr) {
+    let SocketAddr::V4(v4) = endpoint else {
+        use std::fmt::Write;
+        let _ = write!(out, "{endpoint}");
+        return;
+    };
+    let mut digits = itoa::Buffer::new();
+    for (i, octet) in v4.ip().octets().into_iter().enumerate() {
+        if i > 0 {
+            out.push('.');
+        }
+        out.push_str(digits.format(octet));
+    }
+    out.push(':');
+    out.push_str(digits.format(v4.port()));
+}
+
 struct Booked {
     lease: Lease,
     worker: WorkerId,
@@ -267,6 +287,17 @@ struct Booked {
 }
 
 impl Booked {
+    /// The destination header's value: the endpoint, then the fallbacks, comma-joined.
+    fn destination(&self) -> String {
+        let mut destination = String::with_capacity(22 * (1 + self.fallbacks.len()));
+        push_endpoint(&mut destination, self.endpoint);
+        for fallback in &self.fallbacks {
+            destination.push(',');
+            push_endpoint(&mut destination, *fallback);
+        }
+        destination
+    }
+
     /// The engine answers (the first response body chunk, or the response headers when
     /// no body is sent): prefill is complete, and a disaggregated pair's prefill worker
     /// is done.
@@ -609,11 +640,7 @@ impl Exchange {
         match booked {
             Ok(booked) => {
                 let prefiller = booked.prefill.as_ref().map(|(_, at)| at.to_string());
-                let mut destination = booked.endpoint.to_string();
-                for fallback in &booked.fallbacks {
-                    destination.push(',');
-                    destination.push_str(&fallback.to_string());
-                }
+                let destination = booked.destination();
                 let mut responses = vec![messages::pick(&destination, prefiller.as_deref())];
                 responses.extend(messages::body(&request_body, true, true));
                 self.booked = Some(booked);
@@ -791,4 +818,27 @@ async fn off_executor<T: Send + 'static>(
                 format!("the pick did not finish: {e}"),
             )))
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::push_endpoint;
+    use std::net::SocketAddr;
+
+    #[test]
+    fn an_endpoint_is_written_as_its_display_writes_it() {
+        for text in [
+            "127.0.0.1:8000",
+            "0.0.0.0:0",
+            "255.255.255.255:65535",
+            "10.2.30.144:9",
+            "[::1]:8000",
+            "[2001:db8::17]:443",
+        ] {
+            let endpoint: SocketAddr = text.parse().unwrap();
+            let mut written = String::from("before,");
+            push_endpoint(&mut written, endpoint);
+            assert_eq!(written, format!("before,{endpoint}"));
+        }
+    }
 }
