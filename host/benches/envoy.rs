@@ -19,6 +19,8 @@
 //! clients through it for N seconds instead, for `scripts/flamegraph`
 //! (`SWITCHYARD_PROFILE_PATH=module`: Envoy with the module, its PID; `round robin`;
 //! `SWITCHYARD_PROFILE_CLIENTS=N`: another concurrency).
+//! `SWITCHYARD_ENVOY_MODULE_DIR` loads the `libswitchyard_envoy.so` of that folder (a module
+//! built otherwise, as with profile-guided optimization) instead of the workspace's.
 
 #[path = "common/load.rs"]
 mod load;

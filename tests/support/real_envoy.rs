@@ -262,7 +262,8 @@ pub fn fallback_config(listen: u16, picker: u16, engines: &[std::net::SocketAddr
 /// `make build` have just done (so it costs nothing there): `-p switchyard-envoy` alone
 /// would resolve other features, relinking the module here and again at the next
 /// workspace build. `SWITCHYARD_ENVOY_MODULE_DIR` names the folder of a module built
-/// otherwise instead (`make envoy-module-pgo`'s), which is then taken as it is.
+/// otherwise instead (a vendor's, or one built with profile-guided optimization), taken as
+/// it is.
 pub fn module_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("SWITCHYARD_ENVOY_MODULE_DIR") {
         let dir = PathBuf::from(dir);
