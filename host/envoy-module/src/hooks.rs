@@ -110,8 +110,7 @@ pub unsafe extern "C" fn envoy_dynamic_module_on_http_filter_new(
     _filter_envoy: FilterEnvoyPtr,
 ) -> *const c_void {
     guarded("http_filter_new", std::ptr::null(), || {
-        let Some(config) = std::ptr::NonNull::new(config.cast_mut().cast::<FilterConfig>())
-        else {
+        let Some(config) = std::ptr::NonNull::new(config.cast_mut().cast::<FilterConfig>()) else {
             return std::ptr::null();
         };
         // SAFETY: the pointer config_new made (Arc::into_raw), and this filter is one of
