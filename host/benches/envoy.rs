@@ -10,7 +10,8 @@
 //! `make bench-envoy` (Envoy from `scripts/install-test-tools`). Loopback only; every process
 //! it starts is killed when it ends. SWITCHYARD_BENCH_SECS sets each cell's duration (2),
 //! SWITCHYARD_BENCH_ROUNDS the interleaved rounds (3), and SWITCHYARD_BENCH_PATHS the
-//! paths beside round robin (`picker,lean,lean2,module`, all by default): on two noisy
+//! paths beside round robin (`picker,lean,lean2,module,headers`, all by default; `headers`:
+//! the module deciding at the request headers, on a load-only config): on two noisy
 //! cores one path against round robin in longer cells and more rounds is the steadier
 //! ratio. The ratio column is over all rounds; `rounds` gives the lowest and highest
 //! ratio of a single round, the noise the figure carries. Every Envoy runs one worker
@@ -263,12 +264,27 @@ fn run_cells(
 }
 
 /// An Envoy running switchyard as its dynamic module (docs/envoy.md's config), over
-/// `config`, with the engines at `addresses` as its cluster.
-fn module_envoy(dir: &std::path::Path, config: &std::path::Path, addresses: &[String]) -> Envoy {
+/// `config`, with the engines at `addresses` as its cluster; deciding at the request
+/// headers when `headers_only` (docs/envoy.md, "Headers only").
+fn module_envoy(
+    dir: &std::path::Path,
+    config: &std::path::Path,
+    addresses: &[String],
+    headers_only: bool,
+) -> Envoy {
     let modules = module_dir();
     let engines: Vec<std::net::SocketAddr> = addresses.iter().map(|a| a.parse().unwrap()).collect();
     let port = free_port();
-    let text = module_config(port, config, free_port(), &engines);
+    let api = free_port();
+    let mut text = module_config(port, config, api, &engines);
+    if headers_only {
+        let listen = format!("\"listen\": \"127.0.0.1:{api}\"");
+        assert!(
+            text.contains(&listen),
+            "docs/envoy.md's filter config has no {listen}"
+        );
+        text = text.replace(&listen, &format!("{listen}, \"headers_only\": true"));
+    }
     Envoy::start_with_env(
         dir,
         port,
@@ -315,7 +331,7 @@ type EnvoyConfig = fn(u16, u16) -> String;
 /// CPU is the router's; with the routers' processes (killed when dropped).
 fn start_pickers(
     dir: &std::path::Path,
-    (config, two_threads): (&std::path::Path, &std::path::Path),
+    (config, two_threads, load_only): (&std::path::Path, &std::path::Path, &std::path::Path),
     addresses: &[String],
 ) -> (Vec<process::Process>, Vec<(&'static str, Envoy, String)>) {
     let (mut routers, mut pickers) = (Vec::new(), Vec::new());
@@ -336,15 +352,20 @@ fn start_pickers(
             pickers.push((name, through, pid));
         }
     }
+    // The router runs inside Envoy: its CPU is Envoy's.
     if wanted("module") {
-        let module = module_envoy(dir, config, addresses);
+        let module = module_envoy(dir, config, addresses, false);
         let pid = module.pid();
-        // The router runs inside Envoy: its CPU is Envoy's.
         pickers.push(("module", module, pid));
+    }
+    if wanted("headers") {
+        let module = module_envoy(dir, load_only, addresses, true);
+        let pid = module.pid();
+        pickers.push(("module, headers only", module, pid));
     }
     assert!(
         !pickers.is_empty(),
-        "SWITCHYARD_BENCH_PATHS names none of picker, lean, lean2, module"
+        "SWITCHYARD_BENCH_PATHS names none of picker, lean, lean2, module, headers"
     );
     (routers, pickers)
 }
@@ -376,7 +397,16 @@ fn main() {
         format!("models:\n  demo: {{kv_tracking: predicted}}\next_proc: {{listen: \"127.0.0.1:0\", threads: 2}}\nworkers:\n{workers}"),
     )
     .unwrap();
-    let (_routers, pickers) = start_pickers(dir.path(), (&config, &two_threads), &addresses);
+    // Load only, for the module deciding at the headers (which refuses a config that
+    // routes on the prompt).
+    let load_only = dir.path().join("switchyard-load-only.yaml");
+    std::fs::write(
+        &load_only,
+        format!("models:\n  demo: {{kv_tracking: off}}\nworkers:\n{workers}"),
+    )
+    .unwrap();
+    let (_routers, pickers) =
+        start_pickers(dir.path(), (&config, &two_threads, &load_only), &addresses);
     let rr_port = free_port();
     let paths = Paths {
         round_robin: Envoy::start_with(

@@ -8,6 +8,9 @@ use std::time::{Duration, Instant};
 
 use serde_json::json;
 
+/// The Inference Extension's model header (`x-gateway-model-name`).
+const MODEL_HEADER: &str = "x-gateway-model-name";
+
 #[derive(Default)]
 pub struct Cell {
     pub requests: u64,
@@ -51,7 +54,10 @@ pub async fn load_spread(
                         "messages": [{"role": "user", "content": format!("client {c} request {n}")}]});
                     let started = Instant::now();
                     let url = &urls[(c + n as usize) % urls.len()];
-                    let ok = match client.post(url.as_str()).json(&body).send().await {
+                    // The model's header too, as a gateway's body-based routing sets it: the
+                    // Envoy module deciding at the headers reads it; every other path ignores it.
+                    let sent = client.post(url.as_str()).header(MODEL_HEADER, "demo");
+                    let ok = match sent.json(&body).send().await {
                         Ok(r) if r.status().is_success() => r.bytes().await.is_ok(),
                         _ => false,
                     };
