@@ -1,8 +1,9 @@
 //! The repository's own rules, checked on its files where cargo cannot: every
 //! integration test file runs, each layer crate has tests of its own, the host's layer
 //! crates depend only downwards in the documented order, only the plugin boundary
-//! implements `extern "C"` functions, no source file is over 800 lines, and tests sleep only
-//! in their pacing and polling helpers.
+//! implements `extern "C"` functions, no source file is over 800 lines, tests sleep only
+//! in their pacing and polling helpers, and the measurement patches the benchmarks name
+//! still apply.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -406,4 +407,39 @@ fn integration_tests_sleep_only_in_the_pacing_and_polling_helpers() {
         sleeping.is_empty(),
         "wait with support::eventually (or pace load with support::pacing) instead of sleeping in: {sleeping:?}"
     );
+}
+
+/// The measurement patches docs/BENCHMARKS.md tells readers to `git apply` still apply to
+/// the tree, so its figures stay reproducible after the code they patch moves on.
+#[test]
+fn the_documented_measurement_patches_still_apply() {
+    let profiles = repo().join("docs/profiles");
+    let mut patches: Vec<PathBuf> = std::fs::read_dir(&profiles)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "patch"))
+        .collect();
+    patches.sort();
+    assert!(!patches.is_empty(), "no patches in {}", profiles.display());
+    let benchmarks = std::fs::read_to_string(repo().join("docs/BENCHMARKS.md")).unwrap();
+    for patch in patches {
+        let name = patch.strip_prefix(repo()).unwrap().display().to_string();
+        assert!(
+            benchmarks.contains(&name),
+            "{name} is not named in docs/BENCHMARKS.md: say what it measures there, or remove it"
+        );
+        // `--check` reads the working tree and writes nothing; git works outside a
+        // checkout too (a source tarball).
+        let checked = std::process::Command::new("git")
+            .args(["apply", "--check"])
+            .arg(&patch)
+            .current_dir(repo())
+            .output()
+            .expect("git runs");
+        assert!(
+            checked.status.success(),
+            "{name} no longer applies to the tree: make the same change by hand, then `git diff > {name}` (and revert)\n{}",
+            String::from_utf8_lossy(&checked.stderr)
+        );
+    }
 }
