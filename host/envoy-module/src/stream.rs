@@ -36,7 +36,9 @@ type Pending = Arc<Mutex<Option<Result<Pick, OpenAiError>>>>;
 /// The filter config a stream's filter was made under, borrowed without a count of its
 /// own: Envoy holds its config in every filter of it (a shared pointer) and calls
 /// `on_http_filter_config_destroy` only after the last one is gone. A count per stream
-/// would be two atomic writes per request to a line all of Envoy's workers write.
+/// would be two atomic writes per request to a line all of Envoy's workers write. A copy
+/// is as good as the filter's own: it lives within the filter's hooks.
+#[derive(Clone, Copy)]
 pub struct ConfigRef(std::ptr::NonNull<FilterConfig>);
 
 impl ConfigRef {
@@ -99,8 +101,8 @@ impl Filter {
             Err(error) => return self.refuse(stream, error.into(), abi::HEADERS_STOP_ITERATION),
         };
         let subset = stream.metadata_strings(SUBSET_NAMESPACE, SUBSET_KEY);
-        // SAFETY: as `self.config`'s (borrowed apart from `self`, which deciding changes).
-        let config = unsafe { ConfigRef::new(self.config.0) };
+        // Borrowed apart from `self`, which deciding changes.
+        let config = self.config;
         if let (false, Some(header)) = (end_of_stream, config.model_header.as_deref()) {
             let asked = Asked::new(Endpoint::Completions, instance, subset, kept);
             return self.decide_at_headers(stream, header, asked);
