@@ -304,17 +304,6 @@ fn two_envoys_with_the_module_share_bookings_over_nats() {
     assert!(metric(&b.api, "switchyard_replica_bus_up") == 1.0);
 }
 
-/// docs/envoy.md's module config with `"headers_only": true` in the filter's config.
-fn headers_only(text: String) -> String {
-    let line = text
-        .lines()
-        .find(|l| l.contains("\"listen\":") && l.trim_end().ends_with("\"}'"))
-        .expect("docs/envoy.md's filter_config value")
-        .to_owned();
-    let edited = line.replace("\"}'", "\", \"headers_only\": true}'");
-    text.replace(&line, &edited)
-}
-
 /// A headers-only filter decides and books at the request headers: a request whose body
 /// the client has not sent yet is already booked (a body-reading filter waits for it),
 /// and then answered by the engine it was sent to. A request without the model header is
@@ -331,7 +320,7 @@ fn a_headers_only_filter_books_before_the_body_arrives() {
         dir.path(),
         &format!("models:\n  demo: {{kv_tracking: off}}\nworkers:\n{workers}"),
     );
-    let module = start_module_with(dir.path(), &config, &engine_refs, headers_only);
+    let module = start_module_with(dir.path(), &config, &engine_refs, real_envoy::headers_only);
     let port = module.envoy.base.rsplit(':').next().unwrap();
     let mut client = std::net::TcpStream::connect(format!("127.0.0.1:{port}")).unwrap();
     client

@@ -275,15 +275,9 @@ fn module_envoy(
     let modules = module_dir();
     let engines: Vec<std::net::SocketAddr> = addresses.iter().map(|a| a.parse().unwrap()).collect();
     let port = free_port();
-    let api = free_port();
-    let mut text = module_config(port, config, api, &engines);
+    let mut text = module_config(port, config, free_port(), &engines);
     if headers_only {
-        let listen = format!("\"listen\": \"127.0.0.1:{api}\"");
-        assert!(
-            text.contains(&listen),
-            "docs/envoy.md's filter config has no {listen}"
-        );
-        text = text.replace(&listen, &format!("{listen}, \"headers_only\": true"));
+        text = real_envoy::headers_only(text);
     }
     Envoy::start_with_env(
         dir,

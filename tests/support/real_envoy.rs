@@ -340,3 +340,14 @@ pub fn module_config(
     }
     config_text
 }
+
+/// docs/envoy.md's module config with `"headers_only": true` in the filter's config.
+pub fn headers_only(text: String) -> String {
+    let line = text
+        .lines()
+        .find(|l| l.contains("\"listen\":") && l.trim_end().ends_with("\"}'"))
+        .expect("docs/envoy.md's filter_config value")
+        .to_owned();
+    let edited = line.replace("\"}'", "\", \"headers_only\": true}'");
+    text.replace(&line, &edited)
+}
