@@ -8,7 +8,7 @@
 //! Covered: chat and completions, streamed and not; clients hanging up mid-stream; prefix
 //! affinity; a refusal as Envoy's local reply; the same decisions as the ext_proc picker
 //! on the same request sequence; an isolated plugin aborting under load; the body limit
-//! (413); subset hints; an engine Envoy cannot reach; Envoy's retries moving the booking
+//! (413) and a body that arrives in pieces; subset hints; an engine Envoy cannot reach; Envoy's retries moving the booking
 //! to the engine that served; no booking left after any of it. Operations (plugins of each language, reload,
 //! replicas, headers-only) are in tests/envoy_module_ops.rs.
 
@@ -289,14 +289,13 @@ fn an_isolated_plugin_that_aborts_under_load_leaves_envoy_serving() {
     wait_for_no_bookings(&module.api, Duration::from_secs(10));
 }
 
-/// A subset hint from the gateway: a `set_metadata` filter ahead of the module writes
-/// `envoy.lb.subset_hint` (as tests/envoy.rs does ahead of ext_proc), every pick stays
-/// inside it, and a hint naming no worker is answered 503.
 /// The module's body limit (`ext_proc.max_body_bytes`): a body under it is routed; one
 /// over it is the module's 413, naming the setting, whether it arrives in one piece or
-/// in many; nothing stays booked.
+/// in many; nothing stays booked. A body that reaches Envoy in pieces is decided whole
+/// (the module reads Envoy's one chunk in place, and joins several): it is parsed and
+/// routed as the same body sent at once.
 #[test]
-fn a_body_over_the_modules_limit_is_answered_413() {
+fn a_body_in_pieces_is_decided_whole_and_one_over_the_limit_is_answered_413() {
     let _one = one_at_a_time();
     let dir = tempfile::tempdir().unwrap();
     let engines = engine_sims(2, &[]);
@@ -313,9 +312,52 @@ fn a_body_over_the_modules_limit_is_answered_413() {
         assert_eq!(status, 413, "{size} bytes: {body}");
         assert!(body.contains("ext_proc.max_body_bytes"), "{body}");
     }
+
+    // A long prompt in one piece, then the same body in three writes, each after a
+    // pause (so Envoy buffers the first pieces before the last arrives): a body joined
+    // wrong would not parse (400), and one parsed whole has the prefix the first cached.
+    let prompt = chat(&"a long prompt that arrives in pieces ".repeat(40), false);
+    let (status, first, body) = post_json(&agent, &url, &prompt);
+    assert_eq!(status, 200, "{body}");
+    wait_for_no_bookings(&module.api, Duration::from_secs(10));
+    let answer = in_pieces(&module.envoy.base, &prompt.to_string(), 3);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(
+        answer.contains(&format!("x-engine-name: {first}\r\n")),
+        "the prefix cached by the same body in one piece: {first}\n{answer}"
+    );
     wait_for_no_bookings(&module.api, Duration::from_secs(10));
 }
 
+/// POSTs the chat `body` to Envoy at `base` in `pieces` writes, with a pause after each
+/// (Envoy reads each apart: its module sees the last with the others buffered); the
+/// whole answer.
+fn in_pieces(base: &str, body: &str, pieces: usize) -> String {
+    use std::io::Write;
+    let port = base.rsplit(':').next().unwrap();
+    let mut client = std::net::TcpStream::connect(format!("127.0.0.1:{port}")).unwrap();
+    client
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: switchyard\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+        body.len()
+    );
+    client.write_all(head.as_bytes()).unwrap();
+    for piece in body.as_bytes().chunks(body.len().div_ceil(pieces)) {
+        client.write_all(piece).unwrap();
+        client.flush().unwrap();
+        std::thread::sleep(Duration::from_millis(150));
+    }
+    let mut answer = String::new();
+    client.read_to_string(&mut answer).unwrap();
+    answer
+}
+
+/// A subset hint from the gateway: a `set_metadata` filter ahead of the module writes
+/// `envoy.lb.subset_hint` (as tests/envoy.rs does ahead of ext_proc), every pick stays
+/// inside it, and a hint naming no worker is answered 503.
 #[test]
 fn subset_hints_set_in_envoy_bound_the_modules_picks() {
     let _one = one_at_a_time();

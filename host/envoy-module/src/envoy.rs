@@ -2,6 +2,7 @@
 //! inside a hook of that stream, on its worker thread (the hooks hand this out for
 //! the hook's duration).
 
+use std::borrow::Cow;
 use std::net::SocketAddr;
 
 use crate::abi::{self, Buffer, FilterEnvoyPtr, ModuleHeader};
@@ -140,20 +141,27 @@ impl Stream {
 
     /// The request body: what Envoy buffered, then the chunk this hook received (unless
     /// the received chunk is the buffer, when a filter before this one buffered it all).
-    pub fn request_body(&self) -> Vec<u8> {
+    /// Envoy's own bytes when they are one chunk, as a body sent at once is (nothing
+    /// copied on the worker thread, however long the prompt), else the chunks joined.
+    pub fn request_body(&self) -> Cow<'_, [u8]> {
         // SAFETY: a hook's filter pointer.
         let received_is_buffered = unsafe {
             abi::envoy_dynamic_module_callback_http_received_buffered_request_body(self.0)
         };
-        let mut body = self.body(abi::BUFFERED_REQUEST_BODY);
-        if !received_is_buffered {
-            body.extend(self.body(abi::RECEIVED_REQUEST_BODY));
+        let buffered = self.body(abi::BUFFERED_REQUEST_BODY);
+        if received_is_buffered {
+            return buffered;
         }
-        body
+        let received = self.body(abi::RECEIVED_REQUEST_BODY);
+        match (buffered.is_empty(), received.is_empty()) {
+            (_, true) => buffered,
+            (true, false) => received,
+            (false, false) => Cow::Owned([buffered, received].concat()),
+        }
     }
 
     /// The request body Envoy buffered (at the request trailers: all of it).
-    pub fn buffered_request_body(&self) -> Vec<u8> {
+    pub fn buffered_request_body(&self) -> Cow<'_, [u8]> {
         self.body(abi::BUFFERED_REQUEST_BODY)
     }
 
@@ -165,28 +173,43 @@ impl Stream {
         size(abi::BUFFERED_REQUEST_BODY) + size(abi::RECEIVED_REQUEST_BODY)
     }
 
-    fn body(&self, body_type: u32) -> Vec<u8> {
-        // SAFETY: a hook's filter pointer; the vector has room for every chunk Envoy
-        // reports, and the chunks are copied before the hook returns.
+    /// Envoy's `body_type` body: its one chunk borrowed, or its chunks joined.
+    fn body(&self, body_type: u32) -> Cow<'_, [u8]> {
+        // Few chunks is the usual case: their list lives on the stack.
+        const ON_STACK: usize = 4;
+        // SAFETY: a hook's filter pointer; the list has room for every chunk Envoy
+        // reports; the chunks' bytes stay valid until the hook returns (no body setter
+        // runs while they are read), and `self` lives no longer than the hook.
         unsafe {
             let count =
                 abi::envoy_dynamic_module_callback_http_get_body_chunks_size(self.0, body_type);
-            if count == 0 {
-                return Vec::new();
-            }
-            let mut chunks = vec![Buffer::NULL; count];
+            let mut few = [Buffer::NULL; ON_STACK];
+            let mut many = Vec::new();
+            let chunks: &mut [Buffer] = match count {
+                0 => return Cow::Borrowed(&[]),
+                1..=ON_STACK => &mut few[..count],
+                _ => {
+                    many.resize(count, Buffer::NULL);
+                    &mut many
+                }
+            };
             if !abi::envoy_dynamic_module_callback_http_get_body_chunks(
                 self.0,
                 body_type,
                 chunks.as_mut_ptr(),
             ) {
-                return Vec::new();
+                return Cow::Borrowed(&[]);
             }
-            let mut body = Vec::with_capacity(chunks.iter().map(|c| c.length).sum());
-            for chunk in chunks {
-                body.extend_from_slice(chunk.bytes());
+            match chunks {
+                [one] => Cow::Borrowed(one.bytes()),
+                chunks => {
+                    let mut body = Vec::with_capacity(chunks.iter().map(|c| c.length).sum());
+                    for chunk in chunks.iter() {
+                        body.extend_from_slice(chunk.bytes());
+                    }
+                    Cow::Owned(body)
+                }
             }
-            body
         }
     }
 

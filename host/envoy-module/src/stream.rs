@@ -5,6 +5,7 @@
 //! is freed when the stream completes, is reset, or the client hangs up (Envoy ends the
 //! stream either way, and dropping the pick frees it).
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -144,7 +145,7 @@ impl Filter {
             return self.refuse(stream, error, abi::HEADERS_STOP_ITERATION);
         };
         let body = embedded::headers_only_body(&String::from_utf8_lossy(model));
-        match self.decide(stream, asked, body) {
+        match self.decide(stream, asked, body.into()) {
             abi::BODY_CONTINUE => abi::HEADERS_CONTINUE,
             _ => abi::HEADERS_STOP_ITERATION,
         }
@@ -202,7 +203,7 @@ impl Filter {
     /// Decides on the whole `body`: here when only the router's own code runs, else on
     /// the module's runtime. A body hook's status. Who may choose an instance is the
     /// serving generation's (`auth.choose_instance`, which a reload changes).
-    fn decide(&mut self, stream: Stream, asked: Asked, body: Vec<u8>) -> u32 {
+    fn decide(&mut self, stream: Stream, asked: Asked, body: Cow<'_, [u8]>) -> u32 {
         let picker = &self.config.picker;
         let caller = picker.proxy_caller();
         match embedded::decide_now(picker, &caller, &asked, &body) {
@@ -211,7 +212,7 @@ impl Filter {
                 abi::BODY_CONTINUE
             }
             Now::Decided(Err(error)) => self.refuse(stream, error, abi::BODY_STOP_NO_BUFFER),
-            Now::Later => self.decide_later(stream, caller, asked, body),
+            Now::Later => self.decide_later(stream, caller, asked, body.into_owned()),
         }
     }
 
