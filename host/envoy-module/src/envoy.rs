@@ -86,31 +86,24 @@ impl Stream {
     /// that answered, whatever the route's retries did before. None when no host was
     /// tried or its address is not `ip:port`.
     pub fn last_upstream_host_attempted(&self) -> Option<SocketAddr> {
-        // One attempt is the usual case: its buffer lives on the stack.
-        const ON_STACK: usize = 4;
-        // SAFETY: a hook's filter pointer; the buffers have room for every host Envoy
-        // reports, and the bytes are read before the hook returns.
+        // SAFETY: a hook's filter pointer; `filled` has room for every host Envoy
+        // reports; the bytes are read before the hook returns.
         unsafe {
             let count =
                 abi::envoy_dynamic_module_callback_http_get_upstream_hosts_attempted_size(self.0);
-            let mut few = [Buffer::NULL; ON_STACK];
-            let mut many = Vec::new();
-            let hosts: &mut [Buffer] = match count {
-                0 => return None,
-                1..=ON_STACK => &mut few[..count],
-                _ => {
-                    many.resize(count, Buffer::NULL);
-                    &mut many
-                }
-            };
-            if !abi::envoy_dynamic_module_callback_http_get_upstream_hosts_attempted(
-                self.0,
-                hosts.as_mut_ptr(),
-            ) {
-                return None;
-            }
-            let last = hosts.iter().rev().find(|h| !h.ptr.is_null())?;
-            std::str::from_utf8(last.bytes()).ok()?.parse().ok()
+            filled(
+                count,
+                |hosts| {
+                    abi::envoy_dynamic_module_callback_http_get_upstream_hosts_attempted(
+                        self.0, hosts,
+                    )
+                },
+                |hosts| {
+                    let last = hosts.iter().rev().find(|h| !h.ptr.is_null())?;
+                    std::str::from_utf8(last.bytes()).ok()?.parse().ok()
+                },
+            )
+            .flatten()
         }
     }
 
@@ -175,41 +168,31 @@ impl Stream {
 
     /// Envoy's `body_type` body: its one chunk borrowed, or its chunks joined.
     fn body(&self, body_type: u32) -> Cow<'_, [u8]> {
-        // Few chunks is the usual case: their list lives on the stack.
-        const ON_STACK: usize = 4;
-        // SAFETY: a hook's filter pointer; the list has room for every chunk Envoy
+        // SAFETY: a hook's filter pointer; `filled` has room for every chunk Envoy
         // reports; the chunks' bytes stay valid until the hook returns (no body setter
         // runs while they are read), and `self` lives no longer than the hook.
         unsafe {
             let count =
                 abi::envoy_dynamic_module_callback_http_get_body_chunks_size(self.0, body_type);
-            let mut few = [Buffer::NULL; ON_STACK];
-            let mut many = Vec::new();
-            let chunks: &mut [Buffer] = match count {
-                0 => return Cow::Borrowed(&[]),
-                1..=ON_STACK => &mut few[..count],
-                _ => {
-                    many.resize(count, Buffer::NULL);
-                    &mut many
-                }
-            };
-            if !abi::envoy_dynamic_module_callback_http_get_body_chunks(
-                self.0,
-                body_type,
-                chunks.as_mut_ptr(),
-            ) {
-                return Cow::Borrowed(&[]);
-            }
-            match chunks {
-                [one] => Cow::Borrowed(one.bytes()),
-                chunks => {
-                    let mut body = Vec::with_capacity(chunks.iter().map(|c| c.length).sum());
-                    for chunk in chunks.iter() {
-                        body.extend_from_slice(chunk.bytes());
+            filled(
+                count,
+                |chunks| {
+                    abi::envoy_dynamic_module_callback_http_get_body_chunks(
+                        self.0, body_type, chunks,
+                    )
+                },
+                |chunks| match chunks {
+                    [one] => Cow::Borrowed(one.bytes()),
+                    chunks => {
+                        let mut body = Vec::with_capacity(chunks.iter().map(|c| c.length).sum());
+                        for chunk in chunks {
+                            body.extend_from_slice(chunk.bytes());
+                        }
+                        Cow::Owned(body)
                     }
-                    Cow::Owned(body)
-                }
-            }
+                },
+            )
+            .unwrap_or_default()
         }
     }
 
@@ -285,4 +268,26 @@ impl Drop for Scheduler {
         // SAFETY: made by scheduler_new, deleted once.
         unsafe { abi::envoy_dynamic_module_callback_http_filter_scheduler_delete(self.0) }
     }
+}
+
+/// `read` over the `count` buffers Envoy writes through `fill` (false: it wrote none, and
+/// this is None, as it is for a count of 0). A few, the usual case, are listed on the
+/// stack.
+fn filled<R>(
+    count: usize,
+    fill: impl FnOnce(*mut Buffer) -> bool,
+    read: impl FnOnce(&[Buffer]) -> R,
+) -> Option<R> {
+    const ON_STACK: usize = 4;
+    let mut few = [Buffer::NULL; ON_STACK];
+    let mut many = Vec::new();
+    let buffers: &mut [Buffer] = match count {
+        0 => return None,
+        1..=ON_STACK => &mut few[..count],
+        _ => {
+            many.resize(count, Buffer::NULL);
+            &mut many
+        }
+    };
+    fill(buffers.as_mut_ptr()).then(|| read(buffers))
 }
