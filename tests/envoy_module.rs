@@ -8,9 +8,10 @@
 //! Covered: chat and completions, streamed and not; clients hanging up mid-stream; prefix
 //! affinity; a refusal as Envoy's local reply; the same decisions as the ext_proc picker
 //! on the same request sequence; an isolated plugin aborting under load; the body limit
-//! (413) and a body that arrives in pieces; subset hints; an engine Envoy cannot reach; Envoy's retries moving the booking
-//! to the engine that served; no booking left after any of it. Operations (plugins of each language, reload,
-//! replicas, headers-only) are in tests/envoy_module_ops.rs.
+//! (413) and a body that arrives in pieces; subset hints; an engine Envoy cannot reach;
+//! Envoy's retries moving the booking to the engine that served; no booking left after
+//! any of it. Operations (plugins of each language, reload, replicas, headers-only) are in
+//! tests/envoy_module_ops.rs.
 
 mod support;
 
