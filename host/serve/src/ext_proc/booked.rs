@@ -105,9 +105,7 @@ impl Booked {
             }
         }
     }
-}
 
-impl Booked {
     /// Envoy could not reach the picked engine: out of the candidates for a cool-down,
     /// as the frontend does on a refused connection (health probes bring it back).
     pub(super) fn engine_failed(&self, frontend: &Frontend) {
